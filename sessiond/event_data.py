@@ -1,0 +1,406 @@
+"""Payloads (``data``) of every event type.
+
+These models are the on-disk format: a field's meaning never changes once
+published. A new field is optional with a default; a changed meaning is a new
+schema version with an upcaster in :mod:`sessiond.upcast`.
+
+Each payload class names its event type in ``EVENT_TYPE`` so that code appends
+``ToolIntent(...)`` and never spells a type string by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
+
+SHA256_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+SideEffect = Literal["none", "read", "workspace-write", "external-write"]
+Idempotency = Literal["safe", "conditional", "unsafe"]
+ResumeRule = Literal[
+    "replay-from-event", "rerun-after-check", "require-user-confirmation", "never-rerun"
+]
+ErrorClass = Literal[
+    "provider",
+    "context",
+    "validation",
+    "permission",
+    "execution",
+    "observation",
+    "verification",
+    "lifecycle",
+]
+LifecycleState = Literal[
+    "created", "ready", "running", "sleeping", "suspended", "blocked", "terminated"
+]
+Outcome = Literal["completed", "failed", "cancelled", "merged", "migrated"]
+Decision = Literal["allow", "ask", "deny"]
+RecoveryOption = Literal["rerun", "discard", "accept"]
+BudgetName = Literal["runs_per_day", "seconds_per_run", "tokens", "tool_calls_per_run"]
+
+
+def _check_ref(value: str) -> str:
+    if not SHA256_REF.match(value):
+        raise ValueError("an artifact reference is 'sha256:' followed by 64 lowercase hex digits")
+    return value
+
+
+def _check_hash(value: str | None) -> str | None:
+    if value is not None and not SHA256_HEX.match(value):
+        raise ValueError("a content hash is 64 lowercase hex digits (sha256)")
+    return value
+
+
+Ref = Annotated[str, AfterValidator(_check_ref)]
+# The content hash of a file, or None when the file does not exist.
+FileHash = Annotated[str | None, AfterValidator(_check_hash)]
+
+
+class Record(BaseModel):
+    """Base of everything stored in an event: frozen, strict about unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArtifactRef(Record):
+    """A reference to evidence in the session's content-addressed store."""
+
+    ref: Ref
+    name: str
+    size: int = Field(ge=0)
+    media_type: str = "application/octet-stream"
+
+    @property
+    def digest(self) -> str:
+        return self.ref.removeprefix("sha256:")
+
+
+class RiskContract(Record):
+    """What a tool may do to the world, and what is safe after an interruption."""
+
+    side_effect: SideEffect = "workspace-write"
+    idempotency: Idempotency = "conditional"
+    resume: ResumeRule = "rerun-after-check"
+
+
+class GateCheck(Record):
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class EventData(Record):
+    """Base of every payload."""
+
+    EVENT_TYPE: ClassVar[str]
+
+
+# --- session identity and lineage --------------------------------------------------------
+
+
+class SessionCreated(EventData):
+    EVENT_TYPE = "session.created"
+    name: str
+    goal: str = ""
+    description: str = ""
+    agent: str = ""
+    priority: int = Field(default=0, ge=0, le=100)
+    labels: dict[str, str] = Field(default_factory=dict)
+    profile: str = "default"
+    spec: dict[str, JsonValue] = Field(default_factory=dict)
+    spec_sha256: FileHash = None
+
+
+class SessionForked(EventData):
+    """Written in both logs: the child's (right after the copied prefix) and the parent's."""
+
+    EVENT_TYPE = "session.forked"
+    parent: str
+    child: str
+    at_seq: int = Field(ge=0)
+    with_triggers: bool = False
+
+
+class SessionMerged(EventData):
+    """Written in the parent's log: the child's result."""
+
+    EVENT_TYPE = "session.merged"
+    child: str
+    summary: str
+    artifacts: tuple[ArtifactRef, ...] = ()
+    child_seq: int = Field(default=0, ge=0)
+
+
+class SessionMigrated(EventData):
+    """A switch of runner profile (``to_profile``) or a hand-over to another daemon (``to``)."""
+
+    EVENT_TYPE = "session.migrated"
+    from_profile: str | None = None
+    to_profile: str | None = None
+    to: str | None = None
+
+
+class SessionImported(EventData):
+    EVENT_TYPE = "session.imported"
+    original_name: str
+    bundle_sha256: FileHash = None
+    exported_at: str | None = None
+    events: int = Field(default=0, ge=0)
+
+
+class LifecycleChanged(EventData):
+    EVENT_TYPE = "lifecycle.changed"
+    from_state: LifecycleState | None = Field(default=None, alias="from")
+    to: LifecycleState
+    reason: str = ""
+    outcome: Outcome | None = None
+    until: str | None = None  # end of a cool-down (RFC 3339), for `sleeping`
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+# --- wakes, gate, recovery ------------------------------------------------------------
+
+
+class WakeRequested(EventData):
+    EVENT_TYPE = "wake.requested"
+    trigger: str  # cron | every | watch | git | dependency | message | manual | restart | approval
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class GateEvaluated(EventData):
+    EVENT_TYPE = "gate.evaluated"
+    ok: bool
+    checks: tuple[GateCheck, ...] = ()
+    options: tuple[RecoveryOption, ...] = ()
+    outcome: Literal["ok", "blocked", "suspended"] = "ok"
+    dry_run: bool = False
+
+
+class RecoveryResolved(EventData):
+    EVENT_TYPE = "recovery.resolved"
+    option: RecoveryOption
+    call: str | None = None
+    hashes: dict[str, FileHash] = Field(default_factory=dict)
+    by: str = ""
+
+
+# --- runs ------------------------------------------------------------------------------
+
+
+class RunStarted(EventData):
+    EVENT_TYPE = "run.started"
+    run: str
+    kind: Literal["command", "sdk"] = "command"
+    pid: int | None = None
+    pgid: int | None = None
+    proc_start: int | None = None  # start time of the process (clock ticks), to tell pids apart
+    profile: str = "default"
+    wakes: tuple[dict[str, JsonValue], ...] = ()
+
+
+class RunFinished(EventData):
+    EVENT_TYPE = "run.finished"
+    run: str
+    status: Literal["ok", "failed", "interrupted", "killed", "timeout", "lost"]
+    exit_code: int | None = None
+    signal: int | None = None
+    duration_ms: int = Field(default=0, ge=0)
+    stdout: ArtifactRef | None = None
+    stderr: ArtifactRef | None = None
+    error: str = ""
+
+
+class MessageReceived(EventData):
+    EVENT_TYPE = "message.received"
+    sender: str
+    text: str
+    role: Literal["user", "agent", "system"] = "user"
+    message_id: str | None = None
+
+
+class ModelRequested(EventData):
+    EVENT_TYPE = "model.requested"
+    model: str
+    request_id: str
+    context: ArtifactRef  # the exact context the model was sent
+    tools_sha256: FileHash = None  # hash of the visible tool list
+    tool_count: int = Field(default=0, ge=0)
+
+
+class ModelResponded(EventData):
+    EVENT_TYPE = "model.responded"
+    model: str
+    request_id: str
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    tokens_in: int = Field(default=0, ge=0)
+    tokens_out: int = Field(default=0, ge=0)
+    duration_ms: int = Field(default=0, ge=0)
+    text: str = ""  # what the messages view shows
+    response: ArtifactRef | None = None
+    error_class: ErrorClass | None = None
+
+
+# --- a tool call: intent -> policy -> (approval) -> started -> finished -> observation ---
+
+
+class ToolIntent(EventData):
+    EVENT_TYPE = "tool.intent"
+    call: str
+    tool: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    risk: RiskContract = RiskContract()
+    writes: tuple[str, ...] = ()
+
+
+class PolicyDecided(EventData):
+    EVENT_TYPE = "policy.decided"
+    call: str
+    tool: str
+    decision: Decision
+    rule: str  # the rule that matched, e.g. "ask: edit_file" or "default: external-write"
+
+
+class ApprovalRequested(EventData):
+    EVENT_TYPE = "approval.requested"
+    call: str
+    tool: str
+    args_sha256: FileHash = None
+
+
+class ApprovalGranted(EventData):
+    EVENT_TYPE = "approval.granted"
+    call: str
+    tool: str
+    args_sha256: FileHash = None
+    by: str = ""
+    expires_at: str | None = None  # RFC 3339; None: does not expire
+
+
+class ApprovalDenied(EventData):
+    EVENT_TYPE = "approval.denied"
+    call: str
+    tool: str
+    by: str = ""
+    reason: str = ""
+
+
+class ToolStarted(EventData):
+    EVENT_TYPE = "tool.started"
+    call: str
+    tool: str
+    hashes: dict[str, FileHash] = Field(default_factory=dict)  # `writes` before the work
+    git_head: str | None = None
+    attempt: int = Field(default=1, ge=1)
+
+
+class ToolFinished(EventData):
+    EVENT_TYPE = "tool.finished"
+    call: str
+    tool: str
+    status: Literal["ok", "error", "interrupted"]
+    exit_code: int | None = None
+    error_class: ErrorClass | None = None
+    hashes: dict[str, FileHash] = Field(default_factory=dict)  # `writes` after the work
+    output: ArtifactRef | None = None
+    diff: ArtifactRef | None = None
+    truncated: bool = False
+    limit: int | None = None  # bytes kept when truncated
+    duration_ms: int = Field(default=0, ge=0)
+
+
+class ObservationProjected(EventData):
+    EVENT_TYPE = "observation.projected"
+    call: str
+    tool: str
+    text: str
+    source: Literal["finished", "rebuilt", "denied", "discarded"] = "finished"
+
+
+# --- context, verification, budget, bindings, repairs ---------------------------------
+
+
+class ContextCompacted(EventData):
+    EVENT_TYPE = "context.compacted"
+    from_seq: int = Field(ge=1)
+    to_seq: int = Field(ge=1)
+    summary: str
+    method: Literal["builtin", "command"] = "builtin"
+    artifact: ArtifactRef | None = None
+
+
+class VerificationStarted(EventData):
+    EVENT_TYPE = "verification.started"
+    check: str
+    call: str | None = None
+
+
+class VerificationFinished(EventData):
+    EVENT_TYPE = "verification.finished"
+    check: str
+    ok: bool
+    call: str | None = None
+    output: ArtifactRef | None = None
+    duration_ms: int = Field(default=0, ge=0)
+
+
+class BudgetExhausted(EventData):
+    EVENT_TYPE = "budget.exhausted"
+    budget: BudgetName
+    limit: int = Field(ge=0)
+    used: int = Field(ge=0)
+
+
+class BindingObserved(EventData):
+    EVENT_TYPE = "binding.observed"
+    hashes: dict[str, FileHash]
+
+
+class LogRepaired(EventData):
+    EVENT_TYPE = "log.repaired"
+    dropped_bytes: int = Field(ge=0)
+    at_offset: int = Field(ge=0)
+    last_good_seq: int = Field(ge=0)
+    reason: str = ""
+
+
+PAYLOADS: tuple[type[EventData], ...] = (
+    SessionCreated,
+    SessionForked,
+    SessionMerged,
+    SessionMigrated,
+    SessionImported,
+    LifecycleChanged,
+    WakeRequested,
+    GateEvaluated,
+    RecoveryResolved,
+    RunStarted,
+    RunFinished,
+    MessageReceived,
+    ModelRequested,
+    ModelResponded,
+    ToolIntent,
+    PolicyDecided,
+    ApprovalRequested,
+    ApprovalGranted,
+    ApprovalDenied,
+    ToolStarted,
+    ToolFinished,
+    ObservationProjected,
+    ContextCompacted,
+    VerificationStarted,
+    VerificationFinished,
+    BudgetExhausted,
+    BindingObserved,
+    LogRepaired,
+)
+
+PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}
+
+
+def dump_data(data: EventData) -> dict[str, Any]:
+    """The JSON form of a payload as it is written (aliases, no ``None``-stripping)."""
+    return data.model_dump(mode="json", by_alias=True)

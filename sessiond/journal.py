@@ -1,0 +1,137 @@
+"""A session's open log together with its folded state and snapshots.
+
+Opening replays the latest snapshot plus the tail of the log (or the whole log
+when there is no usable snapshot). Appending writes the events, folds them into
+the state at once (so seq order and fold order are the same), then waits for
+durability. A snapshot is written every ``snapshot_every`` events, after the
+events it covers are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import orjson
+import structlog
+
+from sessiond.errors import LogCorrupt
+from sessiond.event_data import EventData, LogRepaired
+from sessiond.replay import apply, replay
+from sessiond.state import REDUCER_VERSION, State
+from sessiond.store.base import (
+    START,
+    Draft,
+    Durability,
+    EventLog,
+    PositionMismatch,
+    Record,
+    Snapshot,
+    SnapshotStore,
+    Store,
+)
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SNAPSHOT_EVERY = 1000
+
+
+class Journal:
+    def __init__(
+        self, event_log: EventLog, snapshots: SnapshotStore, state: State, snapshot_every: int
+    ) -> None:
+        self.log = event_log
+        self.snapshots = snapshots
+        self.state = state
+        self.snapshot_every = snapshot_every
+        self._snapshot_seq = state.seq
+        self.from_snapshot: int | None = None
+
+    @property
+    def session(self) -> str:
+        return self.log.session
+
+    @classmethod
+    async def open(
+        cls,
+        store: Store,
+        name: str,
+        *,
+        durability: Durability = "fsync",
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        use_snapshots: bool = True,
+    ) -> Journal:
+        """Open, recover and fold a session's log. Raises LogCorrupt, LogLocked, NoSuchSession."""
+        event_log = await store.open_log(name, durability=durability)
+        snapshots = store.snapshots(name)
+        try:
+            state, from_snapshot = cls._recover(event_log, snapshots, name, use_snapshots)
+        except BaseException:
+            await event_log.close()
+            raise
+        journal = cls(event_log, snapshots, state, snapshot_every)
+        journal.from_snapshot = from_snapshot
+        journal._snapshot_seq = from_snapshot or 0
+        repair = event_log.repair
+        if repair is not None:
+            log.warning(
+                "log.repaired",
+                session=name,
+                dropped_bytes=repair.dropped_bytes,
+                last_good_seq=repair.last_good_seq,
+            )
+            await journal.append(
+                LogRepaired(
+                    dropped_bytes=repair.dropped_bytes,
+                    at_offset=repair.at_offset,
+                    last_good_seq=repair.last_good_seq,
+                    reason=repair.reason,
+                )
+            )
+        return journal
+
+    @staticmethod
+    def _recover(
+        event_log: EventLog, snapshots: SnapshotStore, name: str, use_snapshots: bool
+    ) -> tuple[State, int | None]:
+        snap = snapshots.latest(REDUCER_VERSION) if use_snapshots else None
+        if snap is not None and snap.session == name:
+            try:
+                state = State.from_dict(snap.state)
+                return replay(event_log.recover(snap.position), state), snap.position.seq
+            except PositionMismatch as exc:
+                log.warning("snapshot.ignored", session=name, seq=snap.position.seq, why=str(exc))
+            except (TypeError, ValueError) as exc:
+                log.warning("snapshot.unreadable", session=name, seq=snap.position.seq, why=str(exc))
+        return replay(event_log.recover(START), State(session=name)), None
+
+    async def append(
+        self, data: EventData, *, causation: str | None = None, correlation: str | None = None
+    ) -> Record:
+        return (await self.append_many([Draft(data, causation, correlation)]))[0]
+
+    async def append_many(self, drafts: Sequence[Draft]) -> list[Record]:
+        pending = self.log.write_many(drafts)
+        for record in pending.records:
+            apply(self.state, record)
+        await self.log.sync(pending)
+        if self.state.seq - self._snapshot_seq >= self.snapshot_every:
+            await self.snapshot()
+        return pending.records
+
+    async def snapshot(self) -> None:
+        """Write a snapshot of the durable state now (in a worker thread)."""
+        position = self.log.position
+        if position.seq != self.state.seq or position.seq == self._snapshot_seq:
+            return
+        # Serialise here, in the loop, so the state cannot change underneath.
+        state = orjson.loads(orjson.dumps(self.state))
+        snap = Snapshot(REDUCER_VERSION, self.session, position, state)
+        self._snapshot_seq = position.seq
+        await asyncio.get_running_loop().run_in_executor(None, self.snapshots.save, snap)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "Journal", "LogCorrupt"]

@@ -1,0 +1,129 @@
+"""Projections: views computed from state or events, never stored as the only copy.
+
+* :func:`messages` — what a model would see: the goal, user and received
+  messages, model responses, observations (never raw tool output), and
+  compaction summaries in place of the ranges they replaced.
+* :func:`trace` — a timeline a person can read, one event a line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sessiond.state import State
+
+
+def messages(state: State) -> list[dict[str, Any]]:
+    """The messages view. Each item: ``role``, ``content``, ``seq`` (and ``kind``)."""
+    out: list[dict[str, Any]] = []
+    if state.goal:
+        out.append({"role": "system", "kind": "goal", "content": f"Goal: {state.goal}", "seq": 0})
+
+    comps = state.compactions
+
+    def hidden_by(seq: int, made_at: int = 1 << 62) -> dict[str, Any] | None:
+        """The latest compaction recorded before ``made_at`` whose range covers ``seq``."""
+        best = None
+        for c in comps:
+            if c["seq"] < made_at and c["from_seq"] <= seq <= c["to_seq"]:
+                if best is None or c["seq"] > best["seq"]:
+                    best = c
+        return best
+
+    # Summaries stand where their range began; a later compaction that covers
+    # that place hides the earlier summary too.
+    items: list[tuple[int, int, dict[str, Any]]] = []
+    for c in comps:
+        if hidden_by(c["from_seq"], made_at=1 << 62) is c:
+            items.append(
+                (
+                    c["from_seq"],
+                    0,
+                    {
+                        "role": "system",
+                        "kind": "summary",
+                        "content": f"Summary of earlier context (events {c['from_seq']}"
+                        f"-{c['to_seq']}): {c['summary']}",
+                        "seq": c["seq"],
+                    },
+                )
+            )
+    for t in state.transcript:
+        if comps and hidden_by(t["seq"]) is not None:
+            continue
+        item = {"role": t["role"], "kind": t["kind"], "content": t["text"], "seq": t["seq"]}
+        for key in ("sender", "tool", "model"):
+            if key in t:
+                item[key] = t[key]
+        items.append((t["seq"], 1, item))
+    items.sort(key=lambda x: (x[0], x[1]))
+    out.extend(i[2] for i in items)
+    return out
+
+
+def _tool(d: dict[str, Any]) -> str:
+    return f"{d['tool']} [{d['call']}]"
+
+
+def _hashes(h: dict[str, Any]) -> str:
+    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "-"
+
+
+_DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
+    "session.created": lambda d: f"{d['name']}: {d['goal'] or '(no goal)'}",
+    "session.forked": lambda d: f"{d['parent']} -> {d['child']} at seq {d['at_seq']}",
+    "session.merged": lambda d: f"from {d['child']}: {d['summary']}",
+    "session.migrated": lambda d: (
+        f"profile {d['from_profile']} -> {d['to_profile']}" if d["to_profile"] else f"to {d['to']}"
+    ),
+    "session.imported": lambda d: f"from {d['original_name']} ({d['events']} events)",
+    "lifecycle.changed": lambda d: (
+        f"{d['from'] or '-'} -> {d['to']}"
+        + (f" ({d['outcome']})" if d["outcome"] else "")
+        + (f": {d['reason']}" if d["reason"] else "")
+    ),
+    "wake.requested": lambda d: f"by {d['trigger']}",
+    "gate.evaluated": lambda d: (
+        "ok" if d["ok"] else "NOT ok: " + ", ".join(c["name"] for c in d["checks"] if not c["ok"])
+    ),
+    "recovery.resolved": lambda d: f"--{d['option']}" + (f" [{d['call']}]" if d["call"] else ""),
+    "run.started": lambda d: f"run {d['run']} ({d['kind']}, pid {d['pid']})",
+    "run.finished": lambda d: (
+        f"run {d['run']} {d['status']} exit={d['exit_code']} in {d['duration_ms']} ms"
+    ),
+    "message.received": lambda d: f"from {d['sender']}: {d['text'][:80]}",
+    "model.requested": lambda d: f"{d['model']} request {d['request_id']}",
+    "model.responded": lambda d: (
+        f"{d['model']} {d['status']} in={d['tokens_in']} out={d['tokens_out']}"
+    ),
+    "tool.intent": lambda d: f"{_tool(d)} {d['risk']['side_effect']}/{d['risk']['resume']}",
+    "policy.decided": lambda d: f"{_tool(d)} {d['decision']} by {d['rule']}",
+    "approval.requested": _tool,
+    "approval.granted": lambda d: f"{_tool(d)} by {d['by'] or '-'}",
+    "approval.denied": lambda d: f"{_tool(d)} by {d['by'] or '-'}: {d['reason']}",
+    "tool.started": lambda d: f"{_tool(d)} attempt {d['attempt']} before: {_hashes(d['hashes'])}",
+    "tool.finished": lambda d: (
+        f"{_tool(d)} {d['status']} exit={d['exit_code']} after: {_hashes(d['hashes'])}"
+    ),
+    "observation.projected": lambda d: f"{_tool(d)}: {d['text'][:80]}",
+    "context.compacted": lambda d: f"events {d['from_seq']}-{d['to_seq']} ({d['method']})",
+    "verification.started": lambda d: d["check"],
+    "verification.finished": lambda d: f"{d['check']}: {'ok' if d['ok'] else 'FAILED'}",
+    "budget.exhausted": lambda d: f"{d['budget']}: used {d['used']} of {d['limit']}",
+    "binding.observed": lambda d: _hashes(d["hashes"]),
+    "log.repaired": lambda d: f"dropped {d['dropped_bytes']} bytes after seq {d['last_good_seq']}",
+}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A one-line summary of an event's data."""
+    describe_data = _DESCRIBE.get(record["type"])
+    return describe_data(record["data"]) if describe_data else ""
+
+
+def trace(records: Iterable[dict[str, Any]]) -> list[str]:
+    """One readable line per event: time, seq, type, summary."""
+    return [
+        f"{r['ts']}  {r['seq']:>6}  {r['type']:<22} {describe(r)}".rstrip() for r in records
+    ]

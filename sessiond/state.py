@@ -1,0 +1,129 @@
+"""The state of a session: what a fold of its events leaves behind.
+
+Plain data (dicts, lists, strings, numbers) so that it serialises to a snapshot
+with orjson as it is, and compares equal after a round trip. The fold that
+builds it is :mod:`sessiond.replay`.
+
+Tool calls move through stages, keyed by their call id (the ``correlation`` of
+their events)::
+
+    intent -> decided -> [approval -> approved] -> started -> finished -> (observed: removed)
+                      \\-> denied                                        (denial observed: removed)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Bump when the fold's meaning changes: snapshots of another version are ignored.
+REDUCER_VERSION = 1
+
+PENDING_STAGES = frozenset({"intent", "decided", "approval", "approved"})
+
+
+@dataclass(slots=True)
+class State:
+    session: str
+    seq: int = 0
+    last_id: str | None = None
+    last_ts: str | None = None
+
+    # identity (from session.created, fork, import, migrate)
+    name: str = ""
+    goal: str = ""
+    description: str = ""
+    agent: str = ""
+    priority: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    profile: str = "default"
+    spec: dict[str, Any] = field(default_factory=dict)
+    spec_sha256: str | None = None
+    created_at: str | None = None
+    last_active: str | None = None
+
+    # lifecycle
+    state: str = "created"
+    reason: str = ""
+    outcome: str | None = None
+    until: str | None = None
+
+    # lineage
+    parent: str | None = None
+    fork_seq: int | None = None
+    children: list[str] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)
+    imported_from: str | None = None
+    migrated_to: str | None = None
+
+    # runs and budget use
+    runs: int = 0
+    turns: int = 0
+    current_run: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None
+    failures_in_a_row: int = 0
+    runs_by_day: dict[str, int] = field(default_factory=dict)
+    seconds_used: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tool_calls: int = 0
+    tool_calls_this_run: int = 0
+    budget_exhausted: dict[str, Any] | None = None
+
+    # wakes and the gate
+    pending_wakes: list[dict[str, Any]] = field(default_factory=list)
+    last_wake: dict[str, Any] | None = None
+    last_gate: dict[str, Any] | None = None
+    last_recovery: dict[str, Any] | None = None
+
+    # tool calls and approvals
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_observation: dict[str, Any] | None = None
+    last_verification: dict[str, Any] | None = None
+    pending_model: dict[str, Any] | None = None
+
+    # the workspace: hashes of bound files and of files written by tools
+    bound: dict[str, str | None] = field(default_factory=dict)
+    file_hashes: dict[str, str | None] = field(default_factory=dict)
+
+    # evidence and context
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mailbox: list[dict[str, Any]] = field(default_factory=list)
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    repairs: list[dict[str, Any]] = field(default_factory=list)
+
+    # --- derived views -------------------------------------------------------------
+
+    def pending_intents(self) -> dict[str, dict[str, Any]]:
+        """Calls recorded as intended whose tool has not started."""
+        return {k: c for k, c in self.calls.items() if c["stage"] in PENDING_STAGES}
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        """Calls started without a ``tool.finished``: the world may have changed."""
+        return {k: c for k, c in self.calls.items() if c["stage"] == "started"}
+
+    def unobserved(self) -> dict[str, dict[str, Any]]:
+        """Calls finished (or denied) whose observation is not recorded yet."""
+        return {k: c for k, c in self.calls.items() if c["stage"] in ("finished", "denied")}
+
+    def pending_approvals(self) -> dict[str, dict[str, Any]]:
+        return {k: a for k, a in self.approvals.items() if a["status"] == "pending"}
+
+    def at_stable_point(self) -> bool:
+        """No tool between intent and observation, no model call awaiting its answer."""
+        return not self.calls and self.pending_model is None
+
+    # --- snapshots -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"snapshot state has unknown fields {sorted(unknown)}")
+        return cls(**data)

@@ -1,0 +1,100 @@
+"""Small helpers that make files durable the way crash-consistency research says.
+
+A new file is durable only once the file *and* the directory entry naming it are
+on disk, so: write, fsync the file, rename into place, fsync the directory
+(Pillai et al., "All File Systems Are Not Created Equal", OSDI 2014).
+Everything in the state dir is owner-only: folders 0700, files 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from sessiond.errors import StorageError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) a real, owner-only folder; refuse a symlink."""
+    try:
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise StorageError(f"{path} exists and is not a folder; move it away") from exc
+    real_dir(path)
+    if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
+
+
+def real_dir(path: Path) -> Path:
+    """``path`` if it is a folder and not a symlink (symlinks planted in the state dir
+    could make the store read or write elsewhere)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    if stat.S_ISLNK(st.st_mode):
+        raise StorageError(f"{path} is a symbolic link; the state dir must hold real folders only")
+    if not stat.S_ISDIR(st.st_mode):
+        raise StorageError(f"{path} is not a folder")
+    return path
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    done = 0
+    while done < len(data):
+        done += os.write(fd, view[done:])
+
+
+def write_durable(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (temp, fsync, rename, fsync dir)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """Read a regular file without following a symlink at its last component."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f"{path} is not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise StorageError(f"{path} is {st.st_size} bytes, more than the {limit} allowed")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
