@@ -32,7 +32,7 @@ EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
 # Schema version of each type as this sessiond writes it. Bump one (and add an
 # upcaster from the old version, and a golden file of the old version) when a
 # type's meaning changes.
-CURRENT_VERSION: Mapping[str, int] = MappingProxyType({t: 1 for t in PAYLOAD_BY_TYPE})
+CURRENT_VERSION: Mapping[str, int] = MappingProxyType(dict.fromkeys(PAYLOAD_BY_TYPE, 1))
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -75,7 +75,7 @@ def _envelope_class(payload: type[EventData]) -> type[Envelope]:
     cls: type[Envelope] = create_model(
         name,
         __base__=Envelope,
-        type=(Literal[payload.EVENT_TYPE], ...),  # type: ignore[valid-type]
+        type=(Literal[payload.EVENT_TYPE], ...),  # type: ignore[arg-type]
         data=(payload, ...),
     )
     return cls

@@ -102,7 +102,9 @@ class Journal:
             except PositionMismatch as exc:
                 log.warning("snapshot.ignored", session=name, seq=snap.position.seq, why=str(exc))
             except (TypeError, ValueError) as exc:
-                log.warning("snapshot.unreadable", session=name, seq=snap.position.seq, why=str(exc))
+                log.warning(
+                    "snapshot.unreadable", session=name, seq=snap.position.seq, why=str(exc)
+                )
         return replay(event_log.recover(START), State(session=name)), None
 
     async def append(

@@ -26,9 +26,9 @@ def messages(state: State) -> list[dict[str, Any]]:
         """The latest compaction recorded before ``made_at`` whose range covers ``seq``."""
         best = None
         for c in comps:
-            if c["seq"] < made_at and c["from_seq"] <= seq <= c["to_seq"]:
-                if best is None or c["seq"] > best["seq"]:
-                    best = c
+            covers = c["seq"] < made_at and c["from_seq"] <= seq <= c["to_seq"]
+            if covers and (best is None or c["seq"] > best["seq"]):
+                best = c
         return best
 
     # Summaries stand where their range began; a later compaction that covers
@@ -124,6 +124,4 @@ def describe(record: dict[str, Any]) -> str:
 
 def trace(records: Iterable[dict[str, Any]]) -> list[str]:
     """One readable line per event: time, seq, type, summary."""
-    return [
-        f"{r['ts']}  {r['seq']:>6}  {r['type']:<22} {describe(r)}".rstrip() for r in records
-    ]
+    return [f"{r['ts']}  {r['seq']:>6}  {r['type']:<22} {describe(r)}".rstrip() for r in records]

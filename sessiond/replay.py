@@ -353,11 +353,9 @@ def replay(records: Iterable[dict[str, Any]], state: State) -> State:
     handlers = HANDLERS
     current = CURRENT_VERSION
     record: dict[str, Any] | None = None
-    for record in records:
-        etype = record["type"]
-        if record["v"] != current.get(etype):
-            record = upcast(record)
-        handlers[etype](state, record, record["data"])
+    for raw in records:
+        record = raw if raw["v"] == current.get(raw["type"]) else upcast(raw)
+        handlers[record["type"]](state, record, record["data"])
     if record is not None:
         state.seq = record["seq"]
         state.last_id = record["id"]

@@ -74,7 +74,7 @@ class Snapshot:
     state: dict[str, Any]
 
 
-class PositionMismatch(Exception):  # noqa: N818 - internal signal, not an error users see
+class PositionMismatch(Exception):
     """A snapshot's position does not match the log; the log wins."""
 
 
@@ -138,7 +138,9 @@ class ArtifactStore(abc.ABC):
     """A session's content-addressed evidence (sha256). Reads verify the hash."""
 
     @abc.abstractmethod
-    def put(self, data: bytes, name: str, media_type: str = "application/octet-stream") -> ArtifactRef:
+    def put(
+        self, data: bytes, name: str, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
         """Store ``data`` durably (idempotent) and return its reference."""
 
     @abc.abstractmethod
@@ -214,7 +216,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
-        """Like :meth:`read` from seq 1, with each event's exact line, newline included (for copies)."""
+        """Like :meth:`read` from seq 1, with each event's exact line (newline included)."""
 
     @abc.abstractmethod
     def artifacts(self, name: str) -> ArtifactStore: ...

@@ -99,7 +99,9 @@ class FileEventLog(EventLog):
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise NoSuchSession(f"no session {self.session!r}: {self.path} does not exist") from None
+            raise NoSuchSession(
+                f"no session {self.session!r}: {self.path} does not exist"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -272,7 +274,9 @@ class FileArtifacts(ArtifactStore):
             )
         return real_dir(self.folder) / ref[7:]
 
-    def put(self, data: bytes, name: str, media_type: str = "application/octet-stream") -> ArtifactRef:
+    def put(
+        self, data: bytes, name: str, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
         digest = hashlib.sha256(data).hexdigest()
         path = real_dir(self.folder) / digest
         try:
@@ -409,7 +413,9 @@ class FileStore(Store):
         except FileNotFoundError:
             return []
         return sorted(
-            n for n in entries if not n.startswith(".") and (self.sessions_dir / n / LOG_NAME).is_file()
+            n
+            for n in entries
+            if not n.startswith(".") and (self.sessions_dir / n / LOG_NAME).is_file()
         )
 
     def exists(self, name: str) -> bool:

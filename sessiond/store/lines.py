@@ -120,7 +120,8 @@ def scan(
                     end.position = LogPosition(expected - 1, offset, last_id)
                     end.tail_bytes = -1  # unknown yet: the caller measures from offset
                     end.tail_reason = (
-                        "checksum does not match" if record is None
+                        "checksum does not match"
+                        if record is None
                         else f"seq {record.get('seq')!r} where {expected} was expected"
                     )
                     return

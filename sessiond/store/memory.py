@@ -73,9 +73,10 @@ class MemoryEventLog(EventLog):
 
     def recover(self, after: LogPosition = START) -> Iterator[Record]:
         records = self._data.records
-        if after.seq:
-            if after.seq > len(records) or records[after.seq - 1]["id"] != after.last_id:
-                raise PositionMismatch(f"seq {after.seq} is not in the log with that id")
+        if after.seq and (
+            after.seq > len(records) or records[after.seq - 1]["id"] != after.last_id
+        ):
+            raise PositionMismatch(f"seq {after.seq} is not in the log with that id")
         for record in records[after.seq :]:
             yield copy.deepcopy(record)
         self._pos = self._position(len(records))
@@ -96,7 +97,7 @@ class MemoryEventLog(EventLog):
         self._pos = self._position(len(self._data.records))
         return Pending(records, self._pos)
 
-    async def sync(self, pending: Pending) -> None:
+    async def sync(self, pending: Pending) -> None:  # noqa: ARG002 - durable at write
         return None
 
     async def close(self) -> None:
@@ -114,7 +115,9 @@ class MemoryArtifacts(ArtifactStore):
             raise BadArtifactRef(f"artifact reference {ref!r} is not 'sha256:<64 hex>'")
         return ref[7:]
 
-    def put(self, data: bytes, name: str, media_type: str = "application/octet-stream") -> ArtifactRef:
+    def put(
+        self, data: bytes, name: str, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
         digest = hashlib.sha256(data).hexdigest()
         self._blobs[digest] = bytes(data)
         return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)

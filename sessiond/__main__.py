@@ -1,0 +1,5 @@
+import sys
+
+from sessiond.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""Forking a session: a new log that starts with the parent's events unchanged.
+
+The child's log holds the parent's lines 1..N byte for byte (same ids, same
+seqs, same ``session`` field), then ``session.forked`` at N+1. The artifacts
+those events name are copied into the child's store, so every reference
+resolves inside the session's own store. The parent's log gets a
+``session.forked`` too, so lineage is visible from both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sessiond.errors import InvalidInput
+from sessiond.event_data import SHA256_REF, SessionForked
+from sessiond.journal import Journal
+from sessiond.names import check_name
+from sessiond.store.base import Durability, Store
+
+
+def artifact_refs(value: Any) -> Iterator[str]:
+    """Every ``sha256:`` artifact reference inside an event's data."""
+    if isinstance(value, dict):
+        ref = value.get("ref")
+        if isinstance(ref, str) and SHA256_REF.match(ref):
+            yield ref
+        for item in value.values():
+            if isinstance(item, dict | list):
+                yield from artifact_refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from artifact_refs(item)
+
+
+async def fork(
+    store: Store,
+    parent: Journal,
+    child: str,
+    *,
+    at_seq: int | None = None,
+    with_triggers: bool = False,
+    durability: Durability = "fsync",
+) -> Journal:
+    """Create ``child`` from ``parent``'s events 1..``at_seq`` (default: all so far)."""
+    check_name(child)
+    last = parent.state.seq
+    at = last if at_seq is None else at_seq
+    if not 1 <= at <= last:
+        raise InvalidInput(
+            f"cannot fork {parent.session!r} at seq {at}: it has events 1..{last}; "
+            "pick a seq in that range"
+        )
+    lines: list[bytes] = []
+    refs: set[str] = set()
+    for record, line in store.read_lines(parent.session, upto=at):
+        lines.append(line)
+        refs.update(artifact_refs(record["data"]))
+    parent_artifacts = store.artifacts(parent.session)
+    blobs = (parent_artifacts.get(ref) for ref in sorted(refs))
+    new_log = await store.create(
+        child,
+        spec=store.read_spec(parent.session),
+        lines=lines,
+        artifacts=blobs,
+        durability=durability,
+    )
+    await new_log.close()
+    journal = await Journal.open(store, child, durability=durability)
+    event = SessionForked(
+        parent=parent.session, child=child, at_seq=at, with_triggers=with_triggers
+    )
+    await journal.append(event)
+    await parent.append(event)
+    return journal
