@@ -61,6 +61,26 @@ def new_event_id(now_ns: int) -> str:
     return f"{(now_ns // 1_000_000) & 0xFFFFFFFFFFFF:012x}{os.urandom(10).hex()}"
 
 
+class EventIds:
+    """Event ids for one writer, cheaper than :func:`new_event_id` per event.
+
+    Same shape (48 bits of milliseconds, then 80 bits), but the 80 bits are a
+    random 40-bit prefix drawn once per writer and a 40-bit counter, so making
+    an id needs no system call. Unique across writers with overwhelming
+    probability, and strictly increasing within one writer.
+    """
+
+    __slots__ = ("_count", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(5).hex()
+        self._count = int.from_bytes(os.urandom(4), "big")
+
+    def next(self, now_ns: int) -> str:
+        self._count = (self._count + 1) & 0xFFFFFFFFFF
+        return f"{(now_ns // 1_000_000) & 0xFFFFFFFFFFFF:012x}{self._prefix}{self._count:010x}"
+
+
 class Timestamper:
     """Formats nanosecond clocks as RFC 3339 UTC with microseconds, quickly.
 

@@ -111,7 +111,7 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
             return os.pread(fd, size, offset)
 
         end = ScanEnd(START)
-        for record, _line in scan(read, START, end):
+        for record in scan(read, START, end):
             report.events += 1
             try:
                 decode(record)

@@ -15,50 +15,17 @@ from sessiond.state import State
 
 
 def messages(state: State) -> list[dict[str, Any]]:
-    """The messages view. Each item: ``role``, ``content``, ``seq`` (and ``kind``)."""
+    """The messages view. Each item: ``role``, ``kind``, ``content``, ``seq`` and, where
+    they apply, ``sender``, ``tool``, ``model``, ``range`` (of a compaction summary)."""
     out: list[dict[str, Any]] = []
     if state.goal:
         out.append({"role": "system", "kind": "goal", "content": f"Goal: {state.goal}", "seq": 0})
-
-    comps = state.compactions
-
-    def hidden_by(seq: int, made_at: int = 1 << 62) -> dict[str, Any] | None:
-        """The latest compaction recorded before ``made_at`` whose range covers ``seq``."""
-        best = None
-        for c in comps:
-            covers = c["seq"] < made_at and c["from_seq"] <= seq <= c["to_seq"]
-            if covers and (best is None or c["seq"] > best["seq"]):
-                best = c
-        return best
-
-    # Summaries stand where their range began; a later compaction that covers
-    # that place hides the earlier summary too.
-    items: list[tuple[int, int, dict[str, Any]]] = []
-    for c in comps:
-        if hidden_by(c["from_seq"], made_at=1 << 62) is c:
-            items.append(
-                (
-                    c["from_seq"],
-                    0,
-                    {
-                        "role": "system",
-                        "kind": "summary",
-                        "content": f"Summary of earlier context (events {c['from_seq']}"
-                        f"-{c['to_seq']}): {c['summary']}",
-                        "seq": c["seq"],
-                    },
-                )
-            )
     for t in state.transcript:
-        if comps and hidden_by(t["seq"]) is not None:
-            continue
         item = {"role": t["role"], "kind": t["kind"], "content": t["text"], "seq": t["seq"]}
-        for key in ("sender", "tool", "model"):
+        for key in ("sender", "tool", "model", "range"):
             if key in t:
                 item[key] = t[key]
-        items.append((t["seq"], 1, item))
-    items.sort(key=lambda x: (x[0], x[1]))
-    out.extend(i[2] for i in items)
+        out.append(item)
     return out
 
 

@@ -13,18 +13,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sessiond.events import CURRENT_VERSION, upcast
-from sessiond.state import State
+from sessiond.state import MAILBOX_KEEP, RUN_DAYS_KEEP, State
 
 Handler = Callable[[State, dict[str, Any], dict[str, Any]], None]
 
 
 def _ref(state: State, ref: dict[str, Any] | None) -> None:
     if ref:
-        state.artifacts[ref["ref"]] = {
-            "name": ref["name"],
-            "size": ref["size"],
-            "media_type": ref["media_type"],
-        }
+        state.artifacts_seen += 1
 
 
 def _say(state: State, rec: dict[str, Any], role: str, kind: str, text: str, **extra: Any) -> None:
@@ -67,7 +63,8 @@ def _merged(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.merged.append(d["child"])
     for ref in d["artifacts"]:
         _ref(s, ref)
-    _say(s, r, "user", "merge", d["summary"], sender=d["child"])
+    text = f"[merged from {d['child']}] {d['summary']}"
+    _say(s, r, "user", "merge", text, sender=d["child"], artifacts=d["artifacts"])
 
 
 def _migrated(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -134,6 +131,9 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     }
     day = r["ts"][:10]
     s.runs_by_day[day] = s.runs_by_day.get(day, 0) + 1
+    if len(s.runs_by_day) > RUN_DAYS_KEEP:  # only recent days matter for runs_per_day
+        for old in sorted(s.runs_by_day)[:-RUN_DAYS_KEEP]:
+            del s.runs_by_day[old]
     s.tool_calls_this_run = 0
     s.pending_wakes = []
     s.budget_exhausted = None
@@ -151,13 +151,21 @@ def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 
 def _message(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.messages_received += 1
     s.mailbox.append({"seq": r["seq"], "ts": r["ts"], "sender": d["sender"], "text": d["text"]})
+    if len(s.mailbox) > MAILBOX_KEEP:
+        del s.mailbox[0]
     _say(s, r, d["role"], "message", d["text"], sender=d["sender"])
 
 
 def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     _ref(s, d["context"])
-    s.pending_model = {"request_id": d["request_id"], "model": d["model"], "seq": r["seq"]}
+    s.pending_model = {
+        "request_id": d["request_id"],
+        "model": d["model"],
+        "seq": r["seq"],
+        "context": d["context"],
+    }
 
 
 def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -231,51 +239,89 @@ def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         call["stage"] = "denied"
 
 
+def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
+    """The call an event belongs to; a call whose intent predates the log (a log cut
+    by fork or import mid-call) is recorded from what this event says."""
+    call = s.calls.get(d["call"])
+    if call is None:
+        call = s.calls[d["call"]] = {
+            "call": d["call"],
+            "tool": d["tool"],
+            "args": {},
+            "risk": None,
+            "writes": [],
+            "stage": "intent",
+            "seq": None,
+        }
+    return call
+
+
+# The handlers below run for most events of a busy session, so a call keeps the
+# data of its started and finished events as they are (records are never
+# mutated) instead of copying their fields.
+
+
 def _tool_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    call = s.calls.setdefault(d["call"], {"call": d["call"], "tool": d["tool"], "writes": []})
-    call.update(
-        stage="started", hashes_before=d["hashes"], git_head=d["git_head"], attempt=d["attempt"]
-    )
+    call = _call(s, d)
+    call["stage"] = "started"
+    call["started"] = d
     call["started_seq"] = r["seq"]
 
 
 def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    call = s.calls.setdefault(d["call"], {"call": d["call"], "tool": d["tool"], "writes": []})
-    call.update(
-        stage="finished",
-        status=d["status"],
-        exit_code=d["exit_code"],
-        error_class=d["error_class"],
-        hashes_after=d["hashes"],
-        output=d["output"],
-        truncated=d["truncated"],
-    )
+    call = _call(s, d)
+    call["stage"] = "finished"
+    call["finished"] = d
     call["finished_seq"] = r["seq"]
-    s.file_hashes.update(d["hashes"])
-    _ref(s, d["output"])
-    _ref(s, d["diff"])
+    if d["hashes"]:
+        s.file_hashes.update(d["hashes"])
+    if d["output"]:
+        s.artifacts_seen += 1
+    if d["diff"]:
+        s.artifacts_seen += 1
 
 
 def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    s.calls.pop(d["call"], None)
-    s.approvals.pop(d["call"], None)
-    s.last_observation = {"seq": r["seq"], "call": d["call"], "tool": d["tool"], "text": d["text"]}
-    _say(s, r, "tool", "observation", d["text"], tool=d["tool"], call=d["call"])
+    call, tool, text, seq = d["call"], d["tool"], d["text"], r["seq"]
+    s.calls.pop(call, None)
+    if s.approvals:
+        s.approvals.pop(call, None)
+    s.last_observation = {"seq": seq, "call": call, "tool": tool, "text": text}
+    s.transcript.append(
+        {
+            "seq": seq,
+            "role": "tool",
+            "kind": "observation",
+            "text": text,
+            "tool": tool,
+            "call": call,
+        }
+    )
 
 
 # --- context, verification, budget, bindings, repairs ------------------------------------
 
 
 def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    s.compactions.append(
-        {
-            "seq": r["seq"],
-            "from_seq": d["from_seq"],
-            "to_seq": d["to_seq"],
-            "summary": d["summary"],
-            "method": d["method"],
-        }
-    )
+    """Replace the transcript items of the range by the summary, where the range began.
+
+    An earlier summary inside the range goes too: the new summary covers it.
+    """
+    lo, hi = d["from_seq"], d["to_seq"]
+    summary = {
+        "seq": lo,
+        "role": "system",
+        "kind": "summary",
+        "text": f"Summary of earlier context (events {lo}-{hi}): {d['summary']}",
+        "range": [lo, hi],
+        "compacted_at": r["seq"],
+        "artifacts": [d["artifact"]] if d["artifact"] else [],
+    }
+    before = [t for t in s.transcript if t["seq"] < lo]
+    after = [t for t in s.transcript if t["seq"] > hi]
+    s.transcript = [*before, summary, *after]
+    s.compactions += 1
+    s.last_compaction = {"seq": r["seq"], "from_seq": lo, "to_seq": hi, "method": d["method"]}
     _ref(s, d["artifact"])
 
 
@@ -336,10 +382,14 @@ HANDLERS: dict[str, Handler] = {
 assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"
 
 
+# A plain dict: faster than the read-only mapping in the loop below.
+_VERSIONS: dict[str, int] = dict(CURRENT_VERSION)
+
+
 def apply(state: State, record: dict[str, Any]) -> State:
     """Fold one record into ``state`` (in place) and return it."""
     etype = record["type"]
-    if record["v"] != CURRENT_VERSION.get(etype):
+    if record["v"] != _VERSIONS.get(etype):
         record = upcast(record)
     HANDLERS[etype](state, record, record["data"])
     state.seq = record["seq"]
@@ -351,11 +401,15 @@ def apply(state: State, record: dict[str, Any]) -> State:
 def replay(records: Iterable[dict[str, Any]], state: State) -> State:
     """Fold ``records`` into ``state``; the hot loop of start-up and ``sessionctl replay``."""
     handlers = HANDLERS
-    current = CURRENT_VERSION
+    current = _VERSIONS
     record: dict[str, Any] | None = None
-    for raw in records:
-        record = raw if raw["v"] == current.get(raw["type"]) else upcast(raw)
-        handlers[record["type"]](state, record, record["data"])
+    for record in records:
+        etype = record["type"]
+        if record["v"] == current.get(etype):
+            handlers[etype](state, record, record["data"])
+        else:
+            new = upcast(record)
+            handlers[etype](state, new, new["data"])
     if record is not None:
         state.seq = record["seq"]
         state.last_id = record["id"]

@@ -4,8 +4,9 @@ Plain data (dicts, lists, strings, numbers) so that it serialises to a snapshot
 with orjson as it is, and compares equal after a round trip. The fold that
 builds it is :mod:`sessiond.replay`.
 
-Tool calls move through stages, keyed by their call id (the ``correlation`` of
-their events)::
+Tool calls move through stages, keyed by their call id; a call keeps the data of
+its ``tool.started`` and ``tool.finished`` events under ``started`` and
+``finished``::
 
     intent -> decided -> [approval -> approved] -> started -> finished -> (observed: removed)
                       \\-> denied                                        (denial observed: removed)
@@ -18,6 +19,12 @@ from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
 REDUCER_VERSION = 1
+
+# The state must stay small however long a session lives, because start-up loads
+# it from a snapshot: history is in the log, the state keeps what continuing
+# needs. Hence the bounds below and the compaction of the transcript.
+MAILBOX_KEEP = 100
+RUN_DAYS_KEEP = 7
 
 PENDING_STAGES = frozenset({"intent", "decided", "approval", "approved"})
 
@@ -88,10 +95,14 @@ class State:
     file_hashes: dict[str, str | None] = field(default_factory=dict)
 
     # evidence and context
-    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    mailbox: list[dict[str, Any]] = field(default_factory=list)
+    artifacts_seen: int = 0
+    messages_received: int = 0
+    mailbox: list[dict[str, Any]] = field(default_factory=list)  # the last MAILBOX_KEEP
+    # What the messages view shows, in seq order, with compacted ranges already
+    # replaced by their summary (the log keeps the originals).
     transcript: list[dict[str, Any]] = field(default_factory=list)
-    compactions: list[dict[str, Any]] = field(default_factory=list)
+    compactions: int = 0
+    last_compaction: dict[str, Any] | None = None
     repairs: list[dict[str, Any]] = field(default_factory=list)
 
     # --- derived views -------------------------------------------------------------
@@ -110,6 +121,31 @@ class State:
 
     def pending_approvals(self) -> dict[str, dict[str, Any]]:
         return {k: a for k, a in self.approvals.items() if a["status"] == "pending"}
+
+    def live_artifacts(self) -> dict[str, dict[str, Any]]:
+        """Artifacts that continuing depends on: outputs of calls not yet observed,
+        the last run's output, the pending model context, and those attached to
+        what the messages view shows (merges, compaction summaries)."""
+        refs: dict[str, dict[str, Any]] = {}
+
+        def add(ref: dict[str, Any] | None) -> None:
+            if ref:
+                refs[ref["ref"]] = ref
+
+        for call in self.calls.values():
+            finished = call.get("finished")
+            if finished:
+                add(finished["output"])
+                add(finished["diff"])
+        if self.last_run:
+            add(self.last_run.get("stdout"))
+            add(self.last_run.get("stderr"))
+        if self.pending_model:
+            add(self.pending_model.get("context"))
+        for item in self.transcript:
+            for ref in item.get("artifacts", ()):
+                add(ref)
+        return refs
 
     def at_stable_point(self) -> bool:
         """No tool between intent and observation, no model call awaiting its answer."""

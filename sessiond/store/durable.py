@@ -53,10 +53,11 @@ def real_dir(path: Path) -> Path:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    done = 0
-    while done < len(data):
-        done += os.write(fd, view[done:])
+    done = os.write(fd, data)
+    if done < len(data):  # rare: a signal or a nearly full disk cut the write short
+        view = memoryview(data)
+        while done < len(data):
+            done += os.write(fd, view[done:])
 
 
 def write_durable(path: Path, data: bytes, *, sync_dir: bool = True) -> None:

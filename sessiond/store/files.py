@@ -17,7 +17,6 @@ appends written while it ran share the next one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -44,7 +43,7 @@ from sessiond.errors import (
     StorageError,
     StorageFull,
 )
-from sessiond.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
+from sessiond.event_data import SHA256_HEX, SHA256_REF, ArtifactRef, EventData
 from sessiond.names import check_name
 from sessiond.store.base import (
     START,
@@ -117,7 +116,8 @@ class FileEventLog(EventLog):
         self._repair: Repair | None = None
         self._failed: str | None = None
         self._synced = 0
-        self._flush: asyncio.Future[None] | None = None
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     # --- reading ------------------------------------------------------------------
 
@@ -143,8 +143,7 @@ class FileEventLog(EventLog):
         if after.seq:
             self._check_position(after)
         end = ScanEnd(after)
-        for record, _line in scan(self._read, after, end):
-            yield record
+        yield from scan(self._read, after, end)
         size = os.fstat(self._fd).st_size
         bad = classify_tail(self._read, end, size)
         if bad is not None:
@@ -219,47 +218,86 @@ class FileEventLog(EventLog):
         raise LogFailed(f"{self.path}: {self._failed}") from exc
 
     async def sync(self, pending: Pending) -> None:
-        if self.durability == "os":
-            return
-        target = pending.position.offset
-        while self._synced < target:
-            if self._failed is not None:
-                raise LogFailed(f"{self.path}: {self._failed}")
-            flush = self._flush
-            if flush is None:
-                flush = self._flush = asyncio.ensure_future(self._flush_once())
-                flush.add_done_callback(_consume_exception)
-            await asyncio.shield(flush)
+        waiter = self._waiter(pending.position.offset)
+        if waiter is not None:
+            await waiter
 
-    async def _flush_once(self) -> None:
-        target = self._pos.offset
+    # append and append_many are the base class's, written out flat: one coroutine
+    # frame less per append is measurable when many writers share a log.
+
+    async def append_many(self, drafts: Sequence[Draft]) -> list[Record]:
+        pending = self.write_many(drafts)
+        waiter = self._waiter(pending.position.offset)
+        if waiter is not None:
+            await waiter
+        return pending.records
+
+    async def append(
+        self, data: EventData, *, causation: str | None = None, correlation: str | None = None
+    ) -> Record:
+        pending = self.write_many((Draft(data, causation, correlation),))
+        waiter = self._waiter(pending.position.offset)
+        if waiter is not None:
+            await waiter
+        return pending.records[0]
+
+    def _waiter(self, target: int) -> asyncio.Future[None] | None:
+        """A future done once the log is durable up to byte ``target`` (None: already is)."""
+        if self.durability == "os" or self._synced >= target:
+            return None
+        if self._failed is not None:
+            raise LogFailed(f"{self.path}: {self._failed}")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((target, done))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush_loop())
+        return done
+
+    async def _flush_loop(self) -> None:
+        """Group commit: one fsync covers every append written before it started;
+        appends written while it ran wait for the next one. Runs while anyone waits."""
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.hooks.fsync, self._fd)
-        except OSError as exc:
-            # fsyncgate: after a failed fsync the kernel may have dropped the dirty
-            # pages, so a later fsync can succeed without the data. Stop writing.
-            self._failed = f"fsync failed: {exc}"
-            raise LogFailed(f"{self.path}: {self._failed}") from exc
+            while self._waiters:
+                # Let every task that is ready run one step first: writers just
+                # acknowledged by the previous fsync write their next events now
+                # and join this fsync instead of the one after (no timer, no delay
+                # beyond the work already queued).
+                await asyncio.sleep(0)
+                target = self._pos.offset
+                try:
+                    await loop.run_in_executor(None, self.hooks.fsync, self._fd)
+                except OSError as exc:
+                    # fsyncgate: after a failed fsync the kernel may have dropped the
+                    # dirty pages, so a later fsync can succeed without the data.
+                    # Stop writing; a restart re-reads what is really on disk.
+                    self._failed = f"fsync failed: {exc}"
+                    error = LogFailed(f"{self.path}: {self._failed}")
+                    for _, waiter in self._waiters:
+                        if not waiter.done():
+                            waiter.set_exception(error)
+                    self._waiters.clear()
+                    return
+                self._synced = max(self._synced, target)
+                waiting = []
+                for entry in self._waiters:
+                    if entry[0] <= target:
+                        if not entry[1].done():
+                            entry[1].set_result(None)
+                    else:
+                        waiting.append(entry)
+                self._waiters = waiting
         finally:
-            self._flush = None
-        self._synced = max(self._synced, target)
+            self._flusher = None
 
     async def close(self) -> None:
         if self._fd < 0:
             return
-        flush = self._flush
-        if flush is not None:
-            with contextlib.suppress(LogFailed):
-                await asyncio.shield(flush)
+        if self._flusher is not None:
+            await asyncio.wait([self._flusher])
         os.close(self._fd)
         self._fd = -1
-
-
-def _consume_exception(fut: asyncio.Future[None]) -> None:
-    # Waiters get the exception through shield(); this only keeps asyncio from
-    # warning about it when every waiter was cancelled.
-    if not fut.cancelled():
-        fut.exception()
 
 
 class FileArtifacts(ArtifactStore):
@@ -488,7 +526,7 @@ class FileStore(Store):
 
         try:
             end = ScanEnd(START)
-            for record, line in scan(read, START, end, upto=upto):
+            for record, line in scan(read, START, end, upto=upto, with_lines=True):
                 yield record, line + b"\n"
             if end.tail_bytes == -1 and (upto is None or end.position.seq < upto):
                 bad = classify_tail(read, end, os.fstat(fd).st_size)

@@ -1,0 +1,163 @@
+"""``python -m sessiond.bench [--quick] [--json] [--dir DIR]``.
+
+Prints the figures, the machine they were measured on, the file system the
+logs were written to with its median fsync latency, and each target with
+whether it was met in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import uvloop
+
+from sessiond import __version__
+from sessiond.bench import fsinfo, storage
+
+T = TypeVar("T")
+
+# name -> (comparison, bound, what the bound is measured against)
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "group_commit_ratio": (">=", 10.0, "append_group_commit_eps / append_fsync_each_eps"),
+    "append_os_eps": (">=", 150_000, "events/s"),
+    "replay_eps": (">=", 400_000, "events/s"),
+    "snapshot_resume_ms": ("<=", 100.0, "ms"),
+}
+
+
+def _run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro_fn())
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+
+    def step(name: str) -> Path:
+        say(f"measuring {name} ...")
+        folder = work / name
+        folder.mkdir()
+        return folder
+
+    results["fs_type"] = fsinfo.fs_type(work)
+    results["fsync_median_ms"] = round(fsinfo.fsync_median_ms(work), 3)
+
+    folder = step("append_os_eps")
+    n = 100_000 if quick else 300_000
+    results["append_os_eps"] = round(_run(lambda: storage.append_os_eps(folder, n)))
+
+    folder = step("append_fsync_each_eps")
+    results["append_fsync_each_eps"] = round(
+        storage.fsync_each_eps(folder, seconds=2.0 if quick else 5.0), 1
+    )
+
+    folder = step("append_group_commit_eps")
+    eps, fsyncs = _run(lambda: storage.group_commit_eps(folder, 32, 3.0 if quick else 8.0))
+    results["append_group_commit_eps"] = round(eps, 1)
+    results["group_commit_fsyncs"] = fsyncs
+    results["group_commit_ratio"] = round(eps / results["append_fsync_each_eps"], 2)
+
+    folder = step("replay_eps")
+    results["replay_eps"] = round(
+        _run(lambda: storage.replay_eps(folder, 200_000, repeats=3 if quick else 7))
+    )
+    shutil.rmtree(folder)
+
+    folder = step("snapshot_resume_ms")
+    results["snapshot_resume_ms"] = round(
+        _run(
+            lambda: storage.snapshot_resume_ms(
+                folder, 1_000_000, tail=500, repeats=5 if quick else 15
+            )
+        ),
+        2,
+    )
+    shutil.rmtree(folder)
+    return results
+
+
+def check_targets(results: dict[str, Any]) -> dict[str, Any]:
+    verdicts = {}
+    for name, (op, bound, unit) in TARGETS.items():
+        value = results.get(name)
+        if value is None:
+            continue
+        met = value >= bound if op == ">=" else value <= bound
+        verdicts[name] = {"target": f"{op} {bound:g} {unit}", "value": value, "met": met}
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sessiond.bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to write the benchmark logs (default: a temporary folder under "
+        ".bench-work/ in the current folder, so it lands on the disk the daemon would use)",
+    )
+    args = parser.parse_args(argv)
+    base = args.dir or Path(".bench-work")
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    try:
+        results = measure(work, args.quick, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {
+        "sessiond": __version__,
+        "quick": args.quick,
+        "machine": {
+            "cpu": _cpu(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+        },
+        "dir": str(work.parent.resolve()),
+        **results,
+        "targets": check_targets(results),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_APPEND_NEWLINE))
+    else:
+        for key, value in report.items():
+            if key != "targets":
+                print(f"{key:<26} {value}")
+        for name, verdict in report["targets"].items():
+            mark = "met" if verdict["met"] else "MISSED"
+            print(f"target {name:<19} {verdict['target']:<45} {verdict['value']:>12}  {mark}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
