@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 SHA256_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -330,6 +330,12 @@ class ContextCompacted(EventData):
     summary: str
     method: Literal["builtin", "command"] = "builtin"
     artifact: ArtifactRef | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> ContextCompacted:
+        if self.from_seq > self.to_seq:
+            raise ValueError(f"from_seq {self.from_seq} is after to_seq {self.to_seq}")
+        return self
 
 
 class VerificationStarted(EventData):
