@@ -6,6 +6,7 @@ bundle reader), so the rules for a good line live in one place.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,12 +177,47 @@ def has_good_line(read: Reader, offset: int) -> BadLine | None:
                 return BadLine(line=line_no, offset=pos, why="good line after a bad one")
 
 
+# A torn write is at most one batch of appends; more unreadable bytes than this at
+# the end of a log are not a torn write.
+TORN_LIMIT = 64 << 20
+TRAILER = re.compile(rb" [0-9a-f]{8}")
+
+
 def classify_tail(read: Reader, end: ScanEnd, size: int) -> BadLine | None:
     """After :func:`scan` stopped: the corruption to report, or None for a torn tail
-    (``end.tail_bytes`` then says how many bytes to cut)."""
+    (``end.tail_bytes`` then says how many bytes to cut).
+
+    A torn tail is what an unfinished write leaves: part of one line, or blocks
+    the file system never filled (zeros). It is told from damage at rest by what
+    follows and what it holds: a good line after the bad one, or a complete event
+    inside the bad bytes (a line whose newline was damaged), means corruption.
+    """
+    if not end.tail_bytes:
+        return None
     at = end.position.offset
-    if end.tail_bytes == -1:
-        if has_good_line(read, at) is not None:
-            return BadLine(line=end.position.seq + 1, offset=at, why=end.tail_reason)
-        end.tail_bytes = size - at
+    line = end.position.seq + 1
+    if end.tail_bytes == -1 and has_good_line(read, at) is not None:
+        return BadLine(line=line, offset=at, why=end.tail_reason)
+    if size - at > TORN_LIMIT:
+        return BadLine(
+            line, at, f"{size - at} unreadable bytes at the end: too many for a torn write"
+        )
+    for segment in read(size - at, at).split(b"\n"):
+        if _embeds_event(segment):
+            return BadLine(line, at, "a complete event is damaged (its line break or neighbour)")
+    end.tail_bytes = size - at
     return None
+
+
+def _embeds_event(segment: bytes) -> bool:
+    """Whether ``segment`` holds a complete event other than itself as a whole (a
+    torn write may lack only the newline of its line; that one is not an event)."""
+    for m in TRAILER.finditer(segment):
+        if m.end() < len(segment) and decode_line(segment[: m.end()]) is not None:
+            return True
+    start = segment.find(b'{"v":', 1)
+    while start > 0:
+        if decode_line(segment[start:]) is not None:
+            return True
+        start = segment.find(b'{"v":', start + 1)
+    return False
