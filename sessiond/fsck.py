@@ -144,8 +144,11 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
             )
     finally:
         os.close(fd)
+    corrupt = any(p.kind == "corrupt-line" for p in problems)
     for seq in snap_seqs:
-        if seq > state.seq:
+        # Past a corrupt line the log cannot be read, so a snapshot there is not
+        # "ahead" of it; leave it for whoever restores the log.
+        if seq > state.seq and not corrupt:
             problems.append(
                 Problem(
                     name,

@@ -4,7 +4,6 @@ default) and a longer one locally with HYPOTHESIS_PROFILE=long."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Iterator[Path]:
+def state_dir(tmp_path: Path) -> Path:
     path = tmp_path / "state"
     path.mkdir(mode=0o700)
     return path

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, JsonValue
 
 from sessiond.event_data import PAYLOADS, EventData, _check_hash, _check_ref
 
-TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
 HEX64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | TEXT
 JSON = st.recursive(

@@ -1,0 +1,30 @@
+"""The benchmark code runs (tiny sizes, nothing timed is asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sessiond.bench import fsinfo, storage
+from sessiond.bench.__main__ import check_targets
+from tests.helpers import arun
+
+
+def test_the_storage_benchmarks_run_and_report_sane_figures(tmp_path: Path) -> None:
+    for name in ("a", "b", "c", "d", "e"):
+        (tmp_path / name).mkdir()
+    assert arun(storage.append_os_eps(tmp_path / "a", 200)) > 0
+    assert storage.fsync_each_eps(tmp_path / "b", seconds=0.05, max_events=20) > 0
+    eps, fsyncs = arun(storage.group_commit_eps(tmp_path / "c", 4, 0.2))
+    assert eps > 0
+    assert fsyncs > 0
+    assert arun(storage.replay_eps(tmp_path / "d", 3000, repeats=1)) > 0
+    assert arun(storage.snapshot_resume_ms(tmp_path / "e", 3000, tail=50, repeats=1)) > 0
+    assert fsinfo.fs_type(tmp_path) != ""
+    assert fsinfo.fsync_median_ms(tmp_path, samples=3) >= 0
+
+
+def test_targets_are_judged_in_their_direction() -> None:
+    verdicts = check_targets({"replay_eps": 500_000, "snapshot_resume_ms": 150.0})
+    assert verdicts["replay_eps"]["met"] is True
+    assert verdicts["snapshot_resume_ms"]["met"] is False
+    assert "append_os_eps" not in verdicts
