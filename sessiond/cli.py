@@ -1,7 +1,7 @@
 """The ``sessiond`` command.
 
-Sub-commands:
-
+* ``sessiond [--config FILE] [--state-dir DIR] [--socket PATH]`` runs the daemon in
+  the foreground (systemd and ``make run`` run it so).
 * ``sessiond fsck --state-dir DIR [--repair] [--json]`` checks a state dir offline.
 """
 
@@ -24,6 +24,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Schedules AI-agent sessions the way an operating system schedules processes.",
     )
     parser.add_argument("--version", action="version", version=f"sessiond {__version__}")
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="daemon configuration (else SESSIOND_CONFIG)"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the sessions live (else SESSIOND_STATE_DIR)",
+    )
+    parser.add_argument(
+        "--socket", type=Path, metavar="PATH", help="the socket to listen on (else SESSIOND_SOCKET)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     fsck = sub.add_parser(
         "fsck",
@@ -32,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "schemas, artifact hashes, snapshot consistency, permissions. Exit 0 when all is well, "
         "1 when problems were found (or remain after --repair).",
     )
-    fsck.add_argument("--state-dir", required=True, type=Path, metavar="DIR")
+    fsck.add_argument("--state-dir", required=True, type=Path, metavar="DIR", dest="fsck_dir")
     fsck.add_argument(
         "--repair",
         action="store_true",
@@ -48,12 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "fsck":
         return _fsck(args)
-    parser.print_help(sys.stderr)
-    return 2
+    from sessiond.daemon import run
+
+    return run(args.config, args.state_dir, args.socket)
 
 
 def _fsck(args: argparse.Namespace) -> int:
-    state_dir: Path = args.state_dir
+    state_dir: Path = args.fsck_dir
     if not state_dir.is_dir():
         print(
             f"sessiond fsck: {state_dir} is not a folder; pass the daemon's state dir",

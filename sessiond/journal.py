@@ -10,7 +10,7 @@ events it covers are durable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 import structlog
@@ -46,6 +46,8 @@ class Journal:
         self.snapshot_every = snapshot_every
         self._snapshot_seq = state.seq
         self.from_snapshot: int | None = None
+        # Called with each record once it is durable (followers of `sessionctl log -f`).
+        self.listeners: list[Callable[[Record], None]] = []
 
     @property
     def session(self) -> str:
@@ -117,6 +119,9 @@ class Journal:
         for record in pending.records:
             apply(self.state, record)
         await self.log.sync(pending)
+        for listener in self.listeners:
+            for record in pending.records:
+                listener(record)
         if self.state.seq - self._snapshot_seq >= self.snapshot_every:
             await self.snapshot()
         return pending.records

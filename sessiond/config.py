@@ -1,0 +1,144 @@
+"""The daemon's configuration (``config/sessiond.toml`` documents every key).
+
+Settings come from ``--config`` / ``SESSIOND_CONFIG`` (a TOML file), then
+``SESSIOND_STATE_DIR`` and ``SESSIOND_SOCKET``, then the command-line flags,
+each overriding the one before. Relative paths in the file are taken from the
+file's folder. A bad key or value stops start-up with a message naming the
+file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sessiond.durations import Duration
+from sessiond.errors import InvalidInput
+from sessiond.paths import default_socket, default_state_dir
+
+
+class BadConfig(InvalidInput):
+    """The daemon configuration is not valid; the message names the file and the key."""
+
+    code = "bad_config"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AccessConfig(_Strict):
+    """Who besides the daemon's own user and root may use the socket."""
+
+    users: list[str] = Field(default_factory=list)
+    groups: list[str] = Field(default_factory=list)
+
+    @field_validator("users")
+    @classmethod
+    def _known_users(cls, users: list[str]) -> list[str]:
+        for user in users:
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise ValueError(f"there is no user {user!r} on this machine") from None
+        return users
+
+    @field_validator("groups")
+    @classmethod
+    def _known_groups(cls, groups: list[str]) -> list[str]:
+        for group in groups:
+            try:
+                grp.getgrnam(group)
+            except KeyError:
+                raise ValueError(f"there is no group {group!r} on this machine") from None
+        return groups
+
+    def uids(self) -> set[int]:
+        return {pwd.getpwnam(u).pw_uid for u in self.users}
+
+    def gids(self) -> set[int]:
+        return {grp.getgrnam(g).gr_gid for g in self.groups}
+
+
+class ProfileConfig(_Strict):
+    """A runner profile: what a session's program runs with (e.g. which model)."""
+
+    model: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class DaemonConfig(_Strict):
+    state_dir: Path = Field(default_factory=default_state_dir)
+    socket: Path = Field(default_factory=default_socket)
+    specs: Path | None = None
+    durability: Literal["fsync", "os"] = "fsync"
+    snapshot_every: int = Field(default=1000, ge=10)
+    shutdown_grace: Duration = 10.0
+    stop_grace: Duration = 5.0
+    max_frame_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    read_timeout: Duration = 300.0
+    max_connections: int = Field(default=4096, ge=1)
+    max_output_bytes: int = Field(default=16 << 20, ge=1024)
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access: AccessConfig = AccessConfig()
+    profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    source: Path | None = None  # the file read, for messages; not a key
+
+    @field_validator("profiles")
+    @classmethod
+    def _has_default(cls, profiles: dict[str, ProfileConfig]) -> dict[str, ProfileConfig]:
+        if "default" not in profiles:
+            return {"default": ProfileConfig(), **profiles}
+        return profiles
+
+
+def load_config(
+    path: Path | None,
+    *,
+    env: dict[str, str],
+    state_dir: Path | None = None,
+    socket: Path | None = None,
+) -> DaemonConfig:
+    """Read the file (if any), then apply the environment and the flags."""
+    data: dict[str, Any] = {}
+    path = path or (Path(env["SESSIOND_CONFIG"]) if env.get("SESSIOND_CONFIG") else None)
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise BadConfig(f"cannot read configuration {path}: {exc.strerror}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise BadConfig(f"{path}: not valid TOML: {exc}") from exc
+        if "source" in data:
+            raise BadConfig(f"{path}: source: unknown key")
+        base = path.parent.resolve()
+        for key in ("state_dir", "socket", "specs"):
+            if isinstance(data.get(key), str):
+                data[key] = base / data[key]
+        data["source"] = path.resolve()
+    if env.get("SESSIOND_STATE_DIR"):
+        data["state_dir"] = Path(env["SESSIOND_STATE_DIR"])
+    if env.get("SESSIOND_SOCKET"):
+        data["socket"] = Path(env["SESSIOND_SOCKET"])
+    if state_dir is not None:
+        data["state_dir"] = state_dir
+    if socket is not None:
+        data["socket"] = socket
+    try:
+        return DaemonConfig.model_validate(data)
+    except ValidationError as exc:
+        where = str(path) if path else "configuration"
+        problems = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            if e["type"] == "extra_forbidden":
+                problems.append(f"{loc}: unknown key (see config/sessiond.toml for every key)")
+            else:
+                problems.append(f"{loc}: {str(e['msg']).removeprefix('Value error, ')}")
+        raise BadConfig(f"{where}: " + "; ".join(problems)) from exc

@@ -1,0 +1,478 @@
+"""``sessionctl``: the command-line client of sessiond.
+
+Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is
+run by scripts and people all day; start-up time matters).
+
+Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
+session; 5 invalid input; 70 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sessiond import __version__
+from sessiond.paths import default_socket
+from sessiond.wire import Connection, RemoteError
+
+STATE_COLOURS = {
+    "running": "32",  # green
+    "ready": "36",  # cyan
+    "sleeping": "34",  # blue
+    "suspended": "33",  # yellow
+    "blocked": "31;1",  # bold red
+    "terminated": "90",  # grey
+    "created": "0",
+}
+
+
+class Out:
+    """Where and how to print: colour on a terminal only, JSON when asked."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.json = as_json
+        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+    def paint(self, text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.colour and code != "0" else text
+
+    def emit_json(self, value: Any) -> None:
+        sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def ago(ts: str | None, now: float | None = None) -> str:
+    """ "3 min ago", "in 2 h" from an RFC 3339 time."""
+    if not ts:
+        return "-"
+    try:
+        then = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return ts
+    delta = (now or time.time()) - then
+    future = delta < 0
+    delta = abs(delta)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if delta >= size or unit == "s":
+            text = f"{int(delta // size)} {unit}"
+            return f"in {text}" if future else f"{text} ago"
+    return ts
+
+
+def _table(rows: list[list[str]], out: Out, colour_col: int | None = None) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(row):
+            text = cell.ljust(widths[i]) if i < len(row) - 1 else cell
+            if n == 0:
+                text = out.paint(text, "1")
+            elif i == colour_col:
+                text = out.paint(text, STATE_COLOURS.get(cell.strip(), "0"))
+            cells.append(text)
+        print("  ".join(cells).rstrip())
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    rows = conn.call("ps", {})
+    if out.json:
+        out.emit_json(rows)
+        return 0
+    if not rows:
+        print("no sessions; create one with 'sessionctl create SPEC.toml'")
+        return 0
+    table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
+    for r in rows:
+        state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
+        table.append(
+            [
+                r["name"],
+                state,
+                r["agent"] or "-",
+                str(r["priority"]),
+                ago(r["last_active"]),
+                (r["next_wake"] or "-")[:40],
+                str(r["runs"]),
+                (r["reason"] or "")[:60],
+            ]
+        )
+    _table(table, out, colour_col=None)
+    return 0
+
+
+def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("show", {"name": args.name})
+    if out.json:
+        out.emit_json(d)
+        return 0
+    print_detail(d, out)
+    return 0
+
+
+def print_detail(d: dict[str, Any], out: Out) -> None:
+    state = d["state"] + (f" ({d['outcome']})" if d.get("outcome") else "")
+    lines = [
+        ("session", d["name"]),
+        ("state", out.paint(state, STATE_COLOURS.get(d["state"], "0"))),
+        ("reason", d.get("reason") or "-"),
+        ("goal", d.get("goal") or "-"),
+        ("agent", d.get("agent") or "-"),
+        ("priority", str(d.get("priority", 0))),
+        ("program", " ".join(d["program"]) if d.get("program") else "(none)"),
+        ("triggers", "; ".join(d.get("triggers") or []) or "(none)"),
+        ("next wake", d.get("next_wake") or "-"),
+        ("runs", str(d.get("runs", 0))),
+        ("pid", str(d["pid"]) if d.get("pid") else "-"),
+        ("created", ago(d.get("created_at"))),
+        ("last active", ago(d.get("last_active"))),
+        ("events", str(d.get("seq"))),
+    ]
+    gate = d.get("last_gate")
+    if gate:
+        verdict = "ok" if gate.get("ok") else "NOT ok"
+        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')})"))
+    for a in d.get("pending_approvals") or []:
+        lines.append(("approval", f"pending: {a['tool']} [call {a['call']}]"))
+    for c in d.get("tools_in_flight") or []:
+        lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
+    if d.get("parent"):
+        lines.append(("parent", f"{d['parent']} (forked at seq {d.get('fork_seq')})"))
+    if d.get("children"):
+        lines.append(("children", ", ".join(d["children"])))
+    if d.get("merged"):
+        lines.append(("merged", ", ".join(d["merged"])))
+    last_run = d.get("last_run")
+    if last_run:
+        lines.append(
+            ("last run", f"{last_run['run']} {last_run['status']} exit={last_run.get('exit_code')}")
+        )
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key.rjust(width)}: {value}")
+
+
+def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> str:
+    from sessiond.projections import describe
+
+    who = f"{record['session']:<16} " if with_session else ""
+    kind = out.paint(f"{record['type']:<22}", "1")
+    return f"{who}{record['seq']:>6}  {record['ts']}  {kind} {describe(record)}".rstrip()
+
+
+def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    if args.all and not args.follow:
+        raise RemoteError("usage", "--all goes with --follow (one stream of every session)", 2)
+    if not args.all and not args.name:
+        raise RemoteError("usage", "name a session, or use --all --follow", 2)
+    params: dict[str, Any] = {
+        "name": None if args.all else args.name,
+        "since": args.since,
+        "types": args.type or [],
+        "limit": args.limit,
+        "follow": args.follow,
+    }
+    if not args.follow:
+        records = conn.call("log", params)
+        if out.json:
+            out.emit_json(records)
+        else:
+            for r in records:
+                print(_event_line(r, out))
+        return 0
+    conn.sock.settimeout(None)
+    try:
+        for record in conn.stream("log", params):
+            if out.json:
+                out.emit_json(record)
+            else:
+                print(_event_line(record, out, with_session=args.all), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    view = conn.call("replay", {"name": args.name, "upto": args.upto, "view": args.view})
+    if out.json or args.view == "state":
+        out.emit_json(view)
+    elif args.view == "messages":
+        for m in view:
+            print(f"{m['role']:>9}: {m['content']}")
+    else:
+        print("\n".join(view))
+    return 0
+
+
+def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    report = conn.call("gate", {"name": args.name})
+    if out.json:
+        out.emit_json(report)
+    else:
+        for check in report["checks"]:
+            mark = out.paint("ok  ", "32") if check["ok"] else out.paint("FAIL", "31;1")
+            print(f"{mark} {check['name']}: {check['detail']}")
+        verdict = (
+            "ok: the session may continue"
+            if report["ok"]
+            else ("not ok: recovery options " + ", ".join(f"--{o}" for o in report["options"]))
+        )
+        print(verdict)
+    return 0 if report["ok"] else 1
+
+
+def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    path = Path(args.spec)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RemoteError("invalid_input", f"cannot read {path}: {exc.strerror}", 5) from exc
+    except UnicodeDecodeError as exc:
+        raise RemoteError("invalid_input", f"{path} is not UTF-8 text", 5) from exc
+    d = conn.call("create", {"spec": text, "base": str(path.resolve().parent), "source": str(path)})
+    return _done(d, out, f"created {d['name']}: {d['state']}")
+
+
+def _simple(method: str, verb: str) -> Callable[[Connection, argparse.Namespace, Out], int]:
+    def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+        d = conn.call(method, {"name": args.name})
+        return _done(
+            d,
+            out,
+            f"{verb} {d['name']}: {d['state']}" + (f" ({d['reason']})" if d.get("reason") else ""),
+        )
+
+    return run
+
+
+def _done(result: Any, out: Out, text: str) -> int:
+    if out.json:
+        out.emit_json(result)
+    else:
+        print(text)
+    return 0
+
+
+def cmd_fork(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call(
+        "fork",
+        {"name": args.name, "new": args.new, "at": args.at, "with_triggers": args.with_triggers},
+    )
+    return _done(d, out, f"forked {args.name} at seq {d['fork_seq']} as {d['name']}: {d['state']}")
+
+
+def cmd_merge(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("merge", {"child": args.child, "into": args.into, "summary": args.summary})
+    return _done(d, out, f"merged {args.child} into {d['parent']['name']}")
+
+
+def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("send", {"to": args.name, "text": args.text, "sender": args.sender})
+    return _done(
+        d, out, f"sent to {args.name} (seq {d['seq']})" + (", woke it" if d["woke"] else "")
+    )
+
+
+def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    if (args.profile is None) == (args.to is None):
+        raise RemoteError("usage", "say either --profile P or --to SOCKET", 2)
+    to = str(Path(args.to).resolve()) if args.to else None
+    d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
+    where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"
+    return _done(d, out, f"migrated {args.name} to {where}")
+
+
+def cmd_compact(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("compact", {"name": args.name, "keep": args.keep})
+    return _done(d, out, f"compacted {args.name} ({d['compactions']} compaction(s) so far)")
+
+
+def cmd_approve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    by = args.by or os.environ.get("USER", "")
+    d = conn.call("approve", {"name": args.name, "call": args.call, "by": by})
+    return _done(d, out, f"approved for {args.name}: {d['state']}")
+
+
+def cmd_deny(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    by = args.by or os.environ.get("USER", "")
+    d = conn.call("deny", {"name": args.name, "call": args.call, "by": by, "reason": args.reason})
+    return _done(d, out, f"denied for {args.name}: {d['state']}")
+
+
+def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("export", {"name": args.name, "path": str(Path(args.output).resolve())})
+    return _done(d, out, f"exported {d['events']} events of {args.name} to {d['path']}")
+
+
+def cmd_import(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("import", {"path": str(Path(args.bundle).resolve()), "name": args.name})
+    return _done(d, out, f"imported {d['name']}: {d['state']}")
+
+
+def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    r = conn.call("reload", {})
+    if out.json:
+        out.emit_json(r)
+        return 0
+    created, updated = len(r["created"]), len(r["updated"])
+    print(f"reloaded: {created} created, {updated} updated, {r['unchanged']} unchanged")
+    for error in r["errors"]:
+        print(f"refused (the old spec stays in force): {error}")
+    for note in r.get("notes", []):
+        print(f"note: {note}")
+    return 1 if r["errors"] else 0
+
+
+def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    r = conn.call("ping", {})
+    up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
+    return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
+
+
+COMMANDS = ["ping", "ps", "show", "log", "replay", "gate", "create", "activate", "suspend",
+            "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
+            "approve", "deny", "export", "import", "reload", "completion"]  # fmt: skip
+
+BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
+_sessionctl() {
+    local cur=${COMP_WORDS[COMP_CWORD]}
+    if [ "$COMP_CWORD" -eq 1 ]; then
+        COMPREPLY=($(compgen -W "%s" -- "$cur"))
+    elif [ "$COMP_CWORD" -eq 2 ]; then
+        local names
+        names=$(sessionctl ps --json 2>/dev/null | tr ',' '\\n' \\
+            | sed -n 's/.*"name":"\\([^"]*\\)".*/\\1/p')
+        COMPREPLY=($(compgen -W "$names" -- "$cur"))
+    fi
+}
+complete -o default -F _sessionctl sessionctl
+"""
+
+
+def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
+    p = argparse.ArgumentParser(prog="sessionctl", description="Control the sessiond daemon.")
+    p.add_argument("--version", action="version", version=f"sessionctl {__version__}")
+    p.add_argument(
+        "--socket", type=Path, help="the daemon's socket (else SESSIOND_SOCKET, then the default)"
+    )
+    p.add_argument("--json", action="store_true", help="stable machine-readable output")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(
+        name: str, fn: Callable[..., int], help_text: str, *names: str
+    ) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        for n in names:
+            sp.add_argument(n)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    add("ping", cmd_ping, "is the daemon there, which version")
+    add("ps", cmd_ps, "the process table: every session, its state and next wake")
+    add("show", cmd_show, "one session in detail", "name")
+    lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
+    lg.add_argument("name", nargs="?")
+    lg.add_argument("--since", type=int, default=1, metavar="SEQ")
+    lg.add_argument(
+        "--type", action="append", metavar="TYPE", help="only this event type (repeatable)"
+    )
+    lg.add_argument("--limit", type=int, default=0, metavar="N", help="only the last N")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--all", action="store_true", help="with --follow: every session")
+    rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
+    rp.add_argument("--upto", type=int, metavar="SEQ")
+    rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
+    add("gate", cmd_gate, "evaluate the resume checks now, as a dry run (exit 1 if not ok)", "name")
+    add("create", cmd_create, "register a session from a spec file (TOML)", "spec")
+    add("activate", _simple("activate", "activated"), "wake a session now", "name")
+    add("suspend", _simple("suspend", "suspended"), "stop running on wakes", "name")
+    add("resume", _simple("resume", "resumed"), "run on wakes again", "name")
+    add(
+        "interrupt",
+        _simple("interrupt", "interrupted"),
+        "stop the running program; the session sleeps",
+        "name",
+    )
+    add("cancel", _simple("cancel", "cancelled"), "terminate the session (and its program)", "name")
+    fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
+    fk.add_argument("--as", dest="new", required=True, metavar="NEW")
+    fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
+    fk.add_argument("--with-triggers", action="store_true")
+    mg = add(
+        "merge", cmd_merge, "append a child's result to its parent; the child terminates", "child"
+    )
+    mg.add_argument("--into", metavar="PARENT", help="default: the session it was forked from")
+    mg.add_argument("--summary", metavar="TEXT")
+    sd = add("send", cmd_send, "put a message in a session's mailbox", "name", "text")
+    sd.add_argument("--from", dest="sender", default="sessionctl", metavar="SENDER")
+    mi = add(
+        "migrate",
+        cmd_migrate,
+        "switch runner profile, or hand the session to another daemon",
+        "name",
+    )
+    mi.add_argument("--profile", metavar="P")
+    mi.add_argument("--to", metavar="SOCKET")
+    cp = add(
+        "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
+    )
+    cp.add_argument(
+        "--keep", type=int, default=4, metavar="N", help="newest messages kept (default 4)"
+    )
+    ap = add("approve", cmd_approve, "grant a pending approval", "name")
+    ap.add_argument("--call", metavar="CALL")
+    ap.add_argument("--by", metavar="WHO")
+    dn = add("deny", cmd_deny, "deny a pending approval", "name")
+    dn.add_argument("--call", metavar="CALL")
+    dn.add_argument("--by", metavar="WHO")
+    dn.add_argument("--reason", default="", metavar="TEXT")
+    ex = add("export", cmd_export, "save a session as a self-checking bundle", "name")
+    ex.add_argument("-o", "--output", required=True, metavar="FILE")
+    im = add(
+        "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
+    )
+    im.add_argument("--as", dest="name", metavar="NAME")
+    add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
+    co = sub.add_parser("completion", help="print a shell completion script")
+    co.add_argument("shell", choices=["bash"])
+    co.set_defaults(fn=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = Out(args.json)
+    if args.command == "completion":
+        print(BASH_COMPLETION % " ".join(COMMANDS), end="")
+        return 0
+    path = args.socket or default_socket()
+    try:
+        with Connection(path, timeout=None if args.command == "log" else 120) as conn:
+            code: int = args.fn(conn, args, out)
+            return code
+    except RemoteError as exc:
+        if out.json:
+            sys.stdout.buffer.write(
+                orjson.dumps(
+                    {"error": {"code": exc.code, "message": exc.message, "exit": exc.exit_code}},
+                    option=orjson.OPT_APPEND_NEWLINE,
+                )
+            )
+        print(f"sessionctl: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

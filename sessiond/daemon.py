@@ -1,0 +1,256 @@
+"""The daemon: the one place where the parts are wired together.
+
+Start-up: configuration → state dir (writable, owner-only) → the lock (one
+daemon per state dir) → the process table rebuilt from the logs → sessions cut
+off by a crash recorded → specs from the spec folder → the socket. Then it
+serves until SIGTERM (graceful stop) and re-reads configuration and specs on
+SIGHUP or ``sessionctl reload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvloop
+
+from sessiond import __version__, logs
+from sessiond.config import BadConfig, DaemonConfig, load_config
+from sessiond.errors import SessiondError
+from sessiond.event_data import RunFinished
+from sessiond.kernel import Kernel
+from sessiond.runner import proc_start_time, signal_group
+from sessiond.server import Server
+from sessiond.spec import BadSpec, load_spec_file, spec_to_toml
+from sessiond.store.durable import private_dir
+from sessiond.store.files import FileStore
+from sessiond.table import Session, Table
+
+log = structlog.get_logger(__name__)
+
+
+class StartupError(SessiondError):
+    """The daemon cannot start; the message says why and what to do."""
+
+    code = "startup"
+    exit_code = 1
+
+
+def check_writable(state_dir: Path) -> None:
+    """Refuse to start on a state dir that cannot be written (read-only, no permission)."""
+    try:
+        private_dir(state_dir)
+        probe = state_dir / f".probe-{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"ok")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        why = {
+            errno.EROFS: "the file system is read-only",
+            errno.EACCES: "permission denied",
+            errno.ENOSPC: "the disk is full",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
+        raise StartupError(
+            f"cannot write to the state dir {state_dir}: {why}; give the daemon a writable "
+            "folder with --state-dir or SESSIOND_STATE_DIR"
+        ) from exc
+
+
+def take_lock(state_dir: Path) -> int:
+    """Hold ``sessiond.lock`` for the daemon's lifetime; say who holds it if taken."""
+    path = state_dir / "sessiond.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StartupError(
+            f"another sessiond (pid {holder}) is using the state dir {state_dir}; one daemon "
+            "per state dir: stop it, or give this one another --state-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def raise_file_limit() -> None:
+    """Every session keeps its log open: take all the file descriptors we may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, env: dict[str, str]) -> None:
+        self.config = config
+        self.env = env
+        self.store = FileStore(config.state_dir)
+        self.table = Table(config, self.store)
+        self.kernel = Kernel(config, self.table, env)
+        self.server = Server(config, self.kernel, self.reload)
+        self.stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.table.load()
+        await self._recover_cut_off_runs()
+        if self.config.specs is not None:
+            result = await self.sync_specs()
+            for error in result["errors"]:
+                log.error("spec.refused", error=error)
+        await self.server.start()
+        for sig, handler in (
+            (signal.SIGTERM, self.stopping.set),
+            (signal.SIGINT, self.stopping.set),
+            (signal.SIGHUP, lambda: asyncio.ensure_future(self.reload())),
+        ):
+            asyncio.get_running_loop().add_signal_handler(sig, handler)
+        states: dict[str, int] = {}
+        for s in self.table:
+            states[s.state] = states.get(s.state, 0) + 1
+        log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
+
+    async def _recover_cut_off_runs(self) -> None:
+        """A session found running was cut off by a crash: record it, stop leftovers."""
+        for s in self.table:
+            if s.journal is None or s.state != "running":
+                continue
+            current = s.j.state.current_run or {}
+            note = "daemon restarted during run"
+            pid, started = current.get("pid"), current.get("proc_start")
+            if pid and started and proc_start_time(pid) == started:
+                # Its program outlived the daemon; with nobody to record its result it
+                # must not go on unsupervised.
+                signal_group(pid, signal.SIGKILL)
+                note += f"; its program (pid {pid}) was still running and was stopped"
+            if current:
+                await self.table.append(
+                    s, RunFinished(run=current["run"], status="lost", error=note)
+                )
+            await self.kernel._transition(s, "blocked", why="recover", reason=note)
+            log.warning("session.cut_off", session=s.name, reason=note)
+
+    async def sync_specs(self) -> dict[str, Any]:
+        """Create sessions for new spec files, update changed ones, never drop one."""
+        folder = self.config.specs
+        result: dict[str, Any] = {"created": [], "updated": [], "unchanged": 0, "errors": []}
+        if folder is None or not folder.is_dir():
+            if folder is not None:
+                result["errors"].append(f"spec folder {folder} does not exist")
+            return result
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                spec, _ = load_spec_file(path)
+            except BadSpec as exc:
+                result["errors"].append(str(exc))
+                continue
+            existing = self.table.sessions.get(spec.name)
+            if existing is None:
+                try:
+                    await self.kernel._create(spec)
+                except SessiondError as exc:
+                    result["errors"].append(f"{path}: {exc}")
+                    continue
+                result["created"].append(spec.name)
+                continue
+            text = spec_to_toml(spec)
+            if existing.spec_text == text:
+                result["unchanged"] += 1
+                continue
+            self.store.write_spec(spec.name, text)
+            existing.spec, existing.spec_text = spec, text
+            result["updated"].append(spec.name)
+            log.info("spec.updated", session=spec.name, source=str(path))
+        return result
+
+    async def reload(self) -> dict[str, Any]:
+        """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
+        notes: list[str] = []
+        source = self.config.source
+        if source is not None:
+            try:
+                fresh = load_config(source, env=self.env)
+            except BadConfig as exc:
+                log.error("config.refused", error=str(exc))
+                raise
+            kept = ("state_dir", "socket")
+            for key in kept:
+                if getattr(fresh, key) != getattr(self.config, key):
+                    notes.append(f"{key} changes take effect at the next start")
+            fresh = fresh.model_copy(update={k: getattr(self.config, k) for k in kept})
+            self.config = fresh
+            self.table.config = fresh
+            self.kernel.config = fresh
+            self.server.config = fresh
+        result = await self.sync_specs()
+        result["notes"] = notes
+        log.info("daemon.reloaded", created=result["created"], updated=result["updated"])
+        return result
+
+    async def stop(self) -> None:
+        """Stop accepting, ask running programs to stop, record, close the logs."""
+        await self.server.stop_accepting()
+        running = [s for s in self.table if s.run is not None]
+        log.info("daemon.stopping", running=len(running))
+
+        async def stop_one(s: Session) -> None:
+            try:
+                await asyncio.wait_for(
+                    self.kernel._stop_run(s, "shutdown"), self.config.shutdown_grace + 5
+                )
+            except Exception:  # record what we can for the others
+                log.exception("stop.failed", session=s.name)
+
+        await asyncio.gather(*(stop_one(s) for s in running))
+        await self.server.close()
+        await self.table.close()
+        log.info("daemon.stopped")
+
+
+async def serve(config: DaemonConfig, env: dict[str, str]) -> None:
+    daemon = Daemon(config, env)
+    await daemon.start()
+    await daemon.stopping.wait()
+    await daemon.stop()
+
+
+def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -> int:
+    env = dict(os.environ)
+    try:
+        config = load_config(config_path, env=env, state_dir=state_dir, socket=socket)
+    except BadConfig as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_format, config.log_level)
+    try:
+        check_writable(config.state_dir)
+        lock = take_lock(config.state_dir)
+    except StartupError as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 1
+    raise_file_limit()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(config, env))
+    except SessiondError as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        os.close(lock)
+    return 0

@@ -1,0 +1,622 @@
+"""The syscalls: what each `sessionctl` command does to the process table.
+
+Every method here is one syscall of DESIGN.md section 3. Each appends its events
+and has the visible effect the design names. The RPC server (sessiond.server)
+only decodes requests and calls these; tests may call them directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sessiond import __version__, lifecycle
+from sessiond.bundle import export_session, import_session
+from sessiond.codec import rfc3339
+from sessiond.config import DaemonConfig
+from sessiond.errors import AlreadyExists, InvalidInput, Refused
+from sessiond.event_data import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ArtifactRef,
+    BindingObserved,
+    LifecycleChanged,
+    MessageReceived,
+    RunFinished,
+    RunStarted,
+    SessionCreated,
+    SessionMerged,
+    SessionMigrated,
+    WakeRequested,
+)
+from sessiond.lineage import fork as fork_log
+from sessiond.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.spec import SessionSpec, parse_spec, spec_to_toml
+from sessiond.store.base import Record
+from sessiond.table import Run, Session, Table, file_hash
+from sessiond.views import detail, gate_report, replay_view
+
+log = structlog.get_logger(__name__)
+
+
+class Kernel:
+    def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
+        self.config = config
+        self.table = table
+        self.store = table.store
+        self.env = env
+        self.runtime_dir = config.state_dir / "runtime"
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _transition(
+        self,
+        s: Session,
+        to: str,
+        *,
+        why: str,
+        reason: str = "",
+        outcome: str | None = None,
+        causation: str | None = None,
+    ) -> Record:
+        event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
+        record = await self.table.append(s, event, causation=causation)
+        log.info("lifecycle", session=s.name, to=to, reason=reason)
+        return record
+
+    def _now(self) -> int:
+        return self.store.clock()
+
+    async def _bind_hashes(self, s: Session) -> None:
+        spec = s.spec
+        if spec is None or not spec.bind.files:
+            return
+        hashes = {f: file_hash(spec.workspace / f) for f in spec.bind.files}
+        await self.table.append(s, BindingObserved(hashes=hashes))
+
+    # --- inspection ------------------------------------------------------------------
+
+    async def ping(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "protocol": 1,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.table.started, 3),
+            "sessions": len(self.table),
+            "state_dir": str(self.config.state_dir),
+        }
+
+    async def ps(self) -> list[dict[str, Any]]:
+        from sessiond.table import summary
+
+        return [summary(s) for s in sorted(self.table, key=lambda s: s.name)]
+
+    async def show(self, name: str) -> dict[str, Any]:
+        return detail(self.table.get(name))
+
+    async def log_(
+        self, name: str, since: int = 1, types: list[str] | None = None, limit: int = 0
+    ) -> list[Record]:
+        self.table.get(name)
+        wanted = set(types or ())
+        records = [
+            r for r in self.store.read(name, since=since) if not wanted or r["type"] in wanted
+        ]
+        return records[-limit:] if limit else records
+
+    async def replay(self, name: str, upto: int | None = None, view: str = "state") -> Any:
+        self.table.get(name)
+        return replay_view(name, self.store.read(name, upto=upto), view)
+
+    async def gate(self, name: str) -> dict[str, Any]:
+        return gate_report(self.table.get(name))
+
+    # --- creation ----------------------------------------------------------------------
+
+    async def create(self, spec: str, base: str, source: str = "spec") -> dict[str, Any]:
+        parsed = parse_spec(spec, base=Path(base), source=source)
+        await self._create(parsed)
+        return detail(self.table.get(parsed.name))
+
+    async def _create(self, spec: SessionSpec) -> Session:
+        if spec.name in self.table.sessions:
+            raise AlreadyExists(
+                f"session {spec.name!r} exists already; pick another name or cancel it first"
+            )
+        text = spec_to_toml(spec)
+        new_log = await self.store.create(spec.name, spec=text, durability=self.config.durability)
+        await new_log.close()
+        s = await self.table.open_session(spec.name)
+        self.table.adopt(s)
+        await self.table.append(
+            s,
+            SessionCreated(
+                name=spec.name,
+                goal=spec.goal,
+                description=spec.description,
+                agent=spec.agent,
+                priority=spec.priority,
+                labels=spec.labels,
+                profile=spec.run.profile if spec.run else "default",
+                spec=spec.model_dump(mode="json"),
+            ),
+        )
+        await self._bind_hashes(s)
+        if spec.has_triggers:
+            await self._transition(s, "sleeping", why="arm", reason="armed: waits for its triggers")
+        log.info("session.created", session=spec.name)
+        return s
+
+    # --- running ----------------------------------------------------------------------
+
+    async def activate(self, name: str) -> dict[str, Any]:
+        s = self.table.get(name)
+        async with s.lock:
+            state = s.state
+            if state == "running":
+                raise Refused(f"session {name!r} is running already (pid {s.run and s.run.pid})")
+            if state in ("suspended", "blocked"):
+                lifecycle.check(name, state, "ready", "activate")
+                hint = "resume it" if state == "suspended" else "approve or resolve it"
+                raise Refused(f"cannot activate session {name!r}: it is {state}; {hint} first")
+            lifecycle.check(name, state, "ready", "activate")
+            if s.spec is None or s.spec.run is None:
+                raise Refused(
+                    f"session {name!r} has no [run] program to start; it can still be sent "
+                    "messages, forked, merged and compacted"
+                )
+            wake = await self.table.append(s, WakeRequested(trigger="manual"))
+            await self._start(s, wake)
+        return detail(s)
+
+    async def wake(self, s: Session, trigger: str, details: dict[str, Any]) -> Record:
+        """Record a wake; run now if the session is idle and has a program."""
+        async with s.lock:
+            record = await self.table.append(s, WakeRequested(trigger=trigger, details=details))
+            idle = s.state in ("created", "sleeping", "ready") and s.run is None
+            if idle and s.spec is not None and s.spec.run is not None:
+                await self._start(s, record)
+        return record
+
+    async def _start(self, s: Session, cause: Record) -> None:
+        """ready → running: start the program (the caller holds s.lock)."""
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        if s.state != "ready":
+            await self._transition(s, "ready", why="start", reason=cause["data"]["trigger"])
+        state = s.j.state
+        run_id = f"r{state.runs + 1}"
+        wakes = [
+            {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
+            for w in state.pending_wakes
+        ] or [{"trigger": cause["data"]["trigger"], "details": cause["data"]["details"]}]
+        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        wake_file = self.runtime_dir / f"{s.name}.{run_id}.wake.json"
+        profile = self.config.profiles.get(spec.run.profile) or self.config.profiles["default"]
+        env = program_env(
+            self.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
+        )
+        program = Program(
+            spec, env=env, max_output=self.config.max_output_bytes, grace=self.config.stop_grace
+        )
+        await self._transition(s, "running", why="run", reason=cause["data"]["trigger"])
+        try:
+            pid = await program.start()
+        except OSError as exc:
+            await self.table.append(
+                s,
+                RunFinished(run=run_id, status="failed", error=f"could not start: {exc}"),
+            )
+            await self._after_run(s, "failed", f"could not start {spec.run.exec[0]!r}: {exc}")
+            return
+        await self.table.append(
+            s,
+            RunStarted(
+                run=run_id,
+                kind=spec.run.kind,
+                pid=pid,
+                pgid=pid,
+                proc_start=proc_start_time(pid),
+                profile=spec.run.profile,
+                wakes=tuple(wakes),
+            ),
+            causation=cause["id"],
+        )
+        s.run = Run(run_id, pid, time.time(), program)
+        s.run.task = asyncio.create_task(self._supervise(s, program, run_id, wake_file))
+        log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _supervise(self, s: Session, program: Program, run_id: str, wake_file: Path) -> None:
+        outcome = await program.wait()
+        async with s.lock:
+            try:
+                await self._finish(s, run_id, outcome)
+            finally:
+                s.run = None
+                wake_file.unlink(missing_ok=True)
+            if s.state == "sleeping" and s.j.state.pending_wakes:
+                # Wakes that came while it ran: one follow-up run carries them all.
+                await self._start(s, {"id": None, "data": {"trigger": "follow-up", "details": {}}})
+
+    async def _finish(self, s: Session, run_id: str, outcome: Outcome) -> None:
+        artifacts = self.store.artifacts(s.name)
+        loop = asyncio.get_running_loop()
+        refs: list[ArtifactRef | None] = []
+        for name, data in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
+            refs.append(
+                await loop.run_in_executor(None, artifacts.put, data, name, "text/plain")
+                if data
+                else None
+            )
+        truncated = []
+        if outcome.stdout_total > len(outcome.stdout):
+            truncated.append(f"stdout cut at {len(outcome.stdout)} of {outcome.stdout_total} bytes")
+        if outcome.stderr_total > len(outcome.stderr):
+            truncated.append(f"stderr cut at {len(outcome.stderr)} of {outcome.stderr_total} bytes")
+        await self.table.append(
+            s,
+            RunFinished(
+                run=run_id,
+                status=outcome.status,
+                exit_code=outcome.exit_code,
+                signal=outcome.signal,
+                duration_ms=outcome.duration_ms,
+                stdout=refs[0],
+                stderr=refs[1],
+                error="; ".join(truncated),
+            ),
+        )
+        log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
+        stop = s.run.stop_requested if s.run else None
+        if stop == "cancel":
+            await self._transition(
+                s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
+            )
+        elif stop == "suspend":
+            await self._transition(s, "suspended", why="suspend", reason="suspended by request")
+        elif stop in ("interrupt", "shutdown"):
+            why = "interrupted" if stop == "interrupt" else "interrupted by daemon shutdown"
+            await self._transition(s, "sleeping", why="interrupt", reason=why)
+        elif stop in ("merge", "migrate"):
+            pass  # the caller terminates it
+        else:
+            code = outcome.exit_code
+            detail_text = (
+                "exit 0"
+                if outcome.status == "ok"
+                else f"{outcome.status}" + (f" (exit {code})" if code is not None else "")
+            )
+            await self._after_run(s, outcome.status, detail_text)
+
+    async def _after_run(self, s: Session, status: str, text: str) -> None:
+        has_triggers = s.spec is not None and s.spec.has_triggers
+        if status == "ok":
+            if has_triggers:
+                await self._transition(s, "sleeping", why="sleep", reason=f"last run: {text}")
+            else:
+                await self._transition(
+                    s, "terminated", why="complete", reason=f"done: {text}", outcome="completed"
+                )
+        elif has_triggers:
+            await self._transition(s, "sleeping", why="sleep", reason=f"last run failed: {text}")
+        else:
+            await self._transition(
+                s, "terminated", why="fail", reason=f"run failed: {text}", outcome="failed"
+            )
+
+    async def _stop_run(self, s: Session, why: str) -> None:
+        """Ask a running program to stop (SIGTERM, then SIGKILL after the grace) and
+        wait until its run is recorded. The caller must not hold s.lock."""
+        run = s.run
+        if run is None or run.task is None:
+            return
+        run.stop_requested = why
+        await run.program.stop(why)
+        await asyncio.shield(run.task)
+
+    # --- lifecycle syscalls -----------------------------------------------------------------
+
+    async def suspend(self, name: str) -> dict[str, Any]:
+        s = self.table.get(name)
+        if s.state == "running":
+            await self._stop_run(s, "suspend")
+            return detail(s)
+        async with s.lock:
+            await self._transition(s, "suspended", why="suspend", reason="suspended by request")
+        return detail(s)
+
+    async def resume(self, name: str) -> dict[str, Any]:
+        s = self.table.get(name)
+        async with s.lock:
+            if s.state != "suspended":
+                raise Refused(f"cannot resume session {name!r}: it is {s.state}, not suspended")
+            pending = s.j.state.pending_wakes
+            await self._transition(s, "sleeping", why="resume", reason="resumed")
+            if pending and s.spec is not None and s.spec.run is not None:
+                await self._start(s, {"id": None, "data": {"trigger": "resume", "details": {}}})
+        return detail(s)
+
+    async def interrupt(self, name: str) -> dict[str, Any]:
+        s = self.table.get(name)
+        if s.state != "running" or s.run is None:
+            raise Refused(
+                f"cannot interrupt session {name!r}: it is {s.state}, and only a running "
+                "session can be interrupted"
+            )
+        await self._stop_run(s, "interrupt")
+        return detail(s)
+
+    async def cancel(self, name: str) -> dict[str, Any]:
+        s = self.table.get(name)
+        if s.state == "running" and s.run is not None:
+            await self._stop_run(s, "cancel")
+            return detail(s)
+        async with s.lock:
+            await self._transition(
+                s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
+            )
+        return detail(s)
+
+    # --- lineage --------------------------------------------------------------------
+
+    async def fork(
+        self, name: str, new: str, at: int | None = None, with_triggers: bool = False
+    ) -> dict[str, Any]:
+        parent = self.table.get(name)
+        if new in self.table.sessions:
+            raise AlreadyExists(f"session {new!r} exists already; pick another name")
+        async with parent.lock:
+            child_journal = await fork_log(
+                self.store,
+                parent.j,
+                new,
+                at_seq=at,
+                with_triggers=with_triggers,
+                durability=self.config.durability,
+            )
+        spec = None
+        if parent.spec is not None:
+            update: dict[str, Any] = {"name": new}
+            if not with_triggers:
+                update["trigger"] = []
+                update["bind"] = parent.spec.bind.model_copy(update={"files": []})
+            spec = parent.spec.model_copy(update=update)
+            self.store.write_spec(new, spec_to_toml(spec))
+        child = Session(new, child_journal, spec, None)
+        self.table.adopt(child)
+        armed = spec is not None and spec.has_triggers
+        inherited = child_journal.state.state
+        await self.table.append(
+            child,
+            LifecycleChanged.model_validate(
+                {
+                    "from": inherited,
+                    "to": "sleeping" if armed else "created",
+                    "reason": f"forked from {name} at seq {child_journal.state.fork_seq}",
+                }
+            ),
+        )
+        return detail(child)
+
+    async def merge(
+        self, child_name: str, into: str | None = None, summary: str | None = None
+    ) -> dict[str, Any]:
+        child = self.table.get(child_name)
+        target = into or child.j.state.parent
+        if target is None:
+            raise InvalidInput(
+                f"session {child_name!r} has no parent; say which session to merge it into "
+                "with --into"
+            )
+        parent = self.table.get(target)
+        if parent.name == child.name:
+            raise InvalidInput("a session cannot be merged into itself")
+        lifecycle.check(child.name, child.state, "terminated", "merge")
+        if parent.state == "terminated":
+            raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
+        if child.state == "running":
+            await self._stop_run(child, "merge")
+        cs = child.j.state
+        text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
+        text = text or f"{child.name} finished at seq {cs.seq}"
+        refs = list(cs.live_artifacts().values())
+        source, dest = self.store.artifacts(child.name), self.store.artifacts(parent.name)
+        for ref in refs:
+            dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
+        async with parent.lock:
+            await self.table.append(
+                parent,
+                SessionMerged(
+                    child=child.name,
+                    summary=text,
+                    artifacts=tuple(ArtifactRef.model_validate(r) for r in refs),
+                    child_seq=cs.seq,
+                ),
+            )
+        async with child.lock:
+            await self._transition(
+                child,
+                "terminated",
+                why="merge",
+                reason=f"merged into {parent.name}",
+                outcome="merged",
+            )
+        return {"parent": detail(parent), "child": detail(child)}
+
+    async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+        s = self.table.get(to)
+        if s.state == "terminated":
+            raise Refused(f"cannot send to session {to!r}: it is terminated")
+        async with s.lock:
+            record = await self.table.append(s, MessageReceived(sender=sender, text=text))
+        woke = False
+        if s.spec is not None and any(t.type == "message" for t in s.spec.trigger):
+            await self.wake(
+                s, "message", {"sender": sender, "text": text[:1024], "seq": record["seq"]}
+            )
+            woke = True
+        return {"session": to, "seq": record["seq"], "woke": woke}
+
+    async def migrate(
+        self, name: str, profile: str | None = None, to: str | None = None
+    ) -> dict[str, Any]:
+        s = self.table.get(name)
+        if (profile is None) == (to is None):
+            raise InvalidInput("say either --profile P or --to SOCKET")
+        if profile is not None:
+            if profile not in self.config.profiles:
+                known = ", ".join(sorted(self.config.profiles))
+                raise InvalidInput(f"no runner profile {profile!r}; the daemon has {known}")
+            async with s.lock:
+                await self.table.append(
+                    s, SessionMigrated(from_profile=s.j.state.profile, to_profile=profile)
+                )
+            return detail(s)
+        assert to is not None
+        return await self._migrate_to(s, Path(to))
+
+    async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
+        from sessiond.wire import RemoteError, call_async
+
+        lifecycle.check(s.name, s.state, "terminated", "migrate")
+        if s.state == "running":
+            await self._stop_run(s, "migrate")
+        outbox = self.config.state_dir / "outbox"
+        outbox.mkdir(mode=0o700, exist_ok=True)
+        bundle = outbox / f"{s.name}.bundle"
+        async with s.lock:
+            export_session(self.store, s.name, bundle)
+            try:
+                try:
+                    await call_async(socket, "import", {"path": str(bundle), "name": s.name})
+                except OSError as exc:
+                    raise Refused(
+                        f"cannot reach the daemon at {socket}: {exc.strerror}; is it running?"
+                    ) from exc
+                except RemoteError as exc:
+                    raise Refused(
+                        f"the daemon at {socket} did not take session {s.name!r}: {exc.message}"
+                    ) from exc
+            finally:
+                bundle.unlink(missing_ok=True)
+            await self.table.append(s, SessionMigrated(to=str(socket)))
+            await self._transition(
+                s, "terminated", why="migrate", reason=f"migrated to {socket}", outcome="migrated"
+            )
+        return detail(s)
+
+    # --- context -------------------------------------------------------------------
+
+    async def compact(self, name: str, keep: int = 4) -> dict[str, Any]:
+        from sessiond.compaction import compact
+
+        s = self.table.get(name)
+        async with s.lock:
+            event = await compact(s, keep=keep)
+            await self.table.append(s, event)
+        return detail(s)
+
+    # --- approvals -----------------------------------------------------------------
+
+    async def approve(self, name: str, call: str | None = None, by: str = "") -> dict[str, Any]:
+        s = self.table.get(name)
+        async with s.lock:
+            approval = _pending(s, call)
+            ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
+            expires = rfc3339(self._now() + int(ttl * 1e9))
+            await self.table.append(
+                s,
+                ApprovalGranted(
+                    call=approval["call"],
+                    tool=approval["tool"],
+                    args_sha256=approval.get("args_sha256"),
+                    by=by,
+                    expires_at=expires,
+                ),
+                correlation=approval["call"],
+            )
+            if s.state == "blocked" and not s.j.state.pending_approvals():
+                await self._transition(s, "sleeping", why="approve", reason="approved")
+        if s.state == "sleeping":
+            await self.wake(s, "approval", {"call": approval["call"], "answer": "granted"})
+        return detail(s)
+
+    async def deny(
+        self, name: str, call: str | None = None, by: str = "", reason: str = ""
+    ) -> dict[str, Any]:
+        s = self.table.get(name)
+        async with s.lock:
+            approval = _pending(s, call)
+            await self.table.append(
+                s,
+                ApprovalDenied(call=approval["call"], tool=approval["tool"], by=by, reason=reason),
+                correlation=approval["call"],
+            )
+            if s.state == "blocked" and not s.j.state.pending_approvals():
+                await self._transition(s, "sleeping", why="deny", reason="approval denied")
+        return detail(s)
+
+    # --- bundles -------------------------------------------------------------------
+
+    async def export(self, name: str, path: str) -> dict[str, Any]:
+        self.table.get(name)
+        manifest = export_session(self.store, name, Path(path))
+        return {"path": path, "events": manifest["events"]["count"], "session": name}
+
+    async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:
+        journal = await import_session(
+            self.store, Path(path), name=name, durability=self.config.durability
+        )
+        spec_text = self.store.read_spec(journal.session)
+        spec = parse_spec(spec_text, base=Path("/"), source=path) if spec_text else None
+        if spec is not None and spec.name != journal.session:
+            spec = spec.model_copy(update={"name": journal.session})
+            self.store.write_spec(journal.session, spec_to_toml(spec))
+        s = Session(journal.session, journal, spec, spec_text)
+        self.table.adopt(s)
+        state = journal.state.state
+        if state != "terminated":
+            to = "sleeping" if spec is not None and spec.has_triggers else "created"
+            await self.table.append(
+                s,
+                LifecycleChanged.model_validate(
+                    {
+                        "from": state,
+                        "to": to,
+                        "reason": "imported: not running; activate goes through the gate first",
+                    }
+                ),
+            )
+        return detail(s)
+
+
+def _pending(s: Session, call: str | None) -> dict[str, Any]:
+    pending = s.j.state.pending_approvals()
+    if not pending:
+        raise Refused(f"session {s.name!r} has no pending approval")
+    if call is None:
+        if len(pending) > 1:
+            raise InvalidInput(
+                f"session {s.name!r} has {len(pending)} pending approvals "
+                f"({', '.join(sorted(pending))}); say which with --call"
+            )
+        return next(iter(pending.values()))
+    if call not in pending:
+        raise InvalidInput(
+            f"session {s.name!r} has no pending approval for call {call!r}; pending: "
+            f"{', '.join(sorted(pending))}"
+        )
+    return pending[call]
+
+
+def _last_said(transcript: list[dict[str, Any]]) -> str:
+    for item in reversed(transcript):
+        if item["role"] in ("assistant", "tool"):
+            return str(item["text"])
+    return ""

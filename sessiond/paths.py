@@ -1,0 +1,29 @@
+"""Default locations (DESIGN.md section 6). Imported by sessionctl: stdlib only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_socket(env: dict[str, str] | None = None) -> Path:
+    """``SESSIOND_SOCKET``, else ``$XDG_RUNTIME_DIR/sessiond/sessiond.sock``, else (root)
+    ``/run/sessiond/sessiond.sock``, else ``/tmp/sessiond-$UID/sessiond.sock``."""
+    env = dict(os.environ) if env is None else env
+    if env.get("SESSIOND_SOCKET"):
+        return Path(env["SESSIOND_SOCKET"])
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "sessiond" / "sessiond.sock"
+    if os.geteuid() == 0:
+        return Path("/run/sessiond/sessiond.sock")
+    return Path(f"/tmp/sessiond-{os.geteuid()}/sessiond.sock")
+
+
+def default_state_dir(env: dict[str, str] | None = None) -> Path:
+    """``/var/lib/sessiond`` for root, else ``$XDG_STATE_HOME/sessiond``
+    (``~/.local/state/sessiond``)."""
+    env = dict(os.environ) if env is None else env
+    if os.geteuid() == 0:
+        return Path("/var/lib/sessiond")
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sessiond"

@@ -1,0 +1,194 @@
+"""Running a session's program: a child process in its own process group.
+
+The program's stdout and stderr become artifacts referenced from
+``run.finished``. Stopping a run signals the whole process group (SIGTERM),
+then kills it (SIGKILL) after the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sessiond.spec import SessionSpec
+
+WAKE_ENV_LIMIT = 32 * 1024
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | failed | interrupted | killed | timeout
+    exit_code: int | None
+    signal: int | None
+    duration_ms: int
+    stdout: bytes
+    stderr: bytes
+    stdout_total: int
+    stderr_total: int
+    error: str = ""
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22),
+    so a later check can tell this process from another that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def wake_payload(wakes: list[dict[str, Any]]) -> tuple[str, bytes]:
+    """SESSIOND_WAKE (cut to 32 KiB, with a `truncated` flag) and the whole cause."""
+    whole = orjson.dumps({"wakes": wakes, "truncated": False})
+    if len(whole) <= WAKE_ENV_LIMIT:
+        return whole.decode(), whole
+    kept: list[dict[str, Any]] = []
+    for wake in wakes:
+        trial = orjson.dumps({"wakes": [*kept, wake], "truncated": True})
+        if len(trial) > WAKE_ENV_LIMIT:
+            break
+        kept.append(wake)
+    if not kept and wakes:
+        kept = [{"trigger": wakes[0].get("trigger"), "details": {}, "cut": True}]
+    return orjson.dumps({"wakes": kept, "truncated": True}).decode(), whole
+
+
+async def _drain(stream: asyncio.StreamReader | None, limit: int) -> tuple[bytes, int]:
+    if stream is None:
+        return b"", 0
+    kept = bytearray()
+    total = 0
+    while True:
+        chunk = await stream.read(1 << 16)
+        if not chunk:
+            return bytes(kept), total
+        total += len(chunk)
+        if len(kept) < limit:
+            kept += chunk[: limit - len(kept)]
+
+
+class Program:
+    """One run of a session's program."""
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        *,
+        env: dict[str, str],
+        max_output: int,
+        grace: float,
+    ) -> None:
+        assert spec.run is not None
+        self.spec = spec
+        self.run = spec.run
+        self.env = env
+        self.max_output = max_output
+        self.grace = grace
+        self.proc: asyncio.subprocess.Process | None = None
+        self._stop_reason: str | None = None
+
+    async def start(self) -> int:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.run.exec,
+            cwd=self.run.cwd,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: cancel stops all of it
+        )
+        return self.proc.pid
+
+    async def wait(self) -> Outcome:
+        proc = self.proc
+        assert proc is not None
+        started = time.monotonic()
+        drains = asyncio.gather(
+            _drain(proc.stdout, self.max_output), _drain(proc.stderr, self.max_output)
+        )
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), self.run.timeout)
+        except TimeoutError:
+            timed_out = True
+            await self.stop("timeout")
+        (out, out_total), (err, err_total) = await drains
+        code = proc.returncode
+        assert code is not None
+        duration = int((time.monotonic() - started) * 1000)
+        sig = -code if code < 0 else None
+        if timed_out:
+            status = "timeout"
+        elif self._stop_reason is not None:
+            status = "interrupted" if sig in (None, signal.SIGTERM) else "killed"
+        elif code == 0:
+            status = "ok"
+        else:
+            status = "failed"
+        return Outcome(
+            status,
+            code if code >= 0 else None,
+            sig,
+            duration,
+            out,
+            err,
+            out_total,
+            err_total,
+        )
+
+    async def stop(self, reason: str) -> None:
+        """SIGTERM to the process group, SIGKILL after the grace period."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        self._stop_reason = reason
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), self.grace)
+        except TimeoutError:
+            signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        # Children left in the group after the leader exits go too.
+        signal_group(proc.pid, signal.SIGKILL)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def program_env(
+    base: dict[str, str],
+    spec: SessionSpec,
+    profile_env: dict[str, str],
+    *,
+    run_id: str,
+    wakes: list[dict[str, Any]],
+    wake_file: Path,
+) -> dict[str, str]:
+    """The environment of a run: the daemon's, the profile's, the spec's, then ours."""
+    env = {k: v for k, v in base.items() if not k.startswith("SESSIOND_")}
+    env.update(profile_env)
+    if spec.run is not None:
+        env.update(spec.run.env)
+    wake_env, whole = wake_payload(wakes)
+    wake_file.write_bytes(whole)
+    env.update(
+        SESSIOND_SESSION=spec.name,
+        SESSIOND_RUN=run_id,
+        SESSIOND_GOAL=spec.goal,
+        SESSIOND_WAKE=wake_env,
+        SESSIOND_WAKE_FILE=str(wake_file),
+    )
+    return env

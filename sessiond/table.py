@@ -1,0 +1,211 @@
+"""The process table: every session the daemon knows, with its journal and spec.
+
+Loading rebuilds the table from the logs (latest snapshot + tail). A session
+whose log cannot be opened (corruption in the middle) stays in the table as
+blocked with the reason, so an operator sees it; nothing is appended to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sessiond.config import DaemonConfig
+from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError
+from sessiond.event_data import EventData
+from sessiond.journal import Journal
+from sessiond.names import check_name
+from sessiond.runner import Program
+from sessiond.spec import BadSpec, SessionSpec, parse_spec
+from sessiond.store.base import Draft, Record
+from sessiond.store.files import FileStore
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Run:
+    """A session program the daemon started (see sessiond.runner)."""
+
+    run_id: str
+    pid: int
+    started: float
+    program: Program
+    task: asyncio.Task[None] | None = None
+    stop_requested: str | None = None  # why the daemon asked it to stop
+
+
+@dataclass
+class Session:
+    name: str
+    journal: Journal | None
+    spec: SessionSpec | None = None
+    spec_text: str | None = None
+    broken: str | None = None  # why the log cannot be used
+    run: Run | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def j(self) -> Journal:
+        """The journal, or a refusal naming why there is none."""
+        if self.journal is None:
+            raise Refused(
+                f"session {self.name!r} cannot be changed: {self.broken}; run 'sessiond fsck' "
+                "and restore its log from a backup"
+            )
+        return self.journal
+
+    @property
+    def state(self) -> str:
+        return "blocked" if self.journal is None else self.journal.state.state
+
+
+Listener = Callable[[str, Record], None]
+
+
+class Table:
+    def __init__(self, config: DaemonConfig, store: FileStore) -> None:
+        self.config = config
+        self.store = store
+        self.sessions: dict[str, Session] = {}
+        self._listeners: list[Listener] = []
+        self.started = time.time()
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self.sessions.values())
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def get(self, name: str) -> Session:
+        check_name(name)
+        try:
+            return self.sessions[name]
+        except KeyError:
+            raise NoSuchSession(
+                f"no session {name!r}; 'sessionctl ps' lists the sessions there are"
+            ) from None
+
+    # --- events ---------------------------------------------------------------------
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(session, record)`` for every event appended; returns an unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def append(
+        self,
+        session: Session,
+        data: EventData,
+        *,
+        causation: str | None = None,
+        correlation: str | None = None,
+    ) -> Record:
+        return (await self.append_many(session, [Draft(data, causation, correlation)]))[0]
+
+    async def append_many(self, session: Session, drafts: list[Draft]) -> list[Record]:
+        return await session.j.append_many(drafts)
+
+    def _broadcast(self, name: str, record: Record) -> None:
+        for listener in list(self._listeners):
+            listener(name, record)
+
+    def adopt(self, session: Session) -> Session:
+        """Put a session in the table; its journal's appends reach the listeners."""
+        if session.journal is not None:
+            name = session.name
+            session.journal.listeners.append(lambda record: self._broadcast(name, record))
+        self.sessions[session.name] = session
+        return session
+
+    # --- loading --------------------------------------------------------------------
+
+    async def open_session(self, name: str) -> Session:
+        spec_text = self.store.read_spec(name)
+        spec = None
+        if spec_text is not None:
+            try:
+                spec = parse_spec(spec_text, base=Path("/"), source=f"{name}/spec.toml")
+            except BadSpec as exc:
+                log.error("spec.unreadable", session=name, error=str(exc))
+        try:
+            journal = await Journal.open(
+                self.store,
+                name,
+                durability=self.config.durability,
+                snapshot_every=self.config.snapshot_every,
+            )
+        except LogCorrupt as exc:
+            log.error("log.corrupt", session=name, line=exc.line, error=str(exc))
+            return Session(name, None, spec, spec_text, broken=f"corrupt log: {exc}")
+        except SessiondError as exc:
+            log.error("log.unusable", session=name, error=str(exc))
+            return Session(name, None, spec, spec_text, broken=str(exc))
+        return Session(name, journal, spec, spec_text)
+
+    async def load(self) -> None:
+        for name in self.store.names():
+            self.adopt(await self.open_session(name))
+
+    async def close(self) -> None:
+        for session in self.sessions.values():
+            if session.journal is not None:
+                await session.journal.snapshot()
+                await session.journal.close()
+
+
+def file_hash(path: Path) -> str | None:
+    """sha256 of a file's content, or None when it does not exist (or is not a file)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def summary(session: Session) -> dict[str, Any]:
+    """A `ps` row."""
+    spec = session.spec
+    if session.journal is None:
+        return {
+            "name": session.name,
+            "state": "blocked",
+            "reason": session.broken,
+            "agent": spec.agent if spec else "",
+            "priority": spec.priority if spec else 0,
+            "runs": 0,
+            "last_active": None,
+            "next_wake": None,
+            "pid": None,
+            "parent": None,
+            "outcome": None,
+        }
+    s = session.journal.state
+    return {
+        "name": session.name,
+        "state": s.state,
+        "reason": s.reason,
+        "agent": spec.agent if spec else s.agent,
+        "priority": spec.priority if spec else s.priority,
+        "runs": s.runs,
+        "last_active": s.last_active or s.created_at,
+        "next_wake": next_wake(session),
+        "pid": session.run.pid if session.run else None,
+        "parent": s.parent,
+        "outcome": s.outcome,
+    }
+
+
+def next_wake(session: Session) -> str | None:
+    """What will wake the session next, as people read it."""
+    spec = session.spec
+    if spec is None or not spec.has_triggers or session.state == "terminated":
+        return None
+    return "on " + "; ".join(spec.trigger_summary())

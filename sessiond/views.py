@@ -1,0 +1,172 @@
+"""What `show`, `gate` and `replay --view` print: projections of a session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from sessiond.projections import describe, messages, trace
+from sessiond.replay import replay_all
+from sessiond.state import State
+from sessiond.table import Session, file_hash, next_wake
+
+VIEWS = ("state", "messages", "trace", "audit")
+
+AUDIT_TYPES = frozenset(
+    {
+        "lifecycle.changed",
+        "gate.evaluated",
+        "recovery.resolved",
+        "run.started",
+        "run.finished",
+        "model.requested",
+        "model.responded",
+        "tool.intent",
+        "policy.decided",
+        "approval.requested",
+        "approval.granted",
+        "approval.denied",
+        "tool.started",
+        "tool.finished",
+        "verification.finished",
+        "budget.exhausted",
+        "log.repaired",
+        "session.migrated",
+        "session.merged",
+        "session.forked",
+        "session.imported",
+    }
+)
+
+
+def detail(session: Session) -> dict[str, Any]:
+    """Everything `sessionctl show` prints about one session."""
+    spec = session.spec
+    base: dict[str, Any] = {
+        "name": session.name,
+        "goal": spec.goal if spec else "",
+        "description": spec.description if spec else "",
+        "agent": spec.agent if spec else "",
+        "priority": spec.priority if spec else 0,
+        "labels": dict(spec.labels) if spec else {},
+        "program": list(spec.run.exec) if spec and spec.run else None,
+        "kind": spec.run.kind if spec and spec.run else None,
+        "triggers": spec.trigger_summary() if spec else [],
+        "next_wake": next_wake(session),
+        "pid": session.run.pid if session.run else None,
+    }
+    if session.journal is None:
+        return {**base, "state": "blocked", "reason": session.broken, "seq": None}
+    s = session.journal.state
+    return {
+        **base,
+        "goal": base["goal"] or s.goal,
+        "agent": base["agent"] or s.agent,
+        "state": s.state,
+        "reason": s.reason,
+        "outcome": s.outcome,
+        "until": s.until,
+        "seq": s.seq,
+        "created_at": s.created_at,
+        "last_active": s.last_active,
+        "runs": s.runs,
+        "turns": s.turns,
+        "profile": s.profile,
+        "current_run": s.current_run,
+        "last_run": s.last_run,
+        "pending_wakes": len(s.pending_wakes),
+        "last_wake": s.last_wake,
+        "last_gate": s.last_gate,
+        "pending_approvals": list(s.pending_approvals().values()),
+        "tools_in_flight": list(s.in_flight().values()),
+        "last_observation": s.last_observation,
+        "budget_used": {
+            "runs_today": s.runs_by_day.get((s.last_ts or "")[:10], 0),
+            "seconds": s.seconds_used,
+            "tokens": s.tokens_in + s.tokens_out,
+            "tool_calls_this_run": s.tool_calls_this_run,
+        },
+        "budget_exhausted": s.budget_exhausted,
+        "parent": s.parent,
+        "fork_seq": s.fork_seq,
+        "children": list(s.children),
+        "merged": list(s.merged),
+        "imported_from": s.imported_from,
+        "migrated_to": s.migrated_to,
+        "mailbox": len(s.mailbox),
+        "compactions": s.compactions,
+        "repairs": len(s.repairs),
+    }
+
+
+def gate_report(session: Session) -> dict[str, Any]:
+    """A dry run of the resume checks that this version of the daemon knows.
+
+    Records nothing. The full resume gate (risk contracts, approvals against the
+    policy in force, budgets) is evaluated by the runner before a run resumes.
+    """
+    checks: list[dict[str, Any]] = []
+    if session.journal is None:
+        checks.append({"name": "log intact", "ok": False, "detail": session.broken or ""})
+        return {"session": session.name, "ok": False, "checks": checks, "options": []}
+    s = session.journal.state
+    checks.append({"name": "log intact", "ok": True, "detail": f"replayed to seq {s.seq}"})
+    in_flight = s.in_flight()
+    checks.append(
+        {
+            "name": "no tool half-finished",
+            "ok": not in_flight,
+            "detail": ", ".join(f"{c['tool']} [{k}] started" for k, c in in_flight.items())
+            or "every started tool finished",
+        }
+    )
+    changed = []
+    if session.spec is not None:
+        workspace = session.spec.workspace
+        for path, recorded in sorted(s.bound.items()):
+            if file_hash(workspace / path) != recorded:
+                changed.append(path)
+    checks.append(
+        {
+            "name": "bound files unchanged",
+            "ok": not changed,
+            "detail": ("changed: " + ", ".join(changed)) if changed else f"{len(s.bound)} checked",
+        }
+    )
+    return {
+        "session": session.name,
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+        "options": [] if all(c["ok"] for c in checks) else ["rerun", "discard", "accept"],
+        "dry_run": True,
+    }
+
+
+def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
+    """Rebuild from events and show one view; runs nothing."""
+    if view not in VIEWS:
+        from sessiond.errors import InvalidInput
+
+        raise InvalidInput(f"no view {view!r}; the views are {', '.join(VIEWS)}")
+    records = list(records)
+    if view == "trace":
+        return trace(records)
+    if view == "audit":
+        return [
+            line
+            for r, line in zip(records, trace(records), strict=True)
+            if r["type"] in AUDIT_TYPES
+        ]
+    state = replay_all(name, records)
+    if view == "messages":
+        return messages(state)
+    return _state_dict(state)
+
+
+def _state_dict(state: State) -> Any:
+    return orjson.loads(orjson.dumps(state))
+
+
+__all__ = ["VIEWS", "describe", "detail", "gate_report", "replay_view"]

@@ -1,0 +1,142 @@
+"""The RPC wire format, and a small client. Stdlib and orjson only: sessionctl
+imports this module and must start fast.
+
+Frames are JSON objects, one per line (newline-delimited), each at most
+``max_frame_bytes`` (1 MiB by default) including the newline.
+
+* request:  ``{"id": 1, "method": "ps", "params": {}}``
+* success:  ``{"id": 1, "ok": true, "result": ...}``
+* failure:  ``{"id": 1, "ok": false, "error": {"code": "no_such_session",
+  "message": "...", "exit": 4}}``
+* stream:   zero or more ``{"id": 1, "stream": ...}`` before the final response
+  (``log --follow`` never sends the final one; the client closes).
+
+A connection carries any number of requests, answered in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket as _socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+PROTOCOL = 1
+DEFAULT_MAX_FRAME = 1 << 20
+
+
+class RemoteError(Exception):
+    """An error answer from the daemon (or the daemon could not be reached: exit 3)."""
+
+    def __init__(self, code: str, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.exit_code = exit_code
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+
+
+def _unreachable(path: Path, exc: OSError) -> RemoteError:
+    return RemoteError(
+        "unreachable",
+        f"the daemon is not reachable at {path} ({exc.strerror or exc}); start it with "
+        "'sessiond' (or 'systemctl start sessiond'), or point --socket / SESSIOND_SOCKET "
+        "at the socket it listens on",
+        3,
+    )
+
+
+class Connection:
+    """A blocking connection to the daemon (what sessionctl uses)."""
+
+    def __init__(self, path: Path, timeout: float | None = 30.0) -> None:
+        self.path = path
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(path))
+        except OSError as exc:
+            self.sock.close()
+            raise _unreachable(path, exc) from exc
+        self._buf = b""
+        self._next_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, method: str, params: dict[str, Any]) -> int:
+        self._next_id += 1
+        try:
+            self.sock.sendall(encode({"id": self._next_id, "method": method, "params": params}))
+        except OSError as exc:
+            raise _unreachable(self.path, exc) from exc
+        return self._next_id
+
+    def receive(self) -> dict[str, Any]:
+        while b"\n" not in self._buf:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError as exc:
+                raise RemoteError(
+                    "timeout", f"the daemon at {self.path} did not answer in time", 3
+                ) from exc
+            except OSError as exc:
+                raise _unreachable(self.path, exc) from exc
+            if not chunk:
+                raise RemoteError("closed", f"the daemon at {self.path} closed the connection", 3)
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        message: dict[str, Any] = orjson.loads(line)
+        return message
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.send(method, params)
+        return result_of(self.receive())
+
+    def stream(self, method: str, params: dict[str, Any]) -> Iterator[Any]:
+        """Yield stream items until the final response (whose result is returned)."""
+        self.send(method, params)
+        while True:
+            message = self.receive()
+            if "stream" in message:
+                yield message["stream"]
+            else:
+                result_of(message)
+                return
+
+
+def result_of(message: dict[str, Any]) -> Any:
+    if message.get("ok"):
+        return message.get("result")
+    error = message.get("error") or {}
+    raise RemoteError(
+        str(error.get("code", "internal")),
+        str(error.get("message", "the daemon gave no reason")),
+        int(error.get("exit", 70)),
+    )
+
+
+async def call_async(path: Path, method: str, params: dict[str, Any], timeout: float = 60) -> Any:
+    """One request to a daemon from inside an event loop (daemon to daemon)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
+    try:
+        writer.write(encode({"id": 1, "method": method, "params": params}))
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        if not line:
+            raise RemoteError("closed", f"the daemon at {path} closed the connection", 3)
+        return result_of(orjson.loads(line))
+    finally:
+        writer.close()
