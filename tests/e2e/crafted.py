@@ -1,0 +1,46 @@
+"""Sessions in states the daemon cannot reach by itself yet (pending approvals come
+from SDK programs), written as bundles with the library and imported for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sessiond.bundle import export_session
+from sessiond.event_data import (
+    ApprovalRequested,
+    EventData,
+    LifecycleChanged,
+    PolicyDecided,
+    RiskContract,
+    SessionCreated,
+    ToolIntent,
+)
+from sessiond.journal import Journal
+from sessiond.store.files import FileStore
+from tests.helpers import arun
+
+
+def bundle_with_pending_approvals(folder: Path) -> Path:
+    store = FileStore(folder / "craft")
+
+    async def go() -> None:
+        await (await store.create("asker", spec='name = "asker"\n')).close()
+        journal = await Journal.open(store, "asker")
+        events: list[EventData] = [SessionCreated(name="asker", goal="ask twice")]
+        for call, tool in (("c1", "edit_file"), ("c2", "send_email")):
+            events += [
+                ToolIntent(call=call, tool=tool, risk=RiskContract(side_effect="external-write")),
+                PolicyDecided(call=call, tool=tool, decision="ask", rule=f"ask: {tool}"),
+                ApprovalRequested(call=call, tool=tool),
+            ]
+        events.append(
+            LifecycleChanged(from_state="created", to="blocked", reason="approval pending")
+        )
+        for event in events:
+            await journal.append(event)
+        await journal.close()
+
+    arun(go())
+    out = folder / "asker.bundle"
+    export_session(store, "asker", out)
+    return out

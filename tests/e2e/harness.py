@@ -1,0 +1,203 @@
+"""Run the real `sessiond` process and drive it with the real `sessionctl`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+BIN = Path(sys.executable).parent
+SESSIOND = str(BIN / "sessiond")
+SESSIONCTL = str(BIN / "sessionctl")
+READY_TIMEOUT = 30.0
+
+
+def short_dir() -> Path:
+    """A folder whose socket path fits AF_UNIX's 108 bytes (pytest's tmp_path may not)."""
+    return Path(tempfile.mkdtemp(prefix="sd-", dir="/tmp"))
+
+
+class Daemon:
+    """One sessiond process on its own state dir and socket."""
+
+    def __init__(self, root: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.state_dir = root / "state"
+        self.socket = root / "s.sock"
+        self.config = root / "sessiond.toml"
+        self.config.write_text(
+            'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n' + config
+        )
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: list[dict[str, Any]] = []
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
+        env.update(self.extra_env)
+        env["SESSIOND_SOCKET"] = str(self.socket)
+        return env
+
+    def start(self, *, wait: bool = True) -> Daemon:
+        self._ready.clear()
+        self.proc = subprocess.Popen(
+            [
+                SESSIOND,
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state_dir),
+                "--socket",
+                str(self.socket),
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read_log, args=(self.proc,), daemon=True)
+        self._reader.start()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                line = {"event": "raw", "text": raw.decode(errors="replace").strip()}
+            self.lines.append(line)
+            if line.get("event") == "daemon.ready":
+                self._ready.set()
+        self._ready.set()  # exited: wake the waiter, which then sees the exit
+
+    def wait_ready(self) -> None:
+        """Wait for the daemon's own "daemon.ready" log line (no polling of the socket)."""
+        assert self.proc is not None
+        if not self._ready.wait(READY_TIMEOUT):
+            raise AssertionError(f"sessiond did not get ready in {READY_TIMEOUT}s: {self.lines}")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"sessiond exited with {self.proc.returncode}: {self.lines}")
+
+    def ctl(
+        self, *args: str, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [SESSIONCTL, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"sessionctl {' '.join(args)} -> {done.returncode}: {done.stderr}")
+        return done
+
+    def json(self, *args: str) -> Any:
+        done = self.ctl("--json", *args, check=True)
+        return orjson.loads(done.stdout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return code
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def write_spec(self, name: str, text: str) -> Path:
+        path = self.root / f"{name}.toml"
+        path.write_text(text)
+        return path
+
+
+@contextmanager
+def running(config: str = "", env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    root = short_dir()
+    daemon = Daemon(root, config, env)
+    try:
+        yield daemon.start()
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Wait for an outcome the test cannot subscribe to (a child's exit seen via ctl).
+
+    Bounded, with a growing interval; used only where no event exists to wait on.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def wait_event(
+    daemon: Daemon,
+    session: str,
+    etype: str,
+    *,
+    since: int = 1,
+    match: Any = None,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Follow a session's log with the real `sessionctl log --follow` until an event
+    of type ``etype`` (and ``match(record)``) appears; return it."""
+    proc = subprocess.Popen(
+        [SESSIONCTL, "--json", "log", session, "--follow", "--since", str(since), "--type", etype],
+        env=daemon.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    found: list[dict[str, Any]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            record = orjson.loads(raw)
+            if match is None or match(record):
+                found.append(record)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    if not found:
+        raise AssertionError(f"no {etype} event in {session} within {timeout}s")
+    return found[0]
