@@ -581,7 +581,8 @@ class Kernel:
         s = Session(journal.session, journal, spec, spec_text)
         self.table.adopt(s)
         state = journal.state.state
-        if state != "terminated":
+        if state in ("running", "ready"):
+            # It arrives not running: it runs here only after a wake and the gate.
             to = "sleeping" if spec is not None and spec.has_triggers else "created"
             await self.table.append(
                 s,

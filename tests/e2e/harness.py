@@ -201,3 +201,14 @@ def wait_event(
     if not found:
         raise AssertionError(f"no {etype} event in {session} within {timeout}s")
     return found[0]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie left for init to reap does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3] != b"Z"

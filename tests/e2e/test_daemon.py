@@ -1,0 +1,299 @@
+"""The daemon as a process: restarts, crashes, the state-dir lock, peers, the socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.crafted import bundle_with_pending_approvals
+from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_event
+
+NOTES = 'name = "{name}"\ngoal = "notes"\n'
+ARMED = 'name = "{name}"\n[[trigger]]\ntype = "message"\n'
+SLOW = 'name = "{name}"\n[run]\nexec = ["sleep", "60"]\n'
+
+
+def make(d: Daemon, name: str, template: str) -> None:
+    d.ctl("create", str(d.write_spec(name, template.format(name=name))), check=True)
+
+
+def populate(d: Daemon) -> None:
+    """A session in every state: created, sleeping, suspended, terminated(cancelled),
+    terminated(merged), blocked (pending approvals), and running."""
+    make(d, "created", NOTES)
+    make(d, "sleeping", ARMED)
+    make(d, "suspended", NOTES)
+    d.ctl("suspend", "suspended", check=True)
+    make(d, "cancelled", NOTES)
+    d.ctl("cancel", "cancelled", check=True)
+    make(d, "parent", NOTES)
+    for i in range(12):  # enough events for a snapshot at snapshot_every = 10
+        d.ctl("send", "parent", f"hello {i}", check=True)
+    d.ctl("fork", "parent", "--as", "child", check=True)
+    d.ctl("merge", "child", "--summary", "done", check=True)
+    d.ctl("import", str(bundle_with_pending_approvals(d.root)), check=True)
+    make(d, "running", SLOW)
+    d.ctl("activate", "running", check=True)
+
+
+def table(d: Daemon) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = d.json("ps")
+    return rows
+
+
+def test_a_clean_restart_keeps_every_session_in_its_state() -> None:
+    with running() as d:
+        populate(d)
+        d.ctl("suspend", "running", check=True)  # a clean stop leaves nothing running
+        before = table(d)
+        states = {r["name"]: r["state"] for r in before}
+        assert states == {
+            "created": "created", "sleeping": "sleeping", "suspended": "suspended",
+            "cancelled": "terminated", "parent": "created", "child": "terminated",
+            "asker": "blocked", "running": "suspended",
+        }  # fmt: skip
+        assert d.stop() == 0
+        assert any(line.get("event") == "daemon.stopped" for line in d.lines)
+        d.start()
+        assert table(d) == before
+
+
+@pytest.mark.parametrize("snapshots", ["kept", "deleted"])
+def test_after_kill_9_the_table_is_rebuilt_and_a_cut_off_run_is_blocked(snapshots: str) -> None:
+    with running("snapshot_every = 10\n") as d:
+        populate(d)
+        pid = d.json("show", "running")["pid"]
+        before = {r["name"]: r for r in table(d)}
+        d.kill9()
+        assert alive(pid)  # the program outlived the daemon
+        if snapshots == "deleted":
+            for folder in (d.state_dir / "sessions").glob("*/snapshots"):
+                shutil.rmtree(folder)
+                folder.mkdir(mode=0o700)
+        else:
+            assert list((d.state_dir / "sessions").glob("*/snapshots/state-*.json"))
+        d.start()
+        after = {r["name"]: r for r in table(d)}
+        assert after.keys() == before.keys()
+        for name, row in before.items():
+            if name != "running":
+                assert after[name] == row, name
+        cut = d.json("show", "running")
+        assert cut["state"] == "blocked"
+        assert cut["reason"].startswith("daemon restarted during run")
+        assert "was still running and was stopped" in cut["reason"]
+        assert cut["last_run"]["status"] == "lost"
+        assert not alive(pid)  # never left running unsupervised, never duplicated
+
+
+def test_a_restart_with_and_without_snapshots_gives_the_same_table() -> None:
+    with running("snapshot_every = 10\n") as d:
+        populate(d)
+        d.ctl("cancel", "running", check=True)
+        for i in range(30):
+            d.ctl("send", "parent", f"note {i}", check=True)
+        d.stop()
+        d.start()
+        with_snapshots = table(d)
+        shows = {r["name"]: d.json("show", r["name"]) for r in with_snapshots}
+        d.stop()
+        for folder in (d.state_dir / "sessions").glob("*/snapshots"):
+            for snap in folder.iterdir():
+                snap.unlink()
+        d.start()
+        assert table(d) == with_snapshots
+        assert {r["name"]: d.json("show", r["name"]) for r in with_snapshots} == shows
+
+
+def test_sigterm_stops_running_programs_and_records_it() -> None:
+    with running() as d:
+        make(d, "slow", SLOW)
+        d.ctl("activate", "slow", check=True)
+        pid = d.json("show", "slow")["pid"]
+        assert d.stop(signal.SIGTERM) == 0
+        assert not alive(pid)
+        d.start()
+        shown = d.json("show", "slow")
+        assert shown["state"] == "sleeping"
+        assert shown["reason"] == "interrupted by daemon shutdown"
+        assert shown["last_run"]["status"] == "interrupted"
+
+
+def test_one_daemon_per_state_dir() -> None:
+    with running() as d:
+        second = subprocess.run(
+            [SESSIOND, "--state-dir", str(d.state_dir), "--socket", str(d.root / "other.sock")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert f"another sessiond (pid {d.proc.pid})" in second.stderr  # type: ignore[union-attr]
+        assert d.json("ping")["pid"] == d.proc.pid  # type: ignore[union-attr]
+
+
+def test_a_live_socket_is_never_stolen_a_stale_one_is_replaced() -> None:
+    with running() as d:
+        other_state = d.root / "state2"
+        second = subprocess.run(
+            [SESSIOND, "--state-dir", str(other_state), "--socket", str(d.socket)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert "another daemon is listening" in second.stderr
+        assert d.json("ping")["sessions"] == 0
+        d.kill9()
+        assert d.socket.exists()  # left behind by the crash
+        d.start()
+        assert d.json("ping")["pid"] == d.proc.pid  # type: ignore[union-attr]
+
+
+def test_a_bad_configuration_stops_start_up_naming_the_key() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root, 'durability = "sometimes"\n')
+        done = subprocess.run(
+            [SESSIOND, "--config", str(d.config), "--state-dir", str(d.state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert "durability" in done.stderr
+        assert str(d.config) in done.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_unwritable_state_dir_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    done = subprocess.run(
+        [SESSIOND, "--state-dir", str(blocker / "state"), "--socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "cannot write to the state dir" in done.stderr
+
+
+def test_state_dir_and_socket_are_owner_only() -> None:
+    with running() as d:
+        make(d, "notes", NOTES)
+        assert os.stat(d.socket).st_mode & 0o777 == 0o600
+        assert os.stat(d.state_dir).st_mode & 0o777 == 0o700
+        assert os.stat(d.state_dir / "sessions" / "notes" / "events.jsonl").st_mode & 0o777 == 0o600
+
+
+def test_a_peer_with_another_uid_is_refused_by_the_credential_check() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("dropping to another uid needs root; this test runs as a normal user")
+    with running('[access]\ngroups = ["daemon"]\n') as d:
+        os.chmod(d.root, 0o755)
+        assert os.stat(d.socket).st_mode & 0o777 == 0o660
+        gid = os.stat(d.socket).st_gid
+        reply = _connect_as(d.socket, uid=65534, gid=65534, groups=[gid])
+        assert reply["ok"] is False
+        assert reply["error"]["code"] == "permission_denied"
+        assert "uid 65534 may not use this daemon" in reply["error"]["message"]
+        assert any(
+            line.get("event") == "peer.refused" and line.get("uid") == 65534 for line in d.lines
+        )
+        allowed = _connect_as(d.socket, uid=65534, gid=gid, groups=[gid])
+        assert allowed["ok"] is True  # the same uid in the allowed group gets in
+
+
+def _connect_as(path: Path, *, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(path))
+            sock.sendall(b'{"id":1,"method":"ping","params":{}}\n')
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            os.write(write, data)
+        except BaseException as exc:
+            os.write(
+                write, orjson.dumps({"ok": False, "error": {"code": "child", "message": repr(exc)}})
+            )
+        finally:
+            os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 65536):
+        data += chunk
+    os.close(read)
+    os.waitpid(child, 0)
+    reply: dict[str, Any] = orjson.loads(data)
+    return reply
+
+
+def test_a_blocked_session_keeps_its_reason_through_restarts() -> None:
+    with running() as d:
+        d.ctl("import", str(bundle_with_pending_approvals(d.root)), check=True)
+        d.stop()
+        d.start()
+        shown = d.json("show", "asker")
+        assert shown["state"] == "blocked"
+        assert len(shown["pending_approvals"]) == 2
+
+
+def test_log_follow_streams_new_events_of_one_or_all_sessions() -> None:
+    with running() as d:
+        make(d, "notes", NOTES)
+        follower = subprocess.Popen(
+            [
+                "sessionctl" if False else str(Path(SESSIOND).with_name("sessionctl")),
+                "--json",
+                "log",
+                "--all",
+                "--follow",
+            ],
+            env=d.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            make(d, "late", NOTES)
+            d.ctl("send", "notes", "streamed", check=True)
+            seen = []
+            assert follower.stdout is not None
+            for raw in follower.stdout:
+                record = orjson.loads(raw)
+                seen.append((record["session"], record["type"]))
+                if record["type"] == "message.received":
+                    break
+            assert ("late", "session.created") in seen
+            assert seen[-1] == ("notes", "message.received")
+        finally:
+            follower.kill()
+            follower.wait()
+            if follower.stdout is not None:
+                follower.stdout.close()
+        record = wait_event(d, "notes", "message.received")
+        assert record["data"]["text"] == "streamed"
