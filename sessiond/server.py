@@ -165,7 +165,9 @@ class Server:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._take_over_stale_socket()
         self._server = await asyncio.start_unix_server(
-            self._serve, path=str(self.path), limit=self.config.max_frame_bytes
+            self._serve,
+            path=str(self.path),
+            backlog=min(self.config.max_connections, 4096),  # bursts of clients wait, not fail
         )
         if shared:
             # The file mode is the first fence; the credential check the real one.
@@ -267,26 +269,27 @@ class Server:
                 await writer.wait_closed()
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = Frames(reader, self.config.max_frame_bytes)
         while True:
             try:
-                line = await asyncio.wait_for(reader.readline(), self.config.read_timeout)
+                line = await asyncio.wait_for(frames.next(), self.config.read_timeout)
             except TimeoutError:
                 return  # idle or half-open: close
-            except (ValueError, asyncio.LimitOverrunError):
+            if line is None:
+                return  # the client went away (a half-sent frame is dropped)
+            if line is TOO_LARGE:
+                limit = self.config.max_frame_bytes
                 await self._reply(
                     writer,
                     _error(
                         None,
                         "frame_too_large",
-                        f"a request is at most {self.config.max_frame_bytes} bytes",
+                        f"a request is at most {limit} bytes; it was skipped and the "
+                        "connection goes on",
                         2,
                     ),
                 )
-                return  # cannot find the next frame boundary safely
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                return  # the client went away mid-frame
+                continue
             if not line.strip():
                 continue
             await self._handle(line, writer)
@@ -381,6 +384,43 @@ class Server:
                 await writer.drain()
         finally:
             unsubscribe()
+
+
+TOO_LARGE = b"\0too large\0"
+
+
+class Frames:
+    """Splits a byte stream into newline-delimited frames of at most ``limit`` bytes.
+
+    An oversized frame is reported once (TOO_LARGE) and its bytes are skipped up
+    to the next newline without being kept, so the connection can go on.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, limit: int) -> None:
+        self.reader = reader
+        self.limit = limit
+        self.buf = bytearray()
+        self.skipping = False
+
+    async def next(self) -> bytes | None:
+        while True:
+            end = self.buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buf[: end + 1])
+                del self.buf[: end + 1]
+                if self.skipping:
+                    self.skipping = False
+                    continue
+                return TOO_LARGE if len(line) > self.limit else line
+            if len(self.buf) > self.limit:
+                self.buf.clear()
+                if not self.skipping:
+                    self.skipping = True
+                    return TOO_LARGE
+            chunk = await self.reader.read(1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
 
 
 def _parse(model: type[_Params], params: dict[str, Any]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -31,9 +32,9 @@ exec = ["sh", "-c", "trap 'exit 143' TERM; sleep 30 & wait"]
 
 
 @pytest.fixture
-def daemon() -> Daemon:
+def daemon() -> Iterator[Daemon]:
     with running('[profiles.large]\nmodel = "large"\n') as d:
-        yield d  # type: ignore[misc]
+        yield d
 
 
 def create(d: Daemon, name: str, text: str) -> dict[str, object]:
