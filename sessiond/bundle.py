@@ -100,6 +100,11 @@ def export_session(
                 _add(tar, "spec.toml", spec_bytes, mtime)
             for digest, blob in blobs.items():
                 _add(tar, f"artifacts/{digest}", blob, mtime)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # durable before it is published under its name
+        finally:
+            os.close(fd)
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -144,7 +149,7 @@ def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
     artifacts: dict[str, bytes] = {}
     listed = {a.get("sha256") for a in manifest.get("artifacts", []) if isinstance(a, dict)}
     for member, data in members.items():
-        m = ARTIFACT_MEMBER.match(member)
+        m = ARTIFACT_MEMBER.fullmatch(member)
         if m:
             if _sha(data) != m.group(1):
                 raise BadBundle(f"{path}: {member} does not match its hash")
@@ -167,7 +172,7 @@ def _members(raw: bytes, limit: int) -> dict[str, bytes]:
             name = info.name
             if name == "artifacts" and info.isdir():
                 continue
-            if name not in FIXED_MEMBERS and not ARTIFACT_MEMBER.match(name):
+            if name not in FIXED_MEMBERS and not ARTIFACT_MEMBER.fullmatch(name):
                 raise BadBundle(
                     f"bundle member {name!r} is not allowed: a bundle holds manifest.json, "
                     "events.jsonl, spec.toml and artifacts/<sha256> only"
@@ -205,6 +210,16 @@ def _manifest(members: dict[str, bytes], path: Path) -> dict[str, Any]:
         )
     if not isinstance(manifest.get("events"), dict) or not isinstance(manifest.get("session"), str):
         raise BadBundle(f"{path}: manifest.json lacks 'events' or 'session'")
+    try:
+        check_name(manifest["session"], what="the bundle's session name")
+    except InvalidInput as exc:
+        raise BadBundle(f"{path}: {exc}") from exc
+    if not isinstance(manifest.get("artifacts", []), list) or not all(
+        isinstance(a, dict) for a in manifest.get("artifacts", [])
+    ):
+        raise BadBundle(f"{path}: manifest.json 'artifacts' must be a list of objects")
+    if not isinstance(manifest.get("exported_at"), str | None):
+        raise BadBundle(f"{path}: manifest.json 'exported_at' must be a time")
     return manifest
 
 
@@ -254,7 +269,7 @@ async def import_session(
     durability: Durability = "fsync",
 ) -> Journal:
     """Create a session from a verified bundle; it arrives with ``session.imported``."""
-    bundle = read_bundle(path)
+    bundle = read_bundle(path)  # verified whole before anything is created
     target = check_name(name if name is not None else bundle.manifest["session"])
     new_log = await store.create(
         target,
@@ -265,12 +280,16 @@ async def import_session(
     )
     await new_log.close()
     journal = await Journal.open(store, target, durability=durability)
-    await journal.append(
-        SessionImported(
-            original_name=check_name(bundle.manifest["session"]),
-            bundle_sha256=bundle.sha256,
-            exported_at=bundle.manifest.get("exported_at"),
-            events=len(bundle.lines),
+    try:
+        await journal.append(
+            SessionImported(
+                original_name=bundle.manifest["session"],
+                bundle_sha256=bundle.sha256,
+                exported_at=bundle.manifest.get("exported_at"),
+                events=len(bundle.lines),
+            )
         )
-    )
+    except BaseException:
+        await journal.close()
+        raise
     return journal

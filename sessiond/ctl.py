@@ -367,11 +367,15 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     )
     p.add_argument("--json", action="store_true", help="stable machine-readable output")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # --json and --socket also work after the command: `sessionctl ps --json`.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS)
 
     def add(
         name: str, fn: Callable[..., int], help_text: str, *names: str
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         for n in names:
             sp.add_argument(n)
         sp.set_defaults(fn=fn)

@@ -43,13 +43,13 @@ BudgetName = Literal["runs_per_day", "seconds_per_run", "tokens", "tool_calls_pe
 
 
 def _check_ref(value: str) -> str:
-    if not SHA256_REF.match(value):
+    if not SHA256_REF.fullmatch(value):
         raise ValueError("an artifact reference is 'sha256:' followed by 64 lowercase hex digits")
     return value
 
 
 def _check_hash(value: str | None) -> str | None:
-    if value is not None and not SHA256_HEX.match(value):
+    if value is not None and not SHA256_HEX.fullmatch(value):
         raise ValueError("a content hash is 64 lowercase hex digits (sha256)")
     return value
 

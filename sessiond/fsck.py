@@ -92,7 +92,12 @@ def check(state_dir: Path, *, repair: bool = False) -> Report:
             report.problems.append(Problem(entry, "no-log", f"{folder} has no events.jsonl"))
     for name in store.names():
         report.sessions += 1
-        _check_session(store, name, report, repair)
+        try:
+            _check_session(store, name, report, repair)
+        except (OSError, SessiondError) as exc:  # a symlink planted, a folder unreadable
+            report.problems.append(
+                Problem(name, "unreadable", f"{exc}; fix or remove the file, then check again")
+            )
     return report
 
 

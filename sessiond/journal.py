@@ -16,7 +16,7 @@ import orjson
 import structlog
 
 from sessiond.errors import LogCorrupt
-from sessiond.event_data import EventData, LogRepaired
+from sessiond.event_data import EventData
 from sessiond.replay import apply, replay
 from sessiond.state import REDUCER_VERSION, State
 from sessiond.store.base import (
@@ -24,6 +24,7 @@ from sessiond.store.base import (
     Draft,
     Durability,
     EventLog,
+    Pending,
     PositionMismatch,
     Record,
     Snapshot,
@@ -75,20 +76,12 @@ class Journal:
         journal.from_snapshot = from_snapshot
         journal._snapshot_seq = from_snapshot or 0
         repair = event_log.repair
-        if repair is not None:
+        if repair is not None:  # recover() cut a torn tail and recorded it
             log.warning(
                 "log.repaired",
                 session=name,
                 dropped_bytes=repair.dropped_bytes,
                 last_good_seq=repair.last_good_seq,
-            )
-            await journal.append(
-                LogRepaired(
-                    dropped_bytes=repair.dropped_bytes,
-                    at_offset=repair.at_offset,
-                    last_good_seq=repair.last_good_seq,
-                    reason=repair.reason,
-                )
             )
         return journal
 
@@ -122,15 +115,19 @@ class Journal:
         for listener in self.listeners:
             for record in pending.records:
                 listener(record)
-        if self.state.seq - self._snapshot_seq >= self.snapshot_every:
+        # Snapshot only when nothing was written after our (now durable) events:
+        # then the state is exactly the durable log up to here.
+        due = self.state.seq - self._snapshot_seq >= self.snapshot_every
+        if due and self.log.position == pending.position:
             await self.snapshot()
         return pending.records
 
     async def snapshot(self) -> None:
-        """Write a snapshot of the durable state now (in a worker thread)."""
+        """Write a snapshot of the state now (in a worker thread), once it is durable."""
         position = self.log.position
         if position.seq != self.state.seq or position.seq == self._snapshot_seq:
             return
+        await self.log.sync(Pending([], position))
         # Serialise here, in the loop, so the state cannot change underneath.
         state = orjson.loads(orjson.dumps(self.state))
         snap = Snapshot(REDUCER_VERSION, self.session, position, state)

@@ -16,14 +16,14 @@ from sessiond.errors import InvalidInput
 from sessiond.event_data import SHA256_REF, SessionForked
 from sessiond.journal import Journal
 from sessiond.names import check_name
-from sessiond.store.base import Durability, Store
+from sessiond.store.base import Durability, Pending, Store
 
 
 def artifact_refs(value: Any) -> Iterator[str]:
     """Every ``sha256:`` artifact reference inside an event's data."""
     if isinstance(value, dict):
         ref = value.get("ref")
-        if isinstance(ref, str) and SHA256_REF.match(ref):
+        if isinstance(ref, str) and SHA256_REF.fullmatch(ref):
             yield ref
         for item in value.values():
             if isinstance(item, dict | list):
@@ -51,11 +51,16 @@ async def fork(
             f"cannot fork {parent.session!r} at seq {at}: it has events 1..{last}; "
             "pick a seq in that range"
         )
+    # Copy only what the parent has durably: the child's history must never hold
+    # an event the parent could lose in a power cut.
+    await parent.log.sync(Pending([], parent.log.position))
     lines: list[bytes] = []
     refs: set[str] = set()
     for record, line in store.read_lines(parent.session, upto=at):
         lines.append(line)
         refs.update(artifact_refs(record["data"]))
+    if len(lines) != at:
+        raise InvalidInput(f"could read only {len(lines)} of {at} events of {parent.session!r}")
     parent_artifacts = store.artifacts(parent.session)
     blobs = (parent_artifacts.get(ref) for ref in sorted(refs))
     new_log = await store.create(

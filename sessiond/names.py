@@ -14,7 +14,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 def check_name(name: object, *, what: str = "session name") -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise BadName(
             f"{what} {name!r} is not allowed: use 1 to 64 characters from a-z, 0-9, '.', '_' "
             "and '-', starting with a letter or digit"

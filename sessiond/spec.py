@@ -214,7 +214,7 @@ class SessionSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise ValueError(
                 "use 1 to 64 characters from a-z, 0-9, '.', '_' and '-', starting with a "
                 "letter or digit"

@@ -23,7 +23,7 @@ import orjson
 import uvloop
 
 from sessiond import __version__
-from sessiond.bench import fsinfo, storage
+from sessiond.bench import daemon, fsinfo, storage
 
 T = TypeVar("T")
 
@@ -33,6 +33,11 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "append_os_eps": (">=", 150_000, "events/s"),
     "replay_eps": (">=", 400_000, "events/s"),
     "snapshot_resume_ms": ("<=", 100.0, "ms"),
+    "rpc_ping_p50_ms": ("<=", 0.5, "ms"),
+    "ps_10k_ms": ("<=", 100.0, "ms"),
+    "startup_10k_s": ("<=", 3.0, "s"),
+    "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
+    "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
 }
 
 
@@ -52,7 +57,9 @@ def _cpu() -> str:
     return platform.processor() or "unknown"
 
 
-def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def measure(
+    work: Path, quick: bool, say: Callable[[str], None], skip_daemon: bool = False
+) -> dict[str, Any]:
     results: dict[str, Any] = {}
 
     def step(name: str) -> Path:
@@ -95,6 +102,8 @@ def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, An
         2,
     )
     shutil.rmtree(folder)
+    if not skip_daemon:
+        results.update(daemon.measure(work, quick, say))
     return results
 
 
@@ -114,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats (under a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
+        "--storage-only", action="store_true", help="only the event-log figures (no daemon)"
+    )
+    parser.add_argument(
         "--dir",
         type=Path,
         default=None,
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     try:
-        results = measure(work, args.quick, say)
+        results = measure(work, args.quick, say, skip_daemon=args.storage_only)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = {

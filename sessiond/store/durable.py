@@ -28,10 +28,13 @@ def fsync_dir(path: Path) -> None:
 
 def private_dir(path: Path) -> Path:
     """Make ``path`` (and missing parents) a real, owner-only folder; refuse a symlink."""
+    existed = path.is_dir()
     try:
         path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except FileExistsError as exc:
         raise StorageError(f"{path} exists and is not a folder; move it away") from exc
+    if not existed:
+        fsync_dir(path.parent)  # the new entry is durable before anything is put in it
     real_dir(path)
     if stat.S_IMODE(path.stat().st_mode) != DIR_MODE:
         os.chmod(path, DIR_MODE)

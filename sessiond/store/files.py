@@ -43,7 +43,7 @@ from sessiond.errors import (
     StorageError,
     StorageFull,
 )
-from sessiond.event_data import SHA256_HEX, SHA256_REF, ArtifactRef, EventData
+from sessiond.event_data import SHA256_HEX, SHA256_REF, ArtifactRef, EventData, LogRepaired
 from sessiond.names import check_name
 from sessiond.store.base import (
     START,
@@ -117,6 +117,7 @@ class FileEventLog(EventLog):
         self._failed: str | None = None
         self._synced = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._closing = False
         self._flusher: asyncio.Task[None] | None = None
 
     # --- reading ------------------------------------------------------------------
@@ -151,15 +152,33 @@ class FileEventLog(EventLog):
             raise LogCorrupt(str(self.path), bad.line, bad.offset, bad.why)
         self._pos = end.position
         if end.tail_bytes:
-            os.ftruncate(self._fd, end.position.offset)
-            self.hooks.fsync(self._fd)
+            # Cut the torn tail and record the cut in one durable step: a crash
+            # between the two must not lose the record of what was dropped.
             self._repair = Repair(
                 dropped_bytes=end.tail_bytes,
                 at_offset=end.position.offset,
                 last_good_seq=end.position.seq,
                 reason=end.tail_reason,
             )
-        self._synced = end.position.offset
+            os.ftruncate(self._fd, end.position.offset)
+            event = LogRepaired(
+                dropped_bytes=end.tail_bytes,
+                at_offset=end.position.offset,
+                last_good_seq=end.position.seq,
+                reason=end.tail_reason,
+            )
+            records, buf = self._builder.build(self._pos.seq, [Draft(event)])
+            self.hooks.write(self._fd, buf)
+            self.hooks.fsync(self._fd)
+            self._pos = LogPosition(
+                records[0]["seq"], self._pos.offset + len(buf), records[0]["id"]
+            )
+            yield records[0]
+        elif self.durability == "fsync" and os.fstat(self._fd).st_size:
+            # What a crashed writer left in the page cache is durable from now on,
+            # before anyone acts on it.
+            self.hooks.fsync(self._fd)
+        self._synced = self._pos.offset
         self._recovered = True
 
     def _check_position(self, after: LogPosition) -> None:
@@ -186,6 +205,8 @@ class FileEventLog(EventLog):
     def write_many(self, drafts: Sequence[Draft]) -> Pending:
         if not self._recovered:
             raise RuntimeError("recover() the log before appending to it")
+        if self._closing:
+            raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
         if self._failed is not None:
             raise LogFailed(
                 f"the log of session {self.session!r} takes no appends: {self._failed}; "
@@ -268,16 +289,20 @@ class FileEventLog(EventLog):
                 target = self._pos.offset
                 try:
                     await loop.run_in_executor(None, self.hooks.fsync, self._fd)
-                except OSError as exc:
+                except BaseException as exc:
                     # fsyncgate: after a failed fsync the kernel may have dropped the
                     # dirty pages, so a later fsync can succeed without the data.
-                    # Stop writing; a restart re-reads what is really on disk.
-                    self._failed = f"fsync failed: {exc}"
+                    # Stop writing; a restart re-reads what is really on disk. Any
+                    # other failure (cancellation, a closed executor) is the same to
+                    # the waiters: not durable. Nobody is left waiting.
+                    self._failed = f"fsync failed: {exc!r}"
                     error = LogFailed(f"{self.path}: {self._failed}")
                     for _, waiter in self._waiters:
                         if not waiter.done():
                             waiter.set_exception(error)
                     self._waiters.clear()
+                    if not isinstance(exc, Exception):
+                        raise
                     return
                 self._synced = max(self._synced, target)
                 waiting = []
@@ -292,9 +317,11 @@ class FileEventLog(EventLog):
             self._flusher = None
 
     async def close(self) -> None:
+        """Refuse new appends, wait until every written append is durable, close."""
         if self._fd < 0:
             return
-        if self._flusher is not None:
+        self._closing = True
+        while self._flusher is not None:
             await asyncio.wait([self._flusher])
         os.close(self._fd)
         self._fd = -1
@@ -305,7 +332,7 @@ class FileArtifacts(ArtifactStore):
         self.folder = folder
 
     def _path(self, ref: str) -> Path:
-        if not isinstance(ref, str) or not SHA256_REF.match(ref):
+        if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
             raise BadArtifactRef(
                 f"artifact reference {ref!r} is not valid: it must be 'sha256:' followed by "
                 "64 lowercase hex digits"
@@ -352,7 +379,7 @@ class FileArtifacts(ArtifactStore):
 
     def digests(self) -> list[str]:
         try:
-            return sorted(n for n in os.listdir(real_dir(self.folder)) if SHA256_HEX.match(n))
+            return sorted(n for n in os.listdir(real_dir(self.folder)) if SHA256_HEX.fullmatch(n))
         except FileNotFoundError:
             return []
 
@@ -493,7 +520,11 @@ class FileStore(Store):
             try:
                 os.rename(tmp, final)
             except OSError as exc:
-                raise AlreadyExists(f"session {name!r} exists already; pick another name") from exc
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise AlreadyExists(
+                        f"session {name!r} exists already; pick another name"
+                    ) from exc
+                raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

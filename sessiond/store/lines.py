@@ -131,6 +131,8 @@ def scan(
                     record = loads(body) if good else None
                 except (ValueError, IndexError):
                     record = None
+                if record.__class__ is not dict:  # a good checksum over something else
+                    record = None
                 if record is None or record.get("seq") != expected:
                     why = (
                         "checksum does not match"
@@ -153,59 +155,65 @@ def scan(
             end.tail_reason = why
         elif carry and done == len(lines):
             end.tail_bytes = len(carry)
-            end.tail_reason = "last line has no newline (torn write)"
-
-
-def has_good_line(read: Reader, offset: int) -> BadLine | None:
-    """Whether any complete good line follows the (bad) line at ``offset``; used to
-    tell a torn tail (nothing good after the bad line: a write that never finished)
-    from corruption in the middle (good lines after it: damaged at rest)."""
-    pos = offset
-    carry = b""
-    line_no = -1  # the bad line itself is line 0 and is skipped
-    while True:
-        chunk = read(CHUNK, pos)
-        if not chunk:
-            return None
-        pos += len(chunk)
-        data = carry + chunk
-        lines = data.split(b"\n")
-        carry = lines.pop()
-        for line in lines:
-            line_no += 1
-            if line_no > 0 and decode_line(line) is not None:
-                return BadLine(line=line_no, offset=pos, why="good line after a bad one")
 
 
 # A torn write is at most one batch of appends; more unreadable bytes than this at
 # the end of a log are not a torn write.
 TORN_LIMIT = 64 << 20
 TRAILER = re.compile(rb" [0-9a-f]{8}")
+# Blocks a crash left unfilled read back as zeros; a run this long is never text
+# (a flipped bit may make one NUL byte, never eight in a row).
+ZEROS = b"\0" * 8
 
 
 def classify_tail(read: Reader, end: ScanEnd, size: int) -> BadLine | None:
     """After :func:`scan` stopped: the corruption to report, or None for a torn tail
     (``end.tail_bytes`` then says how many bytes to cut).
 
-    A torn tail is what an unfinished write leaves: part of one line, or blocks
-    the file system never filled (zeros). It is told from damage at rest by what
-    follows and what it holds: a good line after the bad one, or a complete event
-    inside the bad bytes (a line whose newline was damaged), means corruption.
+    A write that never finished leaves either part of a line without its newline
+    (the newline is the last byte of every write), or blocks the file system never
+    filled (runs of zeros) — possibly with later blocks of the same unfinished
+    write after them, which were never acknowledged either. Anything else is
+    damage at rest and is reported, never cut: a complete line that fails its
+    checksum, a line with a good checksum and the wrong seq, or an unfinished last
+    line that holds a complete event (a damaged line break).
     """
     if not end.tail_bytes:
         return None
     at = end.position.offset
     line = end.position.seq + 1
-    if end.tail_bytes == -1 and has_good_line(read, at) is not None:
-        return BadLine(line=line, offset=at, why=end.tail_reason)
-    if size - at > TORN_LIMIT:
-        return BadLine(
-            line, at, f"{size - at} unreadable bytes at the end: too many for a torn write"
-        )
-    for segment in read(size - at, at).split(b"\n"):
-        if _embeds_event(segment):
-            return BadLine(line, at, "a complete event is damaged (its line break or neighbour)")
+    first = _first_segment(read, at)
+    if first is None:
+        return BadLine(line, at, f"more than {TORN_LIMIT} unreadable bytes: not a torn write")
+    if ZEROS in first:
+        end.tail_bytes = size - at
+        end.tail_reason = "zero-filled blocks: a write the crash left unfinished"
+        return None
+    if first.endswith(b"\n"):
+        return BadLine(line, at, end.tail_reason or "the line fails its checksum")
+    if _embeds_event(first):
+        return BadLine(line, at, "a complete event is damaged (its line break or neighbour)")
     end.tail_bytes = size - at
+    end.tail_reason = end.tail_reason or "last line has no newline (torn write)"
+    return None
+
+
+def _first_segment(read: Reader, offset: int) -> bytes | None:
+    """The bytes from ``offset`` through the next newline (or to the end of the file)."""
+    parts: list[bytes] = []
+    pos = offset
+    total = 0
+    while total <= TORN_LIMIT:
+        chunk = read(min(CHUNK, TORN_LIMIT + 1 - total), pos)
+        if not chunk:
+            return b"".join(parts)
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            parts.append(chunk[: newline + 1])
+            return b"".join(parts)
+        parts.append(chunk)
+        pos += len(chunk)
+        total += len(chunk)
     return None
 
 

@@ -111,7 +111,7 @@ class MemoryArtifacts(ArtifactStore):
         self._blobs = blobs
 
     def _digest(self, ref: str) -> str:
-        if not isinstance(ref, str) or not SHA256_REF.match(ref):
+        if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
             raise BadArtifactRef(f"artifact reference {ref!r} is not 'sha256:<64 hex>'")
         return ref[7:]
 

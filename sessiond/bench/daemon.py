@@ -1,0 +1,184 @@
+"""Benchmarks of the daemon as a process: RPC latency, ps, start-up, memory, sessionctl."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sessiond.codec import frame
+from sessiond.event_data import EventData, MessageReceived, SessionCreated
+from sessiond.spec import parse_spec, spec_to_toml
+from sessiond.store.base import Draft
+from sessiond.store.lines import RecordBuilder
+
+BIN = Path(sys.executable).parent
+
+
+def write_sessions(state_dir: Path, count: int, events: int) -> None:
+    """``count`` sessions of ``events`` events each, written straight to disk (setup
+    only: the daemon reads them as it would after any restart)."""
+    sessions = state_dir / "sessions"
+    sessions.mkdir(parents=True, mode=0o700)
+    for i in range(count):
+        name = f"s{i:05d}"
+        folder = sessions / name
+        folder.mkdir(mode=0o700)
+        (folder / "artifacts").mkdir(mode=0o700)
+        (folder / "snapshots").mkdir(mode=0o700)
+        spec = parse_spec(
+            f'name = "{name}"\ngoal = "benchmark session {i}"\nagent = "a{i % 10}"\n',
+            base=folder,
+        )
+        (folder / "spec.toml").write_text(spec_to_toml(spec))
+        payloads: list[EventData] = [SessionCreated(name=name, goal=spec.goal, agent=spec.agent)]
+        payloads += [
+            MessageReceived(sender="bench", text=f"message {n}") for n in range(events - 1)
+        ]
+        records, _ = RecordBuilder(name, time.time_ns).build(0, [Draft(p) for p in payloads])
+        with open(folder / "events.jsonl", "wb") as f:
+            f.write(b"".join(frame(orjson.dumps(r)) for r in records))
+
+
+class BenchDaemon:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state_dir = root / "state"
+        self.socket = root / "s.sock"
+        self.config = root / "sessiond.toml"
+        self.config.write_text('log_format = "json"\nlog_level = "info"\n')
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready = threading.Event()
+
+    def start(self) -> float:
+        """Start; seconds until the daemon logged that it serves."""
+        self.ready.clear()
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "sessiond"),
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state_dir),
+                "--socket",
+                str(self.socket),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")},
+        )
+        threading.Thread(target=self._watch, daemon=True).start()
+        if not self.ready.wait(300) or self.proc.poll() is not None:
+            raise RuntimeError("the benchmark daemon did not start")
+        return time.perf_counter() - started
+
+    def _watch(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            if b'"daemon.ready"' in raw:
+                self.ready.set()
+        self.ready.set()
+
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(120)
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def rpc_latencies_ms(path: Path, method: str, count: int) -> list[float]:
+    """Round trips of one method on one open connection."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    request = orjson.dumps({"id": 1, "method": method, "params": {}}) + b"\n"
+    times = []
+    buf = b""
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            sock.sendall(request)
+            while b"\n" not in buf:
+                buf += sock.recv(1 << 20)
+            _, buf = buf.split(b"\n", 1)
+            times.append((time.perf_counter() - start) * 1000)
+    finally:
+        sock.close()
+    return times
+
+
+def sessionctl_ms(path: Path, args: list[str], repeats: int) -> float:
+    """Median wall time of a whole `sessionctl` process."""
+    env = {**os.environ, "SESSIOND_SOCKET": str(path)}
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(
+            [str(BIN / "sessionctl"), *args], env=env, check=True, stdout=subprocess.DEVNULL
+        )
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    big = 10_000
+
+    root = work / "ps300"
+    root.mkdir()
+    write_sessions(root / "state", 300, 20)
+    d = BenchDaemon(root)
+    try:
+        d.start()
+        say("measuring rpc_ping_p50_ms, sessionctl_ps_300_ms ...")
+        results["rpc_ping_p50_ms"] = round(
+            statistics.median(rpc_latencies_ms(d.socket, "ping", 2000)), 3
+        )
+        results["sessionctl_ps_300_ms"] = round(
+            sessionctl_ms(d.socket, ["ps", "--json"], 10 if quick else 30), 1
+        )
+        results["sessionctl_ping_ms"] = round(
+            sessionctl_ms(d.socket, ["ping"], 10 if quick else 30), 1
+        )
+    finally:
+        d.stop()
+    shutil.rmtree(root)
+
+    say(f"writing {big} sessions of 100 events ...")
+    root = work / "big"
+    root.mkdir()
+    write_sessions(root / "state", big, 100)
+    d = BenchDaemon(root)
+    try:
+        say("measuring startup_10k_cold_s (no snapshots) ...")
+        results["startup_10k_cold_s"] = round(d.start(), 2)
+        d.stop()  # a clean stop snapshots every session
+        say("measuring startup_10k_s, ps_10k_ms, daemon_rss_10k_mb ...")
+        results["startup_10k_s"] = round(d.start(), 2)
+        results["daemon_rss_10k_mb"] = round(d.rss_mb(), 1)
+        results["ps_10k_ms"] = round(
+            statistics.median(rpc_latencies_ms(d.socket, "ps", 5 if quick else 15)), 1
+        )
+    finally:
+        d.stop()
+    shutil.rmtree(root)
+    return results
