@@ -170,3 +170,30 @@ def test_something_that_is_not_a_bundle_says_so(tmp_path: Path) -> None:
         read_bundle(path)
     with pytest.raises(BadBundle, match="cannot read bundle"):
         read_bundle(tmp_path / "missing.bundle")
+
+
+def test_a_bad_session_name_in_the_manifest_creates_nothing(
+    exported: tuple[FileStore, Path],
+) -> None:
+    store, bundle = exported
+
+    def evil_name(m: dict[str, bytes]) -> None:
+        manifest = orjson.loads(m["manifest.json"])
+        manifest["session"] = "../../evil"
+        m["manifest.json"] = orjson.dumps(manifest)
+
+    _rewrite(bundle, evil_name)
+    with pytest.raises(BadBundle, match="not allowed"):
+        arun(import_session(store, bundle, name="copy"))
+    assert store.names() == ["alpha"]
+
+
+def test_names_and_refs_with_a_trailing_newline_are_refused() -> None:
+    from sessiond.errors import BadName
+    from sessiond.event_data import ArtifactRef
+    from sessiond.names import check_name
+
+    with pytest.raises(BadName):
+        check_name("abc\n")
+    with pytest.raises(ValueError, match="sha256"):
+        ArtifactRef(ref="sha256:" + "a" * 64 + "\n", name="x", size=1)

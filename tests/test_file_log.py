@@ -321,3 +321,100 @@ def test_an_interrupted_create_leaves_no_session(state_dir: Path) -> None:
         arun(store.create("s", lines=bad_lines()))
     assert store.names() == []
     assert os.listdir(store.sessions_dir) == []
+
+
+def test_a_bad_last_line_that_is_complete_is_corruption_not_a_tear(state_dir: Path) -> None:
+    store = FileStore(state_dir)
+    _write_session(store, "s", 1)
+    path = store.log_path("s")
+    lines = path.read_bytes().splitlines(keepends=True)
+    flipped = bytearray(lines[-1])
+    flipped[20] ^= 0x04
+    for damaged in (b"".join([*lines[:-1], bytes(flipped)]), b"".join([*lines, lines[-1]])):
+        path.write_bytes(damaged)
+        with pytest.raises(LogCorrupt):
+            list(store.read("s"))
+        with pytest.raises(LogCorrupt):
+            arun(Journal.open(store, "s"))
+        assert path.read_bytes() == damaged  # never cut
+
+
+def test_zeroed_blocks_of_an_unfinished_batch_are_cut_with_what_follows(state_dir: Path) -> None:
+    store = FileStore(state_dir)
+    records = _write_session(store, "s", 2)
+    path = store.log_path("s")
+    raw = path.read_bytes()
+    keep = raw.index(b"\n", len(raw) // 2) + 1  # a complete prefix
+    kept_lines = raw[:keep].count(b"\n")
+    # A power cut lost the first block of the next batch but kept a later one.
+    damaged = raw[:keep] + b"\0" * 512 + raw[keep + 512 :]
+    path.write_bytes(damaged)
+    journal = arun(Journal.open(store, "s"))
+    assert journal.state.repairs[0]["dropped_bytes"] == len(damaged) - keep
+    arun(journal.close())
+    assert list(store.read("s", upto=kept_lines)) == records[:kept_lines]
+
+
+def test_the_repair_is_recorded_in_the_same_durable_step_as_the_cut(state_dir: Path) -> None:
+    store = FileStore(state_dir)
+    _write_session(store, "s", 1)
+    with open(store.log_path("s"), "ab") as f:
+        f.write(b'{"v":1,"torn')
+
+    async def open_and_crash() -> None:
+        log = await store.open_log("s")
+        list(log.recover())  # cut and recorded; then the process "dies": no close, no append
+        os.close(log._fd)
+
+    arun(open_and_crash())
+    last = list(store.read("s"))[-1]
+    assert last["type"] == "log.repaired"
+    assert last["data"]["dropped_bytes"] == 12
+
+
+def test_an_append_racing_close_is_refused_clearly_never_left_hanging(state_dir: Path) -> None:
+    store = FileStore(state_dir)
+
+    async def go() -> None:
+        log = await store.create("s")
+        first = asyncio.ensure_future(log.append(LifecycleChanged(to="ready")))
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(log.close())
+        await asyncio.sleep(0)
+        with pytest.raises(LogFailed, match="is closed"):
+            await log.append(LifecycleChanged(to="sleeping"))
+        await asyncio.wait_for(asyncio.gather(first, closing), 10)
+        assert first.result()["seq"] == 1
+
+    arun(go())
+    assert [r["seq"] for r in store.read("s")] == [1]
+
+
+def test_snapshots_never_run_ahead_of_what_is_durable(state_dir: Path) -> None:
+    import time
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.01)
+        os.fsync(fd)
+
+    store = FileStore(state_dir, hooks=IOHooks(fsync=slow_fsync))
+
+    async def go() -> None:
+        await (await store.create("s")).close()
+        journal = await Journal.open(store, "s", snapshot_every=3)
+        saved: list[tuple[int, int]] = []
+        original = journal.snapshots.save
+
+        def spy(snapshot: Any) -> None:
+            saved.append((snapshot.position.offset, journal.log.synced_offset))  # type: ignore[attr-defined]
+            original(snapshot)
+
+        journal.snapshots.save = spy  # type: ignore[method-assign]
+        await asyncio.gather(
+            *(journal.append(MessageReceived(sender="w", text=str(i))) for i in range(60))
+        )
+        await journal.close()
+        assert saved
+        assert all(offset <= synced for offset, synced in saved)
+
+    arun(go())

@@ -154,3 +154,15 @@ def test_repair_leaves_a_log_held_by_a_running_writer_alone(
     done = arun(hold_and_check())
     assert done.returncode == 1
     assert "not repaired: the log is open by a running daemon" in done.stdout
+
+
+def test_a_planted_symlink_is_a_problem_not_a_crash(
+    populated: FileStore, state_dir: Path, tmp_path: Path
+) -> None:
+    log = populated.log_path("alpha")
+    target = tmp_path / "elsewhere.jsonl"
+    log.rename(target)
+    log.symlink_to(target)
+    code, report = fsck_json(state_dir)
+    assert code == 1
+    assert [(p["session"], p["kind"]) for p in report["problems"]] == [("alpha", "unreadable")]
