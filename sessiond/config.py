@@ -86,7 +86,7 @@ class DaemonConfig(_Strict):
     max_output_bytes: int = Field(default=16 << 20, ge=1024)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    access: AccessConfig = AccessConfig()
+    access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
     source: Path | None = None  # the file read, for messages; not a key
 

@@ -165,7 +165,7 @@ async def demo(state_dir: Path) -> None:
         "open_calls": len(s.calls),
         "last_observation": s.last_observation and s.last_observation["text"],
         "file_hashes": {k: (v or "")[:12] for k, v in s.file_hashes.items()},
-        "mailbox": [f"{m['sender']}: {m['text']}" for m in s.mailbox],
+        "unread_messages": len(s.mailbox),
         "stable_point": s.at_stable_point(),
     }
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())

@@ -122,17 +122,22 @@ class Journal:
             await self.snapshot()
         return pending.records
 
-    async def snapshot(self) -> None:
-        """Write a snapshot of the state now (in a worker thread), once it is durable."""
+    async def take_snapshot(self) -> Snapshot | None:
+        """The state as a snapshot, once it is durable; None if nothing is new."""
         position = self.log.position
         if position.seq != self.state.seq or position.seq == self._snapshot_seq:
-            return
+            return None
         await self.log.sync(Pending([], position))
         # Serialise here, in the loop, so the state cannot change underneath.
         state = orjson.loads(orjson.dumps(self.state))
-        snap = Snapshot(REDUCER_VERSION, self.session, position, state)
         self._snapshot_seq = position.seq
-        await asyncio.get_running_loop().run_in_executor(None, self.snapshots.save, snap)
+        return Snapshot(REDUCER_VERSION, self.session, position, state)
+
+    async def snapshot(self) -> None:
+        """Write a snapshot of the state now (in a worker thread), once it is durable."""
+        snap = await self.take_snapshot()
+        if snap is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.snapshots.save, snap)
 
     async def close(self) -> None:
         await self.log.close()

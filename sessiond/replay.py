@@ -136,6 +136,7 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
             del s.runs_by_day[old]
     s.tool_calls_this_run = 0
     s.pending_wakes = []
+    s.mailbox = []  # delivered: the run sees them in its context
     s.budget_exhausted = None
     s.last_active = r["ts"]
 
@@ -152,7 +153,7 @@ def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 def _message(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.messages_received += 1
-    s.mailbox.append({"seq": r["seq"], "ts": r["ts"], "sender": d["sender"], "text": d["text"]})
+    s.mailbox.append(r["seq"])
     if len(s.mailbox) > MAILBOX_KEEP:
         del s.mailbox[0]
     _say(s, r, d["role"], "message", d["text"], sender=d["sender"])

@@ -204,10 +204,11 @@ class SessionSpec(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     redact: list[str] = Field(default_factory=list)
     run: RunSpec | None = None
-    budget: BudgetSpec = BudgetSpec()
-    bind: BindSpec = BindSpec()
-    policy: PolicySpec = PolicySpec()
-    limits: LimitsSpec = LimitsSpec()
+    # factories, not shared instances: pydantic would deep-copy a model default
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    bind: BindSpec = Field(default_factory=BindSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
     compact: CompactSpec | None = None
     trigger: list[TriggerSpec] = Field(default_factory=list)
 

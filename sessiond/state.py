@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
-REDUCER_VERSION = 1
+REDUCER_VERSION = 2
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
@@ -97,7 +97,9 @@ class State:
     # evidence and context
     artifacts_seen: int = 0
     messages_received: int = 0
-    mailbox: list[dict[str, Any]] = field(default_factory=list)  # the last MAILBOX_KEEP
+    # seqs of messages received since the last run started (the last MAILBOX_KEEP);
+    # their text is in the transcript (and the log)
+    mailbox: list[int] = field(default_factory=list)
     # What the messages view shows, in seq order, with compacted ranges already
     # replaced by their summary (the log keeps the originals).
     transcript: list[dict[str, Any]] = field(default_factory=list)
@@ -158,8 +160,10 @@ class State:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> State:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
+        unknown = data.keys() - _FIELDS
         if unknown:
             raise ValueError(f"snapshot state has unknown fields {sorted(unknown)}")
         return cls(**data)
+
+
+_FIELDS = frozenset(f.name for f in fields(State))

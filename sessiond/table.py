@@ -8,7 +8,9 @@ blocked with the reason, so an operator sees it; nothing is appended to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,9 +27,12 @@ from sessiond.names import check_name
 from sessiond.runner import Program
 from sessiond.spec import BadSpec, SessionSpec, parse_spec
 from sessiond.store.base import Draft, Record
+from sessiond.store.durable import write_all
 from sessiond.store.files import FileStore
 
 log = structlog.get_logger(__name__)
+
+SPEC_CACHE = "spec.cache.json"
 
 
 @dataclass
@@ -132,7 +137,7 @@ class Table:
         spec = None
         if spec_text is not None:
             try:
-                spec = parse_spec(spec_text, base=Path("/"), source=f"{name}/spec.toml")
+                spec = self._parse_stored_spec(name, spec_text)
             except BadSpec as exc:
                 log.error("spec.unreadable", session=name, error=str(exc))
         try:
@@ -150,15 +155,43 @@ class Table:
             return Session(name, None, spec, spec_text, broken=str(exc))
         return Session(name, journal, spec, spec_text)
 
+    def _parse_stored_spec(self, name: str, text: str) -> SessionSpec:
+        """A session's stored spec, through a cache beside it (``spec.cache.json``):
+        parsing TOML and validating costs more than loading the session's snapshot,
+        and start-up does it for every session. The cache is keyed by the spec's
+        hash, so an edited spec.toml is always parsed again."""
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        cache = self.store.sessions_dir / name / SPEC_CACHE
+        try:
+            raw = cache.read_bytes()
+            if raw[:64].decode() == digest:
+                return SessionSpec.model_validate_json(raw[65:])
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass
+        spec = parse_spec(text, base=Path("/"), source=f"{name}/spec.toml")
+        # A cache needs no fsync: a torn one fails validation and is rebuilt.
+        with contextlib.suppress(OSError):
+            tmp = cache.with_name(f".{SPEC_CACHE}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                write_all(fd, digest.encode() + b"\n" + spec.model_dump_json().encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, cache)
+        return spec
+
     async def load(self) -> None:
         for name in self.store.names():
             self.adopt(await self.open_session(name))
 
     async def close(self) -> None:
-        for session in self.sessions.values():
-            if session.journal is not None:
-                await session.journal.snapshot()
-                await session.journal.close()
+        """Snapshot every session that moved since its last snapshot (so the next
+        start-up replays nothing), then close every log."""
+        journals = [s.journal for s in self.sessions.values() if s.journal is not None]
+        snapshots = [snap for j in journals if (snap := await j.take_snapshot()) is not None]
+        await asyncio.get_running_loop().run_in_executor(None, self.store.save_snapshots, snapshots)
+        for journal in journals:
+            await journal.close()
 
 
 def file_hash(path: Path) -> str | None:

@@ -270,16 +270,23 @@ def test_compaction_replaces_a_range_of_the_transcript() -> None:
         "m6",
     ]
     assert s.compactions == 2
-    assert s.mailbox[-1]["text"] == "m6"  # the mailbox is history, not context
+    assert s.mailbox == [1, 2, 3, 4, 5, 6]  # unread seqs: compaction changes context only
 
 
 def test_the_state_stays_bounded_however_long_the_session() -> None:
     store = MemoryStore()
-    drafts = [Draft(MessageReceived(sender="u", text=str(i))) for i in range(MAILBOX_KEEP + 50)]
-    drafts += [
-        Draft(RunStarted(run=f"r{i}")) for i in range(3)
-    ]  # same day: one bucket of runs_by_day
+    drafts = [Draft(RunStarted(run=f"r{i}")) for i in range(3)]  # one day: one bucket
+    drafts += [Draft(MessageReceived(sender="u", text=str(i))) for i in range(MAILBOX_KEEP + 50)]
     s = replay_all("s", arun(_log_of(store, drafts)))
     assert len(s.mailbox) == MAILBOX_KEEP
+    assert s.mailbox[-1] == 3 + MAILBOX_KEEP + 50
     assert s.messages_received == MAILBOX_KEEP + 50
     assert sum(s.runs_by_day.values()) == 3
+
+
+def test_a_run_takes_delivery_of_the_mailbox() -> None:
+    store = MemoryStore()
+    drafts = [Draft(MessageReceived(sender="u", text="one")), Draft(RunStarted(run="r1"))]
+    drafts.append(Draft(MessageReceived(sender="u", text="two")))
+    s = replay_all("s", arun(_log_of(store, drafts)))
+    assert s.mailbox == [3]

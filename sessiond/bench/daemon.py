@@ -15,13 +15,54 @@ from typing import Any
 
 import orjson
 
+from sessiond.bench import storage
 from sessiond.codec import frame
-from sessiond.event_data import EventData, MessageReceived, SessionCreated
+from sessiond.event_data import (
+    LifecycleChanged,
+    MessageReceived,
+    RunFinished,
+    RunStarted,
+    SessionCreated,
+    WakeRequested,
+)
 from sessiond.spec import parse_spec, spec_to_toml
 from sessiond.store.base import Draft
 from sessiond.store.lines import RecordBuilder
 
 BIN = Path(sys.executable).parent
+
+
+def session_events(name: str, goal: str, agent: str, events: int) -> list[Draft]:
+    """What a session that has done some work holds: its creation, runs woken by
+    messages, tool calls (intent, policy, started, finished, observation), then
+    sleep — ``events`` of them in all."""
+    drafts: list[Draft] = [
+        Draft(SessionCreated(name=name, goal=goal, agent=agent)),
+        Draft(LifecycleChanged(from_state="created", to="sleeping", reason="armed")),
+    ]
+    run = 0
+    while True:
+        run += 1
+        cycle = [
+            Draft(MessageReceived(sender="bench", text=f"please do task {run}")),
+            Draft(WakeRequested(trigger="message")),
+            Draft(LifecycleChanged(from_state="sleeping", to="running", reason="message")),
+            Draft(RunStarted(run=f"r{run}", pid=1000 + run)),
+        ]
+        for call in range(3):
+            cycle += storage.tool_call(run * 10 + call)
+        cycle += [
+            Draft(RunFinished(run=f"r{run}", status="ok", exit_code=0, duration_ms=1500)),
+            Draft(LifecycleChanged(from_state="running", to="sleeping", reason="done")),
+        ]
+        if len(drafts) + len(cycle) > events:
+            break
+        drafts += cycle
+    # Whole runs only (sleeping at the end, as after a clean stop), topped up
+    # with messages that arrived since.
+    while len(drafts) < events:
+        drafts.append(Draft(MessageReceived(sender="bench", text="later")))
+    return drafts
 
 
 def write_sessions(state_dir: Path, count: int, events: int) -> None:
@@ -40,13 +81,11 @@ def write_sessions(state_dir: Path, count: int, events: int) -> None:
             base=folder,
         )
         (folder / "spec.toml").write_text(spec_to_toml(spec))
-        payloads: list[EventData] = [SessionCreated(name=name, goal=spec.goal, agent=spec.agent)]
-        payloads += [
-            MessageReceived(sender="bench", text=f"message {n}") for n in range(events - 1)
-        ]
-        records, _ = RecordBuilder(name, time.time_ns).build(0, [Draft(p) for p in payloads])
+        drafts = session_events(name, spec.goal, spec.agent, events)
+        records, _ = RecordBuilder(name, time.time_ns).build(0, drafts)
         with open(folder / "events.jsonl", "wb") as f:
             f.write(b"".join(frame(orjson.dumps(r)) for r in records))
+    os.sync()  # on disk, as a daemon's own appends would be
 
 
 class BenchDaemon:
