@@ -175,11 +175,15 @@ class FileEventLog(EventLog):
                 records[0]["seq"], self._pos.offset + len(buf), records[0]["id"]
             )
             yield records[0]
-        elif self.durability == "fsync" and self.sync_on_recover:
+        elif self.durability == "fsync" and self.sync_on_recover and self._pos.offset:
             # What a crashed writer left in the page cache is durable from now on,
-            # before anyone acts on it. (Skipped after a clean shutdown, which
-            # left nothing unsynced.)
-            self.hooks.fsync(self._fd)
+            # before anyone acts on it. (The daemon syncs the whole file system
+            # once instead, and sets sync_on_recover False.)
+            try:
+                self.hooks.fsync(self._fd)
+            except OSError as exc:
+                self._failed = f"fsync failed: {exc}"
+                raise LogFailed(f"{self.path}: {self._failed}") from exc
         self._synced = self._pos.offset
         self._recovered = True
 
