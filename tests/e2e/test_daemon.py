@@ -297,3 +297,26 @@ def test_log_follow_streams_new_events_of_one_or_all_sessions() -> None:
                 follower.stdout.close()
         record = wait_event(d, "notes", "message.received")
         assert record["data"]["text"] == "streamed"
+
+
+def test_the_shipped_configuration_and_example_sessions_work() -> None:
+    """What `make run` starts: config/sessiond.toml with config/sessions/*.toml."""
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.config = Path(__file__).parents[2] / "config" / "sessiond.toml"
+        d.start()
+        rows = {r["name"]: r for r in d.json("ps")}
+        assert rows["hello"]["state"] == "sleeping"
+        assert rows["hello"]["next_wake"] == "on message"
+        assert rows["notes"]["state"] == "created"
+        d.ctl("activate", "hello", check=True)
+        finished = wait_event(d, "hello", "run.finished")
+        digest = finished["data"]["stdout"]["ref"].removeprefix("sha256:")
+        out = (d.state_dir / "sessions" / "hello" / "artifacts" / digest).read_text()
+        assert out.startswith("hello from hello run r1\nwoken by: ")
+        assert '"trigger":"manual"' in out
+        d.ctl("migrate", "notes", "--profile", "large", check=True)
+        assert d.stop() == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
