@@ -418,3 +418,16 @@ def test_snapshots_never_run_ahead_of_what_is_durable(state_dir: Path) -> None:
         assert all(offset <= synced for offset, synced in saved)
 
     arun(go())
+
+
+def test_a_checksummed_line_that_is_not_an_event_object_is_corruption(state_dir: Path) -> None:
+    from sessiond.codec import frame
+
+    store = FileStore(state_dir)
+    _write_session(store, "s", 1)
+    path = store.log_path("s")
+    lines = path.read_bytes().splitlines(keepends=True)
+    for odd in (frame(b"[1,2]"), frame(b'{"no":"seq"}'), frame(b'"text"')):
+        path.write_bytes(b"".join([lines[0], odd, *lines[1:]]))
+        with pytest.raises(LogCorrupt, match="line 2"):
+            list(store.read("s"))

@@ -129,11 +129,11 @@ def scan(
                 try:
                     good = line[-9] == 0x20 and crc32(body) == int(line[-8:], 16)
                     record = loads(body) if good else None
-                except (ValueError, IndexError):
-                    record = None
-                if record.__class__ is not dict:  # a good checksum over something else
-                    record = None
-                if record is None or record.get("seq") != expected:
+                    # not a dict (a good checksum over something else): TypeError
+                    in_order = record is not None and record["seq"] == expected
+                except (ValueError, IndexError, TypeError, KeyError):
+                    record, in_order = None, False
+                if not in_order:
                     why = (
                         "checksum does not match"
                         if record is None
