@@ -153,6 +153,9 @@ class Daemon:
     async def _recover_cut_off_runs(self) -> None:
         """A session found running was cut off by a crash: record it, stop leftovers."""
         for s in self.table:
+            if s.journal is not None and s.state == "ready":
+                # It passed a gate but never started: start over, through the gate.
+                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": "was ready"}))
             if s.journal is None or s.state != "running":
                 continue
             current = s.j.state.current_run or {}
@@ -167,8 +170,10 @@ class Daemon:
                 await self.table.append(
                     s, RunFinished(run=current["run"], status="lost", error=note)
                 )
-            await self.kernel._transition(s, "blocked", why="recover", reason=note)
+            await self.kernel._transition(s, "sleeping", why="recover", reason=note)
             log.warning("session.cut_off", session=s.name, reason=note)
+            # A restart is a continuation like any other: replay, gate, then run.
+            self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": note}))
 
     async def sync_specs(self) -> dict[str, Any]:
         """Create sessions for new spec files, update changed ones, never drop one."""
@@ -236,7 +241,7 @@ class Daemon:
         async def stop_one(s: Session) -> None:
             try:
                 await asyncio.wait_for(
-                    self.kernel._stop_run(s, "shutdown"), self.config.shutdown_grace + 5
+                    self.kernel.stop_run(s, "shutdown"), self.config.shutdown_grace + 5
                 )
             except Exception:  # record what we can for the others
                 log.exception("stop.failed", session=s.name)

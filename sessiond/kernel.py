@@ -27,30 +27,35 @@ from sessiond.event_data import (
     BindingObserved,
     LifecycleChanged,
     MessageReceived,
-    RunFinished,
-    RunStarted,
+    ObservationProjected,
+    RecoveryResolved,
     SessionCreated,
     SessionMerged,
     SessionMigrated,
+    ToolFinished,
     WakeRequested,
 )
 from sessiond.lineage import fork as fork_log
-from sessiond.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.runs import Runs, workspace_hasher
+from sessiond.sdk_calls import RunGrant, SdkCalls
 from sessiond.spec import SessionSpec, parse_spec, spec_to_toml
-from sessiond.store.base import Record
-from sessiond.table import Run, Session, Table, file_hash
+from sessiond.store.base import Draft, Record
+from sessiond.table import Session, Table, file_hash
 from sessiond.views import detail, gate_report, replay_view
 
 log = structlog.get_logger(__name__)
 
 
-class Kernel:
+class Kernel(SdkCalls, Runs):
     def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
         self.config = config
         self.table = table
         self.store = table.store
         self.env = env
         self.runtime_dir = config.state_dir / "runtime"
+        self.retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self.background: set[asyncio.Task[Any]] = set()
+        self.tokens: dict[str, RunGrant] = {}
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -171,161 +176,15 @@ class Kernel:
                     "messages, forked, merged and compacted"
                 )
             wake = await self.table.append(s, WakeRequested(trigger="manual"))
-            await self._start(s, wake)
+            await self.proceed(s, wake)
         return detail(s)
-
-    async def wake(self, s: Session, trigger: str, details: dict[str, Any]) -> Record:
-        """Record a wake; run now if the session is idle and has a program."""
-        async with s.lock:
-            record = await self.table.append(s, WakeRequested(trigger=trigger, details=details))
-            idle = s.state in ("created", "sleeping", "ready") and s.run is None
-            if idle and s.spec is not None and s.spec.run is not None:
-                await self._start(s, record)
-        return record
-
-    async def _start(self, s: Session, cause: Record) -> None:
-        """ready → running: start the program (the caller holds s.lock)."""
-        spec = s.spec
-        assert spec is not None
-        assert spec.run is not None
-        if s.state != "ready":
-            await self._transition(s, "ready", why="start", reason=cause["data"]["trigger"])
-        state = s.j.state
-        run_id = f"r{state.runs + 1}"
-        wakes = [
-            {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
-            for w in state.pending_wakes
-        ] or [{"trigger": cause["data"]["trigger"], "details": cause["data"]["details"]}]
-        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        wake_file = self.runtime_dir / f"{s.name}.{run_id}.wake.json"
-        profile = self.config.profiles.get(spec.run.profile) or self.config.profiles["default"]
-        env = program_env(
-            self.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
-        )
-        program = Program(
-            spec, env=env, max_output=self.config.max_output_bytes, grace=self.config.stop_grace
-        )
-        await self._transition(s, "running", why="run", reason=cause["data"]["trigger"])
-        try:
-            pid = await program.start()
-        except OSError as exc:
-            await self.table.append(
-                s,
-                RunFinished(run=run_id, status="failed", error=f"could not start: {exc}"),
-            )
-            await self._after_run(s, "failed", f"could not start {spec.run.exec[0]!r}: {exc}")
-            return
-        await self.table.append(
-            s,
-            RunStarted(
-                run=run_id,
-                kind=spec.run.kind,
-                pid=pid,
-                pgid=pid,
-                proc_start=proc_start_time(pid),
-                profile=spec.run.profile,
-                wakes=tuple(wakes),
-            ),
-            causation=cause["id"],
-        )
-        s.run = Run(run_id, pid, time.time(), program)
-        s.run.task = asyncio.create_task(self._supervise(s, program, run_id, wake_file))
-        log.info("run.started", session=s.name, run=run_id, pid=pid)
-
-    async def _supervise(self, s: Session, program: Program, run_id: str, wake_file: Path) -> None:
-        outcome = await program.wait()
-        async with s.lock:
-            try:
-                await self._finish(s, run_id, outcome)
-            finally:
-                s.run = None
-                wake_file.unlink(missing_ok=True)
-            if s.state == "sleeping" and s.j.state.pending_wakes:
-                # Wakes that came while it ran: one follow-up run carries them all.
-                await self._start(s, {"id": None, "data": {"trigger": "follow-up", "details": {}}})
-
-    async def _finish(self, s: Session, run_id: str, outcome: Outcome) -> None:
-        artifacts = self.store.artifacts(s.name)
-        loop = asyncio.get_running_loop()
-        refs: list[ArtifactRef | None] = []
-        for name, data in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
-            refs.append(
-                await loop.run_in_executor(None, artifacts.put, data, name, "text/plain")
-                if data
-                else None
-            )
-        truncated = []
-        if outcome.stdout_total > len(outcome.stdout):
-            truncated.append(f"stdout cut at {len(outcome.stdout)} of {outcome.stdout_total} bytes")
-        if outcome.stderr_total > len(outcome.stderr):
-            truncated.append(f"stderr cut at {len(outcome.stderr)} of {outcome.stderr_total} bytes")
-        await self.table.append(
-            s,
-            RunFinished(
-                run=run_id,
-                status=outcome.status,
-                exit_code=outcome.exit_code,
-                signal=outcome.signal,
-                duration_ms=outcome.duration_ms,
-                stdout=refs[0],
-                stderr=refs[1],
-                error="; ".join(truncated),
-            ),
-        )
-        log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
-        stop = s.run.stop_requested if s.run else None
-        if stop == "cancel":
-            await self._transition(
-                s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
-            )
-        elif stop == "suspend":
-            await self._transition(s, "suspended", why="suspend", reason="suspended by request")
-        elif stop in ("interrupt", "shutdown"):
-            why = "interrupted" if stop == "interrupt" else "interrupted by daemon shutdown"
-            await self._transition(s, "sleeping", why="interrupt", reason=why)
-        elif stop in ("merge", "migrate"):
-            pass  # the caller terminates it
-        else:
-            code = outcome.exit_code
-            detail_text = (
-                "exit 0"
-                if outcome.status == "ok"
-                else f"{outcome.status}" + (f" (exit {code})" if code is not None else "")
-            )
-            await self._after_run(s, outcome.status, detail_text)
-
-    async def _after_run(self, s: Session, status: str, text: str) -> None:
-        has_triggers = s.spec is not None and s.spec.has_triggers
-        if status == "ok":
-            if has_triggers:
-                await self._transition(s, "sleeping", why="sleep", reason=f"last run: {text}")
-            else:
-                await self._transition(
-                    s, "terminated", why="complete", reason=f"done: {text}", outcome="completed"
-                )
-        elif has_triggers:
-            await self._transition(s, "sleeping", why="sleep", reason=f"last run failed: {text}")
-        else:
-            await self._transition(
-                s, "terminated", why="fail", reason=f"run failed: {text}", outcome="failed"
-            )
-
-    async def _stop_run(self, s: Session, why: str) -> None:
-        """Ask a running program to stop (SIGTERM, then SIGKILL after the grace) and
-        wait until its run is recorded. The caller must not hold s.lock."""
-        run = s.run
-        if run is None or run.task is None:
-            return
-        run.stop_requested = why
-        await run.program.stop(why)
-        await asyncio.shield(run.task)
 
     # --- lifecycle syscalls -----------------------------------------------------------------
 
     async def suspend(self, name: str) -> dict[str, Any]:
         s = self.table.get(name)
         if s.state == "running":
-            await self._stop_run(s, "suspend")
+            await self.stop_run(s, "suspend")
             return detail(s)
         async with s.lock:
             await self._transition(s, "suspended", why="suspend", reason="suspended by request")
@@ -339,7 +198,7 @@ class Kernel:
             pending = s.j.state.pending_wakes
             await self._transition(s, "sleeping", why="resume", reason="resumed")
             if pending and s.spec is not None and s.spec.run is not None:
-                await self._start(s, {"id": None, "data": {"trigger": "resume", "details": {}}})
+                await self.proceed(s, None)
         return detail(s)
 
     async def interrupt(self, name: str) -> dict[str, Any]:
@@ -349,13 +208,13 @@ class Kernel:
                 f"cannot interrupt session {name!r}: it is {s.state}, and only a running "
                 "session can be interrupted"
             )
-        await self._stop_run(s, "interrupt")
+        await self.stop_run(s, "interrupt")
         return detail(s)
 
     async def cancel(self, name: str) -> dict[str, Any]:
         s = self.table.get(name)
         if s.state == "running" and s.run is not None:
-            await self._stop_run(s, "cancel")
+            await self.stop_run(s, "cancel")
             return detail(s)
         async with s.lock:
             await self._transition(
@@ -421,7 +280,7 @@ class Kernel:
         if parent.state == "terminated":
             raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
         if child.state == "running":
-            await self._stop_run(child, "merge")
+            await self.stop_run(child, "merge")
         cs = child.j.state
         text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
         text = text or f"{child.name} finished at seq {cs.seq}"
@@ -486,7 +345,7 @@ class Kernel:
 
         lifecycle.check(s.name, s.state, "terminated", "migrate")
         if s.state == "running":
-            await self._stop_run(s, "migrate")
+            await self.stop_run(s, "migrate")
         outbox = self.config.state_dir / "outbox"
         outbox.mkdir(mode=0o700, exist_ok=True)
         bundle = outbox / f"{s.name}.bundle"
@@ -560,6 +419,84 @@ class Kernel:
             )
             if s.state == "blocked" and not s.j.state.pending_approvals():
                 await self._transition(s, "sleeping", why="deny", reason="approval denied")
+        return detail(s)
+
+    # --- recovery ------------------------------------------------------------------
+
+    async def resolve(self, name: str, option: str, by: str = "") -> dict[str, Any]:
+        """Apply a recovery option to a blocked session, then gate it again.
+
+        ``rerun``: run the half-finished step again (it is recorded as cut off);
+        ``discard``: drop the pending steps, recorded as abandoned; ``accept``:
+        accept the workspace as it is now (its hashes are recorded).
+        """
+        s = self.table.get(name)
+        async with s.lock:
+            if s.state != "blocked":
+                raise Refused(
+                    f"cannot resolve session {name!r}: it is {s.state}; resolve is for a blocked "
+                    "session ('sessionctl show' gives the reason it is blocked)"
+                )
+            state = s.j.state
+            hasher = workspace_hasher(s.spec)
+            drafts: list[Draft] = []
+            open_calls = {
+                k: c for k, c in state.calls.items() if c["stage"] in ("started", "approval")
+            }
+            first = next(iter(sorted(open_calls)), None)
+            for call_id, call in sorted(open_calls.items()):
+                tool = call["tool"]
+                if option == "discard":
+                    text = f"{tool} was abandoned by {by or 'a person'}; it did not complete"
+                    drafts.append(
+                        Draft(
+                            ObservationProjected(
+                                call=call_id, tool=tool, text=text, source="discarded"
+                            ),
+                            correlation=call_id,
+                        )
+                    )
+                elif call["stage"] == "started":
+                    writes = call.get("writes") or []
+                    drafts.append(
+                        Draft(
+                            ToolFinished(
+                                call=call_id,
+                                tool=tool,
+                                status="interrupted",
+                                error_class="lifecycle",
+                                hashes={p: hasher(p) for p in writes},
+                            ),
+                            correlation=call_id,
+                        )
+                    )
+                    verb = (
+                        "will run again" if option == "rerun" else "was accepted as it left things"
+                    )
+                    drafts.append(
+                        Draft(
+                            ObservationProjected(
+                                call=call_id,
+                                tool=tool,
+                                text=f"{tool} was cut off and {verb}",
+                                source="rebuilt",
+                            ),
+                            correlation=call_id,
+                        )
+                    )
+            hashes: dict[str, str | None] = {}
+            if option == "accept":
+                paths = set(state.bound) | set(state.file_hashes)
+                for call in open_calls.values():
+                    paths.update(call.get("writes") or [])
+                hashes = {p: hasher(p) for p in sorted(paths)}
+            drafts.append(Draft(RecoveryResolved(option=option, call=first, hashes=hashes, by=by)))
+            await self.table.append_many(s, drafts)
+            await self._transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
+            cause = await self.table.append(
+                s, WakeRequested(trigger="resolve", details={"option": option})
+            )
+            await self.proceed(s, cause)
         return detail(s)
 
     # --- bundles -------------------------------------------------------------------

@@ -88,6 +88,7 @@ class Program:
         env: dict[str, str],
         max_output: int,
         grace: float,
+        timeout: float | None = None,
     ) -> None:
         assert spec.run is not None
         self.spec = spec
@@ -95,6 +96,7 @@ class Program:
         self.env = env
         self.max_output = max_output
         self.grace = grace
+        self.timeout = timeout if timeout is not None else spec.run.timeout
         self.proc: asyncio.subprocess.Process | None = None
         self._stop_reason: str | None = None
 
@@ -119,7 +121,7 @@ class Program:
         )
         timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), self.run.timeout)
+            await asyncio.wait_for(asyncio.shield(proc.wait()), self.timeout)
         except TimeoutError:
             timed_out = True
             await self.stop("timeout")

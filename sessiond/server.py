@@ -15,7 +15,7 @@ import socket
 import stat
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import structlog
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessiond.config import DaemonConfig
 from sessiond.errors import SessiondError
+from sessiond.event_data import ErrorClass
 from sessiond.events import EVENT_TYPES
 from sessiond.kernel import Kernel
 from sessiond.wire import encode
@@ -101,6 +102,65 @@ class ApproveParams(_Params):
     reason: str = ""
 
 
+class ResolveParams(_Params):
+    name: str
+    option: Literal["rerun", "discard", "accept"]
+    by: str = ""
+
+
+class TokenParams(_Params):
+    token: str
+
+
+class SdkToolParams(TokenParams):
+    tool: str = Field(min_length=1, max_length=200)
+    args: dict[str, Any] = Field(default_factory=dict)
+    writes: list[str] = Field(default_factory=list)
+    risk: dict[str, str] = Field(default_factory=dict)
+
+
+class SdkCallParams(TokenParams):
+    call: str
+
+
+class SdkFinishedParams(TokenParams):
+    call: str
+    status: Literal["ok", "error", "interrupted"] = "ok"
+    output: str = ""
+    observation: str = ""
+    exit_code: int | None = None
+    error_class: ErrorClass | None = None
+
+
+class SdkModelParams(TokenParams):
+    model: str
+    request: Any
+    response: Any
+    tokens_in: int = Field(default=0, ge=0)
+    tokens_out: int = Field(default=0, ge=0)
+    request_id: str | None = None
+    tools: list[Any] = Field(default_factory=list)
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    duration_ms: int = Field(default=0, ge=0)
+    text: str = ""
+
+
+class SdkVerifyParams(TokenParams):
+    check: str
+    ok: bool
+    output: str = ""
+
+
+class SdkSendParams(TokenParams):
+    to: str
+    text: str = Field(max_length=256 * 1024)
+
+
+class SdkEndParams(TokenParams):
+    intent: Literal["sleep", "complete"]
+    summary: str = ""
+
+
 class ExportParams(_Params):
     name: str
     path: str
@@ -155,6 +215,35 @@ class Server:
             "export": (ExportParams, lambda p: k.export(p.name, p.path)),
             "import": (ImportParams, lambda p: k.import_(p.path, p.name)),
             "reload": (NoParams, lambda _: reload()),
+            "resolve": (ResolveParams, lambda p: k.resolve(p.name, p.option, p.by)),
+            "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
+            "sdk.tool": (
+                SdkToolParams,
+                lambda p: k.sdk_tool(p.token, p.tool, p.args, p.writes, p.risk),
+            ),
+            "sdk.started": (SdkCallParams, lambda p: k.sdk_started(p.token, p.call)),
+            "sdk.finished": (
+                SdkFinishedParams,
+                lambda p: k.sdk_finished(
+                    p.token,
+                    p.call,
+                    status=p.status,
+                    output=p.output,
+                    observation=p.observation,
+                    exit_code=p.exit_code,
+                    error_class=p.error_class,
+                ),
+            ),
+            "sdk.model": (
+                SdkModelParams,
+                lambda p: k.sdk_model(p.token, p.model_dump(exclude={"token"})),
+            ),
+            "sdk.verify": (
+                SdkVerifyParams,
+                lambda p: k.sdk_verify(p.token, p.check, p.ok, p.output),
+            ),
+            "sdk.send": (SdkSendParams, lambda p: k.sdk_send(p.token, p.to, p.text)),
+            "sdk.end": (SdkEndParams, lambda p: k.sdk_end(p.token, p.intent, p.summary)),
         }
 
     # --- the socket -----------------------------------------------------------------

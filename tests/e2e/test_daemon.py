@@ -18,7 +18,7 @@ from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_
 
 NOTES = 'name = "{name}"\ngoal = "notes"\n'
 ARMED = 'name = "{name}"\n[[trigger]]\ntype = "message"\n'
-SLOW = 'name = "{name}"\n[run]\nexec = ["sleep", "60"]\n'
+SLOW = 'name = "{name}"\n[run]\nexec = ["sleep", "60"]\nresume = "never-rerun"\n'
 
 
 def make(d: Daemon, name: str, template: str) -> None:
@@ -86,11 +86,16 @@ def test_after_kill_9_the_table_is_rebuilt_and_a_cut_off_run_is_blocked(snapshot
         for name, row in before.items():
             if name != "running":
                 assert after[name] == row, name
-        cut = d.json("show", "running")
-        assert cut["state"] == "blocked"
-        assert cut["reason"].startswith("daemon restarted during run")
-        assert "was still running and was stopped" in cut["reason"]
-        assert cut["last_run"]["status"] == "lost"
+        cut = wait_event(
+            d, "running", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
+        )
+        assert "its resume rule is never-rerun" in cut["data"]["reason"]
+        shown = d.json("show", "running")
+        assert shown["state"] == "blocked"
+        assert shown["last_run"]["status"] == "lost"
+        lost = d.json("log", "running", "--type", "run.finished")[-1]["data"]["error"]
+        assert lost.startswith("daemon restarted during run")
+        assert "was still running and was stopped" in lost
         assert not alive(pid)  # never left running unsupervised, never duplicated
 
 

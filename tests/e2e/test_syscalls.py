@@ -99,9 +99,14 @@ def test_activate_runs_the_program_and_keeps_its_output(daemon: Daemon) -> None:
     wake = orjson.loads((daemon.root / "wake.json").read_bytes())
     assert wake["wakes"][0]["trigger"] == "manual"
     types = [r["type"] for r in daemon.json("log", "hello")]
-    assert types[-5:] == [
-        "lifecycle.changed", "lifecycle.changed", "run.started", "run.finished", "lifecycle.changed"
+    assert types[2:] == [
+        "wake.requested", "gate.evaluated", "lifecycle.changed",  # -> ready
+        "tool.intent", "policy.decided", "tool.started", "lifecycle.changed",  # -> running
+        "run.started", "tool.finished", "observation.projected", "run.finished",
+        "lifecycle.changed",  # -> sleeping
     ]  # fmt: skip
+    observation = daemon.json("log", "hello", "--type", "observation.projected")[0]["data"]
+    assert observation["text"] == "exit 0; stdout: hello from hello"
 
 
 def test_a_session_without_a_program_cannot_be_activated(daemon: Daemon) -> None:

@@ -1,0 +1,723 @@
+"""Runs: every continuation goes wake → replay → resume gate → run.
+
+The Kernel (sessiond.kernel) mixes this in; it provides ``table``, ``config``,
+``env``, ``store`` and ``_transition``.
+
+A ``command`` run is one call of the tool ``command``, recorded the way any tool
+call is: ``tool.intent`` (the spec's risk contract and ``writes``) →
+``policy.decided`` → ``tool.started`` (hashes of ``writes``, git HEAD) → the
+program → ``tool.finished`` (exit code, stdout as output, new hashes, a diff
+where text changed) → ``observation.projected``, inside ``run.started`` …
+``run.finished``. An ``sdk`` program records its own tool calls (sessiond.sdk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import re
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from sessiond.codec import rfc3339
+from sessiond.event_data import (
+    ApprovalRequested,
+    ArtifactRef,
+    BudgetExhausted,
+    GateCheck,
+    GateEvaluated,
+    ObservationProjected,
+    PolicyDecided,
+    RiskContract,
+    RunFinished,
+    RunStarted,
+    ToolFinished,
+    ToolIntent,
+    ToolStarted,
+    WakeRequested,
+)
+from sessiond.gate import (
+    CLOSE_INTERRUPTED,
+    DROP_UNSTARTED,
+    REBUILD_OBSERVATION,
+    Verdict,
+    evaluate,
+)
+from sessiond.policy import Verdict as PolicyVerdict
+from sessiond.policy import decide
+from sessiond.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.spec import SessionSpec
+from sessiond.store.base import Draft, Record
+from sessiond.table import Run, Session, file_hash
+
+if TYPE_CHECKING:
+    from sessiond.config import DaemonConfig
+    from sessiond.store.files import FileStore
+    from sessiond.table import Table
+
+log = structlog.get_logger(__name__)
+
+DIFF_LIMIT = 1 << 20  # files larger than this get no text diff
+RETRY_CAP = 300.0  # seconds: exponential backoff stops growing here
+
+
+def workspace_hasher(spec: SessionSpec | None) -> Any:
+    base = spec.workspace if spec is not None else Path("/")
+    return lambda path: file_hash(base / path)
+
+
+def git_head(path: Path) -> str | None:
+    """The workspace's git HEAD commit, if it is a repository."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def redact(data: bytes, patterns: list[str]) -> bytes:
+    """Mask the spec's ``redact`` patterns before anything is stored."""
+    if not patterns or not data:
+        return data
+    text = data.decode(errors="surrogateescape")
+    for pattern in patterns:
+        text = re.sub(pattern, "[REDACTED]", text)
+    return text.encode(errors="surrogateescape")
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        if path.stat().st_size > DIFF_LIMIT:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def text_diff(before: dict[str, bytes | None], after_root: Path) -> bytes:
+    out: list[str] = []
+    for rel, old in sorted(before.items()):
+        new = _read_small(after_root / rel)
+        if old == new:
+            continue
+        try:
+            a = (old or b"").decode().splitlines(keepends=True)
+            b = (new or b"").decode().splitlines(keepends=True)
+        except UnicodeDecodeError:
+            out.append(f"Binary file {rel} changed\n")
+            continue
+        out.extend(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}"))
+    return "".join(out).encode()
+
+
+class Runs:
+    """Waking, gating, starting, supervising and finishing session programs."""
+
+    config: DaemonConfig
+    table: Table
+    store: FileStore
+    env: dict[str, str]
+    runtime_dir: Path
+    retry_timers: dict[str, asyncio.TimerHandle]
+
+    # provided by the Kernel: one lifecycle transition, checked and recorded
+    _transition: Callable[..., Awaitable[Record]]
+    # provided by SdkCalls: a run token for an sdk program, revoked when the run ends
+    sdk_env: Callable[[Session, str], dict[str, str]]
+    end_run: Callable[[Session, str], None]
+    grant_of: Callable[[Session], Any]
+
+    background: set[asyncio.Task[Any]]
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background, keeping a reference until it is done."""
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    def now(self) -> str:
+        return rfc3339(self.store.clock())
+
+    # --- wakes and the gate ----------------------------------------------------------
+
+    async def wake(
+        self, s: Session, trigger: str, details: dict[str, Any], paths: frozenset[str] = frozenset()
+    ) -> Record:
+        """Record a wake; continue now if the session is idle and has a program.
+
+        A session that runs, is suspended or blocked keeps the wake pending: it
+        runs once when the session is free again (one follow-up carries them all).
+        """
+        async with s.lock:
+            record = await self.table.append(s, WakeRequested(trigger=trigger, details=details))
+            idle = s.state in ("created", "sleeping", "ready") and s.run is None
+            if idle and s.spec is not None and s.spec.run is not None:
+                await self.proceed(s, record, paths)
+        return record
+
+    async def gate_now(self, s: Session, cause: Record | None, paths: frozenset[str]) -> Verdict:
+        """Evaluate the gate on the replayed state and record the result."""
+        verdict = evaluate(
+            s.j.state,
+            s.spec,
+            now=self.now(),
+            hash_file=workspace_hasher(s.spec),
+            has_artifact=self.store.artifacts(s.name).has,
+            cause_paths=paths,
+        )
+        await self.table.append(
+            s,
+            GateEvaluated(
+                ok=verdict.ok,
+                checks=tuple(
+                    GateCheck(name=c.name, ok=c.ok, detail=c.detail) for c in verdict.checks
+                ),
+                options=verdict.options,
+                outcome=verdict.outcome,
+            ),
+            causation=cause["id"] if cause else None,
+        )
+        return verdict
+
+    async def proceed(
+        self, s: Session, cause: Record | None, paths: frozenset[str] = frozenset()
+    ) -> bool:
+        """Gate, then run (the caller holds s.lock). True if the program started."""
+        verdict = await self.gate_now(s, cause, paths)
+        if verdict.outcome == "suspended":
+            await self._suspend_for_budget(s, verdict)
+            return False
+        if verdict.outcome == "blocked":
+            if s.state != "blocked":
+                await self._transition(
+                    s, "blocked", why="block", reason="gate: " + verdict.failing()
+                )
+            return False
+        await self._apply(s, verdict)
+        if s.spec is None or s.spec.run is None:
+            if s.state == "blocked":
+                await self._transition(s, "sleeping", why="unblock", reason="gate ok")
+            return False
+        await self._start(s, cause)
+        return True
+
+    async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
+        spec = s.spec
+        assert spec is not None
+        state = s.j.state
+        detail = next(c.detail for c in verdict.checks if c.name == "budget left")
+        name = detail.split(":", 1)[0]
+        limit = getattr(spec.budget, name, 0)
+        used = (
+            state.runs_by_day.get(self.now()[:10], 0)
+            if name == "runs_per_day"
+            else state.tokens_in + state.tokens_out
+        )
+        await self.table.append(s, BudgetExhausted(budget=name, limit=limit, used=used))
+        if s.state != "suspended":
+            await self._transition(s, "suspended", why="suspend", reason=f"budget: {detail}")
+        if name == "runs_per_day":
+            self._renew_at_midnight(s)
+
+    def _renew_at_midnight(self, s: Session) -> None:
+        """A daily budget renews at 00:00 UTC: pending wakes run then."""
+        now = self.store.clock() / 1e9
+        delay = 86400 - (now % 86400) + 1
+
+        def renew() -> None:
+            self.spawn(self._after_renewal(s))
+
+        self.retry_timers[s.name] = asyncio.get_running_loop().call_later(delay, renew)
+
+    async def _after_renewal(self, s: Session) -> None:
+        async with s.lock:
+            if s.state == "suspended" and s.j.state.reason.startswith("budget: runs_per_day"):
+                await self._transition(s, "sleeping", why="renew", reason="daily budget renewed")
+                if s.j.state.pending_wakes:
+                    await self.proceed(s, None)
+
+    async def _apply(self, s: Session, verdict: Verdict) -> None:
+        """Make the state stable before continuing, as the gate prescribed."""
+        state = s.j.state
+        hasher = workspace_hasher(s.spec)
+        drafts: list[Draft] = []
+        for call_id, action in sorted(verdict.actions.items()):
+            call = state.calls[call_id]
+            tool = call["tool"]
+            if action == CLOSE_INTERRUPTED:
+                writes = call.get("writes") or []
+                drafts.append(
+                    Draft(
+                        ToolFinished(
+                            call=call_id,
+                            tool=tool,
+                            status="interrupted",
+                            error_class="lifecycle",
+                            hashes={p: hasher(p) for p in writes},
+                        ),
+                        correlation=call_id,
+                    )
+                )
+                text = f"{tool} was interrupted before it finished; it is safe to run again"
+                drafts.append(
+                    Draft(
+                        ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt"),
+                        correlation=call_id,
+                    )
+                )
+            elif action == REBUILD_OBSERVATION:
+                drafts.append(Draft(self._rebuilt_observation(call_id, call), correlation=call_id))
+            elif action == DROP_UNSTARTED:
+                text = f"{tool} was not started before the interruption; decide again"
+                drafts.append(
+                    Draft(
+                        ObservationProjected(
+                            call=call_id, tool=tool, text=text, source="discarded"
+                        ),
+                        correlation=call_id,
+                    )
+                )
+        if drafts:
+            await self.table.append_many(s, drafts)
+
+    @staticmethod
+    def _rebuilt_observation(call_id: str, call: dict[str, Any]) -> ObservationProjected:
+        tool = call["tool"]
+        if call["stage"] == "denied":
+            return ObservationProjected(
+                call=call_id,
+                tool=tool,
+                text=f"{tool} was denied ({call.get('rule', 'by a person')})",
+                source="denied",
+            )
+        finished = call.get("finished") or {}
+        code = finished.get("exit_code")
+        text = f"{tool} {finished.get('status', 'finished')}" + (
+            f" (exit {code})" if code is not None else ""
+        )
+        return ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt")
+
+    # --- starting a run ---------------------------------------------------------------
+
+    def _command_policy(self, spec: SessionSpec) -> PolicyVerdict:
+        assert spec.run is not None
+        verdict = decide(spec.policy, "command", spec.run.side_effect)
+        if verdict.rule.startswith("default:"):
+            # A command run is the session's own program: allowed unless listed.
+            return PolicyVerdict("allow", "default: a command run is allowed")
+        return verdict
+
+    async def _start(self, s: Session, cause: Record | None) -> None:
+        """ready → running (the caller holds s.lock and passed the gate)."""
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        trigger = cause["data"]["trigger"] if cause else "follow-up"
+        if s.state != "ready":
+            await self._transition(s, "ready", why="start", reason=f"gate ok ({trigger})")
+        state = s.j.state
+        run_id = f"r{state.runs + 1}"
+        call_id = f"{run_id}.command"
+        command = spec.run.kind == "command"
+        if command:
+            approved = next(
+                (
+                    k
+                    for k, c in state.calls.items()
+                    if c["tool"] == "command" and c["stage"] == "approved"
+                ),
+                None,
+            )
+            if approved is not None:
+                call_id = approved
+            else:
+                verdict = self._command_policy(spec)
+                risk = RiskContract(
+                    side_effect=spec.run.side_effect,
+                    idempotency=spec.run.idempotency,
+                    resume=spec.run.resume,
+                )
+                records = await self.table.append_many(
+                    s,
+                    [
+                        Draft(
+                            ToolIntent(
+                                call=call_id,
+                                tool="command",
+                                args={"exec": list(spec.run.exec)},
+                                risk=risk,
+                                writes=tuple(spec.run.writes),
+                            ),
+                            correlation=call_id,
+                        ),
+                        Draft(
+                            PolicyDecided(
+                                call=call_id,
+                                tool="command",
+                                decision=verdict.decision,
+                                rule=verdict.rule,
+                            ),
+                            correlation=call_id,
+                        ),
+                    ],
+                )
+                if verdict.decision == "deny":
+                    await self.table.append(
+                        s,
+                        ObservationProjected(
+                            call=call_id,
+                            tool="command",
+                            text=f"the command was denied ({verdict.rule})",
+                            source="denied",
+                        ),
+                        correlation=call_id,
+                    )
+                    await self._transition(
+                        s,
+                        "blocked",
+                        why="deny",
+                        reason=f"policy denies the command ({verdict.rule})",
+                    )
+                    return
+                if verdict.decision == "ask":
+                    await self.table.append(
+                        s,
+                        ApprovalRequested(call=call_id, tool="command"),
+                        correlation=call_id,
+                        causation=records[-1]["id"],
+                    )
+                    await self._transition(
+                        s, "blocked", why="ask", reason=f"approval pending for command [{call_id}]"
+                    )
+                    return
+        await self._launch(s, cause, run_id, call_id if command else None)
+
+    async def _launch(
+        self, s: Session, cause: Record | None, run_id: str, call_id: str | None
+    ) -> None:
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        state = s.j.state
+        trigger = cause["data"]["trigger"] if cause else "follow-up"
+        wakes = [
+            {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
+            for w in state.pending_wakes
+        ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
+        workspace = spec.workspace
+        before: dict[str, bytes | None] = {}
+        if call_id is not None:
+            hasher = workspace_hasher(spec)
+            before = {p: _read_small(workspace / p) for p in spec.run.writes}
+            await self.table.append(
+                s,
+                ToolStarted(
+                    call=call_id,
+                    tool="command",
+                    hashes={p: hasher(p) for p in spec.run.writes},
+                    git_head=git_head(workspace),
+                ),
+                correlation=call_id,
+            )
+        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        wake_file = self.runtime_dir / f"{s.name}.{run_id}.wake.json"
+        profile = self.config.profiles.get(spec.run.profile) or self.config.profiles["default"]
+        env = program_env(
+            self.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
+        )
+        extra = self.sdk_env(s, run_id) if spec.run.kind == "sdk" else {}
+        env.update(extra)
+        timeout = spec.run.timeout
+        if spec.budget.seconds_per_run:
+            timeout = min(timeout, float(spec.budget.seconds_per_run))
+        program = Program(
+            spec,
+            env=env,
+            max_output=self.config.max_output_bytes,
+            grace=self.config.stop_grace,
+            timeout=timeout,
+        )
+        await self._transition(s, "running", why="run", reason=trigger)
+        try:
+            pid = await program.start()
+        except OSError as exc:
+            outcome = Outcome(
+                "failed",
+                None,
+                None,
+                0,
+                b"",
+                f"could not start {spec.run.exec[0]!r}: {exc}".encode(),
+                0,
+                0,
+                error=str(exc),
+            )
+            s.run = Run(run_id, 0, time.time(), program)
+            await self._finish(s, run_id, call_id, outcome, before)
+            s.run = None
+            return
+        await self.table.append(
+            s,
+            RunStarted(
+                run=run_id,
+                kind=spec.run.kind,
+                pid=pid,
+                pgid=pid,
+                proc_start=proc_start_time(pid),
+                profile=spec.run.profile,
+                wakes=tuple(wakes),
+            ),
+            causation=cause["id"] if cause else None,
+        )
+        s.run = Run(run_id, pid, time.time(), program)
+        s.run.task = asyncio.create_task(
+            self._supervise(
+                s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
+            )
+        )
+        log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _supervise(
+        self,
+        s: Session,
+        program: Program,
+        *,
+        run_id: str,
+        call_id: str | None,
+        before: dict[str, bytes | None],
+        wake_file: Path,
+    ) -> None:
+        outcome = await program.wait()
+        async with s.lock:
+            try:
+                await self._finish(s, run_id, call_id, outcome, before)
+            finally:
+                s.run = None
+                wake_file.unlink(missing_ok=True)
+                self.end_run(s, run_id)
+            if s.state == "sleeping" and s.j.state.pending_wakes:
+                # Wakes that came while it ran: one follow-up run carries them all.
+                await self.proceed(s, None)
+
+    async def _finish(
+        self,
+        s: Session,
+        run_id: str,
+        call_id: str | None,
+        outcome: Outcome,
+        before: dict[str, bytes | None],
+    ) -> None:
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        artifacts = self.store.artifacts(s.name)
+        loop = asyncio.get_running_loop()
+
+        async def put(data: bytes, name: str) -> ArtifactRef | None:
+            if not data:
+                return None
+            clean = redact(data, spec.redact)
+            return await loop.run_in_executor(None, artifacts.put, clean, name, "text/plain")
+
+        stdout = await put(outcome.stdout, "stdout")
+        stderr = await put(outcome.stderr, "stderr")
+        truncated = outcome.stdout_total > len(outcome.stdout)
+        if call_id is not None and s.j.state.calls.get(call_id, {}).get("stage") == "started":
+            hasher = workspace_hasher(spec)
+            diff = await put(text_diff(before, spec.workspace), "diff")
+            status = {"ok": "ok", "interrupted": "interrupted", "killed": "interrupted"}.get(
+                outcome.status, "error"
+            )
+            await self.table.append_many(
+                s,
+                [
+                    Draft(
+                        ToolFinished(
+                            call=call_id,
+                            tool="command",
+                            status=status,
+                            exit_code=outcome.exit_code,
+                            error_class=None
+                            if status == "ok"
+                            else ("lifecycle" if status == "interrupted" else "execution"),
+                            hashes={p: hasher(p) for p in spec.run.writes},
+                            output=stdout,
+                            diff=diff,
+                            truncated=truncated,
+                            limit=len(outcome.stdout) if truncated else None,
+                            duration_ms=outcome.duration_ms,
+                        ),
+                        correlation=call_id,
+                    ),
+                    Draft(
+                        ObservationProjected(
+                            call=call_id, tool="command", text=_observation(outcome, before, spec)
+                        ),
+                        correlation=call_id,
+                    ),
+                ],
+            )
+        notes = []
+        if truncated:
+            notes.append(f"stdout cut at {len(outcome.stdout)} of {outcome.stdout_total} bytes")
+        if outcome.stderr_total > len(outcome.stderr):
+            notes.append(f"stderr cut at {len(outcome.stderr)} of {outcome.stderr_total} bytes")
+        if outcome.error:
+            notes.append(outcome.error)
+        await self.table.append(
+            s,
+            RunFinished(
+                run=run_id,
+                status=outcome.status,
+                exit_code=outcome.exit_code,
+                signal=outcome.signal,
+                duration_ms=outcome.duration_ms,
+                stdout=stdout,
+                stderr=stderr,
+                error="; ".join(notes),
+            ),
+        )
+        log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
+        await self._after_finish(s, outcome)
+
+    async def _after_finish(self, s: Session, outcome: Outcome) -> None:
+        stop = s.run.stop_requested if s.run else None
+        grant = self.grant_of(s)
+        if stop is not None and stop.startswith("approval pending"):
+            await self._transition(s, "blocked", why="ask", reason=stop)
+            return
+        if grant is not None and grant.exit_intent and outcome.status == "ok" and stop is None:
+            if grant.exit_intent == "complete":
+                await self._transition(
+                    s,
+                    "terminated",
+                    why="complete",
+                    reason=f"completed: {grant.summary}" if grant.summary else "completed",
+                    outcome="completed",
+                )
+            else:
+                await self._transition(
+                    s, "sleeping", why="sleep", reason="the program chose to sleep"
+                )
+            return
+        if stop == "cancel":
+            await self._transition(
+                s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
+            )
+        elif stop == "suspend":
+            await self._transition(s, "suspended", why="suspend", reason="suspended by request")
+        elif stop in ("interrupt", "shutdown"):
+            why = "interrupted" if stop == "interrupt" else "interrupted by daemon shutdown"
+            await self._transition(s, "sleeping", why="interrupt", reason=why)
+        elif stop in ("merge", "migrate"):
+            pass  # the caller terminates it
+        elif stop is not None and stop.startswith("budget"):
+            await self._transition(s, "suspended", why="suspend", reason=stop)
+        elif s.state == "running":
+            await self._after_run(s, outcome)
+
+    async def _after_run(self, s: Session, outcome: Outcome) -> None:
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        code = outcome.exit_code
+        text = (
+            "exit 0"
+            if outcome.status == "ok"
+            else outcome.status + (f" (exit {code})" if code is not None else "")
+        )
+        if outcome.status == "ok":
+            if spec.has_triggers or s.j.state.pending_wakes:
+                await self._transition(s, "sleeping", why="sleep", reason=f"last run: {text}")
+            else:
+                await self._transition(
+                    s, "terminated", why="complete", reason=f"done: {text}", outcome="completed"
+                )
+            return
+        if (
+            outcome.status == "timeout"
+            and spec.budget.seconds_per_run
+            and outcome.duration_ms >= spec.budget.seconds_per_run * 1000
+        ):
+            await self.table.append(
+                s,
+                BudgetExhausted(
+                    budget="seconds_per_run",
+                    limit=spec.budget.seconds_per_run,
+                    used=outcome.duration_ms // 1000,
+                ),
+            )
+            await self._transition(
+                s,
+                "suspended",
+                why="suspend",
+                reason=f"budget: seconds_per_run {spec.budget.seconds_per_run}s used up",
+            )
+            return
+        failures = s.j.state.failures_in_a_row
+        if failures <= spec.run.retries:
+            delay = min(2.0 ** (failures - 1), RETRY_CAP)
+            await self._transition(
+                s,
+                "sleeping",
+                why="retry",
+                reason=f"run failed: {text}; retry {failures} of {spec.run.retries} in {delay:g}s",
+            )
+            self._schedule_retry(s, delay, failures)
+            return
+        await self._transition(
+            s,
+            "blocked",
+            why="block",
+            reason=f"run failed {failures} times in a row (last: {text}); fix it, then "
+            f"'sessionctl resolve {s.name} --rerun'",
+        )
+
+    def _schedule_retry(self, s: Session, delay: float, attempt: int) -> None:
+        def fire() -> None:
+            self.retry_timers.pop(s.name, None)
+            self.spawn(self.wake(s, "retry", {"attempt": attempt}))
+
+        old = self.retry_timers.pop(s.name, None)
+        if old is not None:
+            old.cancel()
+        self.retry_timers[s.name] = asyncio.get_running_loop().call_later(delay, fire)
+
+    async def stop_run(self, s: Session, why: str) -> None:
+        """Ask a running program to stop (SIGTERM, then SIGKILL after the grace) and
+        wait until its run is recorded. The caller must not hold s.lock."""
+        run = s.run
+        if run is None or run.task is None:
+            return
+        run.stop_requested = why
+        if s.spec is not None and s.spec.run is not None and s.spec.run.kind == "sdk":
+            # An SDK program learns of the request in its next answer and stops at
+            # its next stable point; it gets the grace for that before the signal.
+            done, _ = await asyncio.wait([run.task], timeout=self.config.stop_grace)
+            if done:
+                return
+        await run.program.stop(why)
+        await asyncio.shield(run.task)
+
+
+def _observation(outcome: Outcome, before: dict[str, bytes | None], spec: SessionSpec) -> str:
+    """What the messages view says about a command run (never its raw output)."""
+    code = outcome.exit_code
+    parts = [f"exit {code}" if code is not None else outcome.status]
+    changed = [p for p, old in sorted(before.items()) if _read_small(spec.workspace / p) != old]
+    if changed:
+        parts.append("changed " + ", ".join(changed))
+    first = outcome.stdout.decode(errors="replace").strip().splitlines()[:1]
+    if first:
+        parts.append(
+            "stdout: " + redact(first[0][:200].encode(), spec.redact).decode(errors="replace")
+        )
+    return "; ".join(parts)
