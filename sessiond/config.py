@@ -88,6 +88,19 @@ class DaemonConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
+    # the crash tests use it to stop at exact places. Never set it in production.
+    fault: (
+        Literal[
+            "before-intent",
+            "after-intent",
+            "after-policy",
+            "after-started",
+            "during-work",
+            "after-finished",
+        ]
+        | None
+    ) = None
     source: Path | None = None  # the file read, for messages; not a key
 
     @field_validator("profiles")

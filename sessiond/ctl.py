@@ -309,6 +309,13 @@ def cmd_deny(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"denied for {args.name}: {d['state']}")
 
 
+def cmd_resolve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    by = args.by or os.environ.get("USER", "")
+    d = conn.call("resolve", {"name": args.name, "option": args.option, "by": by})
+    reason = f" ({d['reason']})" if d.get("reason") else ""
+    return _done(d, out, f"resolved {args.name} with --{args.option}: {d['state']}{reason}")
+
+
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d = conn.call("export", {"name": args.name, "path": str(Path(args.output).resolve())})
     return _done(d, out, f"exported {d['events']} events of {args.name} to {d['path']}")
@@ -341,7 +348,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 COMMANDS = ["ping", "ps", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
-            "approve", "deny", "export", "import", "reload", "completion"]  # fmt: skip
+            "approve", "deny", "resolve", "export", "import", "reload", "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -446,6 +453,35 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
     )
     im.add_argument("--as", dest="name", metavar="NAME")
+    rs = add(
+        "resolve",
+        cmd_resolve,
+        "apply a recovery option to a blocked session, then gate again",
+        "name",
+    )
+    option = rs.add_mutually_exclusive_group(required=True)
+    option.add_argument(
+        "--rerun",
+        dest="option",
+        action="store_const",
+        const="rerun",
+        help="run the half-finished step again",
+    )
+    option.add_argument(
+        "--discard",
+        dest="option",
+        action="store_const",
+        const="discard",
+        help="drop the pending step, recorded as abandoned",
+    )
+    option.add_argument(
+        "--accept",
+        dest="option",
+        action="store_const",
+        const="accept",
+        help="accept the workspace as it is now (record its hashes)",
+    )
+    rs.add_argument("--by", metavar="WHO")
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     co = sub.add_parser("completion", help="print a shell completion script")
     co.add_argument("shell", choices=["bash"])

@@ -27,9 +27,9 @@ import uvloop
 from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.errors import SessiondError
-from sessiond.event_data import RunFinished
+from sessiond.event_data import ObservationProjected, RunFinished
 from sessiond.kernel import Kernel
-from sessiond.runner import proc_start_time, signal_group
+from sessiond.runner import Outcome, proc_start_time, signal_group
 from sessiond.server import Server
 from sessiond.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.store.durable import private_dir, write_durable
@@ -166,6 +166,42 @@ class Daemon:
                 # must not go on unsupervised.
                 signal_group(pid, signal.SIGKILL)
                 note += f"; its program (pid {pid}) was still running and was stopped"
+            finished = [
+                (k, c)
+                for k, c in s.j.state.calls.items()
+                if c["tool"] == "command" and c["stage"] == "finished"
+            ]
+            if finished:
+                # The command ran to its end before the crash: its work is done.
+                # Record the observation and the run's end; running it again would
+                # do it twice.
+                call_id, call = finished[0]
+                result = call.get("finished") or {}
+                await self.table.append(
+                    s,
+                    ObservationProjected(
+                        call=call_id,
+                        tool="command",
+                        source="rebuilt",
+                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
+                    ),
+                    correlation=call_id,
+                )
+                status = "ok" if result.get("status") == "ok" else "failed"
+                await self.table.append(
+                    s,
+                    RunFinished(
+                        run=current.get("run", "?"),
+                        status=status,
+                        exit_code=result.get("exit_code"),
+                        error=note,
+                    ),
+                )
+                await self.kernel._after_run(
+                    s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
+                )
+                log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
+                continue
             if current:
                 await self.table.append(
                     s, RunFinished(run=current["run"], status="lost", error=note)

@@ -119,7 +119,8 @@ class Kernel(SdkCalls, Runs):
         return replay_view(name, self.store.read(name, upto=upto), view)
 
     async def gate(self, name: str) -> dict[str, Any]:
-        return gate_report(self.table.get(name))
+        s = self.table.get(name)
+        return gate_report(s, self.now(), self.store.artifacts(name).has)
 
     # --- creation ----------------------------------------------------------------------
 

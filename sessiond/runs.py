@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -142,6 +144,12 @@ class Runs:
         task = asyncio.ensure_future(coro)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+    def fault(self, point: str) -> None:
+        """Test only (config key ``fault``): die here as a crash would."""
+        if self.config.fault == point:
+            log.warning("fault.injected", point=point)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def now(self) -> str:
         return rfc3339(self.store.clock())
@@ -345,30 +353,29 @@ class Runs:
                     idempotency=spec.run.idempotency,
                     resume=spec.run.resume,
                 )
-                records = await self.table.append_many(
+                self.fault("before-intent")
+                intent = await self.table.append(
                     s,
-                    [
-                        Draft(
-                            ToolIntent(
-                                call=call_id,
-                                tool="command",
-                                args={"exec": list(spec.run.exec)},
-                                risk=risk,
-                                writes=tuple(spec.run.writes),
-                            ),
-                            correlation=call_id,
-                        ),
-                        Draft(
-                            PolicyDecided(
-                                call=call_id,
-                                tool="command",
-                                decision=verdict.decision,
-                                rule=verdict.rule,
-                            ),
-                            correlation=call_id,
-                        ),
-                    ],
+                    ToolIntent(
+                        call=call_id,
+                        tool="command",
+                        args={"exec": list(spec.run.exec)},
+                        risk=risk,
+                        writes=tuple(spec.run.writes),
+                    ),
+                    correlation=call_id,
                 )
+                self.fault("after-intent")
+                decided = await self.table.append(
+                    s,
+                    PolicyDecided(
+                        call=call_id, tool="command", decision=verdict.decision, rule=verdict.rule
+                    ),
+                    correlation=call_id,
+                    causation=intent["id"],
+                )
+                self.fault("after-policy")
+                records = [decided]
                 if verdict.decision == "deny":
                     await self.table.append(
                         s,
@@ -427,6 +434,7 @@ class Runs:
                 ),
                 correlation=call_id,
             )
+            self.fault("after-started")
         self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.runtime_dir / f"{s.name}.{run_id}.wake.json"
         profile = self.config.profiles.get(spec.run.profile) or self.config.profiles["default"]
@@ -478,6 +486,7 @@ class Runs:
             causation=cause["id"] if cause else None,
         )
         s.run = Run(run_id, pid, time.time(), program)
+        self.fault("during-work")
         s.run.task = asyncio.create_task(
             self._supervise(
                 s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
@@ -536,34 +545,32 @@ class Runs:
             status = {"ok": "ok", "interrupted": "interrupted", "killed": "interrupted"}.get(
                 outcome.status, "error"
             )
-            await self.table.append_many(
+            await self.table.append(
                 s,
-                [
-                    Draft(
-                        ToolFinished(
-                            call=call_id,
-                            tool="command",
-                            status=status,
-                            exit_code=outcome.exit_code,
-                            error_class=None
-                            if status == "ok"
-                            else ("lifecycle" if status == "interrupted" else "execution"),
-                            hashes={p: hasher(p) for p in spec.run.writes},
-                            output=stdout,
-                            diff=diff,
-                            truncated=truncated,
-                            limit=len(outcome.stdout) if truncated else None,
-                            duration_ms=outcome.duration_ms,
-                        ),
-                        correlation=call_id,
-                    ),
-                    Draft(
-                        ObservationProjected(
-                            call=call_id, tool="command", text=_observation(outcome, before, spec)
-                        ),
-                        correlation=call_id,
-                    ),
-                ],
+                ToolFinished(
+                    call=call_id,
+                    tool="command",
+                    status=status,
+                    exit_code=outcome.exit_code,
+                    error_class=None
+                    if status == "ok"
+                    else ("lifecycle" if status == "interrupted" else "execution"),
+                    hashes={p: hasher(p) for p in spec.run.writes},
+                    output=stdout,
+                    diff=diff,
+                    truncated=truncated,
+                    limit=len(outcome.stdout) if truncated else None,
+                    duration_ms=outcome.duration_ms,
+                ),
+                correlation=call_id,
+            )
+            self.fault("after-finished")
+            await self.table.append(
+                s,
+                ObservationProjected(
+                    call=call_id, tool="command", text=_observation(outcome, before, spec)
+                ),
+                correlation=call_id,
             )
         notes = []
         if truncated:

@@ -111,7 +111,7 @@ class Run:
         self._previous_handler: Any = None
 
     def _call(self, method: str, **params: Any) -> Any:
-        result = self._conn.call(method, {"token": self._token, **params})
+        result = self._conn.call(method, {"token": self._token, "session": self.session, **params})
         if isinstance(result, dict) and result.get("stop"):
             self.stop_requested = True
         return result

@@ -93,6 +93,15 @@ class SdkCalls(Base):
             (g for g in self.tokens.values() if g.session == s.name and g.run == run.run_id), None
         )
 
+    def check_token(self, token: str, session: str | None) -> None:
+        """Refuse a token offered for a session other than its own."""
+        grant = self.tokens.get(token)
+        if grant is not None and session is not None and grant.session != session:
+            raise TokenRefused(
+                f"this run token belongs to session {grant.session!r}, not {session!r}"
+            )
+        self._session_for(token)
+
     def _session_for(self, token: str) -> tuple[Session, RunGrant]:
         grant = self.tokens.get(token)
         if grant is None:

@@ -110,6 +110,7 @@ class ResolveParams(_Params):
 
 class TokenParams(_Params):
     token: str
+    session: str | None = None  # the SDK sends SESSIOND_SESSION: a token works for it only
 
 
 class SdkToolParams(TokenParams):
@@ -406,7 +407,10 @@ class Server:
                 await self._log(request_id, _parse(LogParams, params), writer)
                 return
             model, handler = self.methods[method]
-            result = await handler(_parse(model, params))
+            parsed = _parse(model, params)
+            if isinstance(parsed, TokenParams):
+                self.kernel.check_token(parsed.token, parsed.session)
+            result = await handler(parsed)
             await self._reply(writer, {"id": request_id, "ok": True, "result": result})
         except SessiondError as exc:
             await self._reply(writer, _error(request_id, exc.code, str(exc), exc.exit_code))

@@ -10,7 +10,7 @@ import orjson
 from sessiond.projections import describe, messages, trace
 from sessiond.replay import replay_all
 from sessiond.state import State
-from sessiond.table import Session, file_hash, next_wake
+from sessiond.table import Session, next_wake
 
 VIEWS = ("state", "messages", "trace", "audit")
 
@@ -101,45 +101,30 @@ def detail(session: Session) -> dict[str, Any]:
     }
 
 
-def gate_report(session: Session) -> dict[str, Any]:
-    """A dry run of the resume checks that this version of the daemon knows.
+def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]:
+    """The resume gate evaluated now, as a dry run: each check, the outcome, the
+    recovery options. Records nothing."""
+    from sessiond.gate import evaluate
+    from sessiond.runs import workspace_hasher
 
-    Records nothing. The full resume gate (risk contracts, approvals against the
-    policy in force, budgets) is evaluated by the runner before a run resumes.
-    """
-    checks: list[dict[str, Any]] = []
     if session.journal is None:
-        checks.append({"name": "log intact", "ok": False, "detail": session.broken or ""})
-        return {"session": session.name, "ok": False, "checks": checks, "options": []}
-    s = session.journal.state
-    checks.append({"name": "log intact", "ok": True, "detail": f"replayed to seq {s.seq}"})
-    in_flight = s.in_flight()
-    checks.append(
-        {
-            "name": "no tool half-finished",
-            "ok": not in_flight,
-            "detail": ", ".join(f"{c['tool']} [{k}] started" for k, c in in_flight.items())
-            or "every started tool finished",
-        }
-    )
-    changed = []
-    if session.spec is not None:
-        workspace = session.spec.workspace
-        for path, recorded in sorted(s.bound.items()):
-            if file_hash(workspace / path) != recorded:
-                changed.append(path)
-    checks.append(
-        {
-            "name": "bound files unchanged",
-            "ok": not changed,
-            "detail": ("changed: " + ", ".join(changed)) if changed else f"{len(s.bound)} checked",
-        }
+        check = {"name": "log intact", "ok": False, "detail": session.broken or ""}
+        return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],
+                "options": [], "dry_run": True}  # fmt: skip
+    verdict = evaluate(
+        session.journal.state,
+        session.spec,
+        now=now,
+        hash_file=workspace_hasher(session.spec),
+        has_artifact=has_artifact,
     )
     return {
         "session": session.name,
-        "ok": all(c["ok"] for c in checks),
-        "checks": checks,
-        "options": [] if all(c["ok"] for c in checks) else ["rerun", "discard", "accept"],
+        "ok": verdict.ok,
+        "outcome": verdict.outcome,
+        "checks": [c.as_dict() for c in verdict.checks],
+        "options": list(verdict.options),
+        "actions": verdict.actions,
         "dry_run": True,
     }
 

@@ -53,6 +53,12 @@ class Daemon:
         return env
 
     def start(self, *, wait: bool = True) -> Daemon:
+        if self.proc is not None:  # an earlier run of this daemon (it may have died)
+            self.proc.wait(30)
+            if self._reader is not None:
+                self._reader.join(5)
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
         self._ready.clear()
         self.proc = subprocess.Popen(
             [

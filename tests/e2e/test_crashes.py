@@ -1,0 +1,178 @@
+"""Crashes at exact points of a run (the test-only `fault` setting makes the daemon
+SIGKILL itself there), for every risk contract: after the restart nothing with a
+side effect is repeated blindly, unsafe work is blocked, safe work is run again,
+missing observations are rebuilt, and no acknowledged event is lost."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessiond.fsck import check
+from tests.e2e.harness import Daemon, short_dir, wait_event
+
+POINTS = [
+    "before-intent",
+    "after-intent",
+    "after-policy",
+    "after-started",
+    "during-work",
+    "after-finished",
+]
+CONTRACTS = {
+    "safe/replay-from-event": ("safe", "replay-from-event"),
+    "conditional/rerun-after-check": ("conditional", "rerun-after-check"),
+    "unsafe/rerun-after-check": ("unsafe", "rerun-after-check"),
+    "conditional/require-user-confirmation": ("conditional", "require-user-confirmation"),
+    "conditional/never-rerun": ("conditional", "never-rerun"),
+}
+SPEC = """name = "job"
+[run]
+exec = ["sh", "-c", "echo ran >> out.txt; {tail}"]
+cwd = "."
+idempotency = "{idempotency}"
+resume = "{resume}"
+writes = ["out.txt"]
+retries = 0
+"""
+
+
+def expected(point: str, idempotency: str, resume: str) -> tuple[str, int]:
+    """(final state, times the program ran) that DESIGN.md section 5 prescribes."""
+    if point in ("before-intent", "after-intent", "after-policy"):
+        return "terminated", 1  # it never started: the first (and only) run happens now
+    if point == "after-started":  # started, never spawned: the written file is unchanged
+        unsafe = idempotency == "unsafe" or resume in ("require-user-confirmation", "never-rerun")
+        return ("blocked", 0) if unsafe else ("terminated", 1)
+    if point == "during-work":  # the program wrote out.txt: its before-hash no longer holds
+        return "blocked", 1
+    return "terminated", 1  # after-finished: done; only the observation is rebuilt
+
+
+def settle(d: Daemon) -> dict[str, Any]:
+    return wait_event(
+        d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] in ("terminated", "blocked")
+    )
+
+
+@pytest.mark.parametrize("contract", sorted(CONTRACTS))
+@pytest.mark.parametrize("point", POINTS)
+def test_a_crash_at_each_point_resumes_as_the_table_says(point: str, contract: str) -> None:
+    idempotency, resume = CONTRACTS[contract]
+    root = short_dir()
+    try:
+        d = Daemon(root, f'fault = "{point}"\n')
+        d.start()
+        tail = "sleep 30" if point == "during-work" else "echo done"
+        spec = d.write_spec("job", SPEC.format(tail=tail, idempotency=idempotency, resume=resume))
+        d.ctl("create", str(spec), check=True)
+        d.ctl("activate", "job")  # the daemon dies on the way
+        assert d.proc is not None
+        assert d.proc.wait(30) == -9
+        out = root / "out.txt"
+        if point == "during-work":
+            deadline = time.monotonic() + 10
+            while not out.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)  # the orphaned program does its work without the daemon
+        before = _log_lines(d)
+        d.config.write_text('log_format = "json"\nstop_grace = "2s"\n')
+        d.start()
+        final = settle(d)
+        state, runs = expected(point, idempotency, resume)
+        assert final["data"]["to"] == state, final["data"]["reason"]
+        assert (out.read_text().count("ran") if out.exists() else 0) == runs
+        after = _log_lines(d)
+        assert after[: len(before)] == before  # no acknowledged event lost
+        log = d.json("log", "job")
+        assert [r["seq"] for r in log] == list(range(1, len(log) + 1))
+        if point == "after-finished":
+            rebuilt = d.json("log", "job", "--type", "observation.projected")
+            assert rebuilt[-1]["data"]["source"] == "rebuilt"
+        if state == "blocked":
+            gate = d.json("log", "job", "--type", "gate.evaluated")[-1]["data"]
+            assert gate["options"] == ["rerun", "discard", "accept"]
+        d.stop()
+        assert check(d.state_dir).ok
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _log_lines(d: Daemon) -> list[bytes]:
+    return (d.state_dir / "sessions" / "job" / "events.jsonl").read_bytes().splitlines()
+
+
+def test_a_file_edited_between_crash_and_restart_blocks_until_accepted() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root, 'fault = "after-started"\n')
+        d.start()
+        spec = d.write_spec(
+            "job",
+            SPEC.format(tail="echo done", idempotency="conditional", resume="rerun-after-check"),
+        )
+        d.ctl("create", str(spec), check=True)
+        d.ctl("activate", "job")
+        assert d.proc is not None
+        d.proc.wait(30)
+        (root / "out.txt").write_text("edited by hand\n")
+        d.config.write_text('log_format = "json"\n')
+        d.start()
+        blocked = settle(d)
+        assert blocked["data"]["to"] == "blocked"
+        assert "changed out.txt" in blocked["data"]["reason"]
+        gate = d.ctl("gate", "job")
+        assert gate.returncode == 1
+        assert "FAIL tool calls" in gate.stdout
+        d.ctl("resolve", "job", "--accept", check=True)
+        done = wait_event(
+            d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
+        )
+        assert done["data"]["outcome"] == "completed"
+        assert (root / "out.txt").read_text() == "edited by hand\nran\n"  # exactly once
+        resolved = d.json("log", "job", "--type", "recovery.resolved")[0]["data"]
+        assert resolved["option"] == "accept"
+        assert "out.txt" in resolved["hashes"]
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_discard_drops_the_half_finished_step_and_runs_afresh() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root, 'fault = "after-started"\n')
+        d.start()
+        spec = d.write_spec(
+            "job", SPEC.format(tail="echo done", idempotency="unsafe", resume="never-rerun")
+        )
+        d.ctl("create", str(spec), check=True)
+        d.ctl("activate", "job")
+        assert d.proc is not None
+        d.proc.wait(30)
+        d.config.write_text('log_format = "json"\n')
+        d.start()
+        assert settle(d)["data"]["to"] == "blocked"
+        d.ctl("resolve", "job", "--discard", check=True)
+        wait_event(d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated")
+        assert (root / "out.txt").read_text() == "ran\n"
+        observations = d.json("log", "job", "--type", "observation.projected")
+        assert observations[0]["data"]["source"] == "discarded"
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_resolve_is_refused_for_a_session_that_is_not_blocked(tmp_path: Path) -> None:
+    from tests.e2e.harness import running
+
+    with running() as d:
+        d.ctl("create", str(d.write_spec("n", 'name = "n"\n')), check=True)
+        done = d.ctl("resolve", "n", "--rerun")
+        assert done.returncode == 1
+        assert "resolve is for a blocked session" in done.stderr
+        assert subprocess.run(["true"], check=False).returncode == 0
