@@ -126,6 +126,7 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         "pid": d["pid"],
         "pgid": d["pgid"],
         "proc_start": d["proc_start"],
+        "wakes": d["wakes"],
         "seq": r["seq"],
         "ts": r["ts"],
     }
