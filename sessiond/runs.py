@@ -705,12 +705,8 @@ class Runs:
         if run is None or run.task is None:
             return
         run.stop_requested = why
-        if s.spec is not None and s.spec.run is not None and s.spec.run.kind == "sdk":
-            # An SDK program learns of the request in its next answer and stops at
-            # its next stable point; it gets the grace for that before the signal.
-            done, _ = await asyncio.wait([run.task], timeout=self.config.stop_grace)
-            if done:
-                return
+        # SIGTERM now: an SDK program finishes its current tool block and stops at
+        # the next stable point (its next answer says so too); SIGKILL after the grace.
         await run.program.stop(why)
         await asyncio.shield(run.task)
 

@@ -30,3 +30,15 @@ def test_targets_are_judged_in_their_direction() -> None:
     assert verdicts["replay_eps"]["met"] is True
     assert verdicts["snapshot_resume_ms"]["met"] is False
     assert "append_os_eps" not in verdicts
+
+
+def test_the_wake_and_sdk_benchmarks_run(tmp_path: Path) -> None:
+    from sessiond.bench.daemon import wake_and_sdk
+
+    work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
+    try:
+        figures = wake_and_sdk(work, quick=True)
+    finally:
+        __import__("shutil").rmtree(work, ignore_errors=True)
+    assert figures["wake_to_exec_p50_ms"] > 0
+    assert figures["sdk_tool_roundtrip_p50_ms"] > 0

@@ -39,6 +39,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "startup_10k_s": ("<=", 3.0, "s"),
     "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
+    "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
+    "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
 }
 
 

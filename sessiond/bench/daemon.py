@@ -202,6 +202,9 @@ def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
         d.stop()
     shutil.rmtree(root)
 
+    say("measuring wake_to_exec_p50_ms, sdk_tool_roundtrip_p50_ms ...")
+    results.update(wake_and_sdk(work, quick))
+
     say(f"writing {big} sessions of 100 events ...")
     root = work / "big"
     root.mkdir()
@@ -221,3 +224,80 @@ def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
         d.stop()
     shutil.rmtree(root)
     return results
+
+
+SDK_PROBE = """
+import statistics, time, sys
+from sessiond.sdk import connect
+with connect() as run:
+    times = []
+    for i in range({n}):
+        start = time.perf_counter()
+        with run.tool("probe", {{"i": i}}, side_effect="none", idempotency="safe"):
+            pass
+        times.append((time.perf_counter() - start) * 1000)
+    open("sdk.ms", "w").write(str(statistics.median(times)))
+"""
+
+
+def _wait_file(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear")
+        time.sleep(0.001)
+
+
+def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
+    """``wake_to_exec_p50_ms``: from the activate request to the first instruction of
+    a shell one-liner probe (gate included); ``sdk_tool_roundtrip_p50_ms``: one
+    ``run.tool`` block with an empty body, its events durable."""
+    root = work / "wake"
+    root.mkdir()
+    probe = root / "ts"
+    spec = (
+        f'name = "probe"\n[run]\nexec = ["bash", "-c", "echo $EPOCHREALTIME > {probe}"]\n'
+        f'cwd = "{root}"\n[[trigger]]\ntype = "message"\n'
+    )
+    sdk_script = root / "sdk_probe.py"
+    sdk_script.write_text(SDK_PROBE.format(n=200 if quick else 1000))
+    pythonpath = str(Path(__file__).parents[2])
+    sdk_spec = (
+        f'name = "sdkprobe"\n[run]\nkind = "sdk"\nexec = ["{sys.executable}", "{sdk_script}"]\n'
+        f'cwd = "{root}"\nenv = {{ PYTHONPATH = "{pythonpath}" }}\n'
+    )
+    d = BenchDaemon(root)
+    d.state_dir.mkdir(parents=True)
+    try:
+        d.start()
+        for name, text in (("probe", spec), ("sdkprobe", sdk_spec)):
+            call(d.socket, "create", {"spec": text, "base": str(root), "source": name})
+        delays = []
+        for _ in range(20 if quick else 100):
+            probe.unlink(missing_ok=True)
+            start = time.time()
+            call(d.socket, "activate", {"name": "probe"})
+            _wait_file(probe)
+            while True:  # the run ends (sleeping again) before the next activate
+                if call(d.socket, "show", {"name": "probe"})["state"] == "sleeping":
+                    break
+                time.sleep(0.001)
+            stamp = float(probe.read_text().strip() or 0)
+            delays.append((stamp - start) * 1000)
+        call(d.socket, "activate", {"name": "sdkprobe"})
+        _wait_file(root / "sdk.ms", timeout=300)
+        sdk_ms = float((root / "sdk.ms").read_text())
+    finally:
+        d.stop()
+    shutil.rmtree(root)
+    return {
+        "wake_to_exec_p50_ms": round(statistics.median(delays), 2),
+        "sdk_tool_roundtrip_p50_ms": round(sdk_ms, 2),
+    }
+
+
+def call(path: Path, method: str, params: dict[str, Any]) -> Any:
+    from sessiond.wire import Connection
+
+    with Connection(path) as conn:
+        return conn.call(method, params)

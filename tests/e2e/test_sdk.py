@@ -243,3 +243,25 @@ def test_policy_ask_on_a_command_blocks_until_approved() -> None:
         wait_event(d, "c", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated")
         assert (d.root / "ran.txt").read_text() == "ran\n"
         assert os.path.exists(d.root / "ran.txt")
+
+
+def test_an_interrupt_lets_the_current_block_finish_then_stops() -> None:
+    looper = Path(__file__).parent / "programs" / "looper.py"
+    root = Path(__file__).parents[2]
+    with running() as d:
+        spec = (
+            f'name = "loop"\n[run]\nkind = "sdk"\nexec = ["{sys.executable}", "{looper}"]\n'
+            f'cwd = "."\nenv = {{ PYTHONPATH = "{root}" }}\n'
+        )
+        d.ctl("create", str(d.write_spec("loop", spec)), check=True)
+        d.ctl("activate", "loop", check=True)
+        wait_event(d, "loop", "tool.started")
+        shown = d.json("interrupt", "loop")
+        assert shown["state"] == "sleeping"
+        assert shown["last_run"]["status"] == "interrupted"
+        finished = d.json("log", "loop", "--type", "tool.finished")
+        started = d.json("log", "loop", "--type", "tool.started")
+        assert len(finished) == len(started)  # no block was cut in the middle
+        assert all(r["data"]["status"] == "ok" for r in finished)
+        assert (d.root / "stopped").exists()  # it stopped at a stable point by itself
+        assert d.json("show", "loop")["tools_in_flight"] == []
