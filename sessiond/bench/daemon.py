@@ -252,7 +252,7 @@ def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
     """``wake_to_exec_p50_ms``: from the activate request to the first instruction of
     a shell one-liner probe (gate included); ``sdk_tool_roundtrip_p50_ms``: one
     ``run.tool`` block with an empty body, its events durable."""
-    root = work / "wake"
+    root = (work / "wake").resolve()
     root.mkdir()
     probe = root / "ts"
     spec = (
