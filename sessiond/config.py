@@ -101,6 +101,10 @@ class DaemonConfig(_Strict):
         ]
         | None
     ) = None
+    # TEST ONLY: the daemon's clock runs this many seconds ahead of the machine's (it
+    # stamps events and drives cron/every); the tests use it to "be" next month.
+    clock_offset: float = 0.0
+    watch_step_ms: int = Field(default=50, ge=10, le=10_000)
     source: Path | None = None  # the file read, for messages; not a key
 
     @field_validator("profiles")

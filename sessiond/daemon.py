@@ -18,6 +18,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from sessiond.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.store.durable import private_dir, write_durable
 from sessiond.store.files import FileStore
 from sessiond.table import Session, Table
+from sessiond.triggers import Triggers, wall_clock
 
 log = structlog.get_logger(__name__)
 
@@ -105,9 +107,13 @@ class Daemon:
     def __init__(self, config: DaemonConfig, env: dict[str, str]) -> None:
         self.config = config
         self.env = env
-        self.store = FileStore(config.state_dir)
+        offset_ns = int(config.clock_offset * 1e9)
+        self.store = FileStore(config.state_dir, clock=lambda: time.time_ns() + offset_ns)
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
+        self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
+        self.kernel.triggers = self.triggers
+        self.table.next_wake_fn = self.triggers.next_wake
         self.server = Server(config, self.kernel, self.reload)
         self.stopping = asyncio.Event()
 
@@ -138,6 +144,7 @@ class Daemon:
             result = await self.sync_specs()
             for error in result["errors"]:
                 log.error("spec.refused", error=error)
+        self.triggers.arm_all()
         await self.server.start()
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
@@ -240,6 +247,8 @@ class Daemon:
                 continue
             self.store.write_spec(spec.name, text)
             existing.spec, existing.spec_text = spec, text
+            if existing.journal is not None:
+                self.triggers.rearm(existing)
             result["updated"].append(spec.name)
             log.info("spec.updated", session=spec.name, source=str(path))
         return result
@@ -282,6 +291,7 @@ class Daemon:
             except Exception:  # record what we can for the others
                 log.exception("stop.failed", session=s.name)
 
+        await self.triggers.close()
         await asyncio.gather(*(stop_one(s) for s in running))
         await self.server.close()
         await self.table.close()

@@ -56,6 +56,7 @@ class Kernel(SdkCalls, Runs):
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
         self.background: set[asyncio.Task[Any]] = set()
         self.tokens: dict[str, RunGrant] = {}
+        self.triggers: Any = None  # sessiond.triggers.Triggers, set by the daemon
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -72,6 +73,8 @@ class Kernel(SdkCalls, Runs):
         event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
         record = await self.table.append(s, event, causation=causation)
         log.info("lifecycle", session=s.name, to=to, reason=reason)
+        if to == "terminated" and self.triggers is not None:
+            self.triggers.disarm(s.name)
         return record
 
     def _now(self) -> int:
@@ -99,7 +102,8 @@ class Kernel(SdkCalls, Runs):
     async def ps(self) -> list[dict[str, Any]]:
         from sessiond.table import summary
 
-        return [summary(s) for s in sorted(self.table, key=lambda s: s.name)]
+        fn = self.table.next_wake_fn
+        return [summary(s, fn) for s in sorted(self.table, key=lambda s: s.name)]
 
     async def show(self, name: str) -> dict[str, Any]:
         return detail(self.table.get(name))
@@ -156,6 +160,8 @@ class Kernel(SdkCalls, Runs):
         if spec.has_triggers:
             await self._transition(s, "sleeping", why="arm", reason="armed: waits for its triggers")
         log.info("session.created", session=spec.name)
+        if self.triggers is not None:
+            self.triggers.rearm(s)
         return s
 
     # --- running ----------------------------------------------------------------------
@@ -262,6 +268,8 @@ class Kernel(SdkCalls, Runs):
                 }
             ),
         )
+        if armed and self.triggers is not None:
+            self.triggers.rearm(child)
         return detail(child)
 
     async def merge(
@@ -532,6 +540,8 @@ class Kernel(SdkCalls, Runs):
                     }
                 ),
             )
+        if self.triggers is not None:
+            self.triggers.rearm(s)
         return detail(s)
 
 

@@ -472,6 +472,9 @@ class Runs:
             await self._finish(s, run_id, call_id, outcome, before)
             s.run = None
             return
+        # Known as running before anything is awaited: the program may call the
+        # daemon (the SDK) at once.
+        s.run = Run(run_id, pid, time.time(), program)
         await self.table.append(
             s,
             RunStarted(
@@ -485,7 +488,6 @@ class Runs:
             ),
             causation=cause["id"] if cause else None,
         )
-        s.run = Run(run_id, pid, time.time(), program)
         self.fault("during-work")
         s.run.task = asyncio.create_task(
             self._supervise(
@@ -512,6 +514,9 @@ class Runs:
                 s.run = None
                 wake_file.unlink(missing_ok=True)
                 self.end_run(s, run_id)
+                triggers = getattr(self, "triggers", None)
+                if triggers is not None:
+                    triggers.run_ended(s)
             if s.state == "sleeping" and s.j.state.pending_wakes:
                 # Wakes that came while it ran: one follow-up run carries them all.
                 await self.proceed(s, None)

@@ -56,6 +56,7 @@ class Session:
     broken: str | None = None  # why the log cannot be used
     run: Run | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
 
     @property
     def j(self) -> Journal:
@@ -82,6 +83,8 @@ class Table:
         self.sessions: dict[str, Session] = {}
         self._listeners: list[Listener] = []
         self.started = time.time()
+        # set by the daemon to its triggers' view (next fire times); else the spec's
+        self.next_wake_fn: Callable[[Session], str | None] = next_wake
 
     def __iter__(self) -> Iterator[Session]:
         return iter(self.sessions.values())
@@ -127,6 +130,7 @@ class Table:
         if session.journal is not None:
             name = session.name
             session.journal.listeners.append(lambda record: self._broadcast(name, record))
+        session.wake_fn = self.next_wake_fn
         self.sessions[session.name] = session
         return session
 
@@ -203,8 +207,11 @@ def file_hash(path: Path) -> str | None:
         return None
 
 
-def summary(session: Session) -> dict[str, Any]:
+def summary(
+    session: Session, wake_fn: Callable[[Session], str | None] | None = None
+) -> dict[str, Any]:
     """A `ps` row."""
+    wake_fn = wake_fn or next_wake
     spec = session.spec
     if session.journal is None:
         return {
@@ -229,7 +236,7 @@ def summary(session: Session) -> dict[str, Any]:
         "priority": spec.priority if spec else s.priority,
         "runs": s.runs,
         "last_active": s.last_active or s.created_at,
-        "next_wake": next_wake(session),
+        "next_wake": wake_fn(session),
         "pid": session.run.pid if session.run else None,
         "parent": s.parent,
         "outcome": s.outcome,

@@ -54,7 +54,7 @@ def detail(session: Session) -> dict[str, Any]:
         "program": list(spec.run.exec) if spec and spec.run else None,
         "kind": spec.run.kind if spec and spec.run else None,
         "triggers": spec.trigger_summary() if spec else [],
-        "next_wake": next_wake(session),
+        "next_wake": (session.wake_fn or next_wake)(session),
         "pid": session.run.pid if session.run else None,
     }
     if session.journal is None:

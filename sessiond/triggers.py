@@ -1,0 +1,469 @@
+"""Triggers: what wakes a sleeping session.
+
+* ``cron`` and ``every``: timers on the daemon's clock. A timer never sleeps more
+  than a minute before looking at the clock again, so a wall clock set back or
+  forward, or a suspended machine, causes at most one run and a recomputed next
+  fire — never a burst and never a hang. Cron fires missed while the daemon was
+  down run once at start-up (``catch_up = "once"``); the last fire is taken from
+  the session's own log (its last cron ``wake.requested``).
+* ``watch`` and ``[bind]`` (dependency): one shared watchfiles watcher over every
+  armed workspace routes each change to the sessions that watch it; each session
+  debounces its own changes into one wake listing every changed path. A bound
+  file wakes its session only when its content hash changed. A reconciliation
+  scan catches what the kernel did not report (inotify overflow) and logs it.
+* ``git``: a change under a repository's ``.git`` makes the daemon read the ref;
+  if it moved and the diff from the last commit this session saw touches the
+  trigger's paths, the session wakes with the commit range.
+* ``message`` is ``sessionctl send``; ``manual`` is ``sessionctl activate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import watchfiles
+
+from sessiond.cron import Cron
+from sessiond.spec import (
+    CronTriggerSpec,
+    EveryTriggerSpec,
+    GitTriggerSpec,
+    SessionSpec,
+    WatchTriggerSpec,
+)
+from sessiond.table import Session, file_hash
+
+if TYPE_CHECKING:
+    from sessiond.kernel import Kernel
+
+log = structlog.get_logger(__name__)
+
+RECHECK = 60.0  # seconds: the longest a timer sleeps before reading the clock again
+RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
+
+
+def match(rel: str, patterns: list[str]) -> bool:
+    """Glob match on a workspace-relative path; a pattern naming a folder covers it."""
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(rel, pattern) or rel.startswith(pattern.rstrip("/") + "/"):
+            return True
+        if pattern.endswith("/**") and (rel == pattern[:-3] or rel.startswith(pattern[:-2])):
+            return True
+    return False
+
+
+def git(repo: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@dataclass
+class Armed:
+    """A session's live triggers."""
+
+    session: Session
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    next_fires: dict[str, datetime] = field(default_factory=dict)  # trigger key -> next fire
+    pending_paths: set[str] = field(default_factory=set)
+    flush: asyncio.TimerHandle | None = None
+    git_seen: dict[str, str] = field(default_factory=dict)  # repo:ref -> last commit seen
+    scan: dict[str, tuple[int, int]] = field(default_factory=dict)  # reconciliation baseline
+
+
+class Triggers:
+    def __init__(self, kernel: Kernel, clock: Callable[[], float], poll_step_ms: int) -> None:
+        self.kernel = kernel
+        self.clock = clock  # seconds since the epoch (the daemon's clock)
+        self.poll_step_ms = poll_step_ms
+        self.armed: dict[str, Armed] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._stop_watch: asyncio.Event | None = None
+        self._roots: frozenset[str] = frozenset()
+        self._reconciler: asyncio.Task[None] | None = None
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    # --- arming ---------------------------------------------------------------------
+
+    def arm_all(self) -> None:
+        for s in self.kernel.table:
+            self.arm(s)
+        self._restart_watcher()
+        if self._reconciler is None:
+            self._reconciler = asyncio.ensure_future(self._reconcile_loop())
+
+    def arm(self, s: Session) -> None:
+        """(Re)arm a session's triggers from its spec; disarm if it has none left."""
+        self.disarm(s.name, restart=False)
+        spec = s.spec
+        if spec is None or not spec.has_triggers or s.journal is None or s.state == "terminated":
+            return
+        armed = Armed(s)
+        self.armed[s.name] = armed
+        for index, trig in enumerate(spec.trigger):
+            key = f"{trig.type}#{index}"
+            if isinstance(trig, CronTriggerSpec):
+                self._arm_cron(armed, key, trig)
+            elif isinstance(trig, EveryTriggerSpec):
+                self._arm_every(armed, key, trig)
+            elif isinstance(trig, GitTriggerSpec):
+                self._arm_git(armed, trig)
+        self._baseline_scan(armed)
+
+    def disarm(self, name: str, *, restart: bool = True) -> None:
+        armed = self.armed.pop(name, None)
+        if armed is None:
+            return
+        for timer in armed.timers:
+            timer.cancel()
+        if armed.flush is not None:
+            armed.flush.cancel()
+        if restart:
+            self._restart_watcher()
+
+    def rearm(self, s: Session) -> None:
+        self.arm(s)
+        self._restart_watcher()
+
+    async def close(self) -> None:
+        for name in list(self.armed):
+            self.disarm(name, restart=False)
+        if self._stop_watch is not None:
+            self._stop_watch.set()
+        for task in (self._watcher, self._reconciler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def next_wake(self, s: Session) -> str | None:
+        """For ps/show: the next time for cron and every, "on change of …" for the rest."""
+        armed = self.armed.get(s.name)
+        spec = s.spec
+        if armed is None or spec is None:
+            return None
+        parts = []
+        if armed.next_fires:
+            soonest = min(armed.next_fires.values())
+            parts.append(soonest.isoformat(timespec="seconds").replace("+00:00", "Z"))
+        for trig in spec.trigger:
+            if isinstance(trig, WatchTriggerSpec):
+                parts.append("on change of " + " ".join(trig.paths))
+            elif isinstance(trig, GitTriggerSpec):
+                parts.append(f"on commit to {' '.join(trig.paths)}")
+            elif trig.type == "message":
+                parts.append("on message")
+        if spec.bind.files:
+            parts.append("on change of " + " ".join(spec.bind.files))
+        return "; ".join(parts) or None
+
+    # --- timers ---------------------------------------------------------------------
+
+    def _schedule(self, armed: Armed, key: str, fire: datetime, fn: Callable[[], None]) -> None:
+        armed.next_fires[key] = fire
+        delay = min(max((fire - self.now()).total_seconds(), 0.0), RECHECK)
+        armed.timers.append(asyncio.get_running_loop().call_later(delay, fn))
+
+    def _last_wake(self, s: Session, trigger: str) -> dict[str, Any] | None:
+        last = None
+        for record in self.kernel.store.read(s.name):
+            if record["type"] == "wake.requested" and record["data"]["trigger"] == trigger:
+                last = record
+        return last
+
+    def _arm_cron(self, armed: Armed, key: str, trig: CronTriggerSpec) -> None:
+        cron = Cron(trig.schedule, trig.timezone, trig.jitter)
+        s = armed.session
+        now = self.now()
+        last = self._last_wake(s, "cron")
+        if last is not None:
+            details = last["data"]["details"]
+            # a catch-up stands for every fire up to the moment it was made
+            reference = datetime.fromisoformat(str(details.get("caught_up_to") or details["fire"]))
+        else:
+            created = s.j.state.created_at
+            reference = datetime.fromisoformat(created.replace("Z", "+00:00")) if created else now
+        missed = cron.first_missed(reference, now) if trig.catch_up == "once" else None
+        if missed is not None:
+            details = {
+                "schedule": trig.schedule, "fire": missed.isoformat(), "catch_up": True,
+                "caught_up_to": now.isoformat(),
+            }  # fmt: skip
+            self.kernel.spawn(self.kernel.wake(s, "cron", details))
+        self._next_cron(armed, key, trig, cron, now)
+
+    def _next_cron(
+        self, armed: Armed, key: str, trig: CronTriggerSpec, cron: Cron, after: datetime
+    ) -> None:
+        fire = cron.next_after(after)
+        if fire is None:
+            armed.next_fires.pop(key, None)
+            return
+        if trig.jitter:
+            fire += timedelta(seconds=(hash((key, fire)) % 1000) / 1000 * trig.jitter)
+
+        def tick() -> None:
+            if self.armed.get(armed.session.name) is not armed:
+                return  # disarmed meanwhile
+            now = self.now()
+            if now >= fire:
+                details = {"schedule": trig.schedule, "fire": fire.isoformat()}
+                self.kernel.spawn(self.kernel.wake(armed.session, "cron", details))
+                self._next_cron(armed, key, trig, cron, now)  # missed fires collapse into one
+            elif fire - now > timedelta(days=400):
+                self._next_cron(armed, key, trig, cron, now)  # the clock went back: recompute
+            else:
+                self._schedule(armed, key, fire, tick)
+
+        self._schedule(armed, key, fire, tick)
+
+    def _arm_every(self, armed: Armed, key: str, trig: EveryTriggerSpec) -> None:
+        s = armed.session
+        state = s.j.state
+        anchor = (state.last_run or {}).get("ts") or state.created_at
+        base = datetime.fromisoformat(anchor.replace("Z", "+00:00")) if anchor else self.now()
+        fire = max(base + timedelta(seconds=trig.interval), self.now())
+
+        def tick() -> None:
+            if self.armed.get(s.name) is not armed:
+                return
+            now = self.now()
+            if now >= fire or fire - now > timedelta(seconds=trig.interval * 2):
+                self.kernel.spawn(self.kernel.wake(s, "every", {"interval": trig.interval}))
+                # measured from the end of the run: re-armed when the run ends
+            else:
+                self._schedule(armed, key, fire, tick)
+
+        self._schedule(armed, key, fire, tick)
+
+    def run_ended(self, s: Session) -> None:
+        """An ``every`` interval is measured from the end of the last run."""
+        spec = s.spec
+        if spec is not None and any(isinstance(t, EveryTriggerSpec) for t in spec.trigger):
+            self.rearm(s)
+
+    # --- git ------------------------------------------------------------------------
+
+    def _ref(self, trig: GitTriggerSpec) -> str:
+        if trig.ref:
+            return trig.ref
+        return git(Path(trig.repo), "symbolic-ref", "-q", "HEAD") or "HEAD"
+
+    def _arm_git(self, armed: Armed, trig: GitTriggerSpec) -> None:
+        key = f"{trig.repo}:{self._ref(trig)}"
+        last = self._last_wake(armed.session, "git")
+        seen = str(last["data"]["details"]["to"]) if last is not None else None
+        armed.git_seen[key] = seen or git(Path(trig.repo), "rev-parse", self._ref(trig)) or ""
+
+    def _check_git(self, armed: Armed) -> None:
+        spec = armed.session.spec
+        assert spec is not None
+        for trig in spec.trigger:
+            if not isinstance(trig, GitTriggerSpec):
+                continue
+            repo = Path(trig.repo)
+            ref = self._ref(trig)
+            key = f"{trig.repo}:{ref}"
+            new = git(repo, "rev-parse", ref)
+            old = armed.git_seen.get(key, "")
+            if not new or new == old:
+                continue
+            armed.git_seen[key] = new
+            forced = bool(old) and git(repo, "merge-base", "--is-ancestor", old, new) is None
+            base = old
+            if forced:  # rebased, reset or force-pushed: diff from where the two met
+                base = git(repo, "merge-base", old, new) or ""
+            names = (
+                git(repo, "diff", "--name-only", base, new)
+                if base
+                else git(repo, "show", "--pretty=format:", "--name-only", new)
+            )
+            changed = [p for p in (names or "").splitlines() if p and match(p, trig.paths)]
+            if not changed:
+                log.info("git.ignored", session=armed.session.name, to=new, why="paths untouched")
+                continue
+            details = {
+                "repo": trig.repo, "ref": ref, "from": old, "to": new,
+                "range": f"{old}..{new}" if old else new, "forced": forced, "paths": changed,
+            }  # fmt: skip
+            self.kernel.spawn(self.kernel.wake(armed.session, "git", details))
+
+    # --- watch and dependency ---------------------------------------------------------
+
+    def _roots_now(self) -> frozenset[str]:
+        roots = set()
+        for armed in self.armed.values():
+            spec = armed.session.spec
+            assert spec is not None
+            if spec.bind.files or any(isinstance(t, WatchTriggerSpec) for t in spec.trigger):
+                roots.add(str(spec.workspace))
+            for trig in spec.trigger:
+                if isinstance(trig, GitTriggerSpec):
+                    roots.add(str(Path(trig.repo) / ".git"))
+        return frozenset(r for r in roots if os.path.isdir(r))
+
+    def _restart_watcher(self) -> None:
+        roots = self._roots_now()
+        if roots == self._roots and self._watcher is not None:
+            return
+        if self._stop_watch is not None:
+            self._stop_watch.set()
+        self._roots = roots
+        if not roots:
+            self._watcher = None
+            return
+        self._stop_watch = asyncio.Event()
+        self._watcher = asyncio.ensure_future(self._watch(roots, self._stop_watch))
+
+    async def _watch(self, roots: frozenset[str], stop: asyncio.Event) -> None:
+        log.info("watch.started", roots=sorted(roots), step_ms=self.poll_step_ms)
+        try:
+            async for changes in watchfiles.awatch(
+                *roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
+                stop_event=stop, ignore_permission_denied=True,
+            ):  # fmt: skip
+                self.route({path for _, path in changes})
+        except Exception:
+            log.exception("watch.failed")
+
+    def route(self, paths: set[str]) -> None:
+        """Send changed absolute paths to the sessions that watch them."""
+        for armed in list(self.armed.values()):
+            spec = armed.session.spec
+            assert spec is not None
+            workspace = str(spec.workspace).rstrip("/") + "/"
+            git_dirs = [
+                str(Path(t.repo) / ".git") + "/"
+                for t in spec.trigger
+                if isinstance(t, GitTriggerSpec)
+            ]
+            if any(p.startswith(g) or p + "/" == g for p in paths for g in git_dirs):
+                self._check_git(armed)
+            hits = {p[len(workspace) :] for p in paths if p.startswith(workspace)}
+            hits = {h for h in hits if not h.startswith(".git/") and h != ".git"}
+            wanted = {h for h in hits if self._watched(spec, h)}
+            if wanted:
+                for rel in wanted:  # seen by the watcher: the reconciliation need not report it
+                    try:
+                        st = (spec.workspace / rel).stat()
+                        armed.scan[rel] = (st.st_mtime_ns, st.st_size)
+                    except OSError:
+                        armed.scan.pop(rel, None)
+                self._collect(armed, wanted)
+
+    @staticmethod
+    def _watched(spec: SessionSpec, rel: str) -> bool:
+        if rel in spec.bind.files:
+            return True
+        for trig in spec.trigger:
+            if (
+                isinstance(trig, WatchTriggerSpec)
+                and match(rel, trig.paths)
+                and not match(rel, trig.exclude)
+            ):
+                return True
+        return False
+
+    def _collect(self, armed: Armed, paths: set[str]) -> None:
+        armed.pending_paths |= paths
+        if armed.flush is not None:
+            return  # one wake per debounce window, carrying every path
+        spec = armed.session.spec
+        assert spec is not None
+        debounce = min(
+            (t.debounce for t in spec.trigger if isinstance(t, WatchTriggerSpec)), default=0.2
+        )
+        armed.flush = asyncio.get_running_loop().call_later(debounce, self._flush, armed)
+
+    def _flush(self, armed: Armed) -> None:
+        armed.flush = None
+        paths, armed.pending_paths = armed.pending_paths, set()
+        s = armed.session
+        spec = s.spec
+        assert spec is not None
+        bound = s.j.state.bound
+        changed_bound = sorted(
+            p
+            for p in paths
+            if p in spec.bind.files and file_hash(spec.workspace / p) != bound.get(p)
+        )
+        watched = sorted(
+            p for p in paths if any(
+                isinstance(t, WatchTriggerSpec) and match(p, t.paths) and not match(p, t.exclude)
+                for t in spec.trigger
+            )
+        )  # fmt: skip
+        if watched:
+            self.kernel.spawn(
+                self.kernel.wake(
+                    s, "watch", {"paths": watched}, frozenset(watched) | frozenset(changed_bound)
+                )
+            )
+        elif changed_bound:
+            self.kernel.spawn(
+                self.kernel.wake(
+                    s, "dependency", {"paths": changed_bound}, frozenset(changed_bound)
+                )
+            )
+
+    # --- reconciliation ---------------------------------------------------------------
+
+    def _scan(self, spec: SessionSpec) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        base = spec.workspace
+        patterns = list(spec.bind.files)
+        for trig in spec.trigger:
+            if isinstance(trig, WatchTriggerSpec):
+                patterns += trig.paths
+        for pattern in patterns:
+            for path in base.glob(pattern):
+                if path.is_file():
+                    rel = str(path.relative_to(base))
+                    st = path.stat()
+                    found[rel] = (st.st_mtime_ns, st.st_size)
+        return found
+
+    def _baseline_scan(self, armed: Armed) -> None:
+        spec = armed.session.spec
+        assert spec is not None
+        if spec.bind.files or any(isinstance(t, WatchTriggerSpec) for t in spec.trigger):
+            armed.scan = self._scan(spec)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE)
+            for armed in list(self.armed.values()):
+                spec = armed.session.spec
+                if spec is None or (not armed.scan and not spec.bind.files):
+                    continue
+                now = await asyncio.to_thread(self._scan, spec)
+                missed = {p for p, v in now.items() if armed.scan.get(p) != v}
+                missed |= set(armed.scan) - set(now)
+                armed.scan = now
+                missed = {p for p in missed if self._watched(spec, p)} - armed.pending_paths
+                if missed:
+                    log.warning(
+                        "watch.reconciled", session=armed.session.name, missed=sorted(missed)
+                    )
+                    self._collect(armed, missed)
+
+
+def wall_clock(offset: float) -> Callable[[], float]:
+    return lambda: time.time() + offset

@@ -1,0 +1,188 @@
+"""Triggers through the real daemon: cron with the test clock, watch, dependency, git."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+
+from tests.e2e.harness import Daemon, running, short_dir, wait_event
+
+RECORD = 'cat \\"$SESSIOND_WAKE_FILE\\" >> wakes.jsonl; echo >> wakes.jsonl'
+
+
+def wakes(root: Path) -> list[dict[str, object]]:
+    path = root / "wakes.jsonl"
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_missed_cron_fire_runs_once_after_a_restart() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        spec = (
+            'name = "payroll"\n[run]\nexec = ["sh", "-c", "echo ran >> ran.txt"]\ncwd = "."\n'
+            '[[trigger]]\ntype = "cron"\nschedule = "0 9 1 * *"\n'
+        )
+        d.ctl("create", str(d.write_spec("payroll", spec)), check=True)
+        assert "Z" in d.json("ps")[0]["next_wake"]  # the next 09:00 on the 1st
+        d.stop()
+        d.config.write_text('log_format = "json"\nclock_offset = 3456000\n')  # 40 days later
+        d.start()
+        finished = wait_event(d, "payroll", "run.finished")
+        assert finished["data"]["status"] == "ok"
+        wake = d.json("log", "payroll", "--type", "wake.requested")[-1]["data"]
+        assert (wake["trigger"], wake["details"]["catch_up"]) == ("cron", True)
+        assert (root / "ran.txt").read_text() == "ran\n"  # once, however many fires were missed
+        d.stop()
+        d.start()  # the same clock again: the catch-up covered everything up to it
+        time.sleep(0.5)
+        assert (root / "ran.txt").read_text() == "ran\n"
+        assert len(d.json("log", "payroll", "--type", "wake.requested")) == 1
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_file_change_wakes_a_watching_session_with_the_paths() -> None:
+    with running() as d:
+        (d.root / "data").mkdir()
+        spec = (
+            f'name = "w"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "."\n'
+            '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\nexclude = ["data/tmp*"]\n'
+        )
+        d.ctl("create", str(d.write_spec("w", spec)), check=True)
+        (d.root / "data" / "tmp.csv").write_text("ignored\n")
+        (d.root / "data" / "a.csv").write_text("1,2\n")
+        (d.root / "data" / "b.csv").write_text("3,4\n")
+        wait_event(d, "w", "run.finished")
+        (cause,) = wakes(d.root)
+        paths = cause["wakes"][0]["details"]["paths"]  # type: ignore[index]
+        assert paths == ["data/a.csv", "data/b.csv"]  # one wake for the burst; tmp excluded
+        assert cause["wakes"][0]["trigger"] == "watch"  # type: ignore[index]
+        assert d.json("show", "w")["next_wake"] == "on change of data/*.csv"
+
+
+def test_a_bound_file_wakes_its_session_when_its_content_changes() -> None:
+    with running() as d:
+        (d.root / "rates.csv").write_text("rate,1\n")
+        spec = (
+            f'name = "payroll"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "."\n'
+            '[bind]\nfiles = ["rates.csv"]\n'
+        )
+        d.ctl("create", str(d.write_spec("payroll", spec)), check=True)
+        assert d.json("show", "payroll")["state"] == "sleeping"  # [bind] arms it
+        (d.root / "rates.csv").write_text("rate,2\n")
+        finished = wait_event(d, "payroll", "run.finished")
+        assert finished["data"]["status"] == "ok"  # the gate let the cause of the wake through
+        (cause,) = wakes(d.root)
+        wake = cause["wakes"][0]  # type: ignore[index]
+        assert (wake["trigger"], wake["details"]["paths"]) == ("dependency", ["rates.csv"])
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
+
+
+def test_a_commit_touching_the_paths_wakes_a_git_session_and_others_do_not() -> None:
+    with running() as d:
+        repo = d.root / "repo"
+        (repo / "src").mkdir(parents=True)
+        _git(repo, "init", "-q", "-b", "main")
+        (repo / "src" / "api.py").write_text("def f(): pass\n")
+        (repo / "README.md").write_text("hello\n")
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-q", "-m", "first")
+        spec = (
+            f'name = "docs"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "repo"\n'
+            '[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
+        )
+        d.ctl("create", str(d.write_spec("docs", spec)), check=True)
+        (repo / "README.md").write_text("hello again\n")
+        _git(repo, "commit", "-q", "-am", "docs only")
+        ignored = wait_line(d, "git.ignored")
+        assert ignored["session"] == "docs"
+        first = _git(repo, "rev-parse", "HEAD")
+        (repo / "src" / "api.py").write_text("def f(): return 1\n")
+        _git(repo, "commit", "-q", "-am", "api change")
+        wait_event(d, "docs", "run.finished")
+        head = _git(repo, "rev-parse", "HEAD")
+        (cause,) = wakes(repo)
+        details = cause["wakes"][0]["details"]  # type: ignore[index]
+        assert details["range"] == f"{first}..{head}"
+        assert details["paths"] == ["src/api.py"]
+        assert details["forced"] is False
+        # history rewritten, as a force push does: the ref jumps to a commit that is
+        # not a descendant of the one the session last saw (one ref update)
+        seq = d.json("show", "docs")["seq"]
+        (repo / "src" / "new.py").write_text("x = 1\n")
+        _git(repo, "add", "src/new.py")
+        tree = _git(repo, "write-tree")
+        rewritten = _git(repo, "commit-tree", tree, "-p", first, "-m", "rewritten")
+        _git(repo, "update-ref", "refs/heads/main", rewritten)
+        wait_event(d, "docs", "run.finished", since=seq + 1)
+        last = wakes(repo)[-1]["wakes"][0]["details"]  # type: ignore[index]
+        assert last["forced"] is True
+        assert last["range"] == f"{head}..{rewritten}"
+        assert "src/new.py" in last["paths"]
+
+
+def wait_line(d: Daemon, event: str, timeout: float = 20.0) -> dict[str, object]:
+    """The daemon's own log line (the harness collects them as they come)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in d.lines:
+            if line.get("event") == event:
+                return line
+        time.sleep(0.02)
+    raise AssertionError(f"no {event} in the daemon's log")
+
+
+def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> None:
+    with running() as d:
+        sessions = 20
+        for i in range(sessions):
+            folder = d.root / f"w{i}"
+            (folder / "data").mkdir(parents=True)
+            spec = (
+                f'name = "w{i}"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "w{i}"\n'
+                '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n'
+            )
+            d.ctl("create", str(d.write_spec(f"w{i}", spec)), check=True)
+        written: dict[int, set[str]] = {i: set() for i in range(sessions)}
+        start = time.monotonic()
+        for n in range(2000):  # 2,000 changes in about a second
+            i = n % sessions
+            name = f"data/f{n // sessions}.txt"
+            (d.root / f"w{i}" / name).write_text(str(n))
+            written[i].add(name)
+        elapsed = time.monotonic() - start
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seen = {
+                i: {
+                    p
+                    for w in wakes(d.root / f"w{i}")
+                    for x in w["wakes"]
+                    for p in x["details"].get("paths", [])
+                }
+                for i in range(sessions)
+            }  # type: ignore[union-attr,index]
+            if all(written[i] <= seen[i] for i in range(sessions)):
+                break
+            time.sleep(0.2)
+        assert all(written[i] <= seen[i] for i in range(sessions))  # no change lost
+        for i in range(sessions):
+            runs = len(wakes(d.root / f"w{i}"))
+            assert 1 <= runs <= int(elapsed / 0.2) + 3, (i, runs, elapsed)
