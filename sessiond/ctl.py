@@ -67,6 +67,16 @@ def ago(ts: str | None, now: float | None = None) -> str:
     return ts
 
 
+def when(next_wake: str | None) -> str:
+    """A next-wake text with its time made relative: "in 2 h; on message"."""
+    if not next_wake:
+        return "-"
+    first, _, rest = next_wake.partition("; ")
+    if first[:4].isdigit():
+        first = ago(first)
+    return f"{first}; {rest}" if rest else first
+
+
 def _table(rows: list[list[str]], out: Out, colour_col: int | None = None) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
@@ -102,7 +112,7 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
                 r["agent"] or "-",
                 str(r["priority"]),
                 ago(r["last_active"]),
-                (r["next_wake"] or "-")[:40],
+                when(r["next_wake"])[:40],
                 str(r["runs"]),
                 (r["reason"] or "")[:60],
             ]
@@ -131,7 +141,7 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("priority", str(d.get("priority", 0))),
         ("program", " ".join(d["program"]) if d.get("program") else "(none)"),
         ("triggers", "; ".join(d.get("triggers") or []) or "(none)"),
-        ("next wake", d.get("next_wake") or "-"),
+        ("next wake", when(d.get("next_wake"))),
         ("runs", str(d.get("runs", 0))),
         ("pid", str(d["pid"]) if d.get("pid") else "-"),
         ("created", ago(d.get("created_at"))),

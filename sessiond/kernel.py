@@ -37,6 +37,7 @@ from sessiond.event_data import (
 )
 from sessiond.lineage import fork as fork_log
 from sessiond.runs import Runs, workspace_hasher
+from sessiond.scheduler import Scheduler
 from sessiond.sdk_calls import RunGrant, SdkCalls
 from sessiond.spec import SessionSpec, parse_spec, spec_to_toml
 from sessiond.store.base import Draft, Record
@@ -57,6 +58,7 @@ class Kernel(SdkCalls, Runs):
         self.background: set[asyncio.Task[Any]] = set()
         self.tokens: dict[str, RunGrant] = {}
         self.triggers: Any = None  # sessiond.triggers.Triggers, set by the daemon
+        self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
 
     # --- helpers -----------------------------------------------------------------------
 

@@ -25,7 +25,8 @@ TRANSITIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         "created": frozenset({"ready", "sleeping", "suspended", "blocked", "terminated"}),
         "ready": frozenset({"running", "sleeping", "suspended", "blocked", "terminated"}),
         "running": frozenset({"sleeping", "suspended", "blocked", "terminated", "ready"}),
-        "sleeping": frozenset({"ready", "blocked", "suspended", "terminated"}),
+        # sleeping -> sleeping: the reason changes (a rate-limit cool-down starts or ends)
+        "sleeping": frozenset({"sleeping", "ready", "blocked", "suspended", "terminated"}),
         "suspended": frozenset({"sleeping", "ready", "terminated"}),
         "blocked": frozenset({"ready", "sleeping", "suspended", "terminated"}),
         "terminated": frozenset(),

@@ -33,6 +33,7 @@ from sessiond.event_data import (
     BudgetExhausted,
     GateCheck,
     GateEvaluated,
+    LifecycleChanged,
     ObservationProjected,
     PolicyDecided,
     RiskContract,
@@ -53,6 +54,7 @@ from sessiond.gate import (
 from sessiond.policy import Verdict as PolicyVerdict
 from sessiond.policy import decide
 from sessiond.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.scheduler import Scheduler
 from sessiond.spec import SessionSpec
 from sessiond.store.base import Draft, Record
 from sessiond.table import Run, Session, file_hash
@@ -138,6 +140,7 @@ class Runs:
     grant_of: Callable[[Session], Any]
 
     background: set[asyncio.Task[Any]]
+    scheduler: Scheduler
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""
@@ -166,10 +169,52 @@ class Runs:
         """
         async with s.lock:
             record = await self.table.append(s, WakeRequested(trigger=trigger, details=details))
+            if trigger not in ("manual", "approval", "resolve", "restart"):
+                end = self.scheduler.rate_limited(s, self.store.clock() / 1e9)
+                if end is not None:
+                    await self._cool_down(s, end)
+                    return record
             idle = s.state in ("created", "sleeping", "ready") and s.run is None
-            if idle and s.spec is not None and s.spec.run is not None:
+            queued = s.name in self.scheduler.queue
+            if idle and not queued and s.spec is not None and s.spec.run is not None:
                 await self.proceed(s, record, paths)
         return record
+
+    async def _cool_down(self, s: Session, end: float) -> None:
+        """Over its [limits]: sleep visibly until ``end``, then run the recorded wakes once."""
+        if s.state not in ("sleeping", "created") or s.j.state.until is not None:
+            return  # running or already cooling: the wake waits as a pending one
+        until = rfc3339(int(end * 1e9))
+        limits = s.spec.limits if s.spec else None
+        reason = (
+            f"rate limit: more than {limits.burst} wakes in {limits.interval:g}s; cooling down"
+            if limits
+            else "rate limit"
+        )
+        await self.table.append(
+            s,
+            LifecycleChanged.model_validate(
+                {"from": s.state, "to": "sleeping", "reason": reason, "until": until}
+            ),
+        )
+        delay = max(end - self.store.clock() / 1e9, 0.0)
+
+        def resume() -> None:
+            self.spawn(self._after_cool_down(s))
+
+        asyncio.get_running_loop().call_later(delay, resume)
+
+    async def _after_cool_down(self, s: Session) -> None:
+        async with s.lock:
+            if s.state == "sleeping" and s.j.state.until is not None:
+                await self.table.append(
+                    s,
+                    LifecycleChanged.model_validate(
+                        {"from": "sleeping", "to": "sleeping", "reason": "cool-down over"}
+                    ),
+                )
+                if s.j.state.pending_wakes and s.spec is not None and s.spec.run is not None:
+                    await self.proceed(s, None)
 
     async def gate_now(self, s: Session, cause: Record | None, paths: frozenset[str]) -> Verdict:
         """Evaluate the gate on the replayed state and record the result."""
@@ -214,8 +259,30 @@ class Runs:
             if s.state == "blocked":
                 await self._transition(s, "sleeping", why="unblock", reason="gate ok")
             return False
+        running = [r for r in self.table if r.run is not None]
+        if not self.scheduler.admits(s, running):
+            self.scheduler.enqueue(s)
+            if s.state != "ready":
+                limit = self.scheduler.limit
+                await self._transition(
+                    s, "ready", why="queue", reason=f"queued: {len(running)} of {limit} slots busy"
+                )
+            return False
+        self.scheduler.queue.pop(s.name, None)
         await self._start(s, cause)
         return True
+
+    async def dispatch(self) -> None:
+        """A slot came free: start the best queued session that may run (gate again)."""
+        for s in self.scheduler.order():
+            running = [r for r in self.table if r.run is not None]
+            if not self.scheduler.admits(s, running):
+                continue
+            async with s.lock:
+                self.scheduler.queue.pop(s.name, None)
+                if s.state == "ready" and s.run is None:
+                    await self.proceed(s, None)
+            return
 
     async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
         spec = s.spec
@@ -517,6 +584,8 @@ class Runs:
                 triggers = getattr(self, "triggers", None)
                 if triggers is not None:
                     triggers.run_ended(s)
+                if self.scheduler.queue:
+                    self.spawn(self.dispatch())
             if s.state == "sleeping" and s.j.state.pending_wakes:
                 # Wakes that came while it ran: one follow-up run carries them all.
                 await self.proceed(s, None)

@@ -7,8 +7,10 @@ from datetime import UTC, datetime
 from sessiond.cron import Cron
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def test_the_next_fire_of_a_monthly_schedule() -> None:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -15,7 +16,7 @@ from tests.e2e.harness import Daemon, running, short_dir, wait_event
 RECORD = 'cat \\"$SESSIOND_WAKE_FILE\\" >> wakes.jsonl; echo >> wakes.jsonl'
 
 
-def wakes(root: Path) -> list[dict[str, object]]:
+def wakes(root: Path) -> list[dict[str, Any]]:
     path = root / "wakes.jsonl"
     if not path.exists():
         return []
@@ -64,9 +65,9 @@ def test_a_file_change_wakes_a_watching_session_with_the_paths() -> None:
         (d.root / "data" / "b.csv").write_text("3,4\n")
         wait_event(d, "w", "run.finished")
         (cause,) = wakes(d.root)
-        paths = cause["wakes"][0]["details"]["paths"]  # type: ignore[index]
+        paths = cause["wakes"][0]["details"]["paths"]
         assert paths == ["data/a.csv", "data/b.csv"]  # one wake for the burst; tmp excluded
-        assert cause["wakes"][0]["trigger"] == "watch"  # type: ignore[index]
+        assert cause["wakes"][0]["trigger"] == "watch"
         assert d.json("show", "w")["next_wake"] == "on change of data/*.csv"
 
 
@@ -83,7 +84,7 @@ def test_a_bound_file_wakes_its_session_when_its_content_changes() -> None:
         finished = wait_event(d, "payroll", "run.finished")
         assert finished["data"]["status"] == "ok"  # the gate let the cause of the wake through
         (cause,) = wakes(d.root)
-        wake = cause["wakes"][0]  # type: ignore[index]
+        wake = cause["wakes"][0]
         assert (wake["trigger"], wake["details"]["paths"]) == ("dependency", ["rates.csv"])
 
 
@@ -119,7 +120,7 @@ def test_a_commit_touching_the_paths_wakes_a_git_session_and_others_do_not() -> 
         wait_event(d, "docs", "run.finished")
         head = _git(repo, "rev-parse", "HEAD")
         (cause,) = wakes(repo)
-        details = cause["wakes"][0]["details"]  # type: ignore[index]
+        details = cause["wakes"][0]["details"]
         assert details["range"] == f"{first}..{head}"
         assert details["paths"] == ["src/api.py"]
         assert details["forced"] is False
@@ -132,7 +133,7 @@ def test_a_commit_touching_the_paths_wakes_a_git_session_and_others_do_not() -> 
         rewritten = _git(repo, "commit-tree", tree, "-p", first, "-m", "rewritten")
         _git(repo, "update-ref", "refs/heads/main", rewritten)
         wait_event(d, "docs", "run.finished", since=seq + 1)
-        last = wakes(repo)[-1]["wakes"][0]["details"]  # type: ignore[index]
+        last = wakes(repo)[-1]["wakes"][0]["details"]
         assert last["forced"] is True
         assert last["range"] == f"{head}..{rewritten}"
         assert "src/new.py" in last["paths"]
@@ -178,7 +179,7 @@ def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> Non
                     for p in x["details"].get("paths", [])
                 }
                 for i in range(sessions)
-            }  # type: ignore[union-attr,index]
+            }
             if all(written[i] <= seen[i] for i in range(sessions)):
                 break
             time.sleep(0.2)
@@ -186,3 +187,49 @@ def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> Non
         for i in range(sessions):
             runs = len(wakes(d.root / f"w{i}"))
             assert 1 <= runs <= int(elapsed / 0.2) + 3, (i, runs, elapsed)
+
+
+def test_a_concurrency_limit_queues_and_then_runs_the_next() -> None:
+    with running("max_running = 1\n") as d:
+        for name in ("first", "second"):
+            spec = (
+                f'name = "{name}"\n[run]\nexec = ["sh", "-c", "sleep 0.5; echo {name} >> order"]\n'
+                'cwd = "."\n[[trigger]]\ntype = "message"\n'
+            )
+            d.ctl("create", str(d.write_spec(name, spec)), check=True)
+        d.ctl("activate", "first", check=True)
+        queued = d.json("activate", "second")
+        assert queued["state"] == "ready"
+        assert queued["reason"].startswith("queued: 1 of 1 slots busy")
+        wait_event(d, "second", "run.finished")
+        assert (d.root / "order").read_text() == "first\nsecond\n"
+
+
+def test_a_wake_burst_over_the_limit_cools_down_visibly_then_runs_once() -> None:
+    with running() as d:
+        spec = (
+            'name = "r"\n[run]\nexec = ["sh", "-c", "echo run >> runs"]\ncwd = "."\n'
+            '[limits]\nburst = 2\ninterval = "10s"\ncool_down = "1s"\n'
+            '[[trigger]]\ntype = "message"\n'
+        )
+        d.ctl("create", str(d.write_spec("r", spec)), check=True)
+        for i in range(3):
+            d.ctl("send", "r", f"m{i}", check=True)
+            wait_event(
+                d,
+                "r",
+                "run.finished",
+                since=1,
+                match=lambda r, i=i: r["data"]["run"] == f"r{i + 1}",
+            )
+        for i in range(3, 6):
+            d.ctl("send", "r", f"m{i}", check=True)
+        cooling = d.json("show", "r")
+        assert cooling["state"] == "sleeping"
+        assert cooling["reason"].startswith("rate limit: more than 2 wakes in 10s")
+        assert cooling["until"] is not None
+        over = wait_event(
+            d, "r", "lifecycle.changed", match=lambda r: r["data"]["reason"] == "cool-down over"
+        )
+        wait_event(d, "r", "run.finished", since=over["seq"])
+        assert (d.root / "runs").read_text().count("run") >= 3
