@@ -104,7 +104,7 @@ class DaemonConfig(_Strict):
     # TEST ONLY: the daemon's clock runs this many seconds ahead of the machine's (it
     # stamps events and drives cron/every); the tests use it to "be" next month.
     clock_offset: float = 0.0
-    watch_step_ms: int = Field(default=50, ge=10, le=10_000)
+    watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)
     max_running_per_agent: int = Field(default=0, ge=0)
     aging: Duration = 60.0

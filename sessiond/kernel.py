@@ -136,6 +136,7 @@ class Kernel(SdkCalls, Runs):
         return detail(self.table.get(parsed.name))
 
     async def _create(self, spec: SessionSpec) -> Session:
+        check_environment(spec)
         if spec.name in self.table.sessions:
             raise AlreadyExists(
                 f"session {spec.name!r} exists already; pick another name or cancel it first"
@@ -545,6 +546,26 @@ class Kernel(SdkCalls, Runs):
         if self.triggers is not None:
             self.triggers.rearm(s)
         return detail(s)
+
+
+def check_environment(spec: SessionSpec) -> None:
+    """What a spec names outside itself must exist: the workspace, and every git
+    trigger's repository. (Watch paths may appear later: the workspace is watched,
+    and a watch starts matching once its path exists.)"""
+    from sessiond.spec import BadSpec, GitTriggerSpec
+    from sessiond.triggers import git
+
+    if spec.run is not None and not Path(spec.run.cwd).is_dir():
+        raise BadSpec(f"{spec.name}: run.cwd: {spec.run.cwd!r} is not a folder")
+    for index, trig in enumerate(spec.trigger):
+        if (
+            isinstance(trig, GitTriggerSpec)
+            and git(Path(trig.repo), "rev-parse", "--git-dir") is None
+        ):
+            raise BadSpec(
+                f"{spec.name}: trigger[{index}].repo: {trig.repo!r} is not a git repository "
+                "(create it with 'git init', or point repo at one)"
+            )
 
 
 def _pending(s: Session, call: str | None) -> dict[str, Any]:

@@ -390,7 +390,10 @@ class Triggers:
         debounce = min(
             (t.debounce for t in spec.trigger if isinstance(t, WatchTriggerSpec)), default=0.2
         )
-        armed.flush = asyncio.get_running_loop().call_later(debounce, self._flush, armed)
+        # The watcher already grouped changes for one polling step before reporting
+        # them: that time counts towards the window.
+        window = max(debounce - self.poll_step_ms / 1000, 0.0)
+        armed.flush = asyncio.get_running_loop().call_later(window, self._flush, armed)
 
     def _flush(self, armed: Armed) -> None:
         armed.flush = None

@@ -23,7 +23,7 @@ import orjson
 import uvloop
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, storage
+from sessiond.bench import daemon, fsinfo, storage, wakes
 
 T = TypeVar("T")
 
@@ -41,6 +41,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
     "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
+    "watch_wake_p50_ms": ("<=", 250.0, "ms (default 200 ms debounce)"),
+    "watch_floor_ratio": ("<=", 1.5, "watch_wake_d0_p50_ms / watch_floor_p50_ms"),
+    "git_wake_p50_ms": ("<=", 300.0, "ms"),
 }
 
 
@@ -108,6 +111,7 @@ def measure(
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
+        results.update(wakes.measure(work, quick, say))
     return results
 
 

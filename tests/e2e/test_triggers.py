@@ -233,3 +233,24 @@ def test_a_wake_burst_over_the_limit_cools_down_visibly_then_runs_once() -> None
         )
         wait_event(d, "r", "run.finished", since=over["seq"])
         assert (d.root / "runs").read_text().count("run") >= 3
+
+
+def test_bad_trigger_settings_are_refused_naming_the_key() -> None:
+    with running() as d:
+        cases = {
+            "cron": ('[[trigger]]\ntype = "cron"\nschedule = "99 * * * *"\n', "trigger[0]"),
+            "tz": (
+                '[[trigger]]\ntype = "cron"\nschedule = "0 9 * * *"\ntimezone = "Mars/Olympus"\n',
+                "Mars/Olympus",
+            ),
+            "escape": (
+                '[[trigger]]\ntype = "watch"\npaths = ["../../etc/*"]\n', "inside the workspace"
+            ),
+            "norepo": ('[[trigger]]\ntype = "git"\nrepo = "."\n', "trigger[0].repo"),
+        }  # fmt: skip
+        for name, (trigger, message) in cases.items():
+            spec = f'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n{trigger}'
+            done = d.ctl("create", str(d.write_spec(name, spec)))
+            assert done.returncode == 5, name
+            assert message in done.stderr, (name, done.stderr)
+        assert d.json("ps") == []

@@ -1,0 +1,206 @@
+"""Wake latency benchmarks: a file write or a commit to the first instruction of a
+probe program, beside a minimal watchfiles loop starting the same probe (the floor)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import watchfiles
+
+from sessiond.bench.daemon import BenchDaemon, call
+
+PROBE = "echo $EPOCHREALTIME > {ts}"
+
+
+def _stamp(path: Path, timeout: float = 30.0) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = path.read_text().strip()
+            if text:
+                return float(text)
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} was not written")
+        time.sleep(0.001)
+
+
+def _settle(socket: Path, name: str) -> None:
+    while call(socket, "show", {"name": name})["state"] not in ("sleeping", "terminated"):
+        time.sleep(0.002)
+
+
+def watch_wake(root: Path, debounce: str, samples: int, step_ms: int) -> float:
+    """Median ms from a file write to the probe's first instruction, through the daemon."""
+    work = root / f"watch-{debounce}"
+    (work / "data").mkdir(parents=True)
+    ts = work / "ts"
+    spec = (
+        f'name = "w"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{work}"\n'
+        f'[[trigger]]\ntype = "watch"\npaths = ["data/*"]\ndebounce = "{debounce}"\n'
+    )
+    d = BenchDaemon(work)
+    d.config.write_text(f'log_format = "json"\nwatch_step_ms = {step_ms}\n')  # as the floor
+    d.state_dir.mkdir()
+    try:
+        d.start()
+        call(d.socket, "create", {"spec": spec, "base": str(work), "source": "w"})
+        time.sleep(0.5)  # the watcher is up
+        delays = []
+        for i in range(samples):
+            ts.unlink(missing_ok=True)
+            start = time.time()
+            (work / "data" / f"f{i}").write_text(str(i))
+            delays.append((_stamp(ts) - start) * 1000)
+            _settle(d.socket, "w")
+            time.sleep(0.05)
+    finally:
+        d.stop()
+    return statistics.median(delays)
+
+
+def watch_floor(root: Path, samples: int, step_ms: int) -> float:
+    """The same write-to-probe path with nothing but a watchfiles loop in between."""
+    work = root / "floor"
+    (work / "data").mkdir(parents=True)
+    ts = work / "ts"
+    stop = threading.Event()
+
+    def loop() -> None:
+        for _ in watchfiles.watch(work / "data", step=step_ms, stop_event=stop, watch_filter=None):
+            subprocess.Popen(["bash", "-c", PROBE.format(ts=ts)]).wait()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    delays = []
+    for i in range(samples):
+        ts.unlink(missing_ok=True)
+        start = time.time()
+        (work / "data" / f"f{i}").write_text(str(i))
+        delays.append((_stamp(ts) - start) * 1000)
+        time.sleep(0.1)
+    stop.set()
+    (work / "data" / "stop").write_text("x")
+    thread.join(5)
+    return statistics.median(delays)
+
+
+def _git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
+           "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}  # fmt: skip
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+
+
+def git_wake(root: Path, samples: int) -> float:
+    """Median ms from a finished `git commit` touching the paths to the probe."""
+    repo = root / "repo"
+    (repo / "src").mkdir(parents=True)
+    ts = root / "git-ts"
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "src" / "a.py").write_text("0\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "init")
+    spec = (
+        f'name = "g"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{repo}"\n'
+        '[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
+    )
+    (root / "gitd").mkdir()
+    d = BenchDaemon(root / "gitd")
+    d.state_dir.mkdir()
+    try:
+        d.start()
+        call(d.socket, "create", {"spec": spec, "base": str(repo), "source": "g"})
+        time.sleep(0.5)
+        delays = []
+        for i in range(samples):
+            ts.unlink(missing_ok=True)
+            (repo / "src" / "a.py").write_text(f"{i + 1}\n")
+            _git(repo, "commit", "-q", "-am", f"c{i}")
+            start = time.time()
+            delays.append((_stamp(ts) - start) * 1000)
+            _settle(d.socket, "g")
+            time.sleep(0.05)
+    finally:
+        d.stop()
+    return statistics.median(delays)
+
+
+def storm(root: Path, sessions: int, changes: int) -> dict[str, Any]:
+    """``changes`` file writes in about a second across ``sessions`` watching sessions."""
+    work = root / "storm"
+    work.mkdir()
+    d = BenchDaemon(work)
+    d.state_dir.mkdir()
+    try:
+        d.start()
+        for i in range(sessions):
+            folder = work / f"w{i}"
+            (folder / "data").mkdir(parents=True)
+            spec = (
+                f'name = "w{i}"\n[run]\nexec = ["sh", "-c", "echo run >> runs"]\ncwd = "{folder}"\n'
+                '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n'
+            )
+            call(d.socket, "create", {"spec": spec, "base": str(folder), "source": f"w{i}"})
+        time.sleep(1.0)
+        start = time.monotonic()
+        for n in range(changes):
+            (work / f"w{n % sessions}" / "data" / f"f{n // sessions}").write_text(str(n))
+        elapsed = time.monotonic() - start
+        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = call(d.socket, "ps", {})
+            if all(r["state"] == "sleeping" for r in rows):
+                break
+            time.sleep(0.2)
+        runs = sum(
+            (work / f"w{i}" / "runs").read_text().count("run")
+            for i in range(sessions)
+            if (work / f"w{i}" / "runs").exists()
+        )
+        cpu = _idle_cpu(d, seconds=5.0)
+    finally:
+        d.stop()
+    return {"storm_runs": runs, "storm_write_s": round(elapsed, 2), "idle_cpu_percent": cpu}
+
+
+def _idle_cpu(d: BenchDaemon, seconds: float) -> float:
+    assert d.proc is not None
+
+    def ticks() -> int:
+        with open(f"/proc/{d.proc.pid}/stat", "rb") as f:  # type: ignore[union-attr]
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    first = ticks()
+    time.sleep(seconds)
+    return round((ticks() - first) / os.sysconf("SC_CLK_TCK") / seconds * 100, 2)
+
+
+def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
+    root = (work / "wakes").resolve()
+    root.mkdir()
+    samples = 15 if quick else 40
+    results: dict[str, Any] = {}
+    say("measuring watch_wake_p50_ms (debounce 200ms, then 0) and watch_floor_p50_ms ...")
+    results["watch_wake_p50_ms"] = round(watch_wake(root, "200ms", samples, 15), 1)
+    results["watch_wake_d0_p50_ms"] = round(watch_wake(root, "0ms", samples, 15), 1)
+    results["watch_floor_p50_ms"] = round(watch_floor(root, samples, 15), 1)
+    results["watch_floor_ratio"] = round(
+        results["watch_wake_d0_p50_ms"] / results["watch_floor_p50_ms"], 2
+    )
+    say("measuring git_wake_p50_ms ...")
+    results["git_wake_p50_ms"] = round(git_wake(root, samples), 1)
+    say("measuring storm_runs (10,000 changes across 100 sessions) and idle CPU ...")
+    results.update(storm(root, 100, 10_000))
+    shutil.rmtree(root, ignore_errors=True)
+    return results
