@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sessiond import lifecycle
 from sessiond.codec import rfc3339
 from sessiond.event_data import (
     ApprovalRequested,
@@ -76,7 +77,40 @@ def workspace_hasher(spec: SessionSpec | None) -> Any:
 
 
 def git_head(path: Path) -> str | None:
-    """The workspace's git HEAD commit, if it is a repository."""
+    """The workspace's git HEAD commit, if it is in a repository.
+
+    Read from the files under ``.git`` (no git process: this runs before every
+    command run); falls back to ``git rev-parse`` for layouts it does not know.
+    """
+    for folder in (path, *path.parents):
+        dot = folder / ".git"
+        if dot.is_dir():
+            break
+        if dot.is_file():  # a worktree or submodule: let git resolve it
+            return _rev_parse(path)
+    else:
+        return None
+    try:
+        head = (dot / "HEAD").read_text().strip()
+    except OSError:
+        return None
+    if not head.startswith("ref: "):
+        return head or None
+    ref = head[5:]
+    try:
+        return (dot / ref).read_text().strip() or None
+    except OSError:
+        pass
+    try:
+        for line in (dot / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split(" ", 1)[0]
+    except OSError:
+        pass
+    return _rev_parse(path)  # an unborn branch, or something unusual
+
+
+def _rev_parse(path: Path) -> str | None:
     try:
         done = subprocess.run(
             ["git", "-C", str(path), "rev-parse", "--verify", "-q", "HEAD"],
@@ -84,7 +118,7 @@ def git_head(path: Path) -> str | None:
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def redact(data: bytes, patterns: list[str]) -> bytes:
@@ -421,8 +455,7 @@ class Runs:
                     resume=spec.run.resume,
                 )
                 self.fault("before-intent")
-                intent = await self.table.append(
-                    s,
+                intent_draft = Draft(
                     ToolIntent(
                         call=call_id,
                         tool="command",
@@ -432,15 +465,18 @@ class Runs:
                     ),
                     correlation=call_id,
                 )
-                self.fault("after-intent")
-                decided = await self.table.append(
-                    s,
+                policy_draft = Draft(
                     PolicyDecided(
                         call=call_id, tool="command", decision=verdict.decision, rule=verdict.rule
                     ),
                     correlation=call_id,
-                    causation=intent["id"],
                 )
+                if self.config.fault == "after-intent":  # test only: two durable steps
+                    await self.table.append_many(s, [intent_draft])
+                    self.fault("after-intent")
+                    decided = (await self.table.append_many(s, [policy_draft]))[0]
+                else:  # one write, one fsync
+                    decided = (await self.table.append_many(s, [intent_draft, policy_draft]))[1]
                 self.fault("after-policy")
                 records = [decided]
                 if verdict.decision == "deny":
@@ -488,11 +524,11 @@ class Runs:
         ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
         workspace = spec.workspace
         before: dict[str, bytes | None] = {}
+        pending_started: Draft | None = None
         if call_id is not None:
             hasher = workspace_hasher(spec)
             before = {p: _read_small(workspace / p) for p in spec.run.writes}
-            await self.table.append(
-                s,
+            started = Draft(
                 ToolStarted(
                     call=call_id,
                     tool="command",
@@ -501,7 +537,11 @@ class Runs:
                 ),
                 correlation=call_id,
             )
-            self.fault("after-started")
+            if self.config.fault == "after-started":  # test only: stop between the two
+                await self.table.append_many(s, [started])
+                self.fault("after-started")
+            else:
+                pending_started = started
         self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.runtime_dir / f"{s.name}.{run_id}.wake.json"
         profile = self.config.profiles.get(spec.run.profile) or self.config.profiles["default"]
@@ -520,7 +560,10 @@ class Runs:
             grace=self.config.stop_grace,
             timeout=timeout,
         )
-        await self._transition(s, "running", why="run", reason=trigger)
+        running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
+        # tool.started and the lifecycle change in one durable write
+        drafts = [pending_started] if pending_started is not None else []
+        await self.table.append_many(s, [*drafts, Draft(running)])
         try:
             pid = await program.start()
         except OSError as exc:

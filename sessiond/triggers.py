@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
+import functools
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -53,12 +54,35 @@ RECHECK = 60.0  # seconds: the longest a timer sleeps before reading the clock a
 RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
 
 
+@functools.lru_cache(maxsize=1024)
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A glob as a regular expression: ``*`` and ``?`` stay inside one folder, ``**``
+    crosses folders (``src/**`` is everything under src)."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
 def match(rel: str, patterns: list[str]) -> bool:
     """Glob match on a workspace-relative path; a pattern naming a folder covers it."""
     for pattern in patterns:
-        if fnmatch.fnmatchcase(rel, pattern) or rel.startswith(pattern.rstrip("/") + "/"):
-            return True
-        if pattern.endswith("/**") and (rel == pattern[:-3] or rel.startswith(pattern[:-2])):
+        if _glob(pattern).match(rel) or rel.startswith(pattern.rstrip("/") + "/"):
             return True
     return False
 

@@ -236,15 +236,23 @@ with connect() as run:
         with run.tool("probe", {{"i": i}}, side_effect="none", idempotency="safe"):
             pass
         times.append((time.perf_counter() - start) * 1000)
-    open("sdk.ms", "w").write(str(statistics.median(times)))
+    open("sdk.ms.tmp", "w").write(str(statistics.median(times)))
+    __import__("os").rename("sdk.ms.tmp", "sdk.ms")
 """
 
 
-def _wait_file(path: Path, timeout: float = 30.0) -> None:
+def _wait_file(path: Path, timeout: float = 30.0) -> str:
+    """The file's content once it has some (a writer may have created it empty)."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while True:
+        try:
+            text = path.read_text().strip()
+            if text:
+                return text
+        except OSError:
+            pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{path} did not appear")
+            raise RuntimeError(f"{path} was not written")
         time.sleep(0.001)
 
 
@@ -277,16 +285,14 @@ def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
             probe.unlink(missing_ok=True)
             start = time.time()
             call(d.socket, "activate", {"name": "probe"})
-            _wait_file(probe)
+            stamp = float(_wait_file(probe))
             while True:  # the run ends (sleeping again) before the next activate
                 if call(d.socket, "show", {"name": "probe"})["state"] == "sleeping":
                     break
                 time.sleep(0.001)
-            stamp = float(probe.read_text().strip() or 0)
             delays.append((stamp - start) * 1000)
         call(d.socket, "activate", {"name": "sdkprobe"})
-        _wait_file(root / "sdk.ms", timeout=300)
-        sdk_ms = float((root / "sdk.ms").read_text())
+        sdk_ms = float(_wait_file(root / "sdk.ms", timeout=300))
     finally:
         d.stop()
     shutil.rmtree(root)

@@ -45,6 +45,7 @@ def watch_wake(root: Path, debounce: str, samples: int, step_ms: int) -> float:
     ts = work / "ts"
     spec = (
         f'name = "w"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{work}"\n'
+        f"[limits]\nburst = 10000\n"  # measuring latency, not the rate limit
         f'[[trigger]]\ntype = "watch"\npaths = ["data/*"]\ndebounce = "{debounce}"\n'
     )
     d = BenchDaemon(work)
@@ -111,7 +112,7 @@ def git_wake(root: Path, samples: int) -> float:
     _git(repo, "commit", "-q", "-m", "init")
     spec = (
         f'name = "g"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{repo}"\n'
-        '[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
+        '[limits]\nburst = 10000\n[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
     )
     (root / "gitd").mkdir()
     d = BenchDaemon(root / "gitd")

@@ -1,0 +1,92 @@
+"""Trigger routing and debouncing, fed by a scripted change source (no real watcher)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from sessiond.spec import parse_spec
+from sessiond.table import Session
+from sessiond.triggers import Armed, Triggers, match
+
+
+class FakeKernel:
+    def __init__(self) -> None:
+        self.wakes: list[tuple[str, str, dict[str, Any]]] = []
+        self.table: list[Session] = []
+
+    def spawn(self, coro: Any) -> None:
+        coro.close()  # the wake itself is recorded below, not run
+
+    def wake(self, s: Session, trigger: str, details: dict[str, Any], paths: Any = None) -> Any:
+        self.wakes.append((s.name, trigger, details))
+
+        async def nothing() -> None:
+            return None
+
+        return nothing()
+
+
+class FakeJournal:
+    class state:  # noqa: N801 - stands in for the folded State
+        bound: dict[str, str | None] = {}  # noqa: RUF012 - set per test
+
+
+def armed_session(folder: Path, triggers: str) -> Session:
+    spec = parse_spec(f'name = "w"\n[run]\nexec = ["true"]\ncwd = "."\n{triggers}', base=folder)
+    return Session("w", FakeJournal(), spec)  # type: ignore[arg-type]
+
+
+def test_globs_match_files_and_whole_folders() -> None:
+    assert match("data/a.csv", ["data/*.csv"])
+    assert not match("data/sub/a.csv", ["data/*.csv"])
+    assert match("src/pkg/mod.py", ["src/**"])
+    assert match("docs/api.md", ["docs"])
+    assert not match("docsx/api.md", ["docs"])
+
+
+def test_a_burst_of_changes_becomes_one_wake_with_every_path(tmp_path: Path) -> None:
+    async def go() -> FakeKernel:
+        kernel = FakeKernel()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        s = armed_session(
+            tmp_path,
+            '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\nexclude = ["data/tmp*"]\n'
+            'debounce = "50ms"\n',
+        )
+        triggers.armed["w"] = Armed(s)
+        base = str(tmp_path)
+        for batch in (["data/a", "data/tmp1"], ["data/b", "other/c"], ["data/a"]):
+            triggers.route({f"{base}/{p}" for p in batch})
+        await asyncio.sleep(0.2)
+        triggers.route({f"{base}/data/late"})
+        await asyncio.sleep(0.2)
+        return kernel
+
+    kernel = asyncio.run(go())
+    assert kernel.wakes == [
+        ("w", "watch", {"paths": ["data/a", "data/b"]}),
+        ("w", "watch", {"paths": ["data/late"]}),
+    ]
+
+
+def test_a_bound_file_wakes_only_when_its_content_changed(tmp_path: Path) -> None:
+    async def go() -> FakeKernel:
+        kernel = FakeKernel()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        (tmp_path / "rates.csv").write_text("1\n")
+        s = armed_session(tmp_path, '[bind]\nfiles = ["rates.csv"]\n')
+        import hashlib
+
+        FakeJournal.state.bound = {"rates.csv": hashlib.sha256(b"1\n").hexdigest()}
+        triggers.armed["w"] = Armed(s)
+        triggers.route({f"{tmp_path}/rates.csv"})  # touched, same content
+        await asyncio.sleep(0.3)
+        (tmp_path / "rates.csv").write_text("2\n")
+        triggers.route({f"{tmp_path}/rates.csv"})
+        await asyncio.sleep(0.3)
+        return kernel
+
+    kernel = asyncio.run(go())
+    assert kernel.wakes == [("w", "dependency", {"paths": ["rates.csv"]})]
