@@ -32,11 +32,10 @@ from sessiond.event_data import (
     SessionCreated,
     SessionMerged,
     SessionMigrated,
-    ToolFinished,
     WakeRequested,
 )
 from sessiond.lineage import fork as fork_log
-from sessiond.runs import Runs, workspace_hasher
+from sessiond.runs import Runs, close_cut_off, workspace_hasher
 from sessiond.scheduler import Scheduler
 from sessiond.sdk_calls import RunGrant, SdkCalls
 from sessiond.spec import SessionSpec, parse_spec, spec_to_toml
@@ -469,33 +468,10 @@ class Kernel(SdkCalls, Runs):
                         )
                     )
                 elif call["stage"] == "started":
-                    writes = call.get("writes") or []
-                    drafts.append(
-                        Draft(
-                            ToolFinished(
-                                call=call_id,
-                                tool=tool,
-                                status="interrupted",
-                                error_class="lifecycle",
-                                hashes={p: hasher(p) for p in writes},
-                            ),
-                            correlation=call_id,
-                        )
-                    )
                     verb = (
                         "will run again" if option == "rerun" else "was accepted as it left things"
                     )
-                    drafts.append(
-                        Draft(
-                            ObservationProjected(
-                                call=call_id,
-                                tool=tool,
-                                text=f"{tool} was cut off and {verb}",
-                                source="rebuilt",
-                            ),
-                            correlation=call_id,
-                        )
-                    )
+                    drafts += close_cut_off(call_id, call, hasher, f"{tool} was cut off and {verb}")
             hashes: dict[str, str | None] = {}
             if option == "accept":
                 paths = set(state.bound) | set(state.file_hashes)

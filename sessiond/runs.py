@@ -121,6 +121,30 @@ def _rev_parse(path: Path) -> str | None:
     return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
+def close_cut_off(
+    call_id: str, call: dict[str, Any], hasher: Callable[[str], str | None], text: str
+) -> list[Draft]:
+    """The events that close a call cut off before it finished: ``tool.finished``
+    (interrupted, with the written paths' hashes now) and its observation."""
+    tool = call["tool"]
+    return [
+        Draft(
+            ToolFinished(
+                call=call_id,
+                tool=tool,
+                status="interrupted",
+                error_class="lifecycle",
+                hashes={p: hasher(p) for p in call.get("writes") or []},
+            ),
+            correlation=call_id,
+        ),
+        Draft(
+            ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt"),
+            correlation=call_id,
+        ),
+    ]
+
+
 def redact(data: bytes, patterns: list[str]) -> bytes:
     """Mask the spec's ``redact`` patterns before anything is stored."""
     if not patterns or not data:
@@ -362,26 +386,8 @@ class Runs:
             call = state.calls[call_id]
             tool = call["tool"]
             if action == CLOSE_INTERRUPTED:
-                writes = call.get("writes") or []
-                drafts.append(
-                    Draft(
-                        ToolFinished(
-                            call=call_id,
-                            tool=tool,
-                            status="interrupted",
-                            error_class="lifecycle",
-                            hashes={p: hasher(p) for p in writes},
-                        ),
-                        correlation=call_id,
-                    )
-                )
                 text = f"{tool} was interrupted before it finished; it is safe to run again"
-                drafts.append(
-                    Draft(
-                        ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt"),
-                        correlation=call_id,
-                    )
-                )
+                drafts += close_cut_off(call_id, call, hasher, text)
             elif action == REBUILD_OBSERVATION:
                 drafts.append(Draft(self._rebuilt_observation(call_id, call), correlation=call_id))
             elif action == DROP_UNSTARTED:
