@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench clean
+.PHONY: run demo test lint typecheck unit bench install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,39 @@ unit: $(STAMP)
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m sessiond.bench
+
+# Install as a system service (as root): a venv in PREFIX, the units, a config.
+#   make install && systemctl daemon-reload && systemctl enable --now sessiond
+PREFIX  ?= /opt/sessiond
+UNITDIR ?= /etc/systemd/system
+CONFDIR ?= /etc/sessiond
+BINDIR  ?= /usr/local/bin
+install:
+	$(PYTHON) -m venv $(PREFIX)
+	$(PREFIX)/bin/python -m pip install --quiet .
+	install -d -m 0755 $(UNITDIR) $(CONFDIR) $(CONFDIR)/sessions $(BINDIR)
+	sed -e 's|/usr/local/bin/sessiond|$(PREFIX)/bin/sessiond|' \
+	    -e 's|/etc/sessiond/sessiond.toml|$(CONFDIR)/sessiond.toml|' \
+	    systemd/sessiond.service > $(UNITDIR)/sessiond.service
+	install -m 0644 systemd/sessiond.socket $(UNITDIR)/sessiond.socket
+	test -f $(CONFDIR)/sessiond.toml || sed \
+	    -e 's|^state_dir = .*|# state_dir: /var/lib/sessiond (the default as a service)|' \
+	    -e 's|^socket = .*|# socket: /run/sessiond/sessiond.sock (the default as a service)|' \
+	    config/sessiond.toml > $(CONFDIR)/sessiond.toml
+	ln -sf $(PREFIX)/bin/sessiond $(BINDIR)/sessiond
+	ln -sf $(PREFIX)/bin/sessionctl $(BINDIR)/sessionctl
+	@echo "installed; now: systemctl daemon-reload && systemctl enable --now sessiond"
+
+# Install for the current user: systemctl --user enable --now sessiond
+USER_PREFIX ?= $(HOME)/.local/share/sessiond
+install-user:
+	$(PYTHON) -m venv $(USER_PREFIX)
+	$(USER_PREFIX)/bin/python -m pip install --quiet .
+	install -d $(HOME)/.local/bin $(HOME)/.config/systemd/user
+	ln -sf $(USER_PREFIX)/bin/sessiond $(HOME)/.local/bin/sessiond
+	ln -sf $(USER_PREFIX)/bin/sessionctl $(HOME)/.local/bin/sessionctl
+	install -m 0644 systemd/user/sessiond.service $(HOME)/.config/systemd/user/sessiond.service
+	@echo "installed; now: systemctl --user daemon-reload && systemctl --user enable --now sessiond"
 
 clean:
 	rm -rf $(VENV) state .demo-state .bench-work .mypy_cache .ruff_cache .pytest_cache .hypothesis

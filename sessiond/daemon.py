@@ -35,6 +35,7 @@ from sessiond.server import Server
 from sessiond.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.store.durable import private_dir, write_durable
 from sessiond.store.files import FileStore
+from sessiond.systemd import Notifier, activated_socket
 from sessiond.table import Session, Table
 from sessiond.triggers import Triggers, wall_clock
 
@@ -116,6 +117,8 @@ class Daemon:
         self.table.next_wake_fn = self.triggers.next_wake
         self.server = Server(config, self.kernel, self.reload)
         self.stopping = asyncio.Event()
+        self.notifier = Notifier(env)
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
@@ -145,7 +148,7 @@ class Daemon:
             for error in result["errors"]:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
-        await self.server.start()
+        await self.server.start(activated_socket(self.env))
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
             (signal.SIGINT, self.stopping.set),
@@ -156,6 +159,25 @@ class Daemon:
         for s in self.table:
             states[s.state] = states.get(s.state, 0) + 1
         log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
+        self.notifier.ready(self.status_line())
+        self._heartbeat = asyncio.ensure_future(self._beat())
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: sessions by state."""
+        states: dict[str, int] = {}
+        for s in self.table:
+            states[s.state] = states.get(s.state, 0) + 1
+        parts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        return f"{len(self.table)} sessions" + (f": {parts}" if parts else "")
+
+    async def _beat(self) -> None:
+        """WATCHDOG=1 at half of WatchdogSec (and a fresh STATUS= with it)."""
+        interval = self.notifier.watchdog_interval or 10.0
+        while True:
+            await asyncio.sleep(interval)
+            if self.notifier.watchdog_interval is not None:
+                self.notifier.watchdog()
+            self.notifier.status(self.status_line())
 
     async def _recover_cut_off_runs(self) -> None:
         """A session found running was cut off by a crash: record it, stop leftovers."""
@@ -255,6 +277,13 @@ class Daemon:
 
     async def reload(self) -> dict[str, Any]:
         """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
+        self.notifier.reloading()
+        try:
+            return await self._reload()
+        finally:
+            self.notifier.reloaded(self.status_line())
+
+    async def _reload(self) -> dict[str, Any]:
         notes: list[str] = []
         source = self.config.source
         if source is not None:
@@ -279,6 +308,9 @@ class Daemon:
 
     async def stop(self) -> None:
         """Stop accepting, ask running programs to stop, record, close the logs."""
+        self.notifier.stopping()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         await self.server.stop_accepting()
         running = [s for s in self.table if s.run is not None]
         log.info("daemon.stopping", running=len(running))
@@ -296,6 +328,7 @@ class Daemon:
         await self.server.close()
         await self.table.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
+        self.notifier.close()
         log.info("daemon.stopped")
 
 

@@ -21,6 +21,10 @@ import orjson
 from sessiond.spec import SessionSpec
 
 WAKE_ENV_LIMIT = 32 * 1024
+# systemd's variables for the daemon itself; a session program must not see them
+SYSTEMD_ENV = frozenset(
+    {"NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID"}
+)
 
 
 @dataclass
@@ -180,7 +184,7 @@ def program_env(
     wake_file: Path,
 ) -> dict[str, str]:
     """The environment of a run: the daemon's, the profile's, the spec's, then ours."""
-    env = {k: v for k, v in base.items() if not k.startswith("SESSIOND_")}
+    env = {k: v for k, v in base.items() if not k.startswith("SESSIOND_") and k not in SYSTEMD_ENV}
     env.update(profile_env)
     if spec.run is not None:
         env.update(spec.run.env)

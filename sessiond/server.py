@@ -191,6 +191,7 @@ class Server:
         self.path = config.socket
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self.activated = False
         self._allowed_uids = {os.getuid(), 0} | config.access.uids()
         self._allowed_gids = config.access.gids()
         k = kernel
@@ -249,7 +250,15 @@ class Server:
 
     # --- the socket -----------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, activated: socket.socket | None = None) -> None:
+        if activated is not None:
+            # Socket activation: systemd made the socket (and its mode); we serve it.
+            self.activated = True
+            self._server = await asyncio.start_unix_server(
+                self._serve, sock=activated, backlog=min(self.config.max_connections, 4096)
+            )
+            log.info("server.listening", socket=str(activated.getsockname()), activated=True)
+            return
         folder = self.path.parent
         shared = bool(self.config.access.users or self.config.access.groups)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -296,8 +305,9 @@ class Server:
     async def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            if not self.activated:  # systemd owns an activated socket's file
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
 
     async def close(self) -> None:
         await self.stop_accepting()
