@@ -31,6 +31,7 @@ from sessiond.codec import rfc3339
 from sessiond.event_data import (
     ApprovalRequested,
     ArtifactRef,
+    BindingObserved,
     BudgetExhausted,
     GateCheck,
     GateEvaluated,
@@ -529,6 +530,11 @@ class Runs:
             for w in state.pending_wakes
         ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
         workspace = spec.workspace
+        # The gate let changed bound files through only as the cause of this wake:
+        # the run consumes their new content, so it becomes the recorded one.
+        bound_now = {p: file_hash(workspace / p) for p in spec.bind.files}
+        if any(state.bound.get(p) != h for p, h in bound_now.items()):
+            await self.table.append(s, BindingObserved(hashes=bound_now))
         before: dict[str, bytes | None] = {}
         pending_started: Draft | None = None
         if call_id is not None:
@@ -554,8 +560,10 @@ class Runs:
         env = program_env(
             self.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
-        extra = self.sdk_env(s, run_id) if spec.run.kind == "sdk" else {}
-        env.update(extra)
+        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
+        env["SESSIOND_SOCKET"] = str(self.config.socket)
+        if spec.run.kind == "sdk":
+            env.update(self.sdk_env(s, run_id))
         timeout = spec.run.timeout
         if spec.budget.seconds_per_run:
             timeout = min(timeout, float(spec.budget.seconds_per_run))

@@ -50,6 +50,7 @@ class Daemon:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
         env.update(self.extra_env)
         env["SESSIOND_SOCKET"] = str(self.socket)
+        env["PATH"] = f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}"  # sessionctl for programs
         return env
 
     def start(self, *, wait: bool = True) -> Daemon:
