@@ -26,7 +26,7 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl replay notes --view messages"
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
 	@echo
-	$(BIN)/sessiond --config config/sessiond.toml
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
 # An offline tour of the event log: write, tear, repair, replay, fork, export, fsck.
 demo: $(STAMP)

@@ -95,6 +95,8 @@ def _table(rows: list[list[str]], out: Out, colour_col: int | None = None) -> No
 
 
 def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    if getattr(args, "watch", None):
+        return _watch_ps(conn, args, out)
     rows = conn.call("ps", {})
     if out.json:
         out.emit_json(rows)
@@ -119,6 +121,29 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         )
     _table(table, out, colour_col=None)
     return 0
+
+
+def _watch_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    """`ps --watch` / `top`: the table, refreshed, with each session's latest wake."""
+    interval = float(args.watch)
+    try:
+        while True:
+            rows = conn.call("ps", {})
+            lines = [f"sessiond: {len(rows)} sessions — {time.strftime('%H:%M:%S')} "
+                     f"(every {interval:g}s, Ctrl-C quits)", ""]  # fmt: skip
+            table = [["NAME", "STATE", "AGENT", "RUNS", "LAST ACTIVE", "NEXT WAKE", "REASON"]]
+            for r in rows:
+                table.append([r["name"], r["state"], r["agent"] or "-", str(r["runs"]),
+                              ago(r["last_active"]), when(r["next_wake"])[:30],
+                              (r["reason"] or "")[:50]])  # fmt: skip
+            if out.colour:
+                sys.stdout.write("\033[H\033[2J")
+            print("\n".join(lines))
+            _table(table, out, colour_col=1)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -356,7 +381,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
 
 
-COMMANDS = ["ping", "ps", "show", "log", "replay", "gate", "create", "activate", "suspend",
+COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
             "approve", "deny", "resolve", "export", "import", "reload", "completion"]  # fmt: skip
 
@@ -399,7 +424,17 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         return sp
 
     add("ping", cmd_ping, "is the daemon there, which version")
-    add("ps", cmd_ps, "the process table: every session, its state and next wake")
+    ps = add("ps", cmd_ps, "the process table: every session, its state and next wake")
+    ps.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=float,
+        metavar="SECONDS",
+        help="refresh the table every SECONDS (default 2) until Ctrl-C",
+    )
+    top = add("top", cmd_ps, "ps --watch: a refreshing table of sessions")
+    top.set_defaults(watch=2.0)
     add("show", cmd_show, "one session in detail", "name")
     lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
     lg.add_argument("name", nargs="?")

@@ -365,3 +365,21 @@ def test_usage_errors_are_exit_2() -> None:
         [SESSIONCTL, "fork", "x"], capture_output=True, text=True, timeout=30, check=False
     )
     assert done.returncode == 2
+
+
+def test_ps_watch_refreshes_the_table(daemon: Daemon) -> None:
+    import subprocess
+
+    from tests.e2e.harness import SESSIONCTL
+
+    create(daemon, "notes", NOTES)
+    proc = subprocess.Popen(
+        [SESSIONCTL, "ps", "--watch", "0.1"], env=daemon.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=1)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    assert out.count("sessiond: 1 sessions") >= 2
+    assert "notes" in out
