@@ -301,6 +301,10 @@ class Daemon:
             self.table.config = fresh
             self.kernel.config = fresh
             self.server.config = fresh
+            scheduler = self.kernel.scheduler
+            scheduler.max_running = fresh.max_running
+            scheduler.per_agent = fresh.max_running_per_agent
+            scheduler.aging = fresh.aging
         result = await self.sync_specs()
         result["notes"] = notes
         log.info("daemon.reloaded", created=result["created"], updated=result["updated"])

@@ -16,7 +16,6 @@ A connection carries any number of requests, answered in order.
 
 from __future__ import annotations
 
-import asyncio
 import socket as _socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,6 +129,8 @@ def result_of(message: dict[str, Any]) -> Any:
 
 async def call_async(path: Path, method: str, params: dict[str, Any], timeout: float = 60) -> Any:
     """One request to a daemon from inside an event loop (daemon to daemon)."""
+    import asyncio  # here, not at the top: sessionctl imports this module and must start fast
+
     reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
     try:
         writer.write(encode({"id": 1, "method": method, "params": params}))
