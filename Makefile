@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench install install-user clean
+.PHONY: run demo test lint typecheck unit bench compare install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ unit: $(STAMP)
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m sessiond.bench
+
+# sessiond beside supervisord (installed into the venv for this), in one run.
+compare: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m sessiond.bench.compare
 
 # Install as a system service (as root): a venv in PREFIX, the units, a config.
 #   make install && systemctl daemon-reload && systemctl enable --now sessiond
