@@ -108,6 +108,14 @@ class DaemonConfig(_Strict):
     max_running: int = Field(default=0, ge=0)
     max_running_per_agent: int = Field(default=0, ge=0)
     aging: Duration = 60.0
+
+    @field_validator("aging")
+    @classmethod
+    def _positive_aging(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("aging must be more than 0 seconds")
+        return value
+
     source: Path | None = None  # the file read, for messages; not a key
 
     @field_validator("profiles")

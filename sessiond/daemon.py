@@ -148,6 +148,7 @@ class Daemon:
             for error in result["errors"]:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
+        self._resume_waiting()
         await self.server.start(activated_socket(self.env))
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
@@ -161,6 +162,24 @@ class Daemon:
         log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
+
+    def _resume_waiting(self) -> None:
+        """Timers live in memory: after a restart, re-derive them from each state.
+
+        A sleeping session with recorded wakes (a retry, a cool-down, wakes that
+        came while it ran) goes through the gate again; a session suspended for its
+        daily budget waits for 00:00 UTC again.
+        """
+        for s in self.table:
+            if s.journal is None:
+                continue
+            state = s.j.state
+            if s.state == "sleeping" and (
+                state.pending_wakes or state.until or "retry" in state.reason
+            ):
+                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": state.reason}))
+            elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
+                self.kernel._renew_at_midnight(s)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: sessions by state."""
@@ -297,6 +316,7 @@ class Daemon:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")
             fresh = fresh.model_copy(update={k: getattr(self.config, k) for k in kept})
+            self.server.allow(fresh.access)
             self.config = fresh
             self.table.config = fresh
             self.kernel.config = fresh
@@ -313,6 +333,7 @@ class Daemon:
     async def stop(self) -> None:
         """Stop accepting, ask running programs to stop, record, close the logs."""
         self.notifier.stopping()
+        self.kernel.stopping = True  # nothing new starts from here on
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         await self.server.stop_accepting()
@@ -327,8 +348,8 @@ class Daemon:
             except Exception:  # record what we can for the others
                 log.exception("stop.failed", session=s.name)
 
-        await self.triggers.close()
         await asyncio.gather(*(stop_one(s) for s in running))
+        await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.server.close()
         await self.table.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")

@@ -57,6 +57,7 @@ class Kernel(SdkCalls, Runs):
         self.background: set[asyncio.Task[Any]] = set()
         self.tokens: dict[str, RunGrant] = {}
         self.triggers: Any = None  # sessiond.triggers.Triggers, set by the daemon
+        self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
 
     # --- helpers -----------------------------------------------------------------------
@@ -74,6 +75,8 @@ class Kernel(SdkCalls, Runs):
         event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
         record = await self.table.append(s, event, causation=causation)
         log.info("lifecycle", session=s.name, to=to, reason=reason)
+        if to != "ready":
+            self.scheduler.queue.pop(s.name, None)
         if to == "terminated" and self.triggers is not None:
             self.triggers.disarm(s.name)
         return record
@@ -451,9 +454,12 @@ class Kernel(SdkCalls, Runs):
             state = s.j.state
             hasher = workspace_hasher(s.spec)
             drafts: list[Draft] = []
-            open_calls = {
-                k: c for k, c in state.calls.items() if c["stage"] in ("started", "approval")
-            }
+            # --discard also drops calls that never started (an expired or revoked
+            # approval blocks just as a half-finished call does)
+            stages: tuple[str, ...] = ("started", "approval", "approved", "decided", "intent")
+            if option != "discard":
+                stages = ("started", "approval")
+            open_calls = {k: c for k, c in state.calls.items() if c["stage"] in stages}
             first = next(iter(sorted(open_calls)), None)
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]

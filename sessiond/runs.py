@@ -14,6 +14,7 @@ where text changed) → ``observation.projected``, inside ``run.started`` …
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import os
 import re
@@ -200,6 +201,7 @@ class Runs:
 
     background: set[asyncio.Task[Any]]
     scheduler: Scheduler
+    stopping: bool
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""
@@ -303,6 +305,17 @@ class Runs:
         self, s: Session, cause: Record | None, paths: frozenset[str] = frozenset()
     ) -> bool:
         """Gate, then run (the caller holds s.lock). True if the program started."""
+        if self.stopping:
+            return False  # the daemon is shutting down: the wakes stay pending
+        if not paths:
+            # A follow-up carries the wakes recorded meanwhile: the paths whose change
+            # woke the session are its cause, not something held against it.
+            paths = frozenset(
+                p
+                for w in s.j.state.pending_wakes
+                if w["trigger"] in ("watch", "dependency")
+                for p in w["details"].get("paths", [])
+            )
         verdict = await self.gate_now(s, cause, paths)
         if verdict.outcome == "suspended":
             await self._suspend_for_budget(s, verdict)
@@ -318,7 +331,7 @@ class Runs:
             if s.state == "blocked":
                 await self._transition(s, "sleeping", why="unblock", reason="gate ok")
             return False
-        running = [r for r in self.table if r.run is not None]
+        running = self._running()
         if not self.scheduler.admits(s, running):
             self.scheduler.enqueue(s)
             if s.state != "ready":
@@ -328,20 +341,29 @@ class Runs:
                 )
             return False
         self.scheduler.queue.pop(s.name, None)
-        await self._start(s, cause)
+        # Counted as running from now on, before anything is awaited, so that
+        # simultaneous wakes cannot all pass the limit.
+        self.scheduler.starting.add(s.name)
+        try:
+            await self._start(s, cause)
+        finally:
+            self.scheduler.starting.discard(s.name)
         return True
 
+    def _running(self) -> list[Session]:
+        return [r for r in self.table if r.run is not None or r.name in self.scheduler.starting]
+
     async def dispatch(self) -> None:
-        """A slot came free: start the best queued session that may run (gate again)."""
+        """A slot came free: start the best queued sessions that may run (gate again)."""
         for s in self.scheduler.order():
-            running = [r for r in self.table if r.run is not None]
-            if not self.scheduler.admits(s, running):
+            if self.stopping:
+                return
+            if not self.scheduler.admits(s, self._running()):
                 continue
             async with s.lock:
                 self.scheduler.queue.pop(s.name, None)
                 if s.state == "ready" and s.run is None:
                     await self.proceed(s, None)
-            return
 
     async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
         spec = s.spec
@@ -433,6 +455,9 @@ class Runs:
 
     async def _start(self, s: Session, cause: Record | None) -> None:
         """ready → running (the caller holds s.lock and passed the gate)."""
+        pending_retry = self.retry_timers.pop(s.name, None)
+        if pending_retry is not None:  # this run is the retry now
+            pending_retry.cancel()
         spec = s.spec
         assert spec is not None
         assert spec.run is not None
@@ -632,8 +657,12 @@ class Runs:
     ) -> None:
         outcome = await program.wait()
         async with s.lock:
+            stop = s.run.stop_requested if s.run else None
             try:
                 await self._finish(s, run_id, call_id, outcome, before)
+            except Exception as exc:  # never leave a session `running` with no program
+                log.exception("run.finish_failed", session=s.name, run=run_id)
+                await self._record_broken_finish(s, run_id, exc)
             finally:
                 s.run = None
                 wake_file.unlink(missing_ok=True)
@@ -643,7 +672,7 @@ class Runs:
                     triggers.run_ended(s)
                 if self.scheduler.queue:
                     self.spawn(self.dispatch())
-            if s.state == "sleeping" and s.j.state.pending_wakes:
+            if s.state == "sleeping" and s.j.state.pending_wakes and stop is None:
                 # Wakes that came while it ran: one follow-up run carries them all.
                 await self.proceed(s, None)
 
@@ -726,11 +755,30 @@ class Runs:
         log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
         await self._after_finish(s, outcome)
 
+    async def _record_broken_finish(self, s: Session, run_id: str, exc: Exception) -> None:
+        """Recording a run's end failed part way: record what can be, and block."""
+        with contextlib.suppress(Exception):
+            if s.j.state.current_run is not None:
+                await self.table.append(
+                    s, RunFinished(run=run_id, status="failed", error=f"recording failed: {exc}")
+                )
+            if s.state in ("running", "ready"):
+                await self._transition(
+                    s,
+                    "blocked",
+                    why="block",
+                    reason=f"the end of run {run_id} could not be recorded: {exc}",
+                )
+
     async def _after_finish(self, s: Session, outcome: Outcome) -> None:
         stop = s.run.stop_requested if s.run else None
         grant = self.grant_of(s)
         if stop is not None and stop.startswith("approval pending"):
-            await self._transition(s, "blocked", why="ask", reason=stop)
+            if s.j.state.pending_approvals():
+                await self._transition(s, "blocked", why="ask", reason=stop)
+            else:  # answered while the program was still finishing: continue
+                await self._transition(s, "sleeping", why="sleep", reason="approval answered")
+                self.spawn(self.wake(s, "approval", {"answered": "during the run"}))
             return
         if grant is not None and grant.exit_intent and outcome.status == "ok" and stop is None:
             if grant.exit_intent == "complete":
@@ -756,7 +804,8 @@ class Runs:
             why = "interrupted" if stop == "interrupt" else "interrupted by daemon shutdown"
             await self._transition(s, "sleeping", why="interrupt", reason=why)
         elif stop in ("merge", "migrate"):
-            pass  # the caller terminates it
+            # the caller terminates it; if that fails, it must not stay `running`
+            await self._transition(s, "sleeping", why="stop", reason=f"stopped for {stop}")
         elif stop is not None and stop.startswith("budget"):
             await self._transition(s, "suspended", why="suspend", reason=stop)
         elif s.state == "running":

@@ -34,6 +34,7 @@ class Scheduler:
     queue: dict[str, Queued] = field(default_factory=dict)
     wakes: dict[str, deque[float]] = field(default_factory=dict)
     cooling: dict[str, float] = field(default_factory=dict)  # session -> wall-clock end
+    starting: set[str] = field(default_factory=set)  # admitted, program not started yet
 
     @property
     def limit(self) -> int:

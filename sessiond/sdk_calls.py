@@ -162,7 +162,7 @@ class SdkCalls(Base):
                 await self.table.append(
                     s, BudgetExhausted(budget="tool_calls_per_run", limit=limit, used=grant.calls)
                 )
-                if s.run is not None:
+                if s.run is not None and s.run.stop_requested is None:
                     s.run.stop_requested = f"budget: tool_calls_per_run {limit} used up"
                 return self._answer(
                     s, call=None, decision="stop", rule="budget: tool_calls_per_run"
@@ -199,7 +199,7 @@ class SdkCalls(Base):
                         correlation=call_id,
                     )
                 )
-                if s.run is not None:
+                if s.run is not None and s.run.stop_requested is None:
                     s.run.stop_requested = f"approval pending for {tool} [{call_id}]"
             await self.table.append_many(s, drafts)
         return self._answer(s, call=call_id, decision=verdict.decision, rule=verdict.rule)
@@ -338,7 +338,7 @@ class SdkCalls(Base):
             used = state.tokens_in + state.tokens_out
             if limit and used >= limit:
                 await self.table.append(s, BudgetExhausted(budget="tokens", limit=limit, used=used))
-                if s.run is not None:
+                if s.run is not None and s.run.stop_requested is None:
                     s.run.stop_requested = f"budget: tokens {used} of {limit} used"
         return self._answer(s, request_id=request_id)
 

@@ -21,7 +21,7 @@ import orjson
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sessiond.config import DaemonConfig
+from sessiond.config import AccessConfig, DaemonConfig
 from sessiond.errors import SessiondError
 from sessiond.event_data import ErrorClass
 from sessiond.events import EVENT_TYPES
@@ -192,8 +192,7 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.activated = False
-        self._allowed_uids = {os.getuid(), 0} | config.access.uids()
-        self._allowed_gids = config.access.gids()
+        self.allow(config.access)
         k = kernel
         self.methods: dict[str, tuple[type[_Params], Handler]] = {
             "ping": (NoParams, lambda _: k.ping()),
@@ -247,6 +246,12 @@ class Server:
             "sdk.send": (SdkSendParams, lambda p: k.sdk_send(p.token, p.to, p.text)),
             "sdk.end": (SdkEndParams, lambda p: k.sdk_end(p.token, p.intent, p.summary)),
         }
+
+    def allow(self, access: AccessConfig) -> None:
+        """Who may connect: the daemon's user, root, and the configured users and groups.
+        (A reload applies a new list to the next connections.)"""
+        self._allowed_uids = {os.getuid(), 0} | access.uids()
+        self._allowed_gids = access.gids()
 
     # --- the socket -----------------------------------------------------------------
 

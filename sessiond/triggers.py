@@ -120,6 +120,7 @@ class Triggers:
         self._stop_watch: asyncio.Event | None = None
         self._roots: frozenset[str] = frozenset()
         self._reconciler: asyncio.Task[None] | None = None
+        self.started = False
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -127,6 +128,7 @@ class Triggers:
     # --- arming ---------------------------------------------------------------------
 
     def arm_all(self) -> None:
+        self.started = True
         for s in self.kernel.table:
             self.arm(s)
         self._restart_watcher()
@@ -163,6 +165,8 @@ class Triggers:
             self._restart_watcher()
 
     def rearm(self, s: Session) -> None:
+        if not self.started:
+            return  # arm_all() arms everyone once, at start-up
         self.arm(s)
         self._restart_watcher()
 

@@ -1,0 +1,83 @@
+"""Scheduling under pressure: queues, limits, shutdown and restarts keep their promises."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+from tests.e2e.harness import Daemon, running, short_dir, wait_event
+
+
+def make(d: Daemon, name: str, cmd: str, extra: str = "") -> None:
+    spec = f'name = "{name}"\n[run]\nexec = ["sh", "-c", "{cmd}"]\ncwd = "."\n{extra}'
+    d.ctl("create", str(d.write_spec(name, spec)), check=True)
+
+
+def test_a_cancelled_queued_session_does_not_stall_the_queue() -> None:
+    with running("max_running = 1\n") as d:
+        make(d, "a", "sleep 0.5")
+        make(d, "b", "echo b")
+        make(d, "c", "echo c > c.txt")
+        for name in ("a", "b", "c"):
+            d.ctl("activate", name, check=True)
+        assert d.json("show", "c")["state"] == "ready"
+        d.ctl("cancel", "b", check=True)
+        wait_event(d, "c", "run.finished")
+        assert (d.root / "c.txt").read_text() == "c\n"
+
+
+def test_simultaneous_wakes_never_exceed_the_limit() -> None:
+    with running("max_running = 1\n") as d:
+        names = [f"s{i}" for i in range(6)]
+        for name in names:
+            make(d, name, "echo start >> log.txt; sleep 0.3; echo end >> log.txt")
+        threads = [threading.Thread(target=d.ctl, args=("activate", n)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for name in names:
+            wait_event(d, name, "run.finished", timeout=60)
+        lines = (d.root / "log.txt").read_text().split()
+        assert lines == ["start", "end"] * 6  # one at a time, never overlapping
+
+
+def test_shutdown_starts_nothing_new_and_the_restart_runs_the_pending_wake() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        make(d, "s", "echo start >> runs.txt; sleep 20", '[[trigger]]\ntype = "message"\n')
+        d.ctl("send", "s", "one", check=True)
+        wait_event(d, "s", "run.started")
+        d.ctl("send", "s", "two", check=True)  # pending while it runs
+        assert d.stop() == 0
+        assert (root / "runs.txt").read_text() == "start\n"  # no follow-up during shutdown
+        d.start()
+        second = wait_event(
+            d, "s", "run.started", since=5, match=lambda r: r["data"]["run"] == "r2"
+        )
+        assert second["data"]["run"] == "r2"  # the pending wake runs after the restart
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_retry_pending_at_a_restart_still_happens() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        spec = (
+            'name = "f"\n[run]\nexec = ["sh", "-c", "echo x >> runs.txt; exit 1"]\n'
+            'cwd = "."\nretries = 1\n'
+        )
+        d.ctl("create", str(d.write_spec("f", spec)), check=True)
+        d.ctl("activate", "f", check=True)
+        wait_event(d, "f", "lifecycle.changed", match=lambda r: "retry 1 of" in r["data"]["reason"])
+        d.stop()
+        d.start()
+        wait_event(d, "f", "run.finished", match=lambda r: r["data"]["run"] == "r2", timeout=30)
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
