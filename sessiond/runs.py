@@ -606,20 +606,17 @@ class Runs:
         try:
             pid = await program.start()
         except OSError as exc:
-            outcome = Outcome(
-                "failed",
-                None,
-                None,
-                0,
-                b"",
-                f"could not start {spec.run.exec[0]!r}: {exc}".encode(),
-                0,
-                0,
-                error=str(exc),
-            )
+            why = f"could not start {spec.run.exec[0]!r}: {exc.strerror or exc}"
+            outcome = Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why)
             s.run = Run(run_id, 0, time.time(), program)
-            await self._finish(s, run_id, call_id, outcome, before)
-            s.run = None
+            await self._settle(
+                s,
+                run_id=run_id,
+                call_id=call_id,
+                outcome=outcome,
+                before=before,
+                wake_file=wake_file,
+            )
             return
         # Known as running before anything is awaited: the program may call the
         # daemon (the SDK) at once.
@@ -658,23 +655,43 @@ class Runs:
         outcome = await program.wait()
         async with s.lock:
             stop = s.run.stop_requested if s.run else None
-            try:
-                await self._finish(s, run_id, call_id, outcome, before)
-            except Exception as exc:  # never leave a session `running` with no program
-                log.exception("run.finish_failed", session=s.name, run=run_id)
-                await self._record_broken_finish(s, run_id, exc)
-            finally:
-                s.run = None
-                wake_file.unlink(missing_ok=True)
-                self.end_run(s, run_id)
-                triggers = getattr(self, "triggers", None)
-                if triggers is not None:
-                    triggers.run_ended(s)
-                if self.scheduler.queue:
-                    self.spawn(self.dispatch())
+            await self._settle(
+                s,
+                run_id=run_id,
+                call_id=call_id,
+                outcome=outcome,
+                before=before,
+                wake_file=wake_file,
+            )
             if s.state == "sleeping" and s.j.state.pending_wakes and stop is None:
                 # Wakes that came while it ran: one follow-up run carries them all.
                 await self.proceed(s, None)
+
+    async def _settle(
+        self,
+        s: Session,
+        *,
+        run_id: str,
+        call_id: str | None,
+        outcome: Outcome,
+        before: dict[str, bytes | None],
+        wake_file: Path,
+    ) -> None:
+        """Record a run's end and free everything it held, whether it ran or never started."""
+        try:
+            await self._finish(s, run_id, call_id, outcome, before)
+        except Exception as exc:  # never leave a session `running` with no program
+            log.exception("run.finish_failed", session=s.name, run=run_id)
+            await self._record_broken_finish(s, run_id, exc)
+        finally:
+            s.run = None
+            wake_file.unlink(missing_ok=True)
+            self.end_run(s, run_id)  # its SDK token dies with it
+            triggers = getattr(self, "triggers", None)
+            if triggers is not None:
+                triggers.run_ended(s)
+            if self.scheduler.queue:  # the slot is free: queued sessions may start
+                self.spawn(self.dispatch())
 
     async def _finish(
         self,

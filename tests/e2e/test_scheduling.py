@@ -81,3 +81,18 @@ def test_a_retry_pending_at_a_restart_still_happens() -> None:
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_program_that_cannot_start_frees_its_slot_for_the_queue() -> None:
+    with running("max_running = 1\n") as d:
+        make(d, "a", "sleep 0.5")
+        bad = 'name = "bad"\n[run]\nexec = ["./no-such-program"]\ncwd = "."\n'
+        d.ctl("create", str(d.write_spec("bad", bad)), check=True)
+        make(d, "c", "echo c > c.txt")
+        for name in ("a", "bad", "c"):
+            d.ctl("activate", name, check=True)
+        failed = wait_event(d, "bad", "run.finished")
+        assert failed["data"]["status"] == "failed"
+        assert "no-such-program" in failed["data"]["error"]
+        wait_event(d, "c", "run.finished")  # the failed start handed its slot on
+        assert (d.root / "c.txt").read_text() == "c\n"
