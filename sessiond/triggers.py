@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import structlog
 import watchfiles
 
@@ -43,6 +44,7 @@ from sessiond.spec import (
     SessionSpec,
     WatchTriggerSpec,
 )
+from sessiond.store.durable import write_durable
 from sessiond.table import Session, file_hash
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ log = structlog.get_logger(__name__)
 
 RECHECK = 60.0  # seconds: the longest a timer sleeps before reading the clock again
 RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
+GIT_CURSOR = "git.cursor.json"  # per session: where each git trigger's scan resumes
 
 
 @functools.lru_cache(maxsize=1024)
@@ -151,6 +154,8 @@ class Triggers:
                 self._arm_every(armed, key, trig)
             elif isinstance(trig, GitTriggerSpec):
                 self._arm_git(armed, trig)
+        if armed.git_seen:  # commits made since the last scan (a restart) wake it now
+            self._check_git(armed)
         self._baseline_scan(armed)
 
     def disarm(self, name: str, *, restart: bool = True) -> None:
@@ -209,10 +214,19 @@ class Triggers:
         delay = min(max((fire - self.now()).total_seconds(), 0.0), RECHECK)
         armed.timers.append(asyncio.get_running_loop().call_later(delay, fn))
 
-    def _last_wake(self, s: Session, trigger: str) -> dict[str, Any] | None:
+    def _last_wake(
+        self,
+        s: Session,
+        trigger: str,
+        which: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any] | None:
+        """The newest wake of this kind (and, given ``which``, with these details)."""
         last = None
         for record in self.kernel.store.read(s.name):
-            if record["type"] == "wake.requested" and record["data"]["trigger"] == trigger:
+            data = record["data"]
+            if record["type"] != "wake.requested" or data["trigger"] != trigger:
+                continue
+            if which is None or which(data["details"]):
                 last = record
         return last
 
@@ -294,11 +308,46 @@ class Triggers:
             return trig.ref
         return git(Path(trig.repo), "symbolic-ref", "-q", "HEAD") or "HEAD"
 
+    # Where a git trigger's scan starts is durable, so that commits made while the
+    # daemon was down still wake the session after a restart. A wake records its
+    # range in the log; the cursor file records what the log cannot: the first
+    # baseline and commits passed over because they touched no watched path. It
+    # names the seq of the newest git wake it knew of; a later wake in the log wins.
+
+    def _git_cursor_file(self, s: Session) -> Path:
+        return Path(self.kernel.store.sessions_dir) / s.name / GIT_CURSOR
+
+    def _read_git_cursor(self, s: Session) -> dict[str, Any]:
+        try:
+            found = orjson.loads(self._git_cursor_file(s).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def _save_git_cursor(self, armed: Armed) -> None:
+        s = armed.session
+        last = self._last_wake(s, "git")
+        after = int(last["seq"]) if last is not None else 0
+        cursor = {key: {"commit": c, "after_seq": after} for key, c in armed.git_seen.items()}
+        try:
+            write_durable(self._git_cursor_file(s), orjson.dumps(cursor))
+        except OSError as exc:  # the log's last wake still bounds what can be missed
+            log.warning("git.cursor_unsaved", session=s.name, error=str(exc))
+
     def _arm_git(self, armed: Armed, trig: GitTriggerSpec) -> None:
-        key = f"{trig.repo}:{self._ref(trig)}"
-        last = self._last_wake(armed.session, "git")
-        seen = str(last["data"]["details"]["to"]) if last is not None else None
-        armed.git_seen[key] = seen or git(Path(trig.repo), "rev-parse", self._ref(trig)) or ""
+        s = armed.session
+        ref = self._ref(trig)
+        key = f"{trig.repo}:{ref}"
+        last = self._last_wake(s, "git", lambda d: f"{d.get('repo')}:{d.get('ref')}" == key)
+        cursor = self._read_git_cursor(s).get(key)
+        if isinstance(cursor, dict) and (last is None or last["seq"] <= cursor.get("after_seq", 0)):
+            armed.git_seen[key] = str(cursor.get("commit") or "")
+        elif last is not None:
+            armed.git_seen[key] = str(last["data"]["details"]["to"])
+        else:  # first arming: start from the tip now, and remember it
+            armed.git_seen[key] = git(Path(trig.repo), "rev-parse", ref) or ""
+            if armed.git_seen[key]:
+                self._save_git_cursor(armed)
 
     def _check_git(self, armed: Armed) -> None:
         spec = armed.session.spec
@@ -326,6 +375,7 @@ class Triggers:
             changed = [p for p in (names or "").splitlines() if p and match(p, trig.paths)]
             if not changed:
                 log.info("git.ignored", session=armed.session.name, to=new, why="paths untouched")
+                self._save_git_cursor(armed)
                 continue
             details = {
                 "repo": trig.repo, "ref": ref, "from": old, "to": new,

@@ -139,6 +139,40 @@ def test_a_commit_touching_the_paths_wakes_a_git_session_and_others_do_not() -> 
         assert "src/new.py" in last["paths"]
 
 
+def test_commits_made_while_the_daemon_was_down_wake_the_session_after_a_restart() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        repo = root / "repo"
+        (repo / "src").mkdir(parents=True)
+        _git(repo, "init", "-q", "-b", "main")
+        (repo / "src" / "api.py").write_text("def f(): pass\n")
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-q", "-m", "first")
+        first = _git(repo, "rev-parse", "HEAD")
+        spec = (
+            f'name = "docs"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "repo"\n'
+            '[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
+        )
+        d.ctl("create", str(d.write_spec("docs", spec)), check=True)
+        d.stop()  # no git wake yet: only the cursor knows where the scan starts
+        (repo / "src" / "api.py").write_text("def f(): return 1\n")
+        _git(repo, "commit", "-q", "-am", "made while the daemon was down")
+        head = _git(repo, "rev-parse", "HEAD")
+        d.start()
+        wait_event(d, "docs", "run.finished")
+        (cause,) = wakes(repo)
+        assert cause["wakes"][0]["details"]["range"] == f"{first}..{head}"
+        d.stop()
+        d.start()  # the wake in the log covers that commit: nothing runs again
+        time.sleep(0.5)
+        assert len(wakes(repo)) == 1
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def wait_line(d: Daemon, event: str, timeout: float = 20.0) -> dict[str, object]:
     """The daemon's own log line (the harness collects them as they come)."""
     deadline = time.monotonic() + timeout
