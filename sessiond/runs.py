@@ -469,17 +469,30 @@ class Runs:
         call_id = f"{run_id}.command"
         command = spec.run.kind == "command"
         if command:
-            approved = next(
-                (
-                    k
-                    for k, c in state.calls.items()
-                    if c["tool"] == "command" and c["stage"] == "approved"
-                ),
-                None,
-            )
+            approved = None
+            used = set(state.calls)
+            for k, c in list(state.calls.items()):
+                if c["tool"] != "command" or c["stage"] != "approved":
+                    continue
+                if c["args"].get("exec") == list(spec.run.exec):
+                    approved = k
+                    continue
+                # The spec changed since the approval: it approved another command.
+                await self.table.append(
+                    s,
+                    ObservationProjected(
+                        call=k,
+                        tool="command",
+                        text="approval not used: the spec's command changed since it was given",
+                        source="discarded",
+                    ),
+                    correlation=k,
+                )
             if approved is not None:
                 call_id = approved
-            else:
+            elif call_id in used:  # a discarded approval had it: one id, one call
+                call_id = f"{run_id}.command.{s.j.state.tool_calls + 1}"
+            if approved is None:
                 verdict = self._command_policy(spec)
                 risk = RiskContract(
                     side_effect=spec.run.side_effect,

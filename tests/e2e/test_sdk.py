@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from tests.e2e.harness import Daemon, running, wait_event
+from tests.e2e.harness import Daemon, running, short_dir, wait_event
 
 AGENT = Path(__file__).parent / "programs" / "agent.py"
 SPEC = """name = "agent"
@@ -265,3 +266,37 @@ def test_an_interrupt_lets_the_current_block_finish_then_stops() -> None:
         assert all(r["data"]["status"] == "ok" for r in finished)
         assert (d.root / "stopped").exists()  # it stopped at a stable point by itself
         assert d.json("show", "loop")["tools_in_flight"] == []
+
+
+def test_an_approval_given_for_another_command_is_not_used() -> None:
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        spec = (
+            'name = "c"\n[run]\nexec = ["sh", "-c", "echo old >> ran.txt"]\ncwd = "."\n'
+            '[policy]\nask = ["command"]\n'
+        )
+        d.ctl("create", str(d.write_spec("c", spec)), check=True)
+        d.ctl("activate", "c", check=True)
+        assert d.json("show", "c")["state"] == "blocked"
+        d.stop()
+        stored = d.state_dir / "sessions" / "c" / "spec.toml"
+        stored.write_text(stored.read_text().replace("echo old", "echo new"))
+        d.start()
+        d.ctl("approve", "c", check=True)  # approves the call whose intent showed `echo old`
+        asked = wait_event(
+            d, "c", "approval.requested", match=lambda r: r["data"]["call"] != "r1.command"
+        )
+        assert not (root / "ran.txt").exists()  # neither command ran on the old approval
+        discarded = d.json("log", "c", "--type", "observation.projected")
+        assert [r["data"]["source"] for r in discarded] == ["discarded"]
+        intent = d.json("log", "c", "--type", "tool.intent")[-1]["data"]
+        assert intent["call"] == asked["data"]["call"]
+        assert intent["args"]["exec"] == ["sh", "-c", "echo new >> ran.txt"]
+        d.ctl("approve", "c", check=True)
+        wait_event(d, "c", "run.finished")
+        assert (root / "ran.txt").read_text() == "new\n"
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
