@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ BIN = Path(sys.executable).parent
 SESSIOND = str(BIN / "sessiond")
 SESSIONCTL = str(BIN / "sessionctl")
 READY_TIMEOUT = 30.0
+LIVE: set[Daemon] = set()  # started and not yet reaped: see conftest.py
 
 
 def short_dir() -> Path:
@@ -76,6 +78,7 @@ class Daemon:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        LIVE.add(self)
         self._reader = threading.Thread(target=self._read_log, args=(self.proc,), daemon=True)
         self._reader.start()
         if wait:
@@ -131,6 +134,17 @@ class Daemon:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return code
+
+    def reap(self) -> bool:
+        """Kill a daemon that a failing test left running (its whole process
+        group). True if one was still running."""
+        LIVE.discard(self)
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.stop(signal.SIGKILL)
+        return True
 
     def kill9(self) -> None:
         self.stop(signal.SIGKILL)
