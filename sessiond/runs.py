@@ -618,8 +618,8 @@ class Runs:
         await self.table.append_many(s, [*drafts, Draft(running)])
         try:
             pid = await program.start()
-        except OSError as exc:
-            why = f"could not start {spec.run.exec[0]!r}: {exc.strerror or exc}"
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
+            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             outcome = Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why)
             s.run = Run(run_id, 0, time.time(), program)
             await self._settle(

@@ -259,24 +259,34 @@ class SessionSpec(_Strict):
         return out
 
 
+def _absolute(base: Path, path: object) -> object:
+    """``path`` made absolute from ``base``; anything that is not a usable path is
+    returned as it came, for validation to refuse with its name."""
+    if not isinstance(path, str):
+        return path
+    try:
+        return str((base / path).resolve())
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name too long
+        return path
+
+
 def _resolve(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """Make the spec's folder-relative paths absolute, so the stored spec stands alone."""
     data = dict(data)
     run = data.get("run")
+    workspace = base.resolve()
     if isinstance(run, dict):
         run = dict(run)
-        cwd = run.get("cwd", ".")
-        if isinstance(cwd, str):
-            run["cwd"] = str((base / cwd).resolve())
+        run["cwd"] = _absolute(base, run.get("cwd", "."))
+        if isinstance(run["cwd"], str) and Path(run["cwd"]).is_absolute():
+            workspace = Path(run["cwd"])
         data["run"] = run
-    workspace = Path(data["run"]["cwd"]) if isinstance(run, dict) else base.resolve()
     triggers = data.get("trigger")
     if isinstance(triggers, list):
         resolved = []
         for trig in triggers:
-            repo = trig.get("repo", ".") if isinstance(trig, dict) else None
-            if isinstance(trig, dict) and trig.get("type") == "git" and isinstance(repo, str):
-                resolved.append({**trig, "repo": str((workspace / repo).resolve())})
+            if isinstance(trig, dict) and trig.get("type") == "git":
+                resolved.append({**trig, "repo": _absolute(workspace, trig.get("repo", "."))})
             else:
                 resolved.append(trig)
         data["trigger"] = resolved
@@ -291,10 +301,33 @@ def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise BadSpec(f"{source}: not valid TOML: {exc}") from exc
+    if (where := _nul_at(data, "")) is not None:
+        raise BadSpec(
+            f"{source}: {where or 'a key'}: contains a NUL character, which no path, "
+            "command or name may hold; remove it"
+        )
     try:
         return SessionSpec.model_validate(_resolve(data, base))
     except ValidationError as exc:
         raise BadSpec(f"{source}: " + "; ".join(_explain(e) for e in exc.errors())) from exc
+
+
+def _nul_at(value: object, where: str) -> str | None:
+    """Where in the parsed spec a NUL character is (the OS cuts strings at it)."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    items: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if "\x00" in key:
+                return f"{where}.{key!r}".lstrip(".")
+            items.append((f"{where}.{key}".lstrip("."), inner))
+    elif isinstance(value, list):
+        items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
+    for inner_where, inner in items:
+        if (found := _nul_at(inner, inner_where)) is not None:
+            return found
+    return None
 
 
 def _explain(error: Any) -> str:
