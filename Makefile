@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench compare install install-user clean
+.PHONY: run demo test lint typecheck unit bench compare load install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench: $(STAMP)
 compare: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m sessiond.bench.compare
+
+# 1,000 concurrent clients for 30 s against 10,000 sessions with 50 running (~2 min).
+load: $(STAMP)
+	$(BIN)/python -m sessiond.bench.load
 
 # Install as a system service (as root): a venv in PREFIX, the units, a config.
 #   make install && systemctl daemon-reload && systemctl enable --now sessiond
