@@ -42,3 +42,14 @@ def test_the_wake_and_sdk_benchmarks_run(tmp_path: Path) -> None:
         __import__("shutil").rmtree(work, ignore_errors=True)
     assert figures["wake_to_exec_p50_ms"] > 0
     assert figures["sdk_tool_roundtrip_p50_ms"] > 0
+
+
+def test_the_load_benchmark_runs_without_errors() -> None:
+    from sessiond.bench import load
+
+    result = load.run(clients=20, seconds=1.0, sessions=30, say=lambda _text: None)
+    assert result["errors"] == 0, result["first_errors"]
+    assert result["requests"] > 0
+    assert result["running_during_load"] == load.RUNNERS
+    assert result["running_after_load"] == load.RUNNERS
+    assert set(result["per_method"]) <= {"show", "ping", "log", "send", "ps"}
