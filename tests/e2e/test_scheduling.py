@@ -77,7 +77,11 @@ def test_a_retry_pending_at_a_restart_still_happens() -> None:
         wait_event(d, "f", "lifecycle.changed", match=lambda r: "retry 1 of" in r["data"]["reason"])
         d.stop()
         d.start()
-        wait_event(d, "f", "run.finished", match=lambda r: r["data"]["run"] == "r2", timeout=30)
+        second = wait_event(
+            d, "f", "run.finished", match=lambda r: r["data"]["run"] == "r2", timeout=30
+        )
+        assert second["data"]["status"] == "failed"
+        assert (root / "runs.txt").read_text() == "x\nx\n"  # the first run and its one retry
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
