@@ -326,8 +326,9 @@ class Triggers:
 
     def _save_git_cursor(self, armed: Armed) -> None:
         s = armed.session
-        last = self._last_wake(s, "git")
-        after = int(last["seq"]) if last is not None else 0
+        # Every wake already in the log is older than this seq; one still being
+        # appended will be newer and win over the cursor (rescanning, never skipping).
+        after = s.j.state.seq
         cursor = {key: {"commit": c, "after_seq": after} for key, c in armed.git_seen.items()}
         try:
             write_durable(self._git_cursor_file(s), orjson.dumps(cursor))
