@@ -312,7 +312,8 @@ class Triggers:
     # daemon was down still wake the session after a restart. A wake records its
     # range in the log; the cursor file records what the log cannot: the first
     # baseline and commits passed over because they touched no watched path. It
-    # names the seq of the newest git wake it knew of; a later wake in the log wins.
+    # is stamped with the session's seq when written; a git wake in the log after
+    # that seq wins over it.
 
     def _git_cursor_file(self, s: Session) -> Path:
         return Path(self.kernel.store.sessions_dir) / s.name / GIT_CURSOR
