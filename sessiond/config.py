@@ -104,6 +104,15 @@ class DaemonConfig(_Strict):
     # TEST ONLY: the daemon's clock runs this many seconds ahead of the machine's (it
     # stamps events and drives cron/every); the tests use it to "be" next month.
     clock_offset: float = 0.0
+    # TEST ONLY (the fault tests, see sessiond/faults.py): while this file exists,
+    # every write to a session log fails with ENOSPC, as on a full disk.
+    fault_full_disk: Path | None = None
+    # TEST ONLY: the start-up probe of the state dir fails with this error, as on a
+    # read-only mount or a folder the daemon may not write (root ignores modes).
+    fault_state_dir: Literal["EROFS", "EACCES"] | None = None
+    # TEST ONLY: after each durable point of a log, append "session offset" to this
+    # file; the power-cut simulation cuts every log back to its last recorded offset.
+    record_synced: Path | None = None
     watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)
     max_running_per_agent: int = Field(default=0, ge=0)

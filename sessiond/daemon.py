@@ -29,6 +29,7 @@ from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.errors import SessiondError
 from sessiond.event_data import ObservationProjected, RunFinished
+from sessiond.faults import io_hooks, probe_state_dir
 from sessiond.kernel import Kernel
 from sessiond.runner import Outcome, proc_start_time, signal_group
 from sessiond.server import Server
@@ -52,10 +53,12 @@ class StartupError(SessiondError):
     exit_code = 1
 
 
-def check_writable(state_dir: Path) -> None:
+def check_writable(config: DaemonConfig) -> None:
     """Refuse to start on a state dir that cannot be written (read-only, no permission)."""
+    state_dir = config.state_dir
     try:
         private_dir(state_dir)
+        probe_state_dir(config, state_dir)
         probe = state_dir / f".probe-{os.getpid()}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -109,7 +112,9 @@ class Daemon:
         self.config = config
         self.env = env
         offset_ns = int(config.clock_offset * 1e9)
-        self.store = FileStore(config.state_dir, clock=lambda: time.time_ns() + offset_ns)
+        self.store = FileStore(
+            config.state_dir, clock=lambda: time.time_ns() + offset_ns, hooks=io_hooks(config)
+        )
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
@@ -373,7 +378,7 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
         return 2
     logs.configure(config.log_format, config.log_level)
     try:
-        check_writable(config.state_dir)
+        check_writable(config)
         lock = take_lock(config.state_dir)
     except StartupError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)

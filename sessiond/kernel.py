@@ -486,6 +486,27 @@ class Kernel(SdkCalls, Runs):
                 hashes = {p: hasher(p) for p in sorted(paths)}
             drafts.append(Draft(RecoveryResolved(option=option, call=first, hashes=hashes, by=by)))
             await self.table.append_many(s, drafts)
+            spec = s.spec
+            if (
+                option != "rerun"
+                and spec is not None
+                and spec.run is not None
+                and spec.run.kind == "command"
+                and not state.pending_wakes
+            ):
+                # A command run is one tool call. Its program was started for every
+                # wake there was (none is left), so an accepted or discarded call
+                # ends that run: running the program again would repeat the very
+                # step the person chose not to repeat. The session rests instead.
+                reason = f"resolved: --{option}; the cut-off run is not repeated"
+                if spec.has_triggers:
+                    await self._transition(s, "sleeping", why="resolve", reason=reason)
+                else:
+                    outcome = "completed" if option == "accept" else "cancelled"
+                    await self._transition(
+                        s, "terminated", why="resolve", reason=reason, outcome=outcome
+                    )
+                return detail(s)
             await self._transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
             cause = await self.table.append(
                 s, WakeRequested(trigger="resolve", details={"option": option})

@@ -14,7 +14,6 @@ where text changed) → ``observation.projected``, inside ``run.started`` …
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import os
 import re
@@ -786,19 +785,45 @@ class Runs:
         await self._after_finish(s, outcome)
 
     async def _record_broken_finish(self, s: Session, run_id: str, exc: Exception) -> None:
-        """Recording a run's end failed part way: record what can be, and block."""
-        with contextlib.suppress(Exception):
-            if s.j.state.current_run is not None:
-                await self.table.append(
-                    s, RunFinished(run=run_id, status="failed", error=f"recording failed: {exc}")
-                )
-            if s.state in ("running", "ready"):
-                await self._transition(
-                    s,
-                    "blocked",
-                    why="block",
-                    reason=f"the end of run {run_id} could not be recorded: {exc}",
-                )
+        """Recording a run's end failed part way: record what can be, and block.
+
+        When even that cannot be written (a full disk), the session is held blocked
+        in memory, never left `running` with no program, and the block is recorded
+        as soon as the log takes writes again. Until then nothing else is appended.
+        """
+        reason = f"the end of run {run_id} could not be recorded: {exc}"
+        try:
+            await self._block_recorded(s, run_id, reason)
+        except Exception as again:
+            s.held = _held(reason, again)
+            log.error("session.held", session=s.name, run=run_id, reason=s.held)
+            self.spawn(self._record_hold(s, run_id, reason))
+
+    async def _block_recorded(self, s: Session, run_id: str, reason: str) -> None:
+        journal = s.j
+        if journal.state.current_run is not None:
+            await journal.append(RunFinished(run=run_id, status="failed", error=reason))
+        if journal.state.state in ("running", "ready"):
+            change = lifecycle.change(
+                s.name, journal.state.state, "blocked", why="block", reason=reason
+            )
+            await journal.append(change)
+            self.scheduler.queue.pop(s.name, None)
+
+    async def _record_hold(self, s: Session, run_id: str, reason: str) -> None:
+        """Retry recording a held block, 1 s then up to every 30 s, until it is written."""
+        delay = 1.0
+        while s.held is not None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            async with s.lock:
+                try:
+                    await self._block_recorded(s, run_id, reason)
+                except Exception as exc:
+                    s.held = _held(reason, exc)
+                    continue
+                s.held = None
+                log.info("session.hold_recorded", session=s.name, run=run_id)
 
     async def _after_finish(self, s: Session, outcome: Outcome) -> None:
         stop = s.run.stop_requested if s.run else None
@@ -934,3 +959,9 @@ def _observation(outcome: Outcome, before: dict[str, bytes | None], spec: Sessio
             "stdout: " + redact(first[0][:200].encode(), spec.redact).decode(errors="replace")
         )
     return "; ".join(parts)
+
+
+def _held(reason: str, exc: Exception) -> str:
+    """The reason shown for a block the log could not take yet (once, not twice)."""
+    why = "" if str(exc) in reason else f": {exc}"
+    return f"{reason} (not recorded yet{why})"

@@ -54,6 +54,10 @@ class Session:
     spec: SessionSpec | None = None
     spec_text: str | None = None
     broken: str | None = None  # why the log cannot be used
+    # Why the session is blocked in memory only: its log refused the write that
+    # would have recorded the block (a full disk). Nothing else is appended until
+    # the daemon has recorded it (see Runs._record_hold).
+    held: str | None = None
     run: Run | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
@@ -70,7 +74,9 @@ class Session:
 
     @property
     def state(self) -> str:
-        return "blocked" if self.journal is None else self.journal.state.state
+        if self.journal is None or self.held is not None:
+            return "blocked"
+        return self.journal.state.state
 
 
 Listener = Callable[[str, Record], None]
@@ -119,6 +125,11 @@ class Table:
         return (await self.append_many(session, [Draft(data, causation, correlation)]))[0]
 
     async def append_many(self, session: Session, drafts: list[Draft]) -> list[Record]:
+        if session.held is not None:
+            raise Refused(
+                f"session {session.name!r} is blocked: {session.held}; the daemon records "
+                "the block as soon as the log takes writes again, then it can be resolved"
+            )
         return await session.j.append_many(drafts)
 
     def _broadcast(self, name: str, record: Record) -> None:
@@ -230,8 +241,8 @@ def summary(
     s = session.journal.state
     return {
         "name": session.name,
-        "state": s.state,
-        "reason": s.reason,
+        "state": session.state,
+        "reason": session.held or s.reason,
         "agent": spec.agent if spec else s.agent,
         "priority": spec.priority if spec else s.priority,
         "runs": s.runs,

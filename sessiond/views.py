@@ -64,8 +64,9 @@ def detail(session: Session) -> dict[str, Any]:
         **base,
         "goal": base["goal"] or s.goal,
         "agent": base["agent"] or s.agent,
-        "state": s.state,
-        "reason": s.reason,
+        "state": session.state,
+        "reason": session.held or s.reason,
+        "held": session.held is not None,  # blocked in memory, not yet recorded (full disk)
         "outcome": s.outcome,
         "until": s.until,
         "seq": s.seq,

@@ -84,6 +84,9 @@ class IOHooks:
 
     fsync: Callable[[int], None] = os.fsync
     write: Callable[[int, bytes], None] = write_all
+    # Told (session, offset) each time a log is durable up to offset, before any
+    # append up to there is acknowledged (the power-cut simulation of the tests).
+    synced: Callable[[str, int], None] | None = None
 
 
 @dataclass
@@ -185,6 +188,8 @@ class FileEventLog(EventLog):
                 self._failed = f"fsync failed: {exc}"
                 raise LogFailed(f"{self.path}: {self._failed}") from exc
         self._synced = self._pos.offset
+        if self.hooks.synced is not None:
+            self.hooks.synced(self.session, self._synced)
         self._recovered = True
 
     def _check_position(self, after: LogPosition) -> None:
@@ -311,6 +316,8 @@ class FileEventLog(EventLog):
                         raise
                     return
                 self._synced = max(self._synced, target)
+                if self.hooks.synced is not None:
+                    self.hooks.synced(self.session, self._synced)
                 waiting = []
                 for entry in self._waiters:
                     if entry[0] <= target:

@@ -1,0 +1,89 @@
+"""Storage faults against the real daemon: a full disk in the middle of a run, a
+state dir it cannot write, and a power cut (each log cut back to what was fsynced).
+
+The faults are injected through the daemon's test-only keys (sessiond/faults.py):
+a test running as root cannot make a folder unwritable with permission bits, and
+filling a real disk is not something a test suite should do to its machine."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sessiond.fsck import check
+from tests.e2e.harness import SESSIOND, running, wait_event, wait_for
+
+JOB = """name = "job"
+[run]
+exec = ["sh", "-c", "echo ran >> out.txt; while [ ! -e go ]; do sleep 0.02; done; echo done"]
+cwd = "."
+writes = ["out.txt"]
+idempotency = "unsafe"
+resume = "require-user-confirmation"
+retries = 0
+"""
+
+
+def test_a_full_disk_during_a_run_blocks_the_session_and_keeps_the_log(tmp_path: Path) -> None:
+    full = tmp_path / "disk-is-full"
+    with running(f'fault_full_disk = "{full}"\n') as d:
+        d.ctl("create", str(d.write_spec("job", JOB)), check=True)
+        d.ctl("create", str(d.write_spec("notes", 'name = "notes"\n')), check=True)
+        d.ctl("activate", "job", check=True)
+        wait_event(d, "job", "run.started")
+        log = d.state_dir / "sessions" / "job" / "events.jsonl"
+        before = log.read_bytes()
+        full.touch()  # from now on every log write fails with ENOSPC
+        (d.root / "go").touch()  # the program ends; its end cannot be recorded
+        shown = wait_for(
+            lambda: (s := d.json("show", "job"))["state"] == "blocked" and s,
+            what="job blocked",
+        )
+        assert shown["held"] is True
+        assert "no space left on the device" in shown["reason"]
+        assert shown["reason"].endswith("(not recorded yet)")
+        assert shown["pid"] is None  # blocked, not `running` with no program
+        assert log.read_bytes() == before  # nothing partial was written
+        refused = d.ctl("send", "notes", "hello")
+        assert refused.returncode != 0
+        assert "no space left on the device" in refused.stderr  # says what and what to do
+        refused = d.ctl("resolve", "job", "--accept")
+        assert "is blocked" in refused.stderr and "records the block" in refused.stderr
+        assert d.json("ping")["sessions"] == 2  # still serving
+        full.unlink()  # space again: the daemon records the block by itself
+        block = wait_event(
+            d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
+        )
+        assert "could not be recorded" in block["data"]["reason"]
+        assert log.read_bytes().startswith(before)
+        assert d.json("show", "job")["held"] is False
+        d.ctl("resolve", "job", "--accept", check=True)  # the program's work is kept as done
+        d.ctl("send", "notes", "hello again", check=True)
+        assert (d.root / "out.txt").read_text() == "ran\n"  # it ran once, never again
+        d.stop()
+        assert check(d.state_dir).ok
+
+
+@pytest.mark.parametrize(("fault", "why"), [("EROFS", "read-only"), ("EACCES", "permission")])
+def test_a_state_dir_it_cannot_write_stops_start_up_with_the_reason(
+    tmp_path: Path, fault: str, why: str
+) -> None:
+    config = tmp_path / "sessiond.toml"
+    config.write_text(f'fault_state_dir = "{fault}"\n')
+    started = time.monotonic()
+    done = subprocess.run(
+        [SESSIOND, "--config", str(config), "--state-dir", str(tmp_path / "state"),
+         "--socket", str(tmp_path / "s")],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert f"cannot write to the state dir {tmp_path / 'state'}" in done.stderr
+    assert why in done.stderr and "--state-dir" in done.stderr  # and what to do
+    assert not (tmp_path / "s").exists()  # it never served
+    assert time.monotonic() - started < 20
