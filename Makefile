@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit bench compare load install install-user clean
+.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest
+
+# The whole kill -9 campaign: 200 rounds with power cuts (~10 min on 2 cores);
+# `make test` runs 20 of them. Prints the invariant table; fails if one does not hold.
+FAULT_ROUNDS ?= 200
+faults: $(STAMP)
+	$(BIN)/python -m tests.faults.campaign --iterations $(FAULT_ROUNDS)
+	$(BIN)/python -m tests.faults.campaign --iterations 20 --durability os
 
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)

@@ -597,6 +597,10 @@ class Runs:
         env = program_env(
             self.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
+        if call_id is not None:
+            # The tool call this command run is: a key for the program's own
+            # idempotency checks (a rerun after a crash is a new call, a new key).
+            env["SESSIOND_CALL"] = call_id
         # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
         env["SESSIOND_SOCKET"] = str(self.config.socket)
         if spec.run.kind == "sdk":

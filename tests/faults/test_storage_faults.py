@@ -51,7 +51,8 @@ def test_a_full_disk_during_a_run_blocks_the_session_and_keeps_the_log(tmp_path:
         assert refused.returncode != 0
         assert "no space left on the device" in refused.stderr  # says what and what to do
         refused = d.ctl("resolve", "job", "--accept")
-        assert "is blocked" in refused.stderr and "records the block" in refused.stderr
+        assert "is blocked" in refused.stderr
+        assert "records the block" in refused.stderr
         assert d.json("ping")["sessions"] == 2  # still serving
         full.unlink()  # space again: the daemon records the block by itself
         block = wait_event(
@@ -75,8 +76,15 @@ def test_a_state_dir_it_cannot_write_stops_start_up_with_the_reason(
     config.write_text(f'fault_state_dir = "{fault}"\n')
     started = time.monotonic()
     done = subprocess.run(
-        [SESSIOND, "--config", str(config), "--state-dir", str(tmp_path / "state"),
-         "--socket", str(tmp_path / "s")],  # fmt: skip
+        [
+            SESSIOND,
+            "--config",
+            str(config),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--socket",
+            str(tmp_path / "s"),
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -84,6 +92,7 @@ def test_a_state_dir_it_cannot_write_stops_start_up_with_the_reason(
     )
     assert done.returncode == 1
     assert f"cannot write to the state dir {tmp_path / 'state'}" in done.stderr
-    assert why in done.stderr and "--state-dir" in done.stderr  # and what to do
+    assert why in done.stderr
+    assert "--state-dir" in done.stderr  # and what to do
     assert not (tmp_path / "s").exists()  # it never served
     assert time.monotonic() - started < 20
