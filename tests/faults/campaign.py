@@ -3,9 +3,11 @@ checked, again and again.
 
     python -m tests.faults.campaign [--iterations 200] [--seed N] [--power-cut]
 
-The workload: an SDK agent whose unsafe tool blocks append to a ledger, a command
-session with the unsafe contract that does the same, a command session woken by
-file changes (safe, replay-from-event), a cron session, a mailbox that clients
+The workload: an SDK agent whose unsafe tool blocks append to a ledger (with safe
+and conditional/rerun-after-check blocks between), a command session with the
+unsafe/require-user-confirmation contract that does the same, a command session
+woken by file changes (safe, replay-from-event), a cron session (unsafe,
+never-rerun, also with a ledger), a mailbox that clients
 `send` to all the time, forks of it, and messages the agent sends. Each round
 runs it for a random 0.2 to 2 s, kills the daemon with SIGKILL (its programs are
 orphaned, as in a real crash), optionally simulates a power cut (every log cut
@@ -69,6 +71,12 @@ with connect() as run:
             call.finish(observation=f"wrote step {step}")
         with open("acked.agent", "a") as f:  # the daemon acknowledged the finish
             f.write(f"{call.id}\\n")
+        with run.tool("note", {"step": step}, writes=["notes.out"],
+                      side_effect="workspace-write", idempotency="conditional",
+                      resume="rerun-after-check") as call:
+            with open("notes.out", "a") as f:
+                f.write(f"step {step}\\n")
+            call.finish(observation=f"noted step {step}")
     run.send("mailbox", f"agent reached step {step}")
     run.sleep()
 '''
@@ -110,10 +118,11 @@ debounce = "50ms"
 """,
     "cron": """name = "cron"
 [run]
-exec = ["sh", "-c", "date >> cron.out"]
+exec = ["sh", "-c", "echo \\"$SESSIOND_CALL\\" >> ledger.cron; date >> cron.out"]
 cwd = "."
-idempotency = "safe"
-resume = "replay-from-event"
+writes = ["cron.out"]
+idempotency = "unsafe"
+resume = "never-rerun"
 [[trigger]]
 type = "cron"
 schedule = "* * * * *"
@@ -147,6 +156,7 @@ class Tally:
     resolved: int = 0
     forks: int = 0
     runs: int = 0
+    wakes: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -191,6 +201,8 @@ class Tally:
             f"in {seconds:.0f} s; {self.acked_sends} acknowledged sends, {self.acked_tools} "
             f"acknowledged tool blocks, {self.runs} runs, {self.forks} forks, "
             f"{self.resolved} blocks resolved with --accept",
+            "wakes by trigger: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.wakes.items(), key=lambda kv: -kv[1])),
             "",
             f"{'invariant':<52} {'measured':>12} {'must be':>8}  ok",
         ]
@@ -454,7 +466,7 @@ class Campaign:
         return None
 
     def _check_ledgers(self) -> None:
-        for ledger, key in (("ledger.agent", 1), ("ledger.unsafe", 0)):
+        for ledger, key in (("ledger.agent", 1), ("ledger.unsafe", 0), ("ledger.cron", 0)):
             path = self.root / ledger
             if not path.exists():
                 continue
@@ -486,9 +498,12 @@ class Campaign:
         if self.daemon.proc is not None and self.daemon.proc.poll() is None:
             self.daemon.stop()
         runs = 0
+        wakes: Counter[str] = Counter()
         for name in self._names():
             runs += len(self._records(name, b"run.started"))
+            wakes.update(r["data"]["trigger"] for r in self._records(name, b"wake.requested"))
         self.tally.runs = runs
+        self.tally.wakes = dict(wakes)
 
 
 def run_campaign(
