@@ -132,6 +132,8 @@ def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
         members = _members(raw, limit)
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as exc:
         raise BadBundle(f"{path} is not a sessiond bundle (a gzip'd tar): {exc}") from exc
+    except BadBundle as exc:  # name the file, as every other refusal does
+        raise BadBundle(f"{path}: {exc}") from None
     manifest = _manifest(members, path)
     events = members.get("events.jsonl")
     if events is None:
