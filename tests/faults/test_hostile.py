@@ -39,7 +39,8 @@ import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from types import UnionType
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import orjson
 import pytest
@@ -49,6 +50,7 @@ from pydantic import BaseModel
 
 from sessiond.codec import decode_line, frame
 from sessiond.config import DaemonConfig
+from sessiond.events import EVENT_TYPES
 from sessiond.kernel import Kernel
 from sessiond.server import LogParams, Server
 from tests.e2e.harness import Daemon, running, wait_event
@@ -200,10 +202,12 @@ HOSTILE = [
     "x" * 300, "\u202e\u200b", "名前", "ghost", "-rf", "$(reboot)", "%s%n", "/dev/zero",
     "/proc/self/mem", "/proc/self/fd/0", "/", "C:\\evil", "\\\\host\\share",
 ]  # fmt: skip
+# Words the handlers know, so that some values get past validation and go deeper.
+WORDS = [*EVENT_TYPES, "state", "messages", "trace", "audit", "default", "rerun", "sleep",
+         "complete", "ok", "error", 'name = "x"\n', 'name = "../x"\n[run]\n']  # fmt: skip
 RAWS = [
     b"[" * 200 + b"]" * 200,
-    b"[" * 1000 + b"]" * 1000,  # at orjson's depth limit with the frame around it
-    b"[" * 5000 + b"]" * 5000,
+    b"[" * 1000 + b"]" * 1000,  # past orjson's depth limit with the frame around it
     b'{"a":' * 300 + b"1" + b"}" * 300,
     b"9" * 30,  # past 64 bits: a float to orjson
     b"-" + b"9" * 400,
@@ -211,15 +215,19 @@ RAWS = [
     b"-0",
     b"1E-400",
 ]
+# Hypothesis draws the first of equal choices (and small integers) more often than
+# the rest; picking from a list with repeats gives the weights wanted here.
+SOMETIMES = st.sampled_from([False] * 7 + [True])
+METHOD_KIND = st.sampled_from(["known"] * 7 + ["unknown", "text", "odd"])
+STRINGS = st.sampled_from(HOSTILE) | st.sampled_from(WORDS) | st.text(max_size=30)
+INTS = st.integers(-3, 20) | st.integers(-(2**63), 2**64 - 1)
 SCALARS = (
     st.none()
     | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
+    | INTS
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=30)
-    | st.sampled_from(HOSTILE)
-    | st.sampled_from(RAWS).map(Raw)
-    | st.integers(FRAME_LIMIT, 3 * FRAME_LIMIT).map(lambda n: "a" * n)  # oversized frame
+    | STRINGS
+    | SOMETIMES.flatmap(lambda raw: st.sampled_from(RAWS).map(Raw) if raw else STRINGS)
 )
 FIELDS = sorted({f for model in METHODS.values() for f in model.model_fields})
 VALUES = st.recursive(
@@ -232,6 +240,29 @@ VALUES = st.recursive(
 )
 UNKNOWN_METHODS = ["", "nope", "PING", "ping ", "sdk.", "sdk.nope", "log\x00", "__init__",
                    "methods", "_handle", "../ping", "ping\n"]  # fmt: skip
+
+
+def typed(annotation: Any) -> st.SearchStrategy[Any]:
+    """Values of a params field's own type (hostile ones among them): these pass
+    validation and reach the handler, where the interesting refusals are."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is str:
+        return STRINGS
+    if annotation is bool:
+        return st.booleans()
+    if annotation is int:
+        return INTS
+    if annotation is type(None):
+        return st.none()
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin in (Union, UnionType):
+        return st.one_of(*(typed(a) for a in args))
+    if origin is list:
+        return st.lists(typed(args[0]), max_size=4)
+    if origin is dict:
+        return st.dictionaries(STRINGS, typed(args[1]), max_size=4)
+    return VALUES
 
 
 def away_from_sentinel(value: Any) -> Any:
@@ -248,22 +279,29 @@ def away_from_sentinel(value: Any) -> Any:
 
 @st.composite
 def requests(draw: st.DrawFn) -> Any:
+    kind = draw(METHOD_KIND)
     method: Any = draw(
-        st.sampled_from(sorted(METHODS))
-        | st.sampled_from(UNKNOWN_METHODS)
-        | st.text(max_size=12)
-        | st.sampled_from([None, 7, True, [], {}])
+        {
+            "known": st.sampled_from(sorted(METHODS)),  # where the handlers are
+            "unknown": st.sampled_from(UNKNOWN_METHODS),
+            "text": st.text(max_size=12),
+            "odd": st.sampled_from([None, 7, True, [], {}]),
+        }[kind]
     )
     named = method if isinstance(method, str) else ""
     model = METHODS.get(named)
-    fields = sorted(model.model_fields) if model else FIELDS
-    odd = st.sampled_from(["evil", "__class__"]) | st.text(max_size=8)
-    keys = st.sampled_from(fields or FIELDS) | odd
-    params: Any = draw(st.dictionaries(keys, VALUES, max_size=len(fields) + 1))
-    names = st.sampled_from(HOSTILE) | st.text(max_size=20)
+    params: Any = {}
+    if model is None:
+        params = draw(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4))
+    for field, info in (model.model_fields if model else {}).items():
+        if not draw(SOMETIMES):  # most fields present, some left to their default
+            params[field] = draw(VALUES if draw(SOMETIMES) else typed(info.annotation))
+    if draw(SOMETIMES):
+        params[draw(st.sampled_from(["evil", "__class__"]) | st.text(max_size=8))] = 1
+    names = st.sampled_from(HOSTILE) | st.sampled_from(["ghost", "a.b", "x-1"])
     if named in READ_ONLY:
         names = names | st.just(SENTINEL)  # reads of a real session go deeper
-    for field in NAME_FIELDS & set(fields):
+    for field in NAME_FIELDS & set(params):
         if draw(st.booleans()):
             params[field] = draw(names)
     if named not in READ_ONLY:
@@ -271,10 +309,10 @@ def requests(draw: st.DrawFn) -> Any:
     if named == "log":
         params.pop("follow", None)  # a follow streams until the client leaves
     request: dict[str, Any] = {"method": method, "params": params}
-    request["id"] = draw(st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8) | VALUES)
-    if draw(st.integers(0, 9)) == 0:
+    request["id"] = draw(VALUES if draw(SOMETIMES) else INTS | st.text(max_size=8))
+    if draw(SOMETIMES):
         request.pop(draw(st.sampled_from(["id", "method", "params"])))
-    if draw(st.integers(0, 9)) == 0:
+    if draw(SOMETIMES):
         request["params"] = draw(VALUES)  # not an object
     return request
 
@@ -302,16 +340,22 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(raw)
 
 
+FRAME_KINDS = {
+    "request": requests().map(encode),
+    "mutated": mutated(),
+    "junk": st.binary(max_size=200),
+    "blank or bare": st.sampled_from([b"", b"   ", b"\t", b"[]", b"null", b"{}", b'"ping"']),
+    "around the limit": st.integers(FRAME_LIMIT - 64, 3 * FRAME_LIMIT).map(
+        lambda n: b'{"id":1,"method":"ping","params":{"x":"' + b"a" * n + b'"}}'
+    ),
+}
+
+
 def frames() -> st.SearchStrategy[bytes]:
-    """Bytes to send, before the delimiting newline: mostly frames that are well
-    formed (deeper into the handlers), some mutated, some junk."""
-    return (
-        requests().map(encode)
-        | requests().map(encode)
-        | mutated()
-        | st.binary(max_size=200)
-        | st.sampled_from([b"", b"   ", b"\t", b"[]", b"null", b"{}", b'"ping"'])
-    )
+    """Bytes to send, before the delimiting newline: mostly well-formed requests
+    (deeper into the handlers), then mutated ones, junk, blanks, oversized ones."""
+    weights = ["request"] * 5 + ["mutated"] * 2 + ["junk", "blank or bare", "around the limit"]
+    return st.sampled_from(weights).flatmap(FRAME_KINDS.__getitem__)
 
 
 def expected_answers(payload: bytes) -> list[tuple[bool, Any]]:
