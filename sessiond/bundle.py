@@ -21,6 +21,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import tarfile
 import time
 from dataclasses import dataclass
@@ -126,14 +127,13 @@ class Bundle:
 
 def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
     """Read and verify a bundle completely; raises BadBundle naming the first problem."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise BadBundle(f"cannot read bundle {path}: {exc.strerror}") from exc
+    raw = _read_file(path, limit)
     try:
         members = _members(raw, limit)
     except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as exc:
         raise BadBundle(f"{path} is not a sessiond bundle (a gzip'd tar): {exc}") from exc
+    except BadBundle as exc:  # name the file, as every other refusal does
+        raise BadBundle(f"{path}: {exc}") from None
     manifest = _manifest(members, path)
     events = members.get("events.jsonl")
     if events is None:
@@ -162,6 +162,29 @@ def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
     except UnicodeDecodeError as exc:
         raise BadBundle(f"{path}: spec.toml is not UTF-8") from exc
     return Bundle(manifest, lines, spec, artifacts, _sha(raw))
+
+
+def _read_file(path: Path, limit: int) -> bytes:
+    """The bundle's bytes, from a regular file only. The daemon reads the path it is
+    given in its event loop: a FIFO would block it forever (O_NONBLOCK opens one
+    without waiting for a writer) and a device like /dev/zero would never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadBundle(f"cannot read bundle {path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadBundle(f"bundle {path} is not a regular file; give the path of a bundle")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(limit + 1)  # bounded even if the file grows while it is read
+        if max(st.st_size, len(raw)) > limit:
+            raise BadBundle(f"bundle {path} is more than the {limit} bytes allowed")
+        return raw
+    except OSError as exc:
+        raise BadBundle(f"cannot read bundle {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
 
 
 def _members(raw: bytes, limit: int) -> dict[str, bytes]:

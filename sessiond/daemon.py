@@ -82,7 +82,15 @@ def check_writable(config: DaemonConfig) -> None:
 def take_lock(state_dir: Path) -> int:
     """Hold ``sessiond.lock`` for the daemon's lifetime; say who holds it if taken."""
     path = state_dir / "sessiond.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        # O_NOFOLLOW: the lock is truncated and given our pid; through a symlink
+        # planted in its place that would overwrite a file anywhere we may write.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc})"
+        raise StartupError(
+            f"{path} {why}; the state dir must hold real files only: remove it and start again"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

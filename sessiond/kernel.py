@@ -81,6 +81,14 @@ class Kernel(SdkCalls, Runs):
             self.triggers.disarm(s.name)
         return record
 
+    def _usable(self, name: str) -> Session:
+        """The session, refused with the reason when its log cannot be used (corrupt,
+        a symlink planted in the state dir): its state reads "blocked", and "approve or
+        resolve it" would send the operator the wrong way."""
+        s = self.table.get(name)
+        _ = s.j  # raises Refused naming why there is no log
+        return s
+
     def _now(self) -> int:
         return self.store.clock()
 
@@ -172,7 +180,7 @@ class Kernel(SdkCalls, Runs):
     # --- running ----------------------------------------------------------------------
 
     async def activate(self, name: str) -> dict[str, Any]:
-        s = self.table.get(name)
+        s = self._usable(name)
         async with s.lock:
             state = s.state
             if state == "running":
@@ -203,7 +211,7 @@ class Kernel(SdkCalls, Runs):
         return detail(s)
 
     async def resume(self, name: str) -> dict[str, Any]:
-        s = self.table.get(name)
+        s = self._usable(name)
         async with s.lock:
             if s.state != "suspended":
                 raise Refused(f"cannot resume session {name!r}: it is {s.state}, not suspended")

@@ -18,19 +18,31 @@ from sessiond.journal import Journal
 from sessiond.names import check_name
 from sessiond.store.base import Durability, Pending, Store
 
+# Fields of event data that hold any JSON a program or a person gave (tool
+# arguments, wake details, run wakes, the spec as written): a {"ref": "sha256:..."}
+# in them is data, not evidence. Taken for a reference, it made export and fork of
+# the session fail for ever, looking for an artifact that never existed.
+FREE_FORM = frozenset({"args", "details", "wakes", "spec"})
 
-def artifact_refs(value: Any) -> Iterator[str]:
-    """Every ``sha256:`` artifact reference inside an event's data."""
+
+def artifact_refs(data: Any) -> Iterator[str]:
+    """Every ``sha256:`` artifact reference in an event's data (outside FREE_FORM)."""
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in FREE_FORM}
+    return _refs(data)
+
+
+def _refs(value: Any) -> Iterator[str]:
     if isinstance(value, dict):
         ref = value.get("ref")
         if isinstance(ref, str) and SHA256_REF.fullmatch(ref):
             yield ref
         for item in value.values():
             if isinstance(item, dict | list):
-                yield from artifact_refs(item)
+                yield from _refs(item)
     elif isinstance(value, list):
         for item in value:
-            yield from artifact_refs(item)
+            yield from _refs(item)
 
 
 async def fork(

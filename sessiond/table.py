@@ -20,15 +20,15 @@ from typing import Any
 import structlog
 
 from sessiond.config import DaemonConfig
-from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError
+from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError, StorageError
 from sessiond.event_data import EventData
 from sessiond.journal import Journal
 from sessiond.names import check_name
 from sessiond.runner import Program
 from sessiond.spec import BadSpec, SessionSpec, parse_spec
 from sessiond.store.base import Draft, Record
-from sessiond.store.durable import write_all
-from sessiond.store.files import FileStore
+from sessiond.store.durable import read_regular, write_all
+from sessiond.store.files import SPEC_LIMIT, FileStore
 
 log = structlog.get_logger(__name__)
 
@@ -148,7 +148,13 @@ class Table:
     # --- loading --------------------------------------------------------------------
 
     async def open_session(self, name: str) -> Session:
-        spec_text = self.store.read_spec(name)
+        try:
+            spec_text = self.store.read_spec(name)
+        except SessiondError as exc:  # a planted symlink, a folder that is not one
+            # Refused like a corrupt log (listed as blocked with the reason), so one
+            # bad session never stops the daemon from serving the others.
+            log.error("session.unusable", session=name, error=str(exc))
+            return Session(name, None, broken=str(exc))
         spec = None
         if spec_text is not None:
             try:
@@ -178,10 +184,11 @@ class Table:
         digest = hashlib.sha256(text.encode()).hexdigest()
         cache = self.store.sessions_dir / name / SPEC_CACHE
         try:
-            raw = cache.read_bytes()
+            # not through a symlink planted in its place: that could feed another spec
+            raw = read_regular(cache, limit=4 * SPEC_LIMIT)
             if raw[:64].decode() == digest:
                 return SessionSpec.model_validate_json(raw[65:])
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, StorageError, UnicodeDecodeError, ValueError):
             pass
         spec = parse_spec(text, base=Path("/"), source=f"{name}/spec.toml")
         # A cache needs no fsync: a torn one fails validation and is rebuilt.

@@ -65,3 +65,29 @@ def test_a_fork_outside_the_log_or_onto_a_name_in_use_is_refused(state_dir: Path
 
     arun(go())
     assert store.names() == ["parent", "taken"]
+
+
+def test_only_typed_fields_are_taken_for_artifact_references() -> None:
+    from typing import get_args
+
+    from pydantic import BaseModel, JsonValue
+
+    from sessiond.event_data import PAYLOAD_BY_TYPE, ArtifactRef
+    from sessiond.lineage import FREE_FORM, artifact_refs
+
+    def mentions(annotation: object, target: object) -> bool:
+        if annotation is target:
+            return True
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return any(mentions(f.annotation, target) for f in annotation.model_fields.values())
+        return any(mentions(a, target) for a in get_args(annotation))
+
+    # Every field that may hold any JSON is skipped, and none that may hold a reference.
+    for model in PAYLOAD_BY_TYPE.values():
+        for name, field in model.model_fields.items():
+            assert mentions(field.annotation, JsonValue) == (name in FREE_FORM), (model, name)
+            assert not (name in FREE_FORM and mentions(field.annotation, ArtifactRef))
+    fake = {"ref": "sha256:" + "0" * 64, "name": "x", "size": 1}
+    real = {"ref": "sha256:" + "1" * 64, "name": "out", "size": 1}
+    data = {"call": "c1", "args": {"quoted": fake}, "output": real}
+    assert list(artifact_refs(data)) == [real["ref"]]

@@ -105,6 +105,8 @@ class FileEventLog(EventLog):
             raise NoSuchSession(
                 f"no session {self.session!r}: {self.path} does not exist"
             ) from None
+        except OSError as exc:
+            raise _planted(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -340,6 +342,18 @@ class FileEventLog(EventLog):
         self._fd = -1
 
 
+def _planted(path: Path, exc: OSError) -> StorageError:
+    """The error for a file of the state dir that O_NOFOLLOW would not open."""
+    if exc.errno == errno.ELOOP:
+        # A symlink planted in place of a log or spec could make the daemon read
+        # (and append to) a file anywhere: it is refused, never followed.
+        return StorageError(
+            f"{path} is a symbolic link; the state dir must hold real files only: "
+            "replace it with the file itself (or restore it from a backup)"
+        )
+    return StorageError(f"{path} cannot be opened: {exc.strerror or exc}")
+
+
 class FileArtifacts(ArtifactStore):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -504,11 +518,25 @@ class FileStore(Store):
         except FileNotFoundError:
             return []
         base = str(self.sessions_dir)  # plain strings: this runs for every session
-        isfile = os.path.isfile
-        return sorted(n for n in entries if n[0] != "." and isfile(f"{base}/{n}/{LOG_NAME}"))
+        isfile, islink = os.path.isfile, os.path.islink
+        # A log replaced by a symlink (even a dangling one) is listed, so the session
+        # shows up refused with the reason instead of silently vanishing.
+        return sorted(
+            n
+            for n in entries
+            if n[0] != "." and (isfile(p := f"{base}/{n}/{LOG_NAME}") or islink(p))
+        )
 
     def exists(self, name: str) -> bool:
         return self.log_path(name).is_file()
+
+    def _real_dir(self, name: str) -> Path:
+        """The session's folder for reading, refused when it is a symlink (reading
+        through one would serve another folder's log, spec or artifacts)."""
+        try:
+            return real_dir(self._dir(name))
+        except FileNotFoundError:
+            raise NoSuchSession(f"no session {name!r} in {self.sessions_dir}") from None
 
     async def create(
         self,
@@ -572,11 +600,13 @@ class FileStore(Store):
                 yield record
 
     def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
-        path = self.log_path(name)
+        path = self._real_dir(name) / LOG_NAME
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NoSuchSession(f"no session {name!r} in {self.sessions_dir}") from None
+        except OSError as exc:
+            raise _planted(path, exc) from None
 
         def read(size: int, offset: int) -> bytes:
             return os.pread(fd, size, offset)
@@ -599,10 +629,15 @@ class FileStore(Store):
         return FileSnapshots(self._dir(name) / "snapshots", keep=self.snapshots_keep)
 
     def read_spec(self, name: str) -> str | None:
+        path = self._real_dir(name) / SPEC_NAME
         try:
-            return read_regular(self._dir(name) / SPEC_NAME, limit=SPEC_LIMIT).decode()
+            return read_regular(path, limit=SPEC_LIMIT).decode()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise _planted(path, exc) from None
+        except UnicodeDecodeError:
+            raise StorageError(f"{path} is not UTF-8 text; restore it from a backup") from None
 
     def save_snapshots(self, snapshots: list[Snapshot]) -> None:
         """Save many snapshots with two syncs of the file system instead of two

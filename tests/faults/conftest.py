@@ -1,4 +1,7 @@
-"""The fault tests start real daemons: reap them as the end-to-end tests do."""
+"""The fault tests start real daemons: the e2e suite's reaper ends each one with
+its test (imported, not copied, so both suites reap the same way)."""
+
+from __future__ import annotations
 
 from tests.e2e.conftest import _reap_daemons
 
