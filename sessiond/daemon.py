@@ -149,6 +149,10 @@ class Daemon:
         # them out of its way (the process table lives as long as the daemon).
         gc.disable()
         try:
+            # A create, fork or import cut off by the crash left a folder that never
+            # became a session (the rename is the commit): nothing to keep.
+            for entry in self.store.remove_leftovers():
+                log.warning("leftover.removed", folder=entry)
             await self.table.load()
         finally:
             gc.enable()

@@ -77,15 +77,18 @@ def check(state_dir: Path, *, repair: bool = False) -> Report:
     if not store.sessions_dir.is_dir():
         report.problems.append(Problem("-", "no-sessions", f"{store.sessions_dir} does not exist"))
         return report
-    for entry in sorted(os.listdir(store.sessions_dir)):
+    removed = set(store.remove_leftovers()) if repair else set()
+    for entry in sorted({*os.listdir(store.sessions_dir), *removed}):
         folder = store.sessions_dir / entry
         if entry.startswith(".new-"):
             report.problems.append(
                 Problem(
                     entry,
                     "leftover",
-                    "an interrupted create left this folder; it holds no "
-                    "session and can be deleted",
+                    "an interrupted create left this folder; it holds no session"
+                    + ("; deleted" if entry in removed else ": --repair deletes it"),
+                    repairable=True,
+                    repaired=entry in removed,
                 )
             )
         elif not (folder / "events.jsonl").is_file():

@@ -166,3 +166,20 @@ def test_a_planted_symlink_is_a_problem_not_a_crash(
     code, report = fsck_json(state_dir)
     assert code == 1
     assert [(p["session"], p["kind"]) for p in report["problems"]] == [("alpha", "unreadable")]
+
+
+def test_a_folder_left_by_an_interrupted_create_is_deleted_by_repair(
+    populated: FileStore, state_dir: Path
+) -> None:
+    leftover = state_dir / "sessions" / ".new-fork-1-0a1b2c3d"
+    (leftover / "artifacts").mkdir(parents=True)
+    (leftover / "events.jsonl").write_bytes(b"half a copy")
+    code, report = fsck_json(state_dir)
+    assert code == 1
+    assert report["problems"][0]["kind"] == "leftover"
+    assert "--repair deletes it" in report["problems"][0]["detail"]
+    code, report = fsck_json(state_dir, "--repair")
+    assert code == 0
+    assert report["problems"][0]["repaired"] is True
+    assert not leftover.exists()
+    assert populated.names() == ["alpha", "beta"]  # the real sessions are untouched

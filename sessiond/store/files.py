@@ -527,6 +527,23 @@ class FileStore(Store):
             if n[0] != "." and (isfile(p := f"{base}/{n}/{LOG_NAME}") or islink(p))
         )
 
+    def leftovers(self) -> list[str]:
+        """Folders of creates (create, fork, import) a crash cut off before their
+        rename: they never held a session."""
+        try:
+            entries = os.listdir(real_dir(self.sessions_dir))
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in entries if n.startswith(".new-"))
+
+    def remove_leftovers(self) -> list[str]:
+        """Delete what ``leftovers`` finds. Only while no create can be under way: the
+        daemon holds the state dir's lock, fsck runs with no daemon."""
+        gone = self.leftovers()
+        for entry in gone:
+            shutil.rmtree(self.sessions_dir / entry, ignore_errors=True)
+        return gone
+
     def exists(self, name: str) -> bool:
         return self.log_path(name).is_file()
 

@@ -96,3 +96,18 @@ def test_a_state_dir_it_cannot_write_stops_start_up_with_the_reason(
     assert "--state-dir" in done.stderr  # and what to do
     assert not (tmp_path / "s").exists()  # it never served
     assert time.monotonic() - started < 20
+
+
+def test_a_create_cut_off_by_a_crash_leaves_nothing_after_the_restart() -> None:
+    with running() as d:
+        d.ctl("create", str(d.write_spec("notes", 'name = "notes"\n')), check=True)
+        d.kill9()
+        leftover = d.state_dir / "sessions" / ".new-side-0a1b2c3d"  # a fork cut off mid-copy
+        (leftover / "snapshots").mkdir(parents=True)
+        (leftover / "events.jsonl").write_bytes(b'{"v":1,"session":"no')
+        d.start()
+        assert not leftover.exists()
+        assert any(line.get("event") == "leftover.removed" for line in d.lines)
+        assert [row["name"] for row in d.json("ps")] == ["notes"]
+        d.stop()
+        assert check(d.state_dir).ok
