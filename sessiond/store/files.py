@@ -25,7 +25,6 @@ import os
 import shutil
 import stat
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -529,14 +528,14 @@ class FileStore(Store):
 
     def fsync_threads(self) -> ThreadPoolExecutor:
         """The threads the logs' group-commit fsyncs run in (as many as the loop's
-        default executor would have), started on first use and stopped once the
-        store is gone."""
+        default executor would have), started on first use. The store and every
+        log it opened hold them; once none does, the idle threads exit by
+        themselves (ThreadPoolExecutor's own weak reference), so a log may outlive
+        its store."""
         if self._fsync_threads is None:
-            threads = ThreadPoolExecutor(
+            self._fsync_threads = ThreadPoolExecutor(
                 max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="fsync"
             )
-            weakref.finalize(self, threads.shutdown, wait=False)
-            self._fsync_threads = threads
         return self._fsync_threads
 
     def _dir(self, name: str) -> Path:
