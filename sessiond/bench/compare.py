@@ -405,7 +405,7 @@ def render(rows: list[Row]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sessiond.bench.compare", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and samples (~1 min)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and samples (~45 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--dir",
