@@ -18,6 +18,7 @@ socket in a temporary folder and is stopped afterwards.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -84,6 +85,8 @@ class Supervisor:
             if done.stdout.count("RUNNING") == self.programs:
                 return
             time.sleep(0.2)
+        self.proc.kill()  # not left behind when the comparison gives up
+        self.proc.wait()
         raise RuntimeError("supervisord did not start its programs")
 
     def status_ms(self, repeats: int) -> float:
@@ -273,7 +276,7 @@ def group_commit_row(work: Path, sizes: Sizes, say: Callable[[str], None]) -> Ro
         folder = work / f"group-commit-{i}"
         folder.mkdir()
         eps, fsyncs = run_async(
-            lambda: storage.group_commit_eps(folder, sizes.writers, sizes.group_seconds)  # noqa: B023
+            functools.partial(storage.group_commit_eps, folder, sizes.writers, sizes.group_seconds)
         )
         grouped.append(eps)
         per_fsync.append(eps * sizes.group_seconds / max(fsyncs, 1))
