@@ -70,15 +70,23 @@ class EventIds:
     probability, and strictly increasing within one writer.
     """
 
-    __slots__ = ("_count", "_prefix")
+    __slots__ = ("_count", "_head", "_ms", "_prefix")
 
     def __init__(self) -> None:
         self._prefix = os.urandom(5).hex()
         self._count = int.from_bytes(os.urandom(4), "big")
+        self._ms = -1
+        self._head = ""
 
     def next(self, now_ns: int) -> str:
-        self._count = (self._count + 1) & 0xFFFFFFFFFF
-        return f"{(now_ns // 1_000_000) & 0xFFFFFFFFFFFF:012x}{self._prefix}{self._count:010x}"
+        self._count = count = (self._count + 1) & 0xFFFFFFFFFF
+        # Appends come many per millisecond under load: the millisecond and the
+        # writer's prefix are formatted once per millisecond, not per event.
+        ms = now_ns // 1_000_000
+        if ms != self._ms:
+            self._ms = ms
+            self._head = f"{ms & 0xFFFFFFFFFFFF:012x}{self._prefix}"
+        return f"{self._head}{count:010x}"
 
 
 class Timestamper:

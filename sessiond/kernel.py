@@ -563,8 +563,8 @@ def check_environment(spec: SessionSpec) -> None:
     """What a spec names outside itself must exist: the workspace, and every git
     trigger's repository. (Watch paths may appear later: the workspace is watched,
     and a watch starts matching once its path exists.)"""
+    from sessiond.gitrefs import git
     from sessiond.spec import BadSpec, GitTriggerSpec
-    from sessiond.triggers import git
 
     if spec.run is not None and not Path(spec.run.cwd).is_dir():
         raise BadSpec(f"{spec.name}: run.cwd: {spec.run.cwd!r} is not a folder")

@@ -18,7 +18,6 @@ import difflib
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -53,6 +52,7 @@ from sessiond.gate import (
     Verdict,
     evaluate,
 )
+from sessiond.gitrefs import resolve
 from sessiond.policy import Verdict as PolicyVerdict
 from sessiond.policy import decide
 from sessiond.runner import Outcome, Program, proc_start_time, program_env
@@ -78,48 +78,9 @@ def workspace_hasher(spec: SessionSpec | None) -> Any:
 
 
 def git_head(path: Path) -> str | None:
-    """The workspace's git HEAD commit, if it is in a repository.
-
-    Read from the files under ``.git`` (no git process: this runs before every
-    command run); falls back to ``git rev-parse`` for layouts it does not know.
-    """
-    for folder in (path, *path.parents):
-        dot = folder / ".git"
-        if dot.is_dir():
-            break
-        if dot.is_file():  # a worktree or submodule: let git resolve it
-            return _rev_parse(path)
-    else:
-        return None
-    try:
-        head = (dot / "HEAD").read_text().strip()
-    except OSError:
-        return None
-    if not head.startswith("ref: "):
-        return head or None
-    ref = head[5:]
-    try:
-        return (dot / ref).read_text().strip() or None
-    except OSError:
-        pass
-    try:
-        for line in (dot / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split(" ", 1)[0]
-    except OSError:
-        pass
-    return _rev_parse(path)  # an unborn branch, or something unusual
-
-
-def _rev_parse(path: Path) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--verify", "-q", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+    """The workspace's git HEAD commit, if it is in a repository (read from the files
+    under ``.git`` where it can be: this runs before every command run)."""
+    return resolve(path, "HEAD")
 
 
 def close_cut_off(

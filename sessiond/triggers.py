@@ -24,7 +24,6 @@ import contextlib
 import functools
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import structlog
 import watchfiles
 
 from sessiond.cron import Cron
+from sessiond.gitrefs import git, head_ref, resolve
 from sessiond.spec import (
     CronTriggerSpec,
     EveryTriggerSpec,
@@ -90,16 +90,6 @@ def match(rel: str, patterns: list[str]) -> bool:
     return False
 
 
-def git(repo: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
 @dataclass
 class Armed:
     """A session's live triggers."""
@@ -110,6 +100,8 @@ class Armed:
     pending_paths: set[str] = field(default_factory=set)
     flush: asyncio.TimerHandle | None = None
     git_seen: dict[str, str] = field(default_factory=dict)  # repo:ref -> last commit seen
+    # one git check at a time, so that wakes are recorded in the order of the commits
+    git_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     scan: dict[str, tuple[int, int]] = field(default_factory=dict)  # reconciliation baseline
 
 
@@ -306,7 +298,7 @@ class Triggers:
     def _ref(self, trig: GitTriggerSpec) -> str:
         if trig.ref:
             return trig.ref
-        return git(Path(trig.repo), "symbolic-ref", "-q", "HEAD") or "HEAD"
+        return head_ref(Path(trig.repo)) or "HEAD"
 
     # Where a git trigger's scan starts is durable, so that commits made while the
     # daemon was down still wake the session after a restart. A wake records its
@@ -347,43 +339,42 @@ class Triggers:
         elif last is not None:
             armed.git_seen[key] = str(last["data"]["details"]["to"])
         else:  # first arming: start from the tip now, and remember it
-            armed.git_seen[key] = git(Path(trig.repo), "rev-parse", ref) or ""
+            armed.git_seen[key] = resolve(Path(trig.repo), ref) or ""
             if armed.git_seen[key]:
                 self._save_git_cursor(armed)
 
     def _check_git(self, armed: Armed) -> None:
+        """Look for new commits; the git processes run off the event loop."""
+        self.kernel.spawn(self._check_git_now(armed))
+
+    async def _check_git_now(self, armed: Armed) -> None:
         spec = armed.session.spec
         assert spec is not None
-        for trig in spec.trigger:
-            if not isinstance(trig, GitTriggerSpec):
-                continue
-            repo = Path(trig.repo)
-            ref = self._ref(trig)
-            key = f"{trig.repo}:{ref}"
-            new = git(repo, "rev-parse", ref)
-            old = armed.git_seen.get(key, "")
-            if not new or new == old:
-                continue
-            armed.git_seen[key] = new
-            forced = bool(old) and git(repo, "merge-base", "--is-ancestor", old, new) is None
-            base = old
-            if forced:  # rebased, reset or force-pushed: diff from where the two met
-                base = git(repo, "merge-base", old, new) or ""
-            names = (
-                git(repo, "diff", "--name-only", base, new)
-                if base
-                else git(repo, "show", "--pretty=format:", "--name-only", new)
-            )
-            changed = [p for p in (names or "").splitlines() if p and match(p, trig.paths)]
-            if not changed:
-                log.info("git.ignored", session=armed.session.name, to=new, why="paths untouched")
-                self._save_git_cursor(armed)
-                continue
-            details = {
-                "repo": trig.repo, "ref": ref, "from": old, "to": new,
-                "range": f"{old}..{new}" if old else new, "forced": forced, "paths": changed,
-            }  # fmt: skip
-            self.kernel.spawn(self.kernel.wake(armed.session, "git", details))
+        async with armed.git_lock:
+            for trig in spec.trigger:
+                if not isinstance(trig, GitTriggerSpec):
+                    continue
+                repo = Path(trig.repo)
+                ref = self._ref(trig)
+                key = f"{trig.repo}:{ref}"
+                new = resolve(repo, ref)  # the ref's file: no process on the common path
+                old = armed.git_seen.get(key, "")
+                if not new or new == old:
+                    continue
+                armed.git_seen[key] = new
+                forced, changed_all = await asyncio.to_thread(_git_range, repo, old, new)
+                changed = [p for p in changed_all if match(p, trig.paths)]
+                if not changed:
+                    log.info(
+                        "git.ignored", session=armed.session.name, to=new, why="paths untouched"
+                    )
+                    self._save_git_cursor(armed)
+                    continue
+                details = {
+                    "repo": trig.repo, "ref": ref, "from": old, "to": new,
+                    "range": f"{old}..{new}" if old else new, "forced": forced, "paths": changed,
+                }  # fmt: skip
+                await self.kernel.wake(armed.session, "git", details)
 
     # --- watch and dependency ---------------------------------------------------------
 
@@ -550,3 +541,19 @@ class Triggers:
 
 def wall_clock(offset: float) -> Callable[[], float]:
     return lambda: time.time() + offset
+
+
+def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
+    """(was the ref moved other than forward, the paths changed from old to new).
+
+    One ``merge-base`` says both whether ``old`` is an ancestor of ``new`` and, when
+    it is not (a rebase, a reset, a force push), where the two met: the diff runs
+    from there. Without a common commit, the paths of ``new`` itself."""
+    base = git(repo, "merge-base", old, new) if old else None
+    forced = bool(old) and base != old
+    names = (
+        git(repo, "diff", "--name-only", base, new)
+        if base
+        else git(repo, "show", "--pretty=format:", "--name-only", new)
+    )
+    return forced, [p for p in (names or "").splitlines() if p]

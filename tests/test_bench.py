@@ -53,3 +53,39 @@ def test_the_load_benchmark_runs_without_errors() -> None:
     assert result["running_during_load"] == load.RUNNERS
     assert result["running_after_load"] == load.RUNNERS
     assert set(result["per_method"]) <= {"show", "ping", "log", "send", "ps"}
+
+
+def test_every_comparison_runs_and_renders_one_table(tmp_path: Path) -> None:
+    """Each side of each comparison runs at a tiny size; the rows against supervisord
+    run only where supervisor is installed (the `bench` extra)."""
+    import shutil
+    import tempfile
+
+    from sessiond.bench import compare
+
+    tiny = compare.Sizes(
+        ps_units=(2, 3), repeats=1, stop_programs=2, rounds=1, fsync_seconds=0.05,
+        group_seconds=0.1, writers=4, encode_events=100, replay_events=2000,
+        replay_repeats=1, wake_samples=2,
+    )  # fmt: skip
+    with_supervisor = shutil.which("supervisord", path=str(compare.BIN)) is not None
+    root = Path(tempfile.mkdtemp(prefix="cmp-", dir="/tmp"))  # short socket paths
+    try:
+        rows = compare.run(root, tmp_path, tiny, lambda _text: None, supervisor=with_supervisor)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    keys = [row.key for row in rows]
+    expected = ["group_commit", "encoding", "replay", "watch_wake", "git_wake"]
+    if with_supervisor:
+        expected = ["ps_2", "ps_3", "stop_2", *expected]
+    assert keys == expected
+    assert all(row.ours > 0 and row.theirs > 0 and row.seconds >= 0 for row in rows)
+    by_key = {row.key: row for row in rows}
+    if with_supervisor:
+        assert by_key["ps_3"].target is None  # the ps target is stated at 300 units
+    assert by_key["group_commit"].target == (">=", 10.0)
+    assert isinstance(by_key["git_wake"].met, bool)
+    lines = compare.render(rows)
+    assert len(lines[0].split("  ")) > 1
+    assert [r.what for r in rows] == [line.split("  ")[0] for line in lines[2 : 2 + len(rows)]]
+    assert all(row.as_dict()["ratio"] > 0 for row in rows)

@@ -200,6 +200,23 @@ def test_an_append_is_acknowledged_only_after_its_fsync(state_dir: Path) -> None
     arun(go())
 
 
+def test_a_log_keeps_group_committing_after_its_store_is_gone(state_dir: Path) -> None:
+    import gc
+
+    async def go() -> None:
+        await (await FileStore(state_dir).create("s")).close()
+        log = await FileStore(state_dir).open_log("s")  # nothing else holds that store
+        list(log.recover())
+        gc.collect()
+        appends = [log.append(LifecycleChanged(to="ready")) for _ in range(3)]
+        records = await asyncio.gather(*appends)
+        assert [r["seq"] for r in records] == [1, 2, 3]
+        assert log.synced_offset == log.position.offset
+        await log.close()
+
+    arun(go())
+
+
 def test_mode_os_acknowledges_after_the_write(state_dir: Path) -> None:
     def no_fsync(fd: int) -> None:
         raise AssertionError("mode os must not fsync appends")

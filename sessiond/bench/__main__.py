@@ -8,24 +8,18 @@ whether it was met in this run.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-import uvloop
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, storage, wakes
-
-T = TypeVar("T")
+from sessiond.bench import daemon, fsinfo, machine, run_async, storage, wakes
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -47,22 +41,6 @@ TARGETS: dict[str, tuple[str, float, str]] = {
 }
 
 
-def _run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro_fn())
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def measure(
     work: Path, quick: bool, say: Callable[[str], None], skip_daemon: bool = False
 ) -> dict[str, Any]:
@@ -79,7 +57,7 @@ def measure(
 
     folder = step("append_os_eps")
     n = 100_000 if quick else 300_000
-    results["append_os_eps"] = round(_run(lambda: storage.append_os_eps(folder, n)))
+    results["append_os_eps"] = round(run_async(lambda: storage.append_os_eps(folder, n)))
 
     folder = step("append_fsync_each_eps")
     results["append_fsync_each_eps"] = round(
@@ -87,13 +65,15 @@ def measure(
     )
 
     folder = step("append_group_commit_eps")
-    eps, fsyncs = _run(lambda: storage.group_commit_eps(folder, 32, 3.0 if quick else 8.0))
+    eps, fsyncs = run_async(lambda: storage.group_commit_eps(folder, 32, 3.0 if quick else 8.0))
     results["append_group_commit_eps"] = round(eps, 1)
     results["group_commit_fsyncs"] = fsyncs
     results["group_commit_ratio"] = round(eps / results["append_fsync_each_eps"], 2)
 
     folder = step("replay_eps")
-    replay, floor = _run(lambda: storage.replay_eps(folder, 200_000, repeats=3 if quick else 7))
+    replay, floor = run_async(
+        lambda: storage.replay_eps(folder, 200_000, repeats=3 if quick else 7)
+    )
     results["replay_eps"] = round(replay)
     results["replay_floor_eps"] = round(floor)
     results["replay_floor_ratio"] = round(replay / floor, 2)
@@ -101,7 +81,7 @@ def measure(
 
     folder = step("snapshot_resume_ms")
     results["snapshot_resume_ms"] = round(
-        _run(
+        run_async(
             lambda: storage.snapshot_resume_ms(
                 folder, 1_000_000, tail=500, repeats=5 if quick else 15
             )
@@ -156,12 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "sessiond": __version__,
         "quick": args.quick,
-        "machine": {
-            "cpu": _cpu(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "kernel": platform.release(),
-        },
+        "machine": machine(),
         "dir": str(work.parent.resolve()),
         **results,
         "targets": check_targets(results),

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +102,35 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
-def git_wake(root: Path, samples: int) -> float:
-    """Median ms from a finished `git commit` touching the paths to the probe."""
+def _git_repo(root: Path) -> Path:
+    """A repository with one commit of ``src/a.py``, for the git wake and its floor."""
     repo = root / "repo"
     (repo / "src").mkdir(parents=True)
-    ts = root / "git-ts"
     _git(repo, "init", "-q", "-b", "main")
     (repo / "src" / "a.py").write_text("0\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "init")
+    return repo
+
+
+def _commit_delays(repo: Path, ts: Path, samples: int, settle: Callable[[], None]) -> list[float]:
+    """ms from each finished `git commit` touching ``src/a.py`` to the probe's stamp."""
+    delays = []
+    for i in range(samples):
+        ts.unlink(missing_ok=True)
+        (repo / "src" / "a.py").write_text(f"{time.time_ns()}\n")
+        _git(repo, "commit", "-q", "-am", f"c{i}")
+        start = time.time()
+        delays.append((_stamp(ts) - start) * 1000)
+        settle()
+    return delays
+
+
+def git_wake(root: Path, samples: int) -> float:
+    """Median ms from a finished `git commit` touching the paths to the probe."""
+    root = root / "git"
+    repo = _git_repo(root)
+    ts = root / "git-ts"
     spec = (
         f'name = "g"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{repo}"\n'
         '[limits]\nburst = 10000\n[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
@@ -117,21 +138,46 @@ def git_wake(root: Path, samples: int) -> float:
     (root / "gitd").mkdir()
     d = BenchDaemon(root / "gitd")
     d.state_dir.mkdir()
+
+    def settle() -> None:
+        _settle(d.socket, "g")
+        time.sleep(0.05)
+
     try:
         d.start()
         call(d.socket, "create", {"spec": spec, "base": str(repo), "source": "g"})
         time.sleep(0.5)
-        delays = []
-        for i in range(samples):
-            ts.unlink(missing_ok=True)
-            (repo / "src" / "a.py").write_text(f"{i + 1}\n")
-            _git(repo, "commit", "-q", "-am", f"c{i}")
-            start = time.time()
-            delays.append((_stamp(ts) - start) * 1000)
-            _settle(d.socket, "g")
-            time.sleep(0.05)
+        delays = _commit_delays(repo, ts, samples, settle)
     finally:
         d.stop()
+    return statistics.median(delays)
+
+
+def git_floor(root: Path, samples: int, step_ms: int) -> float:
+    """The same commit-to-probe path with nothing but a watchfiles loop on the
+    branch's ref folder in between: it starts the probe when the ref file itself
+    changes (git writes ``main.lock`` and renames it over ``main``)."""
+    root = root / "git-floor"
+    repo = _git_repo(root)
+    ts = root / "git-ts"
+    heads = repo / ".git" / "refs" / "heads"
+    ref = str(heads / "main")
+    stop = threading.Event()
+
+    def loop() -> None:
+        for changes in watchfiles.watch(heads, step=step_ms, stop_event=stop, watch_filter=None):
+            if any(path == ref for _, path in changes):
+                subprocess.Popen(["bash", "-c", PROBE.format(ts=ts)]).wait()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    try:
+        delays = _commit_delays(repo, ts, samples, lambda: time.sleep(0.1))
+    finally:
+        stop.set()
+        (heads / "stop").write_text("x")  # wakes the watcher so that it sees the stop
+        thread.join(5)
     return statistics.median(delays)
 
 

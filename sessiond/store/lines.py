@@ -40,6 +40,22 @@ class RecordBuilder:
     def build(self, after_seq: int, drafts: Sequence[Draft]) -> tuple[list[Record], bytes]:
         now = self._clock()
         ts = self._ts.format(now)
+        if len(drafts) == 1:
+            # Most appends are one event: no list of lines to build and join.
+            data, causation, correlation = drafts[0]
+            etype = data.EVENT_TYPE
+            record = {
+                "v": VERSIONS[etype],
+                "session": self._session,
+                "seq": after_seq + 1,
+                "id": self._ids.next(now),
+                "ts": ts,
+                "type": etype,
+                "causation": causation,
+                "correlation": correlation,
+                "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
+            }
+            return [record], frame(orjson.dumps(record))
         records: list[Record] = []
         lines: list[bytes] = []
         seq = after_seq
