@@ -10,6 +10,7 @@ submodule, whose ``.git`` is a file; an unborn branch; a short ref name).
 from __future__ import annotations
 
 import subprocess
+import zlib
 from pathlib import Path
 
 
@@ -83,3 +84,112 @@ def resolve(repo: Path, ref: str) -> str | None:
                 pass
     # a short name, an unborn branch, a symbolic ref, a worktree: ask git
     return git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+
+
+# --- what a move of a ref changed, from the loose objects -------------------------
+#
+# A commit just made is stored as loose objects (zlib-compressed files under
+# .git/objects): its commit, its new trees. Reading them takes microseconds where
+# `git merge-base` and `git diff` take milliseconds each, and that is most of the
+# time between a commit and the wake of a git trigger. Anything else (a packed
+# object, a history that is not a plain move forward, a long way between the two
+# commits) returns None, and git itself answers.
+
+_ANCESTRY_LIMIT = 256  # commits walked back from the new tip before asking git
+_DIR_MODE = "40000"
+
+
+def _object(dot: Path, sha: str) -> tuple[bytes, bytes] | None:
+    """(kind, body) of a loose object; None if it is packed, missing or bad."""
+    try:
+        raw = zlib.decompress((dot / "objects" / sha[:2] / sha[2:]).read_bytes())
+    except (OSError, ValueError, zlib.error):
+        return None
+    header, _, body = raw.partition(b"\0")
+    return header.split(b" ", 1)[0], body
+
+
+def _commit(dot: Path, sha: str) -> tuple[str, list[str]] | None:
+    """(tree, parents) of a loose commit."""
+    obj = _object(dot, sha)
+    if obj is None or obj[0] != b"commit":
+        return None
+    tree, parents = "", []
+    for line in obj[1].split(b"\n"):
+        if not line:
+            break  # the headers end at the first empty line
+        if line.startswith(b"tree "):
+            tree = line[5:].decode()
+        elif line.startswith(b"parent "):
+            parents.append(line[7:].decode())
+    return (tree, parents) if tree else None
+
+
+def _tree(dot: Path, sha: str) -> dict[str, tuple[str, str]] | None:
+    """name -> (mode, sha) of a loose tree."""
+    obj = _object(dot, sha)
+    if obj is None or obj[0] != b"tree":
+        return None
+    body, entries, i = obj[1], {}, 0
+    while i < len(body):
+        space = body.index(b" ", i)
+        nul = body.index(b"\0", space)
+        name = body[space + 1 : nul].decode(errors="surrogateescape")
+        entries[name] = (body[i:space].decode(), body[nul + 1 : nul + 21].hex())
+        i = nul + 21
+    return entries
+
+
+def _diff_trees(dot: Path, a: str | None, b: str | None, prefix: str, out: list[str]) -> bool:
+    """Append the paths that differ between trees a and b (None: no tree there)."""
+    if a == b:
+        return True
+    old = _tree(dot, a) if a else {}
+    new = _tree(dot, b) if b else {}
+    if old is None or new is None:
+        return False
+    for name in sorted(old.keys() | new.keys()):
+        x, y = old.get(name), new.get(name)
+        if x == y:
+            continue
+        path = prefix + name
+        x_dir = x is not None and x[0] == _DIR_MODE
+        y_dir = y is not None and y[0] == _DIR_MODE
+        if x_dir or y_dir:
+            sub_x = x[1] if x is not None and x_dir else None
+            sub_y = y[1] if y is not None and y_dir else None
+            if not _diff_trees(dot, sub_x, sub_y, path + "/", out):
+                return False
+            if (x is not None and not x_dir) or (y is not None and not y_dir):
+                out.append(path)  # a file became a folder, or the other way round
+        else:
+            out.append(path)
+    return True
+
+
+def moved_forward(repo: Path, old: str, new: str) -> list[str] | None:
+    """The paths changed from ``old`` to ``new`` when ``new`` descends from ``old``,
+    read from loose objects; None when git must answer (see above)."""
+    _, dot = locate(repo)
+    if dot is None:
+        return None
+    seen, todo = {new}, [new]
+    while todo and old not in seen:
+        if len(seen) > _ANCESTRY_LIMIT:
+            return None
+        commit = _commit(dot, todo.pop())
+        if commit is None:
+            return None
+        for parent in commit[1]:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    if old not in seen:
+        return None  # not an ancestor: a rebase, a reset, a force push
+    before, after = _commit(dot, old), _commit(dot, new)
+    if before is None or after is None:
+        return None
+    paths: list[str] = []
+    if not _diff_trees(dot, before[0], after[0], "", paths):
+        return None
+    return sorted(paths)

@@ -107,10 +107,19 @@ class Journal:
     ) -> Record:
         return (await self.append_many([Draft(data, causation, correlation)]))[0]
 
-    async def append_many(self, drafts: Sequence[Draft]) -> list[Record]:
+    async def append_many(self, drafts: Sequence[Draft], *, durable: bool = True) -> list[Record]:
+        """Write and fold ``drafts``; with ``durable`` (the default), return once they
+        are on disk. ``durable=False`` is for steps nobody is told about and that a
+        durable append follows before anything acts on them (an fsync covers every
+        line written before it): they need not wait for a disk flush of their own."""
         pending = self.log.write_many(drafts)
         for record in pending.records:
             apply(self.state, record)
+        if not durable:
+            for listener in self.listeners:
+                for record in pending.records:
+                    listener(record)
+            return pending.records
         await self.log.sync(pending)
         for listener in self.listeners:
             for record in pending.records:
@@ -121,6 +130,10 @@ class Journal:
         if due and self.log.position == pending.position:
             await self.snapshot()
         return pending.records
+
+    async def flush(self) -> None:
+        """Wait until everything written so far is durable."""
+        await self.log.sync(Pending([], self.log.position))
 
     async def take_snapshot(self) -> Snapshot | None:
         """The state as a snapshot, once it is durable; None if nothing is new."""

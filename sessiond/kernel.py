@@ -71,9 +71,10 @@ class Kernel(SdkCalls, Runs):
         reason: str = "",
         outcome: str | None = None,
         causation: str | None = None,
+        durable: bool = True,
     ) -> Record:
         event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
-        record = await self.table.append(s, event, causation=causation)
+        record = await self.table.append(s, event, causation=causation, durable=durable)
         log.info("lifecycle", session=s.name, to=to, reason=reason)
         if to != "ready":
             self.scheduler.queue.pop(s.name, None)

@@ -258,6 +258,9 @@ class Runs:
                 outcome=verdict.outcome,
             ),
             causation=cause["id"] if cause else None,
+            # A passing gate is followed by what it let through; whatever that
+            # records durably covers this line too (see proceed).
+            durable=not verdict.ok,
         )
         return verdict
 
@@ -290,6 +293,7 @@ class Runs:
         if s.spec is None or s.spec.run is None:
             if s.state == "blocked":
                 await self._transition(s, "sleeping", why="unblock", reason="gate ok")
+            await s.j.flush()
             return False
         running = self._running()
         if not self.scheduler.admits(s, running):
@@ -299,6 +303,7 @@ class Runs:
                 await self._transition(
                     s, "ready", why="queue", reason=f"queued: {len(running)} of {limit} slots busy"
                 )
+            await s.j.flush()
             return False
         self.scheduler.queue.pop(s.name, None)
         # Counted as running from now on, before anything is awaited, so that
@@ -422,8 +427,13 @@ class Runs:
         assert spec is not None
         assert spec.run is not None
         trigger = cause["data"]["trigger"] if cause else "follow-up"
+        # Steps up to the program's start wait for no fsync of their own: every way
+        # on from here (a denial, a question, tool.started before the program starts)
+        # records durably, and that covers them.
         if s.state != "ready":
-            await self._transition(s, "ready", why="start", reason=f"gate ok ({trigger})")
+            await self._transition(
+                s, "ready", why="start", reason=f"gate ok ({trigger})", durable=False
+            )
         state = s.j.state
         run_id = f"r{state.runs + 1}"
         call_id = f"{run_id}.command"
@@ -480,8 +490,9 @@ class Runs:
                     await self.table.append_many(s, [intent_draft])
                     self.fault("after-intent")
                     decided = (await self.table.append_many(s, [policy_draft]))[0]
-                else:  # one write, one fsync
-                    decided = (await self.table.append_many(s, [intent_draft, policy_draft]))[1]
+                else:  # one write; the next durable step makes it durable
+                    drafts = [intent_draft, policy_draft]
+                    decided = (await self.table.append_many(s, drafts, durable=False))[1]
                 self.fault("after-policy")
                 records = [decided]
                 if verdict.decision == "deny":

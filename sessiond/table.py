@@ -121,16 +121,20 @@ class Table:
         *,
         causation: str | None = None,
         correlation: str | None = None,
+        durable: bool = True,
     ) -> Record:
-        return (await self.append_many(session, [Draft(data, causation, correlation)]))[0]
+        drafts = [Draft(data, causation, correlation)]
+        return (await self.append_many(session, drafts, durable=durable))[0]
 
-    async def append_many(self, session: Session, drafts: list[Draft]) -> list[Record]:
+    async def append_many(
+        self, session: Session, drafts: list[Draft], *, durable: bool = True
+    ) -> list[Record]:
         if session.held is not None:
             raise Refused(
                 f"session {session.name!r} is blocked: {session.held}; the daemon records "
                 "the block as soon as the log takes writes again, then it can be resolved"
             )
-        return await session.j.append_many(drafts)
+        return await session.j.append_many(drafts, durable=durable)
 
     def _broadcast(self, name: str, record: Record) -> None:
         for listener in list(self._listeners):

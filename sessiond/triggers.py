@@ -36,7 +36,7 @@ import structlog
 import watchfiles
 
 from sessiond.cron import Cron
-from sessiond.gitrefs import git, head_ref, resolve
+from sessiond.gitrefs import git, head_ref, moved_forward, resolve
 from sessiond.spec import (
     CronTriggerSpec,
     EveryTriggerSpec,
@@ -362,7 +362,7 @@ class Triggers:
                 if not new or new == old:
                     continue
                 armed.git_seen[key] = new
-                forced, changed_all = await asyncio.to_thread(_git_range, repo, old, new)
+                forced, changed_all = await _git_range(repo, old, new)
                 changed = [p for p in changed_all if match(p, trig.paths)]
                 if not changed:
                     log.info(
@@ -543,17 +543,25 @@ def wall_clock(offset: float) -> Callable[[], float]:
     return lambda: time.time() + offset
 
 
-def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
+async def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
     """(was the ref moved other than forward, the paths changed from old to new).
 
-    One ``merge-base`` says both whether ``old`` is an ancestor of ``new`` and, when
-    it is not (a rebase, a reset, a force push), where the two met: the diff runs
-    from there. Without a common commit, the paths of ``new`` itself."""
-    base = git(repo, "merge-base", old, new) if old else None
-    forced = bool(old) and base != old
-    names = (
-        git(repo, "diff", "--name-only", base, new)
-        if base
-        else git(repo, "show", "--pretty=format:", "--name-only", new)
+    ``merge-base`` says whether ``old`` is an ancestor of ``new``; ``diff old...new``
+    diffs from where the two met, which is ``old`` itself for a move forward and
+    the fork point after a rebase, a reset or a force push. The two git processes
+    run side by side, off the event loop. Without a common commit: the paths of
+    ``new`` itself."""
+    if not old:
+        names = await asyncio.to_thread(git, repo, "show", "--pretty=format:", "--name-only", new)
+        return False, [p for p in (names or "").splitlines() if p]
+    forward = await asyncio.to_thread(moved_forward, repo, old, new)  # new commits: no git
+    if forward is not None:
+        return False, forward
+    # A rename counts as both of its paths, as the loose-object diff counts it.
+    base, names = await asyncio.gather(
+        asyncio.to_thread(git, repo, "merge-base", old, new),
+        asyncio.to_thread(git, repo, "diff", "--no-renames", "--name-only", f"{old}...{new}"),
     )
-    return forced, [p for p in (names or "").splitlines() if p]
+    if base is None:  # unrelated histories
+        names = await asyncio.to_thread(git, repo, "show", "--pretty=format:", "--name-only", new)
+    return base != old, [p for p in (names or "").splitlines() if p]

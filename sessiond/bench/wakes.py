@@ -4,6 +4,7 @@ probe program, beside a minimal watchfiles loop starting the same probe (the flo
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -39,6 +40,18 @@ def _settle(socket: Path, name: str) -> None:
         time.sleep(0.002)
 
 
+# Both sides poll every step: a change is seen at the next step, and again one
+# step later once nothing else changed. Writing at a fixed delay after the last
+# sample would land at the same phase of the steps each time and bias a median
+# by up to a step, for either side; a random extra delay spread over two steps
+# makes every phase equally likely on both sides. Seeded: runs are repeatable.
+_PHASE = random.Random(1)
+
+
+def _pause(base: float) -> None:
+    time.sleep(base + _PHASE.uniform(0, 0.03))
+
+
 def watch_wake(root: Path, debounce: str, samples: int, step_ms: int) -> float:
     """Median ms from a file write to the probe's first instruction, through the daemon."""
     work = root / f"watch-{debounce}"
@@ -63,7 +76,7 @@ def watch_wake(root: Path, debounce: str, samples: int, step_ms: int) -> float:
             (work / "data" / f"f{i}").write_text(str(i))
             delays.append((_stamp(ts) - start) * 1000)
             _settle(d.socket, "w")
-            time.sleep(0.05)
+            _pause(0.05)
     finally:
         d.stop()
     return statistics.median(delays)
@@ -89,7 +102,7 @@ def watch_floor(root: Path, samples: int, step_ms: int) -> float:
         start = time.time()
         (work / "data" / f"f{i}").write_text(str(i))
         delays.append((_stamp(ts) - start) * 1000)
-        time.sleep(0.1)
+        _pause(0.1)
     stop.set()
     (work / "data" / "stop").write_text("x")
     thread.join(5)
@@ -141,7 +154,7 @@ def git_wake(root: Path, samples: int) -> float:
 
     def settle() -> None:
         _settle(d.socket, "g")
-        time.sleep(0.05)
+        _pause(0.05)
 
     try:
         d.start()
@@ -173,7 +186,7 @@ def git_floor(root: Path, samples: int, step_ms: int) -> float:
     thread.start()
     time.sleep(0.5)
     try:
-        delays = _commit_delays(repo, ts, samples, lambda: time.sleep(0.1))
+        delays = _commit_delays(repo, ts, samples, lambda: _pause(0.1))
     finally:
         stop.set()
         (heads / "stop").write_text("x")  # wakes the watcher so that it sees the stop

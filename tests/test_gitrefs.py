@@ -1,0 +1,109 @@
+"""sessiond.gitrefs against git itself, on real repositories: refs read from the
+files, and the paths a move forward changed read from loose objects."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sessiond.gitrefs import head_ref, moved_forward, resolve
+
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+       "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], env=ENV, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def git_paths(repo: Path, old: str, new: str) -> list[str]:
+    names = git(repo, "-c", "core.quotepath=off", "diff", "--no-renames", "--name-only", old, new)
+    return sorted(p for p in names.splitlines() if p)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q", "-b", "main")
+    (tmp_path / "src" / "deep").mkdir(parents=True)
+    (tmp_path / "src" / "a.py").write_text("a\n")
+    (tmp_path / "src" / "deep" / "b.py").write_text("b\n")
+    (tmp_path / "README.md").write_text("r\n")
+    commit(tmp_path, "first")
+    return tmp_path
+
+
+def test_refs_are_read_as_git_reads_them(repo: Path) -> None:
+    assert head_ref(repo) == "refs/heads/main"
+    assert resolve(repo, "HEAD") == git(repo, "rev-parse", "HEAD")
+    assert resolve(repo, "refs/heads/main") == git(repo, "rev-parse", "HEAD")
+    assert resolve(repo, "main") == git(repo, "rev-parse", "HEAD")  # a short name: git
+    git(repo, "pack-refs", "--all")  # the ref now lives in packed-refs only
+    assert not (repo / ".git" / "refs" / "heads" / "main").exists()
+    assert resolve(repo, "refs/heads/main") == git(repo, "rev-parse", "HEAD")
+    assert resolve(repo / "src" / "deep", "HEAD") == git(repo, "rev-parse", "HEAD")
+    assert resolve(repo.parent / "nowhere-a-repo", "HEAD") is None
+
+
+def test_the_paths_of_a_move_forward_are_the_paths_git_names(repo: Path) -> None:
+    start = git(repo, "rev-parse", "HEAD")
+
+    def file_to_folder() -> None:
+        (repo / "src" / "a.py").unlink()
+        (repo / "src" / "a.py").mkdir()
+        (repo / "src" / "a.py" / "x").write_text("x\n")
+
+    steps: list[Callable[[], object]] = [
+        lambda: (repo / "src" / "a.py").write_text("a2\n"),  # a change
+        lambda: (repo / "src" / "deep" / "new.py").write_text("n\n"),  # an addition, nested
+        (repo / "README.md").unlink,  # a deletion
+        lambda: (repo / "src" / "deep" / "b.py").rename(repo / "docs.md"),  # a rename
+        file_to_folder,
+        lambda: (repo / "naïve name.txt").write_text("é\n"),  # not ASCII
+        lambda: None,  # an empty commit
+    ]
+    tips = [start]
+    for i, step in enumerate(steps):
+        step()
+        tips.append(commit(repo, f"step {i}"))
+    for old in tips:
+        for new in tips[tips.index(old) :]:
+            assert moved_forward(repo, old, new) == git_paths(repo, old, new), (old, new)
+
+
+def test_a_merge_is_a_move_forward_and_a_rewrite_is_left_to_git(repo: Path) -> None:
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "side")
+    (repo / "src" / "side.py").write_text("s\n")
+    side = commit(repo, "side")
+    git(repo, "checkout", "-q", "main")
+    (repo / "README.md").write_text("r2\n")
+    commit(repo, "main")
+    git(repo, "merge", "-q", "--no-edit", "side")
+    merged = git(repo, "rev-parse", "HEAD")
+    assert moved_forward(repo, base, merged) == git_paths(repo, base, merged)
+    assert moved_forward(repo, side, merged) == git_paths(repo, side, merged)
+    git(repo, "reset", "-q", "--hard", base)
+    (repo / "src" / "other.py").write_text("o\n")
+    rewritten = commit(repo, "rewritten")
+    assert moved_forward(repo, merged, rewritten) is None  # not a descendant: git answers
+
+
+def test_packed_objects_are_left_to_git(repo: Path) -> None:
+    old = git(repo, "rev-parse", "HEAD")
+    (repo / "src" / "a.py").write_text("a3\n")
+    new = commit(repo, "more")
+    git(repo, "gc", "-q")  # every object now in a pack
+    assert moved_forward(repo, old, new) is None
