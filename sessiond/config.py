@@ -96,6 +96,7 @@ class DaemonConfig(_Strict):
             "after-intent",
             "after-policy",
             "after-started",
+            "after-spawn",
             "during-work",
             "after-finished",
         ]

@@ -118,8 +118,15 @@ def _recovery(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 # --- runs ------------------------------------------------------------------------
 
 
+def _run_number(run: str) -> int:
+    """N of a run id "rN" (or a call id "rN.command..."); 0 for anything else."""
+    head = run.split(".", 1)[0]
+    return int(head[1:]) if head[:1] == "r" and head[1:].isdigit() else 0
+
+
 def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.runs += 1
+    s.run_number = max(s.run_number, _run_number(d["run"]))
     s.current_run = {
         "run": d["run"],
         "kind": d["kind"],
@@ -184,6 +191,9 @@ def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 
 def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    # "r<N>.command" or "r<N>.<k>": run N was given out, even if its run.started
+    # never made it into the log
+    s.run_number = max(s.run_number, _run_number(d["call"]))
     s.calls[d["call"]] = {
         "call": d["call"],
         "tool": d["tool"],

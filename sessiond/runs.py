@@ -435,7 +435,9 @@ class Runs:
                 s, "ready", why="start", reason=f"gate ok ({trigger})", durable=False
             )
         state = s.j.state
-        run_id = f"r{state.runs + 1}"
+        # Never a number given out before, even to a run cut off before its
+        # run.started: its program may have run, under that run and call id.
+        run_id = f"r{max(state.runs, state.run_number) + 1}"
         call_id = f"{run_id}.command"
         command = spec.run.kind == "command"
         if command:
@@ -606,6 +608,7 @@ class Runs:
                 wake_file=wake_file,
             )
             return
+        self.fault("after-spawn")  # test only: the program runs, run.started is not written
         # Known as running before anything is awaited: the program may call the
         # daemon (the SDK) at once.
         s.run = Run(run_id, pid, time.time(), program)

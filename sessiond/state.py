@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
-REDUCER_VERSION = 3
+REDUCER_VERSION = 4
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
@@ -65,6 +65,9 @@ class State:
 
     # runs and budget use
     runs: int = 0
+    # The highest run number given out, including a run cut off between its
+    # tool.started and its run.started (its program may have run): never reused.
+    run_number: int = 0
     turns: int = 0
     current_run: dict[str, Any] | None = None
     last_run: dict[str, Any] | None = None

@@ -176,3 +176,40 @@ def test_resolve_is_refused_for_a_session_that_is_not_blocked(tmp_path: Path) ->
         assert done.returncode == 1
         assert "resolve is for a blocked session" in done.stderr
         assert subprocess.run(["true"], check=False).returncode == 0
+
+
+def test_a_run_cut_off_before_its_run_started_never_lends_its_ids_to_the_next() -> None:
+    """Found by the kill -9 campaign: the program was started, the daemon died before
+    `run.started`, the block was accepted, and the next run (the wake was still
+    pending) got the same run and call id: one call id, two executions."""
+    root = short_dir()
+    try:
+        d = Daemon(root, 'fault = "after-spawn"\n')
+        d.start()
+        spec = d.write_spec(
+            "job",
+            'name = "job"\n[run]\nexec = ["sh", "-c", "echo $SESSIOND_RUN $SESSIOND_CALL >> '
+            'calls.txt"]\ncwd = "."\nwrites = ["calls.txt"]\nidempotency = "unsafe"\n'
+            'resume = "require-user-confirmation"\nretries = 0\n',
+        )
+        d.ctl("create", str(spec), check=True)
+        d.ctl("activate", "job")
+        assert d.proc is not None
+        assert d.proc.wait(30) == -9
+        calls = root / "calls.txt"
+        deadline = time.monotonic() + 10
+        while not calls.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # the orphaned program does its work without the daemon
+        assert calls.read_text() == "r1 r1.command\n"
+        d.config.write_text('log_format = "json"\nstop_grace = "2s"\n')
+        d.start()
+        assert settle(d)["data"]["to"] == "blocked"  # unsafe, cut off: a person decides
+        d.ctl("resolve", "job", "--accept", check=True)
+        # The wake is still pending (no run.started took it): it runs, as a new call.
+        wait_event(d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated")
+        assert calls.read_text() == "r1 r1.command\nr2 r2.command\n"
+        started = d.json("log", "job", "--type", "run.started")
+        assert [r["data"]["run"] for r in started] == ["r2"]
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -304,7 +304,7 @@ class Campaign:
                 self.acked.append(("mailbox", reply["seq"], text))
                 # Paced a little: the point is appends in flight at the kill, not a
                 # mailbox of a million events to re-read after every round.
-                time.sleep(0.002)
+                time.sleep(0.005)
 
     def _poker(self, stop: threading.Event) -> None:
         """Wakes: files into the watched folder, activations, a fork now and then."""
@@ -507,19 +507,35 @@ class Campaign:
 
 
 def run_campaign(
-    iterations: int, seed: int, *, power_cut: bool = True, durability: str = "fsync"
+    iterations: int,
+    seed: int,
+    *,
+    power_cut: bool = True,
+    durability: str = "fsync",
+    progress: bool = False,
 ) -> tuple[Tally, float]:
     started = time.monotonic()
     root = short_dir()
     campaign = Campaign(root, random.Random(seed), power_cut=power_cut, durability=durability)
     try:
         campaign.setup()
-        for _ in range(iterations):
+        for n in range(1, iterations + 1):
             campaign.round()
+            if progress and n % 20 == 0:
+                t = campaign.tally
+                print(
+                    f"  round {n}/{iterations}, {time.monotonic() - started:.0f} s: "
+                    f"{'violations!' if t.failed else 'all invariants hold'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         campaign.finish()
     finally:
         campaign.daemon.reap()
-        shutil.rmtree(root, ignore_errors=True)
+        if campaign.tally.failed:  # the evidence stays for whoever looks into it
+            print(f"state dir and workspace kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     return campaign.tally, time.monotonic() - started
 
 
@@ -537,7 +553,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"seed {args.seed} (repeat a campaign with --seed)", flush=True)
     tally, seconds = run_campaign(
-        args.iterations, args.seed, power_cut=not args.no_power_cut, durability=args.durability
+        args.iterations,
+        args.seed,
+        power_cut=not args.no_power_cut,
+        durability=args.durability,
+        progress=True,
     )
     print(tally.table(seconds))
     return 1 if tally.failed else 0
