@@ -60,7 +60,7 @@ compare: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m sessiond.bench.compare
 
-# 1,000 concurrent clients for 30 s against 10,000 sessions with 50 running (~2 min).
+# 1,000 concurrent clients for 30 s against 10,000 sessions with 50 running (~1 min).
 load: $(STAMP)
 	$(BIN)/python -m sessiond.bench.load
 

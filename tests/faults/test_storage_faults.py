@@ -7,6 +7,9 @@ filling a real disk is not something a test suite should do to its machine."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sessiond.fsck import check
-from tests.e2e.harness import SESSIOND, running, wait_event, wait_for
+from tests.e2e.harness import SESSIOND, Daemon, running, short_dir, wait_event, wait_for
 
 JOB = """name = "job"
 [run]
@@ -111,3 +114,59 @@ def test_a_create_cut_off_by_a_crash_leaves_nothing_after_the_restart() -> None:
         assert [row["name"] for row in d.json("ps")] == ["notes"]
         d.stop()
         assert check(d.state_dir).ok
+
+
+def test_a_real_full_disk_on_a_small_tmpfs_blocks_the_run_and_keeps_the_log() -> None:
+    """The same as the injected ENOSPC above, on a real 4 MB tmpfs (where the machine
+    lets the test mount one: root with CAP_SYS_ADMIN)."""
+    root = short_dir()
+    state = root / "state"
+    state.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or 'mount failed'}")
+    d = Daemon(root)
+    try:
+        d.start()
+        d.ctl("create", str(d.write_spec("job", JOB)), check=True)
+        d.ctl("activate", "job", check=True)
+        wait_event(d, "job", "run.started")
+        log = d.state_dir / "sessions" / "job" / "events.jsonl"
+        before = log.read_bytes()
+        ballast = state / "ballast"
+        fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # fill the file system to the last byte, in ever smaller writes
+            for size in (65536, 4096, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        os.write(fd, b"\0" * size)
+        finally:
+            os.close(fd)
+        (root / "go").touch()  # the program ends; its end cannot be recorded
+        shown = wait_for(
+            lambda: (s := d.json("show", "job"))["state"] == "blocked" and s,
+            what="job blocked",
+        )
+        assert shown["held"] is True
+        assert "no space left" in shown["reason"]
+        assert log.read_bytes() == before  # nothing partial was kept
+        assert d.json("ping")["sessions"] == 1
+        ballast.unlink()  # space again
+        block = wait_event(
+            d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
+        )
+        assert "could not be recorded" in block["data"]["reason"]
+        d.ctl("resolve", "job", "--accept", check=True)
+        assert (root / "out.txt").read_text() == "ran\n"
+        d.stop()
+        assert check(d.state_dir).ok
+    finally:
+        d.reap()
+        subprocess.run(["umount", str(state)], capture_output=True, check=False)
+        shutil.rmtree(root, ignore_errors=True)
