@@ -69,14 +69,12 @@ def watch_wake(root: Path, debounce: str, samples: int, step_ms: int) -> float:
         d.start()
         call(d.socket, "create", {"spec": spec, "base": str(work), "source": "w"})
         time.sleep(0.5)  # the watcher is up
-        delays = []
-        for i in range(samples):
-            ts.unlink(missing_ok=True)
-            start = time.time()
-            (work / "data" / f"f{i}").write_text(str(i))
-            delays.append((_stamp(ts) - start) * 1000)
+
+        def settle() -> None:
             _settle(d.socket, "w")
             _pause(0.05)
+
+        delays = _write_delays(work / "data", ts, samples, settle)
     finally:
         d.stop()
     return statistics.median(delays)
@@ -96,13 +94,7 @@ def watch_floor(root: Path, samples: int, step_ms: int) -> float:
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     time.sleep(0.5)
-    delays = []
-    for i in range(samples):
-        ts.unlink(missing_ok=True)
-        start = time.time()
-        (work / "data" / f"f{i}").write_text(str(i))
-        delays.append((_stamp(ts) - start) * 1000)
-        _pause(0.1)
+    delays = _write_delays(work / "data", ts, samples, lambda: _pause(0.1))
     stop.set()
     (work / "data" / "stop").write_text("x")
     thread.join(5)
@@ -124,6 +116,18 @@ def _git_repo(root: Path) -> Path:
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "init")
     return repo
+
+
+def _write_delays(folder: Path, ts: Path, samples: int, settle: Callable[[], None]) -> list[float]:
+    """ms from each write of a new file in ``folder`` to the probe's stamp."""
+    delays = []
+    for i in range(samples):
+        ts.unlink(missing_ok=True)
+        start = time.time()
+        (folder / f"f{i}").write_text(str(i))
+        delays.append((_stamp(ts) - start) * 1000)
+        settle()
+    return delays
 
 
 def _commit_delays(repo: Path, ts: Path, samples: int, settle: Callable[[], None]) -> list[float]:
