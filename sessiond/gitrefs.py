@@ -30,7 +30,10 @@ def git(repo: Path, *args: str, timeout: float = 10) -> str | None:
 
 
 def locate(path: Path) -> tuple[bool, Path | None]:
-    """(is ``path`` in a repository, its ``.git`` folder when that is a plain one)."""
+    """(is ``path`` in a repository, its git folder when that is a plain one: the
+    ``.git`` of a work tree, or a bare repository itself)."""
+    if (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir():
+        return True, path  # bare: the repository is its own git folder
     for folder in (path, *path.parents):
         dot = folder / ".git"
         if dot.is_dir():
@@ -193,3 +196,9 @@ def moved_forward(repo: Path, old: str, new: str) -> list[str] | None:
     if not _diff_trees(dot, before[0], after[0], "", paths):
         return None
     return sorted(paths)
+
+
+def git_folder(repo: Path) -> Path:
+    """Where a repository's refs change (what a watcher of its commits watches)."""
+    _, dot = locate(repo)
+    return dot if dot is not None else repo / ".git"

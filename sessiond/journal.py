@@ -49,6 +49,7 @@ class Journal:
         self.from_snapshot: int | None = None
         # Called with each record once it is durable (followers of `sessionctl log -f`).
         self.listeners: list[Callable[[Record], None]] = []
+        self._unpublished: list[Record] = []  # written with durable=False, not yet synced
 
     @property
     def session(self) -> str:
@@ -116,11 +117,12 @@ class Journal:
         for record in pending.records:
             apply(self.state, record)
         if not durable:
-            for listener in self.listeners:
-                for record in pending.records:
-                    listener(record)
+            # Told to nobody yet (followers of the log included): published with
+            # the durable append that covers them.
+            self._unpublished.extend(pending.records)
             return pending.records
         await self.log.sync(pending)
+        self._publish(pending.position.seq)
         for listener in self.listeners:
             for record in pending.records:
                 listener(record)
@@ -133,7 +135,20 @@ class Journal:
 
     async def flush(self) -> None:
         """Wait until everything written so far is durable."""
-        await self.log.sync(Pending([], self.log.position))
+        position = self.log.position
+        await self.log.sync(Pending([], position))
+        self._publish(position.seq)
+
+    def _publish(self, durable_seq: int) -> None:
+        """Tell the listeners of the records written without a flush, up to what is
+        durable now."""
+        if not self._unpublished:
+            return
+        ready = [r for r in self._unpublished if r["seq"] <= durable_seq]
+        self._unpublished = [r for r in self._unpublished if r["seq"] > durable_seq]
+        for listener in self.listeners:
+            for record in ready:
+                listener(record)
 
     async def take_snapshot(self) -> Snapshot | None:
         """The state as a snapshot, once it is durable; None if nothing is new."""

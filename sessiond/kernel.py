@@ -469,6 +469,10 @@ class Kernel(SdkCalls, Runs):
             if option != "discard":
                 stages = ("started", "approval")
             open_calls = {k: c for k, c in state.calls.items() if c["stage"] in stages}
+            # (read now: recording the resolution below moves these calls on)
+            cut_off_command = any(
+                c["tool"] == "command" and c["stage"] == "started" for c in open_calls.values()
+            )
             first = next(iter(sorted(open_calls)), None)
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
@@ -498,6 +502,7 @@ class Kernel(SdkCalls, Runs):
             spec = s.spec
             if (
                 option != "rerun"
+                and cut_off_command
                 and spec is not None
                 and spec.run is not None
                 and spec.run.kind == "command"
@@ -507,14 +512,15 @@ class Kernel(SdkCalls, Runs):
                 # wake there was (none is left), so an accepted or discarded call
                 # ends that run: running the program again would repeat the very
                 # step the person chose not to repeat. The session rests instead.
+                # Accepted: its work stands, so the session ends the way a finished
+                # run ends it. Discarded: nothing is done, so it waits for a wake.
                 reason = f"resolved: --{option}; the cut-off run is not repeated"
-                if spec.has_triggers:
-                    await self._transition(s, "sleeping", why="resolve", reason=reason)
-                else:
-                    outcome = "completed" if option == "accept" else "cancelled"
+                if option == "accept" and not spec.has_triggers:
                     await self._transition(
-                        s, "terminated", why="resolve", reason=reason, outcome=outcome
+                        s, "terminated", why="resolve", reason=reason, outcome="completed"
                     )
+                else:
+                    await self._transition(s, "sleeping", why="resolve", reason=reason)
                 return detail(s)
             await self._transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
             cause = await self.table.append(

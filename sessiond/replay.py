@@ -81,6 +81,11 @@ def _imported(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 
 def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    if d["to"] == "running":
+        # Every run is `running` (durably) before its program starts, so this
+        # counts the run numbers given out, including a run cut off before its
+        # run.started whose program may have run under that number.
+        s.run_number += 1
     s.state = d["to"]
     s.reason = d["reason"]
     s.outcome = d["outcome"]
@@ -191,9 +196,6 @@ def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 
 def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    # "r<N>.command" or "r<N>.<k>": run N was given out, even if its run.started
-    # never made it into the log
-    s.run_number = max(s.run_number, _run_number(d["call"]))
     s.calls[d["call"]] = {
         "call": d["call"],
         "tool": d["tool"],

@@ -13,10 +13,11 @@ import functools
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -101,6 +102,7 @@ class Child:
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self._exited: asyncio.Future[int] | None = None
+        self._transports: list[asyncio.BaseTransport] = []
 
     @classmethod
     async def start(cls, argv: list[str], *, cwd: str, env: dict[str, str]) -> Child:
@@ -115,25 +117,64 @@ class Child:
             close_fds=True,
         )
         child = cls(popen)
-        loop = asyncio.get_running_loop()
-        for name in ("stdout", "stderr"):
-            pipe = getattr(popen, name)
-            reader = asyncio.StreamReader(limit=1 << 16, loop=loop)
-            await loop.connect_read_pipe(
-                functools.partial(asyncio.StreamReaderProtocol, reader), pipe
-            )
-            setattr(child, name, reader)
-        child._exited = loop.create_future()
-        child._watch_exit(loop)
+        try:
+            await child._attach(asyncio.get_running_loop())
+        except BaseException:
+            # Started but not supervised (cancelled at shutdown, no fds left): it must
+            # not go on unseen. Killed with its group, reaped, its pipes closed.
+            signal_group(popen.pid, signal.SIGKILL)
+            popen.wait()
+            child.close_pipes()
+            raise
         return child
+
+    async def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        for name in ("stdout", "stderr"):
+            owned: IO[bytes] = getattr(self.popen, name)
+            # The loop's transport takes the fd and closes it; a file object left
+            # holding the same number would close it a second time, later, whatever
+            # the number has become by then. So the transport gets a copy and the
+            # original is closed now.
+            fd = os.dup(owned.fileno())
+            owned.close()
+            setattr(self.popen, name, None)
+            pipe = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - the transport owns fd
+            reader = asyncio.StreamReader(limit=1 << 16, loop=loop)
+            try:
+                transport, _ = await loop.connect_read_pipe(
+                    functools.partial(asyncio.StreamReaderProtocol, reader), pipe
+                )
+            except BaseException:
+                os.close(fd)
+                raise
+            self._transports.append(transport)
+            setattr(self, name, reader)
+        self._exited = loop.create_future()
+        self._watch_exit(loop)
+
+    def close_pipes(self) -> None:
+        """Close the read ends once drained (a transport at EOF only stops reading)."""
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()
+        for name in ("stdout", "stderr"):
+            owned = getattr(self.popen, name)
+            if owned is not None:
+                owned.close()
 
     def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self._exited is not None
         try:
             pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfds here: a thread waits instead
-            waiting = asyncio.ensure_future(asyncio.to_thread(self.popen.wait))
-            waiting.add_done_callback(lambda f: self._set_exit(f.result()))
+        except (AttributeError, OSError):  # no pidfds here: a thread of its own waits
+            # (not the loop's executor: a long program would hold one of its few
+            # workers for its whole life)
+            def wait() -> None:
+                code = self.popen.wait()
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                    loop.call_soon_threadsafe(self._set_exit, code)
+
+            threading.Thread(target=wait, name=f"wait-{self.pid}", daemon=True).start()
             return
 
         def readable() -> None:
@@ -193,6 +234,7 @@ class Program:
             timed_out = True
             await self.stop("timeout")
         (out, out_total), (err, err_total) = await drains
+        proc.close_pipes()
         code = proc.returncode
         assert code is not None
         duration = int((time.monotonic() - started) * 1000)

@@ -14,6 +14,7 @@ where text changed) → ``observation.projected``, inside ``run.started`` …
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import os
 import re
@@ -311,6 +312,12 @@ class Runs:
         self.scheduler.starting.add(s.name)
         try:
             await self._start(s, cause)
+        except Exception:
+            # The steps written without a flush were to be covered by the start's
+            # durable append, which did not come: flush them now (best effort).
+            with contextlib.suppress(Exception):
+                await s.j.flush()
+            raise
         finally:
             self.scheduler.starting.discard(s.name)
         return True

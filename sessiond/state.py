@@ -66,7 +66,7 @@ class State:
     # runs and budget use
     runs: int = 0
     # The highest run number given out, including a run cut off between its
-    # tool.started and its run.started (its program may have run): never reused.
+    # `running` and its run.started (its program may have run): never reused.
     run_number: int = 0
     turns: int = 0
     current_run: dict[str, Any] | None = None

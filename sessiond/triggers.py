@@ -36,7 +36,7 @@ import structlog
 import watchfiles
 
 from sessiond.cron import Cron
-from sessiond.gitrefs import git, head_ref, moved_forward, resolve
+from sessiond.gitrefs import git, git_folder, head_ref, moved_forward, resolve
 from sessiond.spec import (
     CronTriggerSpec,
     EveryTriggerSpec,
@@ -99,9 +99,8 @@ class Armed:
     next_fires: dict[str, datetime] = field(default_factory=dict)  # trigger key -> next fire
     pending_paths: set[str] = field(default_factory=set)
     flush: asyncio.TimerHandle | None = None
-    git_seen: dict[str, str] = field(default_factory=dict)  # repo:ref -> last commit seen
-    # one git check at a time, so that wakes are recorded in the order of the commits
-    git_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # repo:ref -> last commit seen; shared by every arming of the session (see arm)
+    git_seen: dict[str, str] = field(default_factory=dict)
     scan: dict[str, tuple[int, int]] = field(default_factory=dict)  # reconciliation baseline
 
 
@@ -116,6 +115,11 @@ class Triggers:
         self._roots: frozenset[str] = frozenset()
         self._reconciler: asyncio.Task[None] | None = None
         self.started = False
+        # Per session, kept across re-arming (every run's end re-arms): the commits
+        # seen, and one git check at a time, so that wakes are recorded in commit
+        # order and a check in flight is not repeated by the next arming.
+        self._git_seen: dict[str, dict[str, str]] = {}
+        self._git_locks: dict[str, asyncio.Lock] = {}
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -136,7 +140,7 @@ class Triggers:
         spec = s.spec
         if spec is None or not spec.has_triggers or s.journal is None or s.state == "terminated":
             return
-        armed = Armed(s)
+        armed = Armed(s, git_seen=self._git_seen.setdefault(s.name, {}))
         self.armed[s.name] = armed
         for index, trig in enumerate(spec.trigger):
             key = f"{trig.type}#{index}"
@@ -154,6 +158,9 @@ class Triggers:
         armed = self.armed.pop(name, None)
         if armed is None:
             return
+        if armed.session.state == "terminated" or name not in self.kernel.table.sessions:
+            self._git_seen.pop(name, None)
+            self._git_locks.pop(name, None)
         for timer in armed.timers:
             timer.cancel()
         if armed.flush is not None:
@@ -332,6 +339,8 @@ class Triggers:
         s = armed.session
         ref = self._ref(trig)
         key = f"{trig.repo}:{ref}"
+        if key in armed.git_seen:
+            return  # armed before: what this daemon has seen is newer than the log
         last = self._last_wake(s, "git", lambda d: f"{d.get('repo')}:{d.get('ref')}" == key)
         cursor = self._read_git_cursor(s).get(key)
         if isinstance(cursor, dict) and (last is None or last["seq"] <= cursor.get("after_seq", 0)):
@@ -350,7 +359,7 @@ class Triggers:
     async def _check_git_now(self, armed: Armed) -> None:
         spec = armed.session.spec
         assert spec is not None
-        async with armed.git_lock:
+        async with self._git_locks.setdefault(armed.session.name, asyncio.Lock()):
             for trig in spec.trigger:
                 if not isinstance(trig, GitTriggerSpec):
                     continue
@@ -362,19 +371,28 @@ class Triggers:
                 if not new or new == old:
                     continue
                 armed.git_seen[key] = new
-                forced, changed_all = await _git_range(repo, old, new)
-                changed = [p for p in changed_all if match(p, trig.paths)]
-                if not changed:
-                    log.info(
-                        "git.ignored", session=armed.session.name, to=new, why="paths untouched"
-                    )
-                    self._save_git_cursor(armed)
-                    continue
-                details = {
-                    "repo": trig.repo, "ref": ref, "from": old, "to": new,
-                    "range": f"{old}..{new}" if old else new, "forced": forced, "paths": changed,
-                }  # fmt: skip
-                await self.kernel.wake(armed.session, "git", details)
+                try:
+                    await self._git_moved(armed, trig, ref, old, new)
+                except Exception:
+                    # Not recorded (a full disk, a session held, an unreadable object):
+                    # the move is looked at again by the next check, not forgotten.
+                    armed.git_seen[key] = old
+                    log.exception("git.check_failed", session=armed.session.name, to=new)
+
+    async def _git_moved(
+        self, armed: Armed, trig: GitTriggerSpec, ref: str, old: str, new: str
+    ) -> None:
+        forced, changed_all = await _git_range(Path(trig.repo), old, new)
+        changed = [p for p in changed_all if match(p, trig.paths)]
+        if not changed:
+            log.info("git.ignored", session=armed.session.name, to=new, why="paths untouched")
+            self._save_git_cursor(armed)
+            return
+        details = {
+            "repo": trig.repo, "ref": ref, "from": old, "to": new,
+            "range": f"{old}..{new}" if old else new, "forced": forced, "paths": changed,
+        }  # fmt: skip
+        await self.kernel.wake(armed.session, "git", details)
 
     # --- watch and dependency ---------------------------------------------------------
 
@@ -387,7 +405,7 @@ class Triggers:
                 roots.add(str(spec.workspace))
             for trig in spec.trigger:
                 if isinstance(trig, GitTriggerSpec):
-                    roots.add(str(Path(trig.repo) / ".git"))
+                    roots.add(str(git_folder(Path(trig.repo))))
         return frozenset(r for r in roots if os.path.isdir(r))
 
     def _restart_watcher(self) -> None:
@@ -421,7 +439,7 @@ class Triggers:
             assert spec is not None
             workspace = str(spec.workspace).rstrip("/") + "/"
             git_dirs = [
-                str(Path(t.repo) / ".git") + "/"
+                str(git_folder(Path(t.repo))) + "/"
                 for t in spec.trigger
                 if isinstance(t, GitTriggerSpec)
             ]
@@ -543,6 +561,10 @@ def wall_clock(offset: float) -> Callable[[], float]:
     return lambda: time.time() + offset
 
 
+# paths as they are (not octal-quoted), as the loose-object diff gives them
+_RAW = ("-c", "core.quotepath=off")
+
+
 async def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
     """(was the ref moved other than forward, the paths changed from old to new).
 
@@ -552,7 +574,9 @@ async def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
     run side by side, off the event loop. Without a common commit: the paths of
     ``new`` itself."""
     if not old:
-        names = await asyncio.to_thread(git, repo, "show", "--pretty=format:", "--name-only", new)
+        names = await asyncio.to_thread(
+            git, repo, *_RAW, "show", "--pretty=format:", "--name-only", new
+        )
         return False, [p for p in (names or "").splitlines() if p]
     forward = await asyncio.to_thread(moved_forward, repo, old, new)  # new commits: no git
     if forward is not None:
@@ -560,8 +584,12 @@ async def _git_range(repo: Path, old: str, new: str) -> tuple[bool, list[str]]:
     # A rename counts as both of its paths, as the loose-object diff counts it.
     base, names = await asyncio.gather(
         asyncio.to_thread(git, repo, "merge-base", old, new),
-        asyncio.to_thread(git, repo, "diff", "--no-renames", "--name-only", f"{old}...{new}"),
+        asyncio.to_thread(
+            git, repo, *_RAW, "diff", "--no-renames", "--name-only", f"{old}...{new}"
+        ),
     )
     if base is None:  # unrelated histories
-        names = await asyncio.to_thread(git, repo, "show", "--pretty=format:", "--name-only", new)
+        names = await asyncio.to_thread(
+            git, repo, *_RAW, "show", "--pretty=format:", "--name-only", new
+        )
     return base != old, [p for p in (names or "").splitlines() if p]

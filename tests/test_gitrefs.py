@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.gitrefs import head_ref, moved_forward, resolve
+from sessiond.gitrefs import git_folder, head_ref, moved_forward, resolve
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
@@ -107,3 +107,17 @@ def test_packed_objects_are_left_to_git(repo: Path) -> None:
     new = commit(repo, "more")
     git(repo, "gc", "-q")  # every object now in a pack
     assert moved_forward(repo, old, new) is None
+
+
+def test_a_bare_repository_is_its_own_git_folder(repo: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "origin.git"
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    old = git(bare, "rev-parse", "refs/heads/main")
+    assert git_folder(bare) == bare
+    assert resolve(bare, "refs/heads/main") == old
+    assert head_ref(bare) == "refs/heads/main"
+    (repo / "src" / "a.py").write_text("pushed\n")
+    new = commit(repo, "pushed")
+    git(repo, "push", "-q", str(bare), "main")  # a few objects arrive loose
+    assert resolve(bare, "refs/heads/main") == new
+    assert moved_forward(bare, old, new) in (None, git_paths(bare, old, new))
