@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.e2e.crafted import bundle_with_pending_approvals
-from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_event
+from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_event, wait_for
 
 NOTES = 'name = "{name}"\ngoal = "notes"\n'
 ARMED = 'name = "{name}"\n[[trigger]]\ntype = "message"\n'
@@ -217,8 +217,13 @@ def test_a_peer_with_another_uid_is_refused_by_the_credential_check() -> None:
         assert reply["ok"] is False
         assert reply["error"]["code"] == "permission_denied"
         assert "uid 65534 may not use this daemon" in reply["error"]["message"]
-        assert any(
-            line.get("event") == "peer.refused" and line.get("uid") == 65534 for line in d.lines
+        # logged before the reply, but read from the daemon's stderr by another thread
+        wait_for(
+            lambda: any(
+                line.get("event") == "peer.refused" and line.get("uid") == 65534 for line in d.lines
+            ),
+            timeout=10,
+            what="peer.refused in the daemon's log",
         )
         allowed = _connect_as(d.socket, uid=65534, gid=gid, groups=[gid])
         assert allowed["ok"] is True  # the same uid in the allowed group gets in
