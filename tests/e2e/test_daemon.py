@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -250,7 +251,9 @@ def _connect_as(path: Path, *, uid: int, gid: int, groups: list[int]) -> dict[st
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(str(path))
-            sock.sendall(b'{"id":1,"method":"ping","params":{}}\n')
+            # refused at connect, the write may fail: the answer waits in the socket
+            with contextlib.suppress(BrokenPipeError):
+                sock.sendall(b'{"id":1,"method":"ping","params":{}}\n')
             data = b""
             while not data.endswith(b"\n"):
                 chunk = sock.recv(65536)
