@@ -79,6 +79,15 @@ class Connection:
         self._next_id += 1
         try:
             self.sock.sendall(encode({"id": self._next_id, "method": method, "params": params}))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The daemon may have answered and closed at once (a peer it refuses):
+            # its answer says why, which "not reachable" would not.
+            try:
+                refusal = self.receive()
+            except RemoteError:
+                raise _unreachable(self.path, exc) from exc
+            result_of(refusal)
+            raise _unreachable(self.path, exc) from exc
         except OSError as exc:
             raise _unreachable(self.path, exc) from exc
         return self._next_id
