@@ -586,9 +586,8 @@ class Runs:
         env["SESSIOND_SOCKET"] = str(self.config.socket)
         if spec.run.kind == "sdk":
             env.update(self.sdk_env(s, run_id))
-        timeout = spec.run.timeout
-        if spec.budget.seconds_per_run:
-            timeout = min(timeout, float(spec.budget.seconds_per_run))
+        # the budget's seconds per run, where it has one (0: no limit), bound the timeout
+        timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
             spec,
             env=env,
@@ -619,19 +618,18 @@ class Runs:
         # Known as running before anything is awaited: the program may call the
         # daemon (the SDK) at once.
         s.run = Run(run_id, pid, time.time(), program)
-        await self.table.append(
-            s,
-            RunStarted(
-                run=run_id,
-                kind=spec.run.kind,
-                pid=pid,
-                pgid=pid,
-                proc_start=proc_start_time(pid),
-                profile=spec.run.profile,
-                wakes=tuple(wakes),
-            ),
-            causation=cause["id"] if cause else None,
-        )
+        if not await self._record_start(
+            s, spec=spec, program=program, run_id=run_id, pid=pid, wakes=wakes, cause=cause
+        ):
+            await self._settle(
+                s,
+                run_id=run_id,
+                call_id=call_id,
+                outcome=await program.wait(),
+                before=before,
+                wake_file=wake_file,
+            )
+            return
         self.fault("during-work")
         s.run.task = asyncio.create_task(
             self._supervise(
@@ -639,6 +637,42 @@ class Runs:
             )
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _record_start(
+        self,
+        s: Session,
+        *,
+        spec: SessionSpec,
+        program: Program,
+        run_id: str,
+        pid: int,
+        wakes: list[dict[str, Any]],
+        cause: Record | None,
+    ) -> bool:
+        """Record run.started. If that fails (a full disk between tool.started and
+        here), a program whose run is not on record must not go on: it is stopped,
+        and the caller settles the run like any other, which blocks the session
+        (held until the log takes writes, if need be)."""
+        assert spec.run is not None
+        try:
+            await self.table.append(
+                s,
+                RunStarted(
+                    run=run_id,
+                    kind=spec.run.kind,
+                    pid=pid,
+                    pgid=pid,
+                    proc_start=proc_start_time(pid),
+                    profile=spec.run.profile,
+                    wakes=tuple(wakes),
+                ),
+                causation=cause["id"] if cause else None,
+            )
+        except Exception:
+            log.exception("run.start_unrecorded", session=s.name, run=run_id, pid=pid)
+            await program.stop("run.started could not be recorded")
+            return False
+        return True
 
     async def _supervise(
         self,
