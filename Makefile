@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-# The whole kill -9 campaign: 200 rounds with power cuts (~17 min on 2 cores);
+# The whole kill -9 campaign: 200 rounds with power cuts (~15 min on 2 cores);
 # `make test` runs 20 of them. Prints the invariant table; fails if one does not hold.
 FAULT_ROUNDS ?= 200
 faults: $(STAMP)
