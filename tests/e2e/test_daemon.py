@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import signal
 import socket
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -306,14 +308,29 @@ def test_log_follow_streams_new_events_of_one_or_all_sessions() -> None:
             stderr=subprocess.DEVNULL,
         )
         try:
+            assert follower.stdout is not None
+            stream: queue.Queue[dict[str, Any]] = queue.Queue()
+            out = follower.stdout
+
+            def read() -> None:
+                for raw in out:
+                    stream.put(orjson.loads(raw))
+
+            threading.Thread(target=read, daemon=True).start()
+            # The follower is listening once a message sent now reaches it (it may
+            # start after the first ones): only then is anything after it certain.
+            for attempt in range(100):
+                d.ctl("send", "notes", f"marker {attempt}", check=True)
+                with contextlib.suppress(queue.Empty):
+                    stream.get(timeout=0.2)
+                    break
             make(d, "late", NOTES)
             d.ctl("send", "notes", "streamed", check=True)
             seen = []
-            assert follower.stdout is not None
-            for raw in follower.stdout:
-                record = orjson.loads(raw)
+            while True:
+                record = stream.get(timeout=20)
                 seen.append((record["session"], record["type"]))
-                if record["type"] == "message.received":
+                if record["type"] == "message.received" and record["data"]["text"] == "streamed":
                     break
             assert ("late", "session.created") in seen
             assert seen[-1] == ("notes", "message.received")
@@ -322,8 +339,10 @@ def test_log_follow_streams_new_events_of_one_or_all_sessions() -> None:
             follower.wait()
             if follower.stdout is not None:
                 follower.stdout.close()
-        record = wait_event(d, "notes", "message.received")
-        assert record["data"]["text"] == "streamed"
+        record = wait_event(
+            d, "notes", "message.received", match=lambda r: r["data"]["text"] == "streamed"
+        )
+        assert record["data"]["sender"] == "sessionctl"
 
 
 def test_the_shipped_configuration_and_example_sessions_work() -> None:
