@@ -599,12 +599,8 @@ class Runs:
         # tool.started and the lifecycle change in one durable write
         drafts = [pending_started] if pending_started is not None else []
         await self.table.append_many(s, [*drafts, Draft(running)])
-        try:
-            pid = await program.start()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
-            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
-            outcome = Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why)
-            s.run = Run(run_id, 0, time.time(), program)
+
+        async def settle(outcome: Outcome) -> None:  # a run that ends before it is supervised
             await self._settle(
                 s,
                 run_id=run_id,
@@ -613,6 +609,13 @@ class Runs:
                 before=before,
                 wake_file=wake_file,
             )
+
+        try:
+            pid = await program.start()
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
+            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+            s.run = Run(run_id, 0, time.time(), program)
+            await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
         self.fault("after-spawn")  # test only: the program runs, run.started is not written
         # Known as running before anything is awaited: the program may call the
@@ -621,14 +624,7 @@ class Runs:
         if not await self._record_start(
             s, spec=spec, program=program, run_id=run_id, pid=pid, wakes=wakes, cause=cause
         ):
-            await self._settle(
-                s,
-                run_id=run_id,
-                call_id=call_id,
-                outcome=await program.wait(),
-                before=before,
-                wake_file=wake_file,
-            )
+            await settle(await program.wait())
             return
         self.fault("during-work")
         s.run.task = asyncio.create_task(
