@@ -1,5 +1,5 @@
 import sys
 
-from sessiond.cli import main
+from sessiond.daemon.cli import main
 
 sys.exit(main())

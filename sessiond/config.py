@@ -105,7 +105,7 @@ class DaemonConfig(_Strict):
     # TEST ONLY: the daemon's clock runs this many seconds ahead of the machine's (it
     # stamps events and drives cron/every); the tests use it to "be" next month.
     clock_offset: float = 0.0
-    # TEST ONLY (the fault tests, see sessiond/faults.py): while this file exists,
+    # TEST ONLY (the fault tests, see sessiond/daemon/faults.py): while this file exists,
     # every write to a session log fails with ENOSPC, as on a full disk.
     fault_full_disk: Path | None = None
     # TEST ONLY: the start-up probe of the state dir fails with this error, as on a

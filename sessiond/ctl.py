@@ -198,7 +198,7 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
 
 
 def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> str:
-    from sessiond.projections import describe
+    from sessiond.describe import describe
 
     who = f"{record['session']:<16} " if with_session else ""
     kind = out.paint(f"{record['type']:<22}", "1")

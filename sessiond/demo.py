@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from sessiond.bundle import export_session, import_session
-from sessiond.event_data import (
+from sessiond.log.bundle import export_session, import_session
+from sessiond.log.event_data import (
     LifecycleChanged,
     MessageReceived,
     ModelRequested,
@@ -34,12 +34,12 @@ from sessiond.event_data import (
     VerificationStarted,
     WakeRequested,
 )
-from sessiond.fsck import check
-from sessiond.journal import Journal
-from sessiond.lineage import fork
-from sessiond.projections import messages, trace
-from sessiond.store.base import Draft
-from sessiond.store.files import FileStore
+from sessiond.log.fsck import check
+from sessiond.log.journal import Journal
+from sessiond.log.lineage import fork
+from sessiond.log.projections import messages, trace
+from sessiond.log.store.base import Draft
+from sessiond.log.store.files import FileStore
 
 SPEC = """name = "payroll"
 goal = "Compute payroll/2026-11.csv from employees.csv and rates.csv"

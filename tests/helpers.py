@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     EventData,
     ObservationProjected,
     PolicyDecided,
@@ -17,7 +17,7 @@ from sessiond.event_data import (
     ToolIntent,
     ToolStarted,
 )
-from sessiond.store.base import Draft
+from sessiond.log.store.base import Draft
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ import annotated_types
 from hypothesis import strategies as st
 from pydantic import AfterValidator, BaseModel, JsonValue
 
-from sessiond.event_data import PAYLOADS, EventData, _check_hash, _check_ref
+from sessiond.log.event_data import PAYLOADS, EventData, _check_hash, _check_ref
 
 TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
 HEX64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)

@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sessiond.bundle import export_session, import_session, read_bundle
 from sessiond.codec import frame
 from sessiond.errors import AlreadyExists, BadBundle
-from sessiond.event_data import RunFinished
-from sessiond.journal import Journal
-from sessiond.store.files import FileStore
+from sessiond.log.bundle import export_session, import_session, read_bundle
+from sessiond.log.event_data import RunFinished
+from sessiond.log.journal import Journal
+from sessiond.log.store.files import FileStore
 from tests.helpers import arun, tool_call
 
 
@@ -190,7 +190,7 @@ def test_a_bad_session_name_in_the_manifest_creates_nothing(
 
 def test_names_and_refs_with_a_trailing_newline_are_refused() -> None:
     from sessiond.errors import BadName
-    from sessiond.event_data import ArtifactRef
+    from sessiond.log.event_data import ArtifactRef
     from sessiond.names import check_name
 
     with pytest.raises(BadName):

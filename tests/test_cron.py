@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sessiond.cron import Cron
+from sessiond.wake.cron import Cron
 
 
 def utc(

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from sessiond.codec import decode_line, encode_line
 from sessiond.errors import InvalidEvent, UnknownEventType, UnsupportedVersion
-from sessiond.event_data import PAYLOADS, ContextCompacted, EventData, LifecycleChanged
-from sessiond.events import CURRENT_VERSION, ENVELOPES, EVENT_TYPES, decode, encode, upcast
-from sessiond.replay import HANDLERS
-from sessiond.store.base import Draft
-from sessiond.store.lines import RecordBuilder
+from sessiond.log.event_data import PAYLOADS, ContextCompacted, EventData, LifecycleChanged
+from sessiond.log.events import CURRENT_VERSION, ENVELOPES, EVENT_TYPES, decode, encode, upcast
+from sessiond.log.replay import HANDLERS
+from sessiond.log.store.base import Draft
+from sessiond.log.store.lines import RecordBuilder
 from tests.strategies import PAYLOAD_STRATEGIES
 
 DESIGN_TYPES = {

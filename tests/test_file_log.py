@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessiond.errors import ArtifactCorrupt, LogCorrupt, LogFailed, StorageError, StorageFull
-from sessiond.event_data import LifecycleChanged, MessageReceived
-from sessiond.journal import Journal
-from sessiond.store.durable import write_all
-from sessiond.store.files import FileStore, IOHooks
+from sessiond.log.event_data import LifecycleChanged, MessageReceived
+from sessiond.log.journal import Journal
+from sessiond.log.store.durable import write_all
+from sessiond.log.store.files import FileStore, IOHooks
 from tests.helpers import arun, tool_call
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from sessiond.event_data import RunFinished
-from sessiond.journal import Journal
-from sessiond.store.files import FileStore
+from sessiond.log.event_data import RunFinished
+from sessiond.log.journal import Journal
+from sessiond.log.store.files import FileStore
 from tests.helpers import arun, tool_call
 
 SESSIOND = Path(sys.executable).with_name("sessiond")

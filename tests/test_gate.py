@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     ApprovalGranted,
     ApprovalRequested,
     BindingObserved,
@@ -18,18 +18,18 @@ from sessiond.event_data import (
     ToolIntent,
     ToolStarted,
 )
-from sessiond.gate import (
+from sessiond.log.replay import replay_all
+from sessiond.log.store.base import Draft
+from sessiond.log.store.memory import MemoryStore
+from sessiond.table.gate import (
     CLOSE_INTERRUPTED,
     DROP_UNSTARTED,
     KEEP_APPROVED,
     REBUILD_OBSERVATION,
     evaluate,
 )
-from sessiond.policy import decide
-from sessiond.replay import replay_all
-from sessiond.spec import parse_spec
-from sessiond.store.base import Draft
-from sessiond.store.memory import MemoryStore
+from sessiond.table.policy import decide
+from sessiond.table.spec import parse_spec
 from tests.helpers import arun
 
 H_BEFORE, H_AFTER, H_BOUND, H_OTHER = "1" * 64, "2" * 64, "3" * 64, "4" * 64
@@ -202,7 +202,7 @@ def test_policy_deny_then_ask_then_allow_then_defaults(
     decision: str,
     rule: str,
 ) -> None:
-    from sessiond.spec import PolicySpec
+    from sessiond.table.spec import PolicySpec
 
     verdict = decide(PolicySpec(deny=deny, ask=ask, allow=allow), tool, side_effect)
     assert (verdict.decision, verdict.rule) == (decision, rule)

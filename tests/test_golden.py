@@ -15,9 +15,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sessiond.events import EVENT_TYPES, decode
-from sessiond.replay import replay_all
-from sessiond.store.files import FileStore
+from sessiond.log.events import EVENT_TYPES, decode
+from sessiond.log.replay import replay_all
+from sessiond.log.store.files import FileStore
 from tests.helpers import arun
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from sessiond.errors import AlreadyExists, InvalidInput
-from sessiond.event_data import MessageReceived, RunFinished
-from sessiond.journal import Journal
-from sessiond.lineage import fork
-from sessiond.store.files import FileStore
+from sessiond.log.event_data import MessageReceived, RunFinished
+from sessiond.log.journal import Journal
+from sessiond.log.lineage import fork
+from sessiond.log.store.files import FileStore
 from tests.helpers import arun, tool_call
 
 
@@ -72,8 +72,8 @@ def test_only_typed_fields_are_taken_for_artifact_references() -> None:
 
     from pydantic import BaseModel, JsonValue
 
-    from sessiond.event_data import PAYLOAD_BY_TYPE, ArtifactRef
-    from sessiond.lineage import FREE_FORM, artifact_refs
+    from sessiond.log.event_data import PAYLOAD_BY_TYPE, ArtifactRef
+    from sessiond.log.lineage import FREE_FORM, artifact_refs
 
     def mentions(annotation: object, target: object) -> bool:
         if annotation is target:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sessiond.event_data import (
+from sessiond.describe import describe
+from sessiond.log.event_data import (
     ArtifactRef,
     ContextCompacted,
     EventData,
@@ -13,10 +14,10 @@ from sessiond.event_data import (
     SessionMerged,
     ToolFinished,
 )
-from sessiond.projections import describe, messages, trace
-from sessiond.replay import replay_all
-from sessiond.store.base import Draft
-from sessiond.store.memory import MemoryStore
+from sessiond.log.projections import messages, trace
+from sessiond.log.replay import replay_all
+from sessiond.log.store.base import Draft
+from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun
 
 RAW = ArtifactRef(ref="sha256:" + "9" * 64, name="stdout", size=10_000)
@@ -87,8 +88,8 @@ def test_the_trace_has_one_readable_line_per_event() -> None:
 
 
 def test_every_event_type_has_a_description() -> None:
-    from sessiond.events import EVENT_TYPES
-    from sessiond.projections import _DESCRIBE
+    from sessiond.describe import _DESCRIBE
+    from sessiond.log.events import EVENT_TYPES
 
     assert set(_DESCRIBE) == set(EVENT_TYPES)
     assert describe({"type": "lifecycle.changed", "data": {

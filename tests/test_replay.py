@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     ApprovalGranted,
     ApprovalRequested,
     ArtifactRef,
@@ -36,12 +36,12 @@ from sessiond.event_data import (
     ToolStarted,
     WakeRequested,
 )
-from sessiond.journal import Journal
-from sessiond.replay import replay_all
-from sessiond.state import MAILBOX_KEEP, State
-from sessiond.store.base import Draft
-from sessiond.store.files import FileStore
-from sessiond.store.memory import MemoryStore
+from sessiond.log.journal import Journal
+from sessiond.log.replay import replay_all
+from sessiond.log.state import MAILBOX_KEEP, State
+from sessiond.log.store.base import Draft
+from sessiond.log.store.files import FileStore
+from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun, tool_call
 from tests.strategies import ANY_PAYLOAD
 

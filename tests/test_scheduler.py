@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sessiond.scheduler import Scheduler
-from sessiond.spec import parse_spec
-from sessiond.table import Session
+from sessiond.table.scheduler import Scheduler
+from sessiond.table.sessions import Session
+from sessiond.table.spec import parse_spec
 
 
 def session(name: str, priority: int = 0, agent: str = "", limits: str = "") -> Session:
@@ -32,7 +32,7 @@ def test_priority_first_then_aging_lets_the_low_one_through(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = {"now": 1000.0}
-    monkeypatch.setattr("sessiond.scheduler.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("sessiond.table.scheduler.time.monotonic", lambda: clock["now"])
     sched = Scheduler(max_running=1, per_agent=0, aging=10)
     low = session("low", priority=0)
     sched.enqueue(low)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessiond.spec import BadSpec, SessionSpec, parse_spec
+from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
 
 KEYS = [
     "name", "run", "exec", "cwd", "kind", "timeout", "side_effect", "idempotency",

@@ -17,10 +17,10 @@ from sessiond.errors import (
     LogLocked,
     NoSuchSession,
 )
-from sessiond.event_data import LifecycleChanged, MessageReceived
-from sessiond.store.base import START, LogPosition, PositionMismatch, Snapshot, Store
-from sessiond.store.files import FileStore
-from sessiond.store.memory import MemoryStore
+from sessiond.log.event_data import LifecycleChanged, MessageReceived
+from sessiond.log.store.base import START, LogPosition, PositionMismatch, Snapshot, Store
+from sessiond.log.store.files import FileStore
+from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun, tool_call
 
 Factory = Callable[[Path], Store]

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from sessiond.spec import parse_spec
-from sessiond.table import Session
-from sessiond.triggers import Armed, Triggers, match
+from sessiond.table.sessions import Session
+from sessiond.table.spec import parse_spec
+from sessiond.wake.triggers import Armed, Triggers, match
 
 
 class FakeKernel:

@@ -17,7 +17,7 @@ import orjson
 
 from sessiond.bench import storage
 from sessiond.codec import frame
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     LifecycleChanged,
     MessageReceived,
     RunFinished,
@@ -25,9 +25,9 @@ from sessiond.event_data import (
     SessionCreated,
     WakeRequested,
 )
-from sessiond.spec import parse_spec, spec_to_toml
-from sessiond.store.base import Draft
-from sessiond.store.lines import RecordBuilder
+from sessiond.log.store.base import Draft
+from sessiond.log.store.lines import RecordBuilder
+from sessiond.table.spec import parse_spec, spec_to_toml
 
 BIN = Path(sys.executable).parent
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 
 from sessiond.codec import frame
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     ArtifactRef,
     ContextCompacted,
     EventData,
@@ -25,12 +25,12 @@ from sessiond.event_data import (
     ToolIntent,
     ToolStarted,
 )
-from sessiond.journal import Journal
-from sessiond.replay import apply
-from sessiond.state import REDUCER_VERSION, State
-from sessiond.store.base import Draft, Snapshot
-from sessiond.store.files import FileStore, IOHooks
-from sessiond.store.lines import RecordBuilder
+from sessiond.log.journal import Journal
+from sessiond.log.replay import apply
+from sessiond.log.state import REDUCER_VERSION, State
+from sessiond.log.store.base import Draft, Snapshot
+from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.log.store.lines import RecordBuilder
 
 OUTPUT = ArtifactRef(ref="sha256:" + "ab" * 32, name="stdout", size=1234, media_type="text/plain")
 HASH = "cd" * 32

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sessiond.bundle import export_session
-from sessiond.event_data import (
+from sessiond.log.bundle import export_session
+from sessiond.log.event_data import (
     ApprovalRequested,
     EventData,
     LifecycleChanged,
@@ -15,8 +15,8 @@ from sessiond.event_data import (
     SessionCreated,
     ToolIntent,
 )
-from sessiond.journal import Journal
-from sessiond.store.files import FileStore
+from sessiond.log.journal import Journal
+from sessiond.log.store.files import FileStore
 from tests.helpers import arun
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sessiond.fsck import check
+from sessiond.log.fsck import check
 from tests.e2e.harness import Daemon, short_dir, wait_event
 
 POINTS = [

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.codec import decode_line
-from sessiond.fsck import check
-from sessiond.runner import proc_start_time
+from sessiond.log.fsck import check
+from sessiond.runs.runner import proc_start_time
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIOND, Daemon, alive, short_dir
 

@@ -51,9 +51,9 @@ from pydantic import BaseModel
 
 from sessiond.codec import decode_line, frame
 from sessiond.config import DaemonConfig
-from sessiond.events import EVENT_TYPES
-from sessiond.kernel import Kernel
-from sessiond.server import LogParams, Server
+from sessiond.ipc.server import LogParams, Server
+from sessiond.log.events import EVENT_TYPES
+from sessiond.syscalls.kernel import Kernel
 from tests.e2e.harness import Daemon, running, wait_event
 from tests.test_bundle import _fix_manifest, _gap, _rewrite, _tamper_artifact
 

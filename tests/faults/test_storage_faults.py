@@ -1,7 +1,7 @@
 """Storage faults against the real daemon: a full disk in the middle of a run, a
 state dir it cannot write, and a power cut (each log cut back to what was fsynced).
 
-The faults are injected through the daemon's test-only keys (sessiond/faults.py):
+The faults are injected through the daemon's test-only keys (sessiond/daemon/faults.py):
 a test running as root cannot make a folder unwritable with permission bits, and
 filling a real disk is not something a test suite should do to its machine."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.fsck import check
+from sessiond.log.fsck import check
 from tests.e2e.harness import SESSIOND, Daemon, running, short_dir, wait_event, wait_for
 
 JOB = """name = "job"

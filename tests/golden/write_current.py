@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from sessiond.event_data import (
+from sessiond.log.event_data import (
     ApprovalDenied,
     ApprovalGranted,
     ApprovalRequested,
@@ -49,10 +49,10 @@ from sessiond.event_data import (
     VerificationStarted,
     WakeRequested,
 )
-from sessiond.events import CURRENT_VERSION
-from sessiond.replay import replay_all
-from sessiond.store.base import Draft
-from sessiond.store.files import FileStore
+from sessiond.log.events import CURRENT_VERSION
+from sessiond.log.replay import replay_all
+from sessiond.log.store.base import Draft
+from sessiond.log.store.files import FileStore
 
 REF = ArtifactRef(ref="sha256:" + "a" * 64, name="stdout", size=12, media_type="text/plain")
 CTX = ArtifactRef(ref="sha256:" + "b" * 64, name="context.json", size=40)

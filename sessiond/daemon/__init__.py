@@ -1,0 +1,1 @@
+"""Wiring only: start-up, shutdown, signals, systemd, the sessiond command."""

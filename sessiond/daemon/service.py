@@ -1,0 +1,407 @@
+"""The daemon: the one place where the parts are wired together.
+
+Start-up: configuration → state dir (writable, owner-only) → the lock (one
+daemon per state dir) → the process table rebuilt from the logs → sessions cut
+off by a crash recorded → specs from the spec folder → the socket. Then it
+serves until SIGTERM (graceful stop) and re-reads configuration and specs on
+SIGHUP or ``sessionctl reload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import gc
+import os
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvloop
+
+from sessiond import __version__, logs
+from sessiond.config import BadConfig, DaemonConfig, load_config
+from sessiond.daemon.faults import io_hooks, probe_state_dir
+from sessiond.daemon.systemd import Notifier, activated_socket
+from sessiond.errors import SessiondError
+from sessiond.ipc.server import Server
+from sessiond.log.event_data import ObservationProjected, RunFinished
+from sessiond.log.store.durable import private_dir, write_durable
+from sessiond.log.store.files import FileStore
+from sessiond.runs.runner import Outcome, proc_start_time, signal_group
+from sessiond.syscalls.kernel import Kernel
+from sessiond.table.sessions import Session, Table
+from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
+from sessiond.wake.triggers import Triggers, wall_clock
+
+log = structlog.get_logger(__name__)
+
+
+CLEAN_MARKER = "clean-shutdown"
+
+
+class StartupError(SessiondError):
+    """The daemon cannot start; the message says why and what to do."""
+
+    code = "startup"
+    exit_code = 1
+
+
+def check_writable(config: DaemonConfig) -> None:
+    """Refuse to start on a state dir that cannot be written (read-only, no permission)."""
+    state_dir = config.state_dir
+    try:
+        private_dir(state_dir)
+        probe_state_dir(config, state_dir)
+        probe = state_dir / f".probe-{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"ok")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        why = {
+            errno.EROFS: "the file system is read-only",
+            errno.EACCES: "permission denied",
+            errno.ENOSPC: "the disk is full",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
+        raise StartupError(
+            f"cannot write to the state dir {state_dir}: {why}; give the daemon a writable "
+            "folder with --state-dir or SESSIOND_STATE_DIR"
+        ) from exc
+
+
+def take_lock(state_dir: Path) -> int:
+    """Hold ``sessiond.lock`` for the daemon's lifetime; say who holds it if taken."""
+    path = state_dir / "sessiond.lock"
+    try:
+        # O_NOFOLLOW: the lock is truncated and given our pid; through a symlink
+        # planted in its place that would overwrite a file anywhere we may write.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc})"
+        raise StartupError(
+            f"{path} {why}; the state dir must hold real files only: remove it and start again"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StartupError(
+            f"another sessiond (pid {holder}) is using the state dir {state_dir}; one daemon "
+            "per state dir: stop it, or give this one another --state-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def raise_file_limit() -> None:
+    """Every session keeps its log open: take all the file descriptors we may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, env: dict[str, str]) -> None:
+        self.config = config
+        self.env = env
+        offset_ns = int(config.clock_offset * 1e9)
+        self.store = FileStore(
+            config.state_dir, clock=lambda: time.time_ns() + offset_ns, hooks=io_hooks(config)
+        )
+        self.table = Table(config, self.store)
+        self.kernel = Kernel(config, self.table, env)
+        self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
+        self.kernel.triggers = self.triggers
+        self.table.next_wake_fn = self.triggers.next_wake
+        self.server = Server(config, self.kernel, self.reload)
+        self.stopping = asyncio.Event()
+        self.notifier = Notifier(env)
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        marker = self.config.state_dir / CLEAN_MARKER
+        clean = marker.exists()
+        marker.unlink(missing_ok=True)
+        # What a crashed daemon left in the page cache must be durable before
+        # anything acts on it. One sync of the file system does that for every
+        # log at once; an fsync per log costs a journal commit each (seconds with
+        # thousands of sessions). After a clean stop there is nothing to sync.
+        if not clean:
+            os.sync()
+        self.store.sync_on_recover = False
+        # Loading makes millions of long-lived objects; the cyclic collector would
+        # scan them again and again for nothing. Collect once after, then freeze
+        # them out of its way (the process table lives as long as the daemon).
+        gc.disable()
+        try:
+            # A create, fork or import cut off by the crash left a folder that never
+            # became a session (the rename is the commit): nothing to keep.
+            for entry in self.store.remove_leftovers():
+                log.warning("leftover.removed", folder=entry)
+            await self.table.load()
+        finally:
+            gc.enable()
+            gc.collect()
+            gc.freeze()
+        self.store.sync_on_recover = True
+        await self._recover_cut_off_runs()
+        if self.config.specs is not None:
+            result = await self.sync_specs()
+            for error in result["errors"]:
+                log.error("spec.refused", error=error)
+        self.triggers.arm_all()
+        self._resume_waiting()
+        await self.server.start(activated_socket(self.env))
+        for sig, handler in (
+            (signal.SIGTERM, self.stopping.set),
+            (signal.SIGINT, self.stopping.set),
+            (signal.SIGHUP, lambda: asyncio.ensure_future(self.reload())),
+        ):
+            asyncio.get_running_loop().add_signal_handler(sig, handler)
+        states: dict[str, int] = {}
+        for s in self.table:
+            states[s.state] = states.get(s.state, 0) + 1
+        log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
+        self.notifier.ready(self.status_line())
+        self._heartbeat = asyncio.ensure_future(self._beat())
+
+    def _resume_waiting(self) -> None:
+        """Timers live in memory: after a restart, re-derive them from each state.
+
+        A sleeping session with recorded wakes (a retry, a cool-down, wakes that
+        came while it ran) goes through the gate again; a session suspended for its
+        daily budget waits for 00:00 UTC again.
+        """
+        for s in self.table:
+            if s.journal is None:
+                continue
+            state = s.j.state
+            if s.state == "sleeping" and (
+                state.pending_wakes or state.until or "retry" in state.reason
+            ):
+                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": state.reason}))
+            elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
+                self.kernel._renew_at_midnight(s)
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: sessions by state."""
+        states: dict[str, int] = {}
+        for s in self.table:
+            states[s.state] = states.get(s.state, 0) + 1
+        parts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        return f"{len(self.table)} sessions" + (f": {parts}" if parts else "")
+
+    async def _beat(self) -> None:
+        """WATCHDOG=1 at half of WatchdogSec (and a fresh STATUS= with it)."""
+        interval = self.notifier.watchdog_interval or 10.0
+        while True:
+            await asyncio.sleep(interval)
+            if self.notifier.watchdog_interval is not None:
+                self.notifier.watchdog()
+            self.notifier.status(self.status_line())
+
+    async def _recover_cut_off_runs(self) -> None:
+        """A session found running was cut off by a crash: record it, stop leftovers."""
+        for s in self.table:
+            if s.journal is not None and s.state == "ready":
+                # It passed a gate but never started: start over, through the gate.
+                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": "was ready"}))
+            if s.journal is None or s.state != "running":
+                continue
+            current = s.j.state.current_run or {}
+            note = "daemon restarted during run"
+            pid, started = current.get("pid"), current.get("proc_start")
+            if pid and started and proc_start_time(pid) == started:
+                # Its program outlived the daemon; with nobody to record its result it
+                # must not go on unsupervised.
+                signal_group(pid, signal.SIGKILL)
+                note += f"; its program (pid {pid}) was still running and was stopped"
+            finished = [
+                (k, c)
+                for k, c in s.j.state.calls.items()
+                if c["tool"] == "command" and c["stage"] == "finished"
+            ]
+            if finished:
+                # The command ran to its end before the crash: its work is done.
+                # Record the observation and the run's end; running it again would
+                # do it twice.
+                call_id, call = finished[0]
+                result = call.get("finished") or {}
+                await self.table.append(
+                    s,
+                    ObservationProjected(
+                        call=call_id,
+                        tool="command",
+                        source="rebuilt",
+                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
+                    ),
+                    correlation=call_id,
+                )
+                status = "ok" if result.get("status") == "ok" else "failed"
+                await self.table.append(
+                    s,
+                    RunFinished(
+                        run=current.get("run", "?"),
+                        status=status,
+                        exit_code=result.get("exit_code"),
+                        error=note,
+                    ),
+                )
+                await self.kernel._after_run(
+                    s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
+                )
+                log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
+                continue
+            if current:
+                await self.table.append(
+                    s, RunFinished(run=current["run"], status="lost", error=note)
+                )
+            await self.kernel._transition(s, "sleeping", why="recover", reason=note)
+            log.warning("session.cut_off", session=s.name, reason=note)
+            # A restart is a continuation like any other: replay, gate, then run.
+            self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": note}))
+
+    async def sync_specs(self) -> dict[str, Any]:
+        """Create sessions for new spec files, update changed ones, never drop one."""
+        folder = self.config.specs
+        result: dict[str, Any] = {"created": [], "updated": [], "unchanged": 0, "errors": []}
+        if folder is None or not folder.is_dir():
+            if folder is not None:
+                result["errors"].append(f"spec folder {folder} does not exist")
+            return result
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                spec, _ = load_spec_file(path)
+            except BadSpec as exc:
+                result["errors"].append(str(exc))
+                continue
+            existing = self.table.sessions.get(spec.name)
+            if existing is None:
+                try:
+                    await self.kernel._create(spec)
+                except SessiondError as exc:
+                    result["errors"].append(f"{path}: {exc}")
+                    continue
+                result["created"].append(spec.name)
+                continue
+            text = spec_to_toml(spec)
+            if existing.spec_text == text:
+                result["unchanged"] += 1
+                continue
+            self.store.write_spec(spec.name, text)
+            existing.spec, existing.spec_text = spec, text
+            if existing.journal is not None:
+                self.triggers.rearm(existing)
+            result["updated"].append(spec.name)
+            log.info("spec.updated", session=spec.name, source=str(path))
+        return result
+
+    async def reload(self) -> dict[str, Any]:
+        """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
+        self.notifier.reloading()
+        try:
+            return await self._reload()
+        finally:
+            self.notifier.reloaded(self.status_line())
+
+    async def _reload(self) -> dict[str, Any]:
+        notes: list[str] = []
+        source = self.config.source
+        if source is not None:
+            try:
+                fresh = load_config(source, env=self.env)
+            except BadConfig as exc:
+                log.error("config.refused", error=str(exc))
+                raise
+            kept = ("state_dir", "socket")
+            for key in kept:
+                if getattr(fresh, key) != getattr(self.config, key):
+                    notes.append(f"{key} changes take effect at the next start")
+            fresh = fresh.model_copy(update={k: getattr(self.config, k) for k in kept})
+            self.server.allow(fresh.access)
+            self.config = fresh
+            self.table.config = fresh
+            self.kernel.config = fresh
+            self.server.config = fresh
+            scheduler = self.kernel.scheduler
+            scheduler.max_running = fresh.max_running
+            scheduler.per_agent = fresh.max_running_per_agent
+            scheduler.aging = fresh.aging
+        result = await self.sync_specs()
+        result["notes"] = notes
+        log.info("daemon.reloaded", created=result["created"], updated=result["updated"])
+        return result
+
+    async def stop(self) -> None:
+        """Stop accepting, ask running programs to stop, record, close the logs."""
+        self.notifier.stopping()
+        self.kernel.stopping = True  # nothing new starts from here on
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        await self.server.stop_accepting()
+        running = [s for s in self.table if s.run is not None]
+        log.info("daemon.stopping", running=len(running))
+
+        async def stop_one(s: Session) -> None:
+            try:
+                await asyncio.wait_for(
+                    self.kernel.stop_run(s, "shutdown"), self.config.shutdown_grace + 5
+                )
+            except Exception:  # record what we can for the others
+                log.exception("stop.failed", session=s.name)
+
+        await asyncio.gather(*(stop_one(s) for s in running))
+        await self.triggers.close()  # after the runs: their ends re-arm `every` timers
+        await self.server.close()
+        await self.table.close()
+        write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
+        self.notifier.close()
+        log.info("daemon.stopped")
+
+
+async def serve(config: DaemonConfig, env: dict[str, str]) -> None:
+    daemon = Daemon(config, env)
+    await daemon.start()
+    await daemon.stopping.wait()
+    await daemon.stop()
+
+
+def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -> int:
+    env = dict(os.environ)
+    try:
+        config = load_config(config_path, env=env, state_dir=state_dir, socket=socket)
+    except BadConfig as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_format, config.log_level)
+    try:
+        check_writable(config)
+        lock = take_lock(config.state_dir)
+    except StartupError as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 1
+    raise_file_limit()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(config, env))
+    except SessiondError as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        os.close(lock)
+    return 0

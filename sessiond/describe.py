@@ -1,0 +1,70 @@
+"""One line of text per event, for people: ``sessionctl log`` and the trace view.
+
+On the ground floor because ``sessionctl`` renders log lines itself and must not
+import the daemon's packages (its start-up time is part of the contract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _tool(d: dict[str, Any]) -> str:
+    return f"{d['tool']} [{d['call']}]"
+
+
+def _hashes(h: dict[str, Any]) -> str:
+    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "-"
+
+
+_DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
+    "session.created": lambda d: f"{d['name']}: {d['goal'] or '(no goal)'}",
+    "session.forked": lambda d: f"{d['parent']} -> {d['child']} at seq {d['at_seq']}",
+    "session.merged": lambda d: f"from {d['child']}: {d['summary']}",
+    "session.migrated": lambda d: (
+        f"profile {d['from_profile']} -> {d['to_profile']}" if d["to_profile"] else f"to {d['to']}"
+    ),
+    "session.imported": lambda d: f"from {d['original_name']} ({d['events']} events)",
+    "lifecycle.changed": lambda d: (
+        f"{d['from'] or '-'} -> {d['to']}"
+        + (f" ({d['outcome']})" if d["outcome"] else "")
+        + (f": {d['reason']}" if d["reason"] else "")
+    ),
+    "wake.requested": lambda d: f"by {d['trigger']}",
+    "gate.evaluated": lambda d: (
+        "ok" if d["ok"] else "NOT ok: " + ", ".join(c["name"] for c in d["checks"] if not c["ok"])
+    ),
+    "recovery.resolved": lambda d: f"--{d['option']}" + (f" [{d['call']}]" if d["call"] else ""),
+    "run.started": lambda d: f"run {d['run']} ({d['kind']}, pid {d['pid']})",
+    "run.finished": lambda d: (
+        f"run {d['run']} {d['status']} exit={d['exit_code']} in {d['duration_ms']} ms"
+    ),
+    "message.received": lambda d: f"from {d['sender']}: {d['text'][:80]}",
+    "model.requested": lambda d: f"{d['model']} request {d['request_id']}",
+    "model.responded": lambda d: (
+        f"{d['model']} {d['status']} in={d['tokens_in']} out={d['tokens_out']}"
+    ),
+    "tool.intent": lambda d: f"{_tool(d)} {d['risk']['side_effect']}/{d['risk']['resume']}",
+    "policy.decided": lambda d: f"{_tool(d)} {d['decision']} by {d['rule']}",
+    "approval.requested": _tool,
+    "approval.granted": lambda d: f"{_tool(d)} by {d['by'] or '-'}",
+    "approval.denied": lambda d: f"{_tool(d)} by {d['by'] or '-'}: {d['reason']}",
+    "tool.started": lambda d: f"{_tool(d)} attempt {d['attempt']} before: {_hashes(d['hashes'])}",
+    "tool.finished": lambda d: (
+        f"{_tool(d)} {d['status']} exit={d['exit_code']} after: {_hashes(d['hashes'])}"
+    ),
+    "observation.projected": lambda d: f"{_tool(d)}: {d['text'][:80]}",
+    "context.compacted": lambda d: f"events {d['from_seq']}-{d['to_seq']} ({d['method']})",
+    "verification.started": lambda d: d["check"],
+    "verification.finished": lambda d: f"{d['check']}: {'ok' if d['ok'] else 'FAILED'}",
+    "budget.exhausted": lambda d: f"{d['budget']}: used {d['used']} of {d['limit']}",
+    "binding.observed": lambda d: _hashes(d["hashes"]),
+    "log.repaired": lambda d: f"dropped {d['dropped_bytes']} bytes after seq {d['last_good_seq']}",
+}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A one-line summary of an event's data."""
+    describe_data = _DESCRIBE.get(record["type"])
+    return describe_data(record["data"]) if describe_data else ""

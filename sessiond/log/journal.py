@@ -1,0 +1,174 @@
+"""A session's open log together with its folded state and snapshots.
+
+Opening replays the latest snapshot plus the tail of the log (or the whole log
+when there is no usable snapshot). Appending writes the events, folds them into
+the state at once (so seq order and fold order are the same), then waits for
+durability. A snapshot is written every ``snapshot_every`` events, after the
+events it covers are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import orjson
+import structlog
+
+from sessiond.errors import LogCorrupt
+from sessiond.log.event_data import EventData
+from sessiond.log.replay import apply, replay
+from sessiond.log.state import REDUCER_VERSION, State
+from sessiond.log.store.base import (
+    START,
+    Draft,
+    Durability,
+    EventLog,
+    Pending,
+    PositionMismatch,
+    Record,
+    Snapshot,
+    SnapshotStore,
+    Store,
+)
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SNAPSHOT_EVERY = 1000
+
+
+class Journal:
+    def __init__(
+        self, event_log: EventLog, snapshots: SnapshotStore, state: State, snapshot_every: int
+    ) -> None:
+        self.log = event_log
+        self.snapshots = snapshots
+        self.state = state
+        self.snapshot_every = snapshot_every
+        self._snapshot_seq = state.seq
+        self.from_snapshot: int | None = None
+        # Called with each record once it is durable (followers of `sessionctl log -f`).
+        self.listeners: list[Callable[[Record], None]] = []
+        self._unpublished: list[Record] = []  # written with durable=False, not yet synced
+
+    @property
+    def session(self) -> str:
+        return self.log.session
+
+    @classmethod
+    async def open(
+        cls,
+        store: Store,
+        name: str,
+        *,
+        durability: Durability = "fsync",
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        use_snapshots: bool = True,
+    ) -> Journal:
+        """Open, recover and fold a session's log. Raises LogCorrupt, LogLocked, NoSuchSession."""
+        event_log = await store.open_log(name, durability=durability)
+        snapshots = store.snapshots(name)
+        try:
+            state, from_snapshot = cls._recover(event_log, snapshots, name, use_snapshots)
+        except BaseException:
+            await event_log.close()
+            raise
+        journal = cls(event_log, snapshots, state, snapshot_every)
+        journal.from_snapshot = from_snapshot
+        journal._snapshot_seq = from_snapshot or 0
+        repair = event_log.repair
+        if repair is not None:  # recover() cut a torn tail and recorded it
+            log.warning(
+                "log.repaired",
+                session=name,
+                dropped_bytes=repair.dropped_bytes,
+                last_good_seq=repair.last_good_seq,
+            )
+        return journal
+
+    @staticmethod
+    def _recover(
+        event_log: EventLog, snapshots: SnapshotStore, name: str, use_snapshots: bool
+    ) -> tuple[State, int | None]:
+        snap = snapshots.latest(REDUCER_VERSION) if use_snapshots else None
+        if snap is not None and snap.session == name:
+            try:
+                state = State.from_dict(snap.state)
+                return replay(event_log.recover(snap.position), state), snap.position.seq
+            except PositionMismatch as exc:
+                log.warning("snapshot.ignored", session=name, seq=snap.position.seq, why=str(exc))
+            except (TypeError, ValueError) as exc:
+                log.warning(
+                    "snapshot.unreadable", session=name, seq=snap.position.seq, why=str(exc)
+                )
+        return replay(event_log.recover(START), State(session=name)), None
+
+    async def append(
+        self, data: EventData, *, causation: str | None = None, correlation: str | None = None
+    ) -> Record:
+        return (await self.append_many([Draft(data, causation, correlation)]))[0]
+
+    async def append_many(self, drafts: Sequence[Draft], *, durable: bool = True) -> list[Record]:
+        """Write and fold ``drafts``; with ``durable`` (the default), return once they
+        are on disk. ``durable=False`` is for steps nobody is told about and that a
+        durable append follows before anything acts on them (an fsync covers every
+        line written before it): they need not wait for a disk flush of their own."""
+        pending = self.log.write_many(drafts)
+        for record in pending.records:
+            apply(self.state, record)
+        if not durable:
+            # Told to nobody yet (followers of the log included): published with
+            # the durable append that covers them.
+            self._unpublished.extend(pending.records)
+            return pending.records
+        await self.log.sync(pending)
+        self._publish(pending.position.seq)
+        for listener in self.listeners:
+            for record in pending.records:
+                listener(record)
+        # Snapshot only when nothing was written after our (now durable) events:
+        # then the state is exactly the durable log up to here.
+        due = self.state.seq - self._snapshot_seq >= self.snapshot_every
+        if due and self.log.position == pending.position:
+            await self.snapshot()
+        return pending.records
+
+    async def flush(self) -> None:
+        """Wait until everything written so far is durable."""
+        position = self.log.position
+        await self.log.sync(Pending([], position))
+        self._publish(position.seq)
+
+    def _publish(self, durable_seq: int) -> None:
+        """Tell the listeners of the records written without a flush, up to what is
+        durable now."""
+        if not self._unpublished:
+            return
+        ready = [r for r in self._unpublished if r["seq"] <= durable_seq]
+        self._unpublished = [r for r in self._unpublished if r["seq"] > durable_seq]
+        for listener in self.listeners:
+            for record in ready:
+                listener(record)
+
+    async def take_snapshot(self) -> Snapshot | None:
+        """The state as a snapshot, once it is durable; None if nothing is new."""
+        position = self.log.position
+        if position.seq != self.state.seq or position.seq == self._snapshot_seq:
+            return None
+        await self.log.sync(Pending([], position))
+        # Serialise here, in the loop, so the state cannot change underneath.
+        state = orjson.loads(orjson.dumps(self.state))
+        self._snapshot_seq = position.seq
+        return Snapshot(REDUCER_VERSION, self.session, position, state)
+
+    async def snapshot(self) -> None:
+        """Write a snapshot of the state now (in a worker thread), once it is durable."""
+        snap = await self.take_snapshot()
+        if snap is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.snapshots.save, snap)
+
+    async def close(self) -> None:
+        await self.log.close()
+
+
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "Journal", "LogCorrupt"]

@@ -1,0 +1,435 @@
+"""Replay: the pure fold of events into a :class:`~sessiond.log.state.State`.
+
+Replay never runs a tool, a model or a command, and never reads the clock: the
+state after an event depends on the events alone. It works on records (plain
+dicts) because the hot path must be fast; records come from lines whose
+checksum holds and were validated by their writer. Records from outside are
+validated with :func:`sessiond.log.events.decode` before they reach a log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sessiond.log.events import CURRENT_VERSION, upcast
+from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, State
+
+Handler = Callable[[State, dict[str, Any], dict[str, Any]], None]
+
+
+def _ref(state: State, ref: dict[str, Any] | None) -> None:
+    if ref:
+        state.artifacts_seen += 1
+
+
+def _say(state: State, rec: dict[str, Any], role: str, kind: str, text: str, **extra: Any) -> None:
+    state.transcript.append({"seq": rec["seq"], "role": role, "kind": kind, "text": text, **extra})
+
+
+# --- identity and lineage ------------------------------------------------------
+
+
+def _created(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.name = d["name"]
+    s.goal = d["goal"]
+    s.description = d["description"]
+    s.agent = d["agent"]
+    s.priority = d["priority"]
+    s.labels = dict(d["labels"])
+    s.profile = d["profile"]
+    s.spec = d["spec"]
+    s.spec_sha256 = d["spec_sha256"]
+    s.created_at = r["ts"]
+
+
+def _forked(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    if d["child"] == r["session"]:
+        # This log is the child's: its prefix is the parent's history, its future
+        # its own. It has no children of its own yet and runs nothing inherited.
+        s.name = d["child"]
+        s.parent = d["parent"]
+        s.fork_seq = d["at_seq"]
+        s.children = []
+        s.merged = []
+        s.current_run = None
+        s.pending_wakes = []
+        s.created_at = r["ts"]
+    elif d["child"] not in s.children:
+        s.children.append(d["child"])
+
+
+def _merged(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.merged.append(d["child"])
+    for ref in d["artifacts"]:
+        _ref(s, ref)
+    text = f"[merged from {d['child']}] {d['summary']}"
+    _say(s, r, "user", "merge", text, sender=d["child"], artifacts=d["artifacts"])
+
+
+def _migrated(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    if d["to_profile"]:
+        s.profile = d["to_profile"]
+    if d["to"]:
+        s.migrated_to = d["to"]
+
+
+def _imported(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.imported_from = d["original_name"]
+    s.name = r["session"]
+    s.current_run = None
+
+
+def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    if d["to"] == "running":
+        # Every run is `running` (durably) before its program starts, so this
+        # counts the run numbers given out, including a run cut off before its
+        # run.started whose program may have run under that number.
+        s.run_number += 1
+    s.state = d["to"]
+    s.reason = d["reason"]
+    s.outcome = d["outcome"]
+    s.until = d["until"]
+    s.last_active = r["ts"]
+
+
+# --- wakes, gate, recovery -------------------------------------------------------
+
+
+def _wake(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    wake = {"seq": r["seq"], "ts": r["ts"], "trigger": d["trigger"], "details": d["details"]}
+    s.pending_wakes.append(wake)
+    s.last_wake = wake
+
+
+def _gate(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.last_gate = {"seq": r["seq"], "ts": r["ts"], **d}
+
+
+def _recovery(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.last_recovery = {"seq": r["seq"], "ts": r["ts"], **d}
+    call = d["call"]
+    if d["option"] == "discard" and call is not None:
+        s.calls.pop(call, None)
+        s.approvals.pop(call, None)
+    elif d["option"] == "accept":
+        for path, digest in d["hashes"].items():
+            if path in s.bound:
+                s.bound[path] = digest
+            else:
+                s.file_hashes[path] = digest
+
+
+# --- runs ------------------------------------------------------------------------
+
+
+def _run_number(run: str) -> int:
+    """N of a run id "rN" (or a call id "rN.command..."); 0 for anything else."""
+    head = run.split(".", 1)[0]
+    return int(head[1:]) if head[:1] == "r" and head[1:].isdigit() else 0
+
+
+def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.runs += 1
+    s.run_number = max(s.run_number, _run_number(d["run"]))
+    s.current_run = {
+        "run": d["run"],
+        "kind": d["kind"],
+        "pid": d["pid"],
+        "pgid": d["pgid"],
+        "proc_start": d["proc_start"],
+        "wakes": d["wakes"],
+        "seq": r["seq"],
+        "ts": r["ts"],
+    }
+    day = r["ts"][:10]
+    s.runs_by_day[day] = s.runs_by_day.get(day, 0) + 1
+    if len(s.runs_by_day) > RUN_DAYS_KEEP:  # only recent days matter for runs_per_day
+        for old in sorted(s.runs_by_day)[:-RUN_DAYS_KEEP]:
+            del s.runs_by_day[old]
+    s.tool_calls_this_run = 0
+    s.pending_wakes = []
+    s.mailbox = []  # delivered: the run sees them in its context
+    s.budget_exhausted = None
+    s.last_active = r["ts"]
+
+
+def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.current_run = None
+    s.last_run = {"seq": r["seq"], "ts": r["ts"], **d}
+    s.seconds_used += d["duration_ms"] // 1000
+    _ref(s, d["stdout"])
+    _ref(s, d["stderr"])
+    s.failures_in_a_row = s.failures_in_a_row + 1 if d["status"] != "ok" else 0
+    s.last_active = r["ts"]
+
+
+def _message(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.messages_received += 1
+    s.mailbox.append(r["seq"])
+    if len(s.mailbox) > MAILBOX_KEEP:
+        del s.mailbox[0]
+    _say(s, r, d["role"], "message", d["text"], sender=d["sender"])
+
+
+def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    _ref(s, d["context"])
+    s.pending_model = {
+        "request_id": d["request_id"],
+        "model": d["model"],
+        "seq": r["seq"],
+        "context": d["context"],
+    }
+
+
+def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.pending_model = None
+    s.turns += 1
+    s.tokens_in += d["tokens_in"]
+    s.tokens_out += d["tokens_out"]
+    _ref(s, d["response"])
+    if d["text"]:
+        _say(s, r, "assistant", "model", d["text"], model=d["model"])
+
+
+# --- tool calls ---------------------------------------------------------------------
+
+
+def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.calls[d["call"]] = {
+        "call": d["call"],
+        "tool": d["tool"],
+        "args": d["args"],
+        "risk": d["risk"],
+        "writes": d["writes"],
+        "stage": "intent",
+        "seq": r["seq"],
+    }
+    s.tool_calls += 1
+    s.tool_calls_this_run += 1
+
+
+def _decided(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    call = s.calls.get(d["call"])
+    if call is not None:
+        call["decision"] = d["decision"]
+        call["rule"] = d["rule"]
+        call["stage"] = "denied" if d["decision"] == "deny" else "decided"
+
+
+def _approval_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.approvals[d["call"]] = {
+        "call": d["call"],
+        "tool": d["tool"],
+        "args_sha256": d["args_sha256"],
+        "status": "pending",
+        "requested_at": r["ts"],
+        "seq": r["seq"],
+    }
+    call = s.calls.get(d["call"])
+    if call is not None:
+        call["stage"] = "approval"
+
+
+def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
+    approval.update(
+        status="granted",
+        args_sha256=d["args_sha256"],
+        by=d["by"],
+        expires_at=d["expires_at"],
+        answered_at=r["ts"],
+    )
+    call = s.calls.get(d["call"])
+    if call is not None:
+        call["stage"] = "approved"
+
+
+def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
+    approval.update(status="denied", by=d["by"], reason=d["reason"], answered_at=r["ts"])
+    call = s.calls.get(d["call"])
+    if call is not None:
+        call["stage"] = "denied"
+
+
+def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
+    """The call an event belongs to; a call whose intent predates the log (a log cut
+    by fork or import mid-call) is recorded from what this event says."""
+    call = s.calls.get(d["call"])
+    if call is None:
+        call = s.calls[d["call"]] = {
+            "call": d["call"],
+            "tool": d["tool"],
+            "args": {},
+            "risk": None,
+            "writes": [],
+            "stage": "intent",
+            "seq": None,
+        }
+    return call
+
+
+# The handlers below run for most events of a busy session, so a call keeps the
+# data of its started and finished events as they are (records are never
+# mutated) instead of copying their fields.
+
+
+def _tool_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    call = _call(s, d)
+    call["stage"] = "started"
+    call["started"] = d
+    call["started_seq"] = r["seq"]
+
+
+def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    call = _call(s, d)
+    call["stage"] = "finished"
+    call["finished"] = d
+    call["finished_seq"] = r["seq"]
+    if d["hashes"]:
+        s.file_hashes.update(d["hashes"])
+    if d["output"]:
+        s.artifacts_seen += 1
+    if d["diff"]:
+        s.artifacts_seen += 1
+
+
+def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    call, tool, text, seq = d["call"], d["tool"], d["text"], r["seq"]
+    s.calls.pop(call, None)
+    if s.approvals:
+        s.approvals.pop(call, None)
+    s.last_observation = {"seq": seq, "call": call, "tool": tool, "text": text}
+    s.transcript.append(
+        {
+            "seq": seq,
+            "role": "tool",
+            "kind": "observation",
+            "text": text,
+            "tool": tool,
+            "call": call,
+        }
+    )
+
+
+# --- context, verification, budget, bindings, repairs ------------------------------------
+
+
+def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    """Replace the transcript items of the range by the summary, where the range began.
+
+    An earlier summary inside the range goes too: the new summary covers it.
+    """
+    lo, hi = d["from_seq"], d["to_seq"]
+    summary = {
+        "seq": lo,
+        "role": "system",
+        "kind": "summary",
+        "text": f"Summary of earlier context (events {lo}-{hi}): {d['summary']}",
+        "range": [lo, hi],
+        "compacted_at": r["seq"],
+        "artifacts": [d["artifact"]] if d["artifact"] else [],
+    }
+    before = [t for t in s.transcript if t["seq"] < lo]
+    after = [t for t in s.transcript if t["seq"] > hi]
+    s.transcript = [*before, summary, *after]
+    s.compactions += 1
+    s.last_compaction = {"seq": r["seq"], "from_seq": lo, "to_seq": hi, "method": d["method"]}
+    _ref(s, d["artifact"])
+
+
+def _verification_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.last_verification = {"seq": r["seq"], "check": d["check"], "ok": None}
+
+
+def _verification_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.last_verification = {"seq": r["seq"], "check": d["check"], "ok": d["ok"]}
+    _ref(s, d["output"])
+    verdict = "passed" if d["ok"] else "failed"
+    _say(s, r, "tool", "verification", f"verification {d['check']!r} {verdict}")
+
+
+def _budget(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.budget_exhausted = {"seq": r["seq"], "ts": r["ts"], **d}
+
+
+def _binding(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.bound.update(d["hashes"])
+
+
+def _repaired(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    s.repairs.append({"seq": r["seq"], "ts": r["ts"], **d})
+
+
+HANDLERS: dict[str, Handler] = {
+    "session.created": _created,
+    "session.forked": _forked,
+    "session.merged": _merged,
+    "session.migrated": _migrated,
+    "session.imported": _imported,
+    "lifecycle.changed": _lifecycle,
+    "wake.requested": _wake,
+    "gate.evaluated": _gate,
+    "recovery.resolved": _recovery,
+    "run.started": _run_started,
+    "run.finished": _run_finished,
+    "message.received": _message,
+    "model.requested": _model_requested,
+    "model.responded": _model_responded,
+    "tool.intent": _intent,
+    "policy.decided": _decided,
+    "approval.requested": _approval_requested,
+    "approval.granted": _approval_granted,
+    "approval.denied": _approval_denied,
+    "tool.started": _tool_started,
+    "tool.finished": _tool_finished,
+    "observation.projected": _observed,
+    "context.compacted": _compacted,
+    "verification.started": _verification_started,
+    "verification.finished": _verification_finished,
+    "budget.exhausted": _budget,
+    "binding.observed": _binding,
+    "log.repaired": _repaired,
+}
+
+assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"
+
+
+# A plain dict: faster than the read-only mapping in the loop below.
+_VERSIONS: dict[str, int] = dict(CURRENT_VERSION)
+
+
+def apply(state: State, record: dict[str, Any]) -> State:
+    """Fold one record into ``state`` (in place) and return it."""
+    etype = record["type"]
+    if record["v"] != _VERSIONS.get(etype):
+        record = upcast(record)
+    HANDLERS[etype](state, record, record["data"])
+    state.seq = record["seq"]
+    state.last_id = record["id"]
+    state.last_ts = record["ts"]
+    return state
+
+
+def replay(records: Iterable[dict[str, Any]], state: State) -> State:
+    """Fold ``records`` into ``state``; the hot loop of start-up and ``sessionctl replay``."""
+    handlers = HANDLERS
+    current = _VERSIONS
+    record: dict[str, Any] | None = None
+    for record in records:
+        etype = record["type"]
+        if record["v"] == current.get(etype):
+            handlers[etype](state, record, record["data"])
+        else:
+            new = upcast(record)
+            handlers[etype](state, new, new["data"])
+    if record is not None:
+        state.seq = record["seq"]
+        state.last_id = record["id"]
+        state.last_ts = record["ts"]
+    return state
+
+
+def replay_all(session: str, records: Iterable[dict[str, Any]]) -> State:
+    return replay(records, State(session=session))

@@ -1,0 +1,172 @@
+"""The state of a session: what a fold of its events leaves behind.
+
+Plain data (dicts, lists, strings, numbers) so that it serialises to a snapshot
+with orjson as it is, and compares equal after a round trip. The fold that
+builds it is :mod:`sessiond.log.replay`.
+
+Tool calls move through stages, keyed by their call id; a call keeps the data of
+its ``tool.started`` and ``tool.finished`` events under ``started`` and
+``finished``::
+
+    intent -> decided -> [approval -> approved] -> started -> finished -> (observed: removed)
+                      \\-> denied                                        (denial observed: removed)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# Bump when the fold's meaning changes: snapshots of another version are ignored.
+REDUCER_VERSION = 4
+
+# The state must stay small however long a session lives, because start-up loads
+# it from a snapshot: history is in the log, the state keeps what continuing
+# needs. Hence the bounds below and the compaction of the transcript.
+MAILBOX_KEEP = 100
+RUN_DAYS_KEEP = 7
+
+PENDING_STAGES = frozenset({"intent", "decided", "approval", "approved"})
+
+
+@dataclass(slots=True)
+class State:
+    session: str
+    seq: int = 0
+    last_id: str | None = None
+    last_ts: str | None = None
+
+    # identity (from session.created, fork, import, migrate)
+    name: str = ""
+    goal: str = ""
+    description: str = ""
+    agent: str = ""
+    priority: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    profile: str = "default"
+    spec: dict[str, Any] = field(default_factory=dict)
+    spec_sha256: str | None = None
+    created_at: str | None = None
+    last_active: str | None = None
+
+    # lifecycle
+    state: str = "created"
+    reason: str = ""
+    outcome: str | None = None
+    until: str | None = None
+
+    # lineage
+    parent: str | None = None
+    fork_seq: int | None = None
+    children: list[str] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)
+    imported_from: str | None = None
+    migrated_to: str | None = None
+
+    # runs and budget use
+    runs: int = 0
+    # The highest run number given out, including a run cut off between its
+    # `running` and its run.started (its program may have run): never reused.
+    run_number: int = 0
+    turns: int = 0
+    current_run: dict[str, Any] | None = None
+    last_run: dict[str, Any] | None = None
+    failures_in_a_row: int = 0
+    runs_by_day: dict[str, int] = field(default_factory=dict)
+    seconds_used: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tool_calls: int = 0
+    tool_calls_this_run: int = 0
+    budget_exhausted: dict[str, Any] | None = None
+
+    # wakes and the gate
+    pending_wakes: list[dict[str, Any]] = field(default_factory=list)
+    last_wake: dict[str, Any] | None = None
+    last_gate: dict[str, Any] | None = None
+    last_recovery: dict[str, Any] | None = None
+
+    # tool calls and approvals
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+    approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_observation: dict[str, Any] | None = None
+    last_verification: dict[str, Any] | None = None
+    pending_model: dict[str, Any] | None = None
+
+    # the workspace: hashes of bound files and of files written by tools
+    bound: dict[str, str | None] = field(default_factory=dict)
+    file_hashes: dict[str, str | None] = field(default_factory=dict)
+
+    # evidence and context
+    artifacts_seen: int = 0
+    messages_received: int = 0
+    # seqs of messages received since the last run started (the last MAILBOX_KEEP);
+    # their text is in the transcript (and the log)
+    mailbox: list[int] = field(default_factory=list)
+    # What the messages view shows, in seq order, with compacted ranges already
+    # replaced by their summary (the log keeps the originals).
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    compactions: int = 0
+    last_compaction: dict[str, Any] | None = None
+    repairs: list[dict[str, Any]] = field(default_factory=list)
+
+    # --- derived views -------------------------------------------------------------
+
+    def pending_intents(self) -> dict[str, dict[str, Any]]:
+        """Calls recorded as intended whose tool has not started."""
+        return {k: c for k, c in self.calls.items() if c["stage"] in PENDING_STAGES}
+
+    def in_flight(self) -> dict[str, dict[str, Any]]:
+        """Calls started without a ``tool.finished``: the world may have changed."""
+        return {k: c for k, c in self.calls.items() if c["stage"] == "started"}
+
+    def unobserved(self) -> dict[str, dict[str, Any]]:
+        """Calls finished (or denied) whose observation is not recorded yet."""
+        return {k: c for k, c in self.calls.items() if c["stage"] in ("finished", "denied")}
+
+    def pending_approvals(self) -> dict[str, dict[str, Any]]:
+        return {k: a for k, a in self.approvals.items() if a["status"] == "pending"}
+
+    def live_artifacts(self) -> dict[str, dict[str, Any]]:
+        """Artifacts that continuing depends on: outputs of calls not yet observed,
+        the last run's output, the pending model context, and those attached to
+        what the messages view shows (merges, compaction summaries)."""
+        refs: dict[str, dict[str, Any]] = {}
+
+        def add(ref: dict[str, Any] | None) -> None:
+            if ref:
+                refs[ref["ref"]] = ref
+
+        for call in self.calls.values():
+            finished = call.get("finished")
+            if finished:
+                add(finished["output"])
+                add(finished["diff"])
+        if self.last_run:
+            add(self.last_run.get("stdout"))
+            add(self.last_run.get("stderr"))
+        if self.pending_model:
+            add(self.pending_model.get("context"))
+        for item in self.transcript:
+            for ref in item.get("artifacts", ()):
+                add(ref)
+        return refs
+
+    def at_stable_point(self) -> bool:
+        """No tool between intent and observation, no model call awaiting its answer."""
+        return not self.calls and self.pending_model is None
+
+    # --- snapshots -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        unknown = data.keys() - _FIELDS
+        if unknown:
+            raise ValueError(f"snapshot state has unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+_FIELDS = frozenset(f.name for f in fields(State))

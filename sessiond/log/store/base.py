@@ -1,0 +1,232 @@
+"""The storage interface: event logs, artifact stores and snapshots.
+
+Everything above this module talks to storage through these abstract classes,
+so that another backend (a shared PostgreSQL store holding the logs of several
+daemons is planned, DESIGN.md section 8) can be added without touching the
+rest. ``tests/test_store_contract.py`` is the contract every implementation
+must pass.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from sessiond.log.event_data import ArtifactRef, EventData
+
+Durability = Literal["fsync", "os"]
+Record = dict[str, Any]
+
+
+# Draft, LogPosition and Pending are NamedTuples rather than frozen dataclasses:
+# one of each is made per append, and a tuple is several times cheaper to build.
+
+
+class Draft(NamedTuple):
+    """An event to append: the log assigns ``seq``, ``id``, ``ts`` and ``session``."""
+
+    data: EventData
+    causation: str | None = None
+    correlation: str | None = None
+
+
+class LogPosition(NamedTuple):
+    """Where a reader stands: after event ``seq`` (whose id is ``last_id``).
+
+    ``offset`` is the backend's cursor for the place right after that event (a
+    byte offset for files). It is a hint: a backend verifies it against ``seq``
+    and ``last_id`` and raises :class:`PositionMismatch` when they disagree.
+    """
+
+    seq: int
+    offset: int
+    last_id: str | None
+
+
+START = LogPosition(seq=0, offset=0, last_id=None)
+
+
+class Pending(NamedTuple):
+    """Events written but possibly not yet durable; ``await log.sync(pending)`` makes them so."""
+
+    records: list[Record]
+    position: LogPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """What opening a log cut off its end (a torn last write)."""
+
+    dropped_bytes: int
+    at_offset: int
+    last_good_seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A folded state at a log position; an optimisation, never the only copy."""
+
+    reducer: int
+    session: str
+    position: LogPosition
+    state: dict[str, Any]
+
+
+class PositionMismatch(Exception):
+    """A snapshot's position does not match the log; the log wins."""
+
+
+class EventLog(abc.ABC):
+    """One session's append-only log, opened by its single writer.
+
+    Life of a log: open (takes the writer lock) → :meth:`recover` (reads to the
+    end, verifying every line, cutting a torn tail) → appends → :meth:`close`.
+    Appends before recovery ran to its end are refused.
+    """
+
+    session: str
+    durability: Durability
+
+    @property
+    @abc.abstractmethod
+    def position(self) -> LogPosition:
+        """After the last event written (durable or not)."""
+
+    @property
+    @abc.abstractmethod
+    def repair(self) -> Repair | None:
+        """What recovery cut off, if anything. The caller records it as ``log.repaired``."""
+
+    @abc.abstractmethod
+    def recover(self, after: LogPosition = START) -> Iterator[Record]:
+        """Yield every event after ``after``, verified, then make the log appendable.
+
+        Raises :class:`~sessiond.errors.LogCorrupt` at a bad line that is not the
+        last one, and :class:`PositionMismatch` when ``after`` does not match.
+        """
+
+    @abc.abstractmethod
+    def write_many(self, drafts: Sequence[Draft]) -> Pending:
+        """Assign seqs and write; durable only after :meth:`sync`.
+
+        Writes happen before this returns, in call order, so concurrent callers in
+        one event loop never interleave seqs.
+        """
+
+    @abc.abstractmethod
+    async def sync(self, pending: Pending) -> None:
+        """Return once ``pending`` is durable (group commit: one fsync for many writers)."""
+
+    async def append_many(self, drafts: Sequence[Draft]) -> list[Record]:
+        pending = self.write_many(drafts)
+        await self.sync(pending)
+        return pending.records
+
+    async def append(
+        self, data: EventData, *, causation: str | None = None, correlation: str | None = None
+    ) -> Record:
+        return (await self.append_many([Draft(data, causation, correlation)]))[0]
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Wait for pending syncs, release the writer lock."""
+
+
+class ArtifactStore(abc.ABC):
+    """A session's content-addressed evidence (sha256). Reads verify the hash."""
+
+    @abc.abstractmethod
+    def put(
+        self, data: bytes, name: str, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
+        """Store ``data`` durably (idempotent) and return its reference."""
+
+    @abc.abstractmethod
+    def get(self, ref: str) -> bytes:
+        """The content of ``ref``; raises ArtifactMissing, ArtifactCorrupt, BadArtifactRef."""
+
+    @abc.abstractmethod
+    def has(self, ref: str) -> bool:
+        """Whether ``ref`` is stored (without verifying its content)."""
+
+    @abc.abstractmethod
+    def digests(self) -> list[str]:
+        """Hex digests of every stored artifact."""
+
+
+class SnapshotStore(abc.ABC):
+    """A session's snapshots, newest wins; unreadable ones are skipped."""
+
+    @abc.abstractmethod
+    def save(self, snapshot: Snapshot) -> None:
+        """Store durably (write, sync, then publish) and prune old ones."""
+
+    @abc.abstractmethod
+    def latest(self, reducer: int) -> Snapshot | None:
+        """The newest readable snapshot written by reducer version ``reducer``."""
+
+    @abc.abstractmethod
+    def seqs(self) -> list[int]:
+        """Seqs of the snapshots present, ascending."""
+
+    @abc.abstractmethod
+    def load(self, seq: int) -> Snapshot | None:
+        """The snapshot at ``seq`` if present and readable."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Delete every snapshot (they are only an optimisation)."""
+
+
+class Store(abc.ABC):
+    """The sessions of one state dir."""
+
+    @abc.abstractmethod
+    def names(self) -> list[str]:
+        """Names of all sessions, sorted."""
+
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def create(
+        self,
+        name: str,
+        *,
+        spec: str | None = None,
+        lines: Iterable[bytes] = (),
+        artifacts: Iterable[bytes] = (),
+        durability: Durability = "fsync",
+    ) -> EventLog:
+        """Make a new session, all at once or not at all: an empty log, or one
+        starting with ``lines`` (framed events copied verbatim by fork and import)
+        and holding ``artifacts``. Raises AlreadyExists. The returned log is
+        recovered and appendable."""
+
+    @abc.abstractmethod
+    async def open_log(self, name: str, *, durability: Durability = "fsync") -> EventLog:
+        """Open a session's log for writing; raises NoSuchSession, LogLocked."""
+
+    @abc.abstractmethod
+    def read(self, name: str, *, since: int = 1, upto: int | None = None) -> Iterator[Record]:
+        """Read events without the writer lock (a live log is fine): stops quietly at
+        a torn or half-written end, raises LogCorrupt in the middle."""
+
+    @abc.abstractmethod
+    def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
+        """Like :meth:`read` from seq 1, with each event's exact line (newline included)."""
+
+    @abc.abstractmethod
+    def artifacts(self, name: str) -> ArtifactStore: ...
+
+    @abc.abstractmethod
+    def snapshots(self, name: str) -> SnapshotStore: ...
+
+    @abc.abstractmethod
+    def read_spec(self, name: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def write_spec(self, name: str, text: str) -> None: ...

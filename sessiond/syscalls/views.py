@@ -1,0 +1,159 @@
+"""What `show`, `gate` and `replay --view` print: projections of a session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from sessiond.describe import describe
+from sessiond.log.projections import messages, trace
+from sessiond.log.replay import replay_all
+from sessiond.log.state import State
+from sessiond.table.sessions import Session, next_wake
+
+VIEWS = ("state", "messages", "trace", "audit")
+
+AUDIT_TYPES = frozenset(
+    {
+        "lifecycle.changed",
+        "gate.evaluated",
+        "recovery.resolved",
+        "run.started",
+        "run.finished",
+        "model.requested",
+        "model.responded",
+        "tool.intent",
+        "policy.decided",
+        "approval.requested",
+        "approval.granted",
+        "approval.denied",
+        "tool.started",
+        "tool.finished",
+        "verification.finished",
+        "budget.exhausted",
+        "log.repaired",
+        "session.migrated",
+        "session.merged",
+        "session.forked",
+        "session.imported",
+    }
+)
+
+
+def detail(session: Session) -> dict[str, Any]:
+    """Everything `sessionctl show` prints about one session."""
+    spec = session.spec
+    base: dict[str, Any] = {
+        "name": session.name,
+        "goal": spec.goal if spec else "",
+        "description": spec.description if spec else "",
+        "agent": spec.agent if spec else "",
+        "priority": spec.priority if spec else 0,
+        "labels": dict(spec.labels) if spec else {},
+        "program": list(spec.run.exec) if spec and spec.run else None,
+        "kind": spec.run.kind if spec and spec.run else None,
+        "triggers": spec.trigger_summary() if spec else [],
+        "next_wake": (session.wake_fn or next_wake)(session),
+        "pid": session.run.pid if session.run else None,
+    }
+    if session.journal is None:
+        return {**base, "state": "blocked", "reason": session.broken, "seq": None}
+    s = session.journal.state
+    return {
+        **base,
+        "goal": base["goal"] or s.goal,
+        "agent": base["agent"] or s.agent,
+        "state": session.state,
+        "reason": session.held or s.reason,
+        "held": session.held is not None,  # blocked in memory, not yet recorded (full disk)
+        "outcome": s.outcome,
+        "until": s.until,
+        "seq": s.seq,
+        "created_at": s.created_at,
+        "last_active": s.last_active,
+        "runs": s.runs,
+        "turns": s.turns,
+        "profile": s.profile,
+        "current_run": s.current_run,
+        "last_run": s.last_run,
+        "pending_wakes": len(s.pending_wakes),
+        "last_wake": s.last_wake,
+        "last_gate": s.last_gate,
+        "pending_approvals": list(s.pending_approvals().values()),
+        "tools_in_flight": list(s.in_flight().values()),
+        "last_observation": s.last_observation,
+        "budget_used": {
+            "runs_today": s.runs_by_day.get((s.last_ts or "")[:10], 0),
+            "seconds": s.seconds_used,
+            "tokens": s.tokens_in + s.tokens_out,
+            "tool_calls_this_run": s.tool_calls_this_run,
+        },
+        "budget_exhausted": s.budget_exhausted,
+        "parent": s.parent,
+        "fork_seq": s.fork_seq,
+        "children": list(s.children),
+        "merged": list(s.merged),
+        "imported_from": s.imported_from,
+        "migrated_to": s.migrated_to,
+        "mailbox": len(s.mailbox),
+        "compactions": s.compactions,
+        "repairs": len(s.repairs),
+    }
+
+
+def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]:
+    """The resume gate evaluated now, as a dry run: each check, the outcome, the
+    recovery options. Records nothing."""
+    from sessiond.runs.flow import workspace_hasher
+    from sessiond.table.gate import evaluate
+
+    if session.journal is None:
+        check = {"name": "log intact", "ok": False, "detail": session.broken or ""}
+        return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],
+                "options": [], "dry_run": True}  # fmt: skip
+    verdict = evaluate(
+        session.journal.state,
+        session.spec,
+        now=now,
+        hash_file=workspace_hasher(session.spec),
+        has_artifact=has_artifact,
+    )
+    return {
+        "session": session.name,
+        "ok": verdict.ok,
+        "outcome": verdict.outcome,
+        "checks": [c.as_dict() for c in verdict.checks],
+        "options": list(verdict.options),
+        "actions": verdict.actions,
+        "dry_run": True,
+    }
+
+
+def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
+    """Rebuild from events and show one view; runs nothing."""
+    if view not in VIEWS:
+        from sessiond.errors import InvalidInput
+
+        raise InvalidInput(f"no view {view!r}; the views are {', '.join(VIEWS)}")
+    records = list(records)
+    if view == "trace":
+        return trace(records)
+    if view == "audit":
+        return [
+            line
+            for r, line in zip(records, trace(records), strict=True)
+            if r["type"] in AUDIT_TYPES
+        ]
+    state = replay_all(name, records)
+    if view == "messages":
+        return messages(state)
+    return _state_dict(state)
+
+
+def _state_dict(state: State) -> Any:
+    return orjson.loads(orjson.dumps(state))
+
+
+__all__ = ["VIEWS", "describe", "detail", "gate_report", "replay_view"]

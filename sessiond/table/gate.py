@@ -1,0 +1,210 @@
+"""The resume gate (DESIGN.md section 5): may this session continue, and how?
+
+Every continuation passes it — a wake, ``activate``, an approval answer, the
+daemon's own restart. It is a pure function of the replayed state, the spec and
+policy in force *now*, the workspace as it is now and the clock; it runs
+nothing. The daemon records the result as ``gate.evaluated`` and applies the
+verdict: ``ok`` runs, ``suspended`` (budget) waits for the budget to renew,
+``blocked`` waits for a person (``resolve --rerun | --discard | --accept``,
+``approve``, ``deny``).
+
+Where the last run stopped decides what is safe:
+
+=====================  =====================================================
+last event of a call   on resume
+=====================  =====================================================
+tool.intent            decide the policy again (it may have changed)
+policy allow/approved  approval still valid under the policy now? then run
+approval.requested     blocked until someone answers
+tool.started           replay-from-event and rerun-after-check: rerun when the
+                       written paths still have their before-hashes;
+                       require-user-confirmation, never-rerun or idempotency
+                       unsafe: blocked
+tool.finished          rebuild the observation from the finished event
+observation.projected  a stable point: nothing to do
+=====================  =====================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessiond.log.state import State
+from sessiond.table.policy import decide
+from sessiond.table.spec import SessionSpec
+
+# What the daemon does for a call before continuing (see Verdict.actions).
+CLOSE_INTERRUPTED = "close-interrupted"  # started, safe to run again: record it cut off
+REBUILD_OBSERVATION = "rebuild-observation"  # finished or denied: record the observation
+DROP_UNSTARTED = "drop-unstarted"  # intent not started: the program decides again
+KEEP_APPROVED = "keep-approved"  # approved, not started: the same intent runs without asking
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    checks: tuple[Check, ...]
+    outcome: str  # ok | blocked | suspended
+    options: tuple[str, ...] = ()
+    actions: dict[str, str] = field(default_factory=dict)  # call -> action
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def failing(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.ok)
+
+
+HashFile = Callable[[str], "str | None"]
+
+
+def evaluate(
+    state: State,
+    spec: SessionSpec | None,
+    *,
+    now: str,
+    hash_file: HashFile,
+    has_artifact: Callable[[str], bool],
+    cause_paths: frozenset[str] = frozenset(),
+    log_error: str | None = None,
+) -> Verdict:
+    """Judge whether ``state`` may continue. ``now`` is RFC 3339 UTC; ``hash_file``
+    hashes a workspace-relative path (None: absent); ``cause_paths`` are paths whose
+    change is exactly what woke the session (they are not held against it)."""
+    if log_error is not None:
+        return Verdict((Check("log intact", False, log_error),), "blocked")
+    checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
+    actions: dict[str, str] = {}
+    call_problems = _calls(state, spec, now, hash_file, actions)
+    checks.append(
+        Check("tool calls", not call_problems, "; ".join(call_problems) or _calls_summary(actions))
+    )
+    changed = _workspace(state, hash_file, cause_paths)
+    checks.append(
+        Check(
+            "workspace unchanged",
+            not changed,
+            ("changed since recorded: " + ", ".join(changed))
+            if changed
+            else f"{len(state.bound) + len(state.file_hashes)} path(s) match",
+        )
+    )
+    missing = sorted(ref for ref in state.live_artifacts() if not has_artifact(ref))
+    checks.append(
+        Check(
+            "artifacts present",
+            not missing,
+            ("missing: " + ", ".join(missing)) if missing else "every needed artifact is there",
+        )
+    )
+    budget = _budget(state, spec, now)
+    checks.append(Check("budget left", budget is None, budget or "within budget"))
+    if all(c.ok for c in checks):
+        return Verdict(tuple(checks), "ok", actions=actions)
+    if budget is not None and all(c.ok for c in checks if c.name != "budget left"):
+        return Verdict(tuple(checks), "suspended", actions=actions)
+    return Verdict(tuple(checks), "blocked", ("rerun", "discard", "accept"), actions)
+
+
+def _calls(
+    state: State,
+    spec: SessionSpec | None,
+    now: str,
+    hash_file: HashFile,
+    actions: dict[str, str],
+) -> list[str]:
+    problems: list[str] = []
+    policy = spec.policy if spec is not None else None
+    for call_id, call in sorted(state.calls.items()):
+        stage = call["stage"]
+        tool = call["tool"]
+        risk = call.get("risk") or {}
+        label = f"{tool} [{call_id}]"
+        if stage == "intent":
+            actions[call_id] = DROP_UNSTARTED
+        elif stage in ("decided", "approved"):
+            if (
+                policy is not None
+                and decide(policy, tool, risk.get("side_effect", "")).decision == "deny"
+            ):
+                problems.append(f"{label} is denied by the policy in force now")
+                continue
+            if stage == "approved":
+                approval = state.approvals.get(call_id, {})
+                expires = approval.get("expires_at")
+                if expires is not None and expires <= now:
+                    problems.append(f"the approval of {label} expired at {expires}")
+                    continue
+                actions[call_id] = KEEP_APPROVED
+            else:
+                actions[call_id] = DROP_UNSTARTED
+        elif stage == "approval":
+            problems.append(f"{label} waits for approval (sessionctl approve / deny)")
+        elif stage == "started":
+            problem = _started(call, hash_file)
+            if problem is None:
+                actions[call_id] = CLOSE_INTERRUPTED
+            else:
+                problems.append(f"{label} {problem}")
+        elif stage in ("finished", "denied"):
+            actions[call_id] = REBUILD_OBSERVATION
+    return problems
+
+
+def _started(call: dict[str, Any], hash_file: HashFile) -> str | None:
+    """Why a started, unfinished call must not be run again (None: it may)."""
+    risk = call.get("risk") or {}
+    resume = risk.get("resume", "rerun-after-check")
+    if risk.get("idempotency") == "unsafe":
+        return "started and did not finish, and it is not idempotent: a person must decide"
+    if resume in ("require-user-confirmation", "never-rerun"):
+        return f"started and did not finish, and its resume rule is {resume}"
+    before = (call.get("started") or {}).get("hashes", {})
+    changed = [p for p, digest in sorted(before.items()) if hash_file(p) != digest]
+    if changed:
+        return "started and did not finish, and it changed " + ", ".join(changed)
+    return None
+
+
+def _calls_summary(actions: dict[str, str]) -> str:
+    if not actions:
+        return "no tool between intent and observation"
+    return ", ".join(f"{call}: {action}" for call, action in sorted(actions.items()))
+
+
+def _workspace(state: State, hash_file: HashFile, cause_paths: frozenset[str]) -> list[str]:
+    changed = []
+    for path, recorded in sorted({**state.file_hashes, **state.bound}.items()):
+        if path in cause_paths:
+            continue
+        if hash_file(path) != recorded:
+            changed.append(path)
+    return changed
+
+
+def _budget(state: State, spec: SessionSpec | None, now: str) -> str | None:
+    if spec is None:
+        return None
+    budget = spec.budget
+    today = now[:10]
+    runs_today = state.runs_by_day.get(today, 0)
+    if budget.runs_per_day and runs_today >= budget.runs_per_day:
+        return (
+            f"runs_per_day: {runs_today} of {budget.runs_per_day} used today (renews at 00:00 UTC)"
+        )
+    tokens = state.tokens_in + state.tokens_out
+    if budget.tokens and tokens >= budget.tokens:
+        return f"tokens: {tokens} of {budget.tokens} used"
+    return None

@@ -1,0 +1,279 @@
+"""The process table: every session the daemon knows, with its journal and spec.
+
+Loading rebuilds the table from the logs (latest snapshot + tail). A session
+whose log cannot be opened (corruption in the middle) stays in the table as
+blocked with the reason, so an operator sees it; nothing is appended to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from sessiond.config import DaemonConfig
+from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError, StorageError
+from sessiond.log.event_data import EventData
+from sessiond.log.journal import Journal
+from sessiond.log.store.base import Draft, Record
+from sessiond.log.store.durable import read_regular, write_all
+from sessiond.log.store.files import SPEC_LIMIT, FileStore
+from sessiond.names import check_name
+from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
+
+log = structlog.get_logger(__name__)
+
+SPEC_CACHE = "spec.cache.json"
+
+
+class Stoppable(Protocol):
+    """What the table needs of a running program (sessiond.runs.runner.Program is
+    one). A protocol, so that the table does not import the floor above it."""
+
+    async def stop(self, reason: str) -> None: ...
+
+
+@dataclass
+class Run:
+    """A session program the daemon started (see sessiond.runs.runner)."""
+
+    run_id: str
+    pid: int
+    started: float
+    program: Stoppable
+    task: asyncio.Task[None] | None = None
+    stop_requested: str | None = None  # why the daemon asked it to stop
+
+
+@dataclass
+class Session:
+    name: str
+    journal: Journal | None
+    spec: SessionSpec | None = None
+    spec_text: str | None = None
+    broken: str | None = None  # why the log cannot be used
+    # Why the session is blocked in memory only: its log refused the write that
+    # would have recorded the block (a full disk). Nothing else is appended until
+    # the daemon has recorded it (see Runs._record_hold).
+    held: str | None = None
+    run: Run | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
+
+    @property
+    def j(self) -> Journal:
+        """The journal, or a refusal naming why there is none."""
+        if self.journal is None:
+            raise Refused(
+                f"session {self.name!r} cannot be changed: {self.broken}; run 'sessiond fsck' "
+                "and restore its log from a backup"
+            )
+        return self.journal
+
+    @property
+    def state(self) -> str:
+        if self.journal is None or self.held is not None:
+            return "blocked"
+        return self.journal.state.state
+
+
+Listener = Callable[[str, Record], None]
+
+
+class Table:
+    def __init__(self, config: DaemonConfig, store: FileStore) -> None:
+        self.config = config
+        self.store = store
+        self.sessions: dict[str, Session] = {}
+        self._listeners: list[Listener] = []
+        self.started = time.time()
+        # set by the daemon to its triggers' view (next fire times); else the spec's
+        self.next_wake_fn: Callable[[Session], str | None] = next_wake
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(self.sessions.values())
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def get(self, name: str) -> Session:
+        check_name(name)
+        try:
+            return self.sessions[name]
+        except KeyError:
+            raise NoSuchSession(
+                f"no session {name!r}; 'sessionctl ps' lists the sessions there are"
+            ) from None
+
+    # --- events ---------------------------------------------------------------------
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(session, record)`` for every event appended; returns an unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def append(
+        self,
+        session: Session,
+        data: EventData,
+        *,
+        causation: str | None = None,
+        correlation: str | None = None,
+        durable: bool = True,
+    ) -> Record:
+        drafts = [Draft(data, causation, correlation)]
+        return (await self.append_many(session, drafts, durable=durable))[0]
+
+    async def append_many(
+        self, session: Session, drafts: list[Draft], *, durable: bool = True
+    ) -> list[Record]:
+        if session.held is not None:
+            raise Refused(
+                f"session {session.name!r} is blocked: {session.held}; the daemon records "
+                "the block as soon as the log takes writes again, then it can be resolved"
+            )
+        return await session.j.append_many(drafts, durable=durable)
+
+    def _broadcast(self, name: str, record: Record) -> None:
+        for listener in list(self._listeners):
+            listener(name, record)
+
+    def adopt(self, session: Session) -> Session:
+        """Put a session in the table; its journal's appends reach the listeners."""
+        if session.journal is not None:
+            name = session.name
+            session.journal.listeners.append(lambda record: self._broadcast(name, record))
+        session.wake_fn = self.next_wake_fn
+        self.sessions[session.name] = session
+        return session
+
+    # --- loading --------------------------------------------------------------------
+
+    async def open_session(self, name: str) -> Session:
+        try:
+            spec_text = self.store.read_spec(name)
+        except SessiondError as exc:  # a planted symlink, a folder that is not one
+            # Refused like a corrupt log (listed as blocked with the reason), so one
+            # bad session never stops the daemon from serving the others.
+            log.error("session.unusable", session=name, error=str(exc))
+            return Session(name, None, broken=str(exc))
+        spec = None
+        if spec_text is not None:
+            try:
+                spec = self._parse_stored_spec(name, spec_text)
+            except BadSpec as exc:
+                log.error("spec.unreadable", session=name, error=str(exc))
+        try:
+            journal = await Journal.open(
+                self.store,
+                name,
+                durability=self.config.durability,
+                snapshot_every=self.config.snapshot_every,
+            )
+        except LogCorrupt as exc:
+            log.error("log.corrupt", session=name, line=exc.line, error=str(exc))
+            return Session(name, None, spec, spec_text, broken=f"corrupt log: {exc}")
+        except SessiondError as exc:
+            log.error("log.unusable", session=name, error=str(exc))
+            return Session(name, None, spec, spec_text, broken=str(exc))
+        return Session(name, journal, spec, spec_text)
+
+    def _parse_stored_spec(self, name: str, text: str) -> SessionSpec:
+        """A session's stored spec, through a cache beside it (``spec.cache.json``):
+        parsing TOML and validating costs more than loading the session's snapshot,
+        and start-up does it for every session. The cache is keyed by the spec's
+        hash, so an edited spec.toml is always parsed again."""
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        cache = self.store.sessions_dir / name / SPEC_CACHE
+        try:
+            # not through a symlink planted in its place: that could feed another spec
+            raw = read_regular(cache, limit=4 * SPEC_LIMIT)
+            if raw[:64].decode() == digest:
+                return SessionSpec.model_validate_json(raw[65:])
+        except (OSError, StorageError, UnicodeDecodeError, ValueError):
+            pass
+        spec = parse_spec(text, base=Path("/"), source=f"{name}/spec.toml")
+        # A cache needs no fsync: a torn one fails validation and is rebuilt.
+        with contextlib.suppress(OSError):
+            tmp = cache.with_name(f".{SPEC_CACHE}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                write_all(fd, digest.encode() + b"\n" + spec.model_dump_json().encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, cache)
+        return spec
+
+    async def load(self) -> None:
+        for name in self.store.names():
+            self.adopt(await self.open_session(name))
+
+    async def close(self) -> None:
+        """Snapshot every session that moved since its last snapshot (so the next
+        start-up replays nothing), then close every log."""
+        journals = [s.journal for s in self.sessions.values() if s.journal is not None]
+        snapshots = [snap for j in journals if (snap := await j.take_snapshot()) is not None]
+        await asyncio.get_running_loop().run_in_executor(None, self.store.save_snapshots, snapshots)
+        for journal in journals:
+            await journal.close()
+
+
+def file_hash(path: Path) -> str | None:
+    """sha256 of a file's content, or None when it does not exist (or is not a file)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def summary(
+    session: Session, wake_fn: Callable[[Session], str | None] | None = None
+) -> dict[str, Any]:
+    """A `ps` row."""
+    wake_fn = wake_fn or next_wake
+    spec = session.spec
+    if session.journal is None:
+        return {
+            "name": session.name,
+            "state": "blocked",
+            "reason": session.broken,
+            "agent": spec.agent if spec else "",
+            "priority": spec.priority if spec else 0,
+            "runs": 0,
+            "last_active": None,
+            "next_wake": None,
+            "pid": None,
+            "parent": None,
+            "outcome": None,
+        }
+    s = session.journal.state
+    return {
+        "name": session.name,
+        "state": session.state,
+        "reason": session.held or s.reason,
+        "agent": spec.agent if spec else s.agent,
+        "priority": spec.priority if spec else s.priority,
+        "runs": s.runs,
+        "last_active": s.last_active or s.created_at,
+        "next_wake": wake_fn(session),
+        "pid": session.run.pid if session.run else None,
+        "parent": s.parent,
+        "outcome": s.outcome,
+    }
+
+
+def next_wake(session: Session) -> str | None:
+    """What will wake the session next, as people read it."""
+    spec = session.spec
+    if spec is None or not spec.has_triggers or session.state == "terminated":
+        return None
+    return "on " + "; ".join(spec.trigger_summary())

@@ -1,0 +1,407 @@
+"""Session specs: one TOML file a session (DESIGN.md section 7).
+
+Every key is documented in ``docs/spec.md``; unknown keys are refused, and every
+refusal names the file, the key and what is allowed.
+
+Paths: ``run.cwd`` (the workspace), a git trigger's ``repo`` and relative
+``compact.exec``/``run.exec`` programs are taken from the spec file's folder.
+Paths *inside* the workspace — ``run.writes``, ``bind.files``, a watch
+trigger's ``paths``/``exclude`` and a git trigger's ``paths`` — are relative to
+the workspace and may not leave it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import zoneinfo
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sessiond.durations import Duration
+from sessiond.errors import InvalidInput
+from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
+from sessiond.names import NAME_RE
+
+MAX_SPEC_BYTES = 1 << 20
+
+
+class BadSpec(InvalidInput):
+    """A session spec is not valid TOML or breaks a rule; the message names the key."""
+
+    code = "bad_spec"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _inside(value: str, key: str) -> str:
+    """A workspace-relative path or glob that stays inside the workspace."""
+    path = PurePosixPath(value)
+    if not value or path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"{value!r} must be a path inside the workspace: relative, without '..' "
+            f"({key} paths are taken from run.cwd)"
+        )
+    return value
+
+
+class RunSpec(_Strict):
+    kind: Literal["command", "sdk"] = "command"
+    exec: list[str] = Field(min_length=1)
+    cwd: str = "."
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: Duration = 600.0
+    profile: str = "default"
+    side_effect: SideEffect = "workspace-write"
+    idempotency: Idempotency = "conditional"
+    resume: ResumeRule = "rerun-after-check"
+    writes: list[str] = Field(default_factory=list)
+    retries: int = Field(default=3, ge=0, le=100)
+
+    @field_validator("env")
+    @classmethod
+    def _no_reserved_env(cls, env: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in env if k.startswith("SESSIOND_"))
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)}: SESSIOND_* variables are set by the daemon for the "
+                "program; use another name"
+            )
+        return env
+
+    @field_validator("writes")
+    @classmethod
+    def _writes_inside(cls, writes: list[str]) -> list[str]:
+        return [_inside(w, "run.writes") for w in writes]
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive_timeout(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("the timeout must be more than 0 seconds")
+        return value
+
+
+class BudgetSpec(_Strict):
+    """Limits per session; 0 means no limit."""
+
+    runs_per_day: int = Field(default=0, ge=0)
+    seconds_per_run: int = Field(default=0, ge=0)
+    tokens: int = Field(default=0, ge=0)
+    tool_calls_per_run: int = Field(default=0, ge=0)
+
+
+class BindSpec(_Strict):
+    files: list[str] = Field(default_factory=list)
+
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: list[str]) -> list[str]:
+        return [_inside(f, "bind.files") for f in files]
+
+
+class PolicySpec(_Strict):
+    allow: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    approval_ttl: Duration = 3600.0
+
+
+class LimitsSpec(_Strict):
+    burst: int = Field(default=20, ge=1)
+    interval: Duration = 10.0
+    cool_down: Duration = 60.0
+
+
+class CompactSpec(_Strict):
+    exec: list[str] = Field(min_length=1)
+
+
+class CronTriggerSpec(_Strict):
+    type: Literal["cron"]
+    schedule: str
+    timezone: str = "UTC"
+    jitter: Duration = 0.0
+    catch_up: Literal["once", "none"] = "once"
+
+    @model_validator(mode="after")
+    def _valid_schedule(self) -> CronTriggerSpec:
+        try:
+            tz = zoneinfo.ZoneInfo(self.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(
+                f"timezone {self.timezone!r} is not an IANA time zone name "
+                "(e.g. 'UTC', 'Europe/Paris')"
+            ) from exc
+        from apscheduler.triggers.cron import CronTrigger  # heavy: only when a cron is used
+
+        try:
+            CronTrigger.from_crontab(self.schedule, timezone=tz)
+        except ValueError as exc:
+            raise ValueError(
+                f"schedule {self.schedule!r} is not a five-field cron expression "
+                f"(minute hour day month weekday): {exc}"
+            ) from exc
+        return self
+
+
+class EveryTriggerSpec(_Strict):
+    type: Literal["every"]
+    interval: Duration
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("an 'every' interval must be at least 1s")
+        return value
+
+
+class WatchTriggerSpec(_Strict):
+    type: Literal["watch"]
+    paths: list[str] = Field(min_length=1)
+    exclude: list[str] = Field(default_factory=list)
+    debounce: Duration = 0.2
+
+    @field_validator("paths", "exclude")
+    @classmethod
+    def _globs_inside(cls, globs: list[str]) -> list[str]:
+        return [_inside(g, "watch") for g in globs]
+
+
+class GitTriggerSpec(_Strict):
+    type: Literal["git"]
+    repo: str = "."
+    ref: str | None = None
+    paths: list[str] = Field(default_factory=lambda: ["**"])
+
+    @field_validator("paths")
+    @classmethod
+    def _globs_inside(cls, globs: list[str]) -> list[str]:
+        return [_inside(g, "git") for g in globs]
+
+
+class MessageTriggerSpec(_Strict):
+    type: Literal["message"]
+
+
+TriggerSpec = Annotated[
+    CronTriggerSpec | EveryTriggerSpec | WatchTriggerSpec | GitTriggerSpec | MessageTriggerSpec,
+    Field(discriminator="type"),
+]
+
+
+class SessionSpec(_Strict):
+    name: str
+    goal: str = ""
+    description: str = ""
+    agent: str = ""
+    priority: int = Field(default=0, ge=0, le=100)
+    labels: dict[str, str] = Field(default_factory=dict)
+    redact: list[str] = Field(default_factory=list)
+    run: RunSpec | None = None
+    # factories, not shared instances: pydantic would deep-copy a model default
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    bind: BindSpec = Field(default_factory=BindSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    compact: CompactSpec | None = None
+    trigger: list[TriggerSpec] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME_RE.fullmatch(name):
+            raise ValueError(
+                "use 1 to 64 characters from a-z, 0-9, '.', '_' and '-', starting with a "
+                "letter or digit"
+            )
+        return name
+
+    @field_validator("redact")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"{p!r} is not a regular expression: {exc}") from exc
+        return patterns
+
+    @property
+    def has_triggers(self) -> bool:
+        """Armed from creation: triggers, or bound files (the dependency trigger)."""
+        return bool(self.trigger) or bool(self.bind.files)
+
+    @property
+    def workspace(self) -> Path:
+        return Path(self.run.cwd) if self.run else Path(".")
+
+    def trigger_summary(self) -> list[str]:
+        out = []
+        for t in self.trigger:
+            if isinstance(t, CronTriggerSpec):
+                out.append(f"cron {t.schedule} {t.timezone}")
+            elif isinstance(t, EveryTriggerSpec):
+                out.append(f"every {t.interval:g}s")
+            elif isinstance(t, WatchTriggerSpec):
+                out.append(f"watch {' '.join(t.paths)}")
+            elif isinstance(t, GitTriggerSpec):
+                out.append(f"git {t.ref or 'HEAD'} {' '.join(t.paths)}")
+            else:
+                out.append("message")
+        if self.bind.files:
+            out.append(f"dependency {' '.join(self.bind.files)}")
+        return out
+
+
+def _absolute(base: Path, path: object) -> object:
+    """``path`` made absolute from ``base``; anything that is not a usable path is
+    returned as it came, for validation to refuse with its name."""
+    if not isinstance(path, str):
+        return path
+    try:
+        return str((base / path).resolve())
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name too long
+        return path
+
+
+def _resolve(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Make the spec's folder-relative paths absolute, so the stored spec stands alone."""
+    data = dict(data)
+    run = data.get("run")
+    workspace = base.resolve()
+    if isinstance(run, dict):
+        run = dict(run)
+        run["cwd"] = _absolute(base, run.get("cwd", "."))
+        if isinstance(run["cwd"], str) and Path(run["cwd"]).is_absolute():
+            workspace = Path(run["cwd"])
+        data["run"] = run
+    triggers = data.get("trigger")
+    if isinstance(triggers, list):
+        resolved = []
+        for trig in triggers:
+            if isinstance(trig, dict) and trig.get("type") == "git":
+                resolved.append({**trig, "repo": _absolute(workspace, trig.get("repo", "."))})
+            else:
+                resolved.append(trig)
+        data["trigger"] = resolved
+    return data
+
+
+def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
+    """Parse and validate a spec; ``base`` is the folder relative paths start from."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise BadSpec(f"{source}: a spec is at most {MAX_SPEC_BYTES} bytes")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadSpec(f"{source}: not valid TOML: {exc}") from exc
+    if (where := _nul_at(data, "")) is not None:
+        raise BadSpec(
+            f"{source}: {where or 'a key'}: contains a NUL character, which no path, "
+            "command or name may hold; remove it"
+        )
+    try:
+        return SessionSpec.model_validate(_resolve(data, base))
+    except ValidationError as exc:
+        raise BadSpec(f"{source}: " + "; ".join(_explain(e) for e in exc.errors())) from exc
+
+
+def _nul_at(value: object, where: str) -> str | None:
+    """Where in the parsed spec a NUL character is (the OS cuts strings at it)."""
+    if isinstance(value, str):
+        return where if "\x00" in value else None
+    items: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if "\x00" in key:
+                return f"{where}.{key!r}".lstrip(".")
+            items.append((f"{where}.{key}".lstrip("."), inner))
+    elif isinstance(value, list):
+        items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
+    for inner_where, inner in items:
+        if (found := _nul_at(inner, inner_where)) is not None:
+            return found
+    return None
+
+
+def _explain(error: Any) -> str:
+    loc = ".".join(str(p) for p in error["loc"])
+    loc = re.sub(r"\.(\d+)\.(cron|every|watch|git|message)\b", r"[\1]", loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key; see docs/spec.md for the keys a spec may have"
+    if kind == "missing":
+        return f"{loc}: required key is missing"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    given = error.get("input")
+    if (
+        isinstance(given, str | int | float)
+        and len(repr(given)) < 80
+        and repr(given) not in message
+    ):
+        message += f" (got {given!r})"
+    return f"{loc}: {message}"
+
+
+def load_spec_file(path: Path) -> tuple[SessionSpec, str]:
+    """Read and parse a spec file; returns the spec and its text."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BadSpec(f"cannot read spec {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise BadSpec(f"{path}: a spec must be UTF-8 text") from exc
+    return parse_spec(text, base=path.parent, source=str(path)), text
+
+
+def spec_to_toml(spec: SessionSpec) -> str:
+    """The spec as TOML, paths resolved: what is stored as the session's spec.toml."""
+    data = spec.model_dump(mode="json", exclude_defaults=True)
+    data["name"] = spec.name
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for key, value in data.items():
+        if key == "trigger":
+            continue
+        if isinstance(value, dict) and key != "labels":
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, table in tables:
+        lines.append(f"\n[{key}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+    for trig in data.get("trigger", []):
+        lines.append("\n[[trigger]]")
+        full = {"type": trig["type"], **trig}
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in full.items())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = "".join(c if c >= " " else f"\\u{ord(c):04x}" for c in escaped)
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        )
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_value(key)
