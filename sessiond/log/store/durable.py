@@ -8,6 +8,7 @@ Everything in the state dir is owner-only: folders 0700, files 0600.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -102,3 +103,15 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def planted_error(path: Path, exc: OSError) -> StorageError:
+    """The error for a file of the state dir that O_NOFOLLOW would not open."""
+    if exc.errno == errno.ELOOP:
+        # A symlink planted in place of a log or spec could make the daemon read
+        # (and append to) a file anywhere: it is refused, never followed.
+        return StorageError(
+            f"{path} is a symbolic link; the state dir must hold real files only: "
+            "replace it with the file itself (or restore it from a backup)"
+        )
+    return StorageError(f"{path} cannot be opened: {exc.strerror or exc}")

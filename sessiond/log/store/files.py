@@ -8,523 +8,59 @@
       artifacts/<sha256 hex>       content-addressed evidence
       snapshots/state-<seq>.json   an optimisation; the log wins on disagreement
 
-Group commit: appends write their lines at once (in call order, in the event
-loop) and then wait for durability. One fsync runs at a time per log, in a
-worker thread of the store; every append written before it started is covered
-by it, and appends written while it ran share the next one.
+This module owns the folders: creating a session (durably, by rename), listing
+them, cleaning up what a crashed create left, reading logs and specs without
+opening a log for writing. Each file inside has its own module: the open log and
+its group commit (filelog.py), artifacts (fileartifacts.py), snapshots
+(filesnapshots.py). They are re-exported here, the one place callers import the
+file backend from.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
-import fcntl
-import hashlib
 import os
 import shutil
-import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import orjson
-
-from sessiond.codec import Clock, decode_line, frame, unframe
-from sessiond.errors import (
-    AlreadyExists,
-    ArtifactCorrupt,
-    ArtifactMissing,
-    BadArtifactRef,
-    LogCorrupt,
-    LogFailed,
-    LogLocked,
-    NoSuchSession,
-    StorageError,
-    StorageFull,
-)
-from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef, EventData, LogRepaired
-from sessiond.log.store.base import (
-    START,
-    ArtifactStore,
-    Draft,
-    Durability,
-    EventLog,
-    LogPosition,
-    Pending,
-    PositionMismatch,
-    Record,
-    Repair,
-    Snapshot,
-    SnapshotStore,
-    Store,
-)
+from sessiond.codec import Clock
+from sessiond.errors import AlreadyExists, LogCorrupt, NoSuchSession, StorageError
+from sessiond.log.store.base import START, Durability, Record, Snapshot, Store
 from sessiond.log.store.durable import (
     DIR_MODE,
     FILE_MODE,
     fsync_dir,
+    planted_error,
     private_dir,
     read_regular,
     real_dir,
     write_all,
     write_durable,
 )
-from sessiond.log.store.lines import RecordBuilder, ScanEnd, classify_tail, scan
+from sessiond.log.store.fileartifacts import FileArtifacts
+from sessiond.log.store.filelog import FileEventLog, IOHooks
+from sessiond.log.store.filesnapshots import SNAPSHOT_FORMAT, FileSnapshots
+from sessiond.log.store.lines import ScanEnd, classify_tail, scan
 from sessiond.names import check_name
+
+__all__ = [
+    "LOG_NAME",
+    "SNAPSHOT_FORMAT",
+    "SPEC_LIMIT",
+    "SPEC_NAME",
+    "FileArtifacts",
+    "FileEventLog",
+    "FileSnapshots",
+    "FileStore",
+    "IOHooks",
+]
 
 LOG_NAME = "events.jsonl"
 SPEC_NAME = "spec.toml"
-SNAPSHOT_FORMAT = "sessiond-snapshot"
 SPEC_LIMIT = 1 << 20
-
-
-@dataclass(frozen=True)
-class IOHooks:
-    """The system calls the log makes, replaceable by tests (fault injection, counting)."""
-
-    fsync: Callable[[int], None] = os.fsync
-    write: Callable[[int, bytes], None] = write_all
-    # Told (session, offset) each time a log is durable up to offset, before any
-    # append up to there is acknowledged (the power-cut simulation of the tests).
-    synced: Callable[[str, int], None] | None = None
-
-
-def _fsync_job(
-    fsync: Callable[[int], None],
-    fd: int,
-    loop: asyncio.AbstractEventLoop,
-    done: asyncio.Future[None],
-) -> None:
-    """Runs in a worker thread: one fsync, then one wake-up of the loop with its outcome.
-
-    (``loop.run_in_executor`` wakes the loop through a chain of two futures and
-    costs the loop about 1 µs more per append with 32 writers on one log.)"""
-    outcome: BaseException | None = None
-    try:
-        fsync(fd)
-    except BaseException as exc:  # the waiters get it, whatever it is
-        outcome = exc
-    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-        loop.call_soon_threadsafe(_settle, done, outcome)
-
-
-def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:
-    if done.done():  # the flusher was cancelled meanwhile
-        return
-    if outcome is None:
-        done.set_result(None)
-    else:
-        done.set_exception(outcome)
-
-
-@dataclass
-class FileEventLog(EventLog):
-    path: Path
-    session: str
-    durability: Durability
-    clock: Clock
-    hooks: IOHooks = field(default_factory=IOHooks)
-    sync_on_recover: bool = True
-    # Where fsyncs run; the store's own threads (open_log), the loop's default
-    # executor when None.
-    fsync_threads: Executor | None = None
-
-    def __post_init__(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NoSuchSession(
-                f"no session {self.session!r}: {self.path} does not exist"
-            ) from None
-        except OSError as exc:
-            raise _planted(self.path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LogLocked(
-                f"the log of session {self.session!r} ({self.path}) is open by another writer; "
-                "stop the daemon that holds it (one writer per log)"
-            ) from None
-        self._fd = fd
-        self._builder = RecordBuilder(self.session, self.clock)
-        self._pos = START
-        self._recovered = False
-        self._repair: Repair | None = None
-        self._failed: str | None = None
-        self._synced = 0
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._closing = False
-        self._flusher: asyncio.Task[None] | None = None
-
-    # --- reading ------------------------------------------------------------------
-
-    def _read(self, size: int, offset: int) -> bytes:
-        return os.pread(self._fd, size, offset)
-
-    @property
-    def position(self) -> LogPosition:
-        return self._pos
-
-    @property
-    def synced_offset(self) -> int:
-        """Bytes known durable (fsync mode). Used by the power-cut simulation in tests."""
-        return self._synced
-
-    @property
-    def repair(self) -> Repair | None:
-        return self._repair
-
-    def recover(self, after: LogPosition = START) -> Iterator[Record]:
-        if self._recovered:
-            raise RuntimeError("recover() runs once per open log")
-        if after.seq:
-            self._check_position(after)
-        end = ScanEnd(after)
-        yield from scan(self._read, after, end)
-        size = os.fstat(self._fd).st_size
-        bad = classify_tail(self._read, end, size)
-        if bad is not None:
-            self._failed = f"line {bad.line} is corrupt"
-            raise LogCorrupt(str(self.path), bad.line, bad.offset, bad.why)
-        self._pos = end.position
-        if end.tail_bytes:
-            # Cut the torn tail and record the cut in one durable step: a crash
-            # between the two must not lose the record of what was dropped.
-            self._repair = Repair(
-                dropped_bytes=end.tail_bytes,
-                at_offset=end.position.offset,
-                last_good_seq=end.position.seq,
-                reason=end.tail_reason,
-            )
-            os.ftruncate(self._fd, end.position.offset)
-            event = LogRepaired(
-                dropped_bytes=end.tail_bytes,
-                at_offset=end.position.offset,
-                last_good_seq=end.position.seq,
-                reason=end.tail_reason,
-            )
-            records, buf = self._builder.build(self._pos.seq, [Draft(event)])
-            self.hooks.write(self._fd, buf)
-            self.hooks.fsync(self._fd)
-            self._pos = LogPosition(
-                records[0]["seq"], self._pos.offset + len(buf), records[0]["id"]
-            )
-            yield records[0]
-        elif self.durability == "fsync" and self.sync_on_recover and self._pos.offset:
-            # What a crashed writer left in the page cache is durable from now on,
-            # before anyone acts on it. (The daemon syncs the whole file system
-            # once instead, and sets sync_on_recover False.)
-            try:
-                self.hooks.fsync(self._fd)
-            except OSError as exc:
-                self._failed = f"fsync failed: {exc}"
-                raise LogFailed(f"{self.path}: {self._failed}") from exc
-        self._synced = self._pos.offset
-        if self.hooks.synced is not None:
-            self.hooks.synced(self.session, self._synced)
-        self._recovered = True
-
-    def _check_position(self, after: LogPosition) -> None:
-        """Is the line that ends at ``after.offset`` event ``after.seq`` with ``after.last_id``?"""
-        size = os.fstat(self._fd).st_size
-        if not 0 < after.offset <= size:
-            raise PositionMismatch(f"offset {after.offset} is outside the log ({size} bytes)")
-        span = 1 << 12
-        while True:
-            start = max(0, after.offset - span)
-            tail = self._read(after.offset - start, start)
-            if not tail.endswith(b"\n"):
-                raise PositionMismatch("no line ends at the snapshot's offset")
-            cut = tail.rfind(b"\n", 0, len(tail) - 1)
-            if cut >= 0 or start == 0:
-                break
-            span *= 4
-        record = decode_line(tail[cut + 1 : -1])
-        if record is None or record.get("seq") != after.seq or record.get("id") != after.last_id:
-            raise PositionMismatch(f"the line before offset {after.offset} is not seq {after.seq}")
-
-    # --- writing ------------------------------------------------------------------
-
-    def write_many(self, drafts: Sequence[Draft]) -> Pending:
-        if not self._recovered:
-            raise RuntimeError("recover() the log before appending to it")
-        if self._closing:
-            raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
-        if self._failed is not None:
-            raise LogFailed(
-                f"the log of session {self.session!r} takes no appends: {self._failed}; "
-                "restart the daemon to re-read it from disk"
-            )
-        records, buf = self._builder.build(self._pos.seq, drafts)
-        if not records:
-            return Pending([], self._pos)
-        try:
-            self.hooks.write(self._fd, buf)
-        except OSError as exc:
-            self._undo_partial_write(exc)
-        last = records[-1]
-        self._pos = LogPosition(last["seq"], self._pos.offset + len(buf), last["id"])
-        return Pending(records, self._pos)
-
-    def _undo_partial_write(self, exc: OSError) -> None:
-        """Cut a partly written batch so the log stays a sequence of whole lines."""
-        try:
-            os.ftruncate(self._fd, self._pos.offset)
-        except OSError as cut_exc:
-            self._failed = f"a write failed ({exc}) and cutting it back failed ({cut_exc})"
-            raise LogFailed(f"{self.path}: {self._failed}") from exc
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StorageFull(
-                f"{self.path}: no space left on the device; nothing was written. Free space "
-                "in the state dir and try again"
-            ) from exc
-        self._failed = f"a write failed: {exc}"
-        raise LogFailed(f"{self.path}: {self._failed}") from exc
-
-    async def sync(self, pending: Pending) -> None:
-        waiter = self._waiter(pending.position.offset)
-        if waiter is not None:
-            await waiter
-
-    # append and append_many are the base class's, written out flat: one coroutine
-    # frame less per append is measurable when many writers share a log.
-
-    async def append_many(self, drafts: Sequence[Draft]) -> list[Record]:
-        pending = self.write_many(drafts)
-        waiter = self._waiter(pending.position.offset)
-        if waiter is not None:
-            await waiter
-        return pending.records
-
-    async def append(
-        self, data: EventData, *, causation: str | None = None, correlation: str | None = None
-    ) -> Record:
-        pending = self.write_many((Draft(data, causation, correlation),))
-        waiter = self._waiter(pending.position.offset)
-        if waiter is not None:
-            await waiter
-        return pending.records[0]
-
-    def _waiter(self, target: int) -> asyncio.Future[None] | None:
-        """A future done once the log is durable up to byte ``target`` (None: already is)."""
-        if self.durability == "os" or self._synced >= target:
-            return None
-        if self._failed is not None:
-            raise LogFailed(f"{self.path}: {self._failed}")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((target, done))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush_loop())
-        return done
-
-    async def _flush_loop(self) -> None:
-        """Group commit: one fsync covers every append written before it started;
-        appends written while it ran wait for the next one. Runs while anyone waits."""
-        loop = asyncio.get_running_loop()
-        try:
-            while self._waiters:
-                # Let every task that is ready run one step first: writers just
-                # acknowledged by the previous fsync write their next events now
-                # and join this fsync instead of the one after (no timer, no delay
-                # beyond the work already queued).
-                await asyncio.sleep(0)
-                target = self._pos.offset
-                try:
-                    if self.fsync_threads is None:
-                        await loop.run_in_executor(None, self.hooks.fsync, self._fd)
-                    else:
-                        done: asyncio.Future[None] = loop.create_future()
-                        self.fsync_threads.submit(
-                            _fsync_job, self.hooks.fsync, self._fd, loop, done
-                        )
-                        await done
-                except BaseException as exc:
-                    # fsyncgate: after a failed fsync the kernel may have dropped the
-                    # dirty pages, so a later fsync can succeed without the data.
-                    # Stop writing; a restart re-reads what is really on disk. Any
-                    # other failure (cancellation, a closed executor) is the same to
-                    # the waiters: not durable. Nobody is left waiting.
-                    self._failed = f"fsync failed: {exc!r}"
-                    error = LogFailed(f"{self.path}: {self._failed}")
-                    for _, waiter in self._waiters:
-                        if not waiter.done():
-                            waiter.set_exception(error)
-                    self._waiters.clear()
-                    if not isinstance(exc, Exception):
-                        raise
-                    return
-                self._synced = max(self._synced, target)
-                if self.hooks.synced is not None:
-                    self.hooks.synced(self.session, self._synced)
-                waiting = []
-                for entry in self._waiters:
-                    if entry[0] <= target:
-                        if not entry[1].done():
-                            entry[1].set_result(None)
-                    else:
-                        waiting.append(entry)
-                self._waiters = waiting
-        finally:
-            self._flusher = None
-
-    async def close(self) -> None:
-        """Refuse new appends, wait until every written append is durable, close."""
-        if self._fd < 0:
-            return
-        self._closing = True
-        while self._flusher is not None:
-            await asyncio.wait([self._flusher])
-        os.close(self._fd)
-        self._fd = -1
-
-
-def _planted(path: Path, exc: OSError) -> StorageError:
-    """The error for a file of the state dir that O_NOFOLLOW would not open."""
-    if exc.errno == errno.ELOOP:
-        # A symlink planted in place of a log or spec could make the daemon read
-        # (and append to) a file anywhere: it is refused, never followed.
-        return StorageError(
-            f"{path} is a symbolic link; the state dir must hold real files only: "
-            "replace it with the file itself (or restore it from a backup)"
-        )
-    return StorageError(f"{path} cannot be opened: {exc.strerror or exc}")
-
-
-class FileArtifacts(ArtifactStore):
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def _path(self, ref: str) -> Path:
-        if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
-            raise BadArtifactRef(
-                f"artifact reference {ref!r} is not valid: it must be 'sha256:' followed by "
-                "64 lowercase hex digits"
-            )
-        return real_dir(self.folder) / ref[7:]
-
-    def put(
-        self, data: bytes, name: str, media_type: str = "application/octet-stream"
-    ) -> ArtifactRef:
-        digest = hashlib.sha256(data).hexdigest()
-        path = real_dir(self.folder) / digest
-        try:
-            st = os.lstat(path)
-            present = stat.S_ISREG(st.st_mode) and st.st_size == len(data)
-        except FileNotFoundError:
-            present = False
-        if not present:
-            if path.is_symlink():
-                path.unlink()
-            write_durable(path, data)
-        return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)
-
-    def get(self, ref: str) -> bytes:
-        path = self._path(ref)
-        try:
-            data = read_regular(path)
-        except FileNotFoundError:
-            raise ArtifactMissing(f"artifact {ref} is missing from {self.folder}") from None
-        except OSError as exc:  # ELOOP: a symlink planted in place of an artifact
-            raise ArtifactCorrupt(f"artifact {ref} cannot be read safely: {exc}") from exc
-        except StorageError as exc:
-            raise ArtifactCorrupt(f"artifact {ref}: {exc}") from exc
-        if hashlib.sha256(data).hexdigest() != ref[7:]:
-            raise ArtifactCorrupt(
-                f"artifact {ref} in {self.folder} does not match its hash; restore it from a backup"
-            )
-        return data
-
-    def has(self, ref: str) -> bool:
-        try:
-            return stat.S_ISREG(os.lstat(self._path(ref)).st_mode)
-        except FileNotFoundError:
-            return False
-
-    def digests(self) -> list[str]:
-        try:
-            return sorted(n for n in os.listdir(real_dir(self.folder)) if SHA256_HEX.fullmatch(n))
-        except FileNotFoundError:
-            return []
-
-
-class FileSnapshots(SnapshotStore):
-    """``state-<seq>.json``: a framed header line and a framed state line."""
-
-    def __init__(self, folder: Path, keep: int = 2) -> None:
-        self.folder = folder
-        self.keep = keep
-
-    @staticmethod
-    def encode(snapshot: Snapshot) -> bytes:
-        header = {
-            "format": SNAPSHOT_FORMAT,
-            "reducer": snapshot.reducer,
-            "session": snapshot.session,
-            "seq": snapshot.position.seq,
-            "offset": snapshot.position.offset,
-            "last_id": snapshot.position.last_id,
-        }
-        return frame(orjson.dumps(header)) + frame(orjson.dumps(snapshot.state))
-
-    def path(self, seq: int) -> Path:
-        return self.folder / f"state-{seq}.json"
-
-    def save(self, snapshot: Snapshot) -> None:
-        write_durable(
-            real_dir(self.folder) / f"state-{snapshot.position.seq}.json", self.encode(snapshot)
-        )
-        self.prune()
-
-    def prune(self) -> None:
-        for old in self.seqs()[: -self.keep]:
-            (self.folder / f"state-{old}.json").unlink(missing_ok=True)
-
-    def seqs(self) -> list[int]:
-        try:
-            names = os.listdir(real_dir(self.folder))
-        except FileNotFoundError:
-            return []
-        found = []
-        for n in names:
-            if n.startswith("state-") and n.endswith(".json") and n[6:-5].isdigit():
-                found.append(int(n[6:-5]))
-        return sorted(found)
-
-    def load(self, seq: int) -> Snapshot | None:
-        try:
-            raw = read_regular(self.folder / f"state-{seq}.json")
-        except (OSError, StorageError):
-            return None
-        parts = raw.split(b"\n")
-        if len(parts) != 3 or parts[2]:
-            return None
-        bodies = [unframe(p) for p in parts[:2]]
-        if bodies[0] is None or bodies[1] is None:
-            return None
-        try:
-            header = orjson.loads(bodies[0])
-            state = orjson.loads(bodies[1])
-            if header.get("format") != SNAPSHOT_FORMAT or header["seq"] != seq:
-                return None
-            position = LogPosition(int(header["seq"]), int(header["offset"]), header["last_id"])
-            return Snapshot(int(header["reducer"]), str(header["session"]), position, state)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            return None
-
-    def latest(self, reducer: int) -> Snapshot | None:
-        for seq in reversed(self.seqs()):
-            snap = self.load(seq)
-            if snap is not None and snap.reducer == reducer:
-                return snap
-        return None
-
-    def clear(self) -> None:
-        for seq in self.seqs():
-            (self.folder / f"state-{seq}.json").unlink(missing_ok=True)
 
 
 class FileStore(Store):
@@ -682,7 +218,7 @@ class FileStore(Store):
         except FileNotFoundError:
             raise NoSuchSession(f"no session {name!r} in {self.sessions_dir}") from None
         except OSError as exc:
-            raise _planted(path, exc) from None
+            raise planted_error(path, exc) from None
 
         def read(size: int, offset: int) -> bytes:
             return os.pread(fd, size, offset)
@@ -711,7 +247,7 @@ class FileStore(Store):
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise _planted(path, exc) from None
+            raise planted_error(path, exc) from None
         except UnicodeDecodeError:
             raise StorageError(f"{path} is not UTF-8 text; restore it from a backup") from None
 

@@ -1,0 +1,77 @@
+"""A session's evidence as files: ``artifacts/<sha256 hex>``, content-addressed.
+
+Separate from the log because artifacts are written once and never appended to:
+each is a whole file made durable on its own (durable.py), named by its hash, and
+checked against that hash on every read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, StorageError
+from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
+from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.durable import read_regular, real_dir, write_durable
+
+
+class FileArtifacts(ArtifactStore):
+    """The ``artifacts`` folder of one session: put, get (hash-checked), has, digests."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _path(self, ref: str) -> Path:
+        if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
+            raise BadArtifactRef(
+                f"artifact reference {ref!r} is not valid: it must be 'sha256:' followed by "
+                "64 lowercase hex digits"
+            )
+        return real_dir(self.folder) / ref[7:]
+
+    def put(
+        self, data: bytes, name: str, media_type: str = "application/octet-stream"
+    ) -> ArtifactRef:
+        digest = hashlib.sha256(data).hexdigest()
+        path = real_dir(self.folder) / digest
+        try:
+            st = os.lstat(path)
+            present = stat.S_ISREG(st.st_mode) and st.st_size == len(data)
+        except FileNotFoundError:
+            present = False
+        if not present:
+            if path.is_symlink():
+                path.unlink()
+            write_durable(path, data)
+        return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)
+
+    def get(self, ref: str) -> bytes:
+        path = self._path(ref)
+        try:
+            data = read_regular(path)
+        except FileNotFoundError:
+            raise ArtifactMissing(f"artifact {ref} is missing from {self.folder}") from None
+        except OSError as exc:  # ELOOP: a symlink planted in place of an artifact
+            raise ArtifactCorrupt(f"artifact {ref} cannot be read safely: {exc}") from exc
+        except StorageError as exc:
+            raise ArtifactCorrupt(f"artifact {ref}: {exc}") from exc
+        if hashlib.sha256(data).hexdigest() != ref[7:]:
+            raise ArtifactCorrupt(
+                f"artifact {ref} in {self.folder} does not match its hash; restore it from a backup"
+            )
+        return data
+
+    def has(self, ref: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self._path(ref)).st_mode)
+        except FileNotFoundError:
+            return False
+
+    def digests(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(real_dir(self.folder)) if SHA256_HEX.fullmatch(n))
+        except FileNotFoundError:
+            return []
