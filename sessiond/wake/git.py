@@ -37,6 +37,11 @@ def _ref(trig: GitTriggerSpec) -> str:
     return head_ref(Path(trig.repo)) or "HEAD"
 
 
+def _key(repo: object, ref: object) -> str:
+    """What the seen commits and the cursor are keyed by: ``repo:ref``."""
+    return f"{repo}:{ref}"
+
+
 class GitTriggers:
     """Arms and checks a session's git triggers; a move that matters asks the host
     for a wake."""
@@ -92,10 +97,10 @@ class GitTriggers:
     def arm(self, armed: Armed, trig: GitTriggerSpec) -> None:
         s = armed.session
         ref = _ref(trig)
-        key = f"{trig.repo}:{ref}"
+        key = _key(trig.repo, ref)
         if key in armed.git_seen:
             return  # armed before: what this daemon has seen is newer than the log
-        last = last_wake(self.host, s, "git", lambda d: f"{d.get('repo')}:{d.get('ref')}" == key)
+        last = last_wake(self.host, s, "git", lambda d: _key(d.get("repo"), d.get("ref")) == key)
         cursor = self._read_cursor(s).get(key)
         if isinstance(cursor, dict) and (last is None or last["seq"] <= cursor.get("after_seq", 0)):
             armed.git_seen[key] = str(cursor.get("commit") or "")
@@ -119,7 +124,7 @@ class GitTriggers:
                     continue
                 repo = Path(trig.repo)
                 ref = _ref(trig)
-                key = f"{trig.repo}:{ref}"
+                key = _key(trig.repo, ref)
                 new = resolve(repo, ref)  # the ref's file: no process on the common path
                 old = armed.git_seen.get(key, "")
                 if not new or new == old:

@@ -1,4 +1,4 @@
-"""``watch`` and ``[bind]`` (dependency): one shared watcher over every armed workspace.
+"""``watch`` and ``[bind]`` (dependency): changed files wake the sessions that watch them.
 
 One watchfiles watcher over every armed workspace (and every git trigger's
 ``.git`` folder) routes each change to the sessions that watch it; each session
