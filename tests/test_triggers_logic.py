@@ -8,7 +8,9 @@ from typing import Any
 
 from sessiond.table.sessions import Session
 from sessiond.table.spec import parse_spec
-from sessiond.wake.triggers import Armed, Triggers, match
+from sessiond.wake.armed import Armed
+from sessiond.wake.globs import match
+from sessiond.wake.triggers import Triggers
 
 
 class FakeKernel:

@@ -1,0 +1,34 @@
+"""A session's live triggers: the state every trigger kind keeps per armed session.
+
+Separate so that the timers, the watcher and the git trigger can share it
+without importing one another or the coordinator (sessiond.wake.triggers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sessiond.table.sessions import Session
+
+
+@dataclass
+class Armed:
+    """A session's live triggers."""
+
+    session: Session
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    next_fires: dict[str, datetime] = field(default_factory=dict)  # trigger key -> next fire
+    pending_paths: set[str] = field(default_factory=set)
+    flush: asyncio.TimerHandle | None = None
+    # repo:ref -> last commit seen; shared by every arming of the session (see arm)
+    git_seen: dict[str, str] = field(default_factory=dict)
+    scan: dict[str, tuple[int, int]] = field(default_factory=dict)  # reconciliation baseline
+
+    def cancel(self) -> None:
+        """Stop its timers and a pending debounce flush (disarming)."""
+        for timer in self.timers:
+            timer.cancel()
+        if self.flush is not None:
+            self.flush.cancel()

@@ -1,0 +1,235 @@
+"""``watch`` and ``[bind]`` (dependency): changed files wake the sessions that watch them.
+
+One watchfiles watcher over every armed workspace (and every git trigger's
+``.git`` folder) routes each change to the sessions that watch it; each session
+debounces its own changes into one wake listing every changed path. A bound
+file wakes its session only when its content hash changed. A reconciliation
+scan catches what the kernel did not report (inotify overflow) and logs it.
+
+Separate from the timers and the git trigger because it owns the file system
+side: the watcher task, the routing of paths, the debounce and the scans. A
+change under a ``.git`` folder is handed to the git trigger (``check_git``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import watchfiles
+
+from sessiond.gitrefs import git_folder
+from sessiond.table.sessions import file_hash
+from sessiond.table.spec import GitTriggerSpec, SessionSpec, WatchTriggerSpec
+from sessiond.wake.armed import Armed
+from sessiond.wake.globs import match
+from sessiond.wake.host import WakeHost
+
+log = structlog.get_logger(__name__)
+
+RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
+
+
+def _watches_files(spec: SessionSpec) -> bool:
+    """Has it bound files or a watch trigger (its workspace is watched and scanned)?"""
+    return bool(spec.bind.files) or any(isinstance(t, WatchTriggerSpec) for t in spec.trigger)
+
+
+def _git_dirs(spec: SessionSpec) -> list[Path]:
+    """The ``.git`` folders of its git triggers."""
+    return [git_folder(Path(t.repo)) for t in spec.trigger if isinstance(t, GitTriggerSpec)]
+
+
+def _watch_matches(spec: SessionSpec, rel: str) -> bool:
+    """Does one of its watch triggers take this workspace-relative path?"""
+    return any(
+        isinstance(t, WatchTriggerSpec) and match(rel, t.paths) and not match(rel, t.exclude)
+        for t in spec.trigger
+    )
+
+
+def _watched(spec: SessionSpec, rel: str) -> bool:
+    return rel in spec.bind.files or _watch_matches(spec, rel)
+
+
+class Watcher:
+    """The one watcher task, the routing of its changes, the debounce of each
+    session's changes and the reconciliation scans.
+
+    ``armed`` is the coordinator's table of armed sessions; the watched roots
+    follow it (``restart`` after it changed).
+    """
+
+    def __init__(
+        self,
+        host: WakeHost,
+        poll_step_ms: int,
+        armed: dict[str, Armed],
+        check_git: Callable[[Armed], None],
+    ) -> None:
+        self.host = host
+        self.poll_step_ms = poll_step_ms
+        self.armed = armed
+        self.check_git = check_git
+        self._watcher: asyncio.Task[None] | None = None
+        self._stop_watch: asyncio.Event | None = None
+        self._roots: frozenset[str] = frozenset()
+        self._reconciler: asyncio.Task[None] | None = None
+
+    # --- the watcher task -------------------------------------------------------------
+
+    def _roots_now(self) -> frozenset[str]:
+        roots = set()
+        for armed in self.armed.values():
+            spec = armed.session.spec
+            assert spec is not None
+            if _watches_files(spec):
+                roots.add(str(spec.workspace))
+            roots.update(str(g) for g in _git_dirs(spec))
+        return frozenset(r for r in roots if os.path.isdir(r))
+
+    def restart(self) -> None:
+        """Watch the roots the armed sessions need now (a no-op if they are the same)."""
+        roots = self._roots_now()
+        if roots == self._roots and self._watcher is not None:
+            return
+        if self._stop_watch is not None:
+            self._stop_watch.set()
+        self._roots = roots
+        if not roots:
+            self._watcher = None
+            return
+        self._stop_watch = asyncio.Event()
+        self._watcher = asyncio.ensure_future(self._watch(roots, self._stop_watch))
+
+    def start_reconciler(self) -> None:
+        if self._reconciler is None:
+            self._reconciler = asyncio.ensure_future(self._reconcile_loop())
+
+    async def close(self) -> None:
+        if self._stop_watch is not None:
+            self._stop_watch.set()
+        for task in (self._watcher, self._reconciler):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _watch(self, roots: frozenset[str], stop: asyncio.Event) -> None:
+        log.info("watch.started", roots=sorted(roots), step_ms=self.poll_step_ms)
+        try:
+            async for changes in watchfiles.awatch(
+                *roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
+                stop_event=stop, ignore_permission_denied=True,
+            ):  # fmt: skip
+                self.route({path for _, path in changes})
+        except Exception:
+            log.exception("watch.failed")
+
+    # --- routing and debounce ---------------------------------------------------------
+
+    def route(self, paths: set[str]) -> None:
+        """Send changed absolute paths to the sessions that watch them."""
+        for armed in list(self.armed.values()):
+            spec = armed.session.spec
+            assert spec is not None
+            workspace = str(spec.workspace).rstrip("/") + "/"
+            git_dirs = [str(g) + "/" for g in _git_dirs(spec)]
+            if any(p.startswith(g) or p + "/" == g for p in paths for g in git_dirs):
+                self.check_git(armed)
+            hits = {p[len(workspace) :] for p in paths if p.startswith(workspace)}
+            hits = {h for h in hits if not h.startswith(".git/") and h != ".git"}
+            wanted = {h for h in hits if _watched(spec, h)}
+            if wanted:
+                for rel in wanted:  # seen by the watcher: the reconciliation need not report it
+                    try:
+                        st = (spec.workspace / rel).stat()
+                        armed.scan[rel] = (st.st_mtime_ns, st.st_size)
+                    except OSError:
+                        armed.scan.pop(rel, None)
+                self._collect(armed, wanted)
+
+    def _collect(self, armed: Armed, paths: set[str]) -> None:
+        armed.pending_paths |= paths
+        if armed.flush is not None:
+            return  # one wake per debounce window, carrying every path
+        spec = armed.session.spec
+        assert spec is not None
+        debounce = min(
+            (t.debounce for t in spec.trigger if isinstance(t, WatchTriggerSpec)), default=0.2
+        )
+        # The watcher already grouped changes for one polling step before reporting
+        # them: that time counts towards the window.
+        window = max(debounce - self.poll_step_ms / 1000, 0.0)
+        armed.flush = asyncio.get_running_loop().call_later(window, self._flush, armed)
+
+    def _flush(self, armed: Armed) -> None:
+        armed.flush = None
+        paths, armed.pending_paths = armed.pending_paths, set()
+        s = armed.session
+        spec = s.spec
+        assert spec is not None
+        bound = s.j.state.bound
+        changed_bound = sorted(
+            p
+            for p in paths
+            if p in spec.bind.files and file_hash(spec.workspace / p) != bound.get(p)
+        )
+        watched = sorted(p for p in paths if _watch_matches(spec, p))
+        if watched:
+            self.host.spawn(
+                self.host.wake(
+                    s, "watch", {"paths": watched}, frozenset(watched) | frozenset(changed_bound)
+                )
+            )
+        elif changed_bound:
+            self.host.spawn(
+                self.host.wake(s, "dependency", {"paths": changed_bound}, frozenset(changed_bound))
+            )
+
+    # --- reconciliation ---------------------------------------------------------------
+
+    @staticmethod
+    def _scan(spec: SessionSpec) -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        base = spec.workspace
+        patterns = list(spec.bind.files)
+        for trig in spec.trigger:
+            if isinstance(trig, WatchTriggerSpec):
+                patterns += trig.paths
+        for pattern in patterns:
+            for path in base.glob(pattern):
+                if path.is_file():
+                    rel = str(path.relative_to(base))
+                    st = path.stat()
+                    found[rel] = (st.st_mtime_ns, st.st_size)
+        return found
+
+    def baseline_scan(self, armed: Armed) -> None:
+        """What is there when the session is armed: later scans report differences."""
+        spec = armed.session.spec
+        assert spec is not None
+        if _watches_files(spec):
+            armed.scan = self._scan(spec)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE)
+            for armed in list(self.armed.values()):
+                spec = armed.session.spec
+                if spec is None or (not armed.scan and not spec.bind.files):
+                    continue
+                now = await asyncio.to_thread(self._scan, spec)
+                missed = {p for p, v in now.items() if armed.scan.get(p) != v}
+                missed |= set(armed.scan) - set(now)
+                armed.scan = now
+                missed = {p for p in missed if _watched(spec, p)} - armed.pending_paths
+                if missed:
+                    log.warning(
+                        "watch.reconciled", session=armed.session.name, missed=sorted(missed)
+                    )
+                    self._collect(armed, missed)
