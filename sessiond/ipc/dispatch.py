@@ -124,7 +124,7 @@ class Dispatch:
     def __init__(self, kernel: Kernel, reload: Callable[[], Awaitable[Any]]) -> None:
         self.kernel = kernel
         self.methods = method_table(kernel, reload)
-        self.log = LogStream(kernel)
+        self.logs = LogStream(kernel)
 
     async def handle(self, line: bytes, writer: asyncio.StreamWriter) -> None:
         request_id: Any = None
@@ -146,11 +146,11 @@ class Dispatch:
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
             if method == "log":
-                await self.log.serve(request_id, parse(LogParams, params), writer)
+                await self.logs.serve(request_id, parse(LogParams, params), writer)
                 return
             model, handler = self.methods[method]
             parsed = parse(model, params)
-            if isinstance(parsed, TokenParams):
+            if isinstance(parsed, TokenParams):  # an sdk.* call: its run token first
                 self.kernel.check_token(parsed.token, parsed.session)
             result = await handler(parsed)
             await reply(writer, {"id": request_id, "ok": True, "result": result})

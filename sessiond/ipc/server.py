@@ -38,7 +38,6 @@ class Server:
         self, config: DaemonConfig, kernel: Kernel, reload: Callable[[], Awaitable[Any]]
     ) -> None:
         self.config = config
-        self.kernel = kernel
         self.path = config.socket
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
