@@ -25,8 +25,8 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel
 
-from sessiond.config import DaemonConfig
-from sessiond.ipc.server import LogParams, Server
+from sessiond.ipc.dispatch import method_table
+from sessiond.ipc.params import LogParams
 from sessiond.syscalls.kernel import Kernel
 from tests.e2e.harness import Daemon, wait_event
 
@@ -49,12 +49,11 @@ def documented_errors() -> dict[str, int]:
 
 
 def dispatch_table() -> dict[str, type[BaseModel]]:
-    """Method -> params model, from the server itself (so a new method is fuzzed too).
-    Building a Server only wires lambdas: the kernel is never called here."""
-    config = DaemonConfig(state_dir=Path("/nonexistent"), socket=Path("/nonexistent.sock"))
-    server = Server(config, cast(Kernel, None), cast(Any, None))
+    """Method -> params model, from the server's own method table (so a new method is
+    fuzzed too). Building the table only wires lambdas: the kernel is never called here."""
     table: dict[str, type[BaseModel]] = {"log": LogParams}
-    table.update((name, model) for name, (model, _) in server.methods.items())
+    methods = method_table(cast(Kernel, None), cast(Any, None))
+    table.update((name, model) for name, (model, _) in methods.items())
     return table
 
 

@@ -1,0 +1,172 @@
+"""From a request frame to a syscall and back: the method table, decoding a
+request, and turning what happens into exactly one answer.
+
+The table maps each wire method to its params model (sessiond.ipc.params) and the
+Kernel call it makes; nothing else is reachable from the socket. A SessiondError
+becomes an error answer with its stable code and exit code; anything else is a bug,
+logged and answered as ``internal`` so the connection (and the daemon) goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+
+from sessiond.errors import SessiondError
+from sessiond.ipc.follow import LogStream
+from sessiond.ipc.frames import error, reply
+from sessiond.ipc.params import (
+    ApproveParams,
+    CompactParams,
+    CreateParams,
+    ExportParams,
+    ForkParams,
+    ImportParams,
+    LogParams,
+    MergeParams,
+    MigrateParams,
+    NameParams,
+    NoParams,
+    Params,
+    ReplayParams,
+    ResolveParams,
+    SdkCallParams,
+    SdkEndParams,
+    SdkFinishedParams,
+    SdkModelParams,
+    SdkSendParams,
+    SdkToolParams,
+    SdkVerifyParams,
+    SendParams,
+    TokenParams,
+    parse,
+)
+from sessiond.syscalls.kernel import Kernel
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[Any], Awaitable[Any]]
+Methods = dict[str, tuple[type[Params], Handler]]
+
+
+class BadRequest(SessiondError):
+    """A frame that is not a request: not JSON, no method, unknown method (exit 2)."""
+
+    code = "bad_request"
+    exit_code = 2
+
+
+def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
+    """Every one-answer method: its params model and the Kernel call it makes.
+    (``log`` streams, so LogStream answers it.) Building the table only wires
+    lambdas: nothing is called until a request comes."""
+    return {
+        "ping": (NoParams, lambda _: k.ping()),
+        "ps": (NoParams, lambda _: k.ps()),
+        "show": (NameParams, lambda p: k.show(p.name)),
+        "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view)),
+        "gate": (NameParams, lambda p: k.gate(p.name)),
+        "create": (CreateParams, lambda p: k.create(p.spec, p.base, p.source)),
+        "activate": (NameParams, lambda p: k.activate(p.name)),
+        "suspend": (NameParams, lambda p: k.suspend(p.name)),
+        "resume": (NameParams, lambda p: k.resume(p.name)),
+        "interrupt": (NameParams, lambda p: k.interrupt(p.name)),
+        "cancel": (NameParams, lambda p: k.cancel(p.name)),
+        "fork": (ForkParams, lambda p: k.fork(p.name, p.new, p.at, p.with_triggers)),
+        "merge": (MergeParams, lambda p: k.merge(p.child, p.into, p.summary)),
+        "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
+        "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
+        "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
+        "approve": (ApproveParams, lambda p: k.approve(p.name, p.call, p.by)),
+        "deny": (ApproveParams, lambda p: k.deny(p.name, p.call, p.by, p.reason)),
+        "export": (ExportParams, lambda p: k.export(p.name, p.path)),
+        "import": (ImportParams, lambda p: k.import_(p.path, p.name)),
+        "reload": (NoParams, lambda _: reload()),
+        "resolve": (ResolveParams, lambda p: k.resolve(p.name, p.option, p.by)),
+        "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
+        "sdk.tool": (
+            SdkToolParams,
+            lambda p: k.sdk_tool(p.token, p.tool, p.args, p.writes, p.risk),
+        ),
+        "sdk.started": (SdkCallParams, lambda p: k.sdk_started(p.token, p.call)),
+        "sdk.finished": (
+            SdkFinishedParams,
+            lambda p: k.sdk_finished(
+                p.token,
+                p.call,
+                status=p.status,
+                output=p.output,
+                observation=p.observation,
+                exit_code=p.exit_code,
+                error_class=p.error_class,
+            ),
+        ),
+        "sdk.model": (
+            SdkModelParams,
+            lambda p: k.sdk_model(p.token, p.model_dump(exclude={"token"})),
+        ),
+        "sdk.verify": (
+            SdkVerifyParams,
+            lambda p: k.sdk_verify(p.token, p.check, p.ok, p.output),
+        ),
+        "sdk.send": (SdkSendParams, lambda p: k.sdk_send(p.token, p.to, p.text)),
+        "sdk.end": (SdkEndParams, lambda p: k.sdk_end(p.token, p.intent, p.summary)),
+    }
+
+
+class Dispatch:
+    """Answers one request frame on a connection: decode, check, call, reply."""
+
+    def __init__(self, kernel: Kernel, reload: Callable[[], Awaitable[Any]]) -> None:
+        self.kernel = kernel
+        self.methods = method_table(kernel, reload)
+        self.logs = LogStream(kernel)
+
+    async def handle(self, line: bytes, writer: asyncio.StreamWriter) -> None:
+        request_id: Any = None
+        try:
+            try:
+                request = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise BadRequest(f"a request must be one JSON object per line: {exc}") from None
+            if not isinstance(request, dict):
+                raise BadRequest("a request must be a JSON object with id, method and params")
+            request_id = request.get("id")
+            if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+                request_id = None
+            method = request.get("method")
+            if not isinstance(method, str) or (method not in self.methods and method != "log"):
+                known = ", ".join(sorted([*self.methods, "log"]))
+                raise BadRequest(f"unknown method {method!r}; the methods are {known}")
+            params = request.get("params", {})
+            if not isinstance(params, dict):
+                raise BadRequest("params must be a JSON object")
+            if method == "log":
+                await self.logs.serve(request_id, parse(LogParams, params), writer)
+                return
+            model, handler = self.methods[method]
+            parsed = parse(model, params)
+            if isinstance(parsed, TokenParams):  # an sdk.* call: its run token first
+                self.kernel.check_token(parsed.token, parsed.session)
+            result = await handler(parsed)
+            await reply(writer, {"id": request_id, "ok": True, "result": result})
+        except SessiondError as exc:
+            await reply(writer, error(request_id, exc.code, str(exc), exc.exit_code))
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("request.failed")
+            await reply(
+                writer,
+                error(
+                    request_id,
+                    "internal",
+                    f"internal error: {type(exc).__name__}: {exc}; "
+                    "this is a bug in sessiond, the daemon log has the details",
+                    70,
+                ),
+            )

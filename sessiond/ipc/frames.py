@@ -1,0 +1,65 @@
+"""The frame layer of a connection: newline-delimited JSON, both ways.
+
+Requests come in as lines of at most ``max_frame_bytes``; answers go out as one
+encoded line each (sessiond.wire.encode). This is the only place that knows
+frames are lines, so the server, the dispatch and the log stream deal in
+messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sessiond.wire import encode
+
+TOO_LARGE = b"\0too large\0"
+
+
+class Frames:
+    """Splits a byte stream into newline-delimited frames of at most ``limit`` bytes.
+
+    An oversized frame is reported once (TOO_LARGE) and its bytes are skipped up
+    to the next newline without being kept, so the connection can go on.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, limit: int) -> None:
+        self.reader = reader
+        self.limit = limit
+        self.buf = bytearray()
+        self.skipping = False
+
+    async def next(self) -> bytes | None:
+        while True:
+            end = self.buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buf[: end + 1])
+                del self.buf[: end + 1]
+                if self.skipping:
+                    self.skipping = False
+                    continue
+                return TOO_LARGE if len(line) > self.limit else line
+            if len(self.buf) > self.limit:
+                self.buf.clear()
+                if not self.skipping:
+                    self.skipping = True
+                    return TOO_LARGE
+            chunk = await self.reader.read(1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+
+async def reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    """Send one answer and wait until the client has taken it (backpressure)."""
+    writer.write(encode(message))
+    await writer.drain()
+
+
+def error(request_id: Any, code: str, message: str, exit_code: int) -> dict[str, Any]:
+    """A failure answer: the code and exit code are the wire's (docs/rpc.md, "Errors")."""
+    return {
+        "id": request_id,
+        "ok": False,
+        "error": {"code": code, "message": message, "exit": exit_code},
+    }

@@ -1,0 +1,171 @@
+"""The request schema of the wire: one frozen, strict params model per method.
+
+Every field a client may send is declared here, with its bounds; anything else is
+refused (``extra="forbid"``) before a syscall sees it. The models stand apart from
+the dispatch so the schema reads as one page (docs/rpc.md, "Methods", documents it) and the
+fuzzer in tests/faults/ can walk it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sessiond.errors import InvalidInput
+from sessiond.log.event_data import ErrorClass
+
+
+class Params(BaseModel):
+    """The base of every request's params: frozen, no unknown fields, no coercion."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class NoParams(Params):
+    pass
+
+
+class NameParams(Params):
+    name: str
+
+
+class CreateParams(Params):
+    spec: str
+    base: str
+    source: str = "spec"
+
+
+class LogParams(Params):
+    name: str | None = None  # None: every session (only with follow)
+    since: int = Field(default=1, ge=1)
+    types: list[str] = Field(default_factory=list)
+    limit: int = Field(default=0, ge=0)
+    follow: bool = False
+
+
+class ReplayParams(Params):
+    name: str
+    upto: int | None = Field(default=None, ge=1)
+    view: str = "state"
+
+
+class ForkParams(Params):
+    name: str
+    new: str
+    at: int | None = Field(default=None, ge=1)
+    with_triggers: bool = False
+
+
+class MergeParams(Params):
+    child: str
+    into: str | None = None
+    summary: str | None = None
+
+
+class SendParams(Params):
+    to: str
+    text: str = Field(max_length=256 * 1024)
+    sender: str = "sessionctl"
+
+
+class MigrateParams(Params):
+    name: str
+    profile: str | None = None
+    to: str | None = None
+
+
+class CompactParams(Params):
+    name: str
+    keep: int = Field(default=4, ge=0)
+
+
+class ApproveParams(Params):
+    name: str
+    call: str | None = None
+    by: str = ""
+    reason: str = ""
+
+
+class ResolveParams(Params):
+    name: str
+    option: Literal["rerun", "discard", "accept"]
+    by: str = ""
+
+
+class TokenParams(Params):
+    token: str
+    session: str | None = None  # the SDK sends SESSIOND_SESSION: a token works for it only
+
+
+class SdkToolParams(TokenParams):
+    tool: str = Field(min_length=1, max_length=200)
+    args: dict[str, Any] = Field(default_factory=dict)
+    writes: list[str] = Field(default_factory=list)
+    risk: dict[str, str] = Field(default_factory=dict)
+
+
+class SdkCallParams(TokenParams):
+    call: str
+
+
+class SdkFinishedParams(TokenParams):
+    call: str
+    status: Literal["ok", "error", "interrupted"] = "ok"
+    output: str = ""
+    observation: str = ""
+    exit_code: int | None = None
+    error_class: ErrorClass | None = None
+
+
+class SdkModelParams(TokenParams):
+    model: str
+    request: Any
+    response: Any
+    tokens_in: int = Field(default=0, ge=0)
+    tokens_out: int = Field(default=0, ge=0)
+    request_id: str | None = None
+    tools: list[Any] = Field(default_factory=list)
+    status: Literal["ok", "error", "cancelled"] = "ok"
+    duration_ms: int = Field(default=0, ge=0)
+    text: str = ""
+
+
+class SdkVerifyParams(TokenParams):
+    check: str
+    ok: bool
+    output: str = ""
+
+
+class SdkSendParams(TokenParams):
+    to: str
+    text: str = Field(max_length=256 * 1024)
+
+
+class SdkEndParams(TokenParams):
+    intent: Literal["sleep", "complete"]
+    summary: str = ""
+
+
+class ExportParams(Params):
+    name: str
+    path: str
+
+
+class ImportParams(Params):
+    path: str
+    name: str | None = None
+
+
+P = TypeVar("P", bound=Params)
+
+
+def parse(model: type[P], params: dict[str, Any]) -> P:
+    """Validate a request's params, or refuse them naming each bad field (invalid_input)."""
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidInput(f"bad parameters: {problems}") from None
