@@ -225,7 +225,7 @@ class Starter:
         # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
         env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
         if spec.run.kind == "sdk":
-            env.update(self.tokens.sdk_env(s, run_id, self.ctx.config))
+            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(

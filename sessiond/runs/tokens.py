@@ -15,7 +15,6 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from sessiond.config import DaemonConfig
 from sessiond.errors import Refused
 from sessiond.table.sessions import Session, Table
 
@@ -43,10 +42,11 @@ class Tokens:
         self.table = table
         self.grants: dict[str, RunGrant] = {}
 
-    def sdk_env(self, s: Session, run_id: str, config: DaemonConfig) -> dict[str, str]:
+    def issue(self, s: Session, run_id: str) -> str:
+        """A new token for this run of ``s`` (the program's ``SESSIOND_TOKEN``)."""
         token = secrets.token_urlsafe(32)
         self.grants[token] = RunGrant(s.name, run_id)
-        return {"SESSIOND_TOKEN": token, "SESSIOND_SOCKET": str(config.socket)}
+        return token
 
     def end_run(self, s: Session, run_id: str) -> None:
         for token, grant in list(self.grants.items()):
