@@ -31,10 +31,8 @@ from sessiond.daemon.faults import io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
-from sessiond.log.event_data import ObservationProjected, RunFinished
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.log.store.files import FileStore
-from sessiond.runs.runner import Outcome, proc_start_time, signal_group
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -159,7 +157,7 @@ class Daemon:
             gc.collect()
             gc.freeze()
         self.store.sync_on_recover = True
-        await self._recover_cut_off_runs()
+        await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
             result = await self.sync_specs()
             for error in result["errors"]:
@@ -196,7 +194,7 @@ class Daemon:
             ):
                 self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": state.reason}))
             elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
-                self.kernel._renew_at_midnight(s)
+                self.kernel.runs.renew_at_midnight(s)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: sessions by state."""
@@ -215,67 +213,6 @@ class Daemon:
                 self.notifier.watchdog()
             self.notifier.status(self.status_line())
 
-    async def _recover_cut_off_runs(self) -> None:
-        """A session found running was cut off by a crash: record it, stop leftovers."""
-        for s in self.table:
-            if s.journal is not None and s.state == "ready":
-                # It passed a gate but never started: start over, through the gate.
-                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": "was ready"}))
-            if s.journal is None or s.state != "running":
-                continue
-            current = s.j.state.current_run or {}
-            note = "daemon restarted during run"
-            pid, started = current.get("pid"), current.get("proc_start")
-            if pid and started and proc_start_time(pid) == started:
-                # Its program outlived the daemon; with nobody to record its result it
-                # must not go on unsupervised.
-                signal_group(pid, signal.SIGKILL)
-                note += f"; its program (pid {pid}) was still running and was stopped"
-            finished = [
-                (k, c)
-                for k, c in s.j.state.calls.items()
-                if c["tool"] == "command" and c["stage"] == "finished"
-            ]
-            if finished:
-                # The command ran to its end before the crash: its work is done.
-                # Record the observation and the run's end; running it again would
-                # do it twice.
-                call_id, call = finished[0]
-                result = call.get("finished") or {}
-                await self.table.append(
-                    s,
-                    ObservationProjected(
-                        call=call_id,
-                        tool="command",
-                        source="rebuilt",
-                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
-                    ),
-                    correlation=call_id,
-                )
-                status = "ok" if result.get("status") == "ok" else "failed"
-                await self.table.append(
-                    s,
-                    RunFinished(
-                        run=current.get("run", "?"),
-                        status=status,
-                        exit_code=result.get("exit_code"),
-                        error=note,
-                    ),
-                )
-                await self.kernel._after_run(
-                    s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
-                )
-                log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
-                continue
-            if current:
-                await self.table.append(
-                    s, RunFinished(run=current["run"], status="lost", error=note)
-                )
-            await self.kernel._transition(s, "sleeping", why="recover", reason=note)
-            log.warning("session.cut_off", session=s.name, reason=note)
-            # A restart is a continuation like any other: replay, gate, then run.
-            self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": note}))
-
     async def sync_specs(self) -> dict[str, Any]:
         """Create sessions for new spec files, update changed ones, never drop one."""
         folder = self.config.specs
@@ -293,7 +230,7 @@ class Daemon:
             existing = self.table.sessions.get(spec.name)
             if existing is None:
                 try:
-                    await self.kernel._create(spec)
+                    await self.kernel.create_spec(spec)
                 except SessiondError as exc:
                     result["errors"].append(f"{path}: {exc}")
                     continue

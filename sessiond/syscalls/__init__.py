@@ -1,2 +1,6 @@
 """What each syscall does to the process table (DESIGN.md section 3). The RPC
-layer (sessiond.ipc) decodes requests and calls these."""
+layer (sessiond.ipc) decodes requests and calls these, through ``kernel.Kernel``.
+
+By family: ``inspection`` (ping ps show log replay gate), ``control`` (create
+activate suspend resume interrupt cancel), ``lineage`` (fork merge send migrate
+compact export import), ``approvals`` (approve deny resolve)."""

@@ -106,7 +106,7 @@ def detail(session: Session) -> dict[str, Any]:
 def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
     recovery options. Records nothing."""
-    from sessiond.runs.flow import workspace_hasher
+    from sessiond.runs.workspace import workspace_hasher
     from sessiond.table.gate import evaluate
 
     if session.journal is None:

@@ -1,0 +1,116 @@
+"""What every part of the runs floor shares, and the one lifecycle transition.
+
+The parts of ``runs/`` (continuation, start, supervise, settle, recover) and the
+syscalls above them act on the same process table, scheduler, timers and
+background tasks. They hold one ``RunContext`` for that instead of reaching into
+each other's attributes. The configuration lives here too because a reload
+replaces it: every part reads the current one.
+
+``transition`` is the one way a session changes lifecycle state outside the log
+floor's own folding: checked against the transition table, recorded as one
+event, and the scheduler and the triggers told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from sessiond.codec import rfc3339
+from sessiond.config import DaemonConfig
+from sessiond.log.store.base import Record
+from sessiond.log.store.files import FileStore
+from sessiond.table import lifecycle
+from sessiond.table.scheduler import Scheduler
+from sessiond.table.sessions import Session, Table
+
+log = structlog.get_logger(__name__)
+
+
+class TriggerHooks(Protocol):
+    """What the runs floor and the syscalls tell the triggers (sessiond.wake)."""
+
+    def rearm(self, s: Session) -> None: ...
+
+    def disarm(self, name: str, *, restart: bool = True) -> None: ...
+
+    def run_ended(self, s: Session) -> None: ...
+
+
+class Continues(Protocol):
+    """What the parts that end a run need of the continuation (runs.continuation):
+    a new wake, a follow-up run, a free slot filled. Bound late: the continuation
+    starts runs, and a run's end continues."""
+
+    async def wake(
+        self,
+        s: Session,
+        trigger: str,
+        details: dict[str, Any],
+        paths: frozenset[str] = frozenset(),
+    ) -> Record: ...
+
+    async def proceed(
+        self, s: Session, cause: Record | None, paths: frozenset[str] = frozenset()
+    ) -> bool: ...
+
+    async def dispatch(self) -> None: ...
+
+
+class RunContext:
+    """The shared state of the runs floor: configuration, table, scheduler, timers."""
+
+    def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
+        self.config = config  # replaced on reload
+        self.table = table
+        self.store: FileStore = table.store
+        self.env = env
+        self.runtime_dir: Path = config.state_dir / "runtime"
+        # a retry's backoff, or a daily budget's renewal, per session
+        self.retry_timers: dict[str, asyncio.TimerHandle] = {}
+        self.background: set[asyncio.Task[Any]] = set()
+        self.triggers: TriggerHooks | None = None  # sessiond.wake, set by the daemon
+        self.stopping = False  # set at shutdown: nothing new starts
+        self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background, keeping a reference until it is done."""
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    def fault(self, point: str) -> None:
+        """Test only (config key ``fault``): die here as a crash would."""
+        if self.config.fault == point:
+            log.warning("fault.injected", point=point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def now(self) -> str:
+        return rfc3339(self.store.clock())
+
+    async def transition(
+        self,
+        s: Session,
+        to: str,
+        *,
+        why: str,
+        reason: str = "",
+        outcome: str | None = None,
+        causation: str | None = None,
+        durable: bool = True,
+    ) -> Record:
+        """One lifecycle transition, checked and recorded."""
+        event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
+        record = await self.table.append(s, event, causation=causation, durable=durable)
+        log.info("lifecycle", session=s.name, to=to, reason=reason)
+        if to != "ready":
+            self.scheduler.queue.pop(s.name, None)
+        if to == "terminated" and self.triggers is not None:
+            self.triggers.disarm(s.name)
+        return record

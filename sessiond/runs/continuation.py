@@ -1,0 +1,234 @@
+"""The continuation: every run begins wake → replay → resume gate → run.
+
+A wake is recorded first, always. Whether it continues now is decided here: a
+session over its wake rate limit cools down visibly; one that runs, is
+suspended or blocked keeps the wake pending; otherwise the gate is evaluated on
+the replayed state and its outcome recorded. A passing gate's recovery actions
+are applied (runs.recover), then the scheduler admits the run or queues it, and
+a free slot later dispatches the queued ones, through the gate again. A spent
+budget suspends the session (a daily one renews at 00:00 UTC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from sessiond.codec import rfc3339
+from sessiond.log.event_data import (
+    BudgetExhausted,
+    GateCheck,
+    GateEvaluated,
+    LifecycleChanged,
+    WakeRequested,
+)
+from sessiond.log.store.base import Record
+from sessiond.runs.context import RunContext
+from sessiond.runs.recover import Recovery
+from sessiond.runs.start import Starter
+from sessiond.runs.workspace import workspace_hasher
+from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.sessions import Session
+
+
+class Continuation:
+    """What decides that a run may start, and starts it when it may."""
+
+    def __init__(self, ctx: RunContext, recovery: Recovery, starter: Starter) -> None:
+        self.ctx = ctx
+        self.recovery = recovery
+        self.starter = starter
+
+    async def wake(
+        self, s: Session, trigger: str, details: dict[str, Any], paths: frozenset[str] = frozenset()
+    ) -> Record:
+        """Record a wake; continue now if the session is idle and has a program.
+
+        A session that runs, is suspended or blocked keeps the wake pending: it
+        runs once when the session is free again (one follow-up carries them all).
+        """
+        async with s.lock:
+            record = await self.ctx.table.append(s, WakeRequested(trigger=trigger, details=details))
+            if trigger not in ("manual", "approval", "resolve", "restart"):
+                end = self.ctx.scheduler.rate_limited(s, self.ctx.store.clock() / 1e9)
+                if end is not None:
+                    await self._cool_down(s, end)
+                    return record
+            idle = s.state in ("created", "sleeping", "ready") and s.run is None
+            queued = s.name in self.ctx.scheduler.queue
+            if idle and not queued and s.spec is not None and s.spec.run is not None:
+                await self.proceed(s, record, paths)
+        return record
+
+    async def _cool_down(self, s: Session, end: float) -> None:
+        """Over its [limits]: sleep visibly until ``end``, then run the recorded wakes once."""
+        if s.state not in ("sleeping", "created") or s.j.state.until is not None:
+            return  # running or already cooling: the wake waits as a pending one
+        until = rfc3339(int(end * 1e9))
+        limits = s.spec.limits if s.spec else None
+        reason = (
+            f"rate limit: more than {limits.burst} wakes in {limits.interval:g}s; cooling down"
+            if limits
+            else "rate limit"
+        )
+        await self.ctx.table.append(
+            s,
+            LifecycleChanged.model_validate(
+                {"from": s.state, "to": "sleeping", "reason": reason, "until": until}
+            ),
+        )
+        delay = max(end - self.ctx.store.clock() / 1e9, 0.0)
+
+        def resume() -> None:
+            self.ctx.spawn(self._after_cool_down(s))
+
+        asyncio.get_running_loop().call_later(delay, resume)
+
+    async def _after_cool_down(self, s: Session) -> None:
+        async with s.lock:
+            if s.state == "sleeping" and s.j.state.until is not None:
+                await self.ctx.table.append(
+                    s,
+                    LifecycleChanged.model_validate(
+                        {"from": "sleeping", "to": "sleeping", "reason": "cool-down over"}
+                    ),
+                )
+                if s.j.state.pending_wakes and s.spec is not None and s.spec.run is not None:
+                    await self.proceed(s, None)
+
+    async def gate_now(self, s: Session, cause: Record | None, paths: frozenset[str]) -> Verdict:
+        """Evaluate the gate on the replayed state and record the result."""
+        verdict = evaluate(
+            s.j.state,
+            s.spec,
+            now=self.ctx.now(),
+            hash_file=workspace_hasher(s.spec),
+            has_artifact=self.ctx.store.artifacts(s.name).has,
+            cause_paths=paths,
+        )
+        await self.ctx.table.append(
+            s,
+            GateEvaluated(
+                ok=verdict.ok,
+                checks=tuple(
+                    GateCheck(name=c.name, ok=c.ok, detail=c.detail) for c in verdict.checks
+                ),
+                options=verdict.options,
+                outcome=verdict.outcome,
+            ),
+            causation=cause["id"] if cause else None,
+            # A passing gate is followed by what it let through; whatever that
+            # records durably covers this line too (see proceed).
+            durable=not verdict.ok,
+        )
+        return verdict
+
+    async def proceed(
+        self, s: Session, cause: Record | None, paths: frozenset[str] = frozenset()
+    ) -> bool:
+        """Gate, then run (the caller holds s.lock). True if the program started."""
+        if self.ctx.stopping:
+            return False  # the daemon is shutting down: the wakes stay pending
+        if not paths:
+            # A follow-up carries the wakes recorded meanwhile: the paths whose change
+            # woke the session are its cause, not something held against it.
+            paths = frozenset(
+                p
+                for w in s.j.state.pending_wakes
+                if w["trigger"] in ("watch", "dependency")
+                for p in w["details"].get("paths", [])
+            )
+        verdict = await self.gate_now(s, cause, paths)
+        if verdict.outcome == "suspended":
+            await self._suspend_for_budget(s, verdict)
+            return False
+        if verdict.outcome == "blocked":
+            if s.state != "blocked":
+                await self.ctx.transition(
+                    s, "blocked", why="block", reason="gate: " + verdict.failing()
+                )
+            return False
+        await self.recovery.apply(s, verdict)
+        if s.spec is None or s.spec.run is None:
+            if s.state == "blocked":
+                await self.ctx.transition(s, "sleeping", why="unblock", reason="gate ok")
+            await s.j.flush()
+            return False
+        running = self._running()
+        if not self.ctx.scheduler.admits(s, running):
+            self.ctx.scheduler.enqueue(s)
+            if s.state != "ready":
+                limit = self.ctx.scheduler.limit
+                await self.ctx.transition(
+                    s, "ready", why="queue", reason=f"queued: {len(running)} of {limit} slots busy"
+                )
+            await s.j.flush()
+            return False
+        self.ctx.scheduler.queue.pop(s.name, None)
+        # Counted as running from now on, before anything is awaited, so that
+        # simultaneous wakes cannot all pass the limit.
+        self.ctx.scheduler.starting.add(s.name)
+        try:
+            await self.starter.start(s, cause)
+        except Exception:
+            # The steps written without a flush were to be covered by the start's
+            # durable append, which did not come: flush them now (best effort).
+            with contextlib.suppress(Exception):
+                await s.j.flush()
+            raise
+        finally:
+            self.ctx.scheduler.starting.discard(s.name)
+        return True
+
+    def _running(self) -> list[Session]:
+        return [
+            r for r in self.ctx.table if r.run is not None or r.name in self.ctx.scheduler.starting
+        ]
+
+    async def dispatch(self) -> None:
+        """A slot came free: start the best queued sessions that may run (gate again)."""
+        for s in self.ctx.scheduler.order():
+            if self.ctx.stopping:
+                return
+            if not self.ctx.scheduler.admits(s, self._running()):
+                continue
+            async with s.lock:
+                self.ctx.scheduler.queue.pop(s.name, None)
+                if s.state == "ready" and s.run is None:
+                    await self.proceed(s, None)
+
+    async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
+        spec = s.spec
+        assert spec is not None
+        state = s.j.state
+        detail = next(c.detail for c in verdict.checks if c.name == "budget left")
+        name = detail.split(":", 1)[0]
+        limit = getattr(spec.budget, name, 0)
+        used = (
+            state.runs_by_day.get(self.ctx.now()[:10], 0)
+            if name == "runs_per_day"
+            else state.tokens_in + state.tokens_out
+        )
+        await self.ctx.table.append(s, BudgetExhausted(budget=name, limit=limit, used=used))
+        if s.state != "suspended":
+            await self.ctx.transition(s, "suspended", why="suspend", reason=f"budget: {detail}")
+        if name == "runs_per_day":
+            self.renew_at_midnight(s)
+
+    def renew_at_midnight(self, s: Session) -> None:
+        """A daily budget renews at 00:00 UTC: pending wakes run then."""
+        now = self.ctx.store.clock() / 1e9
+        delay = 86400 - (now % 86400) + 1
+
+        def renew() -> None:
+            self.ctx.spawn(self._after_renewal(s))
+
+        self.ctx.retry_timers[s.name] = asyncio.get_running_loop().call_later(delay, renew)
+
+    async def _after_renewal(self, s: Session) -> None:
+        async with s.lock:
+            if s.state == "suspended" and s.j.state.reason.startswith("budget: runs_per_day"):
+                await self.ctx.transition(s, "sleeping", why="renew", reason="daily budget renewed")
+                if s.j.state.pending_wakes:
+                    await self.proceed(s, None)

@@ -1,0 +1,168 @@
+"""Recovery: making a session's state stable again after a crash or a cut-off call.
+
+Two moments need it. At start-up, a session the log says is ``running`` was cut
+off by the crash: its run is recorded as ended (or, when its command had
+finished, as finished) and it continues through the gate like any wake. And
+before any run, the gate may prescribe actions for calls an interruption left
+open (close it as interrupted, rebuild its observation, drop it unstarted).
+Both write the same events for a cut-off call, so they live together, apart
+from the normal path of a run.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from sessiond.log.event_data import ObservationProjected, RunFinished, ToolFinished
+from sessiond.log.store.base import Draft
+from sessiond.runs.context import Continues, RunContext
+from sessiond.runs.runner import Outcome, proc_start_time, signal_group
+from sessiond.runs.settle import Settler
+from sessiond.runs.workspace import workspace_hasher
+from sessiond.table.gate import CLOSE_INTERRUPTED, DROP_UNSTARTED, REBUILD_OBSERVATION, Verdict
+from sessiond.table.sessions import Session
+
+log = structlog.get_logger(__name__)
+
+
+def close_cut_off(
+    call_id: str, call: dict[str, Any], hasher: Callable[[str], str | None], text: str
+) -> list[Draft]:
+    """The events that close a call cut off before it finished: ``tool.finished``
+    (interrupted, with the written paths' hashes now) and its observation."""
+    tool = call["tool"]
+    return [
+        Draft(
+            ToolFinished(
+                call=call_id,
+                tool=tool,
+                status="interrupted",
+                error_class="lifecycle",
+                hashes={p: hasher(p) for p in call.get("writes") or []},
+            ),
+            correlation=call_id,
+        ),
+        Draft(
+            ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt"),
+            correlation=call_id,
+        ),
+    ]
+
+
+def rebuilt_observation(call_id: str, call: dict[str, Any]) -> ObservationProjected:
+    """The observation of a call that ended without one on record (denied, or finished)."""
+    tool = call["tool"]
+    if call["stage"] == "denied":
+        return ObservationProjected(
+            call=call_id,
+            tool=tool,
+            text=f"{tool} was denied ({call.get('rule', 'by a person')})",
+            source="denied",
+        )
+    finished = call.get("finished") or {}
+    code = finished.get("exit_code")
+    text = f"{tool} {finished.get('status', 'finished')}" + (
+        f" (exit {code})" if code is not None else ""
+    )
+    return ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt")
+
+
+class Recovery:
+    """Recording what a crash or an interruption cut off, so the session can go on."""
+
+    def __init__(self, ctx: RunContext, settler: Settler, then: Continues) -> None:
+        self.ctx = ctx
+        self.settler = settler
+        self.then = then
+
+    async def apply(self, s: Session, verdict: Verdict) -> None:
+        """Make the state stable before continuing, as the gate prescribed."""
+        state = s.j.state
+        hasher = workspace_hasher(s.spec)
+        drafts: list[Draft] = []
+        for call_id, action in sorted(verdict.actions.items()):
+            call = state.calls[call_id]
+            tool = call["tool"]
+            if action == CLOSE_INTERRUPTED:
+                text = f"{tool} was interrupted before it finished; it is safe to run again"
+                drafts += close_cut_off(call_id, call, hasher, text)
+            elif action == REBUILD_OBSERVATION:
+                drafts.append(Draft(rebuilt_observation(call_id, call), correlation=call_id))
+            elif action == DROP_UNSTARTED:
+                text = f"{tool} was not started before the interruption; decide again"
+                drafts.append(
+                    Draft(
+                        ObservationProjected(
+                            call=call_id, tool=tool, text=text, source="discarded"
+                        ),
+                        correlation=call_id,
+                    )
+                )
+        if drafts:
+            await self.ctx.table.append_many(s, drafts)
+
+    async def cut_off_runs(self) -> None:
+        """A session found running was cut off by a crash: record it, stop leftovers."""
+        ctx = self.ctx
+        for s in ctx.table:
+            if s.journal is not None and s.state == "ready":
+                # It passed a gate but never started: start over, through the gate.
+                ctx.spawn(self.then.wake(s, "restart", {"reason": "was ready"}))
+            if s.journal is None or s.state != "running":
+                continue
+            current = s.j.state.current_run or {}
+            note = "daemon restarted during run"
+            pid, started = current.get("pid"), current.get("proc_start")
+            if pid and started and proc_start_time(pid) == started:
+                # Its program outlived the daemon; with nobody to record its result it
+                # must not go on unsupervised.
+                signal_group(pid, signal.SIGKILL)
+                note += f"; its program (pid {pid}) was still running and was stopped"
+            finished = [
+                (k, c)
+                for k, c in s.j.state.calls.items()
+                if c["tool"] == "command" and c["stage"] == "finished"
+            ]
+            if finished:
+                # The command ran to its end before the crash: its work is done.
+                # Record the observation and the run's end; running it again would
+                # do it twice.
+                call_id, call = finished[0]
+                result = call.get("finished") or {}
+                await ctx.table.append(
+                    s,
+                    ObservationProjected(
+                        call=call_id,
+                        tool="command",
+                        source="rebuilt",
+                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
+                    ),
+                    correlation=call_id,
+                )
+                status = "ok" if result.get("status") == "ok" else "failed"
+                await ctx.table.append(
+                    s,
+                    RunFinished(
+                        run=current.get("run", "?"),
+                        status=status,
+                        exit_code=result.get("exit_code"),
+                        error=note,
+                    ),
+                )
+                await self.settler.after_run(
+                    s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
+                )
+                log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
+                continue
+            if current:
+                await ctx.table.append(
+                    s, RunFinished(run=current["run"], status="lost", error=note)
+                )
+            await ctx.transition(s, "sleeping", why="recover", reason=note)
+            log.warning("session.cut_off", session=s.name, reason=note)
+            # A restart is a continuation like any other: replay, gate, then run.
+            ctx.spawn(self.then.wake(s, "restart", {"reason": note}))

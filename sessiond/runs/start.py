@@ -1,0 +1,309 @@
+"""Starting a run: a ``command`` run is one call of the tool ``command``.
+
+It is recorded the way any tool call is: ``tool.intent`` (the spec's risk
+contract and ``writes``) → ``policy.decided`` → ``tool.started`` (hashes of
+``writes``, git HEAD) → the program, inside ``run.started``. The policy may deny
+the command or ask a person first; an approval given for another command (the
+spec changed) is not used. An ``sdk`` program records its own tool calls
+(sessiond.sdk); it gets a run token to do so.
+
+The fault points here (``before-intent`` … ``after-spawn``) are the crash
+points the recovery tests stop the daemon at.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from sessiond.log.event_data import (
+    ApprovalRequested,
+    BindingObserved,
+    ObservationProjected,
+    PolicyDecided,
+    RiskContract,
+    RunStarted,
+    ToolIntent,
+    ToolStarted,
+)
+from sessiond.log.store.base import Draft, Record
+from sessiond.runs.context import RunContext
+from sessiond.runs.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.runs.settle import Settler
+from sessiond.runs.supervise import Supervisor
+from sessiond.runs.tokens import Tokens
+from sessiond.runs.workspace import git_head, read_small, workspace_hasher
+from sessiond.table import lifecycle
+from sessiond.table.policy import Verdict as PolicyVerdict
+from sessiond.table.policy import decide
+from sessiond.table.sessions import Run, Session, file_hash
+from sessiond.table.spec import SessionSpec
+
+log = structlog.get_logger(__name__)
+
+
+class Starter:
+    """ready → running: the command's policy, its tool call's steps, the program's launch."""
+
+    def __init__(
+        self, ctx: RunContext, tokens: Tokens, settler: Settler, supervisor: Supervisor
+    ) -> None:
+        self.ctx = ctx
+        self.tokens = tokens
+        self.settler = settler
+        self.supervisor = supervisor
+
+    def _command_policy(self, spec: SessionSpec) -> PolicyVerdict:
+        assert spec.run is not None
+        verdict = decide(spec.policy, "command", spec.run.side_effect)
+        if verdict.rule.startswith("default:"):
+            # A command run is the session's own program: allowed unless listed.
+            return PolicyVerdict("allow", "default: a command run is allowed")
+        return verdict
+
+    async def start(self, s: Session, cause: Record | None) -> None:
+        """ready → running (the caller holds s.lock and passed the gate)."""
+        pending_retry = self.ctx.retry_timers.pop(s.name, None)
+        if pending_retry is not None:  # this run is the retry now
+            pending_retry.cancel()
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        trigger = cause["data"]["trigger"] if cause else "follow-up"
+        # Steps up to the program's start wait for no fsync of their own: every way
+        # on from here (a denial, a question, tool.started before the program starts)
+        # records durably, and that covers them.
+        if s.state != "ready":
+            await self.ctx.transition(
+                s, "ready", why="start", reason=f"gate ok ({trigger})", durable=False
+            )
+        state = s.j.state
+        # Never a number given out before, even to a run cut off before its
+        # run.started: its program may have run, under that run and call id.
+        run_id = f"r{max(state.runs, state.run_number) + 1}"
+        call_id = f"{run_id}.command"
+        command = spec.run.kind == "command"
+        if command:
+            approved = None
+            used = set(state.calls)
+            for k, c in list(state.calls.items()):
+                if c["tool"] != "command" or c["stage"] != "approved":
+                    continue
+                if c["args"].get("exec") == list(spec.run.exec):
+                    approved = k
+                    continue
+                # The spec changed since the approval: it approved another command.
+                await self.ctx.table.append(
+                    s,
+                    ObservationProjected(
+                        call=k,
+                        tool="command",
+                        text="approval not used: the spec's command changed since it was given",
+                        source="discarded",
+                    ),
+                    correlation=k,
+                )
+            if approved is not None:
+                call_id = approved
+            elif call_id in used:  # a discarded approval had it: one id, one call
+                call_id = f"{run_id}.command.{s.j.state.tool_calls + 1}"
+            if approved is None:
+                verdict = self._command_policy(spec)
+                risk = RiskContract(
+                    side_effect=spec.run.side_effect,
+                    idempotency=spec.run.idempotency,
+                    resume=spec.run.resume,
+                )
+                self.ctx.fault("before-intent")
+                intent_draft = Draft(
+                    ToolIntent(
+                        call=call_id,
+                        tool="command",
+                        args={"exec": list(spec.run.exec)},
+                        risk=risk,
+                        writes=tuple(spec.run.writes),
+                    ),
+                    correlation=call_id,
+                )
+                policy_draft = Draft(
+                    PolicyDecided(
+                        call=call_id, tool="command", decision=verdict.decision, rule=verdict.rule
+                    ),
+                    correlation=call_id,
+                )
+                if self.ctx.config.fault == "after-intent":  # test only: two durable steps
+                    await self.ctx.table.append_many(s, [intent_draft])
+                    self.ctx.fault("after-intent")
+                    decided = (await self.ctx.table.append_many(s, [policy_draft]))[0]
+                else:  # one write; the next durable step makes it durable
+                    drafts = [intent_draft, policy_draft]
+                    decided = (await self.ctx.table.append_many(s, drafts, durable=False))[1]
+                self.ctx.fault("after-policy")
+                records = [decided]
+                if verdict.decision == "deny":
+                    await self.ctx.table.append(
+                        s,
+                        ObservationProjected(
+                            call=call_id,
+                            tool="command",
+                            text=f"the command was denied ({verdict.rule})",
+                            source="denied",
+                        ),
+                        correlation=call_id,
+                    )
+                    await self.ctx.transition(
+                        s,
+                        "blocked",
+                        why="deny",
+                        reason=f"policy denies the command ({verdict.rule})",
+                    )
+                    return
+                if verdict.decision == "ask":
+                    await self.ctx.table.append(
+                        s,
+                        ApprovalRequested(call=call_id, tool="command"),
+                        correlation=call_id,
+                        causation=records[-1]["id"],
+                    )
+                    await self.ctx.transition(
+                        s, "blocked", why="ask", reason=f"approval pending for command [{call_id}]"
+                    )
+                    return
+        await self._launch(s, cause, run_id, call_id if command else None)
+
+    async def _launch(
+        self, s: Session, cause: Record | None, run_id: str, call_id: str | None
+    ) -> None:
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        state = s.j.state
+        trigger = cause["data"]["trigger"] if cause else "follow-up"
+        wakes = [
+            {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
+            for w in state.pending_wakes
+        ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
+        workspace = spec.workspace
+        # The gate let changed bound files through only as the cause of this wake:
+        # the run consumes their new content, so it becomes the recorded one.
+        bound_now = {p: file_hash(workspace / p) for p in spec.bind.files}
+        if any(state.bound.get(p) != h for p, h in bound_now.items()):
+            await self.ctx.table.append(s, BindingObserved(hashes=bound_now))
+        before: dict[str, bytes | None] = {}
+        pending_started: Draft | None = None
+        if call_id is not None:
+            hasher = workspace_hasher(spec)
+            before = {p: read_small(workspace / p) for p in spec.run.writes}
+            started = Draft(
+                ToolStarted(
+                    call=call_id,
+                    tool="command",
+                    hashes={p: hasher(p) for p in spec.run.writes},
+                    git_head=git_head(workspace),
+                ),
+                correlation=call_id,
+            )
+            if self.ctx.config.fault == "after-started":  # test only: stop between the two
+                await self.ctx.table.append_many(s, [started])
+                self.ctx.fault("after-started")
+            else:
+                pending_started = started
+        self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
+        profile = (
+            self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
+        )
+        env = program_env(
+            self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
+        )
+        if call_id is not None:
+            # The tool call this command run is: a key for the program's own
+            # idempotency checks (a rerun after a crash is a new call, a new key).
+            env["SESSIOND_CALL"] = call_id
+        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
+        env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
+        if spec.run.kind == "sdk":
+            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
+        # the budget's seconds per run, where it has one (0: no limit), bound the timeout
+        timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
+        program = Program(
+            spec,
+            env=env,
+            max_output=self.ctx.config.max_output_bytes,
+            grace=self.ctx.config.stop_grace,
+            timeout=timeout,
+        )
+        running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
+        # tool.started and the lifecycle change in one durable write
+        drafts = [pending_started] if pending_started is not None else []
+        await self.ctx.table.append_many(s, [*drafts, Draft(running)])
+
+        async def settle(outcome: Outcome) -> None:  # a run that ends before it is supervised
+            await self.settler.settle(
+                s,
+                run_id=run_id,
+                call_id=call_id,
+                outcome=outcome,
+                before=before,
+                wake_file=wake_file,
+            )
+
+        try:
+            pid = await program.start()
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
+            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+            s.run = Run(run_id, 0, time.time(), program)
+            await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
+            return
+        self.ctx.fault("after-spawn")  # test only: the program runs, run.started is not written
+        # Known as running before anything is awaited: the program may call the
+        # daemon (the SDK) at once.
+        s.run = Run(run_id, pid, time.time(), program)
+        if not await self._record_start(
+            s, spec=spec, program=program, run_id=run_id, pid=pid, wakes=wakes, cause=cause
+        ):
+            await settle(await program.wait())
+            return
+        self.ctx.fault("during-work")
+        self.supervisor.watch(
+            s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
+        )
+        log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _record_start(
+        self,
+        s: Session,
+        *,
+        spec: SessionSpec,
+        program: Program,
+        run_id: str,
+        pid: int,
+        wakes: list[dict[str, Any]],
+        cause: Record | None,
+    ) -> bool:
+        """Record run.started. If that fails (a full disk between tool.started and
+        here), a program whose run is not on record must not go on: it is stopped,
+        and the caller settles the run like any other, which blocks the session
+        (held until the log takes writes, if need be)."""
+        assert spec.run is not None
+        try:
+            await self.ctx.table.append(
+                s,
+                RunStarted(
+                    run=run_id,
+                    kind=spec.run.kind,
+                    pid=pid,
+                    pgid=pid,
+                    proc_start=proc_start_time(pid),
+                    profile=spec.run.profile,
+                    wakes=tuple(wakes),
+                ),
+                causation=cause["id"] if cause else None,
+            )
+        except Exception:
+            log.exception("run.start_unrecorded", session=s.name, run=run_id, pid=pid)
+            await program.stop("run.started could not be recorded")
+            return False
+        return True

@@ -1,0 +1,66 @@
+"""The workspace as a run sees it: file hashes, git HEAD, redaction, text diffs.
+
+Pure helpers, with no state of their own: starting a command run, finishing it,
+the SDK's tool calls, recovery and the gate report all read the workspace the
+same way, so they share these instead of each other.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from sessiond.gitrefs import resolve
+from sessiond.table.sessions import file_hash
+from sessiond.table.spec import SessionSpec
+
+DIFF_LIMIT = 1 << 20  # files larger than this get no text diff
+
+
+def workspace_hasher(spec: SessionSpec | None) -> Callable[[str], str | None]:
+    base = spec.workspace if spec is not None else Path("/")
+    return lambda path: file_hash(base / path)
+
+
+def git_head(path: Path) -> str | None:
+    """The workspace's git HEAD commit, if it is in a repository (read from the files
+    under ``.git`` where it can be: this runs before every command run)."""
+    return resolve(path, "HEAD")
+
+
+def redact(data: bytes, patterns: list[str]) -> bytes:
+    """Mask the spec's ``redact`` patterns before anything is stored."""
+    if not patterns or not data:
+        return data
+    text = data.decode(errors="surrogateescape")
+    for pattern in patterns:
+        text = re.sub(pattern, "[REDACTED]", text)
+    return text.encode(errors="surrogateescape")
+
+
+def read_small(path: Path) -> bytes | None:
+    """A file's bytes, or None when it is missing, unreadable or too big to diff."""
+    try:
+        if path.stat().st_size > DIFF_LIMIT:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def text_diff(before: dict[str, bytes | None], after_root: Path) -> bytes:
+    out: list[str] = []
+    for rel, old in sorted(before.items()):
+        new = read_small(after_root / rel)
+        if old == new:
+            continue
+        try:
+            a = (old or b"").decode().splitlines(keepends=True)
+            b = (new or b"").decode().splitlines(keepends=True)
+        except UnicodeDecodeError:
+            out.append(f"Binary file {rel} changed\n")
+            continue
+        out.extend(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}"))
+    return "".join(out).encode()

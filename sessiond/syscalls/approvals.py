@@ -1,0 +1,177 @@
+"""The answering syscalls: approve, deny, resolve.
+
+A session blocked on a question (a pending approval) or on a recovery decision
+(a call cut off half way) waits for a person; these record the answer and let
+it continue through the gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessiond.codec import rfc3339
+from sessiond.errors import InvalidInput, Refused
+from sessiond.log.event_data import (
+    ApprovalDenied,
+    ApprovalGranted,
+    ObservationProjected,
+    RecoveryResolved,
+    WakeRequested,
+)
+from sessiond.log.store.base import Draft
+from sessiond.runs.context import RunContext
+from sessiond.runs.recover import close_cut_off
+from sessiond.runs.runs import Runs
+from sessiond.runs.workspace import workspace_hasher
+from sessiond.syscalls.views import detail
+from sessiond.table.sessions import Session
+
+
+class Approvals:
+    """A person's answers: to an approval asked for, and to a recovery to choose."""
+
+    def __init__(self, ctx: RunContext, runs: Runs) -> None:
+        self.ctx = ctx
+        self.runs = runs
+
+    async def approve(self, name: str, call: str | None = None, by: str = "") -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        async with s.lock:
+            approval = _pending(s, call)
+            ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
+            expires = rfc3339(self.ctx.store.clock() + int(ttl * 1e9))
+            await self.ctx.table.append(
+                s,
+                ApprovalGranted(
+                    call=approval["call"],
+                    tool=approval["tool"],
+                    args_sha256=approval.get("args_sha256"),
+                    by=by,
+                    expires_at=expires,
+                ),
+                correlation=approval["call"],
+            )
+            if s.state == "blocked" and not s.j.state.pending_approvals():
+                await self.ctx.transition(s, "sleeping", why="approve", reason="approved")
+        if s.state == "sleeping":
+            await self.runs.wake(s, "approval", {"call": approval["call"], "answer": "granted"})
+        return detail(s)
+
+    async def deny(
+        self, name: str, call: str | None = None, by: str = "", reason: str = ""
+    ) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        async with s.lock:
+            approval = _pending(s, call)
+            await self.ctx.table.append(
+                s,
+                ApprovalDenied(call=approval["call"], tool=approval["tool"], by=by, reason=reason),
+                correlation=approval["call"],
+            )
+            if s.state == "blocked" and not s.j.state.pending_approvals():
+                await self.ctx.transition(s, "sleeping", why="deny", reason="approval denied")
+        return detail(s)
+
+    # --- recovery ------------------------------------------------------------------
+
+    async def resolve(self, name: str, option: str, by: str = "") -> dict[str, Any]:
+        """Apply a recovery option to a blocked session, then gate it again.
+
+        ``rerun``: run the half-finished step again (it is recorded as cut off);
+        ``discard``: drop the pending steps, recorded as abandoned; ``accept``:
+        accept the workspace as it is now (its hashes are recorded).
+        """
+        s = self.ctx.table.get(name)
+        async with s.lock:
+            if s.state != "blocked":
+                raise Refused(
+                    f"cannot resolve session {name!r}: it is {s.state}; resolve is for a blocked "
+                    "session ('sessionctl show' gives the reason it is blocked)"
+                )
+            state = s.j.state
+            hasher = workspace_hasher(s.spec)
+            drafts: list[Draft] = []
+            # --discard also drops calls that never started (an expired or revoked
+            # approval blocks just as a half-finished call does)
+            stages: tuple[str, ...] = ("started", "approval", "approved", "decided", "intent")
+            if option != "discard":
+                stages = ("started", "approval")
+            open_calls = {k: c for k, c in state.calls.items() if c["stage"] in stages}
+            # (read now: recording the resolution below moves these calls on)
+            cut_off_command = any(
+                c["tool"] == "command" and c["stage"] == "started" for c in open_calls.values()
+            )
+            first = next(iter(sorted(open_calls)), None)
+            for call_id, call in sorted(open_calls.items()):
+                tool = call["tool"]
+                if option == "discard":
+                    text = f"{tool} was abandoned by {by or 'a person'}; it did not complete"
+                    drafts.append(
+                        Draft(
+                            ObservationProjected(
+                                call=call_id, tool=tool, text=text, source="discarded"
+                            ),
+                            correlation=call_id,
+                        )
+                    )
+                elif call["stage"] == "started":
+                    verb = (
+                        "will run again" if option == "rerun" else "was accepted as it left things"
+                    )
+                    drafts += close_cut_off(call_id, call, hasher, f"{tool} was cut off and {verb}")
+            hashes: dict[str, str | None] = {}
+            if option == "accept":
+                paths = set(state.bound) | set(state.file_hashes)
+                for call in open_calls.values():
+                    paths.update(call.get("writes") or [])
+                hashes = {p: hasher(p) for p in sorted(paths)}
+            drafts.append(Draft(RecoveryResolved(option=option, call=first, hashes=hashes, by=by)))
+            await self.ctx.table.append_many(s, drafts)
+            spec = s.spec
+            if (
+                option != "rerun"
+                and cut_off_command
+                and spec is not None
+                and spec.run is not None
+                and spec.run.kind == "command"
+                and not state.pending_wakes
+            ):
+                # A command run is one tool call. Its program was started for every
+                # wake there was (none is left), so an accepted or discarded call
+                # ends that run: running the program again would repeat the very
+                # step the person chose not to repeat. The session rests instead.
+                # Accepted: its work stands, so the session ends the way a finished
+                # run ends it. Discarded: nothing is done, so it waits for a wake.
+                reason = f"resolved: --{option}; the cut-off run is not repeated"
+                if option == "accept" and not spec.has_triggers:
+                    await self.ctx.transition(
+                        s, "terminated", why="resolve", reason=reason, outcome="completed"
+                    )
+                else:
+                    await self.ctx.transition(s, "sleeping", why="resolve", reason=reason)
+                return detail(s)
+            await self.ctx.transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
+            cause = await self.ctx.table.append(
+                s, WakeRequested(trigger="resolve", details={"option": option})
+            )
+            await self.runs.proceed(s, cause)
+        return detail(s)
+
+
+def _pending(s: Session, call: str | None) -> dict[str, Any]:
+    pending = s.j.state.pending_approvals()
+    if not pending:
+        raise Refused(f"session {s.name!r} has no pending approval")
+    if call is None:
+        if len(pending) > 1:
+            raise InvalidInput(
+                f"session {s.name!r} has {len(pending)} pending approvals "
+                f"({', '.join(sorted(pending))}); say which with --call"
+            )
+        return next(iter(pending.values()))
+    if call not in pending:
+        raise InvalidInput(
+            f"session {s.name!r} has no pending approval for call {call!r}; pending: "
+            f"{', '.join(sorted(pending))}"
+        )
+    return pending[call]

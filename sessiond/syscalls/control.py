@@ -1,0 +1,174 @@
+"""The lifecycle syscalls: create, activate, suspend, resume, interrupt, cancel.
+
+Each moves one session through the transition table; the ones that act on a
+running session ask its program to stop (runs.supervise) and let the run's
+settle record the state, and activate and resume continue through the gate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from sessiond.errors import AlreadyExists, Refused
+from sessiond.log.event_data import BindingObserved, SessionCreated, WakeRequested
+from sessiond.runs.context import RunContext
+from sessiond.runs.runs import Runs
+from sessiond.syscalls.views import detail
+from sessiond.table import lifecycle
+from sessiond.table.sessions import Session, file_hash
+from sessiond.table.spec import SessionSpec, parse_spec, spec_to_toml
+
+log = structlog.get_logger(__name__)
+
+
+class Control:
+    """Creating sessions and moving them through their lifecycle on request."""
+
+    def __init__(self, ctx: RunContext, runs: Runs) -> None:
+        self.ctx = ctx
+        self.runs = runs
+
+    def _usable(self, name: str) -> Session:
+        """The session, refused with the reason when its log cannot be used (corrupt,
+        a symlink planted in the state dir): its state reads "blocked", and "approve or
+        resolve it" would send the operator the wrong way."""
+        s = self.ctx.table.get(name)
+        _ = s.j  # raises Refused naming why there is no log
+        return s
+
+    async def _bind_hashes(self, s: Session) -> None:
+        spec = s.spec
+        if spec is None or not spec.bind.files:
+            return
+        hashes = {f: file_hash(spec.workspace / f) for f in spec.bind.files}
+        await self.ctx.table.append(s, BindingObserved(hashes=hashes))
+
+    async def create(self, spec: str, base: str, source: str = "spec") -> dict[str, Any]:
+        parsed = parse_spec(spec, base=Path(base), source=source)
+        await self.create_spec(parsed)
+        return detail(self.ctx.table.get(parsed.name))
+
+    async def create_spec(self, spec: SessionSpec) -> Session:
+        """A new session from a parsed spec (``create``, and the daemon's spec folder)."""
+        check_environment(spec)
+        if spec.name in self.ctx.table.sessions:
+            raise AlreadyExists(
+                f"session {spec.name!r} exists already; pick another name or cancel it first"
+            )
+        text = spec_to_toml(spec)
+        new_log = await self.ctx.store.create(
+            spec.name, spec=text, durability=self.ctx.config.durability
+        )
+        await new_log.close()
+        s = await self.ctx.table.open_session(spec.name)
+        self.ctx.table.adopt(s)
+        await self.ctx.table.append(
+            s,
+            SessionCreated(
+                name=spec.name,
+                goal=spec.goal,
+                description=spec.description,
+                agent=spec.agent,
+                priority=spec.priority,
+                labels=spec.labels,
+                profile=spec.run.profile if spec.run else "default",
+                spec=spec.model_dump(mode="json"),
+            ),
+        )
+        await self._bind_hashes(s)
+        if spec.has_triggers:
+            await self.ctx.transition(
+                s, "sleeping", why="arm", reason="armed: waits for its triggers"
+            )
+        log.info("session.created", session=spec.name)
+        if self.ctx.triggers is not None:
+            self.ctx.triggers.rearm(s)
+        return s
+
+    # --- running ----------------------------------------------------------------------
+
+    async def activate(self, name: str) -> dict[str, Any]:
+        s = self._usable(name)
+        async with s.lock:
+            state = s.state
+            if state == "running":
+                raise Refused(f"session {name!r} is running already (pid {s.run and s.run.pid})")
+            if state in ("suspended", "blocked"):
+                lifecycle.check(name, state, "ready", "activate")
+                hint = "resume it" if state == "suspended" else "approve or resolve it"
+                raise Refused(f"cannot activate session {name!r}: it is {state}; {hint} first")
+            lifecycle.check(name, state, "ready", "activate")
+            if s.spec is None or s.spec.run is None:
+                raise Refused(
+                    f"session {name!r} has no [run] program to start; it can still be sent "
+                    "messages, forked, merged and compacted"
+                )
+            wake = await self.ctx.table.append(s, WakeRequested(trigger="manual"))
+            await self.runs.proceed(s, wake)
+        return detail(s)
+
+    # --- lifecycle syscalls -----------------------------------------------------------------
+
+    async def suspend(self, name: str) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        if s.state == "running":
+            await self.runs.stop_run(s, "suspend")
+            return detail(s)
+        async with s.lock:
+            await self.ctx.transition(s, "suspended", why="suspend", reason="suspended by request")
+        return detail(s)
+
+    async def resume(self, name: str) -> dict[str, Any]:
+        s = self._usable(name)
+        async with s.lock:
+            if s.state != "suspended":
+                raise Refused(f"cannot resume session {name!r}: it is {s.state}, not suspended")
+            pending = s.j.state.pending_wakes
+            await self.ctx.transition(s, "sleeping", why="resume", reason="resumed")
+            if pending and s.spec is not None and s.spec.run is not None:
+                await self.runs.proceed(s, None)
+        return detail(s)
+
+    async def interrupt(self, name: str) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        if s.state != "running" or s.run is None:
+            raise Refused(
+                f"cannot interrupt session {name!r}: it is {s.state}, and only a running "
+                "session can be interrupted"
+            )
+        await self.runs.stop_run(s, "interrupt")
+        return detail(s)
+
+    async def cancel(self, name: str) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        if s.state == "running" and s.run is not None:
+            await self.runs.stop_run(s, "cancel")
+            return detail(s)
+        async with s.lock:
+            await self.ctx.transition(
+                s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
+            )
+        return detail(s)
+
+
+def check_environment(spec: SessionSpec) -> None:
+    """What a spec names outside itself must exist: the workspace, and every git
+    trigger's repository. (Watch paths may appear later: the workspace is watched,
+    and a watch starts matching once its path exists.)"""
+    from sessiond.gitrefs import git
+    from sessiond.table.spec import BadSpec, GitTriggerSpec
+
+    if spec.run is not None and not Path(spec.run.cwd).is_dir():
+        raise BadSpec(f"{spec.name}: run.cwd: {spec.run.cwd!r} is not a folder")
+    for index, trig in enumerate(spec.trigger):
+        if (
+            isinstance(trig, GitTriggerSpec)
+            and git(Path(trig.repo), "rev-parse", "--git-dir") is None
+        ):
+            raise BadSpec(
+                f"{spec.name}: trigger[{index}].repo: {trig.repo!r} is not a git repository "
+                "(create it with 'git init', or point repo at one)"
+            )

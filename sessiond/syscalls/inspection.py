@@ -1,0 +1,60 @@
+"""The inspection syscalls: ping, ps, show, log, replay, gate.
+
+They read the process table and the logs and record nothing, so they need no
+run machinery: only the table, the store and the configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from sessiond import __version__
+from sessiond.log.store.base import Record
+from sessiond.runs.context import RunContext
+from sessiond.syscalls.views import detail, gate_report, replay_view
+
+
+class Inspection:
+    """What a person or a program may look at: the table, a session, its log."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    async def ping(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "protocol": 1,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.ctx.table.started, 3),
+            "sessions": len(self.ctx.table),
+            "state_dir": str(self.ctx.config.state_dir),
+        }
+
+    async def ps(self) -> list[dict[str, Any]]:
+        from sessiond.table.sessions import summary
+
+        fn = self.ctx.table.next_wake_fn
+        return [summary(s, fn) for s in sorted(self.ctx.table, key=lambda s: s.name)]
+
+    async def show(self, name: str) -> dict[str, Any]:
+        return detail(self.ctx.table.get(name))
+
+    async def log_(
+        self, name: str, since: int = 1, types: list[str] | None = None, limit: int = 0
+    ) -> list[Record]:
+        self.ctx.table.get(name)
+        wanted = set(types or ())
+        records = [
+            r for r in self.ctx.store.read(name, since=since) if not wanted or r["type"] in wanted
+        ]
+        return records[-limit:] if limit else records
+
+    async def replay(self, name: str, upto: int | None = None, view: str = "state") -> Any:
+        self.ctx.table.get(name)
+        return replay_view(name, self.ctx.store.read(name, upto=upto), view)
+
+    async def gate(self, name: str) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        return gate_report(s, self.ctx.now(), self.ctx.store.artifacts(name).has)

@@ -1,0 +1,238 @@
+"""The lineage and context syscalls: fork, merge, send, migrate, compact,
+export, import.
+
+They make, join, move and carry sessions: each works on a log as a whole (a
+fork's copy, a merge's summary, a bundle) rather than on one run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sessiond.errors import AlreadyExists, InvalidInput, Refused
+from sessiond.log.bundle import export_session, import_session
+from sessiond.log.event_data import (
+    ArtifactRef,
+    LifecycleChanged,
+    MessageReceived,
+    SessionMerged,
+    SessionMigrated,
+)
+from sessiond.log.lineage import fork as fork_log
+from sessiond.runs.context import RunContext
+from sessiond.runs.runs import Runs
+from sessiond.syscalls.views import detail
+from sessiond.table import lifecycle
+from sessiond.table.sessions import Session
+from sessiond.table.spec import parse_spec, spec_to_toml
+
+
+class Lineage:
+    """Sessions made from, merged into, sent to and moved between others."""
+
+    def __init__(self, ctx: RunContext, runs: Runs) -> None:
+        self.ctx = ctx
+        self.runs = runs
+
+    async def fork(
+        self, name: str, new: str, at: int | None = None, with_triggers: bool = False
+    ) -> dict[str, Any]:
+        parent = self.ctx.table.get(name)
+        if new in self.ctx.table.sessions:
+            raise AlreadyExists(f"session {new!r} exists already; pick another name")
+        async with parent.lock:
+            child_journal = await fork_log(
+                self.ctx.store,
+                parent.j,
+                new,
+                at_seq=at,
+                with_triggers=with_triggers,
+                durability=self.ctx.config.durability,
+            )
+        spec = None
+        if parent.spec is not None:
+            update: dict[str, Any] = {"name": new}
+            if not with_triggers:
+                update["trigger"] = []
+                update["bind"] = parent.spec.bind.model_copy(update={"files": []})
+            spec = parent.spec.model_copy(update=update)
+            self.ctx.store.write_spec(new, spec_to_toml(spec))
+        child = Session(new, child_journal, spec, None)
+        self.ctx.table.adopt(child)
+        armed = spec is not None and spec.has_triggers
+        inherited = child_journal.state.state
+        await self.ctx.table.append(
+            child,
+            LifecycleChanged.model_validate(
+                {
+                    "from": inherited,
+                    "to": "sleeping" if armed else "created",
+                    "reason": f"forked from {name} at seq {child_journal.state.fork_seq}",
+                }
+            ),
+        )
+        if armed and self.ctx.triggers is not None:
+            self.ctx.triggers.rearm(child)
+        return detail(child)
+
+    async def merge(
+        self, child_name: str, into: str | None = None, summary: str | None = None
+    ) -> dict[str, Any]:
+        child = self.ctx.table.get(child_name)
+        target = into or child.j.state.parent
+        if target is None:
+            raise InvalidInput(
+                f"session {child_name!r} has no parent; say which session to merge it into "
+                "with --into"
+            )
+        parent = self.ctx.table.get(target)
+        if parent.name == child.name:
+            raise InvalidInput("a session cannot be merged into itself")
+        lifecycle.check(child.name, child.state, "terminated", "merge")
+        if parent.state == "terminated":
+            raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
+        if child.state == "running":
+            await self.runs.stop_run(child, "merge")
+        cs = child.j.state
+        text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
+        text = text or f"{child.name} finished at seq {cs.seq}"
+        refs = list(cs.live_artifacts().values())
+        source, dest = self.ctx.store.artifacts(child.name), self.ctx.store.artifacts(parent.name)
+        for ref in refs:
+            dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
+        async with parent.lock:
+            await self.ctx.table.append(
+                parent,
+                SessionMerged(
+                    child=child.name,
+                    summary=text,
+                    artifacts=tuple(ArtifactRef.model_validate(r) for r in refs),
+                    child_seq=cs.seq,
+                ),
+            )
+        async with child.lock:
+            await self.ctx.transition(
+                child,
+                "terminated",
+                why="merge",
+                reason=f"merged into {parent.name}",
+                outcome="merged",
+            )
+        return {"parent": detail(parent), "child": detail(child)}
+
+    async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+        s = self.ctx.table.get(to)
+        if s.state == "terminated":
+            raise Refused(f"cannot send to session {to!r}: it is terminated")
+        async with s.lock:
+            record = await self.ctx.table.append(s, MessageReceived(sender=sender, text=text))
+        woke = False
+        if s.spec is not None and any(t.type == "message" for t in s.spec.trigger):
+            await self.runs.wake(
+                s, "message", {"sender": sender, "text": text[:1024], "seq": record["seq"]}
+            )
+            woke = True
+        return {"session": to, "seq": record["seq"], "woke": woke}
+
+    async def migrate(
+        self, name: str, profile: str | None = None, to: str | None = None
+    ) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        if (profile is None) == (to is None):
+            raise InvalidInput("say either --profile P or --to SOCKET")
+        if profile is not None:
+            if profile not in self.ctx.config.profiles:
+                known = ", ".join(sorted(self.ctx.config.profiles))
+                raise InvalidInput(f"no runner profile {profile!r}; the daemon has {known}")
+            async with s.lock:
+                await self.ctx.table.append(
+                    s, SessionMigrated(from_profile=s.j.state.profile, to_profile=profile)
+                )
+            return detail(s)
+        assert to is not None
+        return await self._migrate_to(s, Path(to))
+
+    async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
+        from sessiond.wire import RemoteError, call_async
+
+        lifecycle.check(s.name, s.state, "terminated", "migrate")
+        if s.state == "running":
+            await self.runs.stop_run(s, "migrate")
+        outbox = self.ctx.config.state_dir / "outbox"
+        outbox.mkdir(mode=0o700, exist_ok=True)
+        bundle = outbox / f"{s.name}.bundle"
+        async with s.lock:
+            export_session(self.ctx.store, s.name, bundle)
+            try:
+                try:
+                    await call_async(socket, "import", {"path": str(bundle), "name": s.name})
+                except OSError as exc:
+                    raise Refused(
+                        f"cannot reach the daemon at {socket}: {exc.strerror}; is it running?"
+                    ) from exc
+                except RemoteError as exc:
+                    raise Refused(
+                        f"the daemon at {socket} did not take session {s.name!r}: {exc.message}"
+                    ) from exc
+            finally:
+                bundle.unlink(missing_ok=True)
+            await self.ctx.table.append(s, SessionMigrated(to=str(socket)))
+            await self.ctx.transition(
+                s, "terminated", why="migrate", reason=f"migrated to {socket}", outcome="migrated"
+            )
+        return detail(s)
+
+    # --- context -------------------------------------------------------------------
+
+    async def compact(self, name: str, keep: int = 4) -> dict[str, Any]:
+        from sessiond.syscalls.compaction import compact
+
+        s = self.ctx.table.get(name)
+        async with s.lock:
+            event = await compact(s, keep=keep)
+            await self.ctx.table.append(s, event)
+        return detail(s)
+
+    # --- bundles -------------------------------------------------------------------
+
+    async def export(self, name: str, path: str) -> dict[str, Any]:
+        self.ctx.table.get(name)
+        manifest = export_session(self.ctx.store, name, Path(path))
+        return {"path": path, "events": manifest["events"]["count"], "session": name}
+
+    async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:
+        journal = await import_session(
+            self.ctx.store, Path(path), name=name, durability=self.ctx.config.durability
+        )
+        spec_text = self.ctx.store.read_spec(journal.session)
+        spec = parse_spec(spec_text, base=Path("/"), source=path) if spec_text else None
+        if spec is not None and spec.name != journal.session:
+            spec = spec.model_copy(update={"name": journal.session})
+            self.ctx.store.write_spec(journal.session, spec_to_toml(spec))
+        s = Session(journal.session, journal, spec, spec_text)
+        self.ctx.table.adopt(s)
+        state = journal.state.state
+        if state in ("running", "ready"):
+            # It arrives not running: it runs here only after a wake and the gate.
+            to = "sleeping" if spec is not None and spec.has_triggers else "created"
+            await self.ctx.table.append(
+                s,
+                LifecycleChanged.model_validate(
+                    {
+                        "from": state,
+                        "to": to,
+                        "reason": "imported: not running; activate goes through the gate first",
+                    }
+                ),
+            )
+        if self.ctx.triggers is not None:
+            self.ctx.triggers.rearm(s)
+        return detail(s)
+
+
+def _last_said(transcript: list[dict[str, Any]]) -> str:
+    for item in reversed(transcript):
+        if item["role"] in ("assistant", "tool"):
+            return str(item["text"])
+    return ""
