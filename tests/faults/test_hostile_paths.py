@@ -12,7 +12,7 @@ clear error, the daemon still serves, and nothing is lost.
   dangling log, a spec, the lock file).
 
 Covered elsewhere, not repeated: bad bundles at library level
-(tests/test_bundle.py), planted symlinks at library level (tests/test_file_log.py).
+(tests/log/test_bundle.py), planted symlinks at library level (tests/log/test_file_log.py).
 The helpers and the suite's overview are in tests/faults/hostile.py.
 """
 
@@ -38,7 +38,7 @@ from tests.faults.hostile import (
     run_job,
     serving,
 )
-from tests.test_bundle import _fix_manifest, _gap, _rewrite, _tamper_artifact
+from tests.log.test_bundle import _fix_manifest, _gap, _rewrite, _tamper_artifact
 
 # --- 1. path traversal in session names ------------------------------------------------------
 

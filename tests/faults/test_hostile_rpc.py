@@ -10,7 +10,7 @@ documented error, the connection and the daemon go on, and nothing is lost.
 * a run token replayed after its run ended, through raw RPC and the SDK.
 
 Covered elsewhere, not repeated: random junk frames, one oversized frame and idle
-clients (tests/e2e/test_rpc_fuzz.py), spec fuzzing (tests/test_spec_fuzz.py), a
+clients (tests/e2e/test_rpc_fuzz.py), spec fuzzing (tests/table/test_spec_fuzz.py), a
 peer with another uid (tests/e2e/test_daemon.py). The helpers and the suite's
 overview are in tests/faults/hostile.py.
 """

@@ -3,7 +3,7 @@
 Run it once when a version is published (``python -m tests.golden.write_current``)
 and commit the result under ``tests/golden/v<N>/``. Never regenerate a published
 version: the point of these files is that logs written by every earlier version
-stay readable (``tests/test_golden.py`` replays them all).
+stay readable (``tests/log/test_golden.py`` replays them all).
 """
 
 from __future__ import annotations

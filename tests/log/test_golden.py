@@ -20,7 +20,7 @@ from sessiond.log.replay import replay_all
 from sessiond.log.store.files import FileStore
 from tests.helpers import arun
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 VERSIONS = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and p.name.startswith("v"))
 
 
