@@ -15,14 +15,20 @@ def make(d: Daemon, name: str, cmd: str, extra: str = "") -> None:
 
 def test_a_cancelled_queued_session_does_not_stall_the_queue() -> None:
     with running("max_running = 1\n") as d:
-        make(d, "a", "sleep 0.5")
+        # `a` holds the one slot until the test lets it go, so `b` and `c` are
+        # provably still queued when `b` is cancelled (a fixed `sleep` in `a` lost
+        # that race on a loaded machine: `b` had already run).
+        make(d, "a", "while [ ! -e go ]; do sleep 0.02; done")
         make(d, "b", "echo b")
         make(d, "c", "echo c > c.txt")
         for name in ("a", "b", "c"):
             d.ctl("activate", name, check=True)
+        assert d.json("show", "b")["state"] == "ready"
         assert d.json("show", "c")["state"] == "ready"
         d.ctl("cancel", "b", check=True)
+        (d.root / "go").touch()
         wait_event(d, "c", "run.finished")
+        assert not any(r["type"] == "run.started" for r in d.json("log", "b"))
         assert (d.root / "c.txt").read_text() == "c\n"
 
 
