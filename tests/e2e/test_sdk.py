@@ -304,8 +304,9 @@ def test_an_approval_given_for_another_command_is_not_used() -> None:
 
 def test_a_daemon_started_with_a_relative_socket_hands_programs_an_absolute_one() -> None:
     root = short_dir()
+    d = Daemon(root, relative_socket=True)
     try:
-        d = Daemon(root, relative_socket=True).start()
+        d.start()
         (root / "ws").mkdir()  # the program runs here, not where the daemon started
         (root / "ws" / "f.txt").write_text("broken\n")
         spec = (
@@ -322,6 +323,7 @@ def test_a_daemon_started_with_a_relative_socket_hands_programs_an_absolute_one(
         )
         assert done["data"]["outcome"] == "completed", done
         assert (root / "ws" / "f.txt").read_text() == "broken\nfixed\n"
-        d.stop()
     finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -424,6 +424,7 @@ def test_a_spec_with_nan_or_inf_is_refused_by_create_and_the_daemon_goes_on() ->
             for value in ("nan", "inf", "-inf", '"nan"', '"1e999s"'):
                 text = f'name = "nf{n}"\n' + table.format(v=value)
                 answer = rpc(d, "create", {"spec": text, "base": str(d.root), "source": "x.toml"})
+                assert answer["ok"] is False, (key, value, answer)  # not created
                 error = answer["error"]
                 assert error["code"] == "bad_spec", (key, value, answer)
                 assert error["message"].startswith(f"x.toml: {key}: "), (key, value, error)
