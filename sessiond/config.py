@@ -10,6 +10,8 @@ file, the key and what is allowed.
 from __future__ import annotations
 
 import grp
+import math
+import os
 import pwd
 import tomllib
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sessiond.durations import Duration
+from sessiond.durations import MAX_DURATION, Duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
 
@@ -29,7 +31,9 @@ class BadConfig(InvalidInput):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan: no number in the configuration may be NaN or infinite (TOML can
+    # write both); the keys that take floats also say so in their own words
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class AccessConfig(_Strict):
@@ -126,6 +130,27 @@ class DaemonConfig(_Strict):
             raise ValueError("aging must be more than 0 seconds")
         return value
 
+    @field_validator("clock_offset", mode="before")
+    @classmethod
+    def _finite_offset(cls, value: object) -> object:
+        if isinstance(value, int | float) and not (
+            math.isfinite(value) and abs(value) <= MAX_DURATION
+        ):
+            raise ValueError(
+                f"{value!r} is not a clock offset: write a number of seconds within "
+                "100 years, e.g. 0 or 86400"
+            )
+        return value
+
+    @field_validator("state_dir", "socket")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        # Absolute from the daemon's working folder, once, here: the daemon hands the
+        # socket (SESSIOND_SOCKET) and files under the state dir (SESSIOND_WAKE_FILE)
+        # to programs that run in their own workspace, where a relative path would
+        # name another place. Not resolved: a symlinked folder stays as written.
+        return Path(os.path.abspath(path))
+
     source: Path | None = None  # the file read, for messages; not a key
 
     @field_validator("profiles")
@@ -178,5 +203,13 @@ def load_config(
             if e["type"] == "extra_forbidden":
                 problems.append(f"{loc}: unknown key (see config/sessiond.toml for every key)")
             else:
-                problems.append(f"{loc}: {str(e['msg']).removeprefix('Value error, ')}")
+                message = str(e["msg"]).removeprefix("Value error, ")
+                given = e.get("input")
+                if (
+                    isinstance(given, str | int | float)
+                    and len(repr(given)) < 80
+                    and repr(given) not in message
+                ):
+                    message += f" (got {given!r})"
+                problems.append(f"{loc}: {message}")
         raise BadConfig(f"{where}: " + "; ".join(problems)) from exc

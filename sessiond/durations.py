@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -9,6 +10,11 @@ from pydantic import BeforeValidator
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The longest duration anything takes: a hundred years. Longer ones (and NaN or
+# infinity, which TOML writes as nan and inf) would overflow the daemon's clock
+# arithmetic (a datetime plus the duration) long after the spec was accepted.
+MAX_DURATION = 36500 * 86400.0
+_TOO_LONG = "a duration is at most 100 years ('36500d')"
 
 
 def parse_duration(value: object) -> float:
@@ -16,8 +22,15 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or text like '10m', '200ms', '1h30m'")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{value!r} is not a duration: write a finite number of seconds or text "
+                "like '10m', '200ms', '1h30m'"
+            )
         if value < 0:
             raise ValueError("a duration cannot be negative")
+        if value > MAX_DURATION:
+            raise ValueError(_TOO_LONG)
         return float(value)
     if not isinstance(value, str):
         raise ValueError("a duration is a number of seconds or text like '10m', '200ms', '1h30m'")
@@ -34,6 +47,8 @@ def parse_duration(value: object) -> float:
             f"{value!r} is not a duration: write a number and a unit (ms, s, m, h, d), "
             "e.g. '200ms', '10m', '1h30m'"
         )
+    if total > MAX_DURATION:  # also a number of digits so long that it is infinite
+        raise ValueError(_TOO_LONG)
     return total
 
 

@@ -5,6 +5,11 @@ process costs milliseconds. The git trigger reads refs on every change under
 ``.git``, and every command run records the workspace's HEAD, so both read the
 files and start ``git`` only for what the files cannot say (a worktree or a
 submodule, whose ``.git`` is a file; an unborn branch; a short ref name).
+
+Object names are SHA-1 (40 hex digits) or, in a repository made with
+``git init --object-format=sha256``, SHA-256 (64 hex digits). All the names in
+one repository have the same length, so the length of a name says which: a tree
+read by its name holds entries whose binary names are half as many bytes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,15 @@ from __future__ import annotations
 import subprocess
 import zlib
 from pathlib import Path
+
+# hex digits in an object name -> bytes of the name in a tree entry: SHA-1, SHA-256
+_NAME_BYTES = {40: 20, 64: 32}
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_object_name(text: str) -> bool:
+    """Is ``text`` a full object name (SHA-1 or SHA-256, lowercase hex)?"""
+    return len(text) in _NAME_BYTES and _HEX.issuperset(text)
 
 
 def git(repo: Path, *args: str, timeout: float = 10) -> str | None:
@@ -70,7 +84,7 @@ def resolve(repo: Path, ref: str) -> str | None:
     if dot is not None:
         if ref == "HEAD":
             ref = head_ref(repo) or ""
-        if len(ref) == 40 and all(c in "0123456789abcdef" for c in ref):
+        if is_object_name(ref):
             return ref  # a detached HEAD is the commit itself
         if ref.startswith("refs/"):
             try:
@@ -129,17 +143,26 @@ def _commit(dot: Path, sha: str) -> tuple[str, list[str]] | None:
 
 
 def _tree(dot: Path, sha: str) -> dict[str, tuple[str, str]] | None:
-    """name -> (mode, sha) of a loose tree."""
+    """name -> (mode, sha) of a loose tree; None when it cannot be read (git answers).
+
+    An entry is ``mode SP name NUL`` and the binary object name, as long as the
+    tree's own name says (20 bytes in a SHA-1 repository, 32 in a SHA-256 one)."""
+    size = _NAME_BYTES.get(len(sha))
     obj = _object(dot, sha)
-    if obj is None or obj[0] != b"tree":
+    if size is None or obj is None or obj[0] != b"tree":
         return None
     body, entries, i = obj[1], {}, 0
-    while i < len(body):
-        space = body.index(b" ", i)
-        nul = body.index(b"\0", space)
-        name = body[space + 1 : nul].decode(errors="surrogateescape")
-        entries[name] = (body[i:space].decode(), body[nul + 1 : nul + 21].hex())
-        i = nul + 21
+    try:
+        while i < len(body):
+            space = body.index(b" ", i)
+            nul = body.index(b"\0", space)
+            name = body[space + 1 : nul].decode(errors="surrogateescape")
+            if nul + 1 + size > len(body):
+                return None  # cut short: not a tree this code can read
+            entries[name] = (body[i:space].decode(), body[nul + 1 : nul + 1 + size].hex())
+            i = nul + 1 + size
+    except ValueError:  # no space or NUL where one must be, a name not UTF-8
+        return None
     return entries
 
 

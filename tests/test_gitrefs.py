@@ -3,13 +3,16 @@ files, and the paths a move forward changed read from loose objects."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from sessiond import gitrefs
 from sessiond.gitrefs import git_folder, head_ref, moved_forward, resolve
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -34,15 +37,34 @@ def git_paths(repo: Path, old: str, new: str) -> list[str]:
     return sorted(p for p in names.splitlines() if p)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    git(tmp_path, "init", "-q", "-b", "main")
-    (tmp_path / "src" / "deep").mkdir(parents=True)
-    (tmp_path / "src" / "a.py").write_text("a\n")
-    (tmp_path / "src" / "deep" / "b.py").write_text("b\n")
-    (tmp_path / "README.md").write_text("r\n")
-    commit(tmp_path, "first")
-    return tmp_path
+@functools.cache
+def _can_make_sha256() -> bool:
+    with tempfile.TemporaryDirectory() as probe:
+        done = subprocess.run(
+            ["git", "init", "-q", "--object-format=sha256", probe],
+            capture_output=True,
+            check=False,
+        )
+    return done.returncode == 0
+
+
+def make_repo(folder: Path, object_format: str) -> Path:
+    if object_format == "sha256" and not _can_make_sha256():
+        pytest.skip("this machine's git cannot create a SHA-256 repository (git >= 2.29 can)")
+    git(folder, "init", "-q", "-b", "main", f"--object-format={object_format}")
+    (folder / "src" / "deep").mkdir(parents=True)
+    (folder / "src" / "a.py").write_text("a\n")
+    (folder / "src" / "deep" / "b.py").write_text("b\n")
+    (folder / "README.md").write_text("r\n")
+    commit(folder, "first")
+    return folder
+
+
+# every test runs on a SHA-1 repository and on a SHA-256 one (64-hex names, 32-byte
+# names in tree entries): gitrefs must read both
+@pytest.fixture(params=["sha1", "sha256"])
+def repo(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    return make_repo(tmp_path, str(request.param))
 
 
 def test_refs_are_read_as_git_reads_them(repo: Path) -> None:
@@ -121,3 +143,22 @@ def test_a_bare_repository_is_its_own_git_folder(repo: Path, tmp_path: Path) -> 
     git(repo, "push", "-q", str(bare), "main")  # a few objects arrive loose
     assert resolve(bare, "refs/heads/main") == new
     assert moved_forward(bare, old, new) in (None, git_paths(bare, old, new))
+
+
+def test_a_sha256_repository_is_read_from_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_repo(tmp_path, "sha256")
+    assert git(repo, "rev-parse", "--show-object-format") == "sha256"
+    old = git(repo, "rev-parse", "HEAD")
+    assert len(old) == 64
+    (repo / "src" / "a.py").write_text("a4\n")
+    (repo / "src" / "deep" / "c.py").write_text("c\n")
+    new = commit(repo, "sha256")
+    git(repo, "checkout", "-q", "--detach", new)
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(gitrefs, "git", lambda _repo, *args, **_kw: calls.append(args))
+    assert resolve(repo, "HEAD") == new  # a detached 64-hex HEAD is the commit itself
+    assert resolve(repo, "refs/heads/main") == new
+    assert moved_forward(repo, old, new) == ["src/a.py", "src/deep/c.py"]
+    assert calls == []  # all of it read from the files, no git process

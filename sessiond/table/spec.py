@@ -7,18 +7,28 @@ Paths: ``run.cwd`` (the workspace), a git trigger's ``repo`` and relative
 ``compact.exec``/``run.exec`` programs are taken from the spec file's folder.
 Paths *inside* the workspace — ``run.writes``, ``bind.files``, a watch
 trigger's ``paths``/``exclude`` and a git trigger's ``paths`` — are relative to
-the workspace and may not leave it.
+the workspace and may not leave it; one written absolute that lies inside the
+workspace is stored relative to it (DESIGN.md section 7).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 import zoneinfo
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
@@ -35,13 +45,31 @@ class BadSpec(InvalidInput):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan: no number in a spec may be NaN or infinite (TOML can write both);
+    # durations refuse them in their own words (sessiond/durations.py)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-def _inside(value: str, key: str) -> str:
-    """A workspace-relative path or glob that stays inside the workspace."""
+def _inside(value: str, key: str, info: ValidationInfo) -> str:
+    """A workspace-relative path or glob that stays inside the workspace; an absolute
+    one inside the workspace comes back relative to it.
+
+    The workspaces, as ``parse_spec`` passes them in the validation context: run.cwd
+    resolved, and as written (made absolute but not resolved), so that a path under
+    either spelling of a symlinked folder counts as inside."""
     path = PurePosixPath(value)
-    if not value or path.is_absolute() or ".." in path.parts:
+    workspaces: list[str] = (info.context or {}).get("workspaces", [])
+    if path.is_absolute():
+        plain = PurePosixPath(os.path.normpath(value))  # '..' taken out as text
+        for workspace in workspaces:
+            if plain.is_relative_to(workspace):
+                return str(plain.relative_to(workspace))
+        where = f" {workspaces[0]}" if workspaces else ""
+        raise ValueError(
+            f"{value!r} is outside the workspace{where}: {key} paths must lie inside it; "
+            f"write them relative to run.cwd or as an absolute path under it"
+        )
+    if not value or ".." in path.parts:
         raise ValueError(
             f"{value!r} must be a path inside the workspace: relative, without '..' "
             f"({key} paths are taken from run.cwd)"
@@ -75,8 +103,8 @@ class RunSpec(_Strict):
 
     @field_validator("writes")
     @classmethod
-    def _writes_inside(cls, writes: list[str]) -> list[str]:
-        return [_inside(w, "run.writes") for w in writes]
+    def _writes_inside(cls, writes: list[str], info: ValidationInfo) -> list[str]:
+        return [_inside(w, "run.writes", info) for w in writes]
 
     @field_validator("timeout")
     @classmethod
@@ -100,8 +128,8 @@ class BindSpec(_Strict):
 
     @field_validator("files")
     @classmethod
-    def _files_inside(cls, files: list[str]) -> list[str]:
-        return [_inside(f, "bind.files") for f in files]
+    def _files_inside(cls, files: list[str], info: ValidationInfo) -> list[str]:
+        return [_inside(f, "bind.files", info) for f in files]
 
 
 class PolicySpec(_Strict):
@@ -169,8 +197,8 @@ class WatchTriggerSpec(_Strict):
 
     @field_validator("paths", "exclude")
     @classmethod
-    def _globs_inside(cls, globs: list[str]) -> list[str]:
-        return [_inside(g, "watch") for g in globs]
+    def _globs_inside(cls, globs: list[str], info: ValidationInfo) -> list[str]:
+        return [_inside(g, "watch", info) for g in globs]
 
 
 class GitTriggerSpec(_Strict):
@@ -181,8 +209,8 @@ class GitTriggerSpec(_Strict):
 
     @field_validator("paths")
     @classmethod
-    def _globs_inside(cls, globs: list[str]) -> list[str]:
-        return [_inside(g, "git") for g in globs]
+    def _globs_inside(cls, globs: list[str], info: ValidationInfo) -> list[str]:
+        return [_inside(g, "git", info) for g in globs]
 
 
 class MessageTriggerSpec(_Strict):
@@ -270,16 +298,20 @@ def _absolute(base: Path, path: object) -> object:
         return path
 
 
-def _resolve(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Make the spec's folder-relative paths absolute, so the stored spec stands alone."""
+def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str]]:
+    """Make the spec's folder-relative paths absolute, so the stored spec stands alone;
+    and the workspace, resolved and as written, for ``_inside``."""
     data = dict(data)
     run = data.get("run")
     workspace = base.resolve()
+    written = os.path.abspath(base)
     if isinstance(run, dict):
         run = dict(run)
-        run["cwd"] = _absolute(base, run.get("cwd", "."))
+        cwd = run.get("cwd", ".")
+        run["cwd"] = _absolute(base, cwd)
         if isinstance(run["cwd"], str) and Path(run["cwd"]).is_absolute():
             workspace = Path(run["cwd"])
+            written = os.path.abspath(base / cwd) if isinstance(cwd, str) else str(workspace)
         data["run"] = run
     triggers = data.get("trigger")
     if isinstance(triggers, list):
@@ -290,7 +322,7 @@ def _resolve(data: dict[str, Any], base: Path) -> dict[str, Any]:
             else:
                 resolved.append(trig)
         data["trigger"] = resolved
-    return data
+    return data, list(dict.fromkeys([str(workspace), written]))
 
 
 def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
@@ -307,7 +339,8 @@ def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
             "command or name may hold; remove it"
         )
     try:
-        return SessionSpec.model_validate(_resolve(data, base))
+        resolved, workspaces = _resolve(data, base)
+        return SessionSpec.model_validate(resolved, context={"workspaces": workspaces})
     except ValidationError as exc:
         raise BadSpec(f"{source}: " + "; ".join(_explain(e) for e in exc.errors())) from exc
 

@@ -33,8 +33,18 @@ def short_dir() -> Path:
 class Daemon:
     """One sessiond process on its own state dir and socket."""
 
-    def __init__(self, root: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        config: str = "",
+        env: dict[str, str] | None = None,
+        *,
+        relative_socket: bool = False,
+    ) -> None:
         self.root = root
+        # started from root with `--socket s.sock` (and no SESSIOND_SOCKET), as a person
+        # may type it; sessionctl here still gets the absolute path
+        self.relative_socket = relative_socket
         self.state_dir = root / "state"
         self.socket = root / "s.sock"
         self.config = root / "sessiond.toml"
@@ -63,6 +73,9 @@ class Daemon:
             if self.proc.stderr is not None:
                 self.proc.stderr.close()
         self._ready.clear()
+        env = self.env
+        if self.relative_socket:
+            del env["SESSIOND_SOCKET"]
         self.proc = subprocess.Popen(
             [
                 SESSIOND,
@@ -71,9 +84,10 @@ class Daemon:
                 "--state-dir",
                 str(self.state_dir),
                 "--socket",
-                str(self.socket),
+                self.socket.name if self.relative_socket else str(self.socket),
             ],
-            env=self.env,
+            env=env,
+            cwd=self.root if self.relative_socket else None,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,

@@ -300,3 +300,30 @@ def test_an_approval_given_for_another_command_is_not_used() -> None:
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_daemon_started_with_a_relative_socket_hands_programs_an_absolute_one() -> None:
+    root = short_dir()
+    d = Daemon(root, relative_socket=True)
+    try:
+        d.start()
+        (root / "ws").mkdir()  # the program runs here, not where the daemon started
+        (root / "ws" / "f.txt").write_text("broken\n")
+        spec = (
+            SPEC.format(
+                python=sys.executable, agent=AGENT, root=Path(__file__).parents[2], ttl="1h"
+            )
+            .replace('cwd = "."', 'cwd = "ws"')
+            .replace('ask = ["edit_file"]', 'allow = ["edit_file"]')
+        )
+        d.ctl("create", str(d.write_spec("agent", spec)), check=True)
+        d.ctl("activate", "agent", check=True)
+        done = wait_event(
+            d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
+        )
+        assert done["data"]["outcome"] == "completed", done
+        assert (root / "ws" / "f.txt").read_text() == "broken\nfixed\n"
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)

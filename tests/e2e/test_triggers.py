@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.e2e.harness import Daemon, running, short_dir, wait_event
 
@@ -137,6 +138,36 @@ def test_a_commit_touching_the_paths_wakes_a_git_session_and_others_do_not() -> 
         assert last["forced"] is True
         assert last["range"] == f"{head}..{rewritten}"
         assert "src/new.py" in last["paths"]
+
+
+def test_a_commit_in_a_sha256_repository_wakes_a_git_session() -> None:
+    with running() as d:
+        repo = d.root / "repo"
+        (repo / "src").mkdir(parents=True)
+        try:
+            _git(repo, "init", "-q", "-b", "main", "--object-format=sha256")
+        except subprocess.CalledProcessError:
+            pytest.skip("this machine's git cannot create a SHA-256 repository (git >= 2.29 can)")
+        (repo / "src" / "api.py").write_text("def f(): pass\n")
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-q", "-m", "first")
+        first = _git(repo, "rev-parse", "HEAD")
+        assert len(first) == 64
+        spec = (
+            f'name = "docs"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "repo"\n'
+            '[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
+        )
+        d.ctl("create", str(d.write_spec("docs", spec)), check=True)
+        (repo / "src" / "api.py").write_text("def f(): return 1\n")
+        _git(repo, "commit", "-q", "-am", "api change")
+        head = _git(repo, "rev-parse", "HEAD")
+        wait_event(d, "docs", "run.finished")
+        (cause,) = wakes(repo)
+        details = cause["wakes"][0]["details"]
+        assert details["range"] == f"{first}..{head}"
+        assert details["paths"] == ["src/api.py"]
+        assert details["forced"] is False
+        assert not [line for line in d.lines if line.get("event") == "git.check_failed"]
 
 
 def test_commits_made_while_the_daemon_was_down_wake_the_session_after_a_restart() -> None:

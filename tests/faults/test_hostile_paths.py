@@ -3,6 +3,9 @@ symlinks that would make it read or write outside its place are refused with a
 clear error, the daemon still serves, and nothing is lost.
 
 * path traversal in session names (create, show, log, send, fork --as, import --as);
+* absolute paths in a spec's workspace paths (``run.writes``, ``bind.files``, watch
+  and git ``paths``): outside the workspace refused naming the path and the
+  workspace, inside it stored relative (DESIGN.md section 7);
 * artifact references: traversal inside a bundle's events or member names, an
   artifact replaced by a symlink in the state dir, a reference quoted in tool
   arguments (data, not evidence: export and fork must still work);
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
@@ -77,6 +81,46 @@ def test_path_traversal_in_session_names_is_refused_wherever_a_name_goes_in() ->
         made = [p for p in d.root.rglob("*") if "evil" in p.name.lower()]
         assert made == [], made
         assert os.listdir(d.state_dir / "sessions") == [SENTINEL]  # no leftover temp folder
+
+
+# --- 1b. absolute paths in a spec ---------------------------------------------------------
+
+
+WORKSPACE_PATHS = [
+    ("run.writes", "writes = [{p}]\n"),
+    ("bind.files", "[bind]\nfiles = [{p}]\n"),
+    ("trigger[0].paths", '[[trigger]]\ntype = "watch"\npaths = [{p}]\n'),
+    ("trigger[0].paths", '[[trigger]]\ntype = "git"\npaths = [{p}]\n'),
+]
+
+
+def test_absolute_spec_paths_refused_outside_the_workspace_stored_relative_inside() -> None:
+    with running() as d:
+        make_sentinel(d)
+        ws = d.root / "ws"
+        ws.mkdir()
+        subprocess.run(["git", "init", "-q", str(ws)], check=True)  # for the git trigger
+        run = f'[run]\nexec = ["true"]\ncwd = "{ws}"\n'
+        before = everything(d)
+        for n, (key, table) in enumerate(WORKSPACE_PATHS):
+            for outside in ("/etc/passwd", f"{ws}/../elsewhere", f"{d.state_dir}/sessions"):
+                quoted = orjson.dumps(outside).decode()
+                spec = d.write_spec(f"out{n}", f'name = "out{n}"\n{run}{table.format(p=quoted)}')
+                refused(
+                    d.ctl("--json", "create", str(spec)),
+                    "bad_spec",
+                    f"{spec}: {key}: {outside!r} is outside the workspace {ws}",
+                )
+        serving(d)
+        assert everything(d) == before
+        for n, (key, table) in enumerate(WORKSPACE_PATHS):
+            quoted = orjson.dumps(f"{ws}/data/a.csv").decode()
+            spec = d.write_spec(f"in{n}", f'name = "in{n}"\n{run}{table.format(p=quoted)}')
+            d.ctl("create", str(spec), check=True)
+            stored = (d.state_dir / "sessions" / f"in{n}" / "spec.toml").read_text()
+            assert '"data/a.csv"' in stored, (key, stored)
+            assert f"{ws}/data" not in stored, (key, stored)
+        serving(d)
 
 
 # --- 2. artifact references ------------------------------------------------------------------

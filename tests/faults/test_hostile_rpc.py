@@ -7,7 +7,10 @@ documented error, the connection and the daemon go on, and nothing is lost.
   answer is ok or an error with a documented code (docs/rpc.md) and a message,
   never ``internal``; the connection stays open; a session made before keeps
   exactly its events;
-* a run token replayed after its run ended, through raw RPC and the SDK.
+* a run token replayed after its run ended, through raw RPC and the SDK;
+* specs whose numbers are NaN or infinite (TOML writes ``nan`` and ``inf``) sent
+  through a real ``create``: refused as ``bad_spec`` naming the key and the value,
+  and the daemon goes on.
 
 Covered elsewhere, not repeated: random junk frames, one oversized frame and idle
 clients (tests/e2e/test_rpc_fuzz.py), spec fuzzing (tests/table/test_spec_fuzz.py), a
@@ -17,6 +20,7 @@ overview are in tests/faults/hostile.py.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -36,6 +40,7 @@ from tests.faults.hostile import (
     everything,
     make_sentinel,
     read_answers,
+    refused,
     rpc,
     serving,
 )
@@ -395,3 +400,39 @@ def test_a_run_token_replayed_after_its_run_is_refused_and_appends_nothing(
         wait_event(d, "agent", "run.finished", since=len(before["agent"]) + 1)
         assert everything(d)[SENTINEL] == before[SENTINEL]
         serving(d)
+
+
+# --- 3. numbers that are not finite in a spec -------------------------------------------------
+
+
+NOT_FINITE = {
+    "run.timeout": '[run]\nexec = ["true"]\ntimeout = {v}\n',
+    "limits.interval": "[limits]\ninterval = {v}\n",
+    "limits.cool_down": "[limits]\ncool_down = {v}\n",
+    "policy.approval_ttl": "[policy]\napproval_ttl = {v}\n",
+    "trigger[0].interval": '[[trigger]]\ntype = "every"\ninterval = {v}\n',
+    "trigger[0].debounce": '[[trigger]]\ntype = "watch"\npaths = ["a"]\ndebounce = {v}\n',
+    "trigger[0].jitter": '[[trigger]]\ntype = "cron"\nschedule = "0 9 * * *"\njitter = {v}\n',
+}
+
+
+def test_a_spec_with_nan_or_inf_is_refused_by_create_and_the_daemon_goes_on() -> None:
+    with running() as d:
+        make_sentinel(d)
+        before = everything(d)
+        for n, (key, table) in enumerate(NOT_FINITE.items()):
+            for value in ("nan", "inf", "-inf", '"nan"', '"1e999s"'):
+                text = f'name = "nf{n}"\n' + table.format(v=value)
+                answer = rpc(d, "create", {"spec": text, "base": str(d.root), "source": "x.toml"})
+                assert answer["ok"] is False, (key, value, answer)  # not created
+                error = answer["error"]
+                assert error["code"] == "bad_spec", (key, value, answer)
+                assert error["message"].startswith(f"x.toml: {key}: "), (key, value, error)
+                assert "is not a duration" in error["message"], (key, value, error)
+                assert value.strip('"') in error["message"], (key, value, error)
+            spec = d.write_spec(f"nf{n}", f'name = "nf{n}"\n' + table.format(v="nan"))
+            message = refused(d.ctl("--json", "create", str(spec)), "bad_spec", f"{spec}: {key}:")
+            assert "nan is not a duration: write a finite number" in message
+        serving(d)
+        assert everything(d) == before  # nothing made, nothing lost
+        assert sorted(os.listdir(d.state_dir / "sessions")) == [SENTINEL]

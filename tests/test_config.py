@@ -1,0 +1,81 @@
+"""The daemon configuration (sessiond/config.py): numbers that are not finite are
+refused naming the key, and the paths handed to programs are absolute."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sessiond.config import BadConfig, load_config
+
+
+def refusal(text: str, tmp_path: Path) -> str:
+    path = tmp_path / "sessiond.toml"
+    path.write_text(text)
+    with pytest.raises(BadConfig) as caught:
+        load_config(path, env={})
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("shutdown_grace", "nan"),
+        ("stop_grace", "inf"),
+        ("read_timeout", "-inf"),
+        ("aging", "nan"),
+        ("aging", "inf"),
+    ],
+)
+def test_a_duration_that_is_not_finite_is_refused_naming_the_key(
+    key: str, value: str, tmp_path: Path
+) -> None:
+    message = refusal(f"{key} = {value}\n", tmp_path)
+    assert message == (
+        f"{tmp_path}/sessiond.toml: {key}: {value} is not a duration: write a finite number "
+        "of seconds or text like '10m', '200ms', '1h30m'"
+    )
+
+
+@pytest.mark.parametrize("value", ['"nan"', '"inf"', '"1e999s"', f'"{"9" * 400}s"', "1e300"])
+def test_a_duration_written_as_text_or_too_long_is_refused(value: str, tmp_path: Path) -> None:
+    message = refusal(f"read_timeout = {value}\n", tmp_path)
+    assert message.startswith(f"{tmp_path}/sessiond.toml: read_timeout: ")
+    assert "duration" in message
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300"])
+def test_a_clock_offset_that_is_not_finite_is_refused(value: str, tmp_path: Path) -> None:
+    message = refusal(f"clock_offset = {value}\n", tmp_path)
+    assert message.startswith(f"{tmp_path}/sessiond.toml: clock_offset: ")
+    assert "write a number of seconds within 100 years" in message
+
+
+def test_a_whole_number_that_is_not_finite_is_refused_with_the_value(tmp_path: Path) -> None:
+    message = refusal("snapshot_every = nan\n", tmp_path)
+    assert message.startswith(f"{tmp_path}/sessiond.toml: snapshot_every: ")
+    assert message.endswith("(got nan)")
+
+
+def test_finite_values_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "sessiond.toml"
+    path.write_text('aging = "2m"\nclock_offset = -86400\nstop_grace = 1.5\n')
+    config = load_config(path, env={})
+    assert (config.aging, config.clock_offset, config.stop_grace) == (120.0, -86400.0, 1.5)
+
+
+def test_a_relative_socket_and_state_dir_are_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    flags = load_config(None, env={}, socket=Path("s.sock"), state_dir=Path("state"))
+    assert (flags.socket, flags.state_dir) == (tmp_path / "s.sock", tmp_path / "state")
+    env = load_config(None, env={"SESSIOND_SOCKET": "run/../s.sock", "SESSIOND_STATE_DIR": "st"})
+    assert (env.socket, env.state_dir) == (tmp_path / "s.sock", tmp_path / "st")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    linked = load_config(None, env={}, socket=Path("link/s.sock"))
+    assert linked.socket == tmp_path / "link" / "s.sock"  # as written, not resolved
+    assert os.path.isabs(load_config(None, env={}).socket)
