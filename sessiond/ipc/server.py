@@ -23,6 +23,7 @@ import structlog
 from sessiond.config import AccessConfig, DaemonConfig
 from sessiond.errors import SessiondError
 from sessiond.ipc.dispatch import Dispatch
+from sessiond.ipc.fence import check_folder, share
 from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
 from sessiond.syscalls.kernel import Kernel
@@ -61,24 +62,20 @@ class Server:
             log.info("server.listening", socket=str(activated.getsockname()), activated=True)
             return
         folder = self.path.parent
-        shared = bool(self.config.access.users or self.config.access.groups)
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        access = self.config.access
+        shared = bool(access.users or access.groups)
+        check_folder(folder)  # refuses a folder someone else owns or may write
         self._take_over_stale_socket()
         self._server = await asyncio.start_unix_server(
             self._serve,
             path=str(self.path),
             backlog=min(self.config.max_connections, 4096),  # bursts of clients wait, not fail
         )
+        os.chmod(self.path, 0o600)
         if shared:
-            # The file mode is the first fence; the credential check the real one.
-            gid = next(iter(self.peers.gids), os.getgid())
-            with contextlib.suppress(PermissionError):
-                os.chown(folder, -1, gid)
-                os.chown(self.path, -1, gid)
-            os.chmod(folder, 0o750)
-            os.chmod(self.path, 0o660)
-        else:
-            os.chmod(self.path, 0o600)
+            # The file mode is the first fence, the credential check the real one:
+            # the allowed users and groups get in through ACLs, nobody else at all.
+            share(folder, self.path, access.uids(), access.gids())
         log.info("server.listening", socket=str(self.path), shared=shared)
 
     def _take_over_stale_socket(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import queue
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from sessiond.ipc import fence
 from tests.e2e.crafted import bundle_with_pending_approvals
 from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_event, wait_for
 
@@ -213,9 +215,12 @@ def test_a_peer_with_another_uid_is_refused_by_the_credential_check() -> None:
     if os.geteuid() != 0:
         pytest.skip("dropping to another uid needs root; this test runs as a normal user")
     with running('[access]\ngroups = ["daemon"]\n') as d:
-        os.chmod(d.root, 0o755)
-        assert os.stat(d.socket).st_mode & 0o777 == 0o660
-        gid = os.stat(d.socket).st_gid
+        gid = grp.getgrnam("daemon").gr_gid
+        # owner-only mode bits; the group gets in through the ACL alone
+        assert os.stat(d.socket).st_uid == os.geteuid()
+        assert (fence.GROUP, fence.READ | fence.WRITE, gid) in acl_of(d.socket)
+        assert (fence.OTHER, 0, 0xFFFFFFFF) in acl_of(d.socket)
+        assert (fence.GROUP, fence.EXECUTE, gid) in acl_of(d.socket.parent)
         reply = _connect_as(d.socket, uid=65534, gid=65534, groups=[gid])
         assert reply["ok"] is False
         assert reply["error"]["code"] == "permission_denied"
@@ -232,8 +237,60 @@ def test_a_peer_with_another_uid_is_refused_by_the_credential_check() -> None:
         assert allowed["ok"] is True  # the same uid in the allowed group gets in
 
 
-def _connect_as(path: Path, *, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
-    closed = [p for p in path.parents if not os.stat(p).st_mode & stat.S_IXOTH]
+def acl_of(path: Path) -> list[tuple[int, int, int]]:
+    return fence.decode_acl(os.getxattr(path, fence.XATTR, follow_symlinks=False))
+
+
+def test_a_user_named_in_access_gets_in_through_the_acl_and_nobody_else_does() -> None:
+    """[access] users used to get EACCES: the socket was opened to a group only."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping to another uid needs root; this test runs as a normal user")
+    with running('[access]\nusers = ["nobody"]\n') as d:
+        assert stat.S_IMODE(os.stat(d.socket.parent).st_mode) & 0o007 == 0
+        assert stat.S_IMODE(os.stat(d.socket).st_mode) & 0o007 == 0  # nothing for others
+        assert (fence.USER, fence.READ | fence.WRITE, 65534) in acl_of(d.socket)
+        assert (fence.USER, fence.EXECUTE, 65534) in acl_of(d.socket.parent)
+        allowed = _connect_as(d.socket, uid=65534, gid=65534, groups=[])
+        assert allowed["ok"] is True, allowed
+        # another unprivileged uid is stopped by the file mode, before the credential check
+        other = _connect_as(d.socket, uid=65533, gid=65533, groups=[], expect_refused=True)
+        assert other["error"]["code"] == "child"
+        assert "PermissionError" in other["error"]["message"]
+
+
+@pytest.mark.parametrize("problem", ["writable by others", "owned by another uid"])
+def test_a_socket_folder_others_could_write_is_refused_at_start(problem: str) -> None:
+    root = short_dir()
+    try:
+        folder = root / "run"
+        folder.mkdir()
+        if problem == "writable by others":
+            os.chmod(folder, 0o777)
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("giving a folder to another uid needs root")
+            os.chown(folder, 65534, 65534)
+        done = subprocess.run(
+            [SESSIOND, "--state-dir", str(root / "state"), "--socket", str(folder / "s.sock")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        assert f"the socket folder {folder}" in done.stderr
+        assert problem.split(maxsplit=1)[0] in done.stderr  # "writable" / "owned"
+        assert not (folder / "s.sock").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _connect_as(
+    path: Path, *, uid: int, gid: int, groups: list[int], expect_refused: bool = False
+) -> dict[str, Any]:
+    # the socket's own folder is the fence's business (its ACL); the ones above it
+    # must let others through for the test to mean anything
+    closed = [p for p in path.parents[1:] if not os.stat(p).st_mode & stat.S_IXOTH]
     if closed:
         pytest.skip(f"another uid cannot reach {path}: {closed[0]} is not searchable by others")
     read, write = os.pipe()
@@ -278,7 +335,8 @@ def _connect_as(path: Path, *, uid: int, gid: int, groups: list[int]) -> dict[st
     reply: dict[str, Any] = orjson.loads(data)
     if not reply["ok"] and reply["error"]["code"] == "no-drop":
         pytest.skip(f"this machine cannot switch to uid {uid}: {reply['error']['message']}")
-    assert reply["ok"] or reply["error"]["code"] != "child", reply["error"]["message"]
+    if not expect_refused:
+        assert reply["ok"] or reply["error"]["code"] != "child", reply["error"]["message"]
     return reply
 
 
