@@ -10,6 +10,10 @@ Frames are JSON objects, one per line (newline-delimited), each at most
   "message": "...", "exit": 4}}``
 * stream:   zero or more ``{"id": 1, "stream": ...}`` before the final response
   (``log --follow`` never sends the final one; the client closes).
+* body:     ``export`` answers ``{"id": 1, "ok": true, "result": ..., "body": N}``
+  followed by N raw bytes; ``import`` sends its frame (with ``bytes`` and
+  ``sha256``) followed by N raw bytes. A bundle of any size crosses the socket
+  and neither side names a path the other would open.
 
 A connection carries any number of requests, answered in order.
 """
@@ -17,9 +21,9 @@ A connection carries any number of requests, answered in order.
 from __future__ import annotations
 
 import socket as _socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -113,6 +117,48 @@ class Connection:
         self.send(method, params)
         return result_of(self.receive())
 
+    def call_receiving(
+        self, method: str, params: dict[str, Any], sink: Callable[[bytes], object]
+    ) -> Any:
+        """A call whose answer carries a body (``export``): ``sink`` takes its bytes."""
+        self.send(method, params)
+        message = self.receive()
+        result = result_of(message)
+        left = int(message.get("body", 0))
+        while left > 0:
+            if not self._buf:
+                try:
+                    self._buf = self.sock.recv(min(1 << 20, left))
+                except OSError as exc:
+                    raise _unreachable(self.path, exc) from exc
+                if not self._buf:
+                    raise RemoteError(
+                        "closed", f"the daemon closed the connection {left} bytes early", 3
+                    )
+            take, self._buf = self._buf[:left], self._buf[left:]
+            sink(take)
+            left -= len(take)
+        return result
+
+    def call_sending(
+        self, method: str, params: dict[str, Any], source: IO[bytes], size: int
+    ) -> Any:
+        """A call with a body (``import``): ``size`` bytes of ``source`` follow the frame."""
+        self.send(method, {**params, "bytes": size})
+        left = size
+        try:
+            while left > 0:
+                chunk = source.read(min(1 << 20, left))
+                if not chunk:
+                    raise RemoteError("invalid_input", f"the body ended {left} bytes early", 5)
+                self.sock.sendall(chunk)
+                left -= len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon refused and closed: its answer says why
+        except OSError as exc:
+            raise _unreachable(self.path, exc) from exc
+        return result_of(self.receive())
+
     def stream(self, method: str, params: dict[str, Any]) -> Iterator[Any]:
         """Yield stream items until the final response (whose result is returned)."""
         self.send(method, params)
@@ -134,6 +180,38 @@ def result_of(message: dict[str, Any]) -> Any:
         str(error.get("message", "the daemon gave no reason")),
         int(error.get("exit", 70)),
     )
+
+
+async def send_bundle_async(
+    path: Path, bundle: Path, params: dict[str, Any], timeout: float = 60
+) -> Any:
+    """``import`` a bundle file into the daemon at ``path``, its bytes as the body
+    (daemon to daemon: ``migrate --to``). The file work runs in a thread."""
+    import asyncio
+    import hashlib
+
+    def digest() -> tuple[int, str]:
+        h = hashlib.sha256()
+        with bundle.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return bundle.stat().st_size, h.hexdigest()
+
+    size, sha = await asyncio.to_thread(digest)
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
+    try:
+        frame = {"id": 1, "method": "import", "params": {**params, "bytes": size, "sha256": sha}}
+        writer.write(encode(frame))
+        with bundle.open("rb") as f:
+            while chunk := await asyncio.to_thread(f.read, 1 << 20):
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), timeout)
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        if not line:
+            raise RemoteError("closed", f"the daemon at {path} closed the connection", 3)
+        return result_of(orjson.loads(line))
+    finally:
+        writer.close()
 
 
 async def call_async(path: Path, method: str, params: dict[str, Any], timeout: float = 60) -> Any:

@@ -17,8 +17,9 @@ import orjson
 import structlog
 
 from sessiond.errors import SessiondError
+from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
-from sessiond.ipc.frames import error, reply
+from sessiond.ipc.frames import Frames, error, reply
 from sessiond.ipc.params import (
     ApproveParams,
     CompactParams,
@@ -48,6 +49,15 @@ from sessiond.ipc.params import (
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)
+
+# Methods outside the table: they stream (log --follow) or carry a body (a bundle).
+# A refused import's body, if its client sent one anyway, is read as frames and
+# answered as bad ones: the connection survives it, and so does the daemon.
+STREAMED: dict[str, type[Params]] = {
+    "log": LogParams,
+    "export": ExportParams,
+    "import": ImportParams,
+}
 
 Handler = Callable[[Any], Awaitable[Any]]
 Methods = dict[str, tuple[type[Params], Handler]]
@@ -83,8 +93,6 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
         "approve": (ApproveParams, lambda p: k.approve(p.name, p.call, p.by)),
         "deny": (ApproveParams, lambda p: k.deny(p.name, p.call, p.by, p.reason)),
-        "export": (ExportParams, lambda p: k.export(p.name, p.path)),
-        "import": (ImportParams, lambda p: k.import_(p.path, p.name)),
         "reload": (NoParams, lambda _: reload()),
         "resolve": (ResolveParams, lambda p: k.resolve(p.name, p.option, p.by)),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
@@ -125,8 +133,9 @@ class Dispatch:
         self.kernel = kernel
         self.methods = method_table(kernel, reload)
         self.logs = LogStream(kernel)
+        self.bundles = BundleStream(kernel)
 
-    async def handle(self, line: bytes, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, line: bytes, frames: Frames, writer: asyncio.StreamWriter) -> None:
         request_id: Any = None
         try:
             try:
@@ -139,14 +148,23 @@ class Dispatch:
             if not isinstance(request_id, int | str) or isinstance(request_id, bool):
                 request_id = None
             method = request.get("method")
-            if not isinstance(method, str) or (method not in self.methods and method != "log"):
-                known = ", ".join(sorted([*self.methods, "log"]))
+            if not isinstance(method, str) or (
+                method not in self.methods and method not in STREAMED
+            ):
+                known = ", ".join(sorted([*self.methods, *STREAMED]))
                 raise BadRequest(f"unknown method {method!r}; the methods are {known}")
             params = request.get("params", {})
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
             if method == "log":
                 await self.logs.serve(request_id, parse(LogParams, params), writer)
+                return
+            if method == "export":
+                await self.bundles.export(request_id, parse(ExportParams, params), writer)
+                return
+            if method == "import":
+                parsed_import = parse(ImportParams, params)
+                await self.bundles.import_(request_id, parsed_import, frames, writer)
                 return
             model, handler = self.methods[method]
             parsed = parse(model, params)

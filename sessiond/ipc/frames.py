@@ -9,6 +9,7 @@ messages.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sessiond.wire import encode
@@ -48,6 +49,27 @@ class Frames:
             if not chunk:
                 return None
             self.buf += chunk
+
+    async def body(self, size: int, chunk: int = 1 << 20) -> AsyncIterator[bytes]:
+        """The ``size`` raw bytes that follow a frame (a method with a body, such as
+        ``import``): what is already buffered first, then from the socket."""
+        left = size
+        if self.buf:
+            take = bytes(self.buf[:left])
+            del self.buf[:left]
+            left -= len(take)
+            if take:
+                yield take
+        while left > 0:
+            data = await self.reader.read(min(chunk, left))
+            if not data:
+                raise BodyAborted(f"the connection closed {left} bytes before the body's end")
+            left -= len(data)
+            yield data
+
+
+class BodyAborted(ConnectionError):
+    """The client went away before its body was whole: nothing of it is used."""
 
 
 async def reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessiond.errors import InvalidInput
+from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
 from sessiond.log.event_data import ErrorClass
 
 
@@ -149,12 +150,15 @@ class SdkEndParams(TokenParams):
 
 class ExportParams(Params):
     name: str
-    path: str
+    path: str | None = None  # refused: the bundle comes back as the answer's body
 
 
 class ImportParams(Params):
-    path: str
     name: str | None = None
+    bytes: int | None = Field(default=None, ge=0, le=BUNDLE_LIMIT)  # the body's size
+    sha256: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")
+    path: str | None = None  # refused: the client sends the bundle's bytes
+    source: str | None = Field(default=None, max_length=4096)  # its file, for messages
 
 
 P = TypeVar("P", bound=Params)

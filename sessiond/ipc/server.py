@@ -173,4 +173,4 @@ class Server:
                 continue
             if not line.strip():
                 continue
-            await self.dispatch.handle(line, writer)
+            await self.dispatch.handle(line, frames, writer)

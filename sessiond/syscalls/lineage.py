@@ -154,7 +154,7 @@ class Lineage:
         return await self._migrate_to(s, Path(to))
 
     async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
-        from sessiond.wire import RemoteError, call_async
+        from sessiond.wire import RemoteError, send_bundle_async
 
         lifecycle.check(s.name, s.state, "terminated", "migrate")
         if s.state == "running":
@@ -166,7 +166,8 @@ class Lineage:
             export_session(self.ctx.store, s.name, bundle)
             try:
                 try:
-                    await call_async(socket, "import", {"path": str(bundle), "name": s.name})
+                    # the bytes cross the socket: the target reads no path of ours
+                    await send_bundle_async(socket, bundle, {"name": s.name})
                 except OSError as exc:
                     raise Refused(
                         f"cannot reach the daemon at {socket}: {exc.strerror}; is it running?"

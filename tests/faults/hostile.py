@@ -25,8 +25,7 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel
 
-from sessiond.ipc.dispatch import method_table
-from sessiond.ipc.params import LogParams
+from sessiond.ipc.dispatch import STREAMED, method_table
 from sessiond.syscalls.kernel import Kernel
 from tests.e2e.harness import Daemon, wait_event
 
@@ -51,7 +50,7 @@ def documented_errors() -> dict[str, int]:
 def dispatch_table() -> dict[str, type[BaseModel]]:
     """Method -> params model, from the server's own method table (so a new method is
     fuzzed too). Building the table only wires lambdas: the kernel is never called here."""
-    table: dict[str, type[BaseModel]] = {"log": LogParams}
+    table: dict[str, type[BaseModel]] = dict(STREAMED)
     methods = method_table(cast(Kernel, None), cast(Any, None))
     table.update((name, model) for name, (model, _) in methods.items())
     return table
