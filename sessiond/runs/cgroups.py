@@ -53,20 +53,19 @@ import errno
 import hashlib
 import os
 import re
-import select
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from sessiond.config import BadConfig
 from sessiond.errors import SessiondError
+from sessiond.runs import cgroupfs as fs
+from sessiond.runs.cgroupfs import Kind
 
 if TYPE_CHECKING:
     from sessiond.config import DaemonConfig
 
-Kind = Literal["cgroup2", "v1"]
 LEAF = "daemon"  # where the daemon moves itself inside its own delegated group
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 _FIX = "configure [run] pids_cgroup or run under systemd with Delegate=yes"
@@ -148,7 +147,7 @@ def probe(config: DaemonConfig) -> tuple[CgroupSupport | None, str]:
             pids = "cgroup2"
         elif pids is None:
             pids_note = f"{why}, and no [run] pids_cgroup is set"
-    kill = cgroup2 is not None and _has_cgroup_kill(cgroup2)
+    kill = cgroup2 is not None and fs.has_cgroup_kill(cgroup2)
     return CgroupSupport(cgroup2, pids_v1, pids, kill, pids_note), ""
 
 
@@ -161,45 +160,6 @@ def pids_refusal(support: CgroupSupport | None, note: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Mount:
-    root: str  # the hierarchy's path mounted here (mountinfo field 4)
-    point: Path
-    fstype: str
-    options: frozenset[str]
-
-
-def _mounts() -> list[_Mount]:
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(fields) < 5 or len(rest) < 3:
-                continue
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            opts = frozenset(rest[2].split(",")) | frozenset(fields[5].split(","))
-            out.append(_Mount(fields[3], Path(point), rest[0], opts))
-    return out
-
-
-def _mount_of(path: Path, kind: Kind) -> _Mount | None:
-    """The cgroup2 (or v1 pids) mount ``path`` lies in; the innermost one wins."""
-    best: _Mount | None = None
-    for m in _mounts():
-        fits = m.fstype == "cgroup2" if kind == "cgroup2" else m.fstype == "cgroup"
-        if kind == "v1":
-            fits = fits and "pids" in m.options
-        deeper = best is None or len(m.point.parts) > len(best.point.parts)
-        if fits and path.is_relative_to(m.point) and deeper:
-            best = m
-    return best
-
-
-def _writable(path: Path) -> bool:
-    return os.access(path, os.W_OK) and os.access(path / "cgroup.procs", os.W_OK)
-
-
 def _usable(path: Path, key: str) -> Path:
     """A configured folder, checked: it exists, is a cgroup of its kind, is writable."""
     kind: Kind = "cgroup2" if key == "cgroup" else "v1"
@@ -210,11 +170,11 @@ def _usable(path: Path, key: str) -> Path:
             f"{key} at a {what} the daemon may write"
         )
     path = path.resolve()
-    if _mount_of(path, kind) is None or not (path / "cgroup.procs").exists():
+    if fs.mount_of(path, kind) is None or not (path / "cgroup.procs").exists():
         raise BadCgroupConfig(
             f"[run] {key}: {path} is not a {what} (see /proc/mounts for where they are)"
         )
-    if not _writable(path):
+    if not fs.writable(path):
         raise BadCgroupConfig(
             f"[run] {key}: {path} is read-only for uid {os.geteuid()} (a read-only mount, or "
             "not delegated to this user); chown it to the daemon's user or pick another folder"
@@ -224,85 +184,50 @@ def _usable(path: Path, key: str) -> Path:
 
 def _own_delegated_group() -> tuple[Path | None, str]:
     """The daemon's own cgroup2 group, if it is delegated to the daemon."""
-    mount = next((m for m in _mounts() if m.fstype == "cgroup2"), None)
+    mount = next((m for m in fs.mounts() if m.fstype == "cgroup2"), None)
     if mount is None:
         return None, "the machine has no cgroup2 file system"
-    own = _group_of(os.getpid(), mount)
+    own = fs.group_of(os.getpid(), mount)
     if own is None:
         return None, "the daemon's cgroup2 group is outside the mounted hierarchy"
-    if own.name == LEAF and _delegated(own.parent):
+    if own.name == LEAF and fs.delegated(own.parent):
         own = own.parent  # detected before: the daemon moved itself into its leaf
     if own == mount.point:
         return None, (
             f"the daemon's own cgroup2 group is the root of {mount.point}, which is not "
             "delegated to it (set [run] cgroup to a folder it may use)"
         )
-    if not _delegated(own):
+    if not fs.delegated(own):
         return None, (
             f"the daemon's own cgroup2 group {own} is not delegated to it "
             "(systemd's Delegate=yes marks it with the user.delegate attribute)"
         )
-    if not _writable(own):
+    if not fs.writable(own):
         return None, f"the daemon's own cgroup2 group {own} is not writable"
     return own, ""
-
-
-def _group_of(pid: int, mount: _Mount) -> Path | None:
-    """The cgroup2 folder ``pid`` is in, as a path under ``mount``."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            line = next((x for x in f if x.startswith("0::")), None)
-    except OSError:
-        return None
-    if line is None:
-        return None
-    path = line[3:].rstrip("\n")
-    if path.endswith(" (deleted)"):
-        return None
-    root = mount.root.rstrip("/")
-    if root and not (path == root or path.startswith(root + "/")):
-        return None
-    return mount.point / path[len(root) :].lstrip("/")
-
-
-def _delegated(path: Path) -> bool:
-    for attr in ("user.delegate", "trusted.delegate"):
-        with contextlib.suppress(OSError):
-            if os.getxattr(path, attr) == b"1":
-                return True
-    with contextlib.suppress(OSError):
-        return os.geteuid() != 0 and path.stat().st_uid == os.geteuid()
-    return False
-
-
-def _words(path: Path) -> list[str]:
-    try:
-        return path.read_text().split()
-    except FileNotFoundError:
-        return []
 
 
 def _cgroup2_pids(folder: Path) -> tuple[bool, str]:
     """Whether run groups made in ``folder`` get a pids controller; enables it in the
     folder's cgroup.subtree_control (the daemon's own folder) when it can."""
-    if "pids" in _words(folder / "cgroup.subtree_control"):
+    if "pids" in fs.words(folder / "cgroup.subtree_control"):
         return True, ""
-    controllers = _words(folder / "cgroup.controllers")
+    controllers = fs.words(folder / "cgroup.controllers")
     if "pids" not in controllers:
         return False, (
             f"the cgroup2 folder {folder} has no pids controller (its cgroup.controllers: "
             f"{' '.join(controllers) or 'none'})"
         )
-    mount = _mount_of(folder, "cgroup2")
+    mount = fs.mount_of(folder, "cgroup2")
     if mount is not None and not (mount.point == folder and mount.root == "/"):
         # Not a hierarchy's root (the one group that may mix processes and children).
-        others = [p for p in _words(folder / "cgroup.procs") if p != str(os.getpid())]
+        others = [p for p in fs.words(folder / "cgroup.procs") if p != str(os.getpid())]
         if others:
             return False, (
                 f"the cgroup2 folder {folder} holds processes ({', '.join(others[:5])}), and "
                 "a cgroup2 group with processes cannot give its children a controller"
             )
-        if _group_of(os.getpid(), mount) == folder:
+        if fs.group_of(os.getpid(), mount) == folder:
             _leave_for_leaf(folder)
     try:
         _enable_pids(folder)
@@ -324,7 +249,7 @@ def _enable_pids(folder: Path) -> None:
     try:
         (folder / "cgroup.subtree_control").write_text("+pids")
     except OSError as exc:
-        held = _words(folder / "cgroup.procs")
+        held = fs.words(folder / "cgroup.procs")
         why = (
             f"it holds processes ({', '.join(held[:5])}), and a cgroup2 group with "
             "processes cannot give its children a controller"
@@ -332,14 +257,6 @@ def _enable_pids(folder: Path) -> None:
             else exc.strerror
         )
         raise CgroupError(f"cannot enable pids in the cgroup2 folder {folder}: {why}") from exc
-
-
-def _has_cgroup_kill(folder: Path) -> bool:
-    if (folder / "cgroup.kill").exists():
-        return True
-    # A hierarchy's root has no cgroup.kill of its own, its children do (Linux 5.14+).
-    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
-    return release is not None and (int(release[1]), int(release[2])) >= (5, 14)
 
 
 # --- a run's group ----------------------------------------------------------------------
@@ -376,7 +293,7 @@ class RunCgroup:
         try:
             for kind, parent in support.parents:
                 bounds = max_processes is not None and kind == support.pids
-                enabled = _words(parent / "cgroup.subtree_control")
+                enabled = fs.words(parent / "cgroup.subtree_control")
                 if bounds and kind == "cgroup2" and "pids" not in enabled:
                     _enable_pids(parent)
                 group = parent / name
@@ -422,7 +339,7 @@ class RunCgroup:
         found: set[int] = set()
         for _, group in self.groups:
             for folder, _, _ in os.walk(group):
-                found.update(int(p) for p in _words(Path(folder) / "cgroup.procs"))
+                found.update(int(p) for p in fs.words(Path(folder) / "cgroup.procs"))
         return sorted(found)
 
     def kill(self, timeout: float = 10.0) -> None:
@@ -444,9 +361,9 @@ class RunCgroup:
             pids = self.procs()
             if not pids:
                 return
-            fds = [fd for pid in pids if (fd := _kill_member(pid, members)) is not None]
+            fds = [fd for pid in pids if (fd := fs.kill_member(pid, members)) is not None]
             try:
-                _wait_exited(fds, deadline)
+                fs.wait_exited(fds, deadline)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -461,7 +378,7 @@ class RunCgroup:
         hierarchy, the controller "" for cgroup2."""
         out = []
         for kind, group in self.groups:
-            mount = _mount_of(group, kind)
+            mount = fs.mount_of(group, kind)
             if mount is not None:
                 rel = mount.root.rstrip("/") + "/" + str(group.relative_to(mount.point))
                 out.append(("" if kind == "cgroup2" else "pids", rel))
@@ -478,7 +395,7 @@ class RunCgroup:
                     continue
                 except OSError as exc:
                     if exc.errno == errno.EBUSY:
-                        held = ", ".join(_words(Path(folder) / "cgroup.procs")[:10])
+                        held = ", ".join(fs.words(Path(folder) / "cgroup.procs")[:10])
                         raise CgroupError(
                             f"cannot remove {folder}: it still has processes ({held}); kill() first"
                         ) from exc
@@ -488,53 +405,6 @@ class RunCgroup:
 def _kills(support: CgroupSupport, groups: list[tuple[Kind, Path]]) -> bool:
     """cgroup.kill is used when the first group is the run's cgroup2 one."""
     return support.cgroup_kill and bool(groups) and groups[0][0] == "cgroup2"
-
-
-def _kill_member(pid: int, members: list[tuple[str, str]]) -> int | None:
-    """SIGKILL ``pid`` if it is still in the run's group; its pidfd, to wait on.
-
-    The pidfd pins the process: a pid that exited and was taken by another
-    process after the list was read is not in the group, and is left alone."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return None  # gone already
-    if not _in_groups(pid, members):
-        os.close(fd)
-        return None
-    with contextlib.suppress(ProcessLookupError):
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    return fd
-
-
-def _in_groups(pid: int, members: list[tuple[str, str]]) -> bool:
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for controller, rel in members:
-            named = controllers == "" if controller == "" else controller in controllers.split(",")
-            if named and (path == rel or path.startswith(rel + "/")):
-                return True
-    return False
-
-
-def _wait_exited(fds: list[int], deadline: float) -> None:
-    """Wait (bounded) until every pidfd says its process has exited."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    left = len(fds)
-    while left:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        for fd, _ in poller.poll(remaining * 1000):
-            poller.unregister(fd)
-            left -= 1
 
 
 def sweep(support: CgroupSupport, prefix: str) -> list[str]:
