@@ -136,13 +136,18 @@ def test_max_processes_bounds_a_fork_bomb_and_kill_cleans_it_up(
 
 
 def test_max_processes_needs_a_pids_controller_to_make_a_group(folders: Folders) -> None:
-    if folders.cgroup2 is None or cgroup_env.cgroup2_has_pids():
-        cgroup_env.need("a cgroup2 folder without pids is needed for this check")
-    support = folders.support("cgroup2")
+    if folders.cgroup2 is None:
+        cgroup_env.need("no cgroup2 folder")
+    # The test's folder gives its children no controller: a group below it has none.
+    bare = folders.cgroup2 / "bare"
+    bare.mkdir()
+    support = detect(DaemonConfig(run=RunConfig(cgroup=str(bare))))
+    assert support is not None
     assert not support.has_pids
+    assert f"the cgroup2 folder {bare} has no pids controller" in support.pids_note
     with pytest.raises(CgroupError, match="needs a pids controller"):
         RunCgroup.create(support, "sessiond-t-nopids.r1", 4)
-    assert not (folders.cgroup2 / "sessiond-t-nopids.r1").exists()
+    assert not (bare / "sessiond-t-nopids.r1").exists()
 
 
 # A daemon that makes a run's group, puts a program in it, prints the program's
@@ -234,9 +239,11 @@ def test_detect_refuses_a_missing_folder_or_one_that_is_no_cgroup(tmp_path: Path
 
 
 DETECT = r"""
-import json, sys
+import json, os, sys
 from sessiond.config import DaemonConfig
 from sessiond.runs.cgroups import BadCgroupConfig, probe
+if sys.argv[2:] == ["nobody"]:
+    os.setuid(65534)  # root's powers over file modes go with its uid
 try:
     support, note = probe(DaemonConfig.model_validate(json.loads(sys.argv[1])))
     print(json.dumps({"support": support and str(support.cgroup2), "note": note}))
@@ -249,11 +256,11 @@ def detect_elsewhere(
     config: DaemonConfig, *, powerless: bool = False, group: Path | None = None
 ) -> dict[str, str]:
     """``probe`` in another process: one without root's powers over file modes
-    (no capabilities), or one inside ``group``."""
+    (it drops to nobody once its modules are loaded), or one inside ``group``."""
     argv = [sys.executable, "-c", DETECT, config.model_dump_json()]
     if group is None:
         if powerless and os.geteuid() == 0:
-            argv = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", *argv]
+            argv.append("nobody")
         with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
             out, _ = proc.communicate(timeout=30)
     else:
@@ -281,6 +288,8 @@ def test_detect_refuses_a_read_only_folder(folders: Folders) -> None:
 def test_auto_uses_the_daemons_own_group_only_when_it_is_delegated(folders: Folders) -> None:
     if folders.cgroup2 is None:
         cgroup_env.need("no cgroup2 folder")
+    if cgroup_env.cgroup2_has_pids():  # the test's folder hands pids on to "service"
+        (folders.cgroup2 / "cgroup.subtree_control").write_text("+pids")
     own = folders.cgroup2 / "service"
     own.mkdir()
     auto = DaemonConfig()
