@@ -27,7 +27,8 @@ of ``daemon`` and the sweep never touches it.
 How the spawner uses it (a few lines; every call blocks briefly, so call them
 through ``asyncio.to_thread`` from the event loop):
 
-1. At start-up, before recovering runs: ``support = detect(config)``; if it is
+1. At start-up, before recovering runs: ``support = detect(config)`` (or
+   ``ctx.cgroups()[0]``: the RunContext probes once per configuration); if it is
    not None, ``sweep(support, run_prefix(config.state_dir))`` kills and removes
    the run groups a dead daemon left — that is how a restart stops what a dead
    daemon left without a recorded pid. Do this before starting any helper

@@ -32,7 +32,7 @@ def test_max_processes_is_a_positive_whole_number_kept_in_the_stored_spec(
     unset = parse_spec(spec(), base=tmp_path)
     assert unset.run is not None
     assert unset.run.max_processes is None
-    for bad in ("0", "-3", '"many"', "2.5"):
+    for bad in ("0", "-3", '"many"', "2.5", "4194305"):
         with pytest.raises(BadSpec, match=r"run\.max_processes"):
             parse_spec(spec(f"max_processes = {bad}\n"), base=tmp_path)
 
