@@ -24,7 +24,8 @@ sessiond_cgroups_create() {
             sessiond_cgroups_made+=("$v2/$name")
             # Our own folder may hand pids on to the tests' groups (it holds no process).
             if grep -qw pids "$v2/$name/cgroup.controllers"; then
-                echo +pids > "$v2/$name/cgroup.subtree_control"
+                echo +pids > "$v2/$name/cgroup.subtree_control" ||
+                    echo "cgroups.sh: cannot enable pids in $v2/$name" >&2
             fi
             export SESSIOND_TEST_CGROUP2="$v2/$name"
         else
@@ -67,7 +68,7 @@ sessiond_cgroups_remove() {
         [ -d "$top" ] || continue
         # Deepest first: what the tests left below their folders, then the folder.
         while read -r dir; do
-            sessiond_cgroups_empty "$dir"
+            sessiond_cgroups_empty "$dir" || true  # said why; try the rest
             rmdir "$dir" || echo "cgroups.sh: cannot remove $dir" >&2
         done < <(find "$top" -depth -type d)
     done
