@@ -76,6 +76,40 @@ class ProfileConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class RunConfig(_Strict):
+    """Where runs' processes are grouped (DESIGN.md section 9; sessiond.runs.cgroups).
+
+    ``cgroup``: ``"auto"`` uses the daemon's own cgroup2 group when it is delegated
+    to it (systemd ``Delegate=yes``), ``"off"`` uses none, and an absolute path names
+    a cgroup2 folder the daemon may create run groups in. ``pids_cgroup``: a folder
+    of a cgroup v1 ``pids`` hierarchy, used to bound ``max_processes`` where the
+    cgroup2 folder has no pids controller.
+    """
+
+    cgroup: str = "auto"
+    pids_cgroup: Path | None = None
+
+    @field_validator("cgroup")
+    @classmethod
+    def _cgroup(cls, value: str) -> str:
+        if value not in ("auto", "off") and not Path(value).is_absolute():
+            raise ValueError(
+                f'{value!r}: use "auto", "off" or an absolute path to a cgroup2 folder '
+                '(e.g. "/sys/fs/cgroup/sessiond")'
+            )
+        return value
+
+    @field_validator("pids_cgroup")
+    @classmethod
+    def _pids_cgroup(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(
+                f"{str(value)!r}: use an absolute path to a folder of the cgroup v1 pids "
+                'hierarchy (e.g. "/sys/fs/cgroup/pids/sessiond")'
+            )
+        return value
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=default_state_dir)
     socket: Path = Field(default_factory=default_socket)
@@ -92,6 +126,7 @@ class DaemonConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    run: RunConfig = Field(default_factory=RunConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

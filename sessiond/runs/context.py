@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import structlog
 
 from sessiond.codec import rfc3339
-from sessiond.config import DaemonConfig
+from sessiond.config import DaemonConfig, RunConfig
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
+from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.table import lifecycle
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
@@ -78,6 +79,20 @@ class RunContext:
         self.triggers: TriggerHooks | None = None  # sessiond.wake, set by the daemon
         self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
+        self._cgroups: tuple[RunConfig, CgroupSupport | None, str] | None = None
+
+    def cgroups(self) -> tuple[CgroupSupport | None, str]:
+        """The cgroups runs may use (sessiond.runs.cgroups) and, without any, why;
+        probed once per configuration (a reload may point ``[run]`` elsewhere).
+        Raises BadCgroupConfig when a configured folder cannot be used."""
+        if self._cgroups is None or self._cgroups[0] is not self.config.run:
+            support, note = probe(self.config)
+            self._cgroups = (self.config.run, support, note)
+        return self._cgroups[1], self._cgroups[2]
+
+    def pids_refusal(self) -> str | None:
+        """Why a spec's ``max_processes`` cannot be bounded here (None: it can)."""
+        return pids_refusal(*self.cgroups())
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""

@@ -53,7 +53,8 @@ class Control:
 
     async def create_spec(self, spec: SessionSpec) -> Session:
         """A new session from a parsed spec (``create``, and the daemon's spec folder)."""
-        check_environment(spec)
+        needs_pids = spec.run is not None and spec.run.max_processes is not None
+        check_environment(spec, pids_refusal=self.ctx.pids_refusal() if needs_pids else None)
         if spec.name in self.ctx.table.sessions:
             raise AlreadyExists(
                 f"session {spec.name!r} exists already; pick another name or cancel it first"
@@ -154,15 +155,18 @@ class Control:
         return detail(s)
 
 
-def check_environment(spec: SessionSpec) -> None:
+def check_environment(spec: SessionSpec, *, pids_refusal: str | None = None) -> None:
     """What a spec names outside itself must exist: the workspace, and every git
     trigger's repository. (Watch paths may appear later: the workspace is watched,
-    and a watch starts matching once its path exists.)"""
+    and a watch starts matching once its path exists.) ``pids_refusal`` says why
+    the daemon cannot bound ``run.max_processes`` (None: it can)."""
     from sessiond.gitrefs import git
     from sessiond.table.spec import BadSpec, GitTriggerSpec
 
     if spec.run is not None and not Path(spec.run.cwd).is_dir():
         raise BadSpec(f"{spec.name}: run.cwd: {spec.run.cwd!r} is not a folder")
+    if spec.run is not None and spec.run.max_processes is not None and pids_refusal:
+        raise BadSpec(f"{spec.name}: run.max_processes: {pids_refusal}")
     for index, trig in enumerate(spec.trigger):
         if (
             isinstance(trig, GitTriggerSpec)

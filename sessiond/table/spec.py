@@ -89,6 +89,10 @@ class RunSpec(_Strict):
     resume: ResumeRule = "rerun-after-check"
     writes: list[str] = Field(default_factory=list)
     retries: int = Field(default=3, ge=0, le=100)
+    # Processes the run may have at once (a pids controller bounds it: see
+    # sessiond.runs.cgroups); None: no bound. RLIMIT_NPROC cannot stand in: it
+    # counts per uid, and root ignores it. At most the kernel's PID_MAX_LIMIT.
+    max_processes: int | None = Field(default=None, ge=1, le=4_194_304)
 
     @field_validator("env")
     @classmethod
