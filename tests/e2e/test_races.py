@@ -64,7 +64,7 @@ def ctl_in_background(d: Daemon, *args: str) -> subprocess.Popen[str]:
 
 def finish(proc: subprocess.Popen[str]) -> None:
     _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, f"{proc.args} -> {proc.returncode}: {err}"
+    assert proc.returncode == 0, f"{proc.args!r} -> {proc.returncode}: {err}"
 
 
 def log_of(d: Daemon, name: str) -> list[dict[str, Any]]:

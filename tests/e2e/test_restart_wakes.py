@@ -130,8 +130,15 @@ def test_wakes_pending_at_a_crash_run_once_with_the_continued_turn() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.parametrize(("option", "state"), [("discard", "sleeping"), ("accept", "terminated")])
 @pytest.mark.parametrize("point", ["during-work", "after-spawn"])
-def test_discard_of_a_cut_off_unsafe_command_never_runs_it_again(point: str) -> None:
+def test_discard_or_accept_of_a_cut_off_unsafe_command_never_runs_it_again(
+    point: str, option: str, state: str
+) -> None:
+    """README, "The resume gate": for a command whose cut-off program had started for
+    every wake there was, --discard puts the session to sleep and --accept ends the
+    run as a finished run would (terminated: it has no triggers); neither starts the
+    program again, not even after another restart."""
     root = short_dir()
     try:
         d = Daemon(root, f'fault = "{point}"\n')
@@ -149,15 +156,16 @@ def test_discard_of_a_cut_off_unsafe_command_never_runs_it_again(point: str) -> 
         assert started_before == (["r1"] if point == "during-work" else [])
         ran = executions(root)
         assert len(ran) <= 1
-        d.ctl("resolve", "job", "--discard", check=True)
+        d.ctl("resolve", "job", f"--{option}", check=True)
         show = d.json("show", "job")
-        assert show["state"] == "sleeping", show  # README: --discard puts it to sleep
+        assert show["state"] == state, show
         assert [r["data"]["run"] for r in of_type(d, "run.started")] == started_before
         assert executions(root) == ran
-        # Nor does a restart run it: the discarded turn left no wake pending.
+        # Nor does a restart run it: the resolved turn left no wake pending.
         assert d.stop() == 0
         d.start()
-        d.ctl("suspend", "job", check=True)  # a barrier: it waits for the session's lock
+        if state == "sleeping":
+            d.ctl("suspend", "job", check=True)  # a barrier: it waits for the session's lock
         assert [r["data"]["run"] for r in of_type(d, "run.started")] == started_before
         assert executions(root) == ran
         d.stop()
