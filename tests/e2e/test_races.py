@@ -136,7 +136,7 @@ def test_a_cancel_during_a_start_leaves_no_program_and_nothing_after_terminated(
             show = d.json("show", "job")
             assert show["state"] == "terminated", show
             assert show["outcome"] == "cancelled"
-            wait_for(lambda: not with_marker(marker), timeout=10, what="the program to end")
+            wait_for(lambda: not with_marker(marker), timeout=30, what="the program to end")
             next_session_runs(d)
             events = log_of(d, "job")
             assert after_first(events, "terminated") == []
@@ -169,7 +169,7 @@ def test_a_suspend_or_interrupt_during_a_start_stops_the_run_it_starts(
             show = d.json("show", "job")
             assert show["state"] == state, show
             assert show["pid"] is None
-            wait_for(lambda: not with_marker(marker), timeout=10, what="the program to end")
+            wait_for(lambda: not with_marker(marker), timeout=30, what="the program to end")
             next_session_runs(d)
             events = log_of(d, "job")
             last = events[-1]
