@@ -17,7 +17,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sessiond.durations import MAX_DURATION, Duration
 from sessiond.errors import InvalidInput
@@ -153,6 +160,12 @@ class DaemonConfig(_Strict):
     # TEST ONLY: after each durable point of a log, append "session offset" to this
     # file; the power-cut simulation cuts every log back to its last recorded offset.
     record_synced: Path | None = None
+    # TEST ONLY (the race tests): a run's start waits at this point until the file
+    # ``fault_hold_until`` exists, so a test can act while a start is under way:
+    # "before-spawn" (the gate said ok, the program is not started yet) or
+    # "after-spawn" (the program runs, the daemon does not supervise it yet).
+    fault_hold: Literal["before-spawn", "after-spawn"] | None = None
+    fault_hold_until: Path | None = None
     watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)
     max_running_per_agent: int = Field(default=0, ge=0)
@@ -187,6 +200,12 @@ class DaemonConfig(_Strict):
         return Path(os.path.abspath(path))
 
     source: Path | None = None  # the file read, for messages; not a key
+
+    @model_validator(mode="after")
+    def _hold_has_file(self) -> DaemonConfig:
+        if (self.fault_hold is None) != (self.fault_hold_until is None):
+            raise ValueError("fault_hold and fault_hold_until go together: set both or neither")
+        return self
 
     @field_validator("profiles")
     @classmethod

@@ -157,13 +157,13 @@ class Daemon:
             gc.collect()
             gc.freeze()
         self.store.sync_on_recover = True
-        await self.kernel.runs.recover_cut_off_runs()
+        cut_off = await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
             result = await self.sync_specs()
             for error in result["errors"]:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
-        self._resume_waiting()
+        self._resume_waiting(cut_off)
         await self.server.start(activated_socket(self.env))
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
@@ -178,21 +178,25 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
 
-    def _resume_waiting(self) -> None:
+    def _resume_waiting(self, cut_off: list[Session]) -> None:
         """Timers live in memory: after a restart, re-derive them from each state.
 
-        A sleeping session with recorded wakes (a retry, a cool-down, wakes that
-        came while it ran) goes through the gate again; a session suspended for its
-        daily budget waits for 00:00 UTC again.
+        A session whose run the crash cut off, and a sleeping one with recorded
+        wakes (a retry, a cool-down, wakes that came while it ran), continue once
+        through the gate, with no new wake: a wake added here would count as work
+        not yet done and run the program once more after the turn. A session
+        suspended for its daily budget waits for 00:00 UTC again.
         """
+        names = {s.name for s in cut_off}
         for s in self.table:
             if s.journal is None:
                 continue
             state = s.j.state
-            if s.state == "sleeping" and (
-                state.pending_wakes or state.until or "retry" in state.reason
+            if s.name in names or (
+                s.state == "sleeping"
+                and (state.pending_wakes or state.until or "retry" in state.reason)
             ):
-                self.kernel.spawn(self.kernel.wake(s, "restart", {"reason": state.reason}))
+                self.kernel.spawn(self.kernel.runs.continue_turn(s))
             elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
                 self.kernel.runs.renew_at_midnight(s)
 

@@ -167,7 +167,9 @@ class LifecycleChanged(EventData):
 
 class WakeRequested(EventData):
     EVENT_TYPE = "wake.requested"
-    trigger: str  # cron | every | watch | git | dependency | message | manual | restart | approval
+    # cron | every | watch | git | dependency | message | manual | approval | resolve |
+    # retry (and restart, which earlier versions wrote at start-up)
+    trigger: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
 
 

@@ -86,6 +86,11 @@ def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         # counts the run numbers given out, including a run cut off before its
         # run.started whose program may have run under that number.
         s.run_number += 1
+        # The wakes recorded until now are this run's turn (DESIGN.md section 8): it
+        # takes them here, not at its run.started, so a run cut off in between (its
+        # program may have run) leaves none of them pending to run again. Wakes
+        # cannot come in between: the start holds the session's lock.
+        s.pending_wakes = []
     s.state = d["to"]
     s.reason = d["reason"]
     s.outcome = d["outcome"]

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
-REDUCER_VERSION = 4
+REDUCER_VERSION = 5
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing

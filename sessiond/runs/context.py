@@ -106,6 +106,20 @@ class RunContext:
             log.warning("fault.injected", point=point)
             os.kill(os.getpid(), signal.SIGKILL)
 
+    async def hold(self, point: str, s: Session) -> None:
+        """Test only: die here if ``fault`` names this point; wait here until the file
+        ``fault_hold_until`` exists if ``fault_hold`` does, so a test can act while a
+        start is under way. Polled: production never waits, and a test's file
+        appears once."""
+        self.fault(point)
+        until = self.config.fault_hold_until
+        if self.config.fault_hold != point or until is None:
+            return
+        log.warning("fault.held", session=s.name, point=point, until=str(until))
+        while not until.exists():
+            await asyncio.sleep(0.02)
+        log.warning("fault.released", session=s.name, point=point)
+
     def now(self) -> str:
         return rfc3339(self.store.clock())
 

@@ -61,6 +61,17 @@ class Continuation:
                 await self.proceed(s, record, paths)
         return record
 
+    async def continue_turn(self, s: Session) -> None:
+        """After a restart: a turn the crash cut off, or wakes that were waiting,
+        continue once, through the gate, with no new wake. The wakes still pending
+        go with that run (one follow-up carries them all); none is added, so
+        nothing already handled counts as new work."""
+        async with s.lock:
+            idle = s.state in ("created", "sleeping", "ready") and s.run is None
+            queued = s.name in self.ctx.scheduler.queue
+            if idle and not queued and s.spec is not None and s.spec.run is not None:
+                await self.proceed(s, None)
+
     async def _cool_down(self, s: Session, end: float) -> None:
         """Over its [limits]: sleep visibly until ``end``, then run the recorded wakes once."""
         if s.state not in ("sleeping", "created") or s.j.state.until is not None:

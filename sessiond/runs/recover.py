@@ -105,13 +105,22 @@ class Recovery:
         if drafts:
             await self.ctx.table.append_many(s, drafts)
 
-    async def cut_off_runs(self) -> None:
-        """A session found running was cut off by a crash: record it, stop leftovers."""
+    async def cut_off_runs(self) -> list[Session]:
+        """A session found running was cut off by a crash: record it, stop leftovers.
+
+        Returns the sessions whose turn continues: those cut off while running or
+        between their gate and their start. Each continues once, after the gate,
+        with no new wake (DESIGN.md section 8); the caller continues them once the
+        daemon is up. A ``restart`` wake here would be new work to the log: after
+        the turn it would start the program again (or, on a blocked session, make
+        ``resolve --discard`` run what it discarded).
+        """
         ctx = self.ctx
+        cut_off: list[Session] = []
         for s in ctx.table:
             if s.journal is not None and s.state == "ready":
                 # It passed a gate but never started: start over, through the gate.
-                ctx.spawn(self.then.wake(s, "restart", {"reason": "was ready"}))
+                cut_off.append(s)
             if s.journal is None or s.state != "running":
                 continue
             current = s.j.state.current_run or {}
@@ -165,4 +174,5 @@ class Recovery:
             await ctx.transition(s, "sleeping", why="recover", reason=note)
             log.warning("session.cut_off", session=s.name, reason=note)
             # A restart is a continuation like any other: replay, gate, then run.
-            ctx.spawn(self.then.wake(s, "restart", {"reason": note}))
+            cut_off.append(s)
+        return cut_off

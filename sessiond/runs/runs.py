@@ -60,6 +60,10 @@ class Runs:
         """A session suspended for its daily budget continues at 00:00 UTC."""
         self.continuation.renew_at_midnight(s)
 
-    async def recover_cut_off_runs(self) -> None:
-        """At start-up: record the runs a crash cut off, and continue those sessions."""
-        await self.recovery.cut_off_runs()
+    async def recover_cut_off_runs(self) -> list[Session]:
+        """At start-up: record the runs a crash cut off; the sessions to continue."""
+        return await self.recovery.cut_off_runs()
+
+    async def continue_turn(self, s: Session) -> None:
+        """At start-up: continue once, through the gate, with no new wake."""
+        await self.continuation.continue_turn(s)

@@ -171,7 +171,20 @@ class Starter:
                         s, "blocked", why="ask", reason=f"approval pending for command [{call_id}]"
                     )
                     return
+        if await self._stop_pending(s, run_id):
+            return
         await self._launch(s, cause, run_id, call_id if command else None)
+
+    async def _stop_pending(self, s: Session, run_id: str) -> bool:
+        """True if a cancel, suspend or interrupt came while this run was starting:
+        its program is never started (its wakes stay pending), and the syscall
+        records the state it asked for once it has the lock (syscalls.control)."""
+        await self.ctx.hold("before-spawn", s)  # test only: a start under way
+        if s.stop_pending is None:
+            return False
+        log.info("run.not_started", session=s.name, run=run_id, stop=s.stop_pending)
+        await s.j.flush()  # what the start recorded so far (a decided call) stays
+        return True
 
     async def _launch(
         self, s: Session, cause: Record | None, run_id: str, call_id: str | None
@@ -257,7 +270,8 @@ class Starter:
             s.run = Run(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
-        self.ctx.fault("after-spawn")  # test only: the program runs, run.started is not written
+        # test only: the program runs, run.started is not written (a crash, or a hold)
+        await self.ctx.hold("after-spawn", s)
         # Known as running before anything is awaited: the program may call the
         # daemon (the SDK) at once.
         s.run = Run(run_id, pid, time.time(), program)

@@ -7,6 +7,7 @@ settle record the state, and activate and resume continue through the gate.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,11 @@ class Control:
 
     async def suspend(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        if s.state == "running":
-            await self.runs.stop_run(s, "suspend")
-            return detail(s)
-        async with s.lock:
+
+        async def suspend_now() -> None:
             await self.ctx.transition(s, "suspended", why="suspend", reason="suspended by request")
+
+        await self._stop(s, "suspend", suspend_now)
         return detail(s)
 
     async def resume(self, name: str) -> dict[str, Any]:
@@ -135,24 +136,61 @@ class Control:
 
     async def interrupt(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        if s.state != "running" or s.run is None:
+        starting = s.name in self.ctx.scheduler.starting
+        if not starting and (s.state != "running" or s.run is None):
             raise Refused(
                 f"cannot interrupt session {name!r}: it is {s.state}, and only a running "
                 "session can be interrupted"
             )
-        await self.runs.stop_run(s, "interrupt")
+
+        async def interrupt_now() -> None:
+            # Its start was under way and spawned nothing: it sleeps, its wakes pending.
+            # (A start that ended otherwise, blocked or denied, has nothing to stop.)
+            if s.state == "ready":
+                await self.ctx.transition(
+                    s, "sleeping", why="interrupt", reason="interrupted before its program started"
+                )
+
+        await self._stop(s, "interrupt", interrupt_now)
         return detail(s)
 
     async def cancel(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        if s.state == "running" and s.run is not None:
-            await self.runs.stop_run(s, "cancel")
-            return detail(s)
-        async with s.lock:
+
+        async def cancel_now() -> None:
             await self.ctx.transition(
                 s, "terminated", why="cancel", reason="cancelled", outcome="cancelled"
             )
+
+        await self._stop(s, "cancel", cancel_now)
         return detail(s)
+
+    async def _stop(self, s: Session, why: str, change: Callable[[], Awaitable[None]]) -> None:
+        """Stop the session's run, a starting one included, or, with no run, ``change``.
+
+        A start holds the session's lock from the gate to the program's supervision.
+        A stop asked for meanwhile is left where the start sees it (it then spawns
+        nothing); once the lock is ours, the start is over: a program it spawned is
+        supervised (``s.run``) and is stopped like any run, its settle recording the
+        state asked for. Deciding on the state before taking the lock would let a
+        start finish under a session already terminated: an orphan program whose
+        events follow ``terminated``, holding a scheduler slot.
+        """
+        if s.name in self.ctx.scheduler.starting:
+            s.stop_pending = why
+            log.info("stop.pending", session=s.name, stop=why)
+        async with s.lock:
+            s.stop_pending = None
+            run = s.run
+            if run is None:
+                await change()
+                if self.ctx.scheduler.queue:  # a start that spawned nothing freed its slot
+                    self.ctx.spawn(self.runs.dispatch())
+                return
+            # Read by the run's settle, which waits for this lock: it records the
+            # state asked for even if the program ends before it is signalled.
+            run.stop_requested = why
+        await self.runs.stop_run(s, why)
 
 
 def check_environment(spec: SessionSpec, *, pids_refusal: str | None = None) -> None:

@@ -65,6 +65,10 @@ class Session:
     # the daemon has recorded it (see Runs._record_hold).
     held: str | None = None
     run: Run | None = None
+    # A cancel, suspend or interrupt asked for while a run of this session is being
+    # started (the start holds the lock): the start sees it and spawns no program;
+    # the syscall records the state it asked for once it has the lock.
+    stop_pending: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
 

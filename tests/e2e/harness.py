@@ -54,6 +54,7 @@ class Daemon:
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.lines: list[dict[str, Any]] = []
+        self._lines_changed = threading.Condition()
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
 
@@ -106,10 +107,35 @@ class Daemon:
                 line = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 line = {"event": "raw", "text": raw.decode(errors="replace").strip()}
-            self.lines.append(line)
+            with self._lines_changed:
+                self.lines.append(line)
+                self._lines_changed.notify_all()
             if line.get("event") == "daemon.ready":
                 self._ready.set()
         self._ready.set()  # exited: wake the waiter, which then sees the exit
+        with self._lines_changed:
+            self._lines_changed.notify_all()
+
+    def wait_line(
+        self, event: str, *, match: Any = None, since: int = 0, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Wait for the daemon's own log line ``event`` (and ``match(line)``), from
+        line ``since`` on: woken by each line read, never polled."""
+        deadline = time.monotonic() + timeout
+
+        def found() -> dict[str, Any] | None:
+            for line in self.lines[since:]:
+                if line.get("event") == event and (match is None or match(line)):
+                    return line
+            return None
+
+        with self._lines_changed:
+            while (line := found()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._reader is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no {event!r} line from sessiond: {self.lines[-20:]}")
+                self._lines_changed.wait(left)
+            return line
 
     def wait_ready(self) -> None:
         """Wait for the daemon's own "daemon.ready" log line (no polling of the socket)."""

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sessiond.log.fsck import check
-from tests.e2e.harness import Daemon, short_dir, wait_event
+from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 POINTS = [
     "before-intent",
@@ -76,9 +75,8 @@ def test_a_crash_at_each_point_resumes_as_the_table_says(point: str, contract: s
         assert d.proc.wait(30) == -9
         out = root / "out.txt"
         if point == "during-work":
-            deadline = time.monotonic() + 10
-            while not out.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)  # the orphaned program does its work without the daemon
+            # the orphaned program does its work without the daemon
+            wait_for(out.exists, timeout=30, what="the orphaned program to write out.txt")
         before = _log_lines(d)
         d.config.write_text('log_format = "json"\nstop_grace = "2s"\n')
         d.start()
@@ -197,15 +195,16 @@ def test_a_run_cut_off_before_its_run_started_never_lends_its_ids_to_the_next() 
         assert d.proc is not None
         assert d.proc.wait(30) == -9
         calls = root / "calls.txt"
-        deadline = time.monotonic() + 10
-        while not calls.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)  # the orphaned program does its work without the daemon
+        # the orphaned program does its work without the daemon
+        wait_for(calls.exists, timeout=30, what="the orphaned program to write calls.txt")
         assert calls.read_text() == "r1 r1.command\n"
         d.config.write_text('log_format = "json"\nstop_grace = "2s"\n')
         d.start()
         assert settle(d)["data"]["to"] == "blocked"  # unsafe, cut off: a person decides
-        d.ctl("resolve", "job", "--accept", check=True)
-        # The wake is still pending (no run.started took it): it runs, as a new call.
+        # The person has it run again: it runs as a new call, under new ids. (Its
+        # wake was taken by r1's `running`, so --accept or --discard would not run
+        # it again: see tests/e2e/test_restart_wakes.py.)
+        d.ctl("resolve", "job", "--rerun", check=True)
         wait_event(d, "job", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated")
         assert calls.read_text() == "r1 r1.command\nr2 r2.command\n"
         started = d.json("log", "job", "--type", "run.started")

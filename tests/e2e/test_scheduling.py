@@ -15,21 +15,25 @@ def make(d: Daemon, name: str, cmd: str, extra: str = "") -> None:
 
 def test_a_cancelled_queued_session_does_not_stall_the_queue() -> None:
     with running("max_running = 1\n") as d:
-        # `a` holds the one slot until the test lets it go, so `b` and `c` are
-        # provably still queued when `b` is cancelled (a fixed `sleep` in `a` lost
-        # that race on a loaded machine: `b` had already run).
-        make(d, "a", "while [ ! -e go ]; do sleep 0.02; done")
-        make(d, "b", "echo b")
+        # a holds the only slot until the test says so: b and c are provably queued
+        make(d, "a", "while [ ! -e go ]; do sleep 0.05; done")
+        make(d, "b", "echo b > b.txt")
         make(d, "c", "echo c > c.txt")
-        for name in ("a", "b", "c"):
+        d.ctl("activate", "a", check=True)
+        wait_event(d, "a", "run.started")
+        for name in ("b", "c"):
             d.ctl("activate", name, check=True)
-        assert d.json("show", "b")["state"] == "ready"
-        assert d.json("show", "c")["state"] == "ready"
+            assert d.json("show", name)["state"] == "ready"
         d.ctl("cancel", "b", check=True)
+        cancelled = d.json("show", "b")
+        assert (cancelled["state"], cancelled["outcome"]) == ("terminated", "cancelled")
         (d.root / "go").touch()
         wait_event(d, "c", "run.finished")
-        assert not any(r["type"] == "run.started" for r in d.json("log", "b"))
         assert (d.root / "c.txt").read_text() == "c\n"
+        assert not (d.root / "b.txt").exists()  # b never ran
+        b_log = d.json("log", "b")
+        assert "run.started" not in [r["type"] for r in b_log]
+        assert b_log[-1]["data"]["to"] == "terminated"  # and nothing after it
 
 
 def test_simultaneous_wakes_never_exceed_the_limit() -> None:

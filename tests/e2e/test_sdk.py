@@ -6,13 +6,12 @@ import os
 import shutil
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from tests.e2e.harness import Daemon, running, short_dir, wait_event
+from tests.e2e.harness import Daemon, running, short_dir, wait_event, wait_for
 
 AGENT = Path(__file__).parent / "programs" / "agent.py"
 SPEC = """name = "agent"
@@ -109,7 +108,13 @@ def test_an_expired_approval_blocks_at_the_gate() -> None:
         wait_event(d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
         d.ctl("suspend", "agent", check=True)
         d.ctl("approve", "agent", check=True)  # recorded; a suspended session does not run
-        time.sleep(1.2)  # the approval's time to live runs out (real time is what it measures)
+        # The approval's time to live runs out (real time is what it measures): the
+        # dry-run gate says so once it has.
+        wait_for(
+            lambda: "expired" in d.ctl("gate", "agent").stdout,
+            timeout=30,
+            what="the approval to expire",
+        )
         d.ctl("resume", "agent", check=True)
         d.ctl("activate", "agent")
         gate = d.json("log", "agent", "--type", "gate.evaluated")[-1]["data"]
@@ -138,9 +143,7 @@ def test_a_run_token_works_only_for_its_own_run_and_session() -> None:
         wait_event(d, "b", "run.finished")
         ended = (d.root / "b" / "token").read_text()
         d.ctl("activate", "a", check=True)
-        deadline = time.monotonic() + 10
-        while not (d.root / "a" / "token").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for((d.root / "a" / "token").exists, timeout=30, what="a's program to start")
         live = (d.root / "a" / "token").read_text()
         assert "SESSIOND_TOKEN" not in (d.state_dir / "sessions" / "a" / "events.jsonl").read_text()
         assert live not in (d.state_dir / "sessions" / "a" / "events.jsonl").read_text()

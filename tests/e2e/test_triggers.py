@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.harness import Daemon, running, short_dir, wait_event
+from tests.e2e.harness import Daemon, running, short_dir, wait_event, wait_for
 
 RECORD = 'cat \\"$SESSIOND_WAKE_FILE\\" >> wakes.jsonl; echo >> wakes.jsonl'
 
@@ -45,7 +45,10 @@ def test_a_missed_cron_fire_runs_once_after_a_restart() -> None:
         assert (root / "ran.txt").read_text() == "ran\n"  # once, however many fires were missed
         d.stop()
         d.start()  # the same clock again: the catch-up covered everything up to it
-        time.sleep(0.5)
+        # A catch-up is decided as the triggers are armed, before the socket opens,
+        # and its wake takes the session's lock before any request can: suspend
+        # waits for that lock, so once it returns such a wake would be on record.
+        d.ctl("suspend", "payroll", check=True)
         assert (root / "ran.txt").read_text() == "ran\n"
         assert len(d.json("log", "payroll", "--type", "wake.requested")) == 1
         d.stop()
@@ -197,8 +200,16 @@ def test_commits_made_while_the_daemon_was_down_wake_the_session_after_a_restart
         assert cause["wakes"][0]["details"]["range"] == f"{first}..{head}"
         d.stop()
         d.start()  # the wake in the log covers that commit: nothing runs again
-        time.sleep(0.5)
+        # A commit the trigger ignores shows that a check ran after the restart, and
+        # it covers every commit since where the scan starts: had that been before
+        # the commit already handled, it would have woken the session instead.
+        since = len(d.lines)
+        (repo / "README.md").write_text("hello again\n")
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-q", "-m", "docs only")
+        d.wait_line("git.ignored", since=since)
         assert len(wakes(repo)) == 1
+        assert len(d.json("log", "docs", "--type", "wake.requested")) == 1
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -206,13 +217,7 @@ def test_commits_made_while_the_daemon_was_down_wake_the_session_after_a_restart
 
 def wait_line(d: Daemon, event: str, timeout: float = 20.0) -> dict[str, object]:
     """The daemon's own log line (the harness collects them as they come)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in d.lines:
-            if line.get("event") == event:
-                return line
-        time.sleep(0.02)
-    raise AssertionError(f"no {event} in the daemon's log")
+    return d.wait_line(event, timeout=timeout)
 
 
 def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> None:
@@ -234,8 +239,8 @@ def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> Non
             (d.root / f"w{i}" / name).write_text(str(n))
             written[i].add(name)
         elapsed = time.monotonic() - start
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def all_seen() -> bool:
             seen = {
                 i: {
                     p
@@ -245,10 +250,9 @@ def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> Non
                 }
                 for i in range(sessions)
             }
-            if all(written[i] <= seen[i] for i in range(sessions)):
-                break
-            time.sleep(0.2)
-        assert all(written[i] <= seen[i] for i in range(sessions))  # no change lost
+            return all(written[i] <= seen[i] for i in range(sessions))
+
+        wait_for(all_seen, timeout=120, what="every change to reach a run")  # none lost
         for i in range(sessions):
             runs = len(wakes(d.root / f"w{i}"))
             assert 1 <= runs <= int(elapsed / 0.2) + 3, (i, runs, elapsed)

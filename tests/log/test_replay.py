@@ -290,3 +290,26 @@ def test_a_run_takes_delivery_of_the_mailbox() -> None:
     drafts.append(Draft(MessageReceived(sender="u", text="two")))
     s = replay_all("s", arun(_log_of(store, drafts)))
     assert s.mailbox == [3]
+
+
+def test_a_run_takes_its_wakes_at_running_even_if_its_run_started_never_came() -> None:
+    """A run cut off between `running` and its run.started (its program may have run)
+    took the wakes recorded before it: none is left pending to run the work again.
+    Wakes recorded after it wait for the next turn."""
+    payloads: list[EventData] = [
+        SessionCreated(name="s"),
+        WakeRequested(trigger="manual"),
+        LifecycleChanged(from_state="created", to="ready", reason="gate ok"),
+        LifecycleChanged(from_state="ready", to="running", reason="manual"),
+    ]
+    records = arun(_log_of(MemoryStore(), [Draft(p) for p in payloads]))
+    cut_off = replay_all("s", records)
+    assert cut_off.pending_wakes == []
+    assert (cut_off.runs, cut_off.run_number) == (0, 1)
+    later = [
+        *payloads,
+        LifecycleChanged(from_state="running", to="sleeping", reason="daemon restarted"),
+        WakeRequested(trigger="message"),
+    ]
+    records = arun(_log_of(MemoryStore(), [Draft(p) for p in later]))
+    assert [w["trigger"] for w in replay_all("s", records).pending_wakes] == ["message"]
