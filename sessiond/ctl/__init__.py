@@ -10,18 +10,18 @@ session; 5 invalid input; 70 internal error.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
 from sessiond import __version__
+from sessiond.ctl.bundles import export_bundle, import_bundle
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -352,95 +352,13 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"resolved {args.name} with --{args.option}: {d['state']}{reason}")
 
 
-def _bad_file(path: Path | str, exc: OSError, doing: str) -> RemoteError:
-    return RemoteError("invalid_input", f"cannot {doing} {path}: {exc.strerror or exc}", 5)
-
-
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    """The daemon sends the bundle's bytes; this client writes them, as its own user
-    (the daemon never writes where a client names)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    if args.output == "-":
-        stdout = sys.stdout.buffer
-
-        def to_stdout(data: bytes) -> None:
-            digest.update(data)
-            stdout.write(data)
-
-        d = conn.call_receiving("export", {"name": args.name}, to_stdout)
-        stdout.flush()
-        target = "standard output"
-    else:
-        path = Path(args.output)
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise _bad_file(path, exc, "write") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-
-                def to_file(data: bytes) -> None:
-                    digest.update(data)
-                    f.write(data)
-
-                d = conn.call_receiving("export", {"name": args.name}, to_file)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(part, path)  # whole, or not there at all
-        except OSError as exc:
-            raise _bad_file(path, exc, "write") from None
-        finally:
-            part.unlink(missing_ok=True)
-        target = str(path)
-    if d.get("sha256") != digest.hexdigest():
-        raise RemoteError("internal", "the bundle arrived damaged (its sha256 differs)", 70)
-    d["path"] = target
-    return _done(d, out, f"exported {d['events']} events of {args.name} to {target}")
-
-
-def _open_bundle(path: Path) -> IO[bytes]:
-    """The bundle file, refused (as the daemon would) unless it is a regular file: a
-    FIFO or a device would block or never end. O_NONBLOCK only for the open."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise RemoteError("bad_bundle", f"cannot read bundle {path}: {exc.strerror}", 5) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RemoteError(
-            "bad_bundle", f"bundle {path} is not a regular file; give the path of a bundle", 5
-        )
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    d, text = export_bundle(conn, args.name, args.output)
+    return _done(d, out, text)
 
 
 def cmd_import(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    """This client reads the bundle (a file, or - for standard input) and sends its bytes."""
-    import hashlib
-    import tempfile
-
-    with contextlib.ExitStack() as stack:
-        source: IO[bytes]
-        if args.bundle == "-":  # its size and hash come first: spool it
-            source = stack.enter_context(tempfile.TemporaryFile())
-            while chunk := sys.stdin.buffer.read(1 << 20):
-                source.write(chunk)
-            source.seek(0)
-        else:
-            source = stack.enter_context(_open_bundle(Path(args.bundle).resolve()))
-        digest = hashlib.sha256()
-        while chunk := source.read(1 << 20):
-            digest.update(chunk)
-        size = source.tell()
-        source.seek(0)
-        label = "standard input" if args.bundle == "-" else str(Path(args.bundle).resolve())
-        params = {"name": args.name, "sha256": digest.hexdigest(), "source": label}
-        d = conn.call_sending("import", params, source, size)
+    d = import_bundle(conn, args.bundle, args.name)
     return _done(d, out, f"imported {d['name']}: {d['state']}")
 
 
