@@ -104,8 +104,9 @@ class Continuation:
             s.spec,
             now=self.ctx.now(),
             hash_file=workspace_hasher(s.spec),
-            has_artifact=self.ctx.store.artifacts(s.name).has,
             cause_paths=paths,
+            log_error=s.j.log.verify(),
+            check_artifact=self.ctx.store.artifacts(s.name).verify,
         )
         await self.ctx.table.append(
             s,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -103,9 +103,17 @@ def detail(session: Session) -> dict[str, Any]:
     }
 
 
-def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]:
+def gate_report(
+    session: Session,
+    now: str,
+    has_artifact: Any = None,
+    *,
+    check_artifact: Callable[[str], str | None] | None = None,
+) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
-    recovery options. Records nothing."""
+    recovery options. Records nothing. The log is checked by its writer
+    (``verify``), the artifacts by ``check_artifact`` (``has_artifact``: only
+    whether they are there)."""
     from sessiond.runs.workspace import workspace_hasher
     from sessiond.table.gate import evaluate
 
@@ -119,6 +127,8 @@ def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]
         now=now,
         hash_file=workspace_hasher(session.spec),
         has_artifact=has_artifact,
+        log_error=session.journal.log.verify(),
+        check_artifact=check_artifact,
     )
     return {
         "session": session.name,

@@ -16,13 +16,17 @@ from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, St
 from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
 from sessiond.log.store.base import ArtifactStore
 from sessiond.log.store.durable import read_regular, real_dir, write_durable
+from sessiond.log.store.hashcache import HashCache, NotRegularFile
 
 
 class FileArtifacts(ArtifactStore):
-    """The ``artifacts`` folder of one session: put, get (hash-checked), has, digests."""
+    """The ``artifacts`` folder of one session: put, get (hash-checked), has, digests,
+    verify (hash-checked, remembered while a file is unchanged: ``hashes``, which the
+    store shares between the sessions' folders)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, hashes: HashCache | None = None) -> None:
         self.folder = folder
+        self.hashes = hashes if hashes is not None else HashCache()
 
     def _path(self, ref: str) -> Path:
         if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
@@ -63,6 +67,25 @@ class FileArtifacts(ArtifactStore):
                 f"artifact {ref} in {self.folder} does not match its hash; restore it from a backup"
             )
         return data
+
+    def verify(self, ref: str) -> str | None:
+        try:
+            path = self._path(ref)
+        except BadArtifactRef as exc:
+            return str(exc)
+        except (StorageError, FileNotFoundError) as exc:
+            return f"the artifacts folder {self.folder} cannot be used: {exc}"
+        try:
+            digest, size = self.hashes.sha256(str(path))
+        except FileNotFoundError:
+            return f"missing: there is no file artifacts/{ref[7:]}"
+        except NotRegularFile:
+            return f"artifacts/{ref[7:]} is not a regular file (a symlink or a folder)"
+        except OSError as exc:
+            return f"artifacts/{ref[7:]} cannot be read: {exc}"
+        if digest != ref[7:]:
+            return f"changed: the file now holds {size} bytes that hash to sha256:{digest}"
+        return None
 
     def has(self, ref: str) -> bool:
         try:

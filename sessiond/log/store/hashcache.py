@@ -1,0 +1,90 @@
+"""Content hashes of files, remembered while the files do not change.
+
+The resume gate checks that every artifact continuing needs still has its hash
+(DESIGN.md section 9). Reading a thousand artifacts at every wake would make the
+gate cost what the artifacts weigh; a file whose inode, size, mtime and ctime
+are what they were when it was hashed has not been written since, so its hash
+is reused. ctime is in the key because a writer can put mtime back (``touch
+-r``) but not ctime.
+
+One catch, the one git calls "racy": file times have a coarse granularity (a
+kernel tick), so a write just after hashing may leave all four unchanged. A hash
+taken less than ``RACY_NS`` after the file's last change is therefore not
+remembered; the file is read again next time, until it has been still for long
+enough. Artifacts are written once, so in practice each is read once or twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Callable
+
+from sessiond.codec import Clock
+
+# Longer than any file-time granularity Linux file systems use (a tick: 1-10 ms).
+RACY_NS = 100_000_000
+BLOCK = 1 << 20
+
+Key = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
+
+
+class NotRegularFile(OSError):
+    """The path is a symlink, a folder or a device, never an artifact."""
+
+
+def _key(st: os.stat_result) -> Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class HashCache:
+    """sha256 of files by path, re-read only when a file changed (see above).
+
+    ``read`` is ``os.read`` (tests count the reads through it); ``limit`` bounds
+    how many files are remembered (the oldest entries go first)."""
+
+    def __init__(
+        self,
+        *,
+        read: Callable[[int, int], bytes] = os.read,
+        clock: Clock = time.time_ns,
+        limit: int = 200_000,
+    ) -> None:
+        self._read = read
+        self._clock = clock
+        self._limit = limit
+        self._entries: dict[str, tuple[Key, str]] = {}
+
+    def sha256(self, path: str) -> tuple[str, int]:
+        """The hex sha256 and size of the regular file at ``path`` (not followed if it
+        is a symlink). Raises FileNotFoundError, NotRegularFile, OSError."""
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        hit = self._entries.get(path)
+        if hit is not None and hit[0] == _key(st):
+            return hit[1], st.st_size
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            # The key of what is actually read (the file may have been swapped since
+            # the lstat): a change during the read shows at the next lstat.
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotRegularFile(f"{path} is not a regular file")
+            digest = hashlib.sha256()
+            while block := self._read(fd, BLOCK):
+                digest.update(block)
+        finally:
+            os.close(fd)
+        hexdigest = digest.hexdigest()
+        changed = max(st.st_mtime_ns, st.st_ctime_ns)
+        if self._clock() - changed >= RACY_NS:
+            self._entries.pop(path, None)
+            if len(self._entries) >= self._limit:
+                del self._entries[next(iter(self._entries))]
+            self._entries[path] = (_key(st), hexdigest)
+        else:
+            self._entries.pop(path, None)
+        return hexdigest, st.st_size
