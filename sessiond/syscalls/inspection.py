@@ -57,4 +57,4 @@ class Inspection:
 
     async def gate(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        return gate_report(s, self.ctx.now(), check_artifact=self.ctx.store.artifacts(name).verify)
+        return gate_report(s, self.ctx.now(), artifacts=self.ctx.store.artifacts(name))

@@ -174,6 +174,10 @@ class ArtifactStore(abc.ABC):
             return str(exc)
         return None
 
+    def verify_many(self, refs: Iterable[str]) -> dict[str, str]:
+        """What is wrong with each of ``refs`` that has a problem (see :meth:`verify`)."""
+        return {ref: problem for ref in refs if (problem := self.verify(ref)) is not None}
+
 
 class SnapshotStore(abc.ABC):
     """A session's snapshots, newest wins; unreadable ones are skipped."""

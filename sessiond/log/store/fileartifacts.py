@@ -7,9 +7,11 @@ checked against that hash on every read.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, StorageError
@@ -69,21 +71,43 @@ class FileArtifacts(ArtifactStore):
         return data
 
     def verify(self, ref: str) -> str | None:
+        return self.verify_many([ref]).get(ref)
+
+    def verify_many(self, refs: Iterable[str]) -> dict[str, str]:
+        # The gate asks this for every artifact a session needs, at every wake:
+        # the folder is opened once (never through a symlink) and each artifact is
+        # looked up in it by name, one stat each when nothing changed.
+        refs = list(refs)
         try:
-            path = self._path(ref)
-        except BadArtifactRef as exc:
-            return str(exc)
-        except (StorageError, FileNotFoundError) as exc:
-            return f"the artifacts folder {self.folder} cannot be used: {exc}"
-        try:
-            digest, size = self.hashes.sha256(str(path))
-        except FileNotFoundError:
-            return f"missing: there is no file artifacts/{ref[7:]}"
-        except NotRegularFile:
-            return f"artifacts/{ref[7:]} is not a regular file (a symlink or a folder)"
+            dir_fd = os.open(
+                self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
         except OSError as exc:
-            return f"artifacts/{ref[7:]} cannot be read: {exc}"
-        if digest != ref[7:]:
+            why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc})"
+            return dict.fromkeys(refs, f"the artifacts folder {self.folder} {why}")
+        problems: dict[str, str] = {}
+        try:
+            for ref in refs:
+                problem = self._check(ref, dir_fd)
+                if problem is not None:
+                    problems[ref] = problem
+        finally:
+            os.close(dir_fd)
+        return problems
+
+    def _check(self, ref: str, dir_fd: int) -> str | None:
+        if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
+            return f"{ref!r} is not an artifact reference ('sha256:' and 64 lowercase hex digits)"
+        name = ref[7:]
+        try:
+            digest, size = self.hashes.sha256(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return f"missing: there is no file artifacts/{name}"
+        except NotRegularFile:
+            return f"artifacts/{name} is not a regular file (a symlink or a folder)"
+        except OSError as exc:
+            return f"artifacts/{name} cannot be read: {exc}"
+        if digest != name:
             return f"changed: the file now holds {size} bytes that hash to sha256:{digest}"
         return None
 

@@ -28,19 +28,22 @@ from sessiond.codec import Clock
 RACY_NS = 100_000_000
 BLOCK = 1 << 20
 
-Key = tuple[int, int, int, int, int]  # dev, inode, size, mtime_ns, ctime_ns
+# A file is known by (device, inode); what it held is trusted while its size,
+# mtime and ctime are those it had when it was hashed.
+Ident = tuple[int, int]
+Stamp = tuple[int, int, int]
 
 
 class NotRegularFile(OSError):
     """The path is a symlink, a folder or a device, never an artifact."""
 
 
-def _key(st: os.stat_result) -> Key:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class HashCache:
-    """sha256 of files by path, re-read only when a file changed (see above).
+    """sha256 of files, re-read only when a file changed (see above).
 
     ``read`` is ``os.read`` (tests count the reads through it); ``limit`` bounds
     how many files are remembered (the oldest entries go first)."""
@@ -55,21 +58,24 @@ class HashCache:
         self._read = read
         self._clock = clock
         self._limit = limit
-        self._entries: dict[str, tuple[Key, str]] = {}
+        self._entries: dict[Ident, tuple[Stamp, str]] = {}
 
-    def sha256(self, path: str) -> tuple[str, int]:
-        """The hex sha256 and size of the regular file at ``path`` (not followed if it
-        is a symlink). Raises FileNotFoundError, NotRegularFile, OSError."""
-        st = os.lstat(path)
+    def sha256(self, path: str, *, dir_fd: int | None = None) -> tuple[str, int]:
+        """The hex sha256 and size of the regular file at ``path`` (relative to
+        ``dir_fd`` if given; a symlink is never followed). Raises FileNotFoundError,
+        NotRegularFile, OSError."""
+        # One stat per file when nothing changed: with a folder's descriptor the
+        # kernel resolves one name instead of the whole path (half the cost).
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"{path} is not a regular file")
-        hit = self._entries.get(path)
-        if hit is not None and hit[0] == _key(st):
+        hit = self._entries.get((st.st_dev, st.st_ino))
+        if hit is not None and hit[0] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             return hit[1], st.st_size
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            # The key of what is actually read (the file may have been swapped since
-            # the lstat): a change during the read shows at the next lstat.
+            # The stamp of what is actually read (the file may have been swapped
+            # since the stat): a change during the read shows at the next stat.
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise NotRegularFile(f"{path} is not a regular file")
@@ -79,12 +85,10 @@ class HashCache:
         finally:
             os.close(fd)
         hexdigest = digest.hexdigest()
-        changed = max(st.st_mtime_ns, st.st_ctime_ns)
-        if self._clock() - changed >= RACY_NS:
-            self._entries.pop(path, None)
+        ident = (st.st_dev, st.st_ino)
+        self._entries.pop(ident, None)
+        if self._clock() - max(st.st_mtime_ns, st.st_ctime_ns) >= RACY_NS:
             if len(self._entries) >= self._limit:
                 del self._entries[next(iter(self._entries))]
-            self._entries[path] = (_key(st), hexdigest)
-        else:
-            self._entries.pop(path, None)
+            self._entries[ident] = (_stamp(st), hexdigest)
         return hexdigest, st.st_size
