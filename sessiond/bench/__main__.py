@@ -92,9 +92,13 @@ def measure(
     shutil.rmtree(folder)
 
     folder = step("gate_1000_artifacts_ms")
-    warm, cold = run_async(lambda: gate.gate_ms(folder, 1000, repeats=50 if quick else 200))
+    warm, cold, floor_ms = run_async(
+        lambda: gate.gate_ms(folder, 1000, repeats=50 if quick else 200)
+    )
     results["gate_1000_artifacts_ms"] = round(warm, 2)
     results["gate_1000_artifacts_cold_ms"] = round(cold, 1)
+    results["gate_1000_floor_ms"] = round(floor_ms, 2)
+    results["gate_floor_ratio"] = round(warm / floor_ms, 2)
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
