@@ -216,12 +216,13 @@ def _artifacts(
 
     needed = state.live_artifacts()
     problems = []
-    for ref, meta in sorted(needed.items()):
+    for ref, meta in needed.items():
         problem = check(ref)
         if problem is not None:
             recorded = f", {meta['size']} bytes recorded" if "size" in meta else ""
             problems.append(f"{meta.get('name') or 'artifact'} ({ref}{recorded}): {problem}")
     if problems:
+        problems.sort()
         return Check(
             "artifacts intact",
             False,

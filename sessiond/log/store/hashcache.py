@@ -20,7 +20,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from sessiond.codec import Clock
 
@@ -59,6 +59,41 @@ class HashCache:
         self._clock = clock
         self._limit = limit
         self._entries: dict[Ident, tuple[Stamp, str]] = {}
+
+    def mismatches(
+        self, expected: Iterable[tuple[str, str]], *, dir_fd: int | None = None
+    ) -> dict[str, tuple[str, int] | OSError]:
+        """Check files against the hex sha256 each should have: for each ``(path,
+        digest)`` whose file does not hold it, what it holds now (digest, size) or
+        why it cannot be read. Paths are relative to ``dir_fd`` if given."""
+        # The hot loop of every gate, written flat: an unchanged file costs one
+        # stat and a dict lookup (a call per file would cost about as much again).
+        found: dict[str, tuple[str, int] | OSError] = {}
+        lstat = os.stat
+        known = self._entries.get
+        regular = stat.S_ISREG
+        for path, digest in expected:
+            try:
+                st = lstat(path, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                found[path] = exc
+                continue
+            hit = known((st.st_dev, st.st_ino))
+            if (
+                hit is not None
+                and hit[1] == digest
+                and hit[0] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                and regular(st.st_mode)
+            ):
+                continue
+            try:
+                now = self.sha256(path, dir_fd=dir_fd)
+            except OSError as exc:
+                found[path] = exc
+                continue
+            if now[0] != digest:
+                found[path] = now
+        return found
 
     def sha256(self, path: str, *, dir_fd: int | None = None) -> tuple[str, int]:
         """The hex sha256 and size of the regular file at ``path`` (relative to
