@@ -71,8 +71,8 @@ def check_log(
     if size < end.offset:
         return (
             f"{name} is shorter than the daemon's end ({size} < {end.offset} bytes): "
-            f"truncated behind the daemon's back, events after seq {verified.seq} may be "
-            f"lost; {WHAT_TO_DO}",
+            f"truncated behind the daemon's back (its last event is seq {end.seq}); "
+            f"{WHAT_TO_DO}",
             verified,
         )
     if size > end.offset:
