@@ -122,6 +122,8 @@ class DaemonConfig(_Strict):
     socket: Path = Field(default_factory=default_socket)
     specs: Path | None = None
     durability: Literal["fsync", "os"] = "fsync"
+    # durability "os": each log is synced at least this often (what a power cut may lose)
+    sync_interval: Duration = 1.0
     snapshot_every: int = Field(default=1000, ge=10)
     shutdown_grace: Duration = 10.0
     stop_grace: Duration = 5.0
@@ -170,6 +172,13 @@ class DaemonConfig(_Strict):
     max_running: int = Field(default=0, ge=0)
     max_running_per_agent: int = Field(default=0, ge=0)
     aging: Duration = 60.0
+
+    @field_validator("sync_interval")
+    @classmethod
+    def _sane_sync_interval(cls, value: float) -> float:
+        if not 0.001 <= value <= 3600:
+            raise ValueError("sync_interval must be between 1ms and 1h (e.g. '1s', '200ms')")
+        return value
 
     @field_validator("aging")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sessiond.bench import fsinfo, storage
+from sessiond.bench import fsinfo, gate, storage
 from sessiond.bench.__main__ import check_targets
 from tests.helpers import arun
 
@@ -21,6 +21,11 @@ def test_the_storage_benchmarks_run_and_report_sane_figures(tmp_path: Path) -> N
     assert replay > 0
     assert floor > 0
     assert arun(storage.snapshot_resume_ms(tmp_path / "e", 3000, tail=50, repeats=1)) > 0
+    (tmp_path / "f").mkdir()
+    warm, cold, floor = arun(gate.gate_ms(tmp_path / "f", 20, repeats=2, size=64))
+    assert warm > 0
+    assert cold > 0
+    assert floor > 0
     assert fsinfo.fs_type(tmp_path) != ""
     assert fsinfo.fsync_median_ms(tmp_path, samples=3) >= 0
 

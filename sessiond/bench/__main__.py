@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, machine, run_async, storage, wakes
+from sessiond.bench import daemon, fsinfo, gate, machine, run_async, storage, wakes
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -28,6 +28,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "replay_eps": (">=", 400_000, "events/s"),
     "replay_floor_ratio": (">=", 0.5, "replay_eps / replay_floor_eps"),
     "snapshot_resume_ms": ("<=", 100.0, "ms"),
+    "gate_1000_artifacts_ms": ("<=", 10.0, "ms (median, nothing changed since the last gate)"),
     "rpc_ping_p50_ms": ("<=", 0.5, "ms"),
     "ps_10k_ms": ("<=", 100.0, "ms"),
     "startup_10k_s": ("<=", 3.0, "s"),
@@ -88,6 +89,16 @@ def measure(
         ),
         2,
     )
+    shutil.rmtree(folder)
+
+    folder = step("gate_1000_artifacts_ms")
+    warm, cold, floor_ms = run_async(
+        lambda: gate.gate_ms(folder, 1000, repeats=50 if quick else 200)
+    )
+    results["gate_1000_artifacts_ms"] = round(warm, 2)
+    results["gate_1000_artifacts_cold_ms"] = round(cold, 1)
+    results["gate_1000_floor_ms"] = round(floor_ms, 2)
+    results["gate_floor_ratio"] = round(warm / floor_ms, 2)
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))

@@ -258,10 +258,12 @@ def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         for check in report["checks"]:
             mark = out.paint("ok  ", "32") if check["ok"] else out.paint("FAIL", "31;1")
             print(f"{mark} {check['name']}: {check['detail']}")
+        options = ", ".join(f"--{o}" for o in report["options"])
         verdict = (
             "ok: the session may continue"
             if report["ok"]
-            else ("not ok: recovery options " + ", ".join(f"--{o}" for o in report["options"]))
+            # A damaged log has no resolve option: the check's detail says what to do.
+            else (f"not ok: recovery options {options}" if options else "not ok")
         )
         print(verdict)
     return 0 if report["ok"] else 1

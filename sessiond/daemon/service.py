@@ -119,7 +119,10 @@ class Daemon:
         self.env = env
         offset_ns = int(config.clock_offset * 1e9)
         self.store = FileStore(
-            config.state_dir, clock=lambda: time.time_ns() + offset_ns, hooks=io_hooks(config)
+            config.state_dir,
+            clock=lambda: time.time_ns() + offset_ns,
+            hooks=io_hooks(config),
+            sync_interval=config.sync_interval,
         )
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
@@ -269,7 +272,7 @@ class Daemon:
             except BadConfig as exc:
                 log.error("config.refused", error=str(exc))
                 raise
-            kept = ("state_dir", "socket")
+            kept = ("state_dir", "socket", "sync_interval")  # the open logs have theirs
             for key in kept:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")

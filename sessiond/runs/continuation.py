@@ -110,13 +110,17 @@ class Continuation:
 
     async def gate_now(self, s: Session, cause: Record | None, paths: frozenset[str]) -> Verdict:
         """Evaluate the gate on the replayed state and record the result."""
+        state = s.j.state
+        # The storage checks are made here, the verdict stays a pure function.
+        damaged = self.ctx.store.artifacts(s.name).verify_many(state.live_artifacts())
         verdict = evaluate(
-            s.j.state,
+            state,
             s.spec,
             now=self.ctx.now(),
             hash_file=workspace_hasher(s.spec),
-            has_artifact=self.ctx.store.artifacts(s.name).has,
             cause_paths=paths,
+            log_error=s.j.log.verify(),
+            check_artifact=damaged.get,
         )
         await self.ctx.table.append(
             s,

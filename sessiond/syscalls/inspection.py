@@ -57,4 +57,4 @@ class Inspection:
 
     async def gate(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        return gate_report(s, self.ctx.now(), self.ctx.store.artifacts(name).has)
+        return gate_report(s, self.ctx.now(), artifacts=self.ctx.store.artifacts(name))

@@ -11,6 +11,7 @@ from sessiond.describe import describe
 from sessiond.log.projections import messages, trace
 from sessiond.log.replay import replay_all
 from sessiond.log.state import State
+from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, next_wake
 
 VIEWS = ("state", "messages", "trace", "audit")
@@ -103,9 +104,17 @@ def detail(session: Session) -> dict[str, Any]:
     }
 
 
-def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]:
+def gate_report(
+    session: Session,
+    now: str,
+    has_artifact: Any = None,
+    *,
+    artifacts: ArtifactStore | None = None,
+) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
-    recovery options. Records nothing."""
+    recovery options. Records nothing. The log is checked by its writer
+    (``verify``), the artifacts continuing needs by ``artifacts.verify_many``
+    (``has_artifact``, the older form: only whether they are there)."""
     from sessiond.runs.workspace import workspace_hasher
     from sessiond.table.gate import evaluate
 
@@ -113,12 +122,16 @@ def gate_report(session: Session, now: str, has_artifact: Any) -> dict[str, Any]
         check = {"name": "log intact", "ok": False, "detail": session.broken or ""}
         return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],
                 "options": [], "dry_run": True}  # fmt: skip
+    state = session.journal.state
+    damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
     verdict = evaluate(
-        session.journal.state,
+        state,
         session.spec,
         now=now,
         hash_file=workspace_hasher(session.spec),
         has_artifact=has_artifact,
+        log_error=session.journal.log.verify(),
+        check_artifact=damaged.get if damaged is not None else None,
     )
     return {
         "session": session.name,

@@ -23,6 +23,18 @@ tool.started           replay-from-event and rerun-after-check: rerun when the
 tool.finished          rebuild the observation from the finished event
 observation.projected  a stable point: nothing to do
 =====================  =====================================================
+
+The checks that look at storage are done by the caller and handed in, so this
+stays a pure function: ``log_error`` is the "log intact" verdict of the log's
+own writer (``EventLog.verify``: the file it appended, as long as its end,
+every line since the last check good), ``check_artifact`` says what is wrong
+with one stored artifact (``ArtifactStore.verify``: present with its hash).
+The artifacts checked are those continuing needs (``State.live_artifacts``):
+the outputs and diffs of finished calls whose observation is not recorded yet
+(the gate rebuilds it from them), the last run's stdout and stderr (what the
+next run and ``show`` start from), the context of a model call waiting for its
+answer, and the artifacts attached to what the messages view shows (merges,
+compaction summaries). Older evidence is history: ``sessiond fsck`` checks it.
 """
 
 from __future__ import annotations
@@ -68,6 +80,8 @@ class Verdict:
 
 
 HashFile = Callable[[str], "str | None"]
+# What is wrong with a stored artifact (None: present with its hash).
+CheckArtifact = Callable[[str], "str | None"]
 
 
 def evaluate(
@@ -76,13 +90,17 @@ def evaluate(
     *,
     now: str,
     hash_file: HashFile,
-    has_artifact: Callable[[str], bool],
+    has_artifact: Callable[[str], bool] | None = None,
     cause_paths: frozenset[str] = frozenset(),
     log_error: str | None = None,
+    check_artifact: CheckArtifact | None = None,
 ) -> Verdict:
     """Judge whether ``state`` may continue. ``now`` is RFC 3339 UTC; ``hash_file``
     hashes a workspace-relative path (None: absent); ``cause_paths`` are paths whose
-    change is exactly what woke the session (they are not held against it)."""
+    change is exactly what woke the session (they are not held against it);
+    ``log_error`` is what is wrong with the log (None: intact); ``check_artifact``
+    what is wrong with an artifact (``has_artifact``, the older form, only says
+    whether it is there)."""
     if log_error is not None:
         return Verdict((Check("log intact", False, log_error),), "blocked")
     checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
@@ -101,14 +119,7 @@ def evaluate(
             else f"{len(state.bound) + len(state.file_hashes)} path(s) match",
         )
     )
-    missing = sorted(ref for ref in state.live_artifacts() if not has_artifact(ref))
-    checks.append(
-        Check(
-            "artifacts present",
-            not missing,
-            ("missing: " + ", ".join(missing)) if missing else "every needed artifact is there",
-        )
-    )
+    checks.append(_artifacts(state, check_artifact, has_artifact))
     budget = _budget(state, spec, now)
     checks.append(Check("budget left", budget is None, budget or "within budget"))
     if all(c.ok for c in checks):
@@ -192,6 +203,33 @@ def _workspace(state: State, hash_file: HashFile, cause_paths: frozenset[str]) -
         if hash_file(path) != recorded:
             changed.append(path)
     return changed
+
+
+def _artifacts(
+    state: State, check: CheckArtifact | None, has: Callable[[str], bool] | None
+) -> Check:
+    if check is None:
+        present = has or (lambda _ref: True)
+
+        def check(ref: str) -> str | None:
+            return None if present(ref) else "missing"
+
+    needed = state.live_artifacts()
+    problems = []
+    for ref, meta in needed.items():
+        problem = check(ref)
+        if problem is not None:
+            recorded = f", {meta['size']} bytes recorded" if "size" in meta else ""
+            problems.append(f"{meta.get('name') or 'artifact'} ({ref}{recorded}): {problem}")
+    if problems:
+        problems.sort()
+        return Check(
+            "artifacts intact",
+            False,
+            "; ".join(problems) + "; restore them from a backup ('sessiond fsck' lists "
+            "every damaged artifact)",
+        )
+    return Check("artifacts intact", True, f"{len(needed)} needed artifact(s) have their hash")
 
 
 def _budget(state: State, spec: SessionSpec | None, now: str) -> str | None:

@@ -378,7 +378,7 @@ class Campaign:
                 continue
             if self.durability == "fsync":
                 os.truncate(path, synced[name])
-            else:  # nothing was fsynced since the open: the page cache lost any tail
+            else:  # written after the last sync (sync_interval): the cache lost any tail
                 os.truncate(path, self.rng.randint(synced[name], size))
 
     def _repair_and_check_logs(self) -> None:

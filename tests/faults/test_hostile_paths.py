@@ -146,7 +146,7 @@ def test_an_artifact_replaced_by_a_symlink_is_never_read_through() -> None:
         assert not out.exists()
         refused(d.ctl("--json", "fork", "job", "--as", "copy"), "artifact_corrupt", ref)
         gate = orjson.loads(d.ctl("--json", "gate", "job").stdout)  # exit 1: not ok
-        check = next(c for c in gate["checks"] if c["name"] == "artifacts present")
+        check = next(c for c in gate["checks"] if c["name"] == "artifacts intact")
         assert check["ok"] is False
         assert ref in check["detail"]
         serving(d)

@@ -194,6 +194,24 @@ def test_artifacts_are_content_addressed_and_verified(store: Store) -> None:
             artifacts.get(bad)
 
 
+def test_the_gate_checks_verify_stored_artifacts_and_an_untouched_log(store: Store) -> None:
+    async def go() -> None:
+        log = await store.create("alpha")
+        await log.append_many(tool_call("c1"))
+        assert log.verify() is None  # nothing changed behind the writer's back
+        await log.close()
+
+    arun(go())
+    artifacts = store.artifacts("alpha")
+    ref = artifacts.put(b"hello world", "stdout").ref
+    missing = "sha256:" + "0" * 64
+    assert artifacts.verify(ref) is None
+    problems = artifacts.verify_many([ref, missing, "sha256:../../etc/passwd"])
+    assert sorted(problems) == sorted([missing, "sha256:../../etc/passwd"])
+    assert "missing" in problems[missing]
+    assert "sha256" in problems["sha256:../../etc/passwd"]
+
+
 def test_snapshots_keep_the_newest_and_filter_by_reducer(store: Store) -> None:
     arun(_create(store, "alpha"))
     snaps = store.snapshots("alpha")

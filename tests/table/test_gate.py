@@ -10,6 +10,7 @@ import pytest
 from sessiond.log.event_data import (
     ApprovalGranted,
     ApprovalRequested,
+    ArtifactRef,
     BindingObserved,
     EventData,
     PolicyDecided,
@@ -206,3 +207,44 @@ def test_policy_deny_then_ask_then_allow_then_defaults(
 
     verdict = decide(PolicySpec(deny=deny, ask=ask, allow=allow), tool, side_effect)
     assert (verdict.decision, verdict.rule) == (decision, rule)
+
+
+def test_an_artifact_that_lost_its_hash_blocks_naming_it_and_what_was_found() -> None:
+    output = ArtifactRef(ref="sha256:" + "a" * 64, name="stdout", size=5)
+    state = _state(
+        [
+            ToolIntent(call="c1", tool="edit_file", risk=RiskContract(), writes=("out.txt",)),
+            PolicyDecided(call="c1", tool="edit_file", decision="allow", rule="allow: edit_file"),
+            ToolStarted(call="c1", tool="edit_file", hashes={"out.txt": H_BEFORE}),
+            ToolFinished(
+                call="c1",
+                tool="edit_file",
+                status="ok",
+                exit_code=0,
+                hashes={"out.txt": H_AFTER},
+                output=output,
+            ),
+        ]
+    )
+    asked: list[str] = []
+
+    def check_artifact(ref: str) -> str | None:
+        asked.append(ref)
+        return "changed: the file now holds 5 bytes that hash to sha256:" + "b" * 64
+
+    verdict = evaluate(
+        state, SPEC, now=NOW, hash_file={"out.txt": H_AFTER}.get, check_artifact=check_artifact
+    )
+    assert asked == [output.ref]  # the output the observation is rebuilt from
+    assert verdict.outcome == "blocked"
+    failing = verdict.failing()
+    assert failing.startswith(f"artifacts intact: stdout ({output.ref}, 5 bytes recorded): changed")
+    assert "restore them from a backup" in failing
+    fine = evaluate(state, SPEC, now=NOW, hash_file={"out.txt": H_AFTER}.get,
+                    check_artifact=lambda ref: None)  # fmt: skip
+    assert fine.ok
+    assert fine.checks[3].as_dict() == {
+        "name": "artifacts intact",
+        "ok": True,
+        "detail": "1 needed artifact(s) have their hash",
+    }

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from sessiond.errors import SessiondError
 from sessiond.log.event_data import ArtifactRef, EventData
 
 Durability = Literal["fsync", "os"]
@@ -134,6 +135,13 @@ class EventLog(abc.ABC):
     async def close(self) -> None:
         """Wait for pending syncs, release the writer lock."""
 
+    def verify(self) -> str | None:
+        """What is wrong with the stored log compared with what this writer wrote
+        (None: nothing), checking only what was written since the last call. The
+        resume gate's "log intact". A backend nobody else can write to has nothing
+        to check."""
+        return None
+
 
 class ArtifactStore(abc.ABC):
     """A session's content-addressed evidence (sha256). Reads verify the hash."""
@@ -155,6 +163,20 @@ class ArtifactStore(abc.ABC):
     @abc.abstractmethod
     def digests(self) -> list[str]:
         """Hex digests of every stored artifact."""
+
+    def verify(self, ref: str) -> str | None:
+        """What is wrong with stored artifact ``ref`` (None: it is there with its
+        hash), in a few words for the gate's "artifacts intact". This default reads
+        it whole; a backend may remember what it checked."""
+        try:
+            self.get(ref)
+        except SessiondError as exc:
+            return str(exc)
+        return None
+
+    def verify_many(self, refs: Iterable[str]) -> dict[str, str]:
+        """What is wrong with each of ``refs`` that has a problem (see :meth:`verify`)."""
+        return {ref: problem for ref in refs if (problem := self.verify(ref)) is not None}
 
 
 class SnapshotStore(abc.ABC):

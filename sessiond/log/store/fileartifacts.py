@@ -7,22 +7,28 @@ checked against that hash on every read.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, StorageError
 from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
 from sessiond.log.store.base import ArtifactStore
 from sessiond.log.store.durable import read_regular, real_dir, write_durable
+from sessiond.log.store.hashcache import HashCache, NotRegularFile
 
 
 class FileArtifacts(ArtifactStore):
-    """The ``artifacts`` folder of one session: put, get (hash-checked), has, digests."""
+    """The ``artifacts`` folder of one session: put, get (hash-checked), has, digests,
+    verify (hash-checked, remembered while a file is unchanged: ``hashes``, which the
+    store shares between the sessions' folders)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, hashes: HashCache | None = None) -> None:
         self.folder = folder
+        self.hashes = hashes if hashes is not None else HashCache()
 
     def _path(self, ref: str) -> Path:
         if not isinstance(ref, str) or not SHA256_REF.fullmatch(ref):
@@ -63,6 +69,48 @@ class FileArtifacts(ArtifactStore):
                 f"artifact {ref} in {self.folder} does not match its hash; restore it from a backup"
             )
         return data
+
+    def verify(self, ref: str) -> str | None:
+        return self.verify_many([ref]).get(ref)
+
+    def verify_many(self, refs: Iterable[str]) -> dict[str, str]:
+        # The gate asks this for every artifact a session needs, at every wake:
+        # the folder is opened once (never through a symlink) and each artifact is
+        # looked up in it by name, one stat each when nothing changed.
+        refs = list(refs)
+        try:
+            dir_fd = os.open(
+                self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError as exc:
+            why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc})"
+            return dict.fromkeys(refs, f"the artifacts folder {self.folder} {why}")
+        problems: dict[str, str] = {}
+        names: list[tuple[str, str]] = []
+        for ref in refs:
+            if isinstance(ref, str) and SHA256_REF.fullmatch(ref):
+                names.append((ref[7:], ref[7:]))  # content-addressed: the name is the hash
+            else:
+                problems[ref] = (
+                    f"{ref!r} is not an artifact reference ('sha256:' and 64 lowercase hex digits)"
+                )
+        try:
+            found = self.hashes.mismatches(names, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        for name, what in found.items():
+            if isinstance(what, FileNotFoundError):
+                problem = f"missing: there is no file artifacts/{name}"
+            elif isinstance(what, NotRegularFile):
+                problem = f"artifacts/{name} is not a regular file (a symlink or a folder)"
+            elif isinstance(what, OSError):
+                problem = f"artifacts/{name} cannot be read: {what}"
+            else:
+                problem = (
+                    f"changed: the file now holds {what[1]} bytes that hash to sha256:{what[0]}"
+                )
+            problems["sha256:" + name] = problem
+        return problems
 
     def has(self, ref: str) -> bool:
         try:

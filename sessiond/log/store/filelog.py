@@ -8,6 +8,11 @@ Group commit: appends write their lines at once (in call order, in the event
 loop) and then wait for durability. One fsync runs at a time per log, in a
 worker thread of the store; every append written before it started is covered
 by it, and appends written while it ran share the next one.
+
+In ``os`` mode an append does not wait for the disk, but the log still syncs:
+the first write after a sync arms a timer of ``sync_interval`` seconds, and
+when it fires one fsync covers everything written until then, so a power cut
+loses at most about ``sync_interval`` of events (DESIGN.md section 9).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from sessiond.log.store.base import (
     Repair,
 )
 from sessiond.log.store.durable import planted_error, write_all
+from sessiond.log.store.integrity import LogIdentity, check_log, identity_of
 from sessiond.log.store.lines import RecordBuilder, ScanEnd, classify_tail, scan
 
 
@@ -94,6 +100,8 @@ class FileEventLog(EventLog):
     # Where fsyncs run; the store's own threads (open_log), the loop's default
     # executor when None.
     fsync_threads: Executor | None = None
+    # ``os`` mode: the longest a written line waits for its fsync (seconds).
+    sync_interval: float = 1.0
 
     def __post_init__(self) -> None:
         try:
@@ -113,6 +121,7 @@ class FileEventLog(EventLog):
                 "stop the daemon that holds it (one writer per log)"
             ) from None
         self._fd = fd
+        self._identity: LogIdentity = identity_of(fd)
         self._builder = RecordBuilder(self.session, self.clock)
         self._pos = START
         self._recovered = False
@@ -122,6 +131,8 @@ class FileEventLog(EventLog):
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._closing = False
         self._flusher: asyncio.Task[None] | None = None
+        self._verified = START  # lines up to here checked out (recovery, then verify())
+        self._sync_timer: asyncio.TimerHandle | None = None  # os mode: the next sync
 
     # --- reading ------------------------------------------------------------------
 
@@ -189,7 +200,22 @@ class FileEventLog(EventLog):
         self._synced = self._pos.offset
         if self.hooks.synced is not None:
             self.hooks.synced(self.session, self._synced)
+        # Recovery read every line after `after` with its checksum and seq, and
+        # the ones before it were the snapshot's: the daemon's own end from here.
+        self._verified = self._pos
         self._recovered = True
+
+    def verify(self) -> str | None:
+        """Is the file at ``path`` still the one this log appends to, exactly as long
+        as its own end, with every line since the last check good? (The gate's "log
+        intact"; see integrity.py.) Only the lines written since the last check are
+        read."""
+        if not self._recovered or self._fd < 0:
+            return None  # nothing of ours to vouch for yet (or any more)
+        problem, self._verified = check_log(
+            self.path, self._fd, self._identity, self._pos, self._verified
+        )
+        return problem
 
     def _check_position(self, after: LogPosition) -> None:
         """Is the line that ends at ``after.offset`` event ``after.seq`` with ``after.last_id``?"""
@@ -231,7 +257,22 @@ class FileEventLog(EventLog):
             self._undo_partial_write(exc)
         last = records[-1]
         self._pos = LogPosition(last["seq"], self._pos.offset + len(buf), last["id"])
+        if self._sync_timer is None and self.durability == "os":
+            self._arm_sync()
         return Pending(records, self._pos)
+
+    def _arm_sync(self) -> None:
+        """``os`` mode: sync what was just written within ``sync_interval``."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # written outside a loop (a tool, a test): close() syncs it
+        self._sync_timer = loop.call_later(self.sync_interval, self._sync_due)
+
+    def _sync_due(self) -> None:
+        self._sync_timer = None
+        if self._failed is None and self._synced < self._pos.offset:
+            self._request_sync(self._pos.offset).add_done_callback(_quiet)
 
     def _undo_partial_write(self, exc: OSError) -> None:
         """Cut a partly written batch so the log stays a sequence of whole lines."""
@@ -276,6 +317,10 @@ class FileEventLog(EventLog):
         """A future done once the log is durable up to byte ``target`` (None: already is)."""
         if self.durability == "os" or self._synced >= target:
             return None
+        return self._request_sync(target)
+
+    def _request_sync(self, target: int) -> asyncio.Future[None]:
+        """A future done once the log is durable up to byte ``target`` (group commit)."""
         if self._failed is not None:
             raise LogFailed(f"{self.path}: {self._failed}")
         loop = asyncio.get_running_loop()
@@ -340,7 +385,21 @@ class FileEventLog(EventLog):
         if self._fd < 0:
             return
         self._closing = True
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
+        if self.durability == "os" and self._failed is None and self._synced < self._pos.offset:
+            # What the timer would have synced: a clean stop keeps the same bound.
+            with contextlib.suppress(LogFailed, RuntimeError):
+                self._request_sync(self._pos.offset).add_done_callback(_quiet)
         while self._flusher is not None:
             await asyncio.wait([self._flusher])
         os.close(self._fd)
         self._fd = -1
+
+
+def _quiet(done: asyncio.Future[None]) -> None:
+    """Nobody awaits a background sync: its failure fails the log (the next append
+    says so), not a stray "exception was never retrieved"."""
+    if not done.cancelled():
+        done.exception()

@@ -43,6 +43,7 @@ from sessiond.log.store.durable import (
 from sessiond.log.store.fileartifacts import FileArtifacts
 from sessiond.log.store.filelog import FileEventLog, IOHooks
 from sessiond.log.store.filesnapshots import SNAPSHOT_FORMAT, FileSnapshots
+from sessiond.log.store.hashcache import HashCache
 from sessiond.log.store.lines import ScanEnd, classify_tail, scan
 from sessiond.names import check_name
 
@@ -73,12 +74,16 @@ class FileStore(Store):
         clock: Clock = time.time_ns,
         hooks: IOHooks | None = None,
         snapshots_keep: int = 2,
+        sync_interval: float = 1.0,
     ) -> None:
         self.root = Path(root)
         self.sessions_dir = self.root / "sessions"
         self.clock = clock
         self.hooks = hooks or IOHooks()
         self.snapshots_keep = snapshots_keep
+        self.sync_interval = sync_interval  # durability "os": see filelog.py
+        # Artifact hashes the gate checked, for every session (see hashcache.py).
+        self.artifact_hashes = HashCache()
         # Set False by the daemon when its previous run stopped cleanly.
         self.sync_on_recover = True
         self._fsync_threads: ThreadPoolExecutor | None = None
@@ -204,6 +209,7 @@ class FileStore(Store):
             self.hooks,
             self.sync_on_recover,
             self.fsync_threads(),
+            self.sync_interval,
         )
 
     def read(self, name: str, *, since: int = 1, upto: int | None = None) -> Iterator[Record]:
@@ -235,7 +241,7 @@ class FileStore(Store):
             os.close(fd)
 
     def artifacts(self, name: str) -> FileArtifacts:
-        return FileArtifacts(self._dir(name) / "artifacts")
+        return FileArtifacts(self._dir(name) / "artifacts", self.artifact_hashes)
 
     def snapshots(self, name: str) -> FileSnapshots:
         return FileSnapshots(self._dir(name) / "snapshots", keep=self.snapshots_keep)
