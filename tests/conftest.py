@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The hostile tests' shared checks (serving, refused, ...) assert: rewritten like a
+# test module's, their failures show the values. Registered here, at the root,
+# because tests outside tests/faults import them too (before that conftest loads).
+pytest.register_assert_rewrite("tests.faults.hostile")
+
 settings.register_profile(
     "ci",
     max_examples=60,
