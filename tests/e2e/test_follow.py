@@ -68,13 +68,13 @@ def create(d: Daemon, name: str) -> None:
     d.ctl("create", str(d.write_spec(name, f'name = "{name}"\n')), check=True)
 
 
-def flood(d: Daemon, names: list[str], count: int) -> None:
+def flood(d: Daemon, names: list[str], count: int, text: str = TEXT) -> None:
     """``count`` sends spread over ``names``, pipelined on one connection; returns
     once every one is answered (so every follower's buffer has seen each event)."""
     with connect(d) as sock:
         frames = b"".join(
             orjson.dumps(
-                {"id": i, "method": "send", "params": {"to": names[i % len(names)], "text": TEXT}}
+                {"id": i, "method": "send", "params": {"to": names[i % len(names)], "text": text}}
             )
             + b"\n"
             for i in range(count)
@@ -98,15 +98,26 @@ def behind_logged(d: Daemon) -> list[dict[str, Any]]:
     return [line for line in d.lines if line.get("event") == "follow.fell_behind"]
 
 
-def test_a_stalled_raw_follower_is_told_where_it_fell_behind_and_the_stream_ends() -> None:
-    with running(CONFIG) as d:
+@pytest.mark.parametrize(
+    ("config", "count", "text"),
+    [
+        (CONFIG, SENDS, TEXT),
+        # the report of issue 13: the default bound (10,000) and 15,000 sends
+        pytest.param('durability = "os"\n', 15_000, "m", marks=pytest.mark.slow),
+    ],
+    ids=["bound 20", "default bound"],
+)
+def test_a_stalled_raw_follower_is_told_where_it_fell_behind_and_the_stream_ends(
+    config: str, count: int, text: str
+) -> None:
+    with running(config) as d:
         create(d, "s")
         with connect(d) as follower:
             request(follower, 7, "log", {"name": "s", "follow": True})
             frames = Lines(follower)
             first = frames.next()  # the backlog has begun: the follow is listening
             assert first["stream"]["seq"] == 1
-            flood(d, ["s"], SENDS)  # nobody reads `follower` meanwhile
+            flood(d, ["s"], count, text)  # nobody reads `follower` meanwhile
             got = [first["stream"]["seq"]]
             while "stream" in (frame := frames.next()):
                 got.append(frame["stream"]["seq"])
@@ -128,6 +139,55 @@ def test_a_stalled_raw_follower_is_told_where_it_fell_behind_and_the_stream_ends
         assert call(d, "ping", {})["ok"]
 
 
+def stalled_sessionctl(d: Daemon, names: list[str], count: int, text: str) -> None:
+    """``sessionctl --json log -f`` (of ``names[0]``, or ``--all``) whose stdout is not
+    read while ``count`` sends of ``text`` go to ``names``: afterwards it prints every
+    seq of each session once, in order, and the daemon did end its stream for being
+    behind (else this proved nothing)."""
+    every = len(names) > 1
+    # With --all, `-n 1` sends the newest event first, read after the follow
+    # began listening: once it is printed, the follow is certain to see the rest.
+    args = ["--all", "-n", "1"] if every else [names[0]]
+    proc = subprocess.Popen(
+        [SESSIONCTL, "--json", "log", *args, "-f"],
+        env=d.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        first = orjson.loads(proc.stdout.readline())
+        flood(d, names, count, text)  # its stdout is not read meanwhile: it stalls
+        want = {n: seqs_of(d, n) for n in names}
+        got: dict[str, list[int]] = {n: [] for n in names}
+        got[first["session"]].append(first["seq"])
+        done = threading.Event()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                record = orjson.loads(raw)
+                got[record["session"]].append(record["seq"])
+                if all(got[n] and got[n][-1] == want[n] for n in names):
+                    break
+            done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert done.wait(90), f"not every event came: { ({n: len(v) for n, v in got.items()}) }"
+    finally:
+        proc.kill()
+        proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    for name in names:
+        start = got[name][0]
+        assert got[name] == list(range(start, want[name] + 1)), name  # once each, in order
+    if not every:
+        assert got[names[0]][0] == 1
+    assert behind_logged(d), "the follower never fell behind: the test proved nothing"
+
+
 @pytest.mark.parametrize("every", [False, True], ids=["one session", "--all"])
 def test_a_stalled_sessionctl_follower_catches_up_and_prints_every_event_once(
     every: bool,
@@ -136,47 +196,15 @@ def test_a_stalled_sessionctl_follower_catches_up_and_prints_every_event_once(
     with running(CONFIG) as d:
         for name in names:
             create(d, name)
-        # With --all, `-n 1` sends the newest event first, read after the follow
-        # began listening: once it is printed, the follow is certain to see the rest.
-        args = ["--all", "-n", "1"] if every else ["a"]
-        proc = subprocess.Popen(
-            [SESSIONCTL, "--json", "log", *args, "-f"],
-            env=d.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            assert proc.stdout is not None
-            first = orjson.loads(proc.stdout.readline())
-            flood(d, names, SENDS)  # its stdout is not read meanwhile: it stalls
-            want = {n: seqs_of(d, n) for n in names}
-            got: dict[str, list[int]] = {n: [] for n in names}
-            got[first["session"]].append(first["seq"])
-            done = threading.Event()
+        stalled_sessionctl(d, names, SENDS, TEXT)
 
-            def read() -> None:
-                assert proc.stdout is not None
-                for raw in proc.stdout:
-                    record = orjson.loads(raw)
-                    got[record["session"]].append(record["seq"])
-                    if all(got[n] and got[n][-1] == want[n] for n in names):
-                        break
-                done.set()
 
-            threading.Thread(target=read, daemon=True).start()
-            assert done.wait(60), f"not every event came: { ({n: len(v) for n, v in got.items()}) }"
-        finally:
-            proc.kill()
-            proc.wait(10)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-        for name in names:
-            start = got[name][0]
-            assert got[name] == list(range(start, want[name] + 1)), name  # once each, in order
-        if not every:
-            assert got["a"][0] == 1
-        assert behind_logged(d), "the follower never fell behind: the test proved nothing"
+@pytest.mark.slow
+def test_15000_sends_to_a_stalled_follower_at_the_default_bound_all_arrive() -> None:
+    """The report of issue 13, as it was: the default bound (10,000), 15,000 sends."""
+    with running('durability = "os"\n') as d:
+        create(d, "a")
+        stalled_sessionctl(d, ["a"], 15_000, "m")
 
 
 # --- the filters ---------------------------------------------------------------------
