@@ -34,6 +34,7 @@ from sessiond.wire import encode
 
 log = structlog.get_logger(__name__)
 
+
 class Buffer:
     """What the table has appended and a follower has not taken yet, bounded.
 
@@ -104,6 +105,10 @@ class LogStream:
         # and `sent` (the last seq the backlog sent) drops those the log already held.
         unsubscribe = self.kernel.table.listen(buffer.push)
         try:
+            # What each session holds now was the log's, not this stream's, to send.
+            # (An append still waiting for its fsync at this instant is counted in;
+            # it reaches the buffer once durable, and only if the stream had ended
+            # before that would `last_seq` overstate it: a window of one fsync.)
             for s in self.kernel.table:
                 if s.journal is not None and (p.name is None or s.name == p.name):
                     dealt[s.name] = s.journal.state.seq
