@@ -208,7 +208,7 @@ def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) ->
 def _log_params(args: argparse.Namespace) -> dict[str, Any]:
     """The ``log`` request of the command line; a bad --since, --grep or -n is a
     usage error here (exit 2), before anything is sent."""
-    from sessiond.logquery import LogQuery
+    from sessiond.logquery import compile_grep, parse_since
 
     if args.all and not args.follow:
         raise RemoteError("usage", "--all goes with --follow (one stream of every session)", 2)
@@ -221,9 +221,13 @@ def _log_params(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(since, int) and since >= 1 << 63:
         raise RemoteError("usage", f"--since {text}: no log has that many events", 2)
     try:
-        LogQuery.of(since, [], args.grep, time.time_ns())
+        parse_since(since, time.time_ns())
     except ValueError as exc:
-        raise RemoteError("usage", str(exc).replace("since ", "--since ", 1), 2) from None
+        raise RemoteError("usage", f"--{exc}", 2) from None  # "since 'x' is not …"
+    try:
+        compile_grep(args.grep)
+    except ValueError as exc:
+        raise RemoteError("usage", str(exc), 2) from None
     return {
         "name": None if args.all else args.name,
         "since": since,
@@ -567,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     path = args.socket or default_socket()
     try:
+        if args.command == "log":
+            _log_params(args)  # a usage error needs no daemon
         with Connection(path, timeout=None if args.command == "log" else 120) as conn:
             code: int = args.fn(conn, args, out)
             return code

@@ -280,4 +280,7 @@ def test_bad_filters_are_usage_errors_naming_the_value() -> None:
             done = d.ctl("log", "s", *args)
             assert done.returncode == 2, (args, done)
             assert needle in done.stderr, (args, done.stderr)
+            # A usage error needs no daemon: it is found before connecting.
+            alone = d.ctl("--socket", str(d.root / "none.sock"), "log", "s", *args)
+            assert alone.returncode == 2, (args, alone)
         assert call(d, "ping", {})["ok"]
