@@ -263,13 +263,13 @@ def test_since_a_duration_or_a_time_grep_and_the_last_n() -> None:
 
 
 BAD_FILTERS = [
-    (["--grep", "(unclosed"], "(unclosed"),
-    (["--grep", "(unclosed", "-f"], "(unclosed"),
-    (["--since", "yesterday"], "yesterday"),
-    (["--since", "10 parsecs"], "10 parsecs"),
-    (["--since", "2026-12-01T09:00:00"], "UTC offset"),
-    (["--since", "0"], "--since 0"),
-    (["-n", "-3"], "-3"),
+    (["--grep", "(unclosed"], "--grep '(unclosed' is not a regular expression"),
+    (["--grep", "(unclosed", "-f"], "--grep '(unclosed' is not a regular expression"),
+    (["--since", "yesterday"], "--since 'yesterday' is not a seq"),
+    (["--since", "10 parsecs"], "--since '10 parsecs' is not a seq"),
+    (["--since", "2026-12-01T09:00:00"], "has no UTC offset"),
+    (["--since", "0"], "--since 0 is not a seq"),
+    (["-n", "-3"], "-n/--lines -3"),
 ]
 
 
