@@ -130,6 +130,9 @@ class DaemonConfig(_Strict):
     max_frame_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     read_timeout: Duration = 300.0
     max_connections: int = Field(default=4096, ge=1)
+    # New events a `log --follow` reader may have outstanding before the daemon ends its
+    # stream with fell_behind (sessionctl then catches up from the log by itself).
+    follow_buffer: int = Field(default=10_000, ge=1, le=10_000_000)
     max_output_bytes: int = Field(default=16 << 20, ge=1024)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

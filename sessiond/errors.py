@@ -39,6 +39,22 @@ class LogLocked(Refused):
     code = "log_locked"
 
 
+class FellBehind(Refused):
+    """A ``log --follow`` reader fell further behind than the daemon buffers for it.
+
+    The daemon ends that stream with this error rather than drop events silently or
+    grow without bound; ``last_seq`` names, per session, the seq up to which every
+    event was sent (or did not match), so the client can read the rest from the log
+    (sessionctl does) and follow again.
+    """
+
+    code = "fell_behind"
+
+    def __init__(self, message: str, last_seq: dict[str, int]) -> None:
+        super().__init__(message)
+        self.last_seq = last_seq
+
+
 # --- invalid input (exit 5) -----------------------------------------------------
 
 

@@ -9,7 +9,8 @@ Frames are JSON objects, one per line (newline-delimited), each at most
 * failure:  ``{"id": 1, "ok": false, "error": {"code": "no_such_session",
   "message": "...", "exit": 4}}``
 * stream:   zero or more ``{"id": 1, "stream": ...}`` before the final response
-  (``log --follow`` never sends the final one; the client closes).
+  (``log --follow`` sends a final one only to end the stream: a ``fell_behind``
+  error when the reader could not keep up; otherwise the client closes).
 * body:     ``export`` answers ``{"id": 1, "ok": true, "result": ..., "body": N}``
   followed by N raw bytes; ``import`` sends its frame (with ``bytes`` and
   ``sha256``) followed by N raw bytes. A bundle of any size crosses the socket
@@ -34,11 +35,15 @@ DEFAULT_MAX_FRAME = 1 << 20
 class RemoteError(Exception):
     """An error answer from the daemon (or the daemon could not be reached: exit 3)."""
 
-    def __init__(self, code: str, message: str, exit_code: int) -> None:
+    def __init__(
+        self, code: str, message: str, exit_code: int, data: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.exit_code = exit_code
+        # The error object as sent: some codes carry more (fell_behind: last_seq).
+        self.data = data or {}
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -179,6 +184,7 @@ def result_of(message: dict[str, Any]) -> Any:
         str(error.get("code", "internal")),
         str(error.get("message", "the daemon gave no reason")),
         int(error.get("exit", 70)),
+        error if isinstance(error, dict) else None,
     )
 
 

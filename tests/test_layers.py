@@ -26,6 +26,7 @@ GROUND = {
     "durations",
     "errors",
     "gitrefs",
+    "logquery",
     "logs",
     "names",
     "paths",

@@ -206,18 +206,43 @@ def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) ->
     return f"{who}{record['seq']:>6}  {record['ts']}  {kind} {describe(record)}".rstrip()
 
 
-def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def _log_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``log`` request of the command line; a bad --since, --grep or -n is a
+    usage error here (exit 2), before anything is sent."""
+    from sessiond.logquery import compile_grep, parse_since
+
     if args.all and not args.follow:
         raise RemoteError("usage", "--all goes with --follow (one stream of every session)", 2)
     if not args.all and not args.name:
         raise RemoteError("usage", "name a session, or use --all --follow", 2)
-    params: dict[str, Any] = {
+    if args.limit < 0:
+        raise RemoteError("usage", f"-n/--lines {args.limit}: give a count of 0 or more", 2)
+    text = args.since.strip()
+    since: int | str = int(text) if text.isdigit() else text  # digits: a seq; else a time
+    if isinstance(since, int) and since >= 1 << 63:
+        raise RemoteError("usage", f"--since {text}: no log has that many events", 2)
+    try:
+        parse_since(since, time.time_ns())
+    except ValueError as exc:
+        raise RemoteError("usage", f"--{exc}", 2) from None  # "since 'x' is not …"
+    try:
+        compile_grep(args.grep)
+    except ValueError as exc:
+        raise RemoteError("usage", str(exc), 2) from None
+    return {
         "name": None if args.all else args.name,
-        "since": args.since,
+        "since": since,
         "types": args.type or [],
         "limit": args.limit,
+        "grep": args.grep,
         "follow": args.follow,
     }
+
+
+def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.logquery import follow
+
+    params = _log_params(args)
     if not args.follow:
         records = conn.call("log", params)
         if out.json:
@@ -228,9 +253,11 @@ def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         return 0
     conn.sock.settimeout(None)
     try:
-        for record in conn.stream("log", params):
+        # follow() catches up from the log when the daemon says this reader fell behind
+        for record in follow(conn, params):
             if out.json:
                 out.emit_json(record)
+                sys.stdout.flush()
             else:
                 print(_event_line(record, out, with_session=args.all), flush=True)
     except KeyboardInterrupt:
@@ -441,11 +468,13 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     add("show", cmd_show, "one session in detail", "name")
     lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
     lg.add_argument("name", nargs="?")
-    lg.add_argument("--since", type=int, default=1, metavar="SEQ")
+    lg.add_argument("--since", default="1", metavar="SEQ|TIME", help="a seq, 10m, 2h or RFC 3339")
     lg.add_argument(
         "--type", action="append", metavar="TYPE", help="only this event type (repeatable)"
     )
-    lg.add_argument("--limit", type=int, default=0, metavar="N", help="only the last N")
+    lg.add_argument("--grep", metavar="REGEX", help="only events whose line or data match")
+    lg.add_argument("-n", "--lines", "--limit", dest="limit", type=int, default=0, metavar="N",
+                    help="only the last N (with -f: then follow)")  # fmt: skip
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("--all", action="store_true", help="with --follow: every session")
     rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
@@ -547,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     path = args.socket or default_socket()
     try:
+        if args.command == "log":
+            _log_params(args)  # a usage error needs no daemon
         with Connection(path, timeout=None if args.command == "log" else 120) as conn:
             code: int = args.fn(conn, args, out)
             return code

@@ -8,13 +8,14 @@ fuzzer in tests/faults/ can walk it.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sessiond.errors import InvalidInput
 from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
 from sessiond.log.event_data import ErrorClass
+from sessiond.logquery import MAX_GREP
 
 
 class Params(BaseModel):
@@ -39,9 +40,13 @@ class CreateParams(Params):
 
 class LogParams(Params):
     name: str | None = None  # None: every session (only with follow)
-    since: int = Field(default=1, ge=1)
+    # An integer is a seq (as before); text is a time, "10m" or RFC 3339 (sessiond.logquery).
+    since: Annotated[int, Field(ge=1)] | Annotated[str, Field(max_length=64)] = 1
     types: list[str] = Field(default_factory=list)
-    limit: int = Field(default=0, ge=0)
+    limit: int = Field(default=0, ge=0)  # the last N matching (sessionctl -n N)
+    grep: str | None = Field(default=None, max_length=MAX_GREP)
+    # Per session, only events after this seq: how a follower resumes (fell_behind).
+    after: dict[str, Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=100_000)
     follow: bool = False
 
 

@@ -11,7 +11,9 @@ import time
 from typing import Any
 
 from sessiond import __version__
+from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
+from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
 from sessiond.syscalls.views import detail, gate_report, replay_view
 
@@ -41,14 +43,29 @@ class Inspection:
     async def show(self, name: str) -> dict[str, Any]:
         return detail(self.ctx.table.get(name))
 
+    def query(self, since: int | str, types: list[str] | None, grep: str | None) -> LogQuery:
+        """The filter a ``log`` request asks for, or ``invalid_input`` naming what is wrong."""
+        try:
+            return LogQuery.of(since, list(types or ()), grep, self.ctx.store.clock())
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+
     async def log_(
-        self, name: str, since: int = 1, types: list[str] | None = None, limit: int = 0
+        self,
+        name: str,
+        since: int | str = 1,
+        types: list[str] | None = None,
+        limit: int = 0,
+        *,
+        grep: str | None = None,
+        after: int = 0,
     ) -> list[Record]:
+        """A session's events from ``since`` (a seq or a time) and after seq ``after``,
+        of ``types``, matching ``grep``; only the last ``limit`` if it is not 0."""
         self.ctx.table.get(name)
-        wanted = set(types or ())
-        records = [
-            r for r in self.ctx.store.read(name, since=since) if not wanted or r["type"] in wanted
-        ]
+        q = self.query(since, types, grep)
+        start = max(q.first_seq, after + 1)
+        records = [r for r in self.ctx.store.read(name, since=start) if q.match(r)]
         return records[-limit:] if limit else records
 
     async def replay(self, name: str, upto: int | None = None, view: str = "state") -> Any:

@@ -10,7 +10,10 @@ documented error, the connection and the daemon go on, and nothing is lost.
 * a run token replayed after its run ended, through raw RPC and the SDK;
 * specs whose numbers are NaN or infinite (TOML writes ``nan`` and ``inf``) sent
   through a real ``create``: refused as ``bad_spec`` naming the key and the value,
-  and the daemon goes on.
+  and the daemon goes on;
+* bad ``log`` filters (a negative ``limit``, a regex that does not compile or is
+  huge, a ``since`` that is no seq nor time, a bad ``after``): ``invalid_input``
+  naming the value, and the daemon goes on.
 
 Covered elsewhere, not repeated: random junk frames, one oversized frame and idle
 clients (tests/e2e/test_rpc_fuzz.py), spec fuzzing (tests/table/test_spec_fuzz.py), a
@@ -436,3 +439,45 @@ def test_a_spec_with_nan_or_inf_is_refused_by_create_and_the_daemon_goes_on() ->
         serving(d)
         assert everything(d) == before  # nothing made, nothing lost
         assert sorted(os.listdir(d.state_dir / "sessions")) == [SENTINEL]
+
+
+# --- 4. bad log filters over raw RPC ------------------------------------------------------
+
+
+BAD_LOG_PARAMS: list[tuple[dict[str, Any], str]] = [
+    ({"limit": -1}, "limit"),
+    ({"limit": -1, "follow": True}, "limit"),
+    ({"grep": "(unclosed"}, "(unclosed"),
+    ({"grep": "(unclosed", "follow": True}, "(unclosed"),
+    ({"grep": "a" * 5000}, "grep"),
+    ({"grep": "x{99999999999}"}, "x{99999999999}"),
+    ({"since": "yesterday"}, "yesterday"),
+    ({"since": "yesterday", "follow": True}, "yesterday"),
+    ({"since": "2026-13-45T99:00:00Z"}, "2026-13-45T99:00:00Z"),
+    ({"since": "2026-12-01T09:00:00"}, "UTC offset"),
+    ({"since": "5"}, "JSON integer"),
+    ({"since": "-10m"}, "-10m"),
+    ({"since": "99999999999d"}, "100 years"),
+    ({"since": "t" * 500}, "since"),
+    ({"since": 0}, "since"),
+    ({"since": -4}, "since"),
+    ({"since": 1.5}, "since"),
+    ({"since": True}, "since"),
+    ({"after": {SENTINEL: -1}}, "after"),
+    ({"after": [1, 2]}, "after"),
+]
+
+
+def test_bad_log_filters_are_invalid_input_naming_the_value() -> None:
+    """Each refused with invalid_input naming the value, on one daemon that serves on."""
+    with running() as d:
+        make_sentinel(d)
+        before = everything(d)
+        for params, needle in BAD_LOG_PARAMS:
+            answer = rpc(d, "log", {"name": SENTINEL, **params})
+            assert answer["ok"] is False, (params, answer)
+            assert answer["error"]["code"] == "invalid_input", (params, answer)
+            assert answer["error"]["exit"] == ERRORS["invalid_input"], (params, answer)
+            assert needle in answer["error"]["message"], (params, answer)
+        serving(d)
+        assert everything(d) == before
