@@ -53,9 +53,17 @@ class BundleStream:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
 
+    def prepare(self) -> None:
+        """At start-up: the scratch folders exist, owner-only, and hold nothing a
+        transfer cut off by a crash left behind."""
+        for folder in ("outbox", "inbox"):
+            where = private_dir(self.kernel.config.state_dir / folder)
+            for leftover in where.glob("*.bundle"):
+                leftover.unlink(missing_ok=True)
+
     def _scratch(self, folder: str) -> Path:
         where = self.kernel.config.state_dir / folder
-        private_dir(where)
+        private_dir(where)  # made at start-up; again if removed since
         return where / f"{secrets.token_hex(8)}.bundle"
 
     async def export(self, request_id: Any, p: ExportParams, writer: asyncio.StreamWriter) -> None:

@@ -53,6 +53,7 @@ class Server:
     # --- the socket -----------------------------------------------------------------
 
     async def start(self, activated: socket.socket | None = None) -> None:
+        self.dispatch.bundles.prepare()
         if activated is not None:
             # Socket activation: systemd made the socket (and its mode); we serve it.
             self.activated = True
