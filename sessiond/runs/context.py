@@ -26,6 +26,7 @@ from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
+from sessiond.runs.spawn import Spawner
 from sessiond.table import lifecycle
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
@@ -78,6 +79,8 @@ class RunContext:
         self.triggers: TriggerHooks | None = None  # sessiond.wake, set by the daemon
         self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
+        # every run's processes are started, held and reaped by it (runs/spawner.py)
+        self.spawner = Spawner()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` in the background, keeping a reference until it is done."""

@@ -1,0 +1,250 @@
+"""The daemon's side of the spawner (sessiond/runs/spawner.py, a process of its own).
+
+``Spawner`` starts that process on first use (or at the daemon's start-up),
+sends it spawn / go / term / kill requests over a ``SOCK_SEQPACKET``
+socketpair, and turns its answers into futures: ``spawn`` returns a ``Held``
+run (the holder's pid and start time, the program not yet exec'd) and
+``Held.exited`` becomes the program's wait status once the holder is gone —
+which is when the program *and every process it left* are gone.
+
+Closing the socket (``close`` at shutdown; the kernel does it when the daemon
+dies) makes the spawner kill everything it started and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+log = structlog.get_logger(__name__)
+
+SPAWNER = Path(__file__).with_name("spawner.py")
+SEND_BUFFER = 4 << 20  # one spawn request is one packet: argv and env in full
+LOST = signal.SIGKILL  # the wait status of a run whose spawner died: killed
+
+
+class SpawnerGone(OSError):
+    """The spawner process is not there (it died, or the daemon is stopping)."""
+
+
+@dataclass
+class Held:
+    """A spawned run: its holder R is alive, its program is held until ``go``."""
+
+    rid: int
+    pid: int  # R's: the run's leader and process group
+    start: int | None  # R's start time (clock ticks since boot, /proc/PID/stat)
+    exited: asyncio.Future[int] = field(repr=False)  # raw wait status of the program
+
+
+class Spawner:
+    """The channel to the spawner process; one per daemon, started on first use."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._next = 1
+        self._pending: dict[int, asyncio.Future[Held]] = {}
+        self._runs: dict[int, Held] = {}
+        self._abandoned: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Start the spawner process (the caller runs in the daemon's event loop)."""
+        if self.sock is not None:
+            return
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        try:
+            # -I: no user site, no PYTHONPATH, no current folder: the file alone, as is.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(SPAWNER), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self._loop = loop
+        loop.add_reader(ours.fileno(), self._readable)
+        log.info("spawner.started", pid=self.proc.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.sock is not None else None
+
+    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        if self.sock is None:
+            raise SpawnerGone(errno.EPIPE, "the spawner is not running")
+        try:
+            data = orjson.dumps(message)
+        except TypeError:  # a str orjson refuses (a lone surrogate from the environment)
+            data = json.dumps(message).encode()
+        try:
+            if fds:
+                socket.send_fds(self.sock, [data], fds)
+            else:
+                self.sock.send(data)
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                raise OSError(
+                    errno.E2BIG,
+                    f"the program's arguments and environment are too large ({len(data)} bytes)",
+                ) from None
+            self._lost()
+            raise SpawnerGone(errno.EPIPE, f"the spawner is gone ({exc})") from None
+
+    async def spawn(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        stdout: int,
+        stderr: int,
+        cgroup_procs: str | None = None,
+    ) -> Held:
+        """A held run of ``argv``. ``cgroup_procs``: a cgroup's ``cgroup.procs``
+        file that the holder joins before its program exists (sessiond.runs.cgroups)."""
+        self.start()
+        assert self._loop is not None
+        rid = self._next
+        self._next += 1
+        reply: asyncio.Future[Held] = self._loop.create_future()
+        self._pending[rid] = reply
+        request = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
+        if cgroup_procs is not None:
+            request["cgroup_procs"] = cgroup_procs
+        try:
+            self._send(request, [stdout, stderr])
+        except BaseException:
+            self._pending.pop(rid, None)
+            raise
+        try:
+            return await reply
+        except asyncio.CancelledError:
+            # Cancelled before the answer (the daemon is stopping): whatever was
+            # spawned is stopped once it answers, never left held.
+            if self._pending.pop(rid, None) is not None:
+                self._abandoned.add(rid)
+            elif reply.done() and not reply.cancelled() and reply.exception() is None:
+                self.kill(reply.result())
+            raise
+
+    def go(self, held: Held) -> None:
+        """Let the held program exec. Sent once ``run.started`` is durable."""
+        self._request("go", held)
+
+    def term(self, held: Held) -> None:
+        """SIGTERM to every process of the run."""
+        self._request("term", held)
+
+    def kill(self, held: Held) -> None:
+        """SIGKILL to every process of the run."""
+        self._request("kill", held)
+
+    def _request(self, op: str, held: Held) -> None:
+        if held.exited.done():
+            return
+        with contextlib.suppress(SpawnerGone):
+            self._send({"op": op, "id": held.rid})
+
+    def _readable(self) -> None:
+        assert self._loop is not None
+        while self.sock is not None:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            for fd in fds:  # it sends none; a stray one is not kept
+                os.close(fd)
+            if not data:
+                self._lost()
+                return
+            try:
+                message = orjson.loads(data)
+                self._answer(message)
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                log.error("spawner.bad_message", data=data[:200])
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        assert self._loop is not None
+        op, rid = message["op"], message["id"]
+        if op == "spawned":
+            held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
+            self._runs[rid] = held
+            reply = self._pending.pop(rid, None)
+            if reply is not None and not reply.done():
+                reply.set_result(held)
+            elif rid in self._abandoned:
+                self._abandoned.discard(rid)
+                self.kill(held)
+        elif op == "refused":
+            reply = self._pending.pop(rid, None)
+            self._abandoned.discard(rid)
+            if reply is not None and not reply.done():
+                reply.set_exception(OSError(errno.EPERM, message.get("error", "refused")))
+        elif op == "exited":
+            held = self._runs.pop(rid)
+            if not held.exited.done():
+                held.exited.set_result(int(message["status"]))
+
+    def _lost(self) -> None:
+        """The channel closed: every run is gone with the spawner (each holder's
+        parent-death signal kills its subtree), so every waiter is answered."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(sock.fileno())
+        sock.close()
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_exception(SpawnerGone(errno.EPIPE, "the spawner died"))
+        for held in self._runs.values():
+            if not held.exited.done():
+                held.exited.set_result(LOST)
+        if self._runs:
+            log.error("spawner.lost", runs=len(self._runs))
+        self._pending.clear()
+        self._runs.clear()
+        self._abandoned.clear()
+        proc = self.proc
+        if proc is not None and self._loop is not None:
+            self._loop.run_in_executor(None, proc.wait)  # reaped, not left a zombie
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Shutdown: the spawner kills whatever is left and exits; wait for that."""
+        proc = self.proc
+        self._lost()
+        if proc is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+        except TimeoutError:
+            log.error("spawner.stuck", pid=proc.pid)
+            proc.kill()
+        self.proc = None
