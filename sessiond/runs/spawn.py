@@ -1,7 +1,7 @@
 """The daemon's side of the spawner (sessiond/runs/spawner.py, a process of its own).
 
 ``Spawner`` starts that process on first use (or at the daemon's start-up),
-sends it spawn / go / term / kill requests over a ``SOCK_SEQPACKET``
+sends it spawn / term / kill requests over a ``SOCK_SEQPACKET``
 socketpair, and turns its answers into futures: ``spawn`` returns a ``Held``
 run (the holder's pid and start time, the program not yet exec'd) and
 ``Held.exited`` becomes the program's wait status once the holder is gone —
@@ -48,6 +48,13 @@ class Held:
     pid: int  # R's: the run's leader and process group
     start: int | None  # R's start time (clock ticks since boot, /proc/PID/stat)
     exited: asyncio.Future[int] = field(repr=False)  # raw wait status of the program
+    go_fd: int | None = None  # the held program's go pipe: one byte lets it exec
+
+    def drop_go(self) -> None:
+        """Never going: the held program sees its pipe close and exits unexec'd."""
+        fd, self.go_fd = self.go_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class Spawner:
@@ -149,12 +156,19 @@ class Spawner:
             if self._pending.pop(rid, None) is not None:
                 self._abandoned.add(rid)
             elif reply.done() and not reply.cancelled() and reply.exception() is None:
+                reply.result().drop_go()
                 self.kill(reply.result())
             raise
 
     def go(self, held: Held) -> None:
-        """Let the held program exec. Sent once ``run.started`` is durable."""
-        self._request("go", held)
+        """Let the held program exec (once ``run.started`` is durable): one byte
+        on its go pipe, straight from here."""
+        fd = held.go_fd
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):  # gone already (stopped while held)
+            os.write(fd, b"g")
+        held.drop_go()
 
     def term(self, held: Held) -> None:
         """SIGTERM to every process of the run."""
@@ -179,28 +193,34 @@ class Spawner:
                 return
             except OSError:
                 data, fds = b"", []
-            for fd in fds:  # it sends none; a stray one is not kept
-                os.close(fd)
             if not data:
+                for fd in fds:
+                    os.close(fd)
                 self._lost()
                 return
             try:
                 message = orjson.loads(data)
-                self._answer(message)
+                self._answer(message, fds)
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 log.error("spawner.bad_message", data=data[:200])
+            for fd in fds:  # none expected beyond a spawn's go pipe
+                os.close(fd)
 
-    def _answer(self, message: dict[str, Any]) -> None:
+    def _answer(self, message: dict[str, Any], fds: list[int]) -> None:
         assert self._loop is not None
         op, rid = message["op"], message["id"]
         if op == "spawned":
             held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
+            if fds:
+                held.go_fd = fds.pop(0)
+                os.set_inheritable(held.go_fd, False)  # received fds are inheritable
             self._runs[rid] = held
             reply = self._pending.pop(rid, None)
             if reply is not None and not reply.done():
                 reply.set_result(held)
             elif rid in self._abandoned:
                 self._abandoned.discard(rid)
+                held.drop_go()
                 self.kill(held)
         elif op == "refused":
             reply = self._pending.pop(rid, None)
@@ -209,6 +229,7 @@ class Spawner:
                 reply.set_exception(OSError(errno.EPERM, message.get("error", "refused")))
         elif op == "exited":
             held = self._runs.pop(rid)
+            held.drop_go()
             if not held.exited.done():
                 held.exited.set_result(int(message["status"]))
 
@@ -225,6 +246,7 @@ class Spawner:
             if not reply.done():
                 reply.set_exception(SpawnerGone(errno.EPIPE, "the spawner died"))
         for held in self._runs.values():
+            held.drop_go()
             if not held.exited.done():
                 held.exited.set_result(LOST)
         if self._runs:

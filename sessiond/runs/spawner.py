@@ -15,17 +15,19 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
   never restarts leaves nothing running.
 - Each run gets a holder R (forked here; ``setsid``, itself a subreaper). R
   forks the program P at once, but P waits, held, until the daemon has recorded
-  ``run.started`` with R's pid and says go. A daemon that dies before go leaves
-  nothing that ever ran: P sees its go pipe close and exits without exec'ing.
+  ``run.started`` with R's pid and says go: one byte on a pipe whose write end
+  is handed to the daemon (so go costs no round trip through here). A daemon
+  that dies before go leaves nothing that ever ran: P sees its go pipe close
+  and exits without exec'ing.
 - When P exits, R kills whatever is left of its subtree (double-forked and
   ``setsid`` processes included: they reparented to R), reaps it, and ends with
   P's wait status mirrored, so the status the spawner reports is P's own.
 
 Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
-``cgroup_procs``; fds: stdout, stderr), ``go`` (id), ``term`` (id: SIGTERM to
-the run's subtree), ``kill`` (id: SIGKILL to it). Spawner → daemon: ``spawned``
-(id, pid, start) or ``refused`` (id, error), then ``exited`` (id, status: R's
-raw wait status, which is P's).
+``cgroup_procs``; fds: stdout, stderr), ``term`` (id: SIGTERM to the run's
+subtree), ``kill`` (id: SIGKILL to it). Spawner → daemon: ``spawned`` (id,
+pid, start; fd: the go pipe's write end) or ``refused`` (id, error), then
+``exited`` (id, status: R's raw wait status, which is P's).
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ PACKET = 1 << 21  # a spawn request: argv and env (SESSIOND_WAKE alone may be 32
 KILL_TREE = signal.SIGUSR1
 
 
+LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once; every fork inherits it
+
+
 def prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+    if LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
@@ -141,7 +145,10 @@ def _program(req: dict[str, Any], out: int, err: int, go: int) -> None:
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
-        os.closerange(3, 1 << 16)
+        # Everything else this process holds is close-on-exec (PEP 446, and the
+        # spawner's own channel was closed in R): only the passed pipes are not.
+        for fd in {null, out, err} - {0, 1, 2}:
+            os.close(fd)
         os.chdir(req["cwd"])
         argv = req["argv"]
         os.execvpe(argv[0], argv, req["env"])
@@ -243,13 +250,13 @@ class Spawner:
 
     def __init__(self, chan: socket.socket) -> None:
         self.chan = chan
-        self.runs: dict[int, dict[str, Any]] = {}  # id → {"pid", "go"}
+        self.runs: dict[int, int] = {}  # id → R's pid
         self.by_pid: dict[int, int] = {}
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
         # the daemon gone: its end closing is seen by the loop
         with contextlib.suppress(OSError):
-            self.chan.send(json.dumps(message).encode())
+            socket.send_fds(self.chan, [json.dumps(message).encode()], list(fds))
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         rid = req["id"]
@@ -269,8 +276,6 @@ class Spawner:
                 os.close(go_w)
                 if ack_r is not None:
                     os.close(ack_r)
-                for run in self.runs.values():
-                    os.close(run["go"])
                 _holder(req, out, err, go_r, ack_w)
             finally:
                 os._exit(126)
@@ -284,9 +289,10 @@ class Spawner:
                 os.close(go_w)
                 self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
                 return  # R exits; its reap is an unknown pid's
-        self.runs[rid] = {"pid": pid, "go": go_w}
+        self.runs[rid] = pid
         self.by_pid[pid] = rid
-        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start_time(pid)})
+        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start_time(pid)}, (go_w,))
+        os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
 
     def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
@@ -295,18 +301,14 @@ class Spawner:
             return
         for fd in fds:
             os.close(fd)
-        run = self.runs.get(req.get("id", -1))
-        if run is None:  # already exited: its "exited" is on the way
+        pid = self.runs.get(req.get("id", -1))
+        if pid is None:  # already exited: its "exited" is on the way
             return
-        if op == "go":
-            # P gone already (stopped while held): its exit is on the way
-            with contextlib.suppress(OSError):
-                os.write(run["go"], b"g")
-        elif op in ("term", "kill"):
+        if op in ("term", "kill"):
             # R is not reaped until its exit is read here, on this one thread: its
             # pid cannot have been reused.
             with contextlib.suppress(ProcessLookupError):
-                os.kill(run["pid"], signal.SIGTERM if op == "term" else KILL_TREE)
+                os.kill(pid, signal.SIGTERM if op == "term" else KILL_TREE)
 
     def reap(self) -> None:
         while True:
@@ -319,8 +321,7 @@ class Spawner:
             rid = self.by_pid.pop(pid, None)
             if rid is None:
                 continue  # an orphan of a holder that was killed, reaped
-            run = self.runs.pop(rid)
-            os.close(run["go"])
+            self.runs.pop(rid)
             # A holder killed from outside left its subtree to us: it goes too.
             holders = set(self.by_pid)
             for child in children(os.getpid()):

@@ -231,9 +231,11 @@ class Starter:
             timeout=timeout,
         )
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
-        # tool.started and the lifecycle change in one durable write
+        # tool.started and the lifecycle change in one write, made durable by the
+        # next one: run.started (or the end of a program that could not start). The
+        # program is held until then, so nothing has run that is not on record.
         drafts = [pending_started] if pending_started is not None else []
-        await self.ctx.table.append_many(s, [*drafts, Draft(running)])
+        await self.ctx.table.append_many(s, [*drafts, Draft(running)], durable=False)
 
         async def settle(outcome: Outcome) -> None:  # a run that ends before it is supervised
             await self.settler.settle(

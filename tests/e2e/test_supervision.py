@@ -37,7 +37,9 @@ DOUBLE_FORK = (
     "    os._exit(0)\n"
     "print('started', flush=True)\n"
 )
-IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"
+IGNORES_TERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"
+)
 
 
 def programs(m: str, *, leader_waits: bool) -> dict[str, list[str]]:
