@@ -13,15 +13,18 @@ dies) makes the spawner kill everything it started and exit.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import errno
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 SPAWNER = Path(__file__).with_name("spawner.py")
 SEND_BUFFER = 4 << 20  # one spawn request is one packet: argv and env in full
+SEND_WAIT = 10.0  # seconds a request may wait for room in the socket
 LOST = signal.SIGKILL  # the wait status of a run whose spawner died: killed
 
 
@@ -92,6 +96,9 @@ class Spawner:
             raise
         finally:
             theirs.close()
+        # Non-blocking, whatever the loop does to it (libuv makes a watched fd so):
+        # reads never wait, and a full send buffer is waited out in _send.
+        ours.setblocking(False)
         self.sock = ours
         self._loop = loop
         loop.add_reader(ours.fileno(), self._readable)
@@ -109,10 +116,7 @@ class Spawner:
         except TypeError:  # a str orjson refuses (a lone surrogate from the environment)
             data = json.dumps(message).encode()
         try:
-            if fds:
-                socket.send_fds(self.sock, [data], fds)
-            else:
-                self.sock.send(data)
+            self._sendmsg(self.sock, data, fds or [])
         except OSError as exc:
             if exc.errno == errno.EMSGSIZE:
                 raise OSError(
@@ -121,6 +125,22 @@ class Spawner:
                 ) from None
             self._lost()
             raise SpawnerGone(errno.EPIPE, f"the spawner is gone ({exc})") from None
+
+    @staticmethod
+    def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+        """One packet. The spawner reads at once; a full buffer (a burst of starts)
+        is waited out, bounded, rather than taken for a dead spawner."""
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        deadline = time.monotonic() + SEND_WAIT
+        while True:
+            try:
+                sock.sendmsg([data], ancillary)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.ETIMEDOUT, "the spawner does not read") from None
+                select.select([], [sock], [], left)
 
     async def spawn(
         self,
@@ -188,7 +208,7 @@ class Spawner:
         assert self._loop is not None
         while self.sock is not None:
             try:
-                data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4, socket.MSG_DONTWAIT)
+                data, fds = _recv(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -270,3 +290,14 @@ class Spawner:
             log.error("spawner.stuck", pid=proc.pid)
             proc.kill()
         self.proc = None
+
+
+def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One packet and the fds that came with it, without waiting (the standard
+    library's ``socket.recv_fds`` drops its ``flags`` before Python 3.12)."""
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
