@@ -12,6 +12,7 @@ read no one else's environment anyway).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -21,6 +22,7 @@ MARK = "SESSIOND_RUN_MARK"
 PASSES = 20  # a leftover may fork while it is killed: look again, a bounded number of times
 
 
+@functools.cache  # asked at every start: the state dir does not move
 def daemon_id(state_dir: Path) -> str:
     """The state dir's id in the marker: one daemon per state dir."""
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:16]

@@ -188,18 +188,27 @@ class Program:
             os.close(out_w)  # the spawner has its copies; ours would hold the pipes open
             os.close(err_w)
         self.proc_start = self.held.start
-        for fd in (out_r, err_r):
-            collect = Collect(self.max_output, loop.create_future())
-            # The loop's transport closes the fd; the file object must not (closefd).
-            pipe = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - the transport owns fd
-            try:
-                transport, _ = await loop.connect_read_pipe(functools.partial(_same, collect), pipe)
-            except BaseException:
+        try:
+            for fd in (out_r, err_r):
+                await self._read(loop, fd)
+        except BaseException:
+            # Spawned but not to be supervised (cancelled at shutdown, no fds left):
+            # it never goes, and its holder is gone with whatever it started.
+            self.held.drop_go()
+            self.spawner.kill(self.held)
+            self.close_pipes()
+            for fd in (out_r, err_r)[len(self._outputs) :]:
                 os.close(fd)
-                raise
-            self._outputs.append(collect)
-            self._transports.append(transport)
+            raise
         return self.held.pid
+
+    async def _read(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        collect = Collect(self.max_output, loop.create_future())
+        # The loop's transport closes the fd; the file object must not (closefd).
+        pipe = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - the transport owns fd
+        transport, _ = await loop.connect_read_pipe(functools.partial(_same, collect), pipe)
+        self._outputs.append(collect)
+        self._transports.append(transport)
 
     @property
     def pid(self) -> int:
