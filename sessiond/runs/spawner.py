@@ -13,8 +13,9 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
 - When the daemon's end of the socket closes — the daemon exited, or was killed
   with SIGKILL — it kills its whole subtree and exits, so even a daemon that
   never restarts leaves nothing running.
-- Each run gets a holder R (forked here; ``setsid``, itself a subreaper). R
-  forks the program P at once, but P waits, held, until the daemon has recorded
+- Each run gets a holder R (forked here ahead of its request, so a start
+  pays no fork; ``setsid``, itself a subreaper). R forks the program P as
+  soon as its request comes, but P waits, held, until the daemon has recorded
   ``run.started`` with R's pid and says go: one byte on a pipe whose write end
   is handed to the daemon (so go costs no round trip through here). A daemon
   that dies before go leaves nothing that ever ran: P sees its go pipe close
@@ -174,23 +175,34 @@ def mirror(status: int) -> None:
     os._exit(128 + sig)
 
 
-def _holder(req: dict[str, Any], out: int, err: int, go: int, ack: int | None) -> None:
-    """R: a session leader and subreaper around one program. Never returns."""
+def _idle(sock: socket.socket, spawner: int) -> None:
+    """R, forked ahead of its request (so that a start pays no fork and no /proc
+    read of a process being forked): a session leader and subreaper, waiting for
+    the one spawn it will hold. Never returns."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.setsid()
         prctl(PR_SET_CHILD_SUBREAPER, 1)
-        if req.get("cgroup_procs"):
+        data, fds, _, _ = socket.recv_fds(sock, PACKET, 8)
+    except OSError:
+        os._exit(126)
+    if not data or len(fds) != 3:  # the spawner is gone: nothing to hold
+        os._exit(0)
+    req = json.loads(data)
+    out, err, go = fds
+    if req.get("cgroup_procs"):
+        try:
             # Before P exists: a process moved later leaves its children behind.
             with open(req["cgroup_procs"], "w") as f:
                 f.write("0")
-        if ack is not None:
-            os.write(ack, b"ok")
-    except OSError as exc:
-        if ack is not None:
-            os.write(ack, f"{exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".encode())
-        os._exit(126)
-    if ack is not None:
-        os.close(ack)
+            sock.send(b"ok")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                sock.send(f"{exc.strerror or exc}: {req['cgroup_procs']}".encode())
+            os._exit(126)
+    sock.close()
     program = os.fork()
     if program == 0:
         _program(req, out, err, go)
@@ -198,7 +210,7 @@ def _holder(req: dict[str, Any], out: int, err: int, go: int, ack: int | None) -
     os.close(out)
     os.close(err)
     os.close(go)
-    _supervise(program, req["spawner"])
+    _supervise(program, spawner)
 
 
 def _supervise(program: int, spawner: int) -> None:
@@ -252,11 +264,29 @@ class Spawner:
         self.chan = chan
         self.runs: dict[int, int] = {}  # id → R's pid
         self.by_pid: dict[int, int] = {}
+        self.pid = os.getpid()
+        self.idle: tuple[int, int | None, socket.socket] | None = None  # pid, start, socket
 
     def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
         # the daemon gone: its end closing is seen by the loop
         with contextlib.suppress(OSError):
             socket.send_fds(self.chan, [json.dumps(message).encode()], list(fds))
+
+    def prefork(self) -> None:
+        """The next run's holder, ready before its request."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.chan.close()
+                ours.close()
+                if self.idle is not None:
+                    self.idle[2].close()
+                _idle(theirs, self.pid)
+            finally:
+                os._exit(126)
+        theirs.close()
+        self.idle = (pid, start_time(pid), ours)
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         rid = req["id"]
@@ -265,34 +295,29 @@ class Spawner:
                 os.close(fd)
             self.send({"op": "refused", "id": rid, "error": "a spawn needs two fds"})
             return
-        out, err = fds
+        if self.idle is None:
+            self.prefork()
+        assert self.idle is not None
+        pid, start, sock = self.idle
+        self.idle = None
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        ack_r, ack_w = os.pipe2(os.O_CLOEXEC) if req.get("cgroup_procs") else (None, None)
-        req["spawner"] = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                self.chan.close()
-                os.close(go_w)
-                if ack_r is not None:
-                    os.close(ack_r)
-                _holder(req, out, err, go_r, ack_w)
-            finally:
-                os._exit(126)
-        for fd in (out, err, go_r):
+        try:
+            socket.send_fds(sock, [json.dumps(req).encode()], [*fds, go_r])
+            answer = sock.recv(4096) if req.get("cgroup_procs") else b"ok"
+        except OSError as exc:
+            answer = f"the holder is gone ({exc})".encode()
+        for fd in (*fds, go_r):
             os.close(fd)
-        if ack_r is not None and ack_w is not None:
-            os.close(ack_w)
-            answer = os.read(ack_r, 4096)
-            os.close(ack_r)
-            if answer != b"ok":
-                os.close(go_w)
-                self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
-                return  # R exits; its reap is an unknown pid's
+        sock.close()
+        if answer != b"ok":
+            os.close(go_w)
+            self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
+            return  # R exits; its reap is an unknown pid's
         self.runs[rid] = pid
         self.by_pid[pid] = rid
-        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start_time(pid)}, (go_w,))
+        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start}, (go_w,))
         os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
+        self.prefork()  # after the answer: the next start finds its holder ready
 
     def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
@@ -320,10 +345,13 @@ class Spawner:
                 return
             rid = self.by_pid.pop(pid, None)
             if rid is None:
-                continue  # an orphan of a holder that was killed, reaped
+                if self.idle is not None and pid == self.idle[0]:  # killed by hand
+                    self.idle[2].close()
+                    self.idle = None
+                continue  # or an orphan of a holder that was killed, reaped
             self.runs.pop(rid)
             # A holder killed from outside left its subtree to us: it goes too.
-            holders = set(self.by_pid)
+            holders = set(self.by_pid) | ({self.idle[0]} if self.idle else set())
             for child in children(os.getpid()):
                 if child not in holders and not _zombie(child):
                     signal_tree(child, signal.SIGKILL)
@@ -335,6 +363,7 @@ class Spawner:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
+        self.prefork()
         while True:
             try:
                 ready, _, _ = select.select([self.chan.fileno(), wake_r], [], [])
