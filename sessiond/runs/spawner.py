@@ -51,6 +51,7 @@ PACKET = 1 << 21  # a spawn request: argv and env (SESSIOND_WAKE alone may be 32
 # R's signals: SIGTERM forwards a stop to the subtree; SIGUSR1 kills it (the
 # daemon's "kill", and the spawner's death, through PR_SET_PDEATHSIG).
 KILL_TREE = signal.SIGUSR1
+PREFORK_AFTER = 0.05  # seconds of quiet before the next run's holder is forked
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once; every fork inherits it
@@ -317,7 +318,6 @@ class Spawner:
         self.by_pid[pid] = rid
         self.send({"op": "spawned", "id": rid, "pid": pid, "start": start}, (go_w,))
         os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
-        self.prefork()  # after the answer: the next start finds its holder ready
 
     def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
@@ -365,9 +365,15 @@ class Spawner:
         signal.set_wakeup_fd(wake_w)
         self.prefork()
         while True:
+            # The next holder is forked once the loop is quiet: not in the way of
+            # the start that just took one (its program is being forked and let go).
+            quiet = PREFORK_AFTER if self.idle is None else None
             try:
-                ready, _, _ = select.select([self.chan.fileno(), wake_r], [], [])
+                ready, _, _ = select.select([self.chan.fileno(), wake_r], [], [], quiet)
             except InterruptedError:
+                continue
+            if not ready:
+                self.prefork()
                 continue
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
