@@ -148,6 +148,7 @@ class DaemonConfig(_Strict):
             "after-policy",
             "after-started",
             "after-spawn",
+            "after-record",
             "during-work",
             "after-finished",
         ]

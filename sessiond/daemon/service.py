@@ -33,6 +33,7 @@ from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.log.store.files import FileStore
+from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -160,6 +161,11 @@ class Daemon:
             gc.collect()
             gc.freeze()
         self.store.sync_on_recover = True
+        # A dead daemon's spawner kills its runs itself; what is left carries the
+        # run marker because that spawner died too. Nothing of it may go on.
+        for pid, mark in kill_marked(self.config.state_dir).items():
+            log.warning("leftover.killed", pid=pid, run=mark)
+        self.kernel.ctx.spawner.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
             result = await self.sync_specs()
@@ -310,6 +316,9 @@ class Daemon:
                 log.exception("stop.failed", session=s.name)
 
         await asyncio.gather(*(stop_one(s) for s in running))
+        # Whatever did not stop in time goes with the spawner: it kills all it
+        # started when its socket closes, and exits. Before the clean marker.
+        await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.server.close()
         await self.table.close()

@@ -6,5 +6,7 @@ queue) → ``start`` (the command's tool call, the launch) → ``supervise`` (wa
 stop on request) → ``settle`` (record the end, decide what comes next), with
 ``recover`` for what a crash or an interruption cut off. ``runs.Runs`` wires
 them; ``context`` holds what they share, ``workspace`` the file helpers,
-``tokens`` and ``sdk_calls`` the SDK's side, ``runner`` the processes.
+``tokens`` and ``sdk_calls`` the SDK's side, ``runner`` the processes,
+started and reaped by the ``spawner`` process (``spawn`` is the daemon's side of
+it; ``leftovers`` finds what a dead daemon and a dead spawner left).
 """

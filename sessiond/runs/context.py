@@ -27,6 +27,7 @@ from sessiond.config import DaemonConfig, RunConfig
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
+from sessiond.runs.spawn import Spawner
 from sessiond.table import lifecycle
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
@@ -80,6 +81,8 @@ class RunContext:
         self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
         self._cgroups: tuple[RunConfig, CgroupSupport | None, str] | None = None
+        # every run's processes are started, held and reaped by it (runs/spawner.py)
+        self.spawner = Spawner()
 
     def cgroups(self) -> tuple[CgroupSupport | None, str]:
         """The cgroups runs may use (sessiond.runs.cgroups) and, without any, why;

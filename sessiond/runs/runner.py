@@ -1,29 +1,32 @@
-"""Running a session's program: a child process in its own process group.
+"""Running a session's program: held by the spawner, in a session of its own.
 
 The program's stdout and stderr become artifacts referenced from
-``run.finished``. Stopping a run signals the whole process group (SIGTERM),
-then kills it (SIGKILL) after the grace period.
+``run.finished``. Stopping a run signals every process of it (SIGTERM), then
+kills them all (SIGKILL) after the grace period; its end is the end of all of
+them (see sessiond/runs/spawner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import os
+import shutil
 import signal
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 
+from sessiond.runs.spawn import Held, Spawner
 from sessiond.table.spec import SessionSpec
 
 WAKE_ENV_LIMIT = 32 * 1024
+DRAIN_AFTER_EXIT = 2.0  # seconds the output may take to reach EOF once the run is gone
 # systemd's variables for the daemon itself; a session program must not see them
 SYSTEMD_ENV = frozenset(
     {"NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "WATCHDOG_USEC", "WATCHDOG_PID"}
@@ -71,131 +74,69 @@ def wake_payload(wakes: list[dict[str, Any]]) -> tuple[str, bytes]:
     return orjson.dumps({"wakes": kept, "truncated": True}).decode(), whole
 
 
-async def _drain(stream: asyncio.StreamReader | None, limit: int) -> tuple[bytes, int]:
-    if stream is None:
-        return b"", 0
-    kept = bytearray()
-    total = 0
-    while True:
-        chunk = await stream.read(1 << 16)
-        if not chunk:
-            return bytes(kept), total
-        total += len(chunk)
-        if len(kept) < limit:
-            kept += chunk[: limit - len(kept)]
+class Collect(asyncio.Protocol):
+    """One output pipe of a run, read by the loop: the first ``limit`` bytes kept,
+    all of them counted. What came is kept even when the read is cut short."""
+
+    def __init__(self, limit: int, done: asyncio.Future[None]) -> None:
+        self.limit = limit
+        self.kept = bytearray()
+        self.total = 0
+        self.done = done
+        self.seen = asyncio.Event()  # the first byte came
+
+    def data_received(self, data: bytes) -> None:
+        self.total += len(data)
+        self.seen.set()
+        if len(self.kept) < self.limit:
+            self.kept += data[: self.limit - len(self.kept)]
+
+    def eof_received(self) -> bool:
+        self._finish()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - EOF or error alike
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
 
 
-class Child:
-    """A started program, driven from the event loop.
+def _same(collect: Collect) -> Collect:
+    return collect
 
-    Started with ``subprocess.Popen`` (vfork and exec: about 0.5 ms with a daemon's
-    heap) rather than the loop's own spawn (uvloop forks the whole process: 3 to 4
-    ms, paid by every run between its wake and its first instruction). Its pipes
-    become StreamReaders of the loop, and its exit is seen through a pidfd (a
-    thread that waits, where there are no pidfds), never by polling.
-    """
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        self.returncode: int | None = None
-        self.stdout: asyncio.StreamReader | None = None
-        self.stderr: asyncio.StreamReader | None = None
-        self._exited: asyncio.Future[int] | None = None
-        self._transports: list[asyncio.BaseTransport] = []
-
-    @classmethod
-    async def start(cls, argv: list[str], *, cwd: str, env: dict[str, str]) -> Child:
-        popen = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: cancel stops all of it
-            close_fds=True,
-        )
-        child = cls(popen)
-        try:
-            await child._attach(asyncio.get_running_loop())
-        except BaseException:
-            # Started but not supervised (cancelled at shutdown, no fds left): it must
-            # not go on unseen. Killed with its group, reaped, its pipes closed.
-            signal_group(popen.pid, signal.SIGKILL)
-            popen.wait()
-            child.close_pipes()
-            raise
-        return child
-
-    async def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        for name in ("stdout", "stderr"):
-            owned: IO[bytes] = getattr(self.popen, name)
-            # The loop's transport takes the fd and closes it; a file object left
-            # holding the same number would close it a second time, later, whatever
-            # the number has become by then. So the transport gets a copy and the
-            # original is closed now.
-            fd = os.dup(owned.fileno())
-            owned.close()
-            setattr(self.popen, name, None)
-            pipe = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - the transport owns fd
-            reader = asyncio.StreamReader(limit=1 << 16, loop=loop)
-            try:
-                transport, _ = await loop.connect_read_pipe(
-                    functools.partial(asyncio.StreamReaderProtocol, reader), pipe
-                )
-            except BaseException:
-                os.close(fd)
-                raise
-            self._transports.append(transport)
-            setattr(self, name, reader)
-        self._exited = loop.create_future()
-        self._watch_exit(loop)
-
-    def close_pipes(self) -> None:
-        """Close the read ends once drained (a transport at EOF only stops reading)."""
-        for transport in self._transports:
-            transport.close()
-        self._transports.clear()
-        for name in ("stdout", "stderr"):
-            owned = getattr(self.popen, name)
-            if owned is not None:
-                owned.close()
-
-    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
-        assert self._exited is not None
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfds here: a thread of its own waits
-            # (not the loop's executor: a long program would hold one of its few
-            # workers for its whole life)
-            def wait() -> None:
-                code = self.popen.wait()
-                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                    loop.call_soon_threadsafe(self._set_exit, code)
-
-            threading.Thread(target=wait, name=f"wait-{self.pid}", daemon=True).start()
-            return
-
-        def readable() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            self._set_exit(self.popen.wait())  # exited: the reap does not block
-
-        loop.add_reader(pidfd, readable)
-
-    def _set_exit(self, code: int) -> None:
-        self.returncode = code
-        if self._exited is not None and not self._exited.done():
-            self._exited.set_result(code)
-
-    async def wait(self) -> int:
-        assert self._exited is not None
-        return await asyncio.shield(self._exited)
+def check_startable(argv: list[str], cwd: str, env: dict[str, str]) -> None:
+    """Refuse, before anything is spawned, what exec would refuse: a missing or
+    non-executable program, a missing folder, a NUL in an argument or value (the
+    error a start failure reports, the way subprocess would raise it)."""
+    for text in (*argv, *env, *env.values(), cwd):
+        if "\0" in text:
+            raise ValueError("embedded null byte")
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
+    name = argv[0]
+    if "/" in name:
+        path: str | None = os.path.join(cwd, name)
+    else:
+        path = shutil.which(name, path=env.get("PATH", os.defpath))
+        if path is not None and not os.path.isabs(path):  # a relative PATH entry
+            path = os.path.join(cwd, path)
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
 
 
 class Program:
-    """One run of a session's program."""
+    """One run of a session's program, held by the spawner (sessiond/runs/spawner.py).
+
+    ``start`` spawns it held: its holder R exists (its pid is the run's) and the
+    program has not executed anything. ``go`` lets it exec, once ``run.started``
+    is on record. The run ends when the holder is gone, which is when the
+    program and every process it left are gone; the pipes never hold it open.
+    """
 
     def __init__(
         self,
@@ -204,7 +145,9 @@ class Program:
         env: dict[str, str],
         max_output: int,
         grace: float,
+        spawner: Spawner,
         timeout: float | None = None,
+        cgroup_procs: str | None = None,
     ) -> None:
         assert spec.run is not None
         self.spec = spec
@@ -212,66 +155,136 @@ class Program:
         self.env = env
         self.max_output = max_output
         self.grace = grace
+        self.spawner = spawner
         self.timeout = timeout if timeout is not None else spec.run.timeout
-        self.proc: Child | None = None
+        self.cgroup_procs = cgroup_procs
+        self.held: Held | None = None
+        self.proc_start: int | None = None
+        self._outputs: list[Collect] = []
+        self._transports: list[asyncio.BaseTransport] = []
         self._stop_reason: str | None = None
 
     async def start(self) -> int:
-        self.proc = await Child.start(list(self.run.exec), cwd=str(self.run.cwd), env=self.env)
-        return self.proc.pid
+        """Spawn the program held; R's pid. OSError or ValueError: it cannot start."""
+        argv, cwd = list(self.run.exec), str(self.run.cwd)
+        check_startable(argv, cwd, self.env)
+        loop = asyncio.get_running_loop()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.held = await self.spawner.spawn(
+                argv,
+                cwd=cwd,
+                env=self.env,
+                stdout=out_w,
+                stderr=err_w,
+                cgroup_procs=self.cgroup_procs,
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)  # the spawner has its copies; ours would hold the pipes open
+            os.close(err_w)
+        self.proc_start = self.held.start
+        try:
+            for fd in (out_r, err_r):
+                await self._read(loop, fd)
+        except BaseException:
+            # Spawned but not to be supervised (cancelled at shutdown, no fds left):
+            # it never goes, and its holder is gone with whatever it started.
+            self.held.drop_go()
+            self.spawner.kill(self.held)
+            self.close_pipes()
+            for fd in (out_r, err_r)[len(self._outputs) :]:
+                os.close(fd)
+            raise
+        return self.held.pid
+
+    async def _read(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        collect = Collect(self.max_output, loop.create_future())
+        # The loop's transport closes the fd; the file object must not (closefd).
+        pipe = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - the transport owns fd
+        transport, _ = await loop.connect_read_pipe(functools.partial(_same, collect), pipe)
+        self._outputs.append(collect)
+        self._transports.append(transport)
+
+    @property
+    def pid(self) -> int:
+        assert self.held is not None
+        return self.held.pid
+
+    def go(self) -> None:
+        """The run is on record: let the program exec."""
+        assert self.held is not None
+        self.spawner.go(self.held)
+
+    async def output_seen(self, timeout: float) -> None:
+        """Test only (the ``during-work`` fault point): the program has begun to work."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._outputs[0].seen.wait(), timeout)
 
     async def wait(self) -> Outcome:
-        proc = self.proc
-        assert proc is not None
+        held = self.held
+        assert held is not None
         started = time.monotonic()
-        drains = asyncio.gather(
-            _drain(proc.stdout, self.max_output), _drain(proc.stderr, self.max_output)
-        )
         timed_out = False
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), self.timeout)
+            status = await asyncio.wait_for(asyncio.shield(held.exited), self.timeout)
         except TimeoutError:
             timed_out = True
             await self.stop("timeout")
-        (out, out_total), (err, err_total) = await drains
-        proc.close_pipes()
-        code = proc.returncode
-        assert code is not None
+            status = await asyncio.shield(held.exited)
+        # Every process of the run is gone: the pipes are at EOF, or are about to be.
+        # Something outside the run could still hold them (an fd passed away over a
+        # socket): the drain is bounded, never a reason to stay running.
+        done = [c.done for c in self._outputs]
+        if done:
+            await asyncio.wait(done, timeout=DRAIN_AFTER_EXIT)
+        self.close_pipes()
+        code = os.waitstatus_to_exitcode(status)
         duration = int((time.monotonic() - started) * 1000)
         sig = -code if code < 0 else None
         if timed_out:
-            status = "timeout"
+            status_text = "timeout"
         elif self._stop_reason is not None:
-            status = "interrupted" if sig in (None, signal.SIGTERM) else "killed"
+            status_text = "interrupted" if sig in (None, signal.SIGTERM) else "killed"
         elif code == 0:
-            status = "ok"
+            status_text = "ok"
         else:
-            status = "failed"
+            status_text = "failed"
+        out, err = self._outputs
         return Outcome(
-            status,
+            status_text,
             code if code >= 0 else None,
             sig,
             duration,
-            out,
-            err,
-            out_total,
-            err_total,
+            bytes(out.kept),
+            bytes(err.kept),
+            out.total,
+            err.total,
         )
 
+    def close_pipes(self) -> None:
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()
+
     async def stop(self, reason: str) -> None:
-        """SIGTERM to the process group, SIGKILL after the grace period."""
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
+        """SIGTERM to every process of the run, SIGKILL to all of them after the
+        grace period; returns once they are all gone."""
+        held = self.held
+        if held is None or held.exited.done():
             return
-        self._stop_reason = reason
-        signal_group(proc.pid, signal.SIGTERM)
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self.spawner.term(held)
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), self.grace)
+            await asyncio.wait_for(asyncio.shield(held.exited), self.grace)
         except TimeoutError:
-            signal_group(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        # Children left in the group after the leader exits go too.
-        signal_group(proc.pid, signal.SIGKILL)
+            self.spawner.kill(held)
+            await asyncio.shield(held.exited)
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -7,13 +7,19 @@ the command or ask a person first; an approval given for another command (the
 spec changed) is not used. An ``sdk`` program records its own tool calls
 (sessiond.sdk); it gets a run token to do so.
 
-The fault points here (``before-intent`` … ``after-spawn``) are the crash
-points the recovery tests stop the daemon at.
+The program is spawned held (sessiond/runs/spawner.py): its holder's pid is
+recorded in ``run.started`` before the program may exec anything, so a crash at
+any instant of the start leaves either a program that never ran or one whose
+run is on record (and that the spawner stops when the daemon dies).
+
+The fault points here (``before-intent`` … ``after-spawn``, ``after-record``)
+are the crash points the recovery tests stop the daemon at.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,7 +36,8 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft, Record
 from sessiond.runs.context import RunContext
-from sessiond.runs.runner import Outcome, Program, proc_start_time, program_env
+from sessiond.runs.leftovers import MARK, mark
+from sessiond.runs.runner import Outcome, Program, program_env
 from sessiond.runs.settle import Settler
 from sessiond.runs.supervise import Supervisor
 from sessiond.runs.tokens import Tokens
@@ -225,20 +232,7 @@ class Starter:
                 pending_started = started
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
-        profile = (
-            self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
-        )
-        env = program_env(
-            self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
-        )
-        if call_id is not None:
-            # The tool call this command run is: a key for the program's own
-            # idempotency checks (a rerun after a crash is a new call, a new key).
-            env["SESSIOND_CALL"] = call_id
-        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
-        env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
-        if spec.run.kind == "sdk":
-            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
+        env = self._env(s, run_id, call_id, wakes, wake_file)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
@@ -246,12 +240,15 @@ class Starter:
             env=env,
             max_output=self.ctx.config.max_output_bytes,
             grace=self.ctx.config.stop_grace,
+            spawner=self.ctx.spawner,
             timeout=timeout,
         )
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
-        # tool.started and the lifecycle change in one durable write
+        # tool.started and the lifecycle change in one write, made durable by the
+        # next one: run.started (or the end of a program that could not start). The
+        # program is held until then, so nothing has run that is not on record.
         drafts = [pending_started] if pending_started is not None else []
-        await self.ctx.table.append_many(s, [*drafts, Draft(running)])
+        await self.ctx.table.append_many(s, [*drafts, Draft(running)], durable=False)
 
         async def settle(outcome: Outcome) -> None:  # a run that ends before it is supervised
             await self.settler.settle(
@@ -270,7 +267,8 @@ class Starter:
             s.run = Run(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
-        # test only: the program runs, run.started is not written (a crash, or a hold)
+        # test only: the program is spawned held (it has run nothing), run.started is
+        # not written (a crash there, or a hold while a stop races the start)
         await self.ctx.hold("after-spawn", s)
         # Known as running before anything is awaited: the program may call the
         # daemon (the SDK) at once.
@@ -280,11 +278,46 @@ class Starter:
         ):
             await settle(await program.wait())
             return
-        self.ctx.fault("during-work")
+        self.ctx.fault("after-record")  # test only: on record, never let go
+        program.go()
+        if self.ctx.config.fault == "during-work":  # test only: once it has done some
+            await program.output_seen(10.0)
+            self.ctx.fault("during-work")
         self.supervisor.watch(
             s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    def _env(
+        self,
+        s: Session,
+        run_id: str,
+        call_id: str | None,
+        wakes: list[dict[str, Any]],
+        wake_file: Path,
+    ) -> dict[str, str]:
+        """The program's environment: the daemon's, the profile's, the spec's, ours."""
+        spec = s.spec
+        assert spec is not None
+        assert spec.run is not None
+        profile = (
+            self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
+        )
+        env = program_env(
+            self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
+        )
+        if call_id is not None:
+            # The tool call this command run is: a key for the program's own
+            # idempotency checks (a rerun after a crash is a new call, a new key).
+            env["SESSIOND_CALL"] = call_id
+        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
+        env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
+        # Inherited by every process of the run: what a restart looks for when
+        # neither this daemon nor its spawner is left to stop them (runs/leftovers.py).
+        env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)
+        if spec.run.kind == "sdk":
+            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
+        return env
 
     async def _record_start(
         self,
@@ -310,7 +343,7 @@ class Starter:
                     kind=spec.run.kind,
                     pid=pid,
                     pgid=pid,
-                    proc_start=proc_start_time(pid),
+                    proc_start=program.proc_start,
                     profile=spec.run.profile,
                     wakes=tuple(wakes),
                 ),

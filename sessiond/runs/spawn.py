@@ -1,0 +1,303 @@
+"""The daemon's side of the spawner (sessiond/runs/spawner.py, a process of its own).
+
+``Spawner`` starts that process on first use (or at the daemon's start-up),
+sends it spawn / term / kill requests over a ``SOCK_SEQPACKET``
+socketpair, and turns its answers into futures: ``spawn`` returns a ``Held``
+run (the holder's pid and start time, the program not yet exec'd) and
+``Held.exited`` becomes the program's wait status once the holder is gone —
+which is when the program *and every process it left* are gone.
+
+Closing the socket (``close`` at shutdown; the kernel does it when the daemon
+dies) makes the spawner kill everything it started and exit.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+log = structlog.get_logger(__name__)
+
+SPAWNER = Path(__file__).with_name("spawner.py")
+SEND_BUFFER = 4 << 20  # one spawn request is one packet: argv and env in full
+SEND_WAIT = 10.0  # seconds a request may wait for room in the socket
+LOST = signal.SIGKILL  # the wait status of a run whose spawner died: killed
+
+
+class SpawnerGone(OSError):
+    """The spawner process is not there (it died, or the daemon is stopping)."""
+
+
+@dataclass
+class Held:
+    """A spawned run: its holder R is alive, its program is held until ``go``."""
+
+    rid: int
+    pid: int  # R's: the run's leader and process group
+    start: int | None  # R's start time (clock ticks since boot, /proc/PID/stat)
+    exited: asyncio.Future[int] = field(repr=False)  # raw wait status of the program
+    go_fd: int | None = None  # the held program's go pipe: one byte lets it exec
+
+    def drop_go(self) -> None:
+        """Never going: the held program sees its pipe close and exits unexec'd."""
+        fd, self.go_fd = self.go_fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class Spawner:
+    """The channel to the spawner process; one per daemon, started on first use."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._next = 1
+        self._pending: dict[int, asyncio.Future[Held]] = {}
+        self._runs: dict[int, Held] = {}
+        self._abandoned: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Start the spawner process (the caller runs in the daemon's event loop)."""
+        if self.sock is not None:
+            return
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        try:
+            # -I: no user site, no PYTHONPATH, no current folder: the file alone, as is.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(SPAWNER), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        # Non-blocking, whatever the loop does to it (libuv makes a watched fd so):
+        # reads never wait, and a full send buffer is waited out in _send.
+        ours.setblocking(False)
+        self.sock = ours
+        self._loop = loop
+        loop.add_reader(ours.fileno(), self._readable)
+        log.info("spawner.started", pid=self.proc.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.sock is not None else None
+
+    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        if self.sock is None:
+            raise SpawnerGone(errno.EPIPE, "the spawner is not running")
+        try:
+            data = orjson.dumps(message)
+        except TypeError:  # a str orjson refuses (a lone surrogate from the environment)
+            data = json.dumps(message).encode()
+        try:
+            self._sendmsg(self.sock, data, fds or [])
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                raise OSError(
+                    errno.E2BIG,
+                    f"the program's arguments and environment are too large ({len(data)} bytes)",
+                ) from None
+            self._lost()
+            raise SpawnerGone(errno.EPIPE, f"the spawner is gone ({exc})") from None
+
+    @staticmethod
+    def _sendmsg(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+        """One packet. The spawner reads at once; a full buffer (a burst of starts)
+        is waited out, bounded, rather than taken for a dead spawner."""
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        deadline = time.monotonic() + SEND_WAIT
+        while True:
+            try:
+                sock.sendmsg([data], ancillary)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.ETIMEDOUT, "the spawner does not read") from None
+                select.select([], [sock], [], left)
+
+    async def spawn(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        stdout: int,
+        stderr: int,
+        cgroup_procs: str | None = None,
+    ) -> Held:
+        """A held run of ``argv``. ``cgroup_procs``: a cgroup's ``cgroup.procs``
+        file that the holder joins before its program exists (sessiond.runs.cgroups)."""
+        self.start()
+        assert self._loop is not None
+        rid = self._next
+        self._next += 1
+        reply: asyncio.Future[Held] = self._loop.create_future()
+        self._pending[rid] = reply
+        request = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
+        if cgroup_procs is not None:
+            request["cgroup_procs"] = cgroup_procs
+        try:
+            self._send(request, [stdout, stderr])
+        except BaseException:
+            self._pending.pop(rid, None)
+            raise
+        try:
+            return await reply
+        except asyncio.CancelledError:
+            # Cancelled before the answer (the daemon is stopping): whatever was
+            # spawned is stopped once it answers, never left held.
+            if self._pending.pop(rid, None) is not None:
+                self._abandoned.add(rid)
+            elif reply.done() and not reply.cancelled() and reply.exception() is None:
+                reply.result().drop_go()
+                self.kill(reply.result())
+            raise
+
+    def go(self, held: Held) -> None:
+        """Let the held program exec (once ``run.started`` is durable): one byte
+        on its go pipe, straight from here."""
+        fd = held.go_fd
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):  # gone already (stopped while held)
+            os.write(fd, b"g")
+        held.drop_go()
+
+    def term(self, held: Held) -> None:
+        """SIGTERM to every process of the run."""
+        self._request("term", held)
+
+    def kill(self, held: Held) -> None:
+        """SIGKILL to every process of the run."""
+        self._request("kill", held)
+
+    def _request(self, op: str, held: Held) -> None:
+        if held.exited.done():
+            return
+        with contextlib.suppress(SpawnerGone):
+            self._send({"op": op, "id": held.rid})
+
+    def _readable(self) -> None:
+        assert self._loop is not None
+        while self.sock is not None:
+            try:
+                data, fds = _recv(self.sock)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self._lost()
+                return
+            try:
+                message = orjson.loads(data)
+                self._answer(message, fds)
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                log.error("spawner.bad_message", data=data[:200])
+            for fd in fds:  # none expected beyond a spawn's go pipe
+                os.close(fd)
+
+    def _answer(self, message: dict[str, Any], fds: list[int]) -> None:
+        assert self._loop is not None
+        op, rid = message["op"], message["id"]
+        if op == "spawned":
+            held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
+            if fds:
+                held.go_fd = fds.pop(0)
+                os.set_inheritable(held.go_fd, False)  # received fds are inheritable
+            self._runs[rid] = held
+            reply = self._pending.pop(rid, None)
+            if reply is not None and not reply.done():
+                reply.set_result(held)
+            elif rid in self._abandoned:
+                self._abandoned.discard(rid)
+                held.drop_go()
+                self.kill(held)
+        elif op == "refused":
+            reply = self._pending.pop(rid, None)
+            self._abandoned.discard(rid)
+            if reply is not None and not reply.done():
+                reply.set_exception(OSError(errno.EPERM, message.get("error", "refused")))
+        elif op == "exited":
+            held = self._runs.pop(rid)
+            held.drop_go()
+            if not held.exited.done():
+                held.exited.set_result(int(message["status"]))
+
+    def _lost(self) -> None:
+        """The channel closed: every run is gone with the spawner (each holder's
+        parent-death signal kills its subtree), so every waiter is answered."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(sock.fileno())
+        sock.close()
+        for reply in self._pending.values():
+            if not reply.done():
+                reply.set_exception(SpawnerGone(errno.EPIPE, "the spawner died"))
+        for held in self._runs.values():
+            held.drop_go()
+            if not held.exited.done():
+                held.exited.set_result(LOST)
+        if self._runs:
+            log.error("spawner.lost", runs=len(self._runs))
+        self._pending.clear()
+        self._runs.clear()
+        self._abandoned.clear()
+        proc = self.proc
+        if proc is not None and self._loop is not None:
+            self._loop.run_in_executor(None, proc.wait)  # reaped, not left a zombie
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Shutdown: the spawner kills whatever is left and exits; wait for that."""
+        proc = self.proc
+        self._lost()
+        if proc is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+        except TimeoutError:
+            log.error("spawner.stuck", pid=proc.pid)
+            proc.kill()
+        self.proc = None
+
+
+def _recv(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One packet and the fds that came with it, without waiting (the standard
+    library's ``socket.recv_fds`` drops its ``flags`` before Python 3.12)."""
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_LEN(4 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)

@@ -1,0 +1,434 @@
+"""The spawner: one small process per daemon that starts and reaps every run.
+
+Started by the daemon (``python -I -m sessiond.runs.spawner FD``) and talking to
+it over a ``SOCK_SEQPACKET`` socketpair (one JSON message a packet; a spawn's
+output pipes come with it as SCM_RIGHTS). Standard library only, so it starts in
+a few milliseconds, and single-threaded, so that ``fork`` is safe here (it is
+not in the threaded daemon, which is why nothing there uses ``preexec_fn``).
+
+Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
+
+- It is the runs' child subreaper (``PR_SET_CHILD_SUBREAPER``): a run's
+  orphans reparent to it, never to PID 1.
+- When the daemon's end of the socket closes — the daemon exited, or was killed
+  with SIGKILL — it kills its whole subtree and exits, so even a daemon that
+  never restarts leaves nothing running.
+- Each run gets a holder R (forked here ahead of its request, so a start
+  pays no fork; ``setsid``, itself a subreaper). R forks the program P as
+  soon as its request comes, but P waits, held, until the daemon has recorded
+  ``run.started`` with R's pid and says go: one byte on a pipe whose write end
+  is handed to the daemon (so go costs no round trip through here). A daemon
+  that dies before go leaves nothing that ever ran: P sees its go pipe close
+  and exits without exec'ing.
+- When P exits, R kills whatever is left of its subtree (double-forked and
+  ``setsid`` processes included: they reparented to R), reaps it, and ends with
+  P's wait status mirrored, so the status the spawner reports is P's own.
+
+Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
+``cgroup_procs``; fds: stdout, stderr), ``term`` (id: SIGTERM to the run's
+subtree), ``kill`` (id: SIGKILL to it). Spawner → daemon: ``spawned`` (id,
+pid, start; fd: the go pipe's write end) or ``refused`` (id, error), then
+``exited`` (id, status: R's raw wait status, which is P's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PACKET = 1 << 21  # a spawn request: argv and env (SESSIOND_WAKE alone may be 32 KiB)
+# R's signals: SIGTERM forwards a stop to the subtree; SIGUSR1 kills it (the
+# daemon's "kill", and the spawner's death, through PR_SET_PDEATHSIG).
+KILL_TREE = signal.SIGUSR1
+PREFORK_AFTER = 0.05  # seconds of quiet before the next run's holder is forked
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)  # loaded once; every fork inherits it
+
+
+def prctl(option: int, value: int) -> None:
+    if LIBC.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's: a thread may fork too)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # gone
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (not ``root`` itself), by the children links."""
+    found: list[int] = []
+    todo = children(root)
+    while todo:
+        pid = todo.pop()
+        todo += children(pid)
+        if not _zombie(pid):
+            found.append(pid)
+    return found
+
+
+def signal_tree(root: int, sig: int) -> int:
+    """Send ``sig`` to every live descendant of ``root``; how many there were."""
+    pids = descendants(root)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(pids)
+
+
+def kill_tree_and_reap() -> None:
+    """SIGKILL everything under this process and reap it, until nothing is left.
+
+    A process may fork while it is killed: the pass repeats until a walk finds
+    no live descendant. Everything that dies under a subreaper ends up its
+    child (orphans reparent to it), so reaping until ECHILD reaps it all."""
+    me = os.getpid()
+    while signal_tree(me, signal.SIGKILL):
+        try:
+            os.waitpid(-1, 0)  # one death at least; the walk looks again
+        except ChildProcessError:
+            break
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _program(req: dict[str, Any], out: int, err: int, go: int) -> None:
+    """P: held until go, then exec'd. Never returns."""
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        word = b""
+        while True:
+            try:
+                word = os.read(go, 1)
+                break
+            except InterruptedError:
+                continue
+        if word != b"g":  # the spawner died (or the start was abandoned) before go
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        # Everything else this process holds is close-on-exec (PEP 446, and the
+        # spawner's own channel was closed in R): only the passed pipes are not.
+        for fd in {null, out, err} - {0, 1, 2}:
+            os.close(fd)
+        os.chdir(req["cwd"])
+        argv = req["argv"]
+        os.execvpe(argv[0], argv, req["env"])
+    except OSError as exc:  # the daemon checked the program before; this is a late change
+        why = f"sessiond: could not start {req['argv'][0]!r}: {exc.strerror or exc}\n"
+        try:
+            os.write(2, why.encode())
+        finally:
+            os._exit(127)
+    except BaseException:
+        os._exit(127)
+
+
+def mirror(status: int) -> None:
+    """End this process with the same wait status as ``status``. Never returns."""
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # P's core dump, if any, was P's
+    signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)
+
+
+def _idle(sock: socket.socket, spawner: int) -> None:
+    """R, forked ahead of its request (so that a start pays no fork and no /proc
+    read of a process being forked): a session leader and subreaper, waiting for
+    the one spawn it will hold. Never returns."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.setsid()
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        data, fds, _, _ = socket.recv_fds(sock, PACKET, 8)
+    except OSError:
+        os._exit(126)
+    if not data or len(fds) != 3:  # the spawner is gone: nothing to hold
+        os._exit(0)
+    req = json.loads(data)
+    out, err, go = fds
+    if req.get("cgroup_procs"):
+        try:
+            # Before P exists: a process moved later leaves its children behind.
+            with open(req["cgroup_procs"], "w") as f:
+                f.write("0")
+            sock.send(b"ok")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                sock.send(f"{exc.strerror or exc}: {req['cgroup_procs']}".encode())
+            os._exit(126)
+    sock.close()
+    program = os.fork()
+    if program == 0:
+        _program(req, out, err, go)
+    # R holds no pipe of the run: the output reaches EOF once the subtree is gone.
+    os.close(out)
+    os.close(err)
+    os.close(go)
+    _supervise(program, spawner)
+
+
+def _supervise(program: int, spawner: int) -> None:
+    """R's loop: forward a stop, kill all on request or once P is gone. Never returns."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = {"term": False, "kill": False}
+
+    def on_signal(sig: int, _frame: object) -> None:
+        if sig == signal.SIGTERM:
+            flags["term"] = True
+        elif sig == KILL_TREE:
+            flags["kill"] = True
+
+    for sig in (signal.SIGTERM, KILL_TREE, signal.SIGCHLD):
+        signal.signal(sig, on_signal)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.set_wakeup_fd(wake_w)
+    # The spawner gone (killed by hand, say) takes the run with it: KILL_TREE.
+    prctl(PR_SET_PDEATHSIG, KILL_TREE)
+    if os.getppid() != spawner:
+        flags["kill"] = True  # it died before the line above
+    status: int | None = None
+    while True:
+        while status is None:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                status = signal.SIGKILL  # cannot happen (P is our child): as killed
+                break
+            if pid == 0:
+                break
+            if pid == program:
+                status = st
+        if status is not None or flags["kill"]:
+            kill_tree_and_reap()
+            # killed on request before P's end was seen: a raw status 9, SIGKILL
+            mirror(status if status is not None else signal.SIGKILL)
+        if flags["term"]:
+            flags["term"] = False
+            signal_tree(os.getpid(), signal.SIGTERM)
+        with contextlib.suppress(InterruptedError, BlockingIOError):
+            select.select([wake_r], [], [])
+            os.read(wake_r, 64)
+
+
+class Spawner:
+    """The spawner's loop: requests from the daemon, exits of the holders."""
+
+    def __init__(self, chan: socket.socket) -> None:
+        self.chan = chan
+        self.runs: dict[int, int] = {}  # id → R's pid
+        self.by_pid: dict[int, int] = {}
+        self.pid = os.getpid()
+        self.idle: tuple[int, int | None, socket.socket] | None = None  # pid, start, socket
+
+    def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+        # the daemon gone: its end closing is seen by the loop
+        with contextlib.suppress(OSError):
+            socket.send_fds(self.chan, [json.dumps(message).encode()], list(fds))
+
+    def prefork(self) -> None:
+        """The next run's holder, ready before its request."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.chan.close()
+                ours.close()
+                if self.idle is not None:
+                    self.idle[2].close()
+                _idle(theirs, self.pid)
+            finally:
+                os._exit(126)
+        theirs.close()
+        self.idle = (pid, start_time(pid), ours)
+
+    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+        rid = req["id"]
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            self.send({"op": "refused", "id": rid, "error": "a spawn needs two fds"})
+            return
+        if self.idle is None:
+            self.prefork()
+        assert self.idle is not None
+        pid, start, sock = self.idle
+        self.idle = None
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            socket.send_fds(sock, [json.dumps(req).encode()], [*fds, go_r])
+            answer = sock.recv(4096) if req.get("cgroup_procs") else b"ok"
+        except OSError as exc:
+            answer = f"the holder is gone ({exc})".encode()
+        for fd in (*fds, go_r):
+            os.close(fd)
+        sock.close()
+        if answer != b"ok":
+            os.close(go_w)
+            self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
+            return  # R exits; its reap is an unknown pid's
+        self.runs[rid] = pid
+        self.by_pid[pid] = rid
+        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start}, (go_w,))
+        os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
+
+    def handle(self, req: dict[str, Any], fds: list[int]) -> None:
+        op = req.get("op")
+        if op == "spawn":
+            self.spawn(req, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        pid = self.runs.get(req.get("id", -1))
+        if pid is None:  # already exited: its "exited" is on the way
+            return
+        if op in ("term", "kill"):
+            # R is not reaped until its exit is read here, on this one thread: its
+            # pid cannot have been reused.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM if op == "term" else KILL_TREE)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rid = self.by_pid.pop(pid, None)
+            if rid is None:
+                if self.idle is not None and pid == self.idle[0]:  # killed by hand
+                    self.idle[2].close()
+                    self.idle = None
+                continue  # or an orphan of a holder that was killed, reaped
+            self.runs.pop(rid)
+            # A holder killed from outside left its subtree to us: it goes too.
+            holders = set(self.by_pid) | ({self.idle[0]} if self.idle else set())
+            for child in children(os.getpid()):
+                if child not in holders and not _zombie(child):
+                    signal_tree(child, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
+            self.send({"op": "exited", "id": rid, "status": status})
+
+    def serve(self) -> None:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w)
+        self.prefork()
+        while True:
+            # The next holder is forked once the loop is quiet: not in the way of
+            # the start that just took one (its program is being forked and let go).
+            quiet = PREFORK_AFTER if self.idle is None else None
+            try:
+                ready, _, _ = select.select([self.chan.fileno(), wake_r], [], [], quiet)
+            except InterruptedError:
+                continue
+            if not ready:
+                self.prefork()
+                continue
+            if wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+                self.reap()
+            if self.chan.fileno() in ready:
+                try:
+                    data, fds, _, _ = socket.recv_fds(self.chan, PACKET, 8)
+                except InterruptedError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EINTR):
+                        continue
+                    data, fds = b"", []
+                if not data:
+                    return  # the daemon's end closed
+                try:
+                    req = json.loads(data)
+                except ValueError:
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                self.handle(req, fds)
+
+
+def start_time(pid: int) -> int | None:
+    """/proc/PID/stat field 22: tells this process from a later one with its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def main(argv: list[str]) -> int:
+    chan = socket.socket(fileno=int(argv[1]))
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # A ^C at a terminal reaches the whole foreground group: the daemon decides
+    # what stops; this process follows its socket. SIGTERM stops everything.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def stop(_sig: int, _frame: object) -> None:
+        kill_tree_and_reap()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        Spawner(chan).serve()
+    finally:
+        kill_tree_and_reap()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
