@@ -139,7 +139,9 @@ def test_a_stalled_raw_follower_is_told_where_it_fell_behind_and_the_stream_ends
         assert call(d, "ping", {})["ok"]
 
 
-def stalled_sessionctl(d: Daemon, names: list[str], count: int, text: str) -> None:
+def assert_a_stalled_sessionctl_gets_everything(
+    d: Daemon, names: list[str], count: int, text: str
+) -> None:
     """``sessionctl --json log -f`` (of ``names[0]``, or ``--all``) whose stdout is not
     read while ``count`` sends of ``text`` go to ``names``: afterwards it prints every
     seq of each session once, in order, and the daemon did end its stream for being
@@ -196,7 +198,7 @@ def test_a_stalled_sessionctl_follower_catches_up_and_prints_every_event_once(
     with running(CONFIG) as d:
         for name in names:
             create(d, name)
-        stalled_sessionctl(d, names, SENDS, TEXT)
+        assert_a_stalled_sessionctl_gets_everything(d, names, SENDS, TEXT)
 
 
 @pytest.mark.slow
@@ -204,7 +206,7 @@ def test_15000_sends_to_a_stalled_follower_at_the_default_bound_all_arrive() -> 
     """The report of issue 13, as it was: the default bound (10,000), 15,000 sends."""
     with running('durability = "os"\n') as d:
         create(d, "a")
-        stalled_sessionctl(d, ["a"], 15_000, "m")
+        assert_a_stalled_sessionctl_gets_everything(d, ["a"], 15_000, "m")
 
 
 # --- the filters ---------------------------------------------------------------------
