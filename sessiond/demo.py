@@ -159,7 +159,7 @@ async def demo(state_dir: Path) -> None:
         "state": s.state,
         "reason": s.reason,
         "runs": s.runs,
-        "turns": s.turns,
+        "model_replies": s.model_replies,
         "tokens": s.tokens_in + s.tokens_out,
         "tool_calls": s.tool_calls,
         "open_calls": len(s.calls),

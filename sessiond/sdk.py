@@ -1,47 +1,70 @@
-"""The session SDK: how an agent program records what it does.
+"""The session SDK: durable steps for an agent program (DESIGN.md section 8).
 
 ::
 
     from sessiond.sdk import connect
 
-    with connect() as run:                 # also: async with connect_async() as run
-        ctx = run.context()                # state, messages view, wake cause, approvals
-        with run.tool("edit_file", {"path": "docs/api.md"}, writes=["docs/api.md"],
-                      side_effect="workspace-write", idempotency="unsafe",
-                      resume="require-user-confirmation") as call:
-            ...                            # do the work only inside the block
-            call.finish(status="ok", output=b"...", observation="rewrote docs/api.md")
-        run.model(model="m", request={...}, response={...}, tokens_in=812, tokens_out=64)
-        run.verify("pytest -q", ok=True, output=b"...")
+    with connect() as run:                      # also: async with connect_async() as run
+        ctx = run.context()                     # the session as this turn began
+        plan = run.model_call("claude-x", request, lambda: client.create(**request))
+        run.step("charge_card", lambda: charge(order, idempotency_key=run.key()),
+                 args={"order": order})         # external-write / unsafe / never-rerun
+        run.step("edit_file", lambda: edit("docs/api.md"), args={"path": "docs/api.md"},
+                 writes=["docs/api.md"], side_effect="workspace-write",
+                 idempotency="conditional", resume="rerun-after-check")
         run.send("other-session", "docs are updated")
-        run.sleep()                        # or run.complete(summary="...")
+        run.complete(summary="done")            # or run.sleep()
 
-It reads ``SESSIOND_SOCKET``, ``SESSIOND_SESSION``, ``SESSIOND_RUN`` and
-``SESSIOND_TOKEN`` from the environment (the daemon sets them for ``kind =
-"sdk"`` programs). Stdlib and orjson only: it starts fast inside any program.
+A **turn** is the work one wake starts; it may take several runs of the program
+(after an approval, a crash, a stop, a retry), and each run starts the program
+from the top. Every step — ``run.step``, ``run.model_call``, ``run.send`` — has
+its ordinal in the turn, given in call order at the call. When a later run of
+the turn reaches a step the daemon recorded as finished ``ok``, the recorded
+result is returned and **the work is not done again**: no second charge, no
+second model request. So a program must reach its steps in the same order with
+the same arguments on every run; ``context()`` and the wake cause are the same
+in every run of a turn to make that easy.
 
-A tool block: the intent is recorded and the daemon's policy decides before the
-block runs (``Denied`` is raised for a denial, ``ApprovalPending`` when a person
-must approve: the program should then exit, and the session runs again once the
-approval is answered — the same intent is then allowed without a new question).
-``tool.started`` is recorded when the block is entered, ``tool.finished`` when it
-is left (an exception is a finished call with status error). Once the daemon
-asks the program to stop (interrupt, suspend, SIGTERM of the daemon), the
-current block finishes and the next ``tool()`` raises ``StopRequested``: a
-stable point.
+- ``Denied``: the policy or a person said no (in every run of the turn).
+- ``ApprovalPending``: a person must approve this step. A program that does not
+  catch it simply ends its run: the session waits ``blocked``; after
+  ``sessionctl approve`` the next run replays the steps before and runs this one
+  once.
+- ``StopRequested``: the daemon asked the program to stop (interrupt, suspend,
+  shutdown, a spent budget); this step did not start. ``Diverged``: the program
+  asked for another step than the one recorded here; nothing ran and a person
+  decides (``sessionctl resolve --accept | --discard``).
+
+A step's ``fn`` takes no arguments; its result must be JSON-serialisable (or
+bytes), and it is returned in its JSON form (tuples become lists) on the first
+run as on every replay, so every run sees the same value. Steps started from
+threads pass ``key=`` (a name unique in the turn) instead of relying on call
+order. ``run.key()`` inside a step's ``fn`` is the step's stable key (the same
+in every run of the turn) for idempotency keys of your own.
+
+It reads ``SESSIOND_SOCKET`` (the program endpoint), ``SESSIOND_SESSION``,
+``SESSIOND_RUN``, ``SESSIOND_TURN`` and ``SESSIOND_TOKEN`` from the environment
+(the daemon sets them). Stdlib and orjson only: it starts fast inside any program.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextvars
+import inspect
 import os
 import signal
+import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+import orjson
 
 from sessiond.wire import Connection, RemoteError
 
@@ -51,15 +74,32 @@ class SdkError(Exception):
 
 
 class Denied(SdkError):
-    """The policy (or a person) denied the tool; the block did not run."""
+    """The policy (or a person) denied the step; its work did not run."""
 
 
-class ApprovalPending(SdkError):
-    """The tool needs a person's approval; exit now, the session runs again once answered."""
+class StopRun(SdkError):
+    """Base of the answers that end this run at a stable point (the turn goes on)."""
 
 
-class StopRequested(SdkError):
+class ApprovalPending(StopRun):
+    """The step needs a person's approval: end the run; it runs again once answered."""
+
+
+class StopRequested(StopRun):
     """The daemon asked the program to stop; this is a stable point to exit at."""
+
+
+class Diverged(StopRun):
+    """Another step is recorded at this place in the turn: nothing ran, a person decides."""
+
+
+class StepFailed(SdkError):
+    """A step's result could not be recorded (not JSON, or it holds a redacted secret)."""
+
+
+_current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "sessiond_step_key", default=None
+)
 
 
 def _env(name: str) -> str:
@@ -72,31 +112,54 @@ def _env(name: str) -> str:
     return value
 
 
-class Call:
-    """One tool call inside a ``with run.tool(...)`` block."""
+def _to_json(value: Any) -> tuple[Any, str | None]:
+    """A result in its wire form: (JSON value, None) or (None, base64 of bytes)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return None, base64.b64encode(bytes(value)).decode()
+    dump = getattr(value, "model_dump", None)  # a pydantic model (a provider's response)
+    if callable(dump):
+        value = dump(mode="json")
+    try:
+        return orjson.loads(orjson.dumps(value)), None
+    except TypeError as exc:
+        raise StepFailed(
+            f"a step's result must be JSON-serialisable or bytes ({exc}); return plain data "
+            "(dicts, lists, strings, numbers) so every run of the turn gets it back"
+        ) from None
 
-    def __init__(self, run: Run, call_id: str, tool: str) -> None:
-        self.run = run
-        self.id = call_id
-        self.tool = tool
-        self.finished = False
 
-    def finish(
-        self,
-        status: str = "ok",
-        output: bytes | str = b"",
-        observation: str = "",
-        exit_code: int | None = None,
-        error_class: str | None = None,
-    ) -> None:
-        if self.finished:
-            return
-        text = output.decode(errors="replace") if isinstance(output, bytes) else output
-        self.run._call(
-            "sdk.finished", call=self.id, status=status, output=text,
-            observation=observation, exit_code=exit_code, error_class=error_class,
-        )  # fmt: skip
-        self.finished = True
+def _from_answer(answer: dict[str, Any]) -> Any:
+    if answer.get("result_b64") is not None:
+        return base64.b64decode(answer["result_b64"])
+    return answer.get("result")
+
+
+def _usage(response: Any) -> tuple[int, int]:
+    """Tokens from the common provider shapes: OpenAI-style and Anthropic-style usage."""
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    tin = usage.get("input_tokens", usage.get("prompt_tokens", 0))
+    tout = usage.get("output_tokens", usage.get("completion_tokens", 0))
+    return (tin if isinstance(tin, int) else 0), (tout if isinstance(tout, int) else 0)
+
+
+def _text(response: Any) -> str:
+    """What the messages view shows of a response, from the common provider shapes."""
+    if not isinstance(response, dict):
+        return response if isinstance(response, str) else ""
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        content = (choices[0].get("message") or {}).get("content")
+        if isinstance(content, str):
+            return content
+    content = response.get("content")
+    if isinstance(content, list):
+        return "".join(
+            b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
+        )
+    text = response.get("text", content)
+    return text if isinstance(text, str) else ""
 
 
 class Run:
@@ -107,98 +170,173 @@ class Run:
         self._token = token
         self.session = session
         self.run_id = run_id
+        self.turn = int(os.environ.get("SESSIOND_TURN") or 0)
         self.stop_requested = False
-        self._previous_handler: Any = None
+        # One request at a time on the connection, whatever thread calls; ordinals
+        # are given under their own lock, at the call, in call order.
+        self._wire = threading.Lock()
+        self._count = threading.Lock()
+        self._ordinal = 0
 
     def _call(self, method: str, **params: Any) -> Any:
-        result = self._conn.call(method, {"token": self._token, "session": self.session, **params})
+        with self._wire:
+            result = self._conn.call(
+                method, {"token": self._token, "session": self.session, **params}
+            )
         if isinstance(result, dict) and result.get("stop"):
             self.stop_requested = True
         return result
 
     def _on_sigterm(self, *_: Any) -> None:
-        self.stop_requested = True  # finish the current block, stop before the next
+        self.stop_requested = True  # finish the current step, stop before the next
+
+    def _place(self, key: str | None) -> int:
+        """This step's ordinal. A keyed step (from a thread) takes none of its own, so
+        the order of threads cannot shift the ordinals of the steps after it."""
+        with self._count:
+            if key is None:
+                self._ordinal += 1
+                return self._ordinal
+            return self._ordinal + 1
+
+    @staticmethod
+    def key() -> str:
+        """Inside a step's ``fn``: its stable key, the same in every run of the turn."""
+        key = _current_key.get()
+        if key is None:
+            raise SdkError("run.key() is only known inside a step's fn")
+        return key
 
     def context(self) -> dict[str, Any]:
-        """The session's state, messages view, wake cause, approvals and unread mail."""
+        """The session as this turn began: state, messages view, wake cause, approvals,
+        unread mail. The same in every run of the turn."""
         result: dict[str, Any] = self._call("sdk.context")
         return result
 
-    @contextmanager
-    def tool(
+    # --- steps ---------------------------------------------------------------------
+
+    def _begin(self, **params: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call("sdk.step", **params)
+        status = answer["status"]
+        name = params["name"]
+        if status == "denied":
+            raise Denied(f"{name} was denied ({answer.get('rule', '')})")
+        if status == "ask":
+            raise ApprovalPending(
+                f"{name} needs a person's approval (call {answer.get('call')}); this run ends "
+                "here and the turn goes on once it is answered"
+            )
+        if status == "stop":
+            raise StopRequested(f"{name} not started: {answer.get('reason') or answer.get('rule')}")
+        if status == "diverged":
+            raise Diverged(answer.get("rule", f"{name} diverged from the recorded turn"))
+        return answer
+
+    def _fail(self, call: str, exc: BaseException) -> None:
+        self._call(
+            "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
+            error_class="validation" if isinstance(exc, StepFailed) else "execution",
+        )  # fmt: skip
+
+    def step(
         self,
         name: str,
+        fn: Callable[[], Any],
+        *,
         args: dict[str, Any] | None = None,
-        *,
+        side_effect: str = "external-write",
+        idempotency: str = "unsafe",
+        resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
-        side_effect: str = "workspace-write",
-        idempotency: str = "conditional",
-        resume: str = "rerun-after-check",
-    ) -> Iterator[Call]:
-        if self.stop_requested:
-            raise StopRequested("the daemon asked this program to stop")
+        key: str | None = None,
+    ) -> Any:
+        """Run ``fn()`` at most once for this place in the turn; return its result (the
+        recorded one when a later run of the turn gets here)."""
+        ordinal = self._place(key)
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
-        answer = self._call("sdk.tool", tool=name, args=args or {}, writes=list(writes), risk=risk)
-        decision = answer["decision"]
-        if decision == "deny":
-            raise Denied(f"{name} was denied ({answer['rule']})")
-        if decision == "ask":
-            raise ApprovalPending(
-                f"{name} needs approval (call {answer['call']}); exit now: the session runs "
-                "again once it is answered"
-            )
-        if decision == "stop":
-            raise StopRequested(f"{name} not started: {answer['rule']}")
-        call = Call(self, answer["call"], name)
-        self._call("sdk.started", call=call.id)
-        try:
-            yield call
-        except BaseException as exc:
-            if not call.finished:
-                status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-                call.finish(status=status, output=repr(exc), observation=f"{name} failed: {exc}",
-                            error_class="execution")  # fmt: skip
-            raise
-        if not call.finished:
-            call.finish(status="ok", observation=f"{name} done")
+        answer = self._begin(
+            kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
+            writes=list(writes), risk=risk,
+        )  # fmt: skip
+        if answer["status"] == "replayed":
+            return _from_answer(answer)
+        return self._work(answer, fn)
 
-    def model(
+    def _work(self, answer: dict[str, Any], fn: Callable[[], Any]) -> Any:
+        call = answer["call"]
+        started = time.monotonic()
+        token = _current_key.set(answer.get("key"))
+        try:
+            result = fn()
+            value, b64 = _to_json(result)
+        except BaseException as exc:
+            self._fail(call, exc)
+            raise
+        finally:
+            _current_key.reset(token)
+        took = int((time.monotonic() - started) * 1000)
+        self._call(
+            "sdk.step_done", call=call, status="ok", result=value, result_b64=b64,
+            duration_ms=took,
+        )  # fmt: skip
+        return base64.b64decode(b64) if b64 is not None else value
+
+    def model_call(
         self,
-        *,
         model: str,
         request: Any,
-        response: Any,
-        tokens_in: int = 0,
-        tokens_out: int = 0,
-        text: str = "",
-        tools: list[Any] | None = None,
-        request_id: str | None = None,
-        status: str = "ok",
-        duration_ms: int | None = None,
-        started: float | None = None,
-    ) -> str:
-        """Record a model call: the exact context sent (``request``) and the answer."""
-        took = (
-            duration_ms
-            if duration_ms is not None
-            else (int((time.monotonic() - started) * 1000) if started is not None else 0)
+        fn: Callable[[], Any],
+        *,
+        strict: bool = False,
+        key: str | None = None,
+        usage: Callable[[Any], tuple[int, int]] | None = None,
+        text: Callable[[Any], str] | None = None,
+    ) -> Any:
+        """Send a model request at most once for this place in the turn: ``fn()`` makes
+        it and returns the response; a later run of the turn gets the recorded response
+        and no request is sent. The request is kept as the call's context artifact;
+        tokens come from the response's ``usage`` (OpenAI or Anthropic shape) unless
+        ``usage`` says. A request that differs from the recorded one (a timestamp) is
+        recorded and answered from the log; with ``strict=True`` it is a divergence."""
+        ordinal = self._place(key)
+        answer = self._begin(
+            kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
         )
-        answer = self._call(
-            "sdk.model", model=model, request=request, response=response, tokens_in=tokens_in,
-            tokens_out=tokens_out, text=text, tools=tools or [], request_id=request_id,
-            status=status, duration_ms=took,
+        if answer["status"] == "replayed":
+            return _from_answer(answer)
+        call = answer["call"]
+        started = time.monotonic()
+        try:
+            value, _ = _to_json(fn())
+        except BaseException as exc:
+            self._fail(call, exc)
+            raise
+        tin, tout = (usage or _usage)(value)
+        self._call(
+            "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
+            tokens_out=tout, text=(text or _text)(value),
+            duration_ms=int((time.monotonic() - started) * 1000),
         )  # fmt: skip
-        return str(answer["request_id"])
+        return value
+
+    def send(self, to: str, text: str, *, key: str | None = None) -> None:
+        """A message to another session: a step, so it is sent once per turn."""
+        answer: dict[str, Any] = self._call(
+            "sdk.send", to=to, text=text, ordinal=self._place(key), key=key
+        )
+        if answer["status"] == "denied":
+            raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
+        if answer["status"] == "stop":
+            raise StopRequested(f"send to {to} not done: {answer.get('reason', '')}")
+        if answer["status"] == "diverged":
+            raise Diverged(answer.get("rule", "send diverged from the recorded turn"))
 
     def verify(self, check: str, *, ok: bool, output: bytes | str = b"") -> None:
         text = output.decode(errors="replace") if isinstance(output, bytes) else output
         self._call("sdk.verify", check=check, ok=ok, output=text)
 
-    def send(self, to: str, text: str) -> None:
-        self._call("sdk.send", to=to, text=text)
-
     def sleep(self) -> None:
-        """End this run and wait for the next wake."""
+        """End this turn: the session waits for its next wake once the program exits."""
         self._call("sdk.end", intent="sleep", summary="")
 
     def complete(self, summary: str = "") -> None:
@@ -208,47 +346,134 @@ class Run:
 
 @contextmanager
 def connect() -> Iterator[Run]:
+    """The run this program is. A ``StopRun`` (``ApprovalPending``, ``StopRequested``,
+    ``Diverged``) that leaves the block ends the program with exit 0: the daemon knows
+    why, and the turn goes on in a later run."""
     conn = Connection(Path(_env("SESSIOND_SOCKET")), timeout=300)
     run = Run(conn, _env("SESSIOND_TOKEN"), _env("SESSIOND_SESSION"), _env("SESSIOND_RUN"))
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, run._on_sigterm)
     try:
         yield run
+    except StopRun as stop:
+        print(f"sessiond: {stop}", file=sys.stderr)
+        raise SystemExit(0) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         conn.close()
 
 
 class AsyncRun:
-    """The same calls for asyncio programs (each runs in a worker thread)."""
+    """The same steps for asyncio programs. Ordinals are given when a step is called,
+    before any await; ``fn`` may be a coroutine function. The RPCs run in a thread."""
 
     def __init__(self, run: Run) -> None:
         self.sync = run
+        self.key = Run.key
 
     async def context(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.context)
 
-    @asynccontextmanager
-    async def tool(
-        self, name: str, args: dict[str, Any] | None = None, **risk: Any
-    ) -> AsyncIterator[Call]:
-        block = self.sync.tool(name, args, **risk)
-        call = await asyncio.to_thread(block.__enter__)
-        try:
-            yield call
-        except BaseException as exc:
-            await asyncio.to_thread(block.__exit__, type(exc), exc, exc.__traceback__)
-            raise
-        await asyncio.to_thread(block.__exit__, None, None, None)
+    def step(self, name: str, fn: Callable[[], Any], **kw: Any) -> Any:
+        ordinal = self.sync._place(kw.get("key"))  # at the call, before any await
+        return self._step(ordinal, name, fn, **kw)
 
-    async def model(self, **kwargs: Any) -> str:
-        return await asyncio.to_thread(lambda: self.sync.model(**kwargs))
+    async def _step(
+        self,
+        ordinal: int,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        args: dict[str, Any] | None = None,
+        side_effect: str = "external-write",
+        idempotency: str = "unsafe",
+        resume: str = "never-rerun",
+        writes: list[str] | tuple[str, ...] = (),
+        key: str | None = None,
+    ) -> Any:
+        risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
+        answer = await asyncio.to_thread(
+            lambda: self.sync._begin(
+                kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
+                writes=list(writes), risk=risk,
+            )
+        )  # fmt: skip
+        if answer["status"] == "replayed":
+            return _from_answer(answer)
+        return await self._work(answer, fn)
+
+    async def _work(self, answer: dict[str, Any], fn: Callable[[], Any], **extra: Any) -> Any:
+        call = answer["call"]
+        token = _current_key.set(answer.get("key"))
+        try:
+            result = fn()
+            if inspect.isawaitable(result):
+                result = await result
+            value, b64 = _to_json(result)
+        except BaseException as exc:
+            await asyncio.to_thread(self.sync._fail, call, exc)
+            raise
+        finally:
+            _current_key.reset(token)
+        await asyncio.to_thread(
+            lambda: self.sync._call(
+                "sdk.step_done", call=call, status="ok", result=value, result_b64=b64, **extra
+            )
+        )
+        return base64.b64decode(b64) if b64 is not None else value
+
+    def model_call(
+        self, model: str, request: Any, fn: Callable[[], Any], *, strict: bool = False,
+        key: str | None = None,
+    ) -> Any:  # fmt: skip
+        ordinal = self.sync._place(key)
+        return self._model_call(ordinal, model, request, fn, strict=strict, key=key)
+
+    async def _model_call(
+        self, ordinal: int, model: str, request: Any, fn: Callable[[], Any], *, strict: bool,
+        key: str | None,
+    ) -> Any:  # fmt: skip
+        answer = await asyncio.to_thread(
+            lambda: self.sync._begin(
+                kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
+            )
+        )
+        if answer["status"] == "replayed":
+            return _from_answer(answer)
+        call = answer["call"]
+        try:
+            response = fn()
+            if inspect.isawaitable(response):
+                response = await response
+            value, _ = _to_json(response)
+        except BaseException as exc:
+            await asyncio.to_thread(self.sync._fail, call, exc)
+            raise
+        tin, tout = _usage(value)
+        await asyncio.to_thread(
+            lambda: self.sync._call(
+                "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
+                tokens_out=tout, text=_text(value),
+            )
+        )  # fmt: skip
+        return value
+
+    async def send(self, to: str, text: str, *, key: str | None = None) -> None:
+        ordinal = self.sync._place(key)
+
+        def go() -> None:
+            answer: dict[str, Any] = self.sync._call(
+                "sdk.send", to=to, text=text, ordinal=ordinal, key=key
+            )
+            if answer["status"] == "denied":
+                raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
+            if answer["status"] in ("stop", "diverged"):
+                raise StopRequested(f"send to {to} not done: {answer.get('rule', '')}")
+
+        await asyncio.to_thread(go)
 
     async def verify(self, check: str, *, ok: bool, output: bytes | str = b"") -> None:
         await asyncio.to_thread(lambda: self.sync.verify(check, ok=ok, output=output))
-
-    async def send(self, to: str, text: str) -> None:
-        await asyncio.to_thread(self.sync.send, to, text)
 
     async def sleep(self) -> None:
         await asyncio.to_thread(self.sync.sleep)
@@ -276,6 +501,6 @@ def connect_async() -> _AsyncConnect:
 
 
 __all__ = [
-    "ApprovalPending", "AsyncRun", "Call", "Denied", "RemoteError", "Run", "SdkError",
-    "StopRequested", "connect", "connect_async",
+    "ApprovalPending", "AsyncRun", "Denied", "Diverged", "RemoteError", "Run", "SdkError",
+    "StepFailed", "StopRequested", "StopRun", "connect", "connect_async",
 ]  # fmt: skip

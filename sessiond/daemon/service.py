@@ -203,7 +203,12 @@ class Daemon:
             state = s.j.state
             if s.name in names or (
                 s.state == "sleeping"
-                and (state.pending_wakes or state.until or "retry" in state.reason)
+                and (
+                    state.pending_wakes
+                    or state.until
+                    or "retry" in state.reason
+                    or state.turn is not None  # an unfinished turn continues once
+                )
             ):
                 self.kernel.spawn(self.kernel.runs.continue_turn(s))
             elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):

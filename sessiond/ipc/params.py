@@ -104,37 +104,40 @@ class TokenParams(Params):
     session: str | None = None  # the SDK sends SESSIOND_SESSION: a token works for it only
 
 
-class SdkToolParams(TokenParams):
-    tool: str = Field(min_length=1, max_length=200)
-    args: dict[str, Any] = Field(default_factory=dict)
+# A step's place in its turn: the SDK's ordinal (call order), or a key the program
+# names (steps started from threads); bounded so a slot stays a short string.
+StepKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:/-]+$")]
+
+
+class SdkStepParams(TokenParams):
+    """The start of a durable step: answered replayed, run, ask, denied, stop or diverged."""
+
+    kind: Literal["tool", "model"] = "tool"
+    name: str = Field(min_length=1, max_length=200)
+    ordinal: int = Field(ge=1, le=10_000_000)
+    key: StepKey | None = None
+    args: dict[str, Any] = Field(default_factory=dict)  # a tool's arguments
+    request: Any = None  # a model step's request (stored as its context artifact)
     writes: list[str] = Field(default_factory=list)
     risk: dict[str, str] = Field(default_factory=dict)
+    strict: bool = False  # a model step: a changed request digest is a divergence
 
 
-class SdkCallParams(TokenParams):
-    call: str
+class SdkStepDoneParams(TokenParams):
+    """The end of a step's work: its result (JSON, or bytes as base64) or its error."""
 
-
-class SdkFinishedParams(TokenParams):
-    call: str
-    status: Literal["ok", "error", "interrupted"] = "ok"
-    output: str = ""
-    observation: str = ""
-    exit_code: int | None = None
+    call: str = Field(min_length=1, max_length=300)
+    status: Literal["ok", "error"] = "ok"
+    result: Any = None
+    result_b64: str | None = None  # a bytes result
+    error: str = Field(default="", max_length=64 * 1024)
     error_class: ErrorClass | None = None
-
-
-class SdkModelParams(TokenParams):
-    model: str
-    request: Any
-    response: Any
+    observation: str = Field(default="", max_length=64 * 1024)
+    output: str = ""
     tokens_in: int = Field(default=0, ge=0)
     tokens_out: int = Field(default=0, ge=0)
-    request_id: str | None = None
-    tools: list[Any] = Field(default_factory=list)
-    status: Literal["ok", "error", "cancelled"] = "ok"
+    text: str = ""  # a model step: what the messages view shows of the response
     duration_ms: int = Field(default=0, ge=0)
-    text: str = ""
 
 
 class SdkVerifyParams(TokenParams):
@@ -146,6 +149,8 @@ class SdkVerifyParams(TokenParams):
 class SdkSendParams(TokenParams):
     to: str
     text: str = Field(max_length=256 * 1024)
+    ordinal: int = Field(ge=1, le=10_000_000)  # a send is a step: never sent twice
+    key: StepKey | None = None
 
 
 class SdkEndParams(TokenParams):

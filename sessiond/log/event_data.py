@@ -173,6 +173,23 @@ class WakeRequested(EventData):
     details: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+class StepRef(Record):
+    """One step of a turn as the divergence check saw it: kind, name, args digest."""
+
+    kind: Literal["tool", "model"]
+    name: str
+    digest: FileHash = None
+
+
+class StepDivergence(Record):
+    """A later run of a turn asked, at ``ordinal``, for another step than the recorded one."""
+
+    ordinal: int = Field(ge=1)
+    key: str | None = None
+    recorded: StepRef
+    asked: StepRef
+
+
 class GateEvaluated(EventData):
     EVENT_TYPE = "gate.evaluated"
     ok: bool
@@ -180,6 +197,8 @@ class GateEvaluated(EventData):
     options: tuple[RecoveryOption, ...] = ()
     outcome: Literal["ok", "blocked", "suspended"] = "ok"
     dry_run: bool = False
+    # set when a step of the open turn diverged from the recorded one (DESIGN.md section 8)
+    divergence: StepDivergence | None = None
 
 
 class RecoveryResolved(EventData):
@@ -188,6 +207,11 @@ class RecoveryResolved(EventData):
     call: str | None = None
     hashes: dict[str, FileHash] = Field(default_factory=dict)
     by: str = ""
+    # True where this resolution ends the open turn (a discarded step or divergence):
+    # no later run of that turn may reach the discarded step again
+    ends_turn: bool = False
+    # a divergence accepted at this ordinal: steps from it on are no longer replayed
+    from_ordinal: int | None = Field(default=None, ge=1)
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -202,6 +226,7 @@ class RunStarted(EventData):
     proc_start: int | None = None  # start time of the process (clock ticks), to tell pids apart
     profile: str = "default"
     wakes: tuple[dict[str, JsonValue], ...] = ()
+    turn: int | None = Field(default=None, ge=1)  # the turn this run does (or continues)
 
 
 class RunFinished(EventData):
@@ -214,6 +239,9 @@ class RunFinished(EventData):
     stdout: ArtifactRef | None = None
     stderr: ArtifactRef | None = None
     error: str = ""
+    # Whether this run ended its turn (sleep, complete, or a clean exit 0 with nothing
+    # pending); None in logs written before turns: every run was its own turn.
+    ends_turn: bool | None = None
 
 
 class MessageReceived(EventData):
@@ -231,6 +259,14 @@ class ModelRequested(EventData):
     context: ArtifactRef  # the exact context the model was sent
     tools_sha256: FileHash = None  # hash of the visible tool list
     tool_count: int = Field(default=0, ge=0)
+    # a durable step (DESIGN.md section 8): its place in the turn
+    turn: int | None = Field(default=None, ge=1)
+    ordinal: int | None = Field(default=None, ge=1)
+    key: str | None = None
+    request_sha256: FileHash = None
+    # asked again by a later run of the turn with another request digest: answered
+    # from the log (the recorded response), recorded here to be seen
+    replayed: bool = False
 
 
 class ModelResponded(EventData):
@@ -256,6 +292,11 @@ class ToolIntent(EventData):
     args: dict[str, JsonValue] = Field(default_factory=dict)
     risk: RiskContract = RiskContract()
     writes: tuple[str, ...] = ()
+    # a durable step (DESIGN.md section 8): its place in the turn and its args digest
+    turn: int | None = Field(default=None, ge=1)
+    ordinal: int | None = Field(default=None, ge=1)
+    key: str | None = None
+    args_sha256: FileHash = None
 
 
 class PolicyDecided(EventData):
@@ -312,6 +353,11 @@ class ToolFinished(EventData):
     truncated: bool = False
     limit: int | None = None  # bytes kept when truncated
     duration_ms: int = Field(default=0, ge=0)
+    # a step's result, returned as it is by every later run of the turn: small JSON
+    # inline, bytes or larger JSON as an artifact (``result_kind`` says which)
+    result_kind: Literal["json", "bytes"] | None = None
+    result: JsonValue = None
+    result_ref: ArtifactRef | None = None
 
 
 class ObservationProjected(EventData):

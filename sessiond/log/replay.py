@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sessiond.log import turns
 from sessiond.log.events import CURRENT_VERSION, upcast
 from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, State
 
@@ -54,6 +55,7 @@ def _forked(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         s.merged = []
         s.current_run = None
         s.pending_wakes = []
+        s.turn = None  # the parent's open turn is the parent's work
         s.created_at = r["ts"]
     elif d["child"] not in s.children:
         s.children.append(d["child"])
@@ -86,11 +88,10 @@ def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         # counts the run numbers given out, including a run cut off before its
         # run.started whose program may have run under that number.
         s.run_number += 1
-        # The wakes recorded until now are this run's turn (DESIGN.md section 8): it
-        # takes them here, not at its run.started, so a run cut off in between (its
-        # program may have run) leaves none of them pending to run again. Wakes
-        # cannot come in between: the start holds the session's lock.
-        s.pending_wakes = []
+        # A new turn takes the wakes recorded until now; a run that continues the
+        # open turn takes only what continues it (log.turns). Wakes cannot come in
+        # between: the start holds the session's lock.
+        turns.begin_run(s, r["seq"])
     s.state = d["to"]
     s.reason = d["reason"]
     s.outcome = d["outcome"]
@@ -109,10 +110,12 @@ def _wake(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 def _gate(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.last_gate = {"seq": r["seq"], "ts": r["ts"], **d}
+    turns.diverged(s, d.get("divergence"))
 
 
 def _recovery(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.last_recovery = {"seq": r["seq"], "ts": r["ts"], **d}
+    turns.resolved(s, d)
     call = d["call"]
     if d["option"] == "discard" and call is not None:
         s.calls.pop(call, None)
@@ -146,6 +149,7 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         "wakes": d["wakes"],
         "seq": r["seq"],
         "ts": r["ts"],
+        "turn": d.get("turn"),
     }
     day = r["ts"][:10]
     s.runs_by_day[day] = s.runs_by_day.get(day, 0) + 1
@@ -153,8 +157,14 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         for old in sorted(s.runs_by_day)[:-RUN_DAYS_KEEP]:
             del s.runs_by_day[old]
     s.tool_calls_this_run = 0
-    s.pending_wakes = []
-    s.mailbox = []  # delivered: the run sees them in its context
+    if s.turn is not None and s.turn["runs"] <= 1:
+        s.turn["wakes"] = list(d["wakes"])  # the turn's wake cause, for its later runs
+    if s.turn is None or s.turn["runs"] <= 1:
+        # A turn's first run (or a log from before turns): its wakes and mail are
+        # delivered. A later run of the turn sees the turn's, and what came
+        # meanwhile waits for the next turn.
+        s.pending_wakes = []
+        s.mailbox = []
     s.budget_exhausted = None
     s.last_active = r["ts"]
 
@@ -165,7 +175,14 @@ def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.seconds_used += d["duration_ms"] // 1000
     _ref(s, d["stdout"])
     _ref(s, d["stderr"])
-    s.failures_in_a_row = s.failures_in_a_row + 1 if d["status"] != "ok" else 0
+    # A run stopped at a stable point (for an approval, an interrupt) did not fail.
+    status = d["status"]
+    if status == "ok":
+        s.failures_in_a_row = 0
+    elif status != "interrupted":
+        s.failures_in_a_row += 1
+    if d.get("ends_turn") is not False:  # None: a log from before turns
+        turns.end_turn(s)
     s.last_active = r["ts"]
 
 
@@ -179,6 +196,9 @@ def _message(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     _ref(s, d["context"])
+    if d.get("replayed"):
+        return  # asked again and answered from the log: nothing is pending
+    turns.model_requested(s, d)
     s.pending_model = {
         "request_id": d["request_id"],
         "model": d["model"],
@@ -189,7 +209,8 @@ def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.pending_model = None
-    s.turns += 1
+    turns.model_responded(s, d)
+    s.model_replies += 1
     s.tokens_in += d["tokens_in"]
     s.tokens_out += d["tokens_out"]
     _ref(s, d["response"])
@@ -212,6 +233,7 @@ def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     }
     s.tool_calls += 1
     s.tool_calls_this_run += 1
+    turns.tool_intent(s, d)
 
 
 def _decided(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -220,6 +242,9 @@ def _decided(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         call["decision"] = d["decision"]
         call["rule"] = d["rule"]
         call["stage"] = "denied" if d["decision"] == "deny" else "decided"
+    if s.turn is not None:
+        denied = d["decision"] == "deny"
+        turns.set_status(s, d["call"], "denied" if denied else "decided", rule=d["rule"])
 
 
 def _approval_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -234,6 +259,8 @@ def _approval_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "approval"
+    if s.turn is not None:
+        turns.set_status(s, d["call"], "approval")
 
 
 def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -248,6 +275,8 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "approved"
+    if s.turn is not None:
+        turns.set_status(s, d["call"], "approved")
 
 
 def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -256,6 +285,8 @@ def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "denied"
+    if s.turn is not None:
+        turns.set_status(s, d["call"], "denied", rule=f"denied by {d['by'] or 'a person'}")
 
 
 def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
@@ -285,6 +316,8 @@ def _tool_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call["stage"] = "started"
     call["started"] = d
     call["started_seq"] = r["seq"]
+    if s.turn is not None:
+        turns.tool_started(s, d)
 
 
 def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -292,6 +325,8 @@ def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call["stage"] = "finished"
     call["finished"] = d
     call["finished_seq"] = r["seq"]
+    if s.turn is not None:
+        turns.tool_finished(s, d)
     if d["hashes"]:
         s.file_hashes.update(d["hashes"])
     if d["output"]:
@@ -302,6 +337,8 @@ def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 
 def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     call, tool, text, seq = d["call"], d["tool"], d["text"], r["seq"]
+    if s.turn is not None:
+        turns.observed(s, d)
     s.calls.pop(call, None)
     if s.approvals:
         s.approvals.pop(call, None)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
-REDUCER_VERSION = 5
+REDUCER_VERSION = 6
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
@@ -68,7 +68,12 @@ class State:
     # The highest run number given out, including a run cut off between its
     # `running` and its run.started (its program may have run): never reused.
     run_number: int = 0
-    turns: int = 0
+    model_replies: int = 0  # model.responded events (before 0.6 `show` called this "turns")
+    # The open turn (DESIGN.md section 8): the work one wake started, until a run
+    # ends it. Its wakes, and its steps by slot (the ordinal, or "k:" + a key),
+    # each with its kind, name, args digest, call, status and (when ok) result.
+    turn: dict[str, Any] | None = None
+    turn_number: int = 0  # turns begun, the open one included
     current_run: dict[str, Any] | None = None
     last_run: dict[str, Any] | None = None
     failures_in_a_row: int = 0

@@ -22,11 +22,13 @@ from sessiond.log.event_data import (
     RunFinished,
     ToolFinished,
 )
+from sessiond.log.store.base import Draft
 from sessiond.runs.context import Continues, RunContext
 from sessiond.runs.runner import Outcome
 from sessiond.runs.tokens import Tokens
 from sessiond.runs.workspace import read_small, redact, text_diff, workspace_hasher
 from sessiond.table import lifecycle
+from sessiond.table.gate import rerun_refusal
 from sessiond.table.sessions import Session
 from sessiond.table.spec import SessionSpec
 
@@ -126,6 +128,9 @@ class Settler:
                 ),
                 correlation=call_id,
             )
+        ends_turn = self._ends_turn(s, outcome)
+        if ends_turn:
+            await self._close_unstarted(s)
         notes = []
         if truncated:
             notes.append(f"stdout cut at {len(outcome.stdout)} of {outcome.stdout_total} bytes")
@@ -144,10 +149,48 @@ class Settler:
                 stdout=stdout,
                 stderr=stderr,
                 error="; ".join(notes),
+                ends_turn=ends_turn,
             ),
         )
         log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
         await self._after_finish(s, outcome)
+
+    # --- the turn (DESIGN.md section 8) ----------------------------------------------
+
+    def _ends_turn(self, s: Session, outcome: Outcome) -> bool:
+        """A run ends its turn only by ``run.sleep()`` / ``run.complete()``, or by exit 0
+        with no stop requested, no approval pending and no step left started. Any
+        other end (an approval to wait for, a crash, a stop at a stable point, a failure
+        to retry) leaves the turn open: a later run continues it."""
+        if outcome.status != "ok":
+            return False
+        grant = self.tokens.grant_of(s)
+        if grant is not None and grant.exit_intent:
+            stop = s.run.stop_requested if s.run else None
+            # the program's own word wins over a question it chose not to wait for
+            return stop is None or stop.startswith("approval pending")
+        state = s.j.state
+        stop = s.run.stop_requested if s.run else None
+        return stop is None and not state.pending_approvals() and not state.in_flight()
+
+    async def _close_unstarted(self, s: Session) -> None:
+        """A turn that ends leaves nothing half-asked: calls never started (and their
+        questions) are closed, so no later turn runs them on an old approval."""
+        drafts = [
+            Draft(
+                ObservationProjected(
+                    call=k,
+                    tool=c["tool"],
+                    text=f"{c['tool']} was not run: the turn ended before it started",
+                    source="discarded",
+                ),
+                correlation=k,
+            )
+            for k, c in sorted(s.j.state.calls.items())
+            if c["stage"] in ("intent", "decided", "approval", "approved")
+        ]
+        if drafts:
+            await self.ctx.table.append_many(s, drafts, durable=False)
 
     # --- a run's end the log could not take -----------------------------------------
 
@@ -199,14 +242,8 @@ class Settler:
         transition = ctx.transition
         stop = s.run.stop_requested if s.run else None
         grant = self.tokens.grant_of(s)
-        if stop is not None and stop.startswith("approval pending"):
-            if s.j.state.pending_approvals():
-                await transition(s, "blocked", why="ask", reason=stop)
-            else:  # answered while the program was still finishing: continue
-                await transition(s, "sleeping", why="sleep", reason="approval answered")
-                ctx.spawn(self.then.wake(s, "approval", {"answered": "during the run"}))
-            return
-        if grant is not None and grant.exit_intent and outcome.status == "ok" and stop is None:
+        ended = s.j.state.turn is None
+        if grant is not None and grant.exit_intent and outcome.status == "ok" and ended:
             if grant.exit_intent == "complete":
                 await transition(
                     s,
@@ -217,6 +254,18 @@ class Settler:
                 )
             else:
                 await transition(s, "sleeping", why="sleep", reason="the program chose to sleep")
+            return
+        if stop is not None and stop.startswith("approval pending") and stop != "cancel":
+            if s.j.state.pending_approvals():
+                await transition(s, "blocked", why="ask", reason=stop)
+            else:  # answered while the program was still finishing: the turn goes on
+                await transition(s, "sleeping", why="sleep", reason="approval answered")
+                ctx.spawn(self.then.wake(s, "approval", {"answered": "during the run"}))
+            return
+        if stop is not None and stop.startswith("divergence"):
+            gate = s.j.state.last_gate or {}
+            detail = next((c["detail"] for c in gate.get("checks", ()) if not c["ok"]), stop)
+            await transition(s, "blocked", why="block", reason=f"gate: steps match: {detail}")
             return
         if stop == "cancel":
             await transition(s, "terminated", why="cancel", reason="cancelled", outcome="cancelled")
@@ -245,6 +294,14 @@ class Settler:
             if outcome.status == "ok"
             else outcome.status + (f" (exit {code})" if code is not None else "")
         )
+        if outcome.status == "ok" and s.j.state.turn is not None:
+            # exit 0 with a step left started: the turn is not done; the gate judges
+            # the step before a later run continues it
+            await ctx.transition(
+                s, "sleeping", why="sleep", reason="exit 0 with a step unfinished; the turn goes on"
+            )
+            ctx.spawn(self.then.wake(s, "retry", {"after": "exit 0 with a step unfinished"}))
+            return
         if outcome.status == "ok":
             if spec.has_triggers or s.j.state.pending_wakes:
                 await ctx.transition(s, "sleeping", why="sleep", reason=f"last run: {text}")
@@ -274,6 +331,30 @@ class Settler:
             )
             return
         failures = s.j.state.failures_in_a_row
+        refusal = (
+            rerun_refusal(
+                {
+                    "side_effect": spec.run.side_effect,
+                    "idempotency": spec.run.idempotency,
+                    "resume": spec.run.resume,
+                },
+                {},
+                lambda _p: None,
+                "the command failed",
+            )
+            if spec.run.kind == "command"
+            else None
+        )
+        if refusal is not None:
+            # A retry would run the command a second time: only a person may decide that.
+            await ctx.transition(
+                s,
+                "blocked",
+                why="block",
+                reason=f"run failed ({text}); not retried: {refusal}; "
+                f"'sessionctl resolve {s.name} --rerun' runs it again, '--discard' drops it",
+            )
+            return
         if failures <= spec.run.retries:
             delay = min(2.0 ** (failures - 1), RETRY_CAP)
             await ctx.transition(

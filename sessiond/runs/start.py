@@ -34,6 +34,7 @@ from sessiond.log.event_data import (
     ToolIntent,
     ToolStarted,
 )
+from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
@@ -201,10 +202,7 @@ class Starter:
         assert spec.run is not None
         state = s.j.state
         trigger = cause["data"]["trigger"] if cause else "follow-up"
-        wakes = [
-            {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
-            for w in state.pending_wakes
-        ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
+        turn, wakes = _turn_and_wakes(state, cause)
         workspace = spec.workspace
         # The gate let changed bound files through only as the cause of this wake:
         # the run consumes their new content, so it becomes the recorded one.
@@ -233,6 +231,7 @@ class Starter:
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
         env = self._env(s, run_id, call_id, wakes, wake_file)
+        env["SESSIOND_TURN"] = str(turn)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
@@ -274,7 +273,14 @@ class Starter:
         # daemon (the SDK) at once.
         s.run = Run(run_id, pid, time.time(), program)
         if not await self._record_start(
-            s, spec=spec, program=program, run_id=run_id, pid=pid, wakes=wakes, cause=cause
+            s,
+            spec=spec,
+            program=program,
+            run_id=run_id,
+            pid=pid,
+            wakes=wakes,
+            cause=cause,
+            turn=turn,
         ):
             await settle(await program.wait())
             return
@@ -329,6 +335,7 @@ class Starter:
         pid: int,
         wakes: list[dict[str, Any]],
         cause: Record | None,
+        turn: int,
     ) -> bool:
         """Record run.started. If that fails (a full disk between tool.started and
         here), a program whose run is not on record must not go on: it is stopped,
@@ -346,6 +353,7 @@ class Starter:
                     proc_start=program.proc_start,
                     profile=spec.run.profile,
                     wakes=tuple(wakes),
+                    turn=turn,
                 ),
                 causation=cause["id"] if cause else None,
             )
@@ -354,3 +362,17 @@ class Starter:
             await program.stop("run.started could not be recorded")
             return False
         return True
+
+
+def _turn_and_wakes(state: State, cause: Record | None) -> tuple[int, list[dict[str, Any]]]:
+    """The turn a run does and the wakes it sees (DESIGN.md section 8). A later run of
+    the open turn sees the turn's own wake cause, not what continued it (an approval,
+    a retry): the same path every run. A new turn takes the wakes recorded until now."""
+    if state.turn is not None:
+        return state.turn["n"], list(state.turn["wakes"])
+    trigger = cause["data"]["trigger"] if cause else "follow-up"
+    wakes = [
+        {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
+        for w in state.pending_wakes
+    ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]
+    return state.turn_number + 1, wakes

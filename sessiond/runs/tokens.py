@@ -29,7 +29,8 @@ class TokenRefused(Refused):
 class RunGrant:
     session: str
     run: str
-    calls: int = 0
+    calls: int = 0  # tool calls started (the budget's tool_calls_per_run)
+    calls_model: int = 0
     before: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     exit_intent: str | None = None  # sleep | complete
     summary: str = ""

@@ -19,6 +19,7 @@ from sessiond.log.event_data import (
     WakeRequested,
 )
 from sessiond.log.store.base import Draft
+from sessiond.log.turns import bad_steps
 from sessiond.runs.context import RunContext
 from sessiond.runs.recover import close_cut_off
 from sessiond.runs.runs import Runs
@@ -77,9 +78,12 @@ class Approvals:
     async def resolve(self, name: str, option: str, by: str = "") -> dict[str, Any]:
         """Apply a recovery option to a blocked session, then gate it again.
 
-        ``rerun``: run the half-finished step again (it is recorded as cut off);
-        ``discard``: drop the pending steps, recorded as abandoned; ``accept``:
-        accept the workspace as it is now (its hashes are recorded).
+        ``rerun``: run the half-finished (or failed) step again (it is recorded as cut
+        off); ``discard``: drop the pending steps, recorded as abandoned, and end the
+        turn, so its program does not start again for it; ``accept``: accept the
+        workspace as it is now (its hashes are recorded), and a cut-off step's work as
+        done. A divergence (DESIGN.md section 8) takes ``accept`` (the new path) or
+        ``discard`` (end the turn).
         """
         s = self.ctx.table.get(name)
         async with s.lock:
@@ -89,6 +93,14 @@ class Approvals:
                     "session ('sessionctl show' gives the reason it is blocked)"
                 )
             state = s.j.state
+            turn = state.turn
+            divergence = turn.get("divergence") if turn else None
+            if divergence is not None and option == "rerun":
+                raise Refused(
+                    f"session {name!r} is blocked on a divergence at step "
+                    f"{divergence['ordinal']}: nothing half-finished is there to run again; "
+                    "use --accept (continue on the new path) or --discard (end the turn)"
+                )
             hasher = workspace_hasher(s.spec)
             drafts: list[Draft] = []
             # --discard also drops calls that never started (an expired or revoked
@@ -101,7 +113,8 @@ class Approvals:
             cut_off_command = any(
                 c["tool"] == "command" and c["stage"] == "started" for c in open_calls.values()
             )
-            first = next(iter(sorted(open_calls)), None)
+            failed = [st["call"] for st in bad_steps(state)]
+            first = next(iter(sorted(open_calls)), None) or next(iter(failed), None)
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
                 if option == "discard":
@@ -125,36 +138,58 @@ class Approvals:
                 for call in open_calls.values():
                     paths.update(call.get("writes") or [])
                 hashes = {p: hasher(p) for p in sorted(paths)}
-            drafts.append(Draft(RecoveryResolved(option=option, call=first, hashes=hashes, by=by)))
-            await self.ctx.table.append_many(s, drafts)
             spec = s.spec
-            if (
+            # A command run is one tool call. Its program was started for every wake
+            # there was, so an accepted or discarded call ends that run: running the
+            # program again would repeat the very step the person chose not to repeat.
+            rests = (
                 option != "rerun"
                 and cut_off_command
                 and spec is not None
                 and spec.run is not None
                 and spec.run.kind == "command"
-                and not state.pending_wakes
-            ):
-                # A command run is one tool call. Its program was started for every
-                # wake there was (none is left), so an accepted or discarded call
-                # ends that run: running the program again would repeat the very
-                # step the person chose not to repeat. The session rests instead.
-                # Accepted: its work stands, so the session ends the way a finished
-                # run ends it. Discarded: nothing is done, so it waits for a wake.
-                reason = f"resolved: --{option}; the cut-off run is not repeated"
-                if option == "accept" and not spec.has_triggers:
-                    await self.ctx.transition(
-                        s, "terminated", why="resolve", reason=reason, outcome="completed"
+            )
+            # A discarded step, or an accepted cut-off command, ends the turn: no later
+            # run of it may reach the dropped step again.
+            ends_turn = turn is not None and (option == "discard" or rests)
+            drafts.append(
+                Draft(
+                    RecoveryResolved(
+                        option=option,
+                        call=first if divergence is None else None,
+                        hashes=hashes,
+                        by=by,
+                        ends_turn=ends_turn,
+                        from_ordinal=divergence["ordinal"]
+                        if divergence is not None and option == "accept"
+                        else None,
                     )
-                else:
-                    await self.ctx.transition(s, "sleeping", why="resolve", reason=reason)
-                return detail(s)
+                )
+            )
+            await self.ctx.table.append_many(s, drafts)
+            if ends_turn or (rests and not s.j.state.pending_wakes):
+                return await self._rest(s, option, accepted=rests and option == "accept")
             await self.ctx.transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
             cause = await self.ctx.table.append(
                 s, WakeRequested(trigger="resolve", details={"option": option})
             )
             await self.runs.proceed(s, cause)
+        return detail(s)
+
+    async def _rest(self, s: Session, option: str, *, accepted: bool) -> dict[str, Any]:
+        """The turn ended by a person's choice: its program is not started again for
+        it. Wakes that came meanwhile are new work: they start the next turn."""
+        spec = s.spec
+        reason = f"resolved: --{option}; the turn ends and its program is not started again"
+        if accepted and spec is not None and not spec.has_triggers and not s.j.state.pending_wakes:
+            # its work stands: the session ends the way a finished run ends it
+            await self.ctx.transition(
+                s, "terminated", why="resolve", reason=reason, outcome="completed"
+            )
+            return detail(s)
+        await self.ctx.transition(s, "sleeping", why="resolve", reason=reason)
+        if s.j.state.pending_wakes and spec is not None and spec.run is not None:
+            await self.runs.proceed(s, None)
         return detail(s)
 
 

@@ -72,10 +72,8 @@ class Kernel:
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context
-        self.sdk_tool = sdk.sdk_tool
-        self.sdk_started = sdk.sdk_started
-        self.sdk_finished = sdk.sdk_finished
-        self.sdk_model = sdk.sdk_model
+        self.sdk_step = sdk.sdk_step
+        self.sdk_step_done = sdk.sdk_step_done
         self.sdk_verify = sdk.sdk_verify
         self.sdk_send = sdk.sdk_send
         self.sdk_end = sdk.sdk_end

@@ -75,7 +75,7 @@ def detail(session: Session) -> dict[str, Any]:
         "created_at": s.created_at,
         "last_active": s.last_active,
         "runs": s.runs,
-        "turns": s.turns,
+        "model_replies": s.model_replies,
         "profile": s.profile,
         "current_run": s.current_run,
         "last_run": s.last_run,

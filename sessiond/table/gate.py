@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessiond.log.state import State
+from sessiond.log.turns import bad_steps
 from sessiond.table.policy import decide
 from sessiond.table.spec import SessionSpec
 
@@ -105,7 +106,14 @@ def evaluate(
         return Verdict((Check("log intact", False, log_error),), "blocked")
     checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
     actions: dict[str, str] = {}
+    divergence = (state.turn or {}).get("divergence")
+    if divergence is not None:
+        # Nothing else matters until a person picks the path: the recorded one is
+        # gone from the program's, and the new one was never checked.
+        checks.append(Check("steps match", False, describe_divergence(divergence)))
+        return Verdict(tuple(checks), "blocked", ("accept", "discard"))
     call_problems = _calls(state, spec, now, hash_file, actions)
+    call_problems += _failed_steps(state, hash_file)
     checks.append(
         Check("tool calls", not call_problems, "; ".join(call_problems) or _calls_summary(actions))
     )
@@ -176,17 +184,60 @@ def _calls(
 
 def _started(call: dict[str, Any], hash_file: HashFile) -> str | None:
     """Why a started, unfinished call must not be run again (None: it may)."""
-    risk = call.get("risk") or {}
+    before = (call.get("started") or {}).get("hashes", {})
+    return rerun_refusal(call.get("risk") or {}, before, hash_file, "started and did not finish")
+
+
+def rerun_refusal(
+    risk: dict[str, Any], before: dict[str, Any], hash_file: HashFile, what: str
+) -> str | None:
+    """Why a call or step that ``what`` (did not finish, failed) must not run again
+    on its own (None: it may). Automatic retries obey this too: they block."""
     resume = risk.get("resume", "rerun-after-check")
     if risk.get("idempotency") == "unsafe":
-        return "started and did not finish, and it is not idempotent: a person must decide"
+        return f"{what}, and it is not idempotent: a person must decide"
     if resume in ("require-user-confirmation", "never-rerun"):
-        return f"started and did not finish, and its resume rule is {resume}"
-    before = (call.get("started") or {}).get("hashes", {})
+        return f"{what}, and its resume rule is {resume}"
+    if risk.get("side_effect") == "external-write":
+        # rerun-after-check compares the paths a call writes; an external write has
+        # none to compare, so nothing can show that running it again is safe
+        return f"{what}, and it writes outside the workspace: nothing can check it"
     changed = [p for p, digest in sorted(before.items()) if hash_file(p) != digest]
     if changed:
-        return "started and did not finish, and it changed " + ", ".join(changed)
+        return f"{what}, and it changed " + ", ".join(changed)
     return None
+
+
+def _failed_steps(state: State, hash_file: HashFile) -> list[str]:
+    """Steps of the open turn that finished with an error: a later run would reach
+    them again, so they may run again only where their risk contract allows it."""
+    problems = []
+    for step in bad_steps(state):
+        why = rerun_refusal(
+            step.get("risk") or {},
+            step.get("before") or {},
+            hash_file,
+            f"failed ({step.get('error', 'error')})",
+        )
+        if why is not None:
+            problems.append(f"step {step['ordinal']} {step['name']} [{step['call']}] {why}")
+    return problems
+
+
+def describe_divergence(d: dict[str, Any]) -> str:
+    """The reason shown for a divergence: both steps, recorded and asked."""
+
+    def one(ref: dict[str, Any]) -> str:
+        digest = ref.get("digest")
+        return f"{ref['kind']} {ref['name']!r}" + (
+            f" (args sha256 {digest[:12]})" if digest else ""
+        )
+
+    return (
+        f"the program asked at step {d['ordinal']} for {one(d['asked'])}, but the turn "
+        f"recorded {one(d['recorded'])} there; 'sessionctl resolve --accept' continues on "
+        "the new path, '--discard' ends the turn"
+    )
 
 
 def _calls_summary(actions: dict[str, str]) -> str:

@@ -66,7 +66,7 @@ def test_an_approval_round_trip_runs_the_edit_exactly_once() -> None:
         assert edit[0]["data"]["diff"] is not None  # the text change is kept as a diff
         model = d.json("log", "agent", "--type", "model.requested")[0]["data"]
         assert model["model"] == "scripted-1"
-        assert model["tool_count"] == 2
+        assert model["ordinal"] == 2  # read_file was step 1
         context = d.state_dir / "sessions" / "agent" / "artifacts" / model["context"]["ref"][7:]
         assert orjson.loads(context.read_bytes())["note"] == "scripted model"
         responded = d.json("log", "agent", "--type", "model.responded")[0]["data"]
@@ -78,7 +78,7 @@ def test_an_approval_round_trip_runs_the_edit_exactly_once() -> None:
         assert "ask: edit_file" in policy
 
 
-def test_a_denial_is_what_the_model_sees() -> None:
+def test_a_denial_is_replayed_as_a_denial_in_every_later_run_of_the_turn() -> None:
     with running() as d:
         make_agent(d)
         d.ctl("activate", "agent", check=True)
@@ -86,19 +86,24 @@ def test_a_denial_is_what_the_model_sees() -> None:
         d.ctl("deny", "agent", "--reason", "not today", check=True)
         assert not (d.root / "edits.count").exists()
         first = d.json("show", "agent")["seq"]
-        d.ctl("activate", "agent", check=True)
-        # The program sees the denial and asks again: a new intent is a new question.
-        again = wait_event(
+        d.ctl("activate", "agent", check=True)  # continues the turn: the program runs again
+        slept = wait_event(
             d,
             "agent",
             "lifecycle.changed",
-            since=first,
-            match=lambda r: r["data"]["to"] == "blocked",
+            since=first + 1,
+            match=lambda r: r["data"]["to"] == "sleeping",
         )
-        assert again["data"]["reason"].startswith("approval pending for edit_file")
+        assert slept["data"]["reason"] == "the program chose to sleep"
+        # The rerun got Denied at the same step without a new question, and ran nothing.
+        assert (d.root / "denied.count").read_text() == "denied\n"
+        assert not (d.root / "edits.count").exists()
+        types = [r["type"] for r in d.json("log", "agent")]
+        assert types.count("approval.requested") == 1
+        assert (d.root / "read.count").read_text() == "read\n"  # replayed, not read again
+        assert (d.root / "model.count").read_text() == "model\n"
         view = d.json("replay", "agent", "--view", "messages")
         assert any("edit_file was denied" in m["content"] for m in view)
-        assert not (d.root / "edits.count").exists()
 
 
 def test_an_expired_approval_blocks_at_the_gate() -> None:
@@ -155,7 +160,9 @@ def test_a_run_token_works_only_for_its_own_run_and_session() -> None:
         assert stale["error"]["code"] == "token_refused"
         assert "run that has ended" in stale["error"]["message"]
         d.ctl("cancel", "a", check=True)
-        after = _rpc(d, "sdk.tool", {"token": live, "session": "a", "tool": "x"})
+        after = _rpc(
+            d, "sdk.step", {"token": live, "session": "a", "name": "x", "ordinal": 1}
+        )
         assert after["error"]["code"] == "token_refused"
 
 

@@ -1,0 +1,214 @@
+"""Turns and their steps, as the fold keeps them (DESIGN.md section 8).
+
+A **turn** is the work one wake starts. It begins at the ``running`` that finds
+no turn open and ends at the ``run.finished`` that says ``ends_turn`` (or at a
+resolution that ends it). Every run in between continues it: the program runs
+again from the top, and each **step** it asks for (a tool call or a model call,
+in call order) is matched against the one recorded at the same slot. A step
+finished ``ok`` is answered from the log; nothing runs twice.
+
+The step table lives in ``State.turn["steps"]``, keyed by slot: the ordinal as
+a string, or ``"k:" + key`` for a step that names its own key (steps started
+from threads). ``State.turn["calls"]`` maps a call id (a tool call's ``call``,
+a model step's ``request_id``) to its slot, so the events of a call find their
+step. Everything here is plain data, like the rest of the state.
+
+Statuses a step moves through::
+
+    intent -> decided -> [approval -> approved] -> started -> ok | error | interrupted
+           \\-> denied                                         (dropped: never started)
+
+The fold functions here are called by :mod:`sessiond.log.replay`; they do not
+read the clock and run nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessiond.log.state import State
+
+# Wakes that only continue the open turn: they are not work of their own, so a
+# run that continues a turn takes them; other wakes wait for the next turn. An
+# `activate` ("run now") continues an open turn rather than start another.
+CONTINUATION_TRIGGERS = frozenset({"approval", "resolve", "retry", "restart", "manual"})
+
+# Steps that were asked for but never started: a later run asks again afresh.
+NOT_STARTED = frozenset({"intent", "decided", "approval", "approved"})
+
+
+def slot_of(ordinal: int | None, key: str | None) -> str:
+    """The step table's key for a step: its own key where it names one, else its ordinal."""
+    return f"k:{key}" if key else str(ordinal)
+
+
+def begin_run(s: State, seq: int) -> None:
+    """A ``running`` transition: a new turn, or one more run of the open one."""
+    turn = s.turn
+    if turn is None:
+        s.turn_number += 1
+        s.turn = {
+            "n": s.turn_number,
+            "seq": seq,
+            "wakes": list(s.pending_wakes),
+            "runs": 1,
+            "steps": {},
+            "calls": {},
+            "divergence": None,
+        }
+        # The wakes recorded until now are this turn's work; it takes them here,
+        # not at its run.started, so a run cut off in between (its program may
+        # have run) leaves none of them pending to run again.
+        s.pending_wakes = []
+        return
+    turn["runs"] += 1
+    # A continuation takes only what continues it (an approval, a retry...); a
+    # message or a file change that came meanwhile waits for the next turn.
+    s.pending_wakes = [w for w in s.pending_wakes if w["trigger"] not in CONTINUATION_TRIGGERS]
+
+
+def end_turn(s: State) -> None:
+    s.turn = None
+
+
+def _step(s: State, call: str) -> dict[str, Any] | None:
+    turn = s.turn
+    if turn is None:
+        return None
+    slot = turn["calls"].get(call)
+    return None if slot is None else turn["steps"].get(slot)
+
+
+def tool_intent(s: State, d: dict[str, Any]) -> None:
+    turn = s.turn
+    ordinal = d.get("ordinal")
+    if turn is None or ordinal is None:
+        return
+    slot = slot_of(ordinal, d.get("key"))
+    old = turn["steps"].get(slot)
+    if old is not None:
+        turn["calls"].pop(old["call"], None)
+    turn["steps"][slot] = {
+        "kind": "tool",
+        "ordinal": ordinal,
+        "key": d.get("key"),
+        "name": d["tool"],
+        "digest": d.get("args_sha256"),
+        "call": d["call"],
+        "status": "intent",
+        "risk": d["risk"],
+        "writes": d["writes"],
+    }
+    turn["calls"][d["call"]] = slot
+
+
+def set_status(s: State, call: str, status: str, **extra: Any) -> None:
+    step = _step(s, call)
+    if step is not None:
+        step["status"] = status
+        step.update(extra)
+
+
+def tool_started(s: State, d: dict[str, Any]) -> None:
+    step = _step(s, d["call"])
+    if step is not None:
+        step["status"] = "started"
+        step["before"] = d["hashes"]
+
+
+def tool_finished(s: State, d: dict[str, Any]) -> None:
+    step = _step(s, d["call"])
+    if step is None:
+        return
+    step["status"] = d["status"]
+    if d["status"] == "ok":
+        step["result_kind"] = d.get("result_kind")
+        step["result"] = d.get("result")
+        step["result_ref"] = d.get("result_ref")
+    else:
+        step["error"] = d.get("error_class") or d["status"]
+
+
+def observed(s: State, d: dict[str, Any]) -> None:
+    """An observation closes a call; one that discards a call never started drops its step."""
+    step = _step(s, d["call"])
+    if step is not None and d.get("source") == "discarded" and step["status"] in NOT_STARTED:
+        step["status"] = "dropped"
+
+
+def model_requested(s: State, d: dict[str, Any]) -> None:
+    turn = s.turn
+    ordinal = d.get("ordinal")
+    if turn is None or ordinal is None or d.get("replayed"):
+        return
+    slot = slot_of(ordinal, d.get("key"))
+    old = turn["steps"].get(slot)
+    if old is not None:
+        turn["calls"].pop(old["call"], None)
+    turn["steps"][slot] = {
+        "kind": "model",
+        "ordinal": ordinal,
+        "key": d.get("key"),
+        "name": d["model"],
+        "digest": d.get("request_sha256"),
+        "call": d["request_id"],
+        "status": "started",
+    }
+    turn["calls"][d["request_id"]] = slot
+
+
+def model_responded(s: State, d: dict[str, Any]) -> None:
+    step = _step(s, d["request_id"])
+    if step is None:
+        return
+    if d["status"] == "ok":
+        step["status"] = "ok"
+        step["result_kind"] = "json"
+        step["result_ref"] = d.get("response")
+        step["tokens"] = [d["tokens_in"], d["tokens_out"]]
+    else:
+        step["status"] = "error"
+        step["error"] = d.get("error_class") or d["status"]
+
+
+def diverged(s: State, divergence: dict[str, Any] | None) -> None:
+    if s.turn is not None and divergence is not None:
+        s.turn["divergence"] = divergence
+
+
+def resolved(s: State, d: dict[str, Any]) -> None:
+    """A person's recovery choice, as it bears on the open turn."""
+    turn = s.turn
+    if turn is None:
+        return
+    if d.get("ends_turn"):
+        end_turn(s)
+        return
+    turn["divergence"] = None
+    start = d.get("from_ordinal")
+    if start is not None:
+        # the new path from here on: the steps recorded from this ordinal stay in
+        # the log but are no longer answered from it
+        for slot, step in list(turn["steps"].items()):
+            if step["ordinal"] >= start:
+                del turn["steps"][slot]
+                turn["calls"].pop(step["call"], None)
+        return
+    call = d.get("call")
+    step = _step(s, call) if call else None
+    if step is None or step["status"] not in ("error", "interrupted", "started"):
+        return
+    if d["option"] == "rerun":
+        step["status"] = "rerun"  # a person chose to run it again
+    elif d["option"] == "accept":
+        # the world as it is stands for this step's work: it is done, with no result
+        step.update(status="ok", result_kind="json", result=None, result_ref=None)
+
+
+def bad_steps(s: State) -> list[dict[str, Any]]:
+    """Steps of the open turn that finished with an error and were not resolved: the
+    gate judges them by their risk contract before a later run may reach them again.
+    (A step closed as ``interrupted`` was already judged safe to run again.)"""
+    if s.turn is None:
+        return []
+    return [st for st in s.turn["steps"].values() if st["status"] == "error"]

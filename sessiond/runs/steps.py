@@ -1,0 +1,596 @@
+"""Durable steps, the daemon's side (DESIGN.md section 8).
+
+An ``sdk`` program is a sequence of steps: tool calls and model calls. The SDK
+asks ``sdk.step`` before each one's work, with the step's slot in the turn (its
+ordinal, or a key) and what it is (kind, name, args digest). The answer is one of
+
+``replayed``  the turn recorded this step finished ``ok``: here is its result;
+              the work is not done again (no fsync, nothing appended)
+``run``       do the work now, then ``sdk.step_done`` (intent, policy decision
+              and start were recorded in one durable write)
+``ask``       a person must approve; the run stops here (``ApprovalPending``)
+``denied``    the policy or a person said no, in every run of the turn
+``stop``      the daemon wants the program to stop at this stable point
+``diverged``  another step is recorded at this slot: nothing runs, the session
+              is blocked for a person (``resolve --accept | --discard``)
+
+``sdk.step_done`` records the end (``tool.finished`` with the result, and the
+observation; or ``model.responded``) in one durable write. So a step costs two
+fsyncs, and a replayed one none. A result that matches the spec's ``redact``
+patterns is refused before anything is recorded as done: a masked result could
+not be replayed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from sessiond.errors import InvalidInput, Refused
+from sessiond.log.event_data import (
+    ApprovalRequested,
+    ArtifactRef,
+    BudgetExhausted,
+    GateCheck,
+    GateEvaluated,
+    ModelRequested,
+    ModelResponded,
+    ObservationProjected,
+    PolicyDecided,
+    RiskContract,
+    StepDivergence,
+    StepRef,
+    ToolFinished,
+    ToolIntent,
+    ToolStarted,
+)
+from sessiond.log.store.base import Draft
+from sessiond.log.turns import slot_of
+from sessiond.runs.context import RunContext
+from sessiond.runs.tokens import RunGrant
+from sessiond.runs.workspace import git_head, read_small, redact, text_diff, workspace_hasher
+from sessiond.table.gate import describe_divergence
+from sessiond.table.policy import decide
+from sessiond.table.sessions import Session
+
+# How an answer is made: the SDK's fields plus ``stop`` (runs.sdk_calls)
+Answer = Callable[..., dict[str, Any]]
+Deliver = Callable[..., Awaitable[dict[str, Any]]]
+
+# Results up to this size are kept in the event itself (no artifact: no extra
+# fsync); bigger ones, and bytes, go to the artifact store.
+INLINE_RESULT = 16 * 1024
+
+# The default risk contract of a step: the safe one (DESIGN.md section 8).
+STEP_RISK = RiskContract(side_effect="external-write", idempotency="unsafe", resume="never-rerun")
+
+# Steps are answered from these statuses of the step recorded at the same slot.
+_ANSWERED = frozenset({"ok", "denied", "approval", "approved"})
+
+
+def digest_of(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def args_hash(tool: str, args: dict[str, Any]) -> str:
+    return digest_of([tool, args])
+
+
+def redact_match(patterns: list[str], data: bytes) -> str | None:
+    """The first ``redact`` pattern found in ``data`` (None: none is)."""
+    if not patterns:
+        return None
+    text = data.decode(errors="surrogateescape")
+    return next((p for p in patterns if re.search(p, text)), None)
+
+
+def step_key(session: str, turn: int, slot: str) -> str:
+    """The stable key a program may use for its own idempotency keys (a payment API's)."""
+    return f"{session}.t{turn}.{slot}"
+
+
+class Steps:
+    """``sdk.step`` and ``sdk.step_done`` for one daemon."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    # --- the start of a step ----------------------------------------------------------
+
+    async def begin(self, s: Session, grant: RunGrant, p: Any, answer: Answer) -> dict[str, Any]:
+        """Answer ``sdk.step`` (the caller checked the token; ``answer`` adds ``stop``)."""
+        spec = s.spec
+        assert spec is not None
+        async with s.lock:
+            state = s.j.state
+            turn = state.turn
+            if turn is None or s.run is None:
+                raise Refused("this run has no open turn: a step can only be taken while it runs")
+            slot = slot_of(p.ordinal, p.key)
+            key = step_key(s.name, turn["n"], slot)
+            digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
+            recorded = turn["steps"].get(slot)
+            if recorded is not None and recorded["status"] in _ANSWERED:
+                same = recorded["kind"] == p.kind and recorded["name"] == p.name
+                if same and p.kind == "tool":
+                    same = recorded["digest"] == digest
+                if same and p.kind == "model" and p.strict:
+                    same = recorded["digest"] == digest
+                if not same:
+                    return answer(s, **await self._diverge(s, p, slot, recorded, digest))
+                return answer(
+                    s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
+                )
+            if recorded is not None and recorded["status"] in ("intent", "decided", "started"):
+                raise InvalidInput(
+                    f"step {slot} is already under way in this run: each step needs its own "
+                    "ordinal or key (pass key= for steps started from threads)"
+                )
+            if s.run.stop_requested is not None:
+                return answer(s, status="stop", key=key, reason=s.run.stop_requested)
+            if p.kind == "model":
+                return answer(s, key=key, **await self._begin_model(s, grant, p, turn, digest))
+            return answer(s, key=key, **await self._begin_tool(s, grant, p, turn, digest))
+
+    async def _answer_recorded(
+        self, s: Session, grant: RunGrant, p: Any, recorded: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
+        status = recorded["status"]
+        call = recorded["call"]
+        if status == "ok":
+            if p.kind == "model" and recorded["digest"] != digest:
+                # Frameworks put timestamps in requests: the changed request is kept
+                # (seen in the log), the recorded response answered.
+                context = self.ctx.store.artifacts(s.name).put(
+                    redact(orjson.dumps(p.request), s.spec.redact if s.spec else []),
+                    "context.json",
+                    "application/json",
+                )
+                await self.ctx.table.append(
+                    s,
+                    ModelRequested(
+                        model=p.name,
+                        request_id=call,
+                        context=context,
+                        ordinal=p.ordinal,
+                        key=p.key,
+                        request_sha256=digest,
+                        replayed=True,
+                    ),
+                    durable=False,
+                )
+            return {"status": "replayed", "call": call, **self._result(s, recorded)}
+        if status == "denied":
+            return {"status": "denied", "call": call, "rule": recorded.get("rule", "denied")}
+        if status == "approval":
+            if s.run is not None and s.run.stop_requested is None:
+                s.run.stop_requested = f"approval pending for {p.name} [{call}]"
+            return {"status": "ask", "call": call, "rule": "approval pending"}
+        # approved earlier in this turn: it starts now, exactly once
+        writes = list(recorded.get("writes") or [])
+        await self.ctx.table.append_many(s, [self._started_draft(s, grant, call, p.name, writes)])
+        return {"status": "run", "call": call, "rule": "approved"}
+
+    def _result(self, s: Session, recorded: dict[str, Any]) -> dict[str, Any]:
+        kind = recorded.get("result_kind")
+        ref = recorded.get("result_ref")
+        if ref:
+            data = self.ctx.store.artifacts(s.name).get(ref["ref"])
+            if kind == "bytes":
+                return {"result_b64": base64.b64encode(data).decode()}
+            return {"result": orjson.loads(data)}
+        return {"result": recorded.get("result")}
+
+    async def _diverge(
+        self, s: Session, p: Any, slot: str, recorded: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
+        divergence = StepDivergence(
+            ordinal=p.ordinal,
+            key=p.key,
+            recorded=StepRef(
+                kind=recorded["kind"], name=recorded["name"], digest=recorded.get("digest")
+            ),
+            asked=StepRef(kind=p.kind, name=p.name, digest=digest),
+        )
+        reason = describe_divergence(divergence.model_dump(mode="json"))
+        await self.ctx.table.append(
+            s,
+            GateEvaluated(
+                ok=False,
+                checks=(GateCheck(name="steps match", ok=False, detail=reason),),
+                options=("accept", "discard"),
+                outcome="blocked",
+                divergence=divergence,
+            ),
+        )
+        if s.run is not None:
+            s.run.stop_requested = f"divergence at step {slot}"
+        return {"status": "diverged", "call": recorded["call"], "rule": reason}
+
+    async def _begin_tool(
+        self, s: Session, grant: RunGrant, p: Any, turn: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
+        spec = s.spec
+        assert spec is not None
+        contract = RiskContract.model_validate(p.risk) if p.risk else STEP_RISK
+        call_id = await self._next_call(s, grant)
+        if call_id is None:
+            return {"status": "stop", "rule": "budget: tool_calls_per_run"}
+        verdict = decide(spec.policy, p.name, contract.side_effect)
+        drafts = [
+            Draft(
+                ToolIntent(
+                    call=call_id,
+                    tool=p.name,
+                    args=p.args,
+                    risk=contract,
+                    writes=tuple(p.writes),
+                    turn=turn["n"],
+                    ordinal=p.ordinal,
+                    key=p.key,
+                    args_sha256=digest,
+                ),
+                correlation=call_id,
+            ),
+            Draft(
+                PolicyDecided(
+                    call=call_id, tool=p.name, decision=verdict.decision, rule=verdict.rule
+                ),
+                correlation=call_id,
+            ),
+        ]
+        status = "run"
+        if verdict.decision == "deny":
+            status = "denied"
+            text = f"{p.name} was denied by the policy ({verdict.rule})"
+            drafts.append(
+                Draft(
+                    ObservationProjected(call=call_id, tool=p.name, text=text, source="denied"),
+                    correlation=call_id,
+                )
+            )
+        elif verdict.decision == "ask":
+            status = "ask"
+            drafts.append(
+                Draft(
+                    ApprovalRequested(call=call_id, tool=p.name, args_sha256=digest),
+                    correlation=call_id,
+                )
+            )
+            if s.run is not None and s.run.stop_requested is None:
+                s.run.stop_requested = f"approval pending for {p.name} [{call_id}]"
+        else:
+            drafts.append(self._started_draft(s, grant, call_id, p.name, list(p.writes)))
+        # intent, decision and start (or the question) in one durable write
+        await self.ctx.table.append_many(s, drafts)
+        return {"status": status, "call": call_id, "rule": verdict.rule}
+
+    async def _next_call(self, s: Session, grant: RunGrant) -> str | None:
+        """A new call id, or None once the run's tool-call budget is spent (recorded)."""
+        spec = s.spec
+        assert spec is not None
+        limit = spec.budget.tool_calls_per_run
+        if limit and grant.calls >= limit:
+            await self.ctx.table.append(
+                s, BudgetExhausted(budget="tool_calls_per_run", limit=limit, used=grant.calls)
+            )
+            if s.run is not None and s.run.stop_requested is None:
+                s.run.stop_requested = f"budget: tool_calls_per_run {limit} used up"
+            return None
+        grant.calls += 1
+        return f"{grant.run}.{grant.calls}"
+
+    def _started_draft(
+        self, s: Session, grant: RunGrant, call: str, tool: str, writes: list[str]
+    ) -> Draft:
+        spec = s.spec
+        assert spec is not None
+        hasher = workspace_hasher(spec)
+        grant.before[call] = {w: read_small(spec.workspace / w) for w in writes}
+        return Draft(
+            ToolStarted(
+                call=call,
+                tool=tool,
+                hashes={w: hasher(w) for w in writes},
+                git_head=git_head(spec.workspace),
+            ),
+            correlation=call,
+        )
+
+    async def _begin_model(
+        self, s: Session, grant: RunGrant, p: Any, turn: dict[str, Any], digest: str
+    ) -> dict[str, Any]:
+        spec = s.spec
+        assert spec is not None
+        grant.calls_model += 1
+        call_id = f"{grant.run}.m{grant.calls_model}"
+        context = self.ctx.store.artifacts(s.name).put(
+            redact(orjson.dumps(p.request), spec.redact), "context.json", "application/json"
+        )
+        # Not made durable on its own: a model call changes nothing in the world, so
+        # one whose request is lost by a crash is simply asked again. The response's
+        # durable write covers this line.
+        await self.ctx.table.append(
+            s,
+            ModelRequested(
+                model=p.name,
+                request_id=call_id,
+                context=context,
+                turn=turn["n"],
+                ordinal=p.ordinal,
+                key=p.key,
+                request_sha256=digest,
+            ),
+            durable=False,
+        )
+        return {"status": "run", "call": call_id, "rule": "a model call"}
+
+    # --- the end of a step -----------------------------------------------------------
+
+    async def done(self, s: Session, grant: RunGrant, p: Any) -> dict[str, Any]:
+        spec = s.spec
+        assert spec is not None
+        if p.result_b64 is not None:
+            try:
+                data = base64.b64decode(p.result_b64, validate=True)
+            except ValueError:
+                raise InvalidInput("result_b64 is not valid base64") from None
+            kind, encoded = "bytes", data
+        else:
+            kind, encoded = "json", orjson.dumps(p.result)
+        async with s.lock:
+            state = s.j.state
+            turn = state.turn or {}
+            slot = turn.get("calls", {}).get(p.call)
+            step = turn.get("steps", {}).get(slot) if slot else None
+            if step is None or step["status"] != "started":
+                raise Refused(
+                    f"step call {p.call!r} is not under way in this run (it is "
+                    f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
+                )
+            refused = None
+            if p.status == "ok":
+                hit = redact_match(spec.redact, encoded)
+                if hit is not None:
+                    refused = (
+                        f"the result of step {step['ordinal']} ({step['name']}) matches the "
+                        f"redact pattern {hit!r}: a masked result could not be replayed; return "
+                        "a result without the secret (a reference to it, say)"
+                    )
+            if step["kind"] == "model":
+                await self._done_model(s, p, step, encoded, refused)
+            else:
+                await self._done_tool(
+                    s, grant, p, step, kind=kind, encoded=encoded, refused=refused
+                )
+        if refused is not None:
+            raise InvalidInput(refused)
+        return {}
+
+    async def _done_tool(
+        self,
+        s: Session,
+        grant: RunGrant,
+        p: Any,
+        step: dict[str, Any],
+        *,
+        kind: str,
+        encoded: bytes,
+        refused: str | None,
+    ) -> None:
+        spec = s.spec
+        assert spec is not None
+        artifacts = self.ctx.store.artifacts(s.name)
+        call, tool = step["call"], step["name"]
+        ok = p.status == "ok" and refused is None
+        result: Any = None
+        result_ref: ArtifactRef | None = None
+        if ok and (kind == "bytes" or len(encoded) > INLINE_RESULT):
+            media = "application/octet-stream" if kind == "bytes" else "application/json"
+            result_ref = artifacts.put(encoded, f"{tool}.result", media)
+        elif ok:
+            result = orjson.loads(encoded)
+        out = p.output or (p.error if not ok else "") or (refused or "")
+        out_ref = (
+            artifacts.put(redact(out.encode(), spec.redact), f"{tool}.out", "text/plain")
+            if out
+            else None
+        )
+        before = grant.before.pop(call, {})
+        diff_bytes = text_diff(before, spec.workspace)
+        diff_ref = (
+            artifacts.put(redact(diff_bytes, spec.redact), "diff", "text/x-diff")
+            if diff_bytes
+            else None
+        )
+        hasher = workspace_hasher(spec)
+        if ok:
+            text = p.observation or f"{tool} done"
+        else:
+            text = p.observation or f"{tool} failed: {(refused or p.error)[:500]}"
+        await self.ctx.table.append_many(
+            s,
+            [
+                Draft(
+                    ToolFinished(
+                        call=call,
+                        tool=tool,
+                        status="ok" if ok else "error",
+                        error_class=None
+                        if ok
+                        else ("validation" if refused else p.error_class or "execution"),
+                        hashes={w: hasher(w) for w in step.get("writes") or []},
+                        output=out_ref,
+                        diff=diff_ref,
+                        duration_ms=p.duration_ms,
+                        result_kind=kind if ok else None,
+                        result=result,
+                        result_ref=result_ref,
+                    ),
+                    correlation=call,
+                ),
+                Draft(
+                    ObservationProjected(
+                        call=call, tool=tool, text=redact(text.encode(), spec.redact).decode()
+                    ),
+                    correlation=call,
+                ),
+            ],
+        )
+
+    async def _done_model(
+        self, s: Session, p: Any, step: dict[str, Any], encoded: bytes, refused: str | None
+    ) -> None:
+        spec = s.spec
+        assert spec is not None
+        ok = p.status == "ok" and refused is None
+        response = (
+            self.ctx.store.artifacts(s.name).put(encoded, "response.json", "application/json")
+            if ok
+            else None
+        )
+        await self.ctx.table.append(
+            s,
+            ModelResponded(
+                model=step["name"],
+                request_id=step["call"],
+                status="ok" if ok else "error",
+                tokens_in=p.tokens_in,
+                tokens_out=p.tokens_out,
+                duration_ms=p.duration_ms,
+                text=redact(p.text.encode(), spec.redact).decode() if ok else "",
+                response=response,
+                error_class=None if ok else ("validation" if refused else "provider"),
+            ),
+        )
+        state = s.j.state
+        limit = spec.budget.tokens
+        used = state.tokens_in + state.tokens_out
+        if ok and limit and used >= limit:
+            await self.ctx.table.append(s, BudgetExhausted(budget="tokens", limit=limit, used=used))
+            if s.run is not None and s.run.stop_requested is None:
+                s.run.stop_requested = f"budget: tokens {used} of {limit} used"
+
+    # --- a message to another session: a step the daemon does itself ----------------
+
+    async def send(
+        self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer
+    ) -> dict[str, Any]:
+        """``run.send``: a step like any other, so a later run of the turn never sends
+        it twice. The policy decides on the tool ``send`` (allowed by default, like a
+        command run: it is the session's own act)."""
+        spec = s.spec
+        assert spec is not None
+        args = {"to": p.to, "text_sha256": hashlib.sha256(p.text.encode()).hexdigest()}
+        digest = args_hash("send", args)
+        async with s.lock:
+            turn = s.j.state.turn
+            if turn is None or s.run is None:
+                raise Refused("this run has no open turn: a step can only be taken while it runs")
+            slot = slot_of(p.ordinal, p.key)
+            recorded = turn["steps"].get(slot)
+            if recorded is not None and recorded["status"] in _ANSWERED:
+                asked = _SendAsk(p.ordinal, p.key, digest)
+                if (
+                    recorded["kind"] != "tool"
+                    or recorded["name"] != "send"
+                    or (recorded["digest"] != digest)
+                ):
+                    return answer(s, **await self._diverge(s, asked, slot, recorded, digest))
+                if recorded["status"] == "ok":
+                    return answer(s, status="replayed", call=recorded["call"])
+                if recorded["status"] == "denied":
+                    return answer(s, status="denied", rule=recorded.get("rule", "denied"))
+                return answer(s, status="ask", rule="approval pending")
+            if s.run.stop_requested is not None:
+                return answer(s, status="stop", reason=s.run.stop_requested)
+            call = await self._next_call(s, grant)
+            if call is None:
+                return answer(s, status="stop", rule="budget: tool_calls_per_run")
+            verdict = decide(spec.policy, "send", "external-write")
+            rule = verdict.rule
+            decision = verdict.decision
+            if rule.startswith("default:"):
+                decision, rule = "allow", "default: a message to a session is allowed"
+            drafts = [
+                Draft(
+                    ToolIntent(
+                        call=call,
+                        tool="send",
+                        args=args,
+                        risk=STEP_RISK,
+                        turn=turn["n"],
+                        ordinal=p.ordinal,
+                        key=p.key,
+                        args_sha256=digest,
+                    ),
+                    correlation=call,
+                ),
+                Draft(
+                    PolicyDecided(call=call, tool="send", decision=decision, rule=rule),
+                    correlation=call,
+                ),
+            ]
+            if decision != "allow":
+                # asking a person about a message is not offered: it is allowed or denied
+                text = f"send to {p.to} was denied by the policy ({rule})"
+                drafts[1] = Draft(
+                    PolicyDecided(call=call, tool="send", decision="deny", rule=rule),
+                    correlation=call,
+                )
+                drafts.append(
+                    Draft(
+                        ObservationProjected(call=call, tool="send", text=text, source="denied"),
+                        correlation=call,
+                    )
+                )
+                await self.ctx.table.append_many(s, drafts)
+                return answer(s, status="denied", rule=rule)
+            drafts.append(self._started_draft(s, grant, call, "send", []))
+            await self.ctx.table.append_many(s, drafts)
+        # delivered outside this session's lock: the receiver's lock is taken there
+        try:
+            result: dict[str, Any] = await deliver(p.to, p.text, sender=s.name)
+            status, text = "ok", f"sent a message to {p.to}"
+        except Exception as exc:
+            result, status, text = {}, "error", f"send to {p.to} failed: {exc}"
+        async with s.lock:
+            await self.ctx.table.append_many(
+                s,
+                [
+                    Draft(
+                        ToolFinished(
+                            call=call,
+                            tool="send",
+                            status=status,
+                            error_class=None if status == "ok" else "execution",
+                            result_kind="json" if status == "ok" else None,
+                            result=None,
+                        ),
+                        correlation=call,
+                    ),
+                    Draft(
+                        ObservationProjected(call=call, tool="send", text=text), correlation=call
+                    ),
+                ],
+            )
+        if status != "ok":
+            raise Refused(text)
+        return answer(s, status="run", call=call, **result)
+
+
+class _SendAsk:
+    """What a send step asks, in the shape the divergence check reads."""
+
+    kind = "tool"
+    name = "send"
+
+    def __init__(self, ordinal: int, key: str | None, digest: str) -> None:
+        self.ordinal = ordinal
+        self.key = key
+        self.digest = digest
