@@ -31,7 +31,8 @@ from sessiond.log.state import State
 # Wakes that only continue the open turn: they are not work of their own, so a
 # run that continues a turn takes them; other wakes wait for the next turn. An
 # `activate` ("run now") continues an open turn rather than start another.
-CONTINUATION_TRIGGERS = frozenset({"approval", "resolve", "retry", "restart", "manual"})
+TURN_ONLY_TRIGGERS = frozenset({"approval", "resolve", "retry", "restart"})
+CONTINUATION_TRIGGERS = TURN_ONLY_TRIGGERS | {"manual"}
 
 # Steps that were asked for but never started: a later run asks again afresh.
 NOT_STARTED = frozenset({"intent", "decided", "approval", "approved"})
@@ -69,6 +70,9 @@ def begin_run(s: State, seq: int) -> None:
 
 def end_turn(s: State) -> None:
     s.turn = None
+    # what only continued that turn (an approval, a retry) is not work of its own
+    if s.pending_wakes:
+        s.pending_wakes = [w for w in s.pending_wakes if w["trigger"] not in TURN_ONLY_TRIGGERS]
 
 
 def _step(s: State, call: str) -> dict[str, Any] | None:

@@ -160,6 +160,7 @@ class Recovery:
                         status=status,
                         exit_code=result.get("exit_code"),
                         error=note,
+                        ends_turn=status == "ok",
                     ),
                 )
                 await self.settler.after_run(
@@ -169,7 +170,7 @@ class Recovery:
                 continue
             if current:
                 await ctx.table.append(
-                    s, RunFinished(run=current["run"], status="lost", error=note)
+                    s, RunFinished(run=current["run"], status="lost", error=note, ends_turn=False)
                 )
             await ctx.transition(s, "sleeping", why="recover", reason=note)
             log.warning("session.cut_off", session=s.name, reason=note)

@@ -212,7 +212,9 @@ class Settler:
     async def _block_recorded(self, s: Session, run_id: str, reason: str) -> None:
         journal = s.j
         if journal.state.current_run is not None:
-            await journal.append(RunFinished(run=run_id, status="failed", error=reason))
+            await journal.append(
+                RunFinished(run=run_id, status="failed", error=reason, ends_turn=False)
+            )
         if journal.state.state in ("running", "ready"):
             change = lifecycle.change(
                 s.name, journal.state.state, "blocked", why="block", reason=reason

@@ -160,9 +160,7 @@ def test_a_run_token_works_only_for_its_own_run_and_session() -> None:
         assert stale["error"]["code"] == "token_refused"
         assert "run that has ended" in stale["error"]["message"]
         d.ctl("cancel", "a", check=True)
-        after = _rpc(
-            d, "sdk.step", {"token": live, "session": "a", "name": "x", "ordinal": 1}
-        )
+        after = _rpc(d, "sdk.step", {"token": live, "session": "a", "name": "x", "ordinal": 1})
         assert after["error"]["code"] == "token_refused"
 
 

@@ -173,7 +173,7 @@ def test_the_state_tracks_a_tool_call_through_its_stages() -> None:
     assert s.current_run["pid"] == 10
     assert s.pending_wakes == []  # consumed by the run
     assert s.last_wake is not None
-    assert (s.turns, s.tokens_in, s.tokens_out) == (1, 100, 20)
+    assert (s.model_replies, s.tokens_in, s.tokens_out) == (1, 100, 20)
     assert s.pending_model is None
     assert s.bound == {"spec.md": "3" * 64}
     assert list(s.pending_intents()) == ["c1"]

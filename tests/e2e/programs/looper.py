@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ with connect() as run:
         while True:
             n += 1
             run.step(
-                "step", lambda n=n: work(n), args={"n": n}, side_effect="none",
+                "step", functools.partial(work, n), args={"n": n}, side_effect="none",
                 idempotency="safe", resume="replay-from-event",
             )  # fmt: skip
     except StopRequested:
