@@ -3,8 +3,9 @@
 
 Where a real model client plugs in: `ScriptedModel.complete()` below. Replace it
 with a call to your provider (send `messages` and `tools`, get text and a tool
-call back) and keep the `run.model(...)` record around it unchanged: that record
-is what makes the run auditable and resumable.
+call back) and keep the `run.model_call(...)` around it unchanged: it records the
+request and the response, and a later run of the same turn gets the recorded
+response back without asking the model again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sessiond.sdk import ApprovalPending, Denied, connect
+from sessiond.sdk import Denied, connect
 
 TOOLS = ["read_file", "run_tests", "edit_file"]
 
@@ -36,46 +37,43 @@ class ScriptedModel:
         return {"text": "Nothing to change.", "edit": None, "usage": {"in": 50, "out": 5}}
 
 
-def run_tests() -> tuple[bool, str]:
+def run_tests() -> list[Any]:
     done = subprocess.run([sys.executable, "test_calc.py"], capture_output=True, text=True)
-    return done.returncode == 0, done.stdout + done.stderr
+    return [done.returncode == 0, done.stdout + done.stderr]
 
 
 with connect() as run:
+    # Every run of a turn starts here. Steps that finished in an earlier run of the
+    # turn (before an approval, a crash, a retry) are answered from the log: the
+    # tests are not run again, the model is not asked again, the edit is not redone.
     ctx = run.context()
-    with run.tool("read_file", {"path": "calc.py"}, side_effect="read", idempotency="safe") as call:
-        source = Path("calc.py").read_text()
-        call.finish(output=source, observation=f"read calc.py ({len(source)} bytes)")
-    with run.tool("run_tests", {"cmd": "test_calc.py"}, side_effect="read", idempotency="safe") as call:
-        ok, output = run_tests()
-        call.finish(status="ok", output=output, observation=f"tests {'pass' if ok else 'fail'}: {output.strip()}")
+    source = run.step("read_file", lambda: Path("calc.py").read_text(), args={"path": "calc.py"},
+                      side_effect="read", idempotency="safe", resume="replay-from-event")
+    ok, output = run.step("run_tests", run_tests, args={"cmd": "test_calc.py"},
+                          side_effect="read", idempotency="safe", resume="replay-from-event")
     if ok:
         run.complete(summary="the tests already pass")
         sys.exit(0)
 
     model = ScriptedModel()
-    started = time.monotonic()
-    answer = model.complete(ctx["messages"], source, output)
-    run.model(
-        model=model.name,
-        request={"messages": ctx["messages"], "source": source, "failures": output, "tools": TOOLS},
-        response=answer,
-        tokens_in=answer["usage"]["in"],
-        tokens_out=answer["usage"]["out"],
-        text=answer["text"],
-        tools=TOOLS,
-        started=started,
-    )
+    request = {"messages": ctx["messages"], "source": source, "failures": output, "tools": TOOLS}
+    answer = run.model_call(model.name, request,
+                            lambda: model.complete(ctx["messages"], source, output),
+                            usage=lambda r: (r["usage"]["in"], r["usage"]["out"]))
+
+    def edit() -> str:
+        if os.environ.get("FIXTESTS_PAUSE"):  # the crash drill: time to kill -9 the daemon
+            time.sleep(float(os.environ["FIXTESTS_PAUSE"]))
+        Path("calc.py").write_text(answer["edit"])
+        return "calc.py: add() now returns a + b"
+
     try:
-        with run.tool("edit_file", {"path": "calc.py", "content": answer["edit"]}, writes=["calc.py"],
-                      side_effect="workspace-write", idempotency="unsafe",
-                      resume="require-user-confirmation") as call:
-            if os.environ.get("FIXTESTS_PAUSE"):  # the crash drill: time to kill -9 the daemon
-                time.sleep(float(os.environ["FIXTESTS_PAUSE"]))
-            Path("calc.py").write_text(answer["edit"])
-            call.finish(observation="calc.py: add() now returns a + b")
-    except ApprovalPending:
-        sys.exit(0)  # a person answers with sessionctl approve/deny; the session runs again
+        # Needs a person's approval (policy ask). Without one, ApprovalPending ends this
+        # run; after `sessionctl approve` the next run replays the steps above and
+        # makes this edit once.
+        run.step("edit_file", edit, args={"path": "calc.py", "content": answer["edit"]},
+                 writes=["calc.py"], side_effect="workspace-write", idempotency="unsafe",
+                 resume="require-user-confirmation")
     except Denied:
         run.sleep()
         sys.exit(0)

@@ -49,34 +49,41 @@ from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIOND, Daemon, alive, short_dir
 
 AGENT = '''\
-"""The campaign's agent: each run does the next steps of its task, as far as the
-log says it got (the log is the truth; the workspace may hold a half-done step)."""
-import os
+"""The campaign's agent: each turn does the next steps of its task, as far as the
+log says it got (the log is the truth; the workspace may hold a half-done step).
+A later run of the same turn gets its finished steps replayed, never redone."""
 from pathlib import Path
 
 from sessiond.sdk import connect
+
+
+def write(step):
+    with open("ledger.agent", "a") as f:  # the step's stable key: one line per execution
+        f.write(f"{step} {run.key()}\\n")
+    Path("agent.out").write_text(f"step {step}\\n")
+    return run.key()
+
+
+def note(step):
+    with open("notes.out", "a") as f:
+        f.write(f"step {step}\\n")
+
 
 with connect() as run:
     ctx = run.context()
     done = sum(1 for m in ctx["messages"]
                if m["kind"] == "observation" and m.get("tool") == "write")
     for step in range(done + 1, done + 3):
-        with run.tool("read", {"step": step}, side_effect="read", idempotency="safe") as call:
-            call.finish(observation=f"read for step {step}")
-        with run.tool("write", {"step": step}, writes=["agent.out"], side_effect="workspace-write",
-                      idempotency="unsafe", resume="require-user-confirmation") as call:
-            with open("ledger.agent", "a") as f:
-                f.write(f"{step} {call.id}\\n")
-            Path("agent.out").write_text(f"step {step}\\n")
-            call.finish(observation=f"wrote step {step}")
+        run.step("read", lambda: None, args={"step": step}, side_effect="read",
+                 idempotency="safe", resume="replay-from-event")
+        key = run.step("write", lambda: write(step), args={"step": step}, writes=["agent.out"],
+                       side_effect="workspace-write", idempotency="unsafe",
+                       resume="require-user-confirmation")
         with open("acked.agent", "a") as f:  # the daemon acknowledged the finish
-            f.write(f"{call.id}\\n")
-        with run.tool("note", {"step": step}, writes=["notes.out"],
-                      side_effect="workspace-write", idempotency="conditional",
-                      resume="rerun-after-check") as call:
-            with open("notes.out", "a") as f:
-                f.write(f"step {step}\\n")
-            call.finish(observation=f"noted step {step}")
+            f.write(f"{key}\\n")
+        run.step("note", lambda: note(step), args={"step": step}, writes=["notes.out"],
+                 side_effect="workspace-write", idempotency="conditional",
+                 resume="rerun-after-check")
     run.send("mailbox", f"agent reached step {step}")
     run.sleep()
 '''
@@ -399,7 +406,15 @@ class Campaign:
                 self.tally.lost.append(f"round {self.tally.rounds}: {session} seq {seq} ({text})")
         acked_file = self.root / "acked.agent"
         calls = acked_file.read_text().split() if acked_file.exists() else []
-        finished = {r["data"]["call"] for r in self._records("agent", b"tool.finished")}
+        # acked.agent names each write by its step key (session.tTURN.SLOT): the
+        # step's tool.intent says which call that was
+        intents = {r["data"]["call"]: r["data"] for r in self._records("agent", b"tool.intent")}
+        finished = set()
+        for r in self._records("agent", b"tool.finished"):
+            intent = intents.get(r["data"]["call"])
+            if intent is not None and intent.get("turn") and r["data"]["status"] == "ok":
+                slot = f"k:{intent['key']}" if intent.get("key") else str(intent["ordinal"])
+                finished.add(f"agent.t{intent['turn']}.{slot}")
         for call in calls:
             if call not in finished:
                 self.tally.lost.append(f"round {self.tally.rounds}: agent tool.finished {call}")
