@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, gate, machine, run_async, storage, wakes
+from sessiond.bench import daemon, fsinfo, gate, machine, run_async, steps, storage, wakes
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -36,6 +36,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
     "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
+    "sdk_step_floor_ratio": ("<=", 1.5, "sdk_step_roundtrip_p50_ms / sdk_step_floor_p50_ms"),
+    "sdk_replay_step_p50_ms": ("<=", 1.0, "ms (answered from the log: no fsync)"),
     "watch_wake_p50_ms": ("<=", 250.0, "ms (default 200 ms debounce)"),
     "watch_floor_ratio": ("<=", 1.5, "watch_wake_d0_p50_ms / watch_floor_p50_ms"),
     "git_wake_p50_ms": ("<=", 300.0, "ms"),
@@ -103,6 +105,8 @@ def measure(
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
         results.update(wakes.measure(work, quick, say))
+        say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
+        results.update(steps.measure(work, quick))
     return results
 
 

@@ -233,8 +233,7 @@ with connect() as run:
     times = []
     for i in range({n}):
         start = time.perf_counter()
-        with run.tool("probe", {{"i": i}}, side_effect="none", idempotency="safe"):
-            pass
+        run.step("probe", lambda: None, args={{"i": i}}, side_effect="none", idempotency="safe")
         times.append((time.perf_counter() - start) * 1000)
     open("sdk.ms.tmp", "w").write(str(statistics.median(times)))
     __import__("os").rename("sdk.ms.tmp", "sdk.ms")
@@ -259,7 +258,8 @@ def _wait_file(path: Path, timeout: float = 30.0) -> str:
 def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
     """``wake_to_exec_p50_ms``: from the activate request to the first instruction of
     a shell one-liner probe (gate included); ``sdk_tool_roundtrip_p50_ms``: one
-    ``run.tool`` block with an empty body, its events durable."""
+    ``run.step`` with an empty body, its events durable (sessiond.bench.steps has the
+    step figures beside their floor)."""
     root = (work / "wake").resolve()
     root.mkdir()
     probe = root / "ts"
