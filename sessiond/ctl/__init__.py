@@ -178,6 +178,12 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     if gate:
         verdict = "ok" if gate.get("ok") else "NOT ok"
         lines.append(("last gate", f"{verdict} (seq {gate.get('seq')})"))
+    turn = d.get("turn")
+    if turn:
+        steps = ", ".join(f"{n} {status}" for status, n in sorted(turn["steps"].items()))
+        lines.append(
+            ("turn", f"{turn['n']} open: run {turn['runs']}, steps: {steps or 'none yet'}")
+        )
     for a in d.get("pending_approvals") or []:
         lines.append(("approval", f"pending: {a['tool']} [call {a['call']}]"))
     for c in d.get("tools_in_flight") or []:

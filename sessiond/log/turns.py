@@ -61,11 +61,41 @@ def begin_run(s: State, seq: int) -> None:
         # not at its run.started, so a run cut off in between (its program may
         # have run) leaves none of them pending to run again.
         s.pending_wakes = []
-        return
-    turn["runs"] += 1
-    # A continuation takes only what continues it (an approval, a retry...); a
-    # message or a file change that came meanwhile waits for the next turn.
-    s.pending_wakes = [w for w in s.pending_wakes if w["trigger"] not in CONTINUATION_TRIGGERS]
+    else:
+        turn["runs"] += 1
+        # A continuation takes only what continues it (an approval, a retry...); a
+        # message or a file change that came meanwhile waits for the next turn.
+        s.pending_wakes = [
+            w for w in s.pending_wakes if w["trigger"] not in CONTINUATION_TRIGGERS
+        ]
+    _adopt_command(s)
+
+
+def _adopt_command(s: State) -> None:
+    """A command run is one tool call, started just before its ``running``: the
+    turn's one step, kept so that a run of it that was stopped part way or failed is
+    judged by its risk contract before the turn runs it again."""
+    turn = s.turn
+    assert turn is not None
+    for call_id, call in s.calls.items():
+        if call["tool"] == "command" and call["stage"] == "started":
+            old = turn["steps"].get("command")
+            if old is not None:
+                turn["calls"].pop(old["call"], None)
+            turn["steps"]["command"] = {
+                "kind": "tool",
+                "slot": "command",
+                "ordinal": 0,
+                "key": None,
+                "name": "command",
+                "digest": None,
+                "call": call_id,
+                "status": "started",
+                "risk": call["risk"],
+                "writes": call["writes"],
+                "before": (call.get("started") or {}).get("hashes", {}),
+            }
+            turn["calls"][call_id] = "command"
 
 
 def end_turn(s: State) -> None:
@@ -94,6 +124,7 @@ def tool_intent(s: State, d: dict[str, Any]) -> None:
         turn["calls"].pop(old["call"], None)
     turn["steps"][slot] = {
         "kind": "tool",
+        "slot": slot,
         "ordinal": ordinal,
         "key": d.get("key"),
         "name": d["tool"],
@@ -151,6 +182,7 @@ def model_requested(s: State, d: dict[str, Any]) -> None:
         turn["calls"].pop(old["call"], None)
     turn["steps"][slot] = {
         "kind": "model",
+        "slot": slot,
         "ordinal": ordinal,
         "key": d.get("key"),
         "name": d["model"],
@@ -215,4 +247,12 @@ def bad_steps(s: State) -> list[dict[str, Any]]:
     (A step closed as ``interrupted`` was already judged safe to run again.)"""
     if s.turn is None:
         return []
-    return [st for st in s.turn["steps"].values() if st["status"] == "error"]
+    steps = s.turn["steps"].values()
+    # A command stopped part way (interrupt, shutdown, timeout) did not finish its work
+    # either: it is judged like a failed step. (An sdk step is only ever closed as
+    # ``interrupted`` by the gate itself, once judged safe to run again.)
+    return [
+        st
+        for st in steps
+        if st["status"] == "error" or (st["status"] == "interrupted" and st["slot"] == "command")
+    ]

@@ -113,7 +113,8 @@ class Approvals:
             cut_off_command = any(
                 c["tool"] == "command" and c["stage"] == "started" for c in open_calls.values()
             )
-            failed = [st["call"] for st in bad_steps(state)]
+            failed_steps = bad_steps(state)
+            failed = [st["call"] for st in failed_steps]
             first = next(iter(sorted(open_calls)), None) or next(iter(failed), None)
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
@@ -142,9 +143,10 @@ class Approvals:
             # A command run is one tool call. Its program was started for every wake
             # there was, so an accepted or discarded call ends that run: running the
             # program again would repeat the very step the person chose not to repeat.
+            failed_command = any(st.get("slot") == "command" for st in failed_steps)
             rests = (
                 option != "rerun"
-                and cut_off_command
+                and (cut_off_command or failed_command)
                 and spec is not None
                 and spec.run is not None
                 and spec.run.kind == "command"

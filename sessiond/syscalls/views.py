@@ -43,6 +43,23 @@ AUDIT_TYPES = frozenset(
 )
 
 
+def _turn(s: State) -> dict[str, Any] | None:
+    """The open turn for `show`: its number, its runs so far, its steps by status."""
+    turn = s.turn
+    if turn is None:
+        return None
+    statuses: dict[str, int] = {}
+    for step in turn["steps"].values():
+        statuses[step["status"]] = statuses.get(step["status"], 0) + 1
+    return {
+        "n": turn["n"],
+        "runs": turn["runs"],
+        "steps": statuses,
+        "wakes": [w.get("trigger") for w in turn["wakes"]],
+        "divergence": turn["divergence"],
+    }
+
+
 def detail(session: Session) -> dict[str, Any]:
     """Everything `sessionctl show` prints about one session."""
     spec = session.spec
@@ -75,6 +92,8 @@ def detail(session: Session) -> dict[str, Any]:
         "created_at": s.created_at,
         "last_active": s.last_active,
         "runs": s.runs,
+        "turns": s.turn_number,  # turns begun (DESIGN.md section 8), the open one included
+        "turn": _turn(s),
         "model_replies": s.model_replies,
         "profile": s.profile,
         "current_run": s.current_run,

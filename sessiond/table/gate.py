@@ -213,13 +213,18 @@ def _failed_steps(state: State, hash_file: HashFile) -> list[str]:
     them again, so they may run again only where their risk contract allows it."""
     problems = []
     for step in bad_steps(state):
+        stopped = step["status"] == "interrupted"
         why = rerun_refusal(
             step.get("risk") or {},
             step.get("before") or {},
             hash_file,
-            f"failed ({step.get('error', 'error')})",
+            "was stopped before it finished" if stopped else f"failed ({step.get('error')})",
         )
-        if why is not None:
+        if why is None:
+            continue
+        if step.get("slot") == "command":
+            problems.append(f"the command [{step['call']}] {why}")
+        else:
             problems.append(f"step {step['ordinal']} {step['name']} [{step['call']}] {why}")
     return problems
 

@@ -132,10 +132,22 @@ def test_sigterm_stops_running_programs_and_records_it() -> None:
         assert d.stop(signal.SIGTERM) == 0
         assert not alive(pid)
         d.start()
+        # The stopped run did not end its turn: at the restart the turn continues once,
+        # through the gate, which will not run a never-rerun command a second time.
+        blocked = wait_event(
+            d, "slow", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
+        )
+        assert (
+            "the command [r1.command] was stopped before it finished" in (blocked["data"]["reason"])
+        )
+        assert "never-rerun" in blocked["data"]["reason"]
         shown = d.json("show", "slow")
-        assert shown["state"] == "sleeping"
-        assert shown["reason"] == "interrupted by daemon shutdown"
         assert shown["last_run"]["status"] == "interrupted"
+        assert shown["last_run"]["ends_turn"] is False
+        reasons = [
+            r["data"]["reason"] for r in d.json("log", "slow", "--type", "lifecycle.changed")
+        ]
+        assert "interrupted by daemon shutdown" in reasons
 
 
 def test_one_daemon_per_state_dir() -> None:

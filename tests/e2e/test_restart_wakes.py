@@ -92,9 +92,11 @@ def test_a_crash_between_spawn_and_run_started_continues_the_turn_once() -> None
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_wakes_pending_at_a_crash_run_once_with_the_continued_turn() -> None:
-    """A wake that came while the run ran is pending at the crash: the continued turn
-    carries it; the restart adds no wake of its own, so no third run follows."""
+def test_a_wake_pending_at_a_crash_waits_for_the_next_turn_and_runs_once() -> None:
+    """A wake that came while the run ran is pending at the crash. The restart adds no
+    wake of its own: the cut-off turn continues once (seeing its own wake), then the
+    pending wake starts the next turn, once (DESIGN.md section 8: wakes that arrive
+    during a turn wait for the next one)."""
     root = short_dir()
     try:
         d = Daemon(root)
@@ -109,22 +111,26 @@ def test_wakes_pending_at_a_crash_run_once_with_the_continued_turn() -> None:
         d.ctl("send", "job", "one", check=True)
         first = wait_event(d, "job", "run.started")
         d.ctl("send", "job", "two", check=True)  # pending while r1 runs
-        wait_event(d, "job", "wake.requested", since=first["seq"])
+        two = wait_event(d, "job", "wake.requested", since=first["seq"])
         wait_for(lambda: executions(root) == ["r1"], what="r1 to run")
         d.kill9()
         restart(d)
         second = wait_event(d, "job", "run.started", since=first["seq"] + 1)
         assert second["data"]["run"] == "r2"
-        assert [w["trigger"] for w in second["data"]["wakes"]] == ["message"]
+        assert second["data"]["turn"] == first["data"]["turn"] == 1  # the same turn
+        assert second["data"]["wakes"] == first["data"]["wakes"]  # its own wake, "one"
         (root / "go").touch()
-        wait_event(d, "job", "run.finished", since=second["seq"])
-        # A barrier: cancel takes the session's lock, so whatever the end of r2 led
-        # to (a follow-up run, on the code before) is on record when it returns.
+        third = wait_event(d, "job", "run.started", since=second["seq"] + 1)
+        assert third["data"]["turn"] == 2
+        assert [w["seq"] for w in third["data"]["wakes"]] == [two["seq"]]
+        wait_event(d, "job", "run.finished", since=third["seq"])
+        # A barrier: cancel takes the session's lock, so whatever the end of r3 led
+        # to (another run, if a wake counted twice) is on record when it returns.
         d.ctl("cancel", "job", check=True)
         wakes = of_type(d, "wake.requested")
         assert [w["data"]["trigger"] for w in wakes] == ["message", "message"]
-        assert [r["data"]["run"] for r in of_type(d, "run.started")] == ["r1", "r2"]
-        assert executions(root) == ["r1", "r2"]
+        assert [r["data"]["run"] for r in of_type(d, "run.started")] == ["r1", "r2", "r3"]
+        assert executions(root) == ["r1", "r2", "r3"]
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -160,9 +160,8 @@ SDK_QUOTER = """
 from sessiond.sdk import connect
 with connect() as run:
     quoted = {"ref": "sha256:" + "0" * 64, "name": "made up", "size": 1}
-    with run.tool("read_file", {"path": "x", "see": quoted}, side_effect="read",
-                  idempotency="safe") as call:
-        call.finish(output="read", observation="read x")
+    run.step("read_file", lambda: "read", args={"path": "x", "see": quoted}, side_effect="read",
+             idempotency="safe", resume="replay-from-event")
 """
 
 

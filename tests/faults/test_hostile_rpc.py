@@ -330,8 +330,8 @@ n = len(list(pathlib.Path(".").glob("token-*")))
 env = os.environ
 pathlib.Path(f"token-{n}").write_text(env["SESSIOND_TOKEN"] + " " + env["SESSIOND_RUN"])
 with connect() as run:
-    with run.tool("read_file", {"path": "x"}, side_effect="read", idempotency="safe") as call:
-        call.finish(output="read", observation="read x")
+    run.step("read_file", lambda: "read", args={"path": "x"}, side_effect="read",
+             idempotency="safe", resume="replay-from-event")
 deadline = time.monotonic() + 30
 while pathlib.Path("hold").exists() and time.monotonic() < deadline:
     time.sleep(0.02)
@@ -359,12 +359,10 @@ def test_a_run_token_replayed_after_its_run_is_refused_and_appends_nothing(
         before = everything(d)
         replays: dict[str, dict[str, Any]] = {
             "sdk.context": {},
-            "sdk.tool": {"tool": "send_email", "args": {"to": "x"}},
-            "sdk.started": {"call": call},
-            "sdk.finished": {"call": call, "output": "again"},
-            "sdk.model": {"model": "m", "request": {}, "response": {}},
+            "sdk.step": {"name": "send_email", "ordinal": 1, "args": {"to": "x"}},
+            "sdk.step_done": {"call": call, "result": "again"},
             "sdk.verify": {"check": "tests", "ok": True},
-            "sdk.send": {"to": SENTINEL, "text": "from a dead run"},
+            "sdk.send": {"to": SENTINEL, "text": "from a dead run", "ordinal": 2},
             "sdk.end": {"intent": "complete"},
         }
         assert set(replays) == {m for m in METHODS if m.startswith("sdk.")}  # every one
