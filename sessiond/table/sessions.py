@@ -27,6 +27,7 @@ from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.durable import read_regular, write_all
 from sessiond.log.store.files import SPEC_LIMIT, FileStore
 from sessiond.names import check_name
+from sessiond.redaction import Redactor, redactor
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,17 @@ class Session:
     stop_pending: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
+    # Values masked wherever this session stores text, besides its spec's patterns:
+    # its resolved [run] secrets and its run token. In memory only, never stored;
+    # set at each start (sessiond.runs.start), kept until the next one.
+    masked: frozenset[str] = frozenset()
+
+    def redactor(self) -> Redactor | None:
+        """What masks this session's stored text now; None when nothing is masked."""
+        patterns = self.spec.redact if self.spec is not None else ()
+        if not patterns and not self.masked:
+            return None
+        return redactor(patterns, self.masked)
 
     @property
     def j(self) -> Journal:
@@ -155,6 +167,7 @@ class Table:
         if session.journal is not None:
             name = session.name
             session.journal.listeners.append(lambda record: self._broadcast(name, record))
+            session.journal.redaction = session.redactor
         session.wake_fn = self.next_wake_fn
         self.sessions[session.name] = session
         return session
