@@ -95,8 +95,9 @@ def redactor(patterns: Sequence[str], literals: frozenset[str] = frozenset()) ->
 
 def matches(patterns: Sequence[str] | Redactor | None, value: object) -> str | None:
     """Where in ``value`` (a JSON-like value: dicts, lists, strings, bytes) the first
-    string matching a pattern is, as a path (``$``, ``$.choices[0].text``, a key
-    as ``$.<key>`` with ``(key)`` after it); None when nothing matches.
+    string matching a pattern is, as a path (``$``, ``$.choices[0].text``, or
+    ``$.headers (one of its keys)``: a path never holds the match itself); None
+    when nothing matches.
 
     For what is refused rather than masked: a step's result or a model response
     that a mask would change could not be replayed as it was."""
@@ -116,7 +117,7 @@ def _first(r: Redactor, value: object, path: str) -> str | None:
             plain = isinstance(key, str) and key.isidentifier()
             where = f"{path}.{key}" if plain else f"{path}[{key!r}]"
             if isinstance(key, str) and r.search(key):
-                return f"{where} (key)"
+                return f"{path} (one of its keys)"  # never the key: it holds the match
             if (found := _first(r, inner, where)) is not None:
                 return found
         return None

@@ -383,6 +383,10 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d, text = export_bundle(conn, args.name, args.output)
+    if args.output == "-":  # stdout holds the bundle alone: the summary goes to stderr
+        summary = orjson.dumps(d).decode() if out.json else text
+        print(summary, file=sys.stderr)
+        return 0
     return _done(d, out, text)
 
 
