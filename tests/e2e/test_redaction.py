@@ -188,3 +188,76 @@ def test_a_run_token_printed_by_its_program_is_masked() -> None:
         err = (artifacts / finished["data"]["stderr"]["ref"][7:]).read_bytes()
         assert err == b"token [REDACTED]\n"
         _assert_nowhere(d, "tok", token)
+
+
+API_KEY = "payroll-" + "k3y" * 6  # matches no pattern: masked because it is a secret
+DB_PASS = "db-" + "pa55" * 5
+SECRETS_SPEC = """name = "{name}"
+[run]
+exec = ["{python}", "-c", "{program}"]
+cwd = "{root}"
+retries = 0
+secrets = {{ API_KEY = {{ env = "{var}" }}, DB_PASS = {{ file = "{file}" }} }}
+"""
+# Writes what it sees (for the test), then prints its secrets.
+USE_SECRETS = (
+    "import os, sys; k, p = os.environ['API_KEY'], os.environ['DB_PASS']; "
+    "open('seen.txt', 'w').write(k + ' ' + p); print('key', k, 'pass', p); "
+    "print('pass', p, file=sys.stderr)"
+)
+
+
+def _secrets_spec(d: Daemon, name: str, var: str, file: Path) -> str:
+    return SECRETS_SPEC.format(
+        name=name, python=sys.executable, program=USE_SECRETS, root=d.root, var=var, file=file
+    )
+
+
+def test_run_secrets_reach_the_program_and_are_stored_nowhere() -> None:
+    with running("snapshot_every = 10\n", env={"PAYROLL_API_KEY": API_KEY}) as d:
+        secret_file = d.root / "db.pass"
+        secret_file.write_text(DB_PASS + "\n")  # the final newline is not part of it
+        spec = _secrets_spec(d, "pay", "PAYROLL_API_KEY", secret_file)
+        d.ctl("create", str(d.write_spec("pay", spec)), check=True)
+        d.ctl("activate", "pay", check=True)
+        finished = wait_event(d, "pay", "run.finished")
+        assert finished["data"]["status"] == "ok"
+        assert (d.root / "seen.txt").read_text() == f"{API_KEY} {DB_PASS}"
+        artifacts = d.state_dir / "sessions" / "pay" / "artifacts"
+        out = (artifacts / finished["data"]["stdout"]["ref"][7:]).read_bytes()
+        assert out == b"key [REDACTED] pass [REDACTED]\n"
+        (created,) = d.json("log", "pay", "--type", "session.created")
+        assert created["data"]["spec"]["run"]["secrets"] == {
+            "API_KEY": {"env": "PAYROLL_API_KEY", "file": None},
+            "DB_PASS": {"env": None, "file": str(secret_file)},
+        }
+        bundle = _bundle(d, "pay")
+        assert API_KEY.encode() not in bundle
+        assert DB_PASS.encode() not in bundle
+        stored = _assert_nowhere(d, "pay", API_KEY)
+        assert "spec.toml" in stored
+        assert not [p for p, data in stored.items() if DB_PASS.encode() in data]
+
+
+def test_a_secret_that_cannot_be_read_fails_the_start_naming_it() -> None:
+    with running() as d:
+        missing = d.root / "nowhere.pass"
+        spec = _secrets_spec(d, "nokey", "NO_SUCH_VARIABLE_HERE", d.root / "db.pass")
+        (d.root / "db.pass").write_text(DB_PASS)
+        d.ctl("create", str(d.write_spec("nokey", spec)), check=True)
+        d.ctl("activate", "nokey", check=True)
+        failed = wait_event(d, "nokey", "run.finished")
+        assert failed["data"]["status"] == "failed"
+        error = failed["data"]["error"]
+        assert "secret API_KEY" in error
+        assert "NO_SUCH_VARIABLE_HERE" in error
+        assert not (d.root / "seen.txt").exists()  # the program never ran
+        spec = _secrets_spec(d, "nofile", "HOME", missing)
+        d.ctl("create", str(d.write_spec("nofile", spec)), check=True)
+        d.ctl("activate", "nofile", check=True)
+        failed = wait_event(d, "nofile", "run.finished")
+        assert failed["data"]["status"] == "failed"
+        assert f"secret DB_PASS: cannot read the file {missing}" in failed["data"]["error"]
+        assert not (d.root / "seen.txt").exists()
+        shown = d.json("show", "nofile")
+        assert shown["state"] == "blocked", shown
