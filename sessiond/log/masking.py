@@ -15,11 +15,13 @@ themselves; a spec must hold no secret (docs/spec.md says so).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sessiond.log.event_data import EventData
 from sessiond.log.store.base import Draft
 from sessiond.redaction import Redactor
+
+E = TypeVar("E", bound=EventData)
 
 # event type -> its free-text fields (a str, or JSON whose strings are all free text)
 FREE_TEXT: dict[str, tuple[str, ...]] = {
@@ -73,7 +75,7 @@ def _field(r: Redactor, name: str, value: Any) -> Any:
     return r.walk(value)
 
 
-def mask(data: EventData, r: Redactor) -> EventData:
+def mask(data: E, r: Redactor) -> E:
     """``data`` with its free text masked; ``data`` itself when nothing changed."""
     update: dict[str, Any] = {}
     for name in FREE_TEXT.get(data.EVENT_TYPE, ()):
