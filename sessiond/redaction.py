@@ -26,7 +26,7 @@ MASK = "[REDACTED]"
 class Redactor:
     """Compiled patterns plus literal values; every match is replaced by ``MASK``."""
 
-    __slots__ = ("_literals", "_patterns")
+    __slots__ = ("_any", "_literals", "_patterns")
 
     def __init__(self, patterns: Sequence[str] = (), literals: Sequence[str] = ()) -> None:
         # One regex per pattern, applied in order (as written): patterns joined into
@@ -34,11 +34,19 @@ class Redactor:
         self._patterns = [re.compile(p) for p in patterns]
         values = sorted({v for v in literals if v}, key=len, reverse=True)  # longest first
         self._literals = re.compile("|".join(map(re.escape, values))) if values else None
+        # Most text holds no match: one search of everything at once says so, at
+        # a fraction of the substitutions' cost. Where the patterns cannot be joined,
+        # each is searched in turn.
+        joined = [f"(?:{p})" for p in patterns] + ([self._literals.pattern] if values else [])
+        try:
+            self._any: re.Pattern[str] | None = re.compile("|".join(joined))
+        except re.error:
+            self._any = None
 
     def text(self, value: str) -> str:
         """``value`` with every pattern and literal masked (``value`` itself, the
         same object, when nothing matched)."""
-        if not value:
+        if not value or not self.search(value):
             return value
         out = value
         if self._literals is not None:
@@ -64,17 +72,27 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            out = {k: self.walk(v) for k, v in value.items()}
-            return value if all(out[k] is value[k] for k in value) else out
+            out: dict[Any, Any] | None = None  # a copy only once something changed
+            for key, inner in value.items():
+                masked = self.walk(inner)
+                if masked is not inner:
+                    out = dict(value) if out is None else out
+                    out[key] = masked
+            return value if out is None else out
         if isinstance(value, list | tuple):
-            items = [self.walk(v) for v in value]
-            if all(a is b for a, b in zip(items, value, strict=True)):
-                return value
-            return type(value)(items)
+            items: list[Any] | None = None
+            for i, inner in enumerate(value):
+                masked = self.walk(inner)
+                if masked is not inner:
+                    items = list(value) if items is None else items
+                    items[i] = masked
+            return value if items is None else type(value)(items)
         return value
 
     def search(self, value: str) -> bool:
         """Whether ``value`` holds anything this redactor masks."""
+        if self._any is not None:
+            return self._any.search(value) is not None
         if self._literals is not None and self._literals.search(value):
             return True
         return any(p.search(value) for p in self._patterns)

@@ -76,13 +76,21 @@ class Session:
     # its resolved [run] secrets and its run token. In memory only, never stored;
     # set at each start (sessiond.runs.start), kept until the next one.
     masked: frozenset[str] = frozenset()
+    # the last redactor built, and the spec and values it was built for
+    _redactor: tuple[SessionSpec | None, frozenset[str], Redactor | None] | None = field(
+        default=None, repr=False
+    )
 
     def redactor(self) -> Redactor | None:
-        """What masks this session's stored text now; None when nothing is masked."""
+        """What masks this session's stored text now; None when nothing is masked.
+        Built again only when the spec or the masked values change."""
+        spec, masked, cached = self._redactor or (None, None, None)
+        if spec is self.spec and masked is self.masked:
+            return cached
         patterns = self.spec.redact if self.spec is not None else ()
-        if not patterns and not self.masked:
-            return None
-        return redactor(patterns, self.masked)
+        built = redactor(patterns, self.masked) if patterns or self.masked else None
+        self._redactor = (self.spec, self.masked, built)
+        return built
 
     @property
     def j(self) -> Journal:
