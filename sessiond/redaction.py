@@ -33,11 +33,12 @@ class Redactor:
         # one alternation would break on inline flags or repeated group names.
         self._patterns = [re.compile(p) for p in patterns]
         values = sorted({v for v in literals if v}, key=len, reverse=True)  # longest first
-        self._literals = re.compile("|".join(map(re.escape, values))) if values else None
+        literal = "|".join(map(re.escape, values))
+        self._literals = re.compile(literal) if values else None
         # Most text holds no match: one search of everything at once says so, at
         # a fraction of the substitutions' cost. Where the patterns cannot be joined,
         # each is searched in turn.
-        joined = [f"(?:{p})" for p in patterns] + ([self._literals.pattern] if values else [])
+        joined = [f"(?:{p})" for p in patterns] + ([literal] if values else [])
         try:
             self._any: re.Pattern[str] | None = re.compile("|".join(joined))
         except re.error:

@@ -60,3 +60,10 @@ def test_matches_names_the_path_of_the_first_match() -> None:
     assert matches([], KEY) is None
     assert matches(None, KEY) is None
     assert matches(Redactor([], ["hunter2"]), {"p": "hunter2"}) == "$.p"
+
+
+def test_patterns_that_cannot_be_joined_still_mask() -> None:
+    # an inline flag not at the start, and a group name used twice, once joined
+    r = Redactor([r"(?i)secret", r"(?P<k>ab)c", r"(?P<k>xy)z"], ["lit"])
+    assert r.text("SECRET abc xyz lit") == f"{MASK} {MASK} {MASK} {MASK}"
+    assert r.text("nothing") == "nothing"
