@@ -322,9 +322,14 @@ class SessionSpec(_Strict):
     def _patterns(cls, patterns: list[str]) -> list[str]:
         for p in patterns:
             try:
-                re.compile(p)
+                compiled = re.compile(p)
             except re.error as exc:
                 raise ValueError(f"{p!r} is not a regular expression: {exc}") from exc
+            if compiled.search("") is not None:
+                raise ValueError(
+                    f"{p!r} matches the empty string, so it would mask between every two "
+                    "characters; write a pattern that needs at least one (e.g. '+' for '*')"
+                )
         return patterns
 
     @property

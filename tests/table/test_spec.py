@@ -175,3 +175,8 @@ def test_a_bad_secret_is_refused_naming_it(tmp_path: Path, secrets: str, says: s
 def test_a_name_in_both_env_and_secrets_is_refused(tmp_path: Path) -> None:
     text = RUN + 'env = { A = "1" }\nsecrets = { A = { env = "X" } }\n'
     assert "A: named in both env and secrets" in refusal(text, tmp_path)
+
+
+def test_a_redact_pattern_that_matches_the_empty_string_is_refused(tmp_path: Path) -> None:
+    said = refusal('redact = ["sk-[a-z]*", "x*"]\n', tmp_path)
+    assert "'x*' matches the empty string" in said
