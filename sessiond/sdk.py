@@ -162,6 +162,18 @@ def _text(response: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
+def _observation(name: str, result: Any, observe: Callable[[Any], str] | None) -> str:
+    """What the messages view (the model's next context) says of a finished step."""
+    if observe is not None:
+        return observe(result)[:60_000]
+    if result is None:
+        return f"{name} done"
+    if isinstance(result, bytes):
+        return f"{name} done: {len(result)} bytes"
+    shown = result if isinstance(result, str) else orjson.dumps(result).decode()
+    return f"{name} done: {shown[:200]}" + ("…" if len(shown) > 200 else "")
+
+
 class Run:
     """A run of a session program, talking to the daemon."""
 
@@ -249,9 +261,11 @@ class Run:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        observe: Callable[[Any], str] | None = None,
     ) -> Any:
         """Run ``fn()`` at most once for this place in the turn; return its result (the
-        recorded one when a later run of the turn gets here)."""
+        recorded one when a later run of the turn gets here). ``observe(result)`` is
+        what the messages view says of it (default: the name and the result, short)."""
         ordinal = self._place(key)
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = self._begin(
@@ -260,9 +274,15 @@ class Run:
         )  # fmt: skip
         if answer["status"] == "replayed":
             return _from_answer(answer)
-        return self._work(answer, fn)
+        return self._work(answer, fn, name, observe)
 
-    def _work(self, answer: dict[str, Any], fn: Callable[[], Any]) -> Any:
+    def _work(
+        self,
+        answer: dict[str, Any],
+        fn: Callable[[], Any],
+        name: str,
+        observe: Callable[[Any], str] | None,
+    ) -> Any:
         call = answer["call"]
         started = time.monotonic()
         token = _current_key.set(answer.get("key"))
@@ -275,11 +295,12 @@ class Run:
         finally:
             _current_key.reset(token)
         took = int((time.monotonic() - started) * 1000)
+        result = base64.b64decode(b64) if b64 is not None else value
         self._call(
             "sdk.step_done", call=call, status="ok", result=value, result_b64=b64,
-            duration_ms=took,
+            duration_ms=took, observation=_observation(name, result, observe),
         )  # fmt: skip
-        return base64.b64decode(b64) if b64 is not None else value
+        return result
 
     def model_call(
         self,
@@ -390,6 +411,7 @@ class AsyncRun:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        observe: Callable[[Any], str] | None = None,
     ) -> Any:
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = await asyncio.to_thread(
@@ -400,9 +422,15 @@ class AsyncRun:
         )  # fmt: skip
         if answer["status"] == "replayed":
             return _from_answer(answer)
-        return await self._work(answer, fn)
+        return await self._work(answer, fn, name, observe)
 
-    async def _work(self, answer: dict[str, Any], fn: Callable[[], Any], **extra: Any) -> Any:
+    async def _work(
+        self,
+        answer: dict[str, Any],
+        fn: Callable[[], Any],
+        name: str,
+        observe: Callable[[Any], str] | None,
+    ) -> Any:
         call = answer["call"]
         token = _current_key.set(answer.get("key"))
         try:
@@ -415,12 +443,15 @@ class AsyncRun:
             raise
         finally:
             _current_key.reset(token)
+        result = base64.b64decode(b64) if b64 is not None else value
+        text = _observation(name, result, observe)
         await asyncio.to_thread(
             lambda: self.sync._call(
-                "sdk.step_done", call=call, status="ok", result=value, result_b64=b64, **extra
+                "sdk.step_done", call=call, status="ok", result=value, result_b64=b64,
+                observation=text,
             )
-        )
-        return base64.b64decode(b64) if b64 is not None else value
+        )  # fmt: skip
+        return result
 
     def model_call(
         self, model: str, request: Any, fn: Callable[[], Any], *, strict: bool = False,

@@ -30,6 +30,7 @@ GROUND = {
     "logs",
     "names",
     "paths",
+    "redaction",
     "wire",
 }
 CLIENTS = {"ctl", "sdk"}

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl.bundles import export_bundle, import_bundle
+from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -389,7 +389,7 @@ def cmd_resolve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d, text = export_bundle(conn, args.name, args.output)
-    return _done(d, out, text)
+    return summary_to_stderr(d, text, out.json) if args.output == "-" else _done(d, out, text)
 
 
 def cmd_import(conn: Connection, args: argparse.Namespace, out: Out) -> int:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from sessiond.wire import Connection, RemoteError
 
 
@@ -60,6 +62,13 @@ def export_bundle(conn: Connection, name: str, output: str) -> tuple[dict[str, A
         raise RemoteError("internal", "the bundle arrived damaged (its sha256 differs)", 70)
     d["path"] = target
     return d, f"exported {d['events']} events of {name} to {target}"
+
+
+def summary_to_stderr(d: dict[str, Any], text: str, as_json: bool) -> int:
+    """An export to standard output: stdout holds the bundle alone, so what was
+    exported is said on stderr."""
+    print(orjson.dumps(d).decode() if as_json else text, file=sys.stderr)
+    return 0
 
 
 def _open_bundle(path: Path) -> IO[bytes]:

@@ -17,6 +17,7 @@ import structlog
 
 from sessiond.errors import LogCorrupt
 from sessiond.log.event_data import EventData
+from sessiond.log.masking import mask_drafts
 from sessiond.log.replay import apply, replay
 from sessiond.log.state import REDUCER_VERSION, State
 from sessiond.log.store.base import (
@@ -31,6 +32,7 @@ from sessiond.log.store.base import (
     SnapshotStore,
     Store,
 )
+from sessiond.redaction import Redactor
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +52,10 @@ class Journal:
         # Called with each record once it is durable (followers of `sessionctl log -f`).
         self.listeners: list[Callable[[Record], None]] = []
         self._unpublished: list[Record] = []  # written with durable=False, not yet synced
+        # The session's redactor now (its spec's patterns, its secrets): the free text
+        # of every event is masked before it is written (sessiond.log.masking). Set
+        # by the table; None, or a redactor of None, masks nothing and costs nothing.
+        self.redaction: Callable[[], Redactor | None] | None = None
 
     @property
     def session(self) -> str:
@@ -113,6 +119,9 @@ class Journal:
         are on disk. ``durable=False`` is for steps nobody is told about and that a
         durable append follows before anything acts on them (an fsync covers every
         line written before it): they need not wait for a disk flush of their own."""
+        redaction = self.redaction
+        if redaction is not None and (redactor := redaction()) is not None:
+            drafts = mask_drafts(drafts, redactor)
         pending = self.log.write_many(drafts)
         for record in pending.records:
             apply(self.state, record)

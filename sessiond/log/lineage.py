@@ -19,10 +19,10 @@ from sessiond.log.store.base import Durability, Pending, Store
 from sessiond.names import check_name
 
 # Fields of event data that hold any JSON a program or a person gave (tool
-# arguments, wake details, run wakes, the spec as written): a {"ref": "sha256:..."}
+# arguments, wake details, run wakes, the spec as written, a step's result): a {"ref": "sha256:..."}
 # in them is data, not evidence. Taken for a reference, it made export and fork of
 # the session fail for ever, looking for an artifact that never existed.
-FREE_FORM = frozenset({"args", "details", "wakes", "spec"})
+FREE_FORM = frozenset({"args", "details", "wakes", "spec", "result"})
 
 
 def artifact_refs(data: Any) -> Iterator[str]:

@@ -65,9 +65,7 @@ def begin_run(s: State, seq: int) -> None:
         turn["runs"] += 1
         # A continuation takes only what continues it (an approval, a retry...); a
         # message or a file change that came meanwhile waits for the next turn.
-        s.pending_wakes = [
-            w for w in s.pending_wakes if w["trigger"] not in CONTINUATION_TRIGGERS
-        ]
+        s.pending_wakes = [w for w in s.pending_wakes if w["trigger"] not in CONTINUATION_TRIGGERS]
     _adopt_command(s)
 
 

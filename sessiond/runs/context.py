@@ -140,7 +140,8 @@ class RunContext:
         """One lifecycle transition, checked and recorded."""
         event = lifecycle.change(s.name, s.state, to, why=why, reason=reason, outcome=outcome)
         record = await self.table.append(s, event, causation=causation, durable=durable)
-        log.info("lifecycle", session=s.name, to=to, reason=reason)
+        # the reason as recorded: masked like everything stored for the session
+        log.info("lifecycle", session=s.name, to=to, reason=record["data"]["reason"])
         if to != "ready":
             self.scheduler.queue.pop(s.name, None)
         if to == "terminated" and self.triggers is not None:

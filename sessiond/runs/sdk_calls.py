@@ -24,7 +24,6 @@ from sessiond.log.store.base import Draft
 from sessiond.runs.context import RunContext
 from sessiond.runs.steps import Steps
 from sessiond.runs.tokens import Tokens
-from sessiond.runs.workspace import redact
 from sessiond.table.sessions import Session
 
 # the ``send`` syscall: a message from one session to another (syscalls.lineage)
@@ -101,7 +100,9 @@ class SdkCalls:
         assert spec is not None
         ref = (
             self.ctx.store.artifacts(s.name).put(
-                redact(output.encode(), spec.redact), "verification", "text/plain"
+                r.data(output.encode()) if (r := s.redactor()) else output.encode(),
+                "verification",
+                "text/plain",
             )
             if output
             else None

@@ -23,6 +23,7 @@ from sessiond.log.event_data import (
     ToolFinished,
 )
 from sessiond.log.store.base import Draft
+from sessiond.redaction import Redactor
 from sessiond.runs.context import Continues, RunContext
 from sessiond.runs.runner import Outcome
 from sessiond.runs.tokens import Tokens
@@ -86,10 +87,14 @@ class Settler:
         artifacts = ctx.store.artifacts(s.name)
         loop = asyncio.get_running_loop()
 
+        # The spec's patterns, the run's secrets and token, and any live run token
+        # (a program may print another's SESSIOND_TOKEN): never in an artifact.
+        redactor = Redactor(spec.redact, [*s.masked, *self.tokens.grants])
+
         async def put(data: bytes, name: str) -> ArtifactRef | None:
             if not data:
                 return None
-            clean = redact(data, spec.redact)
+            clean = redactor.data(data)
             return await loop.run_in_executor(None, artifacts.put, clean, name, "text/plain")
 
         stdout = await put(outcome.stdout, "stdout")

@@ -39,6 +39,8 @@ from sessiond.log.store.base import Draft, Record
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, Program, program_env
+from sessiond.runs.secrets import SecretMissing
+from sessiond.runs.secrets import resolve as resolve_secrets
 from sessiond.runs.settle import Settler
 from sessiond.runs.supervise import Supervisor
 from sessiond.runs.tokens import Tokens
@@ -230,8 +232,7 @@ class Starter:
                 pending_started = started
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
-        env = self._env(s, run_id, call_id, wakes, wake_file)
-        env["SESSIOND_TURN"] = str(turn)
+        env, unresolved = self._env(s, run_id, call_id, wakes, wake_file, turn=turn)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
@@ -260,6 +261,8 @@ class Starter:
             )
 
         try:
+            if unresolved is not None:
+                raise unresolved
             pid = await program.start()
         except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
@@ -301,17 +304,29 @@ class Starter:
         call_id: str | None,
         wakes: list[dict[str, Any]],
         wake_file: Path,
-    ) -> dict[str, str]:
-        """The program's environment: the daemon's, the profile's, the spec's, ours."""
+        *,
+        turn: int,
+    ) -> tuple[dict[str, str], SecretMissing | None]:
+        """The program's environment: the daemon's, the profile's, the spec's, its
+        secrets, ours; and why a secret could not be read (the start then fails).
+        The secrets' values and the run token become values the session masks
+        wherever it stores text, until its next start."""
         spec = s.spec
         assert spec is not None
         assert spec.run is not None
+        try:  # read now, at every start, never stored
+            secrets, unresolved = resolve_secrets(spec, self.ctx.env), None
+        except SecretMissing as exc:
+            secrets, unresolved = {}, exc
         profile = (
             self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
         )
         env = program_env(
             self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
+        env.update(secrets)
+        env["SESSIOND_TURN"] = str(turn)  # the same in every run of the turn
+        masked = set(secrets.values())
         if call_id is not None:
             # The tool call this command run is: a key for the program's own
             # idempotency checks (a rerun after a crash is a new call, a new key).
@@ -323,7 +338,9 @@ class Starter:
         env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)
         if spec.run.kind == "sdk":
             env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
-        return env
+            masked.add(env["SESSIOND_TOKEN"])
+        s.masked = frozenset(masked)
+        return env, unresolved
 
     async def _record_start(
         self,

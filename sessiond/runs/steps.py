@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,9 +50,10 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import slot_of
+from sessiond.redaction import matches
 from sessiond.runs.context import RunContext
 from sessiond.runs.tokens import RunGrant
-from sessiond.runs.workspace import git_head, read_small, redact, text_diff, workspace_hasher
+from sessiond.runs.workspace import git_head, read_small, text_diff, workspace_hasher
 from sessiond.table.gate import describe_divergence
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Session
@@ -81,12 +81,11 @@ def args_hash(tool: str, args: dict[str, Any]) -> str:
     return digest_of([tool, args])
 
 
-def redact_match(patterns: list[str], data: bytes) -> str | None:
-    """The first ``redact`` pattern found in ``data`` (None: none is)."""
-    if not patterns:
-        return None
-    text = data.decode(errors="surrogateescape")
-    return next((p for p in patterns if re.search(p, text)), None)
+def _mask(s: Session, data: bytes) -> bytes:
+    """``data`` as the session stores it: its ``redact`` patterns, its secrets' values
+    and its run token masked (event text is masked as it is appended)."""
+    r = s.redactor()
+    return r.data(data) if r is not None else data
 
 
 def step_key(session: str, turn: int, slot: str) -> str:
@@ -147,7 +146,7 @@ class Steps:
                 # Frameworks put timestamps in requests: the changed request is kept
                 # (seen in the log), the recorded response answered.
                 context = self.ctx.store.artifacts(s.name).put(
-                    redact(orjson.dumps(p.request), s.spec.redact if s.spec else []),
+                    _mask(s, orjson.dumps(p.request)),
                     "context.json",
                     "application/json",
                 )
@@ -310,7 +309,7 @@ class Steps:
         grant.calls_model += 1
         call_id = f"{grant.run}.m{grant.calls_model}"
         context = self.ctx.store.artifacts(s.name).put(
-            redact(orjson.dumps(p.request), spec.redact), "context.json", "application/json"
+            _mask(s, orjson.dumps(p.request)), "context.json", "application/json"
         )
         # Not made durable on its own: a model call changes nothing in the world, so
         # one whose request is lost by a crash is simply asked again. The response's
@@ -355,12 +354,15 @@ class Steps:
                 )
             refused = None
             if p.status == "ok":
-                hit = redact_match(spec.redact, encoded)
-                if hit is not None:
+                value = encoded if kind == "bytes" else p.result
+                where = matches(s.redactor(), value)
+                if where is not None:
+                    what = "response" if step["kind"] == "model" else "result"
                     refused = (
-                        f"the result of step {step['ordinal']} ({step['name']}) matches the "
-                        f"redact pattern {hit!r}: a masked result could not be replayed; return "
-                        "a result without the secret (a reference to it, say)"
+                        f"the {what} of step {step['ordinal']} ({step['name']}) holds what the "
+                        f"session masks (a redact pattern, a secret or a run token) at {where}: "
+                        f"a masked {what} could not be replayed; return one without the secret "
+                        "(a reference to it, say)"
                     )
             if step["kind"] == "model":
                 await self._done_model(s, p, step, encoded, refused)
@@ -397,16 +399,12 @@ class Steps:
             result = orjson.loads(encoded)
         out = p.output or (p.error if not ok else "") or (refused or "")
         out_ref = (
-            artifacts.put(redact(out.encode(), spec.redact), f"{tool}.out", "text/plain")
-            if out
-            else None
+            artifacts.put(_mask(s, out.encode()), f"{tool}.out", "text/plain") if out else None
         )
         before = grant.before.pop(call, {})
         diff_bytes = text_diff(before, spec.workspace)
         diff_ref = (
-            artifacts.put(redact(diff_bytes, spec.redact), "diff", "text/x-diff")
-            if diff_bytes
-            else None
+            artifacts.put(_mask(s, diff_bytes), "diff", "text/x-diff") if diff_bytes else None
         )
         hasher = workspace_hasher(spec)
         if ok:
@@ -435,9 +433,7 @@ class Steps:
                     correlation=call,
                 ),
                 Draft(
-                    ObservationProjected(
-                        call=call, tool=tool, text=redact(text.encode(), spec.redact).decode()
-                    ),
+                    ObservationProjected(call=call, tool=tool, text=text),
                     correlation=call,
                 ),
             ],
@@ -463,7 +459,7 @@ class Steps:
                 tokens_in=p.tokens_in,
                 tokens_out=p.tokens_out,
                 duration_ms=p.duration_ms,
-                text=redact(p.text.encode(), spec.redact).decode() if ok else "",
+                text=p.text if ok else "",  # masked as it is appended
                 response=response,
                 error_class=None if ok else ("validation" if refused else "provider"),
             ),

@@ -8,11 +8,11 @@ same way, so they share these instead of each other.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from sessiond.gitrefs import resolve
+from sessiond.redaction import redactor
 from sessiond.table.sessions import file_hash
 from sessiond.table.spec import SessionSpec
 
@@ -31,13 +31,10 @@ def git_head(path: Path) -> str | None:
 
 
 def redact(data: bytes, patterns: list[str]) -> bytes:
-    """Mask the spec's ``redact`` patterns before anything is stored."""
-    if not patterns or not data:
-        return data
-    text = data.decode(errors="surrogateescape")
-    for pattern in patterns:
-        text = re.sub(pattern, "[REDACTED]", text)
-    return text.encode(errors="surrogateescape")
+    """Mask the spec's ``redact`` patterns before anything is stored (compiled once:
+    sessiond.redaction)."""
+    r = redactor(patterns)
+    return r.data(data) if r is not None else data
 
 
 def read_small(path: Path) -> bytes | None:

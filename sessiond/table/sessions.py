@@ -27,6 +27,7 @@ from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.durable import read_regular, write_all
 from sessiond.log.store.files import SPEC_LIMIT, FileStore
 from sessiond.names import check_name
+from sessiond.redaction import Redactor, redactor
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,25 @@ class Session:
     stop_pending: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake_fn: Callable[[Session], str | None] | None = None  # what ps/show say of the next wake
+    # Values masked wherever this session stores text, besides its spec's patterns:
+    # its resolved [run] secrets and its run token. In memory only, never stored;
+    # set at each start (sessiond.runs.start), kept until the next one.
+    masked: frozenset[str] = frozenset()
+    # the last redactor built, and the spec and values it was built for
+    _redactor: tuple[SessionSpec | None, frozenset[str], Redactor | None] | None = field(
+        default=None, repr=False
+    )
+
+    def redactor(self) -> Redactor | None:
+        """What masks this session's stored text now; None when nothing is masked.
+        Built again only when the spec or the masked values change."""
+        spec, masked, cached = self._redactor or (None, None, None)
+        if spec is self.spec and masked is self.masked:
+            return cached
+        patterns = self.spec.redact if self.spec is not None else ()
+        built = redactor(patterns, self.masked) if patterns or self.masked else None
+        self._redactor = (self.spec, self.masked, built)
+        return built
 
     @property
     def j(self) -> Journal:
@@ -155,6 +175,7 @@ class Table:
         if session.journal is not None:
             name = session.name
             session.journal.listeners.append(lambda record: self._broadcast(name, record))
+            session.journal.redaction = session.redactor
         session.wake_fn = self.next_wake_fn
         self.sessions[session.name] = session
         return session

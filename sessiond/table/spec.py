@@ -77,11 +77,39 @@ def _inside(value: str, key: str, info: ValidationInfo) -> str:
     return value
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SecretRef(_Strict):
+    """Where a secret's value is, never the value: a variable of the daemon's
+    environment, or a file (absolute once parsed). Read when a program starts
+    (sessiond.runs.secrets); the spec, and so every copy of it, holds only this."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError(
+                'a secret is either { env = "VARIABLE" } (a variable of the daemon\'s '
+                'environment) or { file = "/path" }: give exactly one'
+            )
+        if self.env is not None and not ENV_NAME.fullmatch(self.env):
+            raise ValueError(f"env {self.env!r} is not an environment variable name")
+        if self.file is not None and not self.file:
+            raise ValueError("file must be a path")
+        return self
+
+
 class RunSpec(_Strict):
     kind: Literal["command", "sdk"] = "command"
     exec: list[str] = Field(min_length=1)
     cwd: str = "."
+    # Stored with the spec (session.created, spec.toml, bundles): never a secret here.
     env: dict[str, str] = Field(default_factory=dict)
+    # name in the program's environment -> where its value is; values never stored
+    secrets: dict[str, SecretRef] = Field(default_factory=dict)
     timeout: Duration = 600.0
     profile: str = "default"
     side_effect: SideEffect = "workspace-write"
@@ -104,6 +132,41 @@ class RunSpec(_Strict):
                 "program; use another name"
             )
         return env
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _by_reference(cls, secrets: object) -> object:
+        if isinstance(secrets, dict):
+            for name, ref in secrets.items():
+                if not isinstance(ref, dict):
+                    raise ValueError(
+                        f"{name}: a secret is named by reference, never written in the spec: "
+                        '{ env = "VARIABLE" } or { file = "/path" }'
+                    )
+        return secrets
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, secrets: dict[str, SecretRef]) -> dict[str, SecretRef]:
+        for name in secrets:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if name.startswith("SESSIOND_"):
+                raise ValueError(
+                    f"{name}: SESSIOND_* variables are set by the daemon for the program; "
+                    "use another name"
+                )
+        return secrets
+
+    @model_validator(mode="after")
+    def _env_or_secret(self) -> RunSpec:
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(
+                f"{', '.join(both)}: named in both env and secrets; a variable is one or the "
+                "other (a secret belongs in secrets only: env is stored)"
+            )
+        return self
 
     @field_validator("writes")
     @classmethod
@@ -259,9 +322,14 @@ class SessionSpec(_Strict):
     def _patterns(cls, patterns: list[str]) -> list[str]:
         for p in patterns:
             try:
-                re.compile(p)
+                compiled = re.compile(p)
             except re.error as exc:
                 raise ValueError(f"{p!r} is not a regular expression: {exc}") from exc
+            if compiled.search("") is not None:
+                raise ValueError(
+                    f"{p!r} matches the empty string, so it would mask between every two "
+                    "characters; write a pattern that needs at least one (e.g. '+' for '*')"
+                )
         return patterns
 
     @property
@@ -302,6 +370,14 @@ def _absolute(base: Path, path: object) -> object:
         return path
 
 
+def _secret_file(base: Path, ref: object) -> object:
+    """A secret file taken from the spec's folder, made absolute but not resolved:
+    mounted secrets are often symlinks that move when the secret is rotated."""
+    if isinstance(ref, dict) and isinstance(ref.get("file"), str) and ref["file"]:
+        return {**ref, "file": os.path.normpath(os.path.join(os.path.abspath(base), ref["file"]))}
+    return ref
+
+
 def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str]]:
     """Make the spec's folder-relative paths absolute, so the stored spec stands alone;
     and the workspace, resolved and as written, for ``_inside``."""
@@ -313,6 +389,9 @@ def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str
         run = dict(run)
         cwd = run.get("cwd", ".")
         run["cwd"] = _absolute(base, cwd)
+        secrets = run.get("secrets")
+        if isinstance(secrets, dict):
+            run["secrets"] = {k: _secret_file(base, v) for k, v in secrets.items()}
         if isinstance(run["cwd"], str) and Path(run["cwd"]).is_absolute():
             workspace = Path(run["cwd"])
             written = os.path.abspath(base / cwd) if isinstance(cwd, str) else str(workspace)

@@ -5,6 +5,7 @@ body imports nothing."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import subprocess
@@ -53,6 +54,8 @@ def test_a_bundle_larger_than_a_frame_round_trips_through_files_and_pipes() -> N
             [SESSIONCTL, "export", "big", "-o", "-"], env=d.env, capture_output=True, check=True
         )
         assert piped.stdout[:2] == b"\x1f\x8b"  # a gzip stream, not a summary line
+        gzip.decompress(piped.stdout)  # and nothing after it: the summary is on stderr
+        assert piped.stderr.startswith(b"exported ")
         subprocess.run(
             [SESSIONCTL, "import", "-", "--as", "piped"],
             env=d.env,

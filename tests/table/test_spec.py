@@ -142,3 +142,41 @@ def test_an_absolute_path_outside_the_workspace_is_refused_naming_both(
     for outside in ("/etc/passwd", f"{ws}/../elsewhere/x", f"{ws}-sibling/x"):
         message = refusal(table.format(p=outside), tmp_path)
         assert message.startswith(f"s.toml: {key}: {outside!r} is outside the workspace {ws}")
+
+
+def test_secrets_are_references_stored_as_such(tmp_path: Path) -> None:
+    text = (
+        'name = "s"\n' + RUN + 'secrets = { API_KEY = { env = "PAYROLL_API_KEY" }, '
+        'DB_PASS = { file = "db.pass" } }\n'
+    )
+    spec = parse_spec(text, base=tmp_path)
+    assert spec.run is not None
+    assert spec.run.secrets["API_KEY"].env == "PAYROLL_API_KEY"
+    # from the spec's folder, made absolute but not resolved (mounted secrets move)
+    assert spec.run.secrets["DB_PASS"].file == str(tmp_path / "db.pass")
+    assert parse_spec(spec_to_toml(spec), base=Path("/")) == spec
+
+
+@pytest.mark.parametrize(
+    ("secrets", "says"),
+    [
+        ('{ A = "sk-literal" }', "A: a secret is named by reference, never written in the spec"),
+        ('{ A = { env = "X", file = "/f" } }', "run.secrets.A: a secret is either"),
+        ("{ A = {} }", "run.secrets.A: a secret is either"),
+        ('{ A = { env = "NOT-A-NAME" } }', "env 'NOT-A-NAME' is not an environment variable"),
+        ('{ "9A" = { env = "X" } }', "'9A' is not an environment variable name"),
+        ('{ SESSIOND_TOKEN = { env = "X" } }', "SESSIOND_TOKEN: SESSIOND_* variables are set"),
+    ],
+)
+def test_a_bad_secret_is_refused_naming_it(tmp_path: Path, secrets: str, says: str) -> None:
+    assert says in refusal(RUN + f"secrets = {secrets}\n", tmp_path)
+
+
+def test_a_name_in_both_env_and_secrets_is_refused(tmp_path: Path) -> None:
+    text = RUN + 'env = { A = "1" }\nsecrets = { A = { env = "X" } }\n'
+    assert "A: named in both env and secrets" in refusal(text, tmp_path)
+
+
+def test_a_redact_pattern_that_matches_the_empty_string_is_refused(tmp_path: Path) -> None:
+    said = refusal('redact = ["sk-[a-z]*", "x*"]\n', tmp_path)
+    assert "'x*' matches the empty string" in said

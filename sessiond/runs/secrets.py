@@ -1,0 +1,81 @@
+"""``[run] secrets``: resolved when a program starts, never stored (DESIGN.md section 8).
+
+The spec names each secret by reference: a variable of the daemon's environment
+or a file. Its value is read here, at every start, put in the program's
+environment under the secret's name, and added to the values the session masks
+wherever it stores text (``Session.masked``): a program that prints its secret
+gets it masked in its output artifacts and in any event.
+
+A secret that cannot be read fails the start like a program that could not
+start, with a reason naming the secret and where it was looked for (never a
+value: there is none to show).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from sessiond.table.spec import SessionSpec
+
+SECRET_FILE_LIMIT = 64 << 10  # a secret, not a data file
+
+
+class SecretMissing(ValueError):
+    """A ``[run] secrets`` entry whose value cannot be had; the message says why."""
+
+
+def resolve(spec: SessionSpec, daemon_env: Mapping[str, str]) -> dict[str, str]:
+    """Every secret's value by its name in the program's environment."""
+    if spec.run is None:
+        return {}
+    values: dict[str, str] = {}
+    for name, ref in spec.run.secrets.items():
+        if ref.env is not None:
+            value = daemon_env.get(ref.env)
+            if value is None:
+                raise SecretMissing(
+                    f"secret {name}: the daemon's environment has no variable {ref.env}; "
+                    "set it where the daemon is started (e.g. its systemd unit) and restart it"
+                )
+            where = f"the daemon's variable {ref.env}"
+        else:
+            assert ref.file is not None
+            value = _read(name, ref.file)
+            where = f"the file {ref.file}"
+        if not value:
+            raise SecretMissing(f"secret {name}: {where} is empty")
+        if "\x00" in value:
+            raise SecretMissing(
+                f"secret {name}: {where} holds a NUL character, which no environment "
+                "variable can carry"
+            )
+        values[name] = value
+    return values
+
+
+def _read(name: str, path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SecretMissing(
+            f"secret {name}: cannot read the file {path}: {exc.strerror}; create it, "
+            "readable by the daemon's user"
+        ) from exc
+    try:
+        raw = os.read(fd, SECRET_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise SecretMissing(f"secret {name}: cannot read the file {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if len(raw) > SECRET_FILE_LIMIT:
+        raise SecretMissing(
+            f"secret {name}: the file {path} is over {SECRET_FILE_LIMIT} bytes; "
+            "a secret file holds the secret only"
+        )
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise SecretMissing(f"secret {name}: the file {path} is not UTF-8 text") from exc
+    # Files are written with a final newline by editors and `echo`; it is not part of it.
+    return text.removesuffix("\n").removesuffix("\r")
