@@ -42,6 +42,8 @@ class Peers:
     def __init__(self, access: AccessConfig) -> None:
         self.uids: set[int] = set()
         self.gids: set[int] = set()
+        # the [run] user's uid: its processes are programs, never operators
+        self.run_uids: frozenset[int] = frozenset()
         self.allow(access)
 
     def allow(self, access: AccessConfig) -> None:

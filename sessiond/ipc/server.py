@@ -16,16 +16,18 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from sessiond.config import AccessConfig, DaemonConfig
 from sessiond.errors import SessiondError
-from sessiond.ipc.dispatch import Dispatch
+from sessiond.ipc.dispatch import Caller, Dispatch
 from sessiond.ipc.fence import check_folder, share
 from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
+from sessiond.ipc.runpeer import examine
+from sessiond.paths import program_socket
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)
@@ -33,13 +35,23 @@ log = structlog.get_logger(__name__)
 
 class Server:
     """Owns the listening socket and the connection tasks; the daemon starts and
-    closes it, and on a reload swaps ``config`` and calls ``allow``."""
+    closes it, and on a reload swaps ``config`` and calls ``allow``.
+
+    The daemon has two: the control socket (``endpoint="control"``, for people:
+    a peer that is a process of a run may only ping there) and the program
+    endpoint beside it (``"program"``, for runs: sessiond.ipc.program)."""
 
     def __init__(
-        self, config: DaemonConfig, kernel: Kernel, reload: Callable[[], Awaitable[Any]]
+        self,
+        config: DaemonConfig,
+        kernel: Kernel,
+        reload: Callable[[], Awaitable[Any]],
+        *,
+        endpoint: Literal["control", "program"] = "control",
     ) -> None:
         self.config = config
-        self.path = config.socket
+        self.endpoint = endpoint
+        self.path = config.socket if endpoint == "control" else program_socket(config.socket)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.activated = False
@@ -53,7 +65,8 @@ class Server:
     # --- the socket -----------------------------------------------------------------
 
     async def start(self, activated: socket.socket | None = None) -> None:
-        self.dispatch.bundles.prepare()
+        if self.endpoint == "control":
+            self.dispatch.bundles.prepare()
         if activated is not None:
             # Socket activation: systemd made the socket (and its mode); we serve it.
             self.activated = True
@@ -139,7 +152,7 @@ class Server:
                     ),
                 )
                 return
-            await self._requests(reader, writer)
+            await self._requests(reader, writer, self._caller(peer, writer))
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception:  # never let one connection take the daemon down
@@ -150,7 +163,17 @@ class Server:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
+        if self.endpoint == "program":
+            return Caller("program", peer.uid)
+        refusal = examine(writer.get_extra_info("socket"), peer.pid, self.peers.run_uids)
+        if refusal is not None:
+            log.info("peer.only_ping", pid=peer.pid, uid=peer.uid)
+        return Caller("control", peer.uid, refusal)
+
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller
+    ) -> None:
         frames = Frames(reader, self.config.max_frame_bytes)
         while True:
             try:
@@ -174,4 +197,4 @@ class Server:
                 continue
             if not line.strip():
                 continue
-            await self.dispatch.handle(line, frames, writer)
+            await self.dispatch.handle(line, frames, writer, caller)

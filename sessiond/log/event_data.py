@@ -188,6 +188,11 @@ class RecoveryResolved(EventData):
     call: str | None = None
     hashes: dict[str, FileHash] = Field(default_factory=dict)
     by: str = ""
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -280,6 +285,11 @@ class ApprovalGranted(EventData):
     args_sha256: FileHash = None
     by: str = ""
     expires_at: str | None = None  # RFC 3339; None: does not expire
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 class ApprovalDenied(EventData):
@@ -288,6 +298,11 @@ class ApprovalDenied(EventData):
     tool: str
     by: str = ""
     reason: str = ""
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 class ToolStarted(EventData):

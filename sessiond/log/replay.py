@@ -245,6 +245,7 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         expires_at=d["expires_at"],
         answered_at=r["ts"],
     )
+    _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "approved"
@@ -253,9 +254,16 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
     approval.update(status="denied", by=d["by"], reason=d["reason"], answered_at=r["ts"])
+    _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "denied"
+
+
+def _who(approval: dict[str, Any], d: dict[str, Any]) -> None:
+    """Who answered, from the peer's credentials (events before 0.x have none)."""
+    if d.get("uid") is not None:
+        approval.update(uid=d["uid"], user=d["user"], channel=d["channel"])
 
 
 def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:

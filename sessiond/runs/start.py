@@ -35,6 +35,7 @@ from sessiond.log.event_data import (
     ToolStarted,
 )
 from sessiond.log.store.base import Draft, Record
+from sessiond.paths import program_socket
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, Program, program_env
@@ -310,13 +311,14 @@ class Starter:
             # The tool call this command run is: a key for the program's own
             # idempotency checks (a rerun after a crash is a new call, a new key).
             env["SESSIOND_CALL"] = call_id
-        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
-        env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
+        # Every program may talk to the daemon (sessionctl, the SDK), through the
+        # program endpoint and with its run's token: never the control socket, whose
+        # path is not given to it (DESIGN.md section 8, "Who may approve").
+        env["SESSIOND_SOCKET"] = str(program_socket(self.ctx.config.socket))
+        env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
         # Inherited by every process of the run: what a restart looks for when
         # neither this daemon nor its spawner is left to stop them (runs/leftovers.py).
         env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)
-        if spec.run.kind == "sdk":
-            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
         return env
 
     async def _record_start(

@@ -34,7 +34,14 @@ class Approvals:
         self.ctx = ctx
         self.runs = runs
 
-    async def approve(self, name: str, call: str | None = None, by: str = "") -> dict[str, Any]:
+    async def approve(
+        self,
+        name: str,
+        call: str | None = None,
+        by: str = "",
+        *,
+        who: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
@@ -48,6 +55,7 @@ class Approvals:
                     args_sha256=approval.get("args_sha256"),
                     by=by,
                     expires_at=expires,
+                    **(who or {}),
                 ),
                 correlation=approval["call"],
             )
@@ -58,14 +66,26 @@ class Approvals:
         return detail(s)
 
     async def deny(
-        self, name: str, call: str | None = None, by: str = "", reason: str = ""
+        self,
+        name: str,
+        call: str | None = None,
+        by: str = "",
+        reason: str = "",
+        *,
+        who: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
             await self.ctx.table.append(
                 s,
-                ApprovalDenied(call=approval["call"], tool=approval["tool"], by=by, reason=reason),
+                ApprovalDenied(
+                    call=approval["call"],
+                    tool=approval["tool"],
+                    by=by,
+                    reason=reason,
+                    **(who or {}),
+                ),
                 correlation=approval["call"],
             )
             if s.state == "blocked" and not s.j.state.pending_approvals():
@@ -74,7 +94,9 @@ class Approvals:
 
     # --- recovery ------------------------------------------------------------------
 
-    async def resolve(self, name: str, option: str, by: str = "") -> dict[str, Any]:
+    async def resolve(
+        self, name: str, option: str, by: str = "", *, who: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Apply a recovery option to a blocked session, then gate it again.
 
         ``rerun``: run the half-finished step again (it is recorded as cut off);
@@ -105,7 +127,8 @@ class Approvals:
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
                 if option == "discard":
-                    text = f"{tool} was abandoned by {by or 'a person'}; it did not complete"
+                    person = (who or {}).get("user") or by or "a person"
+                    text = f"{tool} was abandoned by {person}; it did not complete"
                     drafts.append(
                         Draft(
                             ObservationProjected(
@@ -125,7 +148,11 @@ class Approvals:
                 for call in open_calls.values():
                     paths.update(call.get("writes") or [])
                 hashes = {p: hasher(p) for p in sorted(paths)}
-            drafts.append(Draft(RecoveryResolved(option=option, call=first, hashes=hashes, by=by)))
+            drafts.append(
+                Draft(
+                    RecoveryResolved(option=option, call=first, hashes=hashes, by=by, **(who or {}))
+                )
+            )
             await self.ctx.table.append_many(s, drafts)
             spec = s.spec
             if (
