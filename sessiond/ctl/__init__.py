@@ -418,7 +418,8 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
-            "approve", "deny", "resolve", "apply", "export", "import", "reload", "completion"]  # fmt: skip
+            "approve", "deny", "resolve", "apply", "export", "import", "reload",
+            "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {

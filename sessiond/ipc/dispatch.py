@@ -23,7 +23,6 @@ from sessiond.errors import SessiondError
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.frames import Frames, error, reply
-from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.ipc.params import (
     ApproveParams,
     CompactParams,
@@ -50,6 +49,7 @@ from sessiond.ipc.params import (
     TokenParams,
     parse,
 )
+from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)

@@ -94,10 +94,9 @@ def _why_run(pid: int, run_uids: frozenset[int]) -> str | None:
         environ = b""
     if environ.startswith(MARK) or b"\0" + MARK in environ:
         return "it carries SESSIOND_RUN_MARK: it is a process of a run"
-    with contextlib.suppress(FileNotFoundError):  # no cgroups in this kernel
-        with open(f"/proc/{pid}/cgroup", "rb") as f:
-            if RUN_CGROUP.search(f.read()):
-                return "it is in a run's cgroup"
+    with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/cgroup", "rb") as f:
+        if RUN_CGROUP.search(f.read()):  # (no such file: a kernel without cgroups)
+            return "it is in a run's cgroup"
     seen = 0
     current = pid
     while current > 1 and seen < MAX_DEPTH:
