@@ -24,6 +24,7 @@ from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.frames import Frames, error, reply
 from sessiond.ipc.params import (
+    ApplyParams,
     ApproveParams,
     CompactParams,
     CreateParams,
@@ -160,6 +161,10 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
         "approve": (ApproveParams, lambda p, w: k.approve(p.name, p.call, p.by, who=w)),
         "deny": (ApproveParams, lambda p, w: k.deny(p.name, p.call, p.by, p.reason, who=w)),
         "resolve": (ResolveParams, lambda p, w: k.resolve(p.name, p.option, p.by, who=w)),
+        "apply": (
+            ApplyParams,
+            lambda p, w: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
+        ),
     }
 
 

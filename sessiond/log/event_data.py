@@ -143,6 +143,20 @@ class SessionMigrated(EventData):
     to: str | None = None
 
 
+class SpecApplied(EventData):
+    """An operator gave the live session a new spec (``sessionctl apply``): who did,
+    from the peer's credentials, and what changed. The next gate and run use it."""
+
+    EVENT_TYPE = "spec.applied"
+    spec_sha256: FileHash = None  # of the stored spec.toml text
+    spec: ArtifactRef | None = None  # that text, kept as evidence
+    changed: tuple[str, ...] = ()  # the spec's top-level keys that differ ("policy", "run")
+    by: str = ""  # the operator's free-text note
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
+
+
 class SessionImported(EventData):
     EVENT_TYPE = "session.imported"
     original_name: str
@@ -419,6 +433,7 @@ PAYLOADS: tuple[type[EventData], ...] = (
     BudgetExhausted,
     BindingObserved,
     LogRepaired,
+    SpecApplied,
 )
 
 PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}

@@ -375,6 +375,10 @@ def _repaired(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.repairs.append({"seq": r["seq"], "ts": r["ts"], **d})
 
 
+def _spec_applied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    """Nothing to fold: the spec in force is spec.toml; this event records who changed it."""
+
+
 HANDLERS: dict[str, Handler] = {
     "session.created": _created,
     "session.forked": _forked,
@@ -404,6 +408,7 @@ HANDLERS: dict[str, Handler] = {
     "budget.exhausted": _budget,
     "binding.observed": _binding,
     "log.repaired": _repaired,
+    "spec.applied": _spec_applied,
 }
 
 assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"

@@ -128,3 +128,42 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
             check_refused(d, results)
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_apply_gives_a_live_session_a_new_policy_recorded_with_who_applied_it() -> None:
+    ws = workspace()
+    try:
+        with running() as d:
+            d.ctl("create", str(d.write_spec("victim", VICTIM.format(ws=ws))), check=True)
+            d.ctl("activate", "victim", check=True)
+            wait_event(d, "victim", "approval.requested")
+            stricter = d.write_spec("stricter", VICTIM.format(ws=ws).replace("ask =", "deny ="))
+            d.ctl("apply", "victim", str(stricter), "--by", "no commands today", check=True)
+            (applied,) = d.json("log", "victim", "--type", "spec.applied")
+            data = applied["data"]
+            assert data["changed"] == ["policy"]
+            assert (data["uid"], data["channel"], data["by"]) == (
+                os.getuid(),
+                "cli",
+                "no commands today",
+            )
+            # The approval given now is for a command the policy in force denies:
+            # the gate refuses it, and the command never runs.
+            d.ctl("approve", "victim", check=True)
+            blocked = wait_event(
+                d,
+                "victim",
+                "lifecycle.changed",
+                match=lambda r: r["data"]["to"] == "blocked" and "denied" in r["data"]["reason"],
+            )
+            assert "denied by the policy in force now" in blocked["data"]["reason"]
+            assert not d.json("log", "victim", "--type", "run.started")
+            shown = d.ctl("show", "victim", check=True).stdout
+            assert "granted: command" in shown or "denied by the policy" in shown
+            # a spec of another session is refused, naming both
+            other = d.write_spec("other", VICTIM.format(ws=ws).replace("victim", "other"))
+            refused = d.ctl("apply", "victim", str(other))
+            assert refused.returncode == 5
+            assert "'other', not 'victim'" in refused.stderr
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)

@@ -110,6 +110,13 @@ def main() -> None:
     )
     results["deny-self-endpoint"] = call(ENDPOINT, "deny", {"name": SELF})
     results["resolve-self-endpoint"] = call(ENDPOINT, "resolve", {"name": SELF, "option": "accept"})
+    loose = f'name = "{SELF}"\n[run]\nexec = ["true"]\n[policy]\nallow = ["pay"]\n'
+    results["apply-self-endpoint"] = call(
+        ENDPOINT, "apply", {"name": SELF, "spec": loose, "base": WORKSPACE}
+    )
+    results["apply-self-control"] = call(
+        CONTROL, "apply", {"name": SELF, "spec": loose, "base": WORKSPACE}
+    )
     results["approve-victim-endpoint"] = call(ENDPOINT, "approve", {"name": "victim"})
     results["approve-self-control"] = call(CONTROL, "approve", {"name": SELF, "by": "operator"})
     results["approve-self-control-no-token"] = call(
