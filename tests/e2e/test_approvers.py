@@ -167,3 +167,34 @@ def test_apply_gives_a_live_session_a_new_policy_recorded_with_who_applied_it() 
             assert "'other', not 'victim'" in refused.stderr
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_a_fork_does_not_inherit_an_approval_its_parent_has_not_used() -> None:
+    """Before: the child kept the parent's granted approval and ran the command
+    unasked, so one approval ran it twice (once in each)."""
+    ws = workspace()
+    try:
+        with running() as d:
+            spec = VICTIM.format(ws=ws).replace(
+                'exec = ["true"]', 'exec = ["sh", "-c", "echo ran >> ran.txt"]'
+            )
+            d.ctl("create", str(d.write_spec("victim", spec)), check=True)
+            d.ctl("activate", "victim", check=True)
+            wait_event(d, "victim", "approval.requested")
+            d.ctl("suspend", "victim", check=True)  # approved, and not used yet
+            d.ctl("approve", "victim", check=True)
+            d.ctl("fork", "victim", "--as", "twin", check=True)
+            d.ctl("activate", "twin", check=True)
+            forked_at = d.json("show", "twin")["fork_seq"]
+            wait_event(d, "twin", "approval.requested", match=lambda r: r["seq"] > forked_at)
+            shown = d.json("show", "twin")
+            assert shown["state"] == "blocked"
+            assert [a["tool"] for a in shown["pending_approvals"]] == ["command"]
+            assert not d.json("log", "twin", "--type", "run.started")
+            assert not (ws / "ran.txt").exists()
+            # the parent's approval is still the parent's: it runs once
+            d.ctl("resume", "victim", check=True)
+            wait_event(d, "victim", "run.finished")
+            assert (ws / "ran.txt").read_text() == "ran\n"
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
