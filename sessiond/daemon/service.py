@@ -165,7 +165,9 @@ class Daemon:
         self.store.sync_on_recover = True
         # A dead daemon's spawner kills its runs itself; what is left carries the
         # run marker because that spawner died too. Nothing of it may go on.
-        for pid, mark in kill_marked(self.config.state_dir).items():
+        run_user = self.config.run.identity()
+        run_uid = run_user[0] if run_user is not None else None
+        for pid, mark in kill_marked(self.config.state_dir, run_uid).items():
             log.warning("leftover.killed", pid=pid, run=mark)
         self.kernel.ctx.spawner.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()

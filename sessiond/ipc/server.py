@@ -23,7 +23,7 @@ import structlog
 from sessiond.config import AccessConfig, DaemonConfig
 from sessiond.errors import SessiondError
 from sessiond.ipc.dispatch import Caller, Dispatch
-from sessiond.ipc.fence import check_folder, share
+from sessiond.ipc.fence import EXECUTE, READ, WRITE, check_folder, grant
 from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
 from sessiond.ipc.runpeer import examine
@@ -55,12 +55,12 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.activated = False
-        self.peers = Peers(config.access)
+        self.peers = Peers(config.access, config.run.identity())
         self.dispatch = Dispatch(kernel, reload)
 
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""
-        self.peers.allow(access)
+        self.peers.allow(access, self.config.run.identity())
 
     # --- the socket -----------------------------------------------------------------
 
@@ -78,6 +78,7 @@ class Server:
         folder = self.path.parent
         access = self.config.access
         shared = bool(access.users or access.groups)
+        run_user = self.config.run.identity()
         check_folder(folder)  # refuses a folder someone else owns or may write
         self._take_over_stale_socket()
         self._server = await asyncio.start_unix_server(
@@ -86,11 +87,21 @@ class Server:
             backlog=min(self.config.max_connections, 4096),  # bursts of clients wait, not fail
         )
         os.chmod(self.path, 0o600)
-        if shared:
-            # The file mode is the first fence, the credential check the real one:
-            # the allowed users and groups get in through ACLs, nobody else at all.
-            share(folder, self.path, access.uids(), access.gids())
-        log.info("server.listening", socket=str(self.path), shared=shared)
+        # The file mode is the first fence, the credential check the real one: the
+        # allowed users and groups get in through ACLs, nobody else at all. The
+        # [run] user reaches the program endpoint only: its socket's ACL names it,
+        # the control socket's never does.
+        # (Both endpoints share the folder, and check_folder's chmod resets its ACL
+        # mask: each sets the folder's ACL again, the same one.)
+        runs = {run_user[0]} if run_user is not None else set()
+        others = {u for u in access.uids() if u != os.geteuid()}
+        if shared or runs:
+            grant(folder, EXECUTE, others | runs, access.gids())
+        if self.endpoint == "program" and runs:
+            grant(self.path, READ | WRITE, runs, set())
+        elif self.endpoint == "control" and shared:
+            grant(self.path, READ | WRITE, others, access.gids())
+        log.info("server.listening", socket=str(self.path), shared=shared, endpoint=self.endpoint)
 
     def _take_over_stale_socket(self) -> None:
         try:
@@ -139,7 +150,7 @@ class Server:
                 await reply(writer, error(None, "busy", "too many connections; retry later", 1))
                 return
             peer = Peer.of(writer.get_extra_info("socket"))
-            if not self.peers.allowed(peer):
+            if not self.peers.allowed(peer, programs=self.endpoint == "program"):
                 log.warning("peer.refused", pid=peer.pid, uid=peer.uid, gid=peer.gid)
                 await reply(
                     writer,

@@ -18,6 +18,7 @@ are the crash points the recovery tests stop the daemon at.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,10 @@ class Starter:
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
         env = self._env(s, run_id, call_id, wakes, wake_file)
+        user = self.ctx.config.run.identity()
+        if user is not None:  # [run] user: its program reads its wake file
+            os.chmod(self.ctx.runtime_dir, 0o711)  # the files stay 0600, each its run's
+            os.chown(wake_file, *user)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
@@ -243,6 +248,7 @@ class Starter:
             grace=self.ctx.config.stop_grace,
             spawner=self.ctx.spawner,
             timeout=timeout,
+            user=user,
         )
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
         # tool.started and the lifecycle change in one write, made durable by the

@@ -59,6 +59,12 @@ def attack(d: Daemon, ws: Path) -> dict[str, Any]:
     d.ctl("create", str(d.write_spec("hostile", spec)), check=True)
     d.ctl("activate", "hostile", check=True)
     wait_event(d, "hostile", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
+    if not out.exists():  # the program failed: say how
+        finished = d.json("log", "hostile", "--type", "run.finished")
+        stderr = [r["data"].get("stderr") for r in finished]
+        art = d.state_dir / "sessions" / "hostile" / "artifacts"
+        texts = [(art / ref["ref"][7:]).read_bytes()[-2000:] for ref in stderr if ref]
+        raise AssertionError(f"the hostile program wrote no results: {finished} {texts}")
     results: dict[str, Any] = orjson.loads(out.read_bytes())
     return results
 
@@ -119,13 +125,17 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
         pytest.skip("[run] user needs a daemon running as root")
     ws = workspace()
     try:
-        with running('[run]\nuser = "nobody"\n') as d:
+        # nobody may also use the daemon ([access]): still no process of the [run]
+        # user is an operator, so it reaches the control socket and may only ping
+        with running('[access]\nusers = ["nobody"]\n[run]\nuser = "nobody"\n') as d:
             closed = [p for p in d.root.parents if not os.stat(p).st_mode & stat.S_IXOTH]
             if closed:
                 pytest.skip(f"nobody cannot reach {d.root}: {closed[0]} is closed to others")
             results = attack(d, ws)
             assert (ws / "results.json").stat().st_uid == 65534  # it did run as nobody
             check_refused(d, results)
+            helper = results["approve-self-helper"]["error"]["message"]
+            assert "uid 65534 is the [run] user" in helper
     finally:
         shutil.rmtree(ws, ignore_errors=True)
 
