@@ -235,10 +235,6 @@ class Starter:
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         wake_file = self.ctx.runtime_dir / f"{s.name}.{run_id}.wake.json"
         env = self._env(s, run_id, call_id, wakes, wake_file)
-        user = self.ctx.config.run.identity()
-        if user is not None:  # [run] user: its program reads its wake file
-            os.chmod(self.ctx.runtime_dir, 0o711)  # the files stay 0600, each its run's
-            os.chown(wake_file, *user)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
         program = Program(
@@ -248,7 +244,7 @@ class Starter:
             grace=self.ctx.config.stop_grace,
             spawner=self.ctx.spawner,
             timeout=timeout,
-            user=user,
+            user=self.ctx.config.run.identity(),  # [run] user, where there is one
         )
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
         # tool.started and the lifecycle change in one write, made durable by the
@@ -313,6 +309,11 @@ class Starter:
         env = program_env(
             self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
+        user = self.ctx.config.run.identity()
+        if user is not None:  # [run] user: its program reads its wake file
+            os.chmod(self.ctx.runtime_dir, 0o711)  # searchable; each file is its run's
+            os.chmod(wake_file, 0o600)
+            os.chown(wake_file, *user)
         if call_id is not None:
             # The tool call this command run is: a key for the program's own
             # idempotency checks (a rerun after a crash is a new call, a new key).
