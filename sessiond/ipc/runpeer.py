@@ -37,10 +37,17 @@ import socket
 import sys
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Python 3.11 lacks the constant
-SPAWNER_FILE = "sessiond/runs/spawner.py"
+SPAWNER_FILE = b"sessiond/runs/spawner.py"
 MARK = b"SESSIOND_RUN_MARK="
 RUN_CGROUP = re.compile(rb"/sessiond-[0-9a-f]{12}-")
 MAX_DEPTH = 4096  # a PPid chain is finite; this only bounds a /proc that lies
+# Processes (pid, start time) whose whole parent chain has no spawner. That
+# cannot change while they live: an orphan reparents to a subreaper among its
+# ancestors, or to PID 1, and no process gains a spawner above it. So a walk
+# stops at the first one (an operator's shell, say): a few /proc reads a
+# connection instead of two per ancestor.
+_CLEAN: set[tuple[int, bytes]] = set()
+CLEAN_KEEP = 4096
 ONLY_PING = (
     "this connection may only ping: {why}. The control socket is for people "
     "(operators); a session's program talks to the daemon through the program "
@@ -49,43 +56,40 @@ ONLY_PING = (
 )
 
 
-def _status(pid: int) -> tuple[int, int]:
-    """PPid and real uid of ``pid`` (OSError if it cannot be read)."""
-    with open(f"/proc/{pid}/status", "rb") as f:
-        ppid = uid = -1
-        for line in f:
-            if line.startswith(b"PPid:"):
-                ppid = int(line.split()[1])
-            elif line.startswith(b"Uid:"):
-                uid = int(line.split()[1])
-    if ppid < 0 or uid < 0:
-        raise OSError(f"/proc/{pid}/status has no PPid or Uid")
-    return ppid, uid
+def _read(pid: int, name: str) -> bytes:
+    """/proc/PID/NAME, whole (plain os calls: several times cheaper than open())."""
+    fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> tuple[int, bytes]:
+    """PPid and start time of ``pid`` (/proc/PID/stat fields 4 and 22)."""
+    stat = _read(pid, "stat")
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]), fields[19]
 
 
 def _is_spawner(pid: int) -> bool:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        argv = f.read().split(b"\0")
+    argv = _read(pid, "cmdline").split(b"\0")
     # the spawner is started as `python -I …/sessiond/runs/spawner.py FD`; its
     # holders are its forks, with the same command line
-    return any(arg.decode(errors="replace").endswith(SPAWNER_FILE) for arg in argv[1:4])
+    return any(arg.endswith(SPAWNER_FILE) for arg in argv[1:4])
 
 
-def _start_time(pid: int) -> bytes:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return stat[stat.rfind(b")") + 2 :].split()[19]
-
-
-def _why_run(pid: int, run_uids: frozenset[int]) -> str | None:
-    """Why ``pid`` counts as a run's process (None: it does not). OSError: it
-    cannot be examined."""
-    ppid, uid = _status(pid)
+def _why_run(pid: int, uid: int, run_uids: frozenset[int]) -> tuple[str | None, bytes]:
+    """Why ``pid`` (of ``uid``) counts as a run's process (None: it does not), and
+    its start time. OSError: it cannot be examined."""
     if uid in run_uids:
-        return f"uid {uid} is the [run] user programs run as"
+        return f"uid {uid} is the [run] user programs run as", b""
+    ppid, started = _stat(pid)
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            environ = f.read()
+        environ = _read(pid, "environ")
     except PermissionError:
         # The kernel shows a process's environment only to its own uid and root:
         # another allowed user's shell is judged by its ancestry alone.
@@ -93,28 +97,33 @@ def _why_run(pid: int, run_uids: frozenset[int]) -> str | None:
             raise
         environ = b""
     if environ.startswith(MARK) or b"\0" + MARK in environ:
-        return "it carries SESSIOND_RUN_MARK: it is a process of a run"
-    with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/cgroup", "rb") as f:
-        if RUN_CGROUP.search(f.read()):  # (no such file: a kernel without cgroups)
-            return "it is in a run's cgroup"
-    seen = 0
-    current = pid
-    while current > 1 and seen < MAX_DEPTH:
+        return "it carries SESSIOND_RUN_MARK: it is a process of a run", started
+    with contextlib.suppress(FileNotFoundError):  # a kernel without cgroups
+        if RUN_CGROUP.search(_read(pid, "cgroup")):
+            return "it is in a run's cgroup", started
+    current, since = pid, started
+    walked: list[tuple[int, bytes]] = []
+    for _ in range(MAX_DEPTH):
+        if (current, since) in _CLEAN:
+            break
         if _is_spawner(current):
-            return "it descends from a sessiond spawner: it is a process of a run"
+            return "it descends from a sessiond spawner: it is a process of a run", started
+        walked.append((current, since))
         current = ppid
         if current <= 1:
             break
-        ppid, _ = _status(current)
-        seen += 1
-    if current > 1:
+        ppid, since = _stat(current)
+    else:
         raise OSError("the parent chain does not end")
-    return None
+    if len(_CLEAN) + len(walked) > CLEAN_KEEP:
+        _CLEAN.clear()
+    _CLEAN.update(walked)
+    return None, started
 
 
-def examine(sock: socket.socket, pid: int, run_uids: frozenset[int]) -> str | None:
-    """None if the peer at ``sock`` (``pid`` as SO_PEERCRED reports it) is an
-    operator; else the refusal to answer every method but ``ping`` with."""
+def examine(sock: socket.socket, pid: int, uid: int, run_uids: frozenset[int]) -> str | None:
+    """None if the peer at ``sock`` (``pid`` and ``uid`` as SO_PEERCRED reports
+    them) is an operator; else the refusal to answer every method but ``ping`` with."""
     if pid <= 0:
         return ONLY_PING.format(
             why="its process cannot be examined (it is in another pid namespace)"
@@ -123,11 +132,10 @@ def examine(sock: socket.socket, pid: int, run_uids: frozenset[int]) -> str | No
     with contextlib.suppress(OSError):
         pidfd = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4), sys.byteorder)
     try:
-        before = _start_time(pid) if pidfd < 0 else b""
-        why = _why_run(pid, run_uids)
+        why, started = _why_run(pid, uid, run_uids)
         if pidfd >= 0:
             signal.pidfd_send_signal(pidfd, 0)  # ProcessLookupError: gone, pid maybe reused
-        elif _start_time(pid) != before:
+        elif started and _stat(pid)[1] != started:
             raise OSError("the pid was reused while it was examined")
     except (OSError, ValueError, IndexError) as exc:
         reason = "it is gone" if isinstance(exc, ProcessLookupError | FileNotFoundError) else exc

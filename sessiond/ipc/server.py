@@ -177,7 +177,7 @@ class Server:
     def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
         if self.endpoint == "program":
             return Caller("program", peer.uid)
-        refusal = examine(writer.get_extra_info("socket"), peer.pid, self.peers.run_uids)
+        refusal = examine(writer.get_extra_info("socket"), peer.pid, peer.uid, self.peers.run_uids)
         if refusal is not None:
             log.info("peer.only_ping", pid=peer.pid, uid=peer.uid)
         return Caller("control", peer.uid, refusal)
