@@ -149,7 +149,7 @@ class SpecApplied(EventData):
 
     EVENT_TYPE = "spec.applied"
     spec_sha256: FileHash = None  # of the stored spec.toml text
-    spec: ArtifactRef | None = None  # that text, kept as evidence
+    artifact: ArtifactRef | None = None  # that text, kept as evidence
     changed: tuple[str, ...] = ()  # the spec's top-level keys that differ ("policy", "run")
     by: str = ""  # the operator's free-text note
     uid: int | None = None

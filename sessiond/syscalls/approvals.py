@@ -228,7 +228,7 @@ class Approvals:
                 s,
                 SpecApplied(
                     spec_sha256=hashlib.sha256(text.encode()).hexdigest(),
-                    spec=ref,
+                    artifact=ref,
                     changed=changed,
                     by=by,
                     **(who or {}),

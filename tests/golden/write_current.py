@@ -141,7 +141,9 @@ def every_type() -> list[Draft]:
             user="ann",
             channel="cli",
         ),
-        SpecApplied(spec_sha256=H, spec=REF, changed=("policy",), by="tighter", uid=0, user="root"),
+        SpecApplied(
+            spec_sha256=H, artifact=REF, changed=("policy",), by="tighter", uid=0, user="root"
+        ),
         SessionMigrated(from_profile="default", to_profile="big-model"),
         SessionImported(original_name="golden", bundle_sha256=H, events=30),
         LogRepaired(dropped_bytes=12, at_offset=3000, last_good_seq=32, reason="torn write"),
