@@ -288,6 +288,12 @@ class Daemon:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")
             fresh = fresh.model_copy(update={k: getattr(self.config, k) for k in kept})
+            old_run = self.config.run
+            if (fresh.run.user, fresh.run.group) != (old_run.user, old_run.group):
+                # the sockets' ACLs name the user: it changes with them, at the next start
+                notes.append("[run] user and group changes take effect at the next start")
+                run = fresh.run.model_copy(update={"user": old_run.user, "group": old_run.group})
+                fresh = fresh.model_copy(update={"run": run})
             self.server.allow(fresh.access)
             self.program_server.allow(fresh.access)
             self.config = fresh
