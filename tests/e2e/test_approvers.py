@@ -169,7 +169,8 @@ def test_apply_gives_a_live_session_a_new_policy_recorded_with_who_applied_it() 
             assert "denied by the policy in force now" in blocked["data"]["reason"]
             assert not d.json("log", "victim", "--type", "run.started")
             shown = d.ctl("show", "victim", check=True).stdout
-            assert "granted: command" in shown or "denied by the policy" in shown
+            me = f"by {pwd.getpwuid(os.getuid()).pw_name} (uid {os.getuid()}, cli)"
+            assert f"granted: command [call r1.command] {me}" in shown, shown
             # a spec of another session is refused, naming both
             other = d.write_spec("other", VICTIM.format(ws=ws).replace("victim", "other"))
             refused = d.ctl("apply", "victim", str(other))
