@@ -30,8 +30,12 @@ def test_a_peer_in_another_pid_namespace_or_gone_may_only_ping() -> None:
 def test_a_process_carrying_a_run_mark_or_of_the_run_user_may_only_ping() -> None:
     a, b = socket.socketpair()
     env = {**os.environ, "SESSIOND_RUN_MARK": "x:y:r1"}
-    with a, b, subprocess.Popen([sys.executable, "-c", "input()"], env=env,
-                                stdin=subprocess.PIPE) as marked:  # fmt: skip
+    code = "print('ready', flush=True); input()"
+    with a, b, subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE) as marked:  # fmt: skip
+        assert marked.stdout is not None
+        # running its own code: its exec is over (until then /proc may show no environment)
+        assert marked.stdout.readline() == b"ready\n"
         try:
             refusal = examine(a, marked.pid, os.getuid(), frozenset()) or ""
             assert "SESSIOND_RUN_MARK" in refusal
