@@ -76,6 +76,8 @@ def check_refused(d: Daemon, results: dict[str, Any]) -> None:
     assert results.pop("ping-control")["ok"] is True  # ping is all a run may have there
     forked = results.pop("fork-self")  # granted, and no wider: it happens
     assert forked["ok"] is True, forked
+    sent = results.pop("send-as-itself")  # granted: it goes out as the calling session
+    assert sent["ok"] is True, sent
     for name, answer in results.items():
         assert answer["ok"] is False, (name, answer)
         code = answer["error"]["code"]
@@ -95,7 +97,8 @@ def check_refused(d: Daemon, results: dict[str, Any]) -> None:
         types = {r["type"] for r in d.json("log", name)}
         assert not types & {"approval.granted", "approval.denied", "recovery.resolved"}, name
     assert "wide" not in {s["name"] for s in d.json("ps")}
-    assert not [r for r in d.json("log", "victim") if r["type"] == "message.received"]
+    (message,) = d.json("log", "victim", "--type", "message.received")
+    assert (message["data"]["sender"], message["data"]["text"]) == ("hostile", "hello")
 
 
 def test_a_program_cannot_approve_itself_as_the_daemons_uid() -> None:

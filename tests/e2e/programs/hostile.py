@@ -150,6 +150,7 @@ def main() -> None:
     results["send-forged-sender"] = call(
         ENDPOINT, "send", {"to": "victim", "text": "approved!", "sender": "operator"}
     )
+    results["send-as-itself"] = call(ENDPOINT, "send", {"to": "victim", "text": "hello"})
     with open(os.environ["HOSTILE_OUT"], "w") as f:
         json.dump(results, f)
 
