@@ -95,6 +95,53 @@ class RunConfig(_Strict):
 
     cgroup: str = "auto"
     pids_cgroup: Path | None = None
+    # Programs run as this user and group (where the daemon runs as root): the real
+    # boundary between a program and the daemon (DESIGN.md section 8). No process
+    # of this uid is an operator on the control socket. group: the user's own.
+    user: str | None = None
+    group: str | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _known_user(cls, user: str | None) -> str | None:
+        if user is not None:
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                raise ValueError(f"there is no user {user!r} on this machine") from None
+            if entry.pw_uid == 0:
+                raise ValueError("programs may not run as root: name an unprivileged user")
+            if os.geteuid() != 0:
+                raise ValueError(
+                    f"the daemon runs as uid {os.geteuid()}, not root, so it cannot start "
+                    f"programs as {user!r}: run the daemon as root (a system service), or "
+                    "remove [run] user"
+                )
+        return user
+
+    @field_validator("group")
+    @classmethod
+    def _known_group(cls, group: str | None) -> str | None:
+        if group is not None:
+            try:
+                grp.getgrnam(group)
+            except KeyError:
+                raise ValueError(f"there is no group {group!r} on this machine") from None
+        return group
+
+    @model_validator(mode="after")
+    def _group_needs_user(self) -> RunConfig:
+        if self.group is not None and self.user is None:
+            raise ValueError("[run] group needs [run] user: name the user programs run as")
+        return self
+
+    def identity(self) -> tuple[int, int] | None:
+        """(uid, gid) programs run as, or None: the daemon's own."""
+        if self.user is None:
+            return None
+        entry = pwd.getpwnam(self.user)
+        gid = grp.getgrnam(self.group).gr_gid if self.group is not None else entry.pw_gid
+        return entry.pw_uid, gid
 
     @field_validator("cgroup")
     @classmethod

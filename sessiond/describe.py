@@ -35,7 +35,9 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "gate.evaluated": lambda d: (
         "ok" if d["ok"] else "NOT ok: " + ", ".join(c["name"] for c in d["checks"] if not c["ok"])
     ),
-    "recovery.resolved": lambda d: f"--{d['option']}" + (f" [{d['call']}]" if d["call"] else ""),
+    "recovery.resolved": lambda d: (
+        f"--{d['option']}" + (f" [{d['call']}]" if d["call"] else "") + f" by {_who(d)}"
+    ),
     "run.started": lambda d: f"run {d['run']} ({d['kind']}, pid {d['pid']})",
     "run.finished": lambda d: (
         f"run {d['run']} {d['status']} exit={d['exit_code']} in {d['duration_ms']} ms"
@@ -48,8 +50,8 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "tool.intent": lambda d: f"{_tool(d)} {d['risk']['side_effect']}/{d['risk']['resume']}",
     "policy.decided": lambda d: f"{_tool(d)} {d['decision']} by {d['rule']}",
     "approval.requested": _tool,
-    "approval.granted": lambda d: f"{_tool(d)} by {d['by'] or '-'}",
-    "approval.denied": lambda d: f"{_tool(d)} by {d['by'] or '-'}: {d['reason']}",
+    "approval.granted": lambda d: f"{_tool(d)} by {_who(d)}",
+    "approval.denied": lambda d: f"{_tool(d)} by {_who(d)}: {d['reason']}",
     "tool.started": lambda d: f"{_tool(d)} attempt {d['attempt']} before: {_hashes(d['hashes'])}",
     "tool.finished": lambda d: (
         f"{_tool(d)} {d['status']} exit={d['exit_code']} after: {_hashes(d['hashes'])}"
@@ -61,7 +63,17 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "budget.exhausted": lambda d: f"{d['budget']}: used {d['used']} of {d['limit']}",
     "binding.observed": lambda d: _hashes(d["hashes"]),
     "log.repaired": lambda d: f"dropped {d['dropped_bytes']} bytes after seq {d['last_good_seq']}",
+    "spec.applied": lambda d: f"{', '.join(d['changed']) or 'nothing'} changed by {_who(d)}",
 }
+
+
+def _who(d: dict[str, Any]) -> str:
+    """Who answered: the user and uid from the socket (events before them: the note)."""
+    note = d.get("by") or ""
+    if d.get("uid") is None:
+        return note or "-"
+    who = f"{d['user']} (uid {d['uid']}, {d['channel']})"
+    return f"{who}, note: {note}" if note else who
 
 
 def describe(record: dict[str, Any]) -> str:

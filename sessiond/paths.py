@@ -27,3 +27,9 @@ def default_state_dir(env: dict[str, str] | None = None) -> Path:
         return Path("/var/lib/sessiond")
     base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "sessiond"
+
+
+def program_socket(control: Path) -> Path:
+    """The program endpoint beside the control socket ``control``: ``s.sock`` ->
+    ``s.program.sock``. Programs get this path as ``SESSIOND_SOCKET``."""
+    return control.with_name(f"{control.stem}.program{control.suffix or '.sock'}")

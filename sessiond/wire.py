@@ -11,6 +11,8 @@ Frames are JSON objects, one per line (newline-delimited), each at most
 * stream:   zero or more ``{"id": 1, "stream": ...}`` before the final response
   (``log --follow`` sends a final one only to end the stream: a ``fell_behind``
   error when the reader could not keep up; otherwise the client closes).
+* token:    a request on the program endpoint also carries ``"token"``: the run's
+  ``SESSIOND_TOKEN`` (the ``sdk.*`` methods carry it in their params instead).
 * body:     ``export`` answers ``{"id": 1, "ok": true, "result": ..., "body": N}``
   followed by N raw bytes; ``import`` sends its frame (with ``bytes`` and
   ``sha256``) followed by N raw bytes. A bundle of any size crosses the socket
@@ -63,8 +65,13 @@ def _unreachable(path: Path, exc: OSError) -> RemoteError:
 class Connection:
     """A blocking connection to the daemon (what sessionctl uses)."""
 
-    def __init__(self, path: Path, timeout: float | None = 30.0) -> None:
+    def __init__(
+        self, path: Path, timeout: float | None = 30.0, *, token: str | None = None
+    ) -> None:
         self.path = path
+        # A run's token (SESSIOND_TOKEN), sent with every request: on the program
+        # endpoint it says which run is calling (the control socket ignores it).
+        self.token = token
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
@@ -87,7 +94,10 @@ class Connection:
     def send(self, method: str, params: dict[str, Any]) -> int:
         self._next_id += 1
         try:
-            self.sock.sendall(encode({"id": self._next_id, "method": method, "params": params}))
+            frame: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+            if self.token:
+                frame["token"] = self.token
+            self.sock.sendall(encode(frame))
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The daemon may have answered and closed at once (a peer it refuses):
             # its answer says why, which "not reachable" would not.

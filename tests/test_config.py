@@ -97,3 +97,28 @@ def test_sync_interval_defaults_to_a_second_and_takes_durations(tmp_path: Path) 
 def test_a_sync_interval_out_of_range_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
     with pytest.raises(BadConfig, match="sync_interval"):
         _load(tmp_path, f"sync_interval = {value}\n")
+
+
+def test_run_user_is_refused_when_the_daemon_is_not_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    message = refusal('[run]\nuser = "nobody"\n', tmp_path)
+    assert "run.user: the daemon runs as uid 1000, not root" in message
+
+
+def test_run_user_may_not_be_root_or_unknown_and_group_needs_a_user(tmp_path: Path) -> None:
+    assert "may not run as root" in refusal('[run]\nuser = "root"\n', tmp_path)
+    assert "no user 'no-such-user-x'" in refusal('[run]\nuser = "no-such-user-x"\n', tmp_path)
+    assert "[run] group needs [run] user" in refusal('[run]\ngroup = "nogroup"\n', tmp_path)
+
+
+def test_run_user_as_root_names_the_uid_and_gid_programs_run_as(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("[run] user is accepted only for a daemon running as root")
+    path = tmp_path / "sessiond.toml"
+    path.write_text('[run]\nuser = "nobody"\n')
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    assert load_config(path, env={}).run.identity() == (nobody.pw_uid, nobody.pw_gid)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # One program for both sides of a hand-off; $SESSIOND_SESSION says which side.
-# The daemon gives every program SESSIOND_SOCKET, so sessionctl finds it.
+# The daemon gives every program SESSIOND_SOCKET (its program endpoint) and
+# SESSIOND_TOKEN, so sessionctl finds it and says which run is calling.
 set -eu
 ctl() { "${SESSIONCTL:-sessionctl}" "$@"; }
 if [ "$SESSIOND_SESSION" = "handoff" ]; then

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
+from sessiond.ctl import answers
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -186,6 +187,11 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         )
     for a in d.get("pending_approvals") or []:
         lines.append(("approval", f"pending: {a['tool']} [call {a['call']}]"))
+    for a in d.get("answered_approvals") or []:
+        lines.append(("approval", f"{a['status']}: {a['tool']} [call {a['call']}] {_who(a)}"))
+    recovery = d.get("last_recovery")
+    if recovery:
+        lines.append(("resolved", f"--{recovery['option']} {_who(recovery)}"))
     for c in d.get("tools_in_flight") or []:
         lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
     if d.get("parent"):
@@ -363,28 +369,27 @@ def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"migrated {args.name} to {where}")
 
 
+def _who(answer: dict[str, Any]) -> str:
+    """'by ann (uid 1000, cli)': who answered, from the socket; the note after it."""
+    who = (
+        f"by {answer['user']} (uid {answer['uid']}, {answer['channel']})"
+        if answer.get("uid") is not None
+        else "by an unrecorded person"
+    )
+    return who + (f", note: {answer['by']}" if answer.get("by") else "")
+
+
 def cmd_compact(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d = conn.call("compact", {"name": args.name, "keep": args.keep})
     return _done(d, out, f"compacted {args.name} ({d['compactions']} compaction(s) so far)")
 
 
-def cmd_approve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    by = args.by or os.environ.get("USER", "")
-    d = conn.call("approve", {"name": args.name, "call": args.call, "by": by})
-    return _done(d, out, f"approved for {args.name}: {d['state']}")
+def _answer(answer: answers.Answer) -> Callable[[Connection, argparse.Namespace, Out], int]:
+    def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+        result, text = answer(conn, args)
+        return _done(result, out, text)
 
-
-def cmd_deny(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    by = args.by or os.environ.get("USER", "")
-    d = conn.call("deny", {"name": args.name, "call": args.call, "by": by, "reason": args.reason})
-    return _done(d, out, f"denied for {args.name}: {d['state']}")
-
-
-def cmd_resolve(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    by = args.by or os.environ.get("USER", "")
-    d = conn.call("resolve", {"name": args.name, "option": args.option, "by": by})
-    reason = f" ({d['reason']})" if d.get("reason") else ""
-    return _done(d, out, f"resolved {args.name} with --{args.option}: {d['state']}{reason}")
+    return run
 
 
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -419,7 +424,8 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
-            "approve", "deny", "resolve", "export", "import", "reload", "completion"]  # fmt: skip
+            "approve", "deny", "resolve", "apply", "export", "import", "reload",
+            "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -523,13 +529,6 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     cp.add_argument(
         "--keep", type=int, default=4, metavar="N", help="newest messages kept (default 4)"
     )
-    ap = add("approve", cmd_approve, "grant a pending approval", "name")
-    ap.add_argument("--call", metavar="CALL")
-    ap.add_argument("--by", metavar="WHO")
-    dn = add("deny", cmd_deny, "deny a pending approval", "name")
-    dn.add_argument("--call", metavar="CALL")
-    dn.add_argument("--by", metavar="WHO")
-    dn.add_argument("--reason", default="", metavar="TEXT")
     ex = add("export", cmd_export, "save a session as a self-checking bundle", "name")
     ex.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="where to write it (- for stdout)"
@@ -538,35 +537,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
     )
     im.add_argument("--as", dest="name", metavar="NAME")
-    rs = add(
-        "resolve",
-        cmd_resolve,
-        "apply a recovery option to a blocked session, then gate again",
-        "name",
-    )
-    option = rs.add_mutually_exclusive_group(required=True)
-    option.add_argument(
-        "--rerun",
-        dest="option",
-        action="store_const",
-        const="rerun",
-        help="run the half-finished step again",
-    )
-    option.add_argument(
-        "--discard",
-        dest="option",
-        action="store_const",
-        const="discard",
-        help="drop the pending step, recorded as abandoned",
-    )
-    option.add_argument(
-        "--accept",
-        dest="option",
-        action="store_const",
-        const="accept",
-        help="accept the workspace as it is now (record its hashes)",
-    )
-    rs.add_argument("--by", metavar="WHO")
+    answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     co = sub.add_parser("completion", help="print a shell completion script")
     co.add_argument("shell", choices=["bash"])
@@ -584,7 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "log":
             _log_params(args)  # a usage error needs no daemon
-        with Connection(path, timeout=None if args.command == "log" else 120) as conn:
+        timeout = None if args.command == "log" else 120
+        # inside a run: its token, which the program endpoint asks of every request
+        with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN")) as conn:
             code: int = args.fn(conn, args, out)
             return code
     except RemoteError as exc:

@@ -131,6 +131,8 @@ class Daemon:
         self.kernel.triggers = self.triggers
         self.table.next_wake_fn = self.triggers.next_wake
         self.server = Server(config, self.kernel, self.reload)
+        # the programs' own socket (DESIGN.md section 8): never the control socket
+        self.program_server = Server(config, self.kernel, self.reload, endpoint="program")
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
         self._heartbeat: asyncio.Task[None] | None = None
@@ -163,7 +165,9 @@ class Daemon:
         self.store.sync_on_recover = True
         # A dead daemon's spawner kills its runs itself; what is left carries the
         # run marker because that spawner died too. Nothing of it may go on.
-        for pid, mark in kill_marked(self.config.state_dir).items():
+        run_user = self.config.run.identity()
+        run_uid = run_user[0] if run_user is not None else None
+        for pid, mark in kill_marked(self.config.state_dir, run_uid).items():
             log.warning("leftover.killed", pid=pid, run=mark)
         self.kernel.ctx.spawner.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()
@@ -174,6 +178,7 @@ class Daemon:
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
         await self.server.start(activated_socket(self.env))
+        await self.program_server.start()
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
             (signal.SIGINT, self.stopping.set),
@@ -288,11 +293,19 @@ class Daemon:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")
             fresh = fresh.model_copy(update={k: getattr(self.config, k) for k in kept})
+            old_run = self.config.run
+            if (fresh.run.user, fresh.run.group) != (old_run.user, old_run.group):
+                # the sockets' ACLs name the user: it changes with them, at the next start
+                notes.append("[run] user and group changes take effect at the next start")
+                run = fresh.run.model_copy(update={"user": old_run.user, "group": old_run.group})
+                fresh = fresh.model_copy(update={"run": run})
             self.server.allow(fresh.access)
+            self.program_server.allow(fresh.access)
             self.config = fresh
             self.table.config = fresh
             self.kernel.config = fresh
             self.server.config = fresh
+            self.program_server.config = fresh
             scheduler = self.kernel.scheduler
             scheduler.max_running = fresh.max_running
             scheduler.per_agent = fresh.max_running_per_agent
@@ -309,6 +322,7 @@ class Daemon:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         await self.server.stop_accepting()
+        await self.program_server.stop_accepting()
         running = [s for s in self.table if s.run is not None]
         log.info("daemon.stopping", running=len(running))
 
@@ -326,6 +340,7 @@ class Daemon:
         await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.server.close()
+        await self.program_server.close()
         await self.table.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
         self.notifier.close()

@@ -10,8 +10,11 @@ logged and answered as ``internal`` so the connection (and the daemon) goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import pwd
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 import structlog
@@ -21,6 +24,7 @@ from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.frames import Frames, error, reply
 from sessiond.ipc.params import (
+    ApplyParams,
     ApproveParams,
     CompactParams,
     CreateParams,
@@ -44,6 +48,7 @@ from sessiond.ipc.params import (
     TokenParams,
     parse,
 )
+from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)
@@ -59,6 +64,29 @@ STREAMED: dict[str, type[Params]] = {
 
 Handler = Callable[[Any], Awaitable[Any]]
 Methods = dict[str, tuple[type[Params], Handler]]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is at the other end of a connection, as the kernel says (never the request).
+
+    ``endpoint``: the control socket (people) or the program endpoint (runs).
+    ``refusal``: on the control socket, why this peer may only ping (it is a
+    process of a run, or could not be examined: sessiond.ipc.runpeer)."""
+
+    endpoint: Literal["control", "program"]
+    uid: int
+    refusal: str | None = None
+
+    def who(self) -> dict[str, Any]:
+        """Who answered (approve, deny, resolve, apply): uid, user name, channel."""
+        user = str(self.uid)
+        with contextlib.suppress(KeyError):
+            user = pwd.getpwuid(self.uid).pw_name
+        return {"uid": self.uid, "user": user, "channel": "cli"}
+
+
+OPERATOR_CALLER = Caller("control", 0)  # tests that call handle() directly
 
 
 class BadRequest(SessiondError):
@@ -89,10 +117,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
         "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
-        "approve": (ApproveParams, lambda p: k.approve(p.name, p.call, p.by)),
-        "deny": (ApproveParams, lambda p: k.deny(p.name, p.call, p.by, p.reason)),
         "reload": (NoParams, lambda _: reload()),
-        "resolve": (ResolveParams, lambda p: k.resolve(p.name, p.option, p.by)),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
         # lambdas, not bound methods: the table is built before (and in the hostile
         # tests, without) a kernel; nothing is looked up until a request comes
@@ -107,16 +132,53 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     }
 
 
+AnswerHandler = Callable[[Any, dict[str, Any]], Awaitable[Any]]
+
+
+def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
+    """The operator's answers: each records who gave it, from the peer's credentials
+    (``by`` in the request is a free-text note beside it, never the identity)."""
+    return {
+        "approve": (ApproveParams, lambda p, w: k.approve(p.name, p.call, p.by, who=w)),
+        "deny": (ApproveParams, lambda p, w: k.deny(p.name, p.call, p.by, p.reason, who=w)),
+        "resolve": (ResolveParams, lambda p, w: k.resolve(p.name, p.option, p.by, who=w)),
+        "apply": (
+            ApplyParams,
+            lambda p, w: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
+        ),
+    }
+
+
 class Dispatch:
     """Answers one request frame on a connection: decode, check, call, reply."""
 
     def __init__(self, kernel: Kernel, reload: Callable[[], Awaitable[Any]]) -> None:
         self.kernel = kernel
         self.methods = method_table(kernel, reload)
+        self.answers = answer_table(kernel)
         self.logs = LogStream(kernel)
         self.bundles = BundleStream(kernel)
+        self.guard = ProgramGuard(kernel.table, kernel.tokens.session_for)
 
-    async def handle(self, line: bytes, frames: Frames, writer: asyncio.StreamWriter) -> None:
+    def _admit(self, caller: Caller, method: str, request: dict[str, Any], params: Any) -> Any:
+        """The params to serve ``method`` with for ``caller``, or a refusal."""
+        if method == "ping":
+            return params
+        if caller.endpoint == "control":
+            if caller.refusal is not None:
+                raise NotGranted(caller.refusal)
+            return params
+        if method.startswith("sdk."):  # its run token is checked with its params
+            return params
+        return self.guard.admit(method, request.get("token"), params)
+
+    async def handle(
+        self,
+        line: bytes,
+        frames: Frames,
+        writer: asyncio.StreamWriter,
+        caller: Caller = OPERATOR_CALLER,
+    ) -> None:
         request_id: Any = None
         try:
             try:
@@ -130,13 +192,19 @@ class Dispatch:
                 request_id = None
             method = request.get("method")
             if not isinstance(method, str) or (
-                method not in self.methods and method not in STREAMED
+                method not in self.methods and method not in STREAMED and method not in self.answers
             ):
-                known = ", ".join(sorted([*self.methods, *STREAMED]))
+                known = ", ".join(sorted([*self.methods, *STREAMED, *self.answers]))
                 raise BadRequest(f"unknown method {method!r}; the methods are {known}")
             params = request.get("params", {})
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
+            params = self._admit(caller, method, request, params)
+            if method in self.answers:
+                answer_model, answer = self.answers[method]
+                result = await answer(parse(answer_model, params), caller.who())
+                await reply(writer, {"id": request_id, "ok": True, "result": result})
+                return
             if method == "log":
                 await self.logs.serve(request_id, parse(LogParams, params), writer)
                 return

@@ -99,6 +99,14 @@ class ResolveParams(Params):
     by: str = ""
 
 
+class ApplyParams(Params):
+    name: str
+    spec: str
+    base: str
+    source: str = "spec"
+    by: str = ""
+
+
 class TokenParams(Params):
     token: str
     session: str | None = None  # the SDK sends SESSIOND_SESSION: a token works for it only

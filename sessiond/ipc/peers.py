@@ -39,19 +39,23 @@ class Peer:
 class Peers:
     """The allowed uids and gids, and the check against them."""
 
-    def __init__(self, access: AccessConfig) -> None:
+    def __init__(self, access: AccessConfig, run_user: tuple[int, int] | None = None) -> None:
         self.uids: set[int] = set()
         self.gids: set[int] = set()
-        self.allow(access)
+        # the [run] user's uid: its processes are programs, never operators
+        self.run_uids: frozenset[int] = frozenset()
+        self.allow(access, run_user)
 
-    def allow(self, access: AccessConfig) -> None:
+    def allow(self, access: AccessConfig, run_user: tuple[int, int] | None = None) -> None:
         """Who may connect: the daemon's user, root, and the configured users and groups.
         (A reload applies a new list to the next connections.)"""
         self.uids = {os.getuid(), 0} | access.uids()
         self.gids = access.gids()
+        self.run_uids = frozenset({run_user[0]}) if run_user is not None else frozenset()
 
-    def allowed(self, peer: Peer) -> bool:
-        if peer.uid in self.uids:
+    def allowed(self, peer: Peer, *, programs: bool = False) -> bool:
+        """``programs``: the program endpoint, where the [run] user connects too."""
+        if peer.uid in self.uids or (programs and peer.uid in self.run_uids):
             return True
         if self.gids:
             groups = {peer.gid}

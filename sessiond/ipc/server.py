@@ -16,16 +16,18 @@ import os
 import socket
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from sessiond.config import AccessConfig, DaemonConfig
 from sessiond.errors import SessiondError
-from sessiond.ipc.dispatch import Dispatch
-from sessiond.ipc.fence import check_folder, share
+from sessiond.ipc.dispatch import Caller, Dispatch
+from sessiond.ipc.fence import EXECUTE, READ, WRITE, check_folder, grant
 from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
+from sessiond.ipc.runpeer import examine
+from sessiond.paths import program_socket
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)
@@ -33,27 +35,38 @@ log = structlog.get_logger(__name__)
 
 class Server:
     """Owns the listening socket and the connection tasks; the daemon starts and
-    closes it, and on a reload swaps ``config`` and calls ``allow``."""
+    closes it, and on a reload swaps ``config`` and calls ``allow``.
+
+    The daemon has two: the control socket (``endpoint="control"``, for people:
+    a peer that is a process of a run may only ping there) and the program
+    endpoint beside it (``"program"``, for runs: sessiond.ipc.program)."""
 
     def __init__(
-        self, config: DaemonConfig, kernel: Kernel, reload: Callable[[], Awaitable[Any]]
+        self,
+        config: DaemonConfig,
+        kernel: Kernel,
+        reload: Callable[[], Awaitable[Any]],
+        *,
+        endpoint: Literal["control", "program"] = "control",
     ) -> None:
         self.config = config
-        self.path = config.socket
+        self.endpoint = endpoint
+        self.path = config.socket if endpoint == "control" else program_socket(config.socket)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.activated = False
-        self.peers = Peers(config.access)
+        self.peers = Peers(config.access, config.run.identity())
         self.dispatch = Dispatch(kernel, reload)
 
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""
-        self.peers.allow(access)
+        self.peers.allow(access, self.config.run.identity())
 
     # --- the socket -----------------------------------------------------------------
 
     async def start(self, activated: socket.socket | None = None) -> None:
-        self.dispatch.bundles.prepare()
+        if self.endpoint == "control":
+            self.dispatch.bundles.prepare()
         if activated is not None:
             # Socket activation: systemd made the socket (and its mode); we serve it.
             self.activated = True
@@ -65,6 +78,7 @@ class Server:
         folder = self.path.parent
         access = self.config.access
         shared = bool(access.users or access.groups)
+        run_user = self.config.run.identity()
         check_folder(folder)  # refuses a folder someone else owns or may write
         self._take_over_stale_socket()
         self._server = await asyncio.start_unix_server(
@@ -73,11 +87,21 @@ class Server:
             backlog=min(self.config.max_connections, 4096),  # bursts of clients wait, not fail
         )
         os.chmod(self.path, 0o600)
-        if shared:
-            # The file mode is the first fence, the credential check the real one:
-            # the allowed users and groups get in through ACLs, nobody else at all.
-            share(folder, self.path, access.uids(), access.gids())
-        log.info("server.listening", socket=str(self.path), shared=shared)
+        # The file mode is the first fence, the credential check the real one: the
+        # allowed users and groups get in through ACLs, nobody else at all. The
+        # [run] user reaches the program endpoint only: its socket's ACL names it,
+        # the control socket's never does.
+        # (Both endpoints share the folder, and check_folder's chmod resets its ACL
+        # mask: each sets the folder's ACL again, the same one.)
+        runs = {run_user[0]} if run_user is not None else set()
+        others = {u for u in access.uids() if u != os.geteuid()}
+        if shared or runs:
+            grant(folder, EXECUTE, others | runs, access.gids())
+        if self.endpoint == "program" and runs:
+            grant(self.path, READ | WRITE, runs, set())
+        elif self.endpoint == "control" and shared:
+            grant(self.path, READ | WRITE, others, access.gids())
+        log.info("server.listening", socket=str(self.path), shared=shared, endpoint=self.endpoint)
 
     def _take_over_stale_socket(self) -> None:
         try:
@@ -126,7 +150,7 @@ class Server:
                 await reply(writer, error(None, "busy", "too many connections; retry later", 1))
                 return
             peer = Peer.of(writer.get_extra_info("socket"))
-            if not self.peers.allowed(peer):
+            if not self.peers.allowed(peer, programs=self.endpoint == "program"):
                 log.warning("peer.refused", pid=peer.pid, uid=peer.uid, gid=peer.gid)
                 await reply(
                     writer,
@@ -139,7 +163,7 @@ class Server:
                     ),
                 )
                 return
-            await self._requests(reader, writer)
+            await self._requests(reader, writer, self._caller(peer, writer))
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception:  # never let one connection take the daemon down
@@ -150,7 +174,17 @@ class Server:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
+        if self.endpoint == "program":
+            return Caller("program", peer.uid)
+        refusal = examine(writer.get_extra_info("socket"), peer.pid, peer.uid, self.peers.run_uids)
+        if refusal is not None:
+            log.info("peer.only_ping", pid=peer.pid, uid=peer.uid)
+        return Caller("control", peer.uid, refusal)
+
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller
+    ) -> None:
         frames = Frames(reader, self.config.max_frame_bytes)
         while True:
             try:
@@ -174,4 +208,4 @@ class Server:
                 continue
             if not line.strip():
                 continue
-            await self.dispatch.handle(line, frames, writer)
+            await self.dispatch.handle(line, frames, writer, caller)

@@ -143,6 +143,20 @@ class SessionMigrated(EventData):
     to: str | None = None
 
 
+class SpecApplied(EventData):
+    """An operator gave the live session a new spec (``sessionctl apply``): who did,
+    from the peer's credentials, and what changed. The next gate and run use it."""
+
+    EVENT_TYPE = "spec.applied"
+    spec_sha256: FileHash = None  # of the stored spec.toml text
+    artifact: ArtifactRef | None = None  # that text, kept as evidence
+    changed: tuple[str, ...] = ()  # the spec's top-level keys that differ ("policy", "run")
+    by: str = ""  # the operator's free-text note
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
+
+
 class SessionImported(EventData):
     EVENT_TYPE = "session.imported"
     original_name: str
@@ -212,6 +226,11 @@ class RecoveryResolved(EventData):
     ends_turn: bool = False
     # a divergence accepted at this ordinal: steps from it on are no longer replayed
     from_ordinal: int | None = Field(default=None, ge=1)
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -321,6 +340,11 @@ class ApprovalGranted(EventData):
     args_sha256: FileHash = None
     by: str = ""
     expires_at: str | None = None  # RFC 3339; None: does not expire
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 class ApprovalDenied(EventData):
@@ -329,6 +353,11 @@ class ApprovalDenied(EventData):
     tool: str
     by: str = ""
     reason: str = ""
+    # Who answered, from the peer's credentials (never the request); "by" is the
+    # answerer's own free-text note. Absent in events written before they existed.
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 class ToolStarted(EventData):
@@ -450,6 +479,7 @@ PAYLOADS: tuple[type[EventData], ...] = (
     BudgetExhausted,
     BindingObserved,
     LogRepaired,
+    SpecApplied,
 )
 
 PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}

@@ -272,6 +272,7 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         expires_at=d["expires_at"],
         answered_at=r["ts"],
     )
+    _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "approved"
@@ -282,11 +283,18 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
     approval.update(status="denied", by=d["by"], reason=d["reason"], answered_at=r["ts"])
+    _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
         call["stage"] = "denied"
     if s.turn is not None:
         turns.set_status(s, d["call"], "denied", rule=f"denied by {d['by'] or 'a person'}")
+
+
+def _who(approval: dict[str, Any], d: dict[str, Any]) -> None:
+    """Who answered, from the peer's credentials (events before 0.x have none)."""
+    if d.get("uid") is not None:
+        approval.update(uid=d["uid"], user=d["user"], channel=d["channel"])
 
 
 def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
@@ -404,6 +412,10 @@ def _repaired(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.repairs.append({"seq": r["seq"], "ts": r["ts"], **d})
 
 
+def _spec_applied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    """Nothing to fold: the spec in force is spec.toml; this event records who changed it."""
+
+
 HANDLERS: dict[str, Handler] = {
     "session.created": _created,
     "session.forked": _forked,
@@ -433,6 +445,7 @@ HANDLERS: dict[str, Handler] = {
     "budget.exhausted": _budget,
     "binding.observed": _binding,
     "log.repaired": _repaired,
+    "spec.applied": _spec_applied,
 }
 
 assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"

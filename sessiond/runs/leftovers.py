@@ -32,16 +32,17 @@ def mark(state_dir: Path, session: str, run_id: str) -> str:
     return f"{daemon_id(state_dir)}:{session}:{run_id}"
 
 
-def marked(state_dir: Path) -> dict[int, str]:
-    """Our uid's processes carrying this state dir's marker: pid → the marker."""
+def marked(state_dir: Path, run_uid: int | None = None) -> dict[int, str]:
+    """Our uid's (and the [run] user's) processes carrying this state dir's marker:
+    pid → the marker."""
     prefix = f"{MARK}={daemon_id(state_dir)}:".encode()
-    me, uid = os.getpid(), os.getuid()
+    me, uids = os.getpid(), {os.getuid(), run_uid}
     found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
         try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
+            if os.stat(f"/proc/{entry}").st_uid not in uids:
                 continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read()
@@ -54,11 +55,11 @@ def marked(state_dir: Path) -> dict[int, str]:
     return found
 
 
-def kill_marked(state_dir: Path) -> dict[int, str]:
+def kill_marked(state_dir: Path, run_uid: int | None = None) -> dict[int, str]:
     """SIGKILL every leftover of this state dir's runs; the ones that were found."""
     killed: dict[int, str] = {}
     for _ in range(PASSES):
-        found = marked(state_dir)
+        found = marked(state_dir, run_uid)
         found = {pid: m for pid, m in found.items() if not _zombie(pid)}
         if not found:
             break

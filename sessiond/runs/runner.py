@@ -148,6 +148,7 @@ class Program:
         spawner: Spawner,
         timeout: float | None = None,
         cgroup_procs: str | None = None,
+        user: tuple[int, int] | None = None,
     ) -> None:
         assert spec.run is not None
         self.spec = spec
@@ -158,6 +159,7 @@ class Program:
         self.spawner = spawner
         self.timeout = timeout if timeout is not None else spec.run.timeout
         self.cgroup_procs = cgroup_procs
+        self.user = user
         self.held: Held | None = None
         self.proc_start: int | None = None
         self._outputs: list[Collect] = []
@@ -179,6 +181,7 @@ class Program:
                 stdout=out_w,
                 stderr=err_w,
                 cgroup_procs=self.cgroup_procs,
+                user=self.user,
             )
         except BaseException:
             os.close(out_r)

@@ -151,6 +151,7 @@ class Spawner:
         stdout: int,
         stderr: int,
         cgroup_procs: str | None = None,
+        user: tuple[int, int] | None = None,
     ) -> Held:
         """A held run of ``argv``. ``cgroup_procs``: a cgroup's ``cgroup.procs``
         file that the holder joins before its program exists (sessiond.runs.cgroups)."""
@@ -163,6 +164,8 @@ class Spawner:
         request = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
         if cgroup_procs is not None:
             request["cgroup_procs"] = cgroup_procs
+        if user is not None:  # the program's uid and gid ([run] user)
+            request["user"] = list(user)
         try:
             self._send(request, [stdout, stderr])
         except BaseException:

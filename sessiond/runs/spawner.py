@@ -151,6 +151,11 @@ def _program(req: dict[str, Any], out: int, err: int, go: int) -> None:
         # spawner's own channel was closed in R): only the passed pipes are not.
         for fd in {null, out, err} - {0, 1, 2}:
             os.close(fd)
+        if req.get("user"):  # [run] user: the program drops to it; R stays the daemon's
+            uid, gid = req["user"]
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
         os.chdir(req["cwd"])
         argv = req["argv"]
         os.execvpe(argv[0], argv, req["env"])

@@ -18,6 +18,7 @@ are the crash points the recovery tests stop the daemon at.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record
+from sessiond.paths import program_socket
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, Program, program_env
@@ -242,6 +244,7 @@ class Starter:
             grace=self.ctx.config.stop_grace,
             spawner=self.ctx.spawner,
             timeout=timeout,
+            user=self.ctx.config.run.identity(),  # [run] user, where there is one
         )
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
         # tool.started and the lifecycle change in one write, made durable by the
@@ -327,18 +330,24 @@ class Starter:
         env.update(secrets)
         env["SESSIOND_TURN"] = str(turn)  # the same in every run of the turn
         masked = set(secrets.values())
+        user = self.ctx.config.run.identity()
+        if user is not None:  # [run] user: its program reads its wake file
+            os.chmod(self.ctx.runtime_dir, 0o711)  # searchable; each file is its run's
+            os.chmod(wake_file, 0o600)
+            os.chown(wake_file, *user)
         if call_id is not None:
             # The tool call this command run is: a key for the program's own
             # idempotency checks (a rerun after a crash is a new call, a new key).
             env["SESSIOND_CALL"] = call_id
-        # Every program may talk to the daemon (sessionctl); an sdk one also gets its token.
-        env["SESSIOND_SOCKET"] = str(self.ctx.config.socket)
+        # Every program may talk to the daemon (sessionctl, the SDK), through the
+        # program endpoint and with its run's token: never the control socket, whose
+        # path is not given to it (DESIGN.md section 8, "Who may approve").
+        env["SESSIOND_SOCKET"] = str(program_socket(self.ctx.config.socket))
+        env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
         # Inherited by every process of the run: what a restart looks for when
         # neither this daemon nor its spawner is left to stop them (runs/leftovers.py).
         env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)
-        if spec.run.kind == "sdk":
-            env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
-            masked.add(env["SESSIOND_TOKEN"])
+        masked.add(env["SESSIOND_TOKEN"])
         s.masked = frozenset(masked)
         return env, unresolved
 

@@ -1,12 +1,17 @@
-"""The answering syscalls: approve, deny, resolve.
+"""The answering syscalls: approve, deny, resolve; and apply, a new spec.
 
 A session blocked on a question (a pending approval) or on a recovery decision
 (a call cut off half way) waits for a person; these record the answer and let
-it continue through the gate.
+it continue through the gate. ``apply`` gives a live session a new spec or
+policy. All four are operator actions (DESIGN.md section 8): each records who
+took it (``who``: uid, user name and channel, from the peer's credentials), with
+the free-text ``by`` as a note beside it.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from sessiond.codec import rfc3339
@@ -16,6 +21,7 @@ from sessiond.log.event_data import (
     ApprovalGranted,
     ObservationProjected,
     RecoveryResolved,
+    SpecApplied,
     WakeRequested,
 )
 from sessiond.log.store.base import Draft
@@ -26,6 +32,7 @@ from sessiond.runs.runs import Runs
 from sessiond.runs.workspace import workspace_hasher
 from sessiond.syscalls.views import detail
 from sessiond.table.sessions import Session
+from sessiond.table.spec import parse_spec, spec_to_toml
 
 
 class Approvals:
@@ -35,7 +42,14 @@ class Approvals:
         self.ctx = ctx
         self.runs = runs
 
-    async def approve(self, name: str, call: str | None = None, by: str = "") -> dict[str, Any]:
+    async def approve(
+        self,
+        name: str,
+        call: str | None = None,
+        by: str = "",
+        *,
+        who: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
@@ -49,6 +63,7 @@ class Approvals:
                     args_sha256=approval.get("args_sha256"),
                     by=by,
                     expires_at=expires,
+                    **(who or {}),
                 ),
                 correlation=approval["call"],
             )
@@ -59,14 +74,26 @@ class Approvals:
         return detail(s)
 
     async def deny(
-        self, name: str, call: str | None = None, by: str = "", reason: str = ""
+        self,
+        name: str,
+        call: str | None = None,
+        by: str = "",
+        reason: str = "",
+        *,
+        who: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
             await self.ctx.table.append(
                 s,
-                ApprovalDenied(call=approval["call"], tool=approval["tool"], by=by, reason=reason),
+                ApprovalDenied(
+                    call=approval["call"],
+                    tool=approval["tool"],
+                    by=by,
+                    reason=reason,
+                    **(who or {}),
+                ),
                 correlation=approval["call"],
             )
             if s.state == "blocked" and not s.j.state.pending_approvals():
@@ -75,7 +102,9 @@ class Approvals:
 
     # --- recovery ------------------------------------------------------------------
 
-    async def resolve(self, name: str, option: str, by: str = "") -> dict[str, Any]:
+    async def resolve(
+        self, name: str, option: str, by: str = "", *, who: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Apply a recovery option to a blocked session, then gate it again.
 
         ``rerun``: run the half-finished (or failed) step again (it is recorded as cut
@@ -119,7 +148,8 @@ class Approvals:
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
                 if option == "discard":
-                    text = f"{tool} was abandoned by {by or 'a person'}; it did not complete"
+                    person = (who or {}).get("user") or by or "a person"
+                    text = f"{tool} was abandoned by {person}; it did not complete"
                     drafts.append(
                         Draft(
                             ObservationProjected(
@@ -162,6 +192,7 @@ class Approvals:
                         hashes=hashes,
                         by=by,
                         ends_turn=ends_turn,
+                        **(who or {}),
                         from_ordinal=divergence["ordinal"]
                         if divergence is not None and option == "accept"
                         else None,
@@ -192,6 +223,55 @@ class Approvals:
         await self.ctx.transition(s, "sleeping", why="resolve", reason=reason)
         if s.j.state.pending_wakes and spec is not None and spec.run is not None:
             await self.runs.proceed(s, None)
+        return detail(s)
+
+    # --- a new spec ----------------------------------------------------------------
+
+    async def apply(
+        self,
+        name: str,
+        spec: str,
+        base: str,
+        source: str = "spec",
+        by: str = "",
+        *,
+        who: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Give session ``name`` the spec ``spec`` (TOML; relative paths from ``base``).
+
+        Recorded (spec.applied) before it is in force. The next gate and run use it:
+        an approval the new policy denies is refused by the gate, which judges every
+        call by the policy in force now; a running program keeps the environment it
+        was started with until it ends."""
+        s = self.ctx.table.get(name)
+        new = parse_spec(spec, base=Path(base), source=source)
+        if new.name != name:
+            raise InvalidInput(
+                f"{source} is the spec of session {new.name!r}, not {name!r}: apply gives a "
+                "session a new spec with its own name"
+            )
+        if s.state == "terminated":
+            raise Refused(f"cannot apply a spec to session {name!r}: it is terminated")
+        text = spec_to_toml(new)
+        old = s.spec.model_dump(mode="json") if s.spec is not None else {}
+        fresh = new.model_dump(mode="json")
+        changed = tuple(k for k in fresh if fresh[k] != old.get(k))
+        async with s.lock:
+            ref = self.ctx.store.artifacts(name).put(text.encode(), "spec.toml", "application/toml")
+            await self.ctx.table.append(
+                s,
+                SpecApplied(
+                    spec_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                    artifact=ref,
+                    changed=changed,
+                    by=by,
+                    **(who or {}),
+                ),
+            )
+            self.ctx.store.write_spec(name, text)
+            s.spec, s.spec_text = new, text
+        if self.ctx.triggers is not None:
+            self.ctx.triggers.rearm(s)
         return detail(s)
 
 

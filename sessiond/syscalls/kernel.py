@@ -69,6 +69,7 @@ class Kernel:
         self.approve = self.approvals.approve
         self.deny = self.approvals.deny
         self.resolve = self.approvals.resolve
+        self.apply = self.approvals.apply
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context

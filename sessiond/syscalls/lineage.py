@@ -16,6 +16,7 @@ from sessiond.log.event_data import (
     ArtifactRef,
     LifecycleChanged,
     MessageReceived,
+    ObservationProjected,
     SessionMerged,
     SessionMigrated,
 )
@@ -62,6 +63,21 @@ class Lineage:
         self.ctx.table.adopt(child)
         armed = spec is not None and spec.has_triggers
         inherited = child_journal.state.state
+        # An approval was given to the parent for one run of one call: a child that
+        # kept it could run that call a second time unasked. It asks again.
+        for call_id, call in sorted(child_journal.state.calls.items()):
+            if call["stage"] == "approved":
+                await self.ctx.table.append(
+                    child,
+                    ObservationProjected(
+                        call=call_id,
+                        tool=call["tool"],
+                        text=f"the approval of {call['tool']} [{call_id}] stays with {name}: "
+                        "a fork does not inherit an approval it has not used",
+                        source="discarded",
+                    ),
+                    correlation=call_id,
+                )
         await self.ctx.table.append(
             child,
             LifecycleChanged.model_validate(

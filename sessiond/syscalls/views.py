@@ -102,6 +102,12 @@ def detail(session: Session) -> dict[str, Any]:
         "last_wake": s.last_wake,
         "last_gate": s.last_gate,
         "pending_approvals": list(s.pending_approvals().values()),
+        # answered and not yet used up, each with who answered (uid, user, channel)
+        "answered_approvals": [
+            a for a in s.approvals.values() if a.get("status") in ("granted", "denied")
+        ],
+        "last_recovery": s.last_recovery,
+        "grants": list(spec.run.grants) if spec and spec.run else [],
         "tools_in_flight": list(s.in_flight().values()),
         "last_observation": s.last_observation,
         "budget_used": {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from sessiond.table.spec import PolicySpec
+from sessiond.table.spec import PolicySpec, SessionSpec
 
 DEFAULT_BY_SIDE_EFFECT = {
     "none": "allow",
@@ -36,3 +36,38 @@ def decide(policy: PolicySpec, tool: str, side_effect: str) -> Verdict:
     default = DEFAULT_BY_SIDE_EFFECT.get(side_effect, "ask")
     verb = {"allow": "allowed", "ask": "asks"}[default]
     return Verdict(default, f"default: {side_effect} {verb}")
+
+
+def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
+    """How a session a program creates or forks would be allowed more than the
+    program's own session (empty: it is not). DESIGN.md section 8: a program's
+    ``create`` and ``fork`` cannot widen its policy.
+
+    Checked on the lists as written, so it errs on the side of refusing: the new
+    policy must deny every pattern the caller's denies, ask (or deny) every
+    pattern it asks, allow only patterns it allows, and keep approvals no longer.
+    Together these mean no tool and no side effect is decided more leniently
+    (a deny beats an ask beats an allow; what no list names falls to the same
+    side-effect default on both). Its program may be granted no method the
+    caller's is not (``[run] grants``), and a command run is a program too: a
+    session with a ``[run]`` needs a caller that has one.
+    """
+    mine, theirs = caller.policy, new.policy
+    problems = []
+    if missing := [p for p in mine.deny if p not in theirs.deny]:
+        problems.append(f"it does not deny {', '.join(missing)}")
+    if missing := [p for p in mine.ask if p not in theirs.ask and p not in theirs.deny]:
+        problems.append(f"it does not ask for {', '.join(missing)}")
+    if extra := [p for p in theirs.allow if p not in mine.allow]:
+        problems.append(f"it allows {', '.join(extra)}, which this session's policy does not")
+    if theirs.approval_ttl > mine.approval_ttl:
+        problems.append(
+            f"its approvals last {theirs.approval_ttl:g}s, longer than {mine.approval_ttl:g}s"
+        )
+    granted = set(caller.run.grants) if caller.run is not None else set()
+    if new.run is not None:
+        if caller.run is None:
+            problems.append("it has a program, and this session has none")
+        elif extra := sorted(set(new.run.grants) - granted):
+            problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
+    return problems

@@ -37,6 +37,18 @@ from sessiond.names import NAME_RE
 
 MAX_SPEC_BYTES = 1 << 20
 
+# What ``[run] grants`` may give a session's program on the program endpoint
+# (DESIGN.md section 8, "Who may approve"), and the default. The operator's
+# methods (approve, deny, resolve, reload, apply, migrate, export, import) are
+# never among them: a person answers, not a program.
+GRANTABLE = frozenset(
+    {
+        "ps", "show", "log", "replay", "gate", "send", "fork", "merge", "create",
+        "activate", "suspend", "resume", "interrupt", "cancel", "compact",
+    }
+)  # fmt: skip
+DEFAULT_GRANTS = ("ps", "show", "log", "send")
+
 
 class BadSpec(InvalidInput):
     """A session spec is not valid TOML or breaks a rule; the message names the key."""
@@ -121,6 +133,20 @@ class RunSpec(_Strict):
     # sessiond.runs.cgroups); None: no bound. RLIMIT_NPROC cannot stand in: it
     # counts per uid, and root ignores it. At most the kernel's PID_MAX_LIMIT.
     max_processes: int | None = Field(default=None, ge=1, le=4_194_304)
+    # The methods its program may call on the program endpoint besides ping and sdk.*
+    grants: list[str] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
+
+    @field_validator("grants")
+    @classmethod
+    def _grantable(cls, grants: list[str]) -> list[str]:
+        bad = [g for g in grants if g not in GRANTABLE]
+        if bad:
+            raise ValueError(
+                f"{', '.join(repr(g) for g in bad)}: not a method a program may be granted; "
+                f"choose from {', '.join(sorted(GRANTABLE))} (approve, deny, resolve, reload, "
+                "apply, migrate, export and import are a person's, never a program's)"
+            )
+        return list(dict.fromkeys(grants))
 
     @field_validator("env")
     @classmethod

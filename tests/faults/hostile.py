@@ -25,7 +25,7 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel
 
-from sessiond.ipc.dispatch import STREAMED, method_table
+from sessiond.ipc.dispatch import STREAMED, answer_table, method_table
 from sessiond.syscalls.kernel import Kernel
 from tests.e2e.harness import Daemon, wait_event
 
@@ -53,6 +53,8 @@ def dispatch_table() -> dict[str, type[BaseModel]]:
     table: dict[str, type[BaseModel]] = dict(STREAMED)
     methods = method_table(cast(Kernel, None), cast(Any, None))
     table.update((name, model) for name, (model, _) in methods.items())
+    answers = answer_table(cast(Kernel, None))  # approve, deny, resolve, apply
+    table.update((name, model) for name, (model, _) in answers.items())
     return table
 
 

@@ -1,7 +1,9 @@
 """Write a golden log of the *current* schema version: one event of every type.
 
 Run it once when a version is published (``python -m tests.golden.write_current``)
-and commit the result under ``tests/golden/v<N>/``. Never regenerate a published
+and commit the result under ``tests/golden/v<N>/``; when event types or optional
+fields are added within a version, write a folder of its own beside it
+(``v1-spec-applied``: ``spec.applied``, and who answered). Never regenerate a published
 version: the point of these files is that logs written by every earlier version
 stay readable (``tests/log/test_golden.py`` replays them all).
 """
@@ -42,6 +44,7 @@ from sessiond.log.event_data import (
     SessionImported,
     SessionMerged,
     SessionMigrated,
+    SpecApplied,
     ToolFinished,
     ToolIntent,
     ToolStarted,
@@ -130,7 +133,17 @@ def every_type() -> list[Draft]:
         ContextCompacted(from_seq=8, to_seq=16, summary="edited a.py after approval"),
         BudgetExhausted(budget="tokens", limit=10, used=15),
         RunFinished(run="r1", status="ok", exit_code=0, duration_ms=4000, stdout=REF, stderr=REF),
-        RecoveryResolved(option="accept", hashes={"rates.csv": "f" * 64}, by="ann"),
+        RecoveryResolved(
+            option="accept",
+            hashes={"rates.csv": "f" * 64},
+            by="ann",
+            uid=1000,
+            user="ann",
+            channel="cli",
+        ),
+        SpecApplied(
+            spec_sha256=H, artifact=REF, changed=("policy",), by="tighter", uid=0, user="root"
+        ),
         SessionMigrated(from_profile="default", to_profile="big-model"),
         SessionImported(original_name="golden", bundle_sha256=H, events=30),
         LogRepaired(dropped_bytes=12, at_offset=3000, last_good_seq=32, reason="torn write"),
@@ -157,5 +170,11 @@ async def write(target: Path) -> None:
 
 
 if __name__ == "__main__":
+    # A folder of its own when types or fields were added at the same version
+    # (``python -m tests.golden.write_current v1-spec-applied``): a published
+    # golden log is never written again.
+    import sys
+
     version = max(CURRENT_VERSION.values())
-    asyncio.run(write(Path(__file__).parent / f"v{version}"))
+    folder = sys.argv[1] if len(sys.argv) > 1 else f"v{version}"
+    asyncio.run(write(Path(__file__).parent / folder))

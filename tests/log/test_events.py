@@ -28,6 +28,8 @@ DESIGN_TYPES = {
     "tool.finished", "observation.projected", "context.compacted",
     "verification.started", "verification.finished", "budget.exhausted",
     "binding.observed", "log.repaired",
+    # section 8's `apply`: an operator's new spec, recorded with who applied it
+    "spec.applied",
 }  # fmt: skip
 
 

@@ -1,0 +1,116 @@
+"""The program endpoint's rules: what a session's program may ask, and as whom.
+
+DESIGN.md section 8, "Who may approve". Programs reach the daemon through a
+socket of their own (the program endpoint, ``SESSIOND_SOCKET`` in their
+environment), never the control socket. There, every request carries the run's
+token (``SESSIOND_TOKEN``): the ``sdk.*`` methods in their params, as they
+always did, and every other method in the frame's ``token`` (sessionctl sends
+it when it runs inside a run). The token's session is the caller: the request
+never says who it is.
+
+Served: ``ping``, the ``sdk.*`` methods, and the methods the caller's spec
+grants (``[run] grants``; sessiond.table.spec.GRANTABLE lists what may be
+granted: never approve, deny, resolve, reload, apply, migrate, export, import).
+And the identity is the caller's:
+
+- ``send``: the sender is the calling session; a ``--from`` naming any other is
+  refused, never recorded.
+- ``fork`` and ``create``: the new session may not be allowed more than the
+  caller (sessiond.table.policy.widening).
+- ``merge``: only into the calling session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sessiond.errors import InvalidInput, Refused
+from sessiond.table.policy import widening
+from sessiond.table.sessions import Session, Table
+from sessiond.table.spec import GRANTABLE, SessionSpec, parse_spec
+
+
+class NotGranted(Refused):
+    """A program asked for what its run may not do (exit 1)."""
+
+    code = "permission_denied"
+
+
+OPERATOR = ("approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import")
+
+
+class ProgramGuard:
+    """Admits one request on the program endpoint, or refuses it saying why."""
+
+    def __init__(self, table: Table, session_for: Any) -> None:
+        self.table = table
+        self.session_for = session_for  # Tokens.session_for: token -> (session, grant)
+
+    def caller(self, token: object) -> Session:
+        if not isinstance(token, str) or not token:
+            raise NotGranted(
+                "the program endpoint serves the programs of runs: every request carries "
+                "the run's token (SESSIOND_TOKEN, which sessionctl sends by itself inside "
+                "a run); a person uses the control socket"
+            )
+        s: Session = self.session_for(token)[0]
+        return s
+
+    def admit(self, method: str, token: object, params: dict[str, Any]) -> dict[str, Any]:
+        """The params to serve ``method`` with for the caller, or NotGranted."""
+        s = self.caller(token)
+        if method not in GRANTABLE:
+            why = (
+                "it is an operator action: a person answers on the control socket, and no "
+                "spec can grant it to a program"
+                if method in OPERATOR
+                else "the program endpoint does not serve it"
+            )
+            raise NotGranted(f"session {s.name!r}'s program may not call {method}: {why}")
+        spec = s.spec
+        grants = spec.run.grants if spec is not None and spec.run is not None else []
+        if method not in grants:
+            raise NotGranted(
+                f"session {s.name!r}'s program may not call {method}: its spec does not grant "
+                f"it (it grants {', '.join(grants) or 'nothing'}); add {method!r} to [run] "
+                "grants in the spec (docs/spec.md) if it should"
+            )
+        assert spec is not None
+        if method == "send":
+            sender = params.get("sender", "sessionctl")
+            if sender not in ("sessionctl", s.name):
+                raise NotGranted(
+                    f"a program sends as its own session {s.name!r}; it cannot send as "
+                    f"{sender!r} (drop --from, or pass --from {s.name})"
+                )
+            return {**params, "sender": s.name}
+        if method == "fork":
+            source = self.table.get(str(params.get("name", "")))
+            if source.spec is not None:
+                self._no_wider(s, spec, source.spec, f"a fork of {source.name!r}")
+        elif method == "create":
+            text, base = params.get("spec"), params.get("base")
+            if not isinstance(text, str) or not isinstance(base, str):
+                raise InvalidInput("bad parameters: create needs spec and base as text")
+            new = parse_spec(text, base=Path(base), source=str(params.get("source", "spec")))
+            self._no_wider(s, spec, new, f"session {new.name!r}")
+        elif method == "merge":
+            child = self.table.get(str(params.get("child", "")))
+            into = params.get("into") or child.j.state.parent
+            if into != s.name:
+                raise NotGranted(
+                    f"session {s.name!r}'s program may merge only into its own session, "
+                    f"not into {into!r}"
+                )
+        return params
+
+    @staticmethod
+    def _no_wider(s: Session, mine: SessionSpec, new: SessionSpec, what: str) -> None:
+        problems = widening(new, mine)
+        if problems:
+            raise NotGranted(
+                f"{what} would be allowed more than session {s.name!r} itself: "
+                f"{'; '.join(problems)}. A program's create and fork cannot widen its own "
+                "policy; a person can create it on the control socket"
+            )

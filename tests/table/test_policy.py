@@ -1,0 +1,89 @@
+"""A program's create and fork cannot widen its policy (sessiond.table.policy.widening)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from sessiond.table.policy import decide, widening
+from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
+
+CALLER = """name = "caller"
+[run]
+exec = ["true"]
+grants = ["ps", "send", "create"]
+[policy]
+deny = ["rm_*"]
+ask = ["pay", "edit_*"]
+allow = ["read_file"]
+approval_ttl = "1h"
+"""
+
+
+def spec(text: str) -> SessionSpec:
+    return parse_spec(text, base=Path("/tmp"))
+
+
+def child(policy: str, run: str = '[run]\nexec = ["true"]\ngrants = ["ps"]\n') -> SessionSpec:
+    return spec(f'name = "child"\n{run}[policy]\n{policy}')
+
+
+def test_the_same_or_a_stricter_policy_is_not_wider() -> None:
+    caller = spec(CALLER)
+    assert widening(caller, caller) == []
+    stricter = child('deny = ["rm_*", "pay"]\nask = ["edit_*"]\napproval_ttl = "10m"\n')
+    assert widening(stricter, caller) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "why"),
+    [
+        ('ask = ["pay", "edit_*"]\nallow = ["read_file"]\n', "does not deny rm_*"),
+        ('deny = ["rm_*"]\nask = ["pay"]\n', "does not ask for edit_*"),
+        ('deny = ["rm_*"]\nask = ["pay", "edit_*"]\nallow = ["*"]\n', "allows *"),
+        ('deny = ["rm_*"]\nask = ["pay", "edit_*"]\napproval_ttl = "2h"\n', "last 7200s"),
+    ],
+)
+def test_a_policy_that_decides_anything_more_leniently_is_wider(policy: str, why: str) -> None:
+    problems = widening(child(policy), spec(CALLER))
+    assert any(why in p for p in problems), problems
+
+
+def test_more_grants_or_a_program_where_the_caller_has_none_is_wider() -> None:
+    policy = 'deny = ["rm_*"]\nask = ["pay", "edit_*"]\n'
+    granted = child(policy, run='[run]\nexec = ["true"]\ngrants = ["ps", "fork"]\n')
+    assert any("granted fork" in p for p in widening(granted, spec(CALLER)))
+    no_program = spec('name = "caller"\n[policy]\ndeny = ["rm_*"]\nask = ["pay", "edit_*"]\n')
+    assert any("has a program" in p for p in widening(child(policy), no_program))
+
+
+def test_what_is_not_wider_decides_no_tool_more_leniently() -> None:
+    """The rule is sound: for every tool and side effect, a new policy the check
+    accepts decides at least as strictly as the caller's."""
+    caller = spec(CALLER)
+    strict = {"deny": 2, "ask": 1, "allow": 0}
+    lists = {"deny": ["rm_*", "pay"], "ask": ["pay", "edit_*", "x"], "allow": ["read_file", "y"]}
+    tools = ["rm_rf", "pay", "edit_a", "read_file", "x", "y", "other"]
+    effects = ["none", "read", "workspace-write", "external-write"]
+    accepted = 0
+    for deny_n, ask_n, allow_n in itertools.product(range(3), range(4), range(3)):
+        policy = (
+            f"deny = {lists['deny'][:deny_n]!r}\nask = {lists['ask'][:ask_n]!r}\n"
+            f"allow = {lists['allow'][:allow_n]!r}\n"
+        ).replace("'", '"')
+        new = child(policy)
+        if widening(new, caller):
+            continue
+        accepted += 1
+        for tool, effect in itertools.product(tools, effects):
+            mine = decide(caller.policy, tool, effect).decision
+            theirs = decide(new.policy, tool, effect).decision
+            assert strict[theirs] >= strict[mine], (policy, tool, effect)
+    assert accepted > 0
+
+
+def test_grants_that_are_a_persons_are_refused_in_a_spec() -> None:
+    with pytest.raises(BadSpec, match="'approve': not a method a program may be granted"):
+        spec('name = "x"\n[run]\nexec = ["true"]\ngrants = ["send", "approve"]\n')
