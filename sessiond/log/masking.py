@@ -45,7 +45,7 @@ FREE_TEXT: dict[str, tuple[str, ...]] = {
     "approval.granted": (),
     "approval.denied": ("reason",),
     "tool.started": (),
-    "tool.finished": (),
+    "tool.finished": (),  # a step's result is refused, never masked (runs.steps)
     "observation.projected": ("text",),
     "context.compacted": ("summary",),
     "verification.started": (),
@@ -53,6 +53,7 @@ FREE_TEXT: dict[str, tuple[str, ...]] = {
     "budget.exhausted": (),
     "binding.observed": (),
     "log.repaired": ("reason",),
+    "spec.applied": (),  # the spec is stored as written (like session.created)
 }
 
 
