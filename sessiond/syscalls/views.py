@@ -9,7 +9,8 @@ import orjson
 
 from sessiond.describe import describe
 from sessiond.log.projections import messages, trace
-from sessiond.log.replay import replay_all
+from sessiond.log.pace import BATCH, Pacer, batches
+from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, next_wake
@@ -144,24 +145,34 @@ def gate_report(
     }
 
 
-def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
-    """Rebuild from events and show one view; runs nothing."""
+async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
+    """Rebuild from events and show one view; runs nothing. The records are read,
+    folded and described a batch at a time, so the loop serves others meanwhile."""
     if view not in VIEWS:
         from sessiond.errors import InvalidInput
 
         raise InvalidInput(f"no view {view!r}; the views are {', '.join(VIEWS)}")
-    records = list(records)
-    if view == "trace":
-        return trace(records)
-    if view == "audit":
-        return [
-            line
-            for r, line in zip(records, trace(records), strict=True)
-            if r["type"] in AUDIT_TYPES
-        ]
-    state = replay_all(name, records)
+    if view in ("trace", "audit"):
+        lines: list[str] = []
+        async for batch in batches(records):
+            if view == "audit":
+                batch = [r for r in batch if r["type"] in AUDIT_TYPES]
+            lines += trace(batch)
+        return lines
+    state = State(session=name)
+    async for batch in batches(records):
+        replay(batch, state)
     if view == "messages":
-        return messages(state)
+        # The view item by item, a batch of the transcript at a time (a long
+        # session's is tens of thousands of items).
+        items = messages(State(session=name, goal=state.goal))
+        transcript = state.transcript
+        pacer = Pacer()
+        for start in range(0, len(transcript), BATCH):
+            part = State(session=name, transcript=transcript[start : start + BATCH])
+            items += messages(part)
+            await pacer.tick()
+        return items
     return _state_dict(state)
 
 
