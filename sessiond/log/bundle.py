@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import hashlib
 import io
@@ -73,7 +74,7 @@ def export_session(
     for record, line in store.read_lines(name):
         lines.append(line)
         refs.update(artifact_refs(record["data"]))
-    return _write_bundle(store, name, out, lines, refs, now_ns)
+    return _write_bundle(store, name, out, lines, refs, now_ns=now_ns)
 
 
 async def export_paced(
@@ -90,7 +91,9 @@ async def export_paced(
         refs.update(artifact_refs(record["data"]))
         if pacer.due():
             await pacer.pause()
-    return await asyncio.to_thread(_write_bundle, store, name, out, lines, refs, now_ns)
+    return await asyncio.to_thread(
+        functools.partial(_write_bundle, store, name, out, lines, refs, now_ns=now_ns)
+    )
 
 
 class _Lines(io.RawIOBase):
@@ -115,13 +118,13 @@ class _Lines(io.RawIOBase):
         return out
 
 
-def _write_bundle(
+def _write_bundle(  # noqa: PLR0917 (one call site each; keywords add nothing)
     store: Store,
     name: str,
     out: Path,
     lines: list[bytes],
     refs: set[str],
-    now_ns: int | None,
+    now_ns: int | None = None,
 ) -> dict[str, Any]:
     now_ns = time.time_ns() if now_ns is None else now_ns
     digest, size = hashlib.sha256(), 0

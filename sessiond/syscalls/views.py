@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from sessiond.describe import describe
-from sessiond.log.projections import messages, trace
 from sessiond.log.pace import BATCH, Pacer, batches
+from sessiond.log.projections import messages, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
@@ -155,9 +155,9 @@ async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -
     if view in ("trace", "audit"):
         lines: list[str] = []
         async for batch in batches(records):
-            if view == "audit":
-                batch = [r for r in batch if r["type"] in AUDIT_TYPES]
-            lines += trace(batch)
+            lines += trace(
+                [r for r in batch if r["type"] in AUDIT_TYPES] if view == "audit" else batch
+            )
         return lines
     state = State(session=name)
     async for batch in batches(records):
