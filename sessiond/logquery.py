@@ -16,10 +16,10 @@ unit or a date, so the two cannot be confused.
 from __future__ import annotations
 
 import re
-import re._parser as _parser  # type: ignore[import-not-found,unused-ignore]
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from re import _parser  # type: ignore[import-not-found,unused-ignore]
 from typing import Any
 
 import orjson

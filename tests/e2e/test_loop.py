@@ -61,7 +61,8 @@ def test_ping_is_answered_while_a_big_session_is_logged_replayed_forked_exported
         d.start()
         assert d.proc is not None
         log = (d.state_dir / "sessions" / "big" / "events.jsonl").resolve()
-        before = _log_readers(d.proc.pid, log)  # the session's own open log
+        pid = d.proc.pid
+        before = _log_readers(pid, log)  # the session's own open log
         ops: list[tuple[str, dict[str, object]]] = [
             ("replay", {"name": "big", "view": "trace"}),
             ("log", {"name": "big"}),
@@ -70,7 +71,6 @@ def test_ping_is_answered_while_a_big_session_is_logged_replayed_forked_exported
         ]
         for method, params in ops:
             with _send(d.socket, method, params) as busy:
-                pid = d.proc.pid
                 wait_for(
                     lambda: _log_readers(pid, log) > before, timeout=60, what=f"{method} reading"
                 )
