@@ -15,11 +15,11 @@ unit or a date, so the two cannot be confused.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from re import _parser  # type: ignore[import-not-found,unused-ignore]
 from typing import Any
 
 import orjson
@@ -100,6 +100,8 @@ def compile_grep(pattern: str | None) -> re.Pattern[str] | None:
     return compiled
 
 
+# The parser behind re (not typed in typeshed): its tree says what a pattern nests.
+_parser: Any = importlib.import_module("re._parser")
 _REPEATS = (_parser.MAX_REPEAT, _parser.MIN_REPEAT, getattr(_parser, "POSSESSIVE_REPEAT", None))
 
 

@@ -46,7 +46,7 @@ from sessiond.table import lifecycle
 from sessiond.table.policy import Verdict as PolicyVerdict
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Run, Session, file_hash
-from sessiond.table.spec import SessionSpec
+from sessiond.table.spec import SessionSpec, under_profile
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +62,13 @@ class Starter:
         self.settler = settler
         self.supervisor = supervisor
 
+    def _spec(self, s: Session) -> SessionSpec:
+        """The spec as this run sees it: under the session's runner profile (its own
+        since created, or the one ``migrate --profile`` chose), which may replace
+        ``run.exec`` and budget keys."""
+        assert s.spec is not None
+        return under_profile(s.spec, s.j.state.profile, self.ctx.config.profiles)
+
     def _command_policy(self, spec: SessionSpec) -> PolicyVerdict:
         assert spec.run is not None
         verdict = decide(spec.policy, "command", spec.run.side_effect)
@@ -75,8 +82,7 @@ class Starter:
         pending_retry = self.ctx.retry_timers.pop(s.name, None)
         if pending_retry is not None:  # this run is the retry now
             pending_retry.cancel()
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
         trigger = cause["data"]["trigger"] if cause else "follow-up"
         # Steps up to the program's start wait for no fsync of their own: every way
@@ -196,8 +202,7 @@ class Starter:
     async def _launch(
         self, s: Session, cause: Record | None, run_id: str, call_id: str | None
     ) -> None:
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
         state = s.j.state
         trigger = cause["data"]["trigger"] if cause else "follow-up"
@@ -297,15 +302,14 @@ class Starter:
         wake_file: Path,
     ) -> dict[str, str]:
         """The program's environment: the daemon's, the profile's, the spec's, ours."""
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
-        profile = (
-            self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
-        )
+        profile = self.ctx.config.profiles[spec.run.profile]  # _spec() made it one we have
         env = program_env(
             self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
+        env["SESSIOND_PROFILE"] = spec.run.profile
+        env["SESSIOND_MODEL"] = profile.model
         if call_id is not None:
             # The tool call this command run is: a key for the program's own
             # idempotency checks (a rerun after a crash is a new call, a new key).

@@ -111,4 +111,9 @@ class Inspection:
 
     async def gate(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)
-        return gate_report(s, self.ctx.now(), artifacts=self.ctx.store.artifacts(name))
+        return gate_report(
+            s,
+            self.ctx.now(),
+            artifacts=self.ctx.store.artifacts(name),
+            profiles=self.ctx.config.profiles,
+        )

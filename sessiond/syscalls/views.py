@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from sessiond.config import ProfileConfig
 from sessiond.describe import describe
 from sessiond.log.pace import BATCH, Pacer, batches
 from sessiond.log.projections import messages, trace
@@ -14,6 +15,7 @@ from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, next_wake
+from sessiond.table.spec import under_profile
 
 VIEWS = ("state", "messages", "trace", "audit")
 
@@ -111,6 +113,7 @@ def gate_report(
     has_artifact: Any = None,
     *,
     artifacts: ArtifactStore | None = None,
+    profiles: dict[str, ProfileConfig] | None = None,
 ) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
     recovery options. Records nothing. The log is checked by its writer
@@ -125,11 +128,14 @@ def gate_report(
                 "options": [], "dry_run": True}  # fmt: skip
     state = session.journal.state
     damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
+    spec = session.spec
+    if spec is not None and profiles is not None:  # the budget under the runner profile
+        spec = under_profile(spec, state.profile, profiles)
     verdict = evaluate(
         state,
-        session.spec,
+        spec,
         now=now,
-        hash_file=workspace_hasher(session.spec),
+        hash_file=workspace_hasher(spec),
         has_artifact=has_artifact,
         log_error=session.journal.log.verify(),
         check_artifact=damaged.get if damaged is not None else None,
