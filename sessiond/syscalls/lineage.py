@@ -149,7 +149,10 @@ class Lineage:
         if profile is not None:
             if profile not in self.ctx.config.profiles:
                 known = ", ".join(sorted(self.ctx.config.profiles))
-                raise InvalidInput(f"no runner profile {profile!r}; the daemon has {known}")
+                raise InvalidInput(
+                    f"no runner profile {profile!r}; the daemon's profiles are {known} "
+                    "([profiles.NAME] in its configuration; reload after adding one)"
+                )
             async with s.lock:
                 await self.ctx.table.append(
                     s, SessionMigrated(from_profile=s.j.state.profile, to_profile=profile)
