@@ -8,6 +8,7 @@ a pending approval, a spent budget).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 from collections.abc import Awaitable, Callable
@@ -192,9 +193,13 @@ class SdkCalls:
             spec = s.spec
             assert spec is not None
             artifacts = self.ctx.store.artifacts(s.name)
+            # Hashing and an fsync each: in a thread, off the loop (issue 13).
             out_ref = (
-                artifacts.put(
-                    redact(output.encode(), spec.redact), f"{c['tool']}.out", "text/plain"
+                await asyncio.to_thread(
+                    artifacts.put,
+                    redact(output.encode(), spec.redact),
+                    f"{c['tool']}.out",
+                    "text/plain",
                 )
                 if output
                 else None
@@ -202,7 +207,9 @@ class SdkCalls:
             before = grant.before.pop(call, {})
             diff_bytes = text_diff(before, spec.workspace)
             diff_ref = (
-                artifacts.put(redact(diff_bytes, spec.redact), "diff", "text/x-diff")
+                await asyncio.to_thread(
+                    artifacts.put, redact(diff_bytes, spec.redact), "diff", "text/x-diff"
+                )
                 if diff_bytes
                 else None
             )
@@ -236,10 +243,14 @@ class SdkCalls:
         spec = s.spec
         assert spec is not None
         artifacts = self.ctx.store.artifacts(s.name)
-        context = artifacts.put(
-            redact(orjson.dumps(params["request"]), spec.redact), "context.json", "application/json"
+        context = await asyncio.to_thread(
+            artifacts.put,
+            redact(orjson.dumps(params["request"]), spec.redact),
+            "context.json",
+            "application/json",
         )
-        response: ArtifactRef | None = artifacts.put(
+        response: ArtifactRef | None = await asyncio.to_thread(
+            artifacts.put,
             redact(orjson.dumps(params["response"]), spec.redact),
             "response.json",
             "application/json",
@@ -291,8 +302,11 @@ class SdkCalls:
         spec = s.spec
         assert spec is not None
         ref = (
-            self.ctx.store.artifacts(s.name).put(
-                redact(output.encode(), spec.redact), "verification", "text/plain"
+            await asyncio.to_thread(
+                self.ctx.store.artifacts(s.name).put,
+                redact(output.encode(), spec.redact),
+                "verification",
+                "text/plain",
             )
             if output
             else None
