@@ -200,6 +200,7 @@ def _ping_while(sock_path: Path, op: dict[str, Any]) -> tuple[list[float], float
     finally:
         sock.close()
         client.wait(600)
+        client.stdout.close()
     return times, took
 
 
@@ -263,8 +264,11 @@ def _idle_pings(sock_path: Path, count: int) -> list[float]:
     return rpc_latencies_ms(sock_path, "ping", count)
 
 
-def measure(work: Path, quick: bool, say: Any, baseline: Path | None = None) -> dict[str, Any]:
-    events = 100_000  # the figure's size even with --quick: the work takes seconds, not minutes
+def measure(
+    work: Path, quick: bool, say: Any, baseline: Path | None = None, events: int = 100_000
+) -> dict[str, Any]:
+    """The figures of this tree's daemon, and of ``baseline``'s if given. (100,000
+    events even with --quick: the work takes seconds, not minutes.)"""
     del quick
     results = measure_one(work / "loop", events, None, say)
     if baseline is not None:
