@@ -106,7 +106,8 @@ class BenchDaemon:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
         program = [str(BIN / "sessiond")]
         if self.source is not None:
-            program = [sys.executable, "-m", "sessiond"]
+            # -P: not the current folder first on sys.path (it may be this tree)
+            program = [sys.executable, "-P", "-m", "sessiond"]
             env["PYTHONPATH"] = str(self.source)
         self.proc = subprocess.Popen(
             [
