@@ -76,11 +76,42 @@ class AccessConfig(_Strict):
         return {grp.getgrnam(g).gr_gid for g in self.groups}
 
 
+class ProfileBudget(_Strict):
+    """What a profile changes of a spec's ``[budget]``: each key set here replaces
+    the spec's (0 means no limit, as there); a key left out keeps the spec's."""
+
+    runs_per_day: int | None = Field(default=None, ge=0)
+    seconds_per_run: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+    tool_calls_per_run: int | None = Field(default=None, ge=0)
+
+
 class ProfileConfig(_Strict):
-    """A runner profile: what a session's program runs with (e.g. which model)."""
+    """A runner profile: what a session's program runs with (e.g. which model).
+
+    A session runs with its profile: the spec's ``run.profile`` when it was
+    created, then whatever ``sessionctl migrate NAME --profile P`` chose (recorded
+    as ``session.migrated``). Each run's program gets ``model`` as
+    ``SESSIOND_MODEL`` and the profile's name as ``SESSIOND_PROFILE``; ``env`` is
+    added to its environment (under the spec's own ``run.env``); ``exec``, if set,
+    runs instead of the spec's ``run.exec``; ``budget`` replaces the keys it sets.
+    """
 
     model: str = ""
     env: dict[str, str] = Field(default_factory=dict)
+    exec: list[str] | None = Field(default=None, min_length=1)
+    budget: ProfileBudget = Field(default_factory=ProfileBudget)
+
+    @field_validator("env")
+    @classmethod
+    def _no_reserved_env(cls, env: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in env if k.startswith("SESSIOND_"))
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)}: SESSIOND_* variables are set by the daemon for the "
+                "program (the model is SESSIOND_MODEL, from 'model'); use another name"
+            )
+        return env
 
 
 class RunConfig(_Strict):

@@ -15,6 +15,7 @@ unit or a date, so the two cannot be confused.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -86,9 +87,65 @@ def compile_grep(pattern: str | None) -> re.Pattern[str] | None:
     if len(pattern) > MAX_GREP:
         raise ValueError(f"--grep is at most {MAX_GREP} characters; this one has {len(pattern)}")
     try:
-        return re.compile(pattern)
+        compiled = re.compile(pattern)
+        risk = _backtracking_risk(_parser.parse(pattern))
     except (re.error, RecursionError, OverflowError) as exc:
         raise ValueError(f"--grep {pattern!r} is not a regular expression: {exc}") from None
+    if risk:
+        raise ValueError(
+            f"--grep {pattern!r} has {risk}, which can take exponential time on one long "
+            "event and would hold the daemon up; write it without that (e.g. 'a+b' for "
+            "'(a+)+b', '(ab|cd)' outside a repetition, or several --grep runs)"
+        )
+    return compiled
+
+
+# The parser behind re (not typed in typeshed): its tree says what a pattern nests.
+_parser: Any = importlib.import_module("re._parser")
+_REPEATS = (_parser.MAX_REPEAT, _parser.MIN_REPEAT, getattr(_parser, "POSSESSIVE_REPEAT", None))
+
+
+def _backtracking_risk(parsed: Any, in_repeat: bool = False) -> str | None:
+    r"""What makes a pattern backtrack catastrophically, or None.
+
+    Python's ``re`` backtracks, and one ``search`` cannot be interrupted (it holds
+    the GIL, so not even a thread helps). The daemon matches in its loop, a slice
+    of events at a time, which bounds everything but a single match; so the
+    patterns whose single match can blow up are refused: a repetition inside a
+    repetition (``(a+)+``, ``(\w+\s?)*``) and alternatives or a backreference
+    inside a repetition (``(a|ab)*``, ``(\1x)+``). Alternatives of single
+    characters compile to a set and are fine (``(a|b)+``).
+    """
+    for op, av in parsed:
+        if op in _REPEATS:
+            low, high, sub = av
+            del low
+            repeats = high > 1
+            if repeats and in_repeat:
+                return "a repetition inside a repetition"
+            found = _backtracking_risk(sub, in_repeat or repeats)
+            if found:
+                return found
+        elif op is _parser.BRANCH:
+            if in_repeat:
+                return "alternatives inside a repetition"
+            for branch in av[1]:
+                if found := _backtracking_risk(branch, in_repeat):
+                    return found
+        elif op is _parser.GROUPREF and in_repeat:
+            return "a backreference inside a repetition"
+        elif op is _parser.SUBPATTERN:
+            if found := _backtracking_risk(av[-1], in_repeat):
+                return found
+        elif op in (_parser.ASSERT, _parser.ASSERT_NOT, getattr(_parser, "ATOMIC_GROUP", None)):
+            sub = av[-1] if isinstance(av, tuple) else av
+            if found := _backtracking_risk(sub, in_repeat):
+                return found
+        elif op is _parser.GROUPREF_EXISTS:
+            for sub in av[1:]:
+                if sub is not None and (found := _backtracking_risk(sub, in_repeat)):
+                    return found
+    return None
 
 
 @dataclass(frozen=True)

@@ -94,3 +94,16 @@ def test_every_comparison_runs_and_renders_one_table(tmp_path: Path) -> None:
     assert len(lines[0].split("  ")) > 1
     assert [r.what for r in rows] == [line.split("  ")[0] for line in lines[2 : 2 + len(rows)]]
     assert all(row.as_dict()["ratio"] > 0 for row in rows)
+
+
+def test_the_loop_benchmark_runs() -> None:
+    from sessiond.bench import loop
+
+    work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
+    try:
+        figures = loop.measure(work, quick=True, say=lambda _text: None, events=300)
+    finally:
+        __import__("shutil").rmtree(work, ignore_errors=True)
+    for op in loop.OPS:
+        assert figures[f"loop_{op}_pings"] >= 1
+        assert figures[f"loop_{op}_ping_p99_ms"] > 0

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, gate, machine, run_async, steps, storage, wakes
+from sessiond.bench import daemon, fsinfo, gate, loop, machine, run_async, steps, storage, wakes
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -41,13 +41,25 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "watch_wake_p50_ms": ("<=", 250.0, "ms (default 200 ms debounce)"),
     "watch_floor_ratio": ("<=", 1.5, "watch_wake_d0_p50_ms / watch_floor_p50_ms"),
     "git_wake_p50_ms": ("<=", 300.0, "ms"),
+    "loop_log_ping_p99_ms": ("<=", 10.0, "ms (ping while a 100k-event session is logged)"),
+    "loop_replay_ping_p99_ms": ("<=", 10.0, "ms (... replayed, messages view)"),
+    "loop_fork_ping_p99_ms": ("<=", 10.0, "ms (... forked)"),
+    "loop_export_ping_p99_ms": ("<=", 10.0, "ms (... exported)"),
 }
 
 
 def measure(
-    work: Path, quick: bool, say: Callable[[str], None], skip_daemon: bool = False
+    work: Path,
+    quick: bool,
+    say: Callable[[str], None],
+    *,
+    skip_daemon: bool = False,
+    loop_only: bool = False,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
+    if loop_only:
+        return loop.measure(work, quick, say, baseline)
 
     def step(name: str) -> Path:
         say(f"measuring {name} ...")
@@ -107,6 +119,7 @@ def measure(
         results.update(wakes.measure(work, quick, say))
         say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
         results.update(steps.measure(work, quick))
+        results.update(loop.measure(work, quick, say, baseline))
     return results
 
 
@@ -135,6 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         help="where to write the benchmark logs (default: a temporary folder under "
         ".bench-work/ in the current folder, so it lands on the disk the daemon would use)",
     )
+    parser.add_argument(
+        "--loop-only",
+        action="store_true",
+        help="only ping latency while a 100k-event session is logged, replayed, forked, exported",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="with the loop figures: measure them too with the daemon of this source tree "
+        "(e.g. an older commit unpacked with git archive), side by side",
+    )
     args = parser.parse_args(argv)
     base = args.dir or Path(".bench-work")
     base.mkdir(parents=True, exist_ok=True)
@@ -145,7 +170,14 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     try:
-        results = measure(work, args.quick, say, skip_daemon=args.storage_only)
+        results = measure(
+            work,
+            args.quick,
+            say,
+            skip_daemon=args.storage_only,
+            loop_only=args.loop_only,
+            baseline=args.baseline,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = {

@@ -89,8 +89,9 @@ def write_sessions(state_dir: Path, count: int, events: int) -> None:
 
 
 class BenchDaemon:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, source: Path | None = None) -> None:
         self.root = root
+        self.source = source  # another source tree's daemon (a baseline), else this one
         self.state_dir = root / "state"
         self.socket = root / "s.sock"
         self.config = root / "sessiond.toml"
@@ -102,9 +103,15 @@ class BenchDaemon:
         """Start; seconds until the daemon logged that it serves."""
         self.ready.clear()
         started = time.perf_counter()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
+        program = [str(BIN / "sessiond")]
+        if self.source is not None:
+            # -P: not the current folder first on sys.path (it may be this tree)
+            program = [sys.executable, "-P", "-m", "sessiond"]
+            env["PYTHONPATH"] = str(self.source)
         self.proc = subprocess.Popen(
             [
-                str(BIN / "sessiond"),
+                *program,
                 "--config",
                 str(self.config),
                 "--state-dir",
@@ -114,7 +121,7 @@ class BenchDaemon:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env={k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")},
+            env=env,
         )
         threading.Thread(target=self._watch, daemon=True).start()
         if not self.ready.wait(300) or self.proc.poll() is not None:

@@ -369,6 +369,9 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
         print(f"sessiond: {exc}", file=sys.stderr)
         return 1
     raise_file_limit()
+    # A worker thread (an export's compression, a snapshot's write) holds the GIL
+    # at most this long while the loop waits for it (the default is 5 ms).
+    sys.setswitchinterval(0.001)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve(config, env))

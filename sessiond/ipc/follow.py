@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from sessiond.errors import FellBehind, InvalidInput
-from sessiond.ipc.frames import error, reply
+from sessiond.ipc.frames import error, reply, reply_encoded
 from sessiond.ipc.params import LogParams
 from sessiond.log.events import EVENT_TYPES
 from sessiond.log.store.base import Record
@@ -87,10 +87,10 @@ class LogStream:
         if not p.follow:
             assert p.name is not None
             after = (p.after or {}).get(p.name, 0)
-            records = await self.kernel.log_(
+            lines = await self.kernel.inspection.log_encoded(
                 p.name, p.since, p.types, p.limit, grep=p.grep, after=after
             )
-            await reply(writer, {"id": request_id, "ok": True, "result": records})
+            await reply_encoded(writer, request_id, lines)
             return
         await self._follow(request_id, p, writer)
 

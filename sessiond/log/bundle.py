@@ -15,7 +15,9 @@ present. Any failure refuses the bundle whole and nothing is created.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import gzip
 import hashlib
 import io
@@ -24,6 +26,7 @@ import re
 import stat
 import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from sessiond.log.event_data import SessionImported
 from sessiond.log.events import decode
 from sessiond.log.journal import Journal
 from sessiond.log.lineage import artifact_refs
+from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Durability, Store
 from sessiond.log.store.durable import FILE_MODE
 from sessiond.names import check_name
@@ -65,13 +69,69 @@ def export_session(
     store: Store, name: str, out: Path, *, now_ns: int | None = None
 ) -> dict[str, Any]:
     """Write ``name`` as a bundle to ``out`` (atomically) and return its manifest."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
     lines: list[bytes] = []
     refs: set[str] = set()
     for record, line in store.read_lines(name):
         lines.append(line)
         refs.update(artifact_refs(record["data"]))
-    events = b"".join(lines)
+    return _write_bundle(store, name, out, lines, refs, now_ns=now_ns)
+
+
+async def export_paced(
+    store: Store, name: str, out: Path, *, upto: int | None = None, now_ns: int | None = None
+) -> dict[str, Any]:
+    """:func:`export_session` for the daemon: events 1..``upto`` read a slice at a
+    time in the loop, the bundle compressed and written in a thread (zlib, hashing
+    and the writes release the GIL), so the loop serves everyone meanwhile."""
+    lines: list[bytes] = []
+    refs: set[str] = set()
+    pacer = Pacer()
+    for record, line in store.read_lines(name, upto=upto):
+        lines.append(line)
+        refs.update(artifact_refs(record["data"]))
+        if pacer.due():
+            await pacer.pause()
+    return await asyncio.to_thread(
+        functools.partial(_write_bundle, store, name, out, lines, refs, now_ns=now_ns)
+    )
+
+
+class _Lines(io.RawIOBase):
+    """The log's lines as one readable file, joined a group at a time (never the
+    whole log in one join, which would hold the GIL for as long as it copies)."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self.lines = lines
+        self.next = 0
+        self.buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while (size < 0 or len(self.buf) < size) and self.next < len(self.lines):
+            self.buf += b"".join(self.lines[self.next : self.next + 256])
+            self.next += 256
+        if size < 0:
+            size = len(self.buf)
+        out, self.buf = self.buf[:size], self.buf[size:]
+        return out
+
+
+def _write_bundle(  # noqa: PLR0917 (one call site each; keywords add nothing)
+    store: Store,
+    name: str,
+    out: Path,
+    lines: list[bytes],
+    refs: set[str],
+    now_ns: int | None = None,
+) -> dict[str, Any]:
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    digest, size = hashlib.sha256(), 0
+    for start in range(0, len(lines), 1024):
+        group = b"".join(lines[start : start + 1024])
+        digest.update(group)
+        size += len(group)
     spec = store.read_spec(name)
     spec_bytes = b"" if spec is None else spec.encode()
     artifacts = store.artifacts(name)
@@ -82,7 +142,7 @@ def export_session(
         "session": name,
         "exported_at": rfc3339(now_ns),
         "sessiond": __version__,
-        "events": {"count": len(lines), "sha256": _sha(events), "size": len(events)},
+        "events": {"count": len(lines), "sha256": digest.hexdigest(), "size": size},
         "spec": None if spec is None else {"sha256": _sha(spec_bytes), "size": len(spec_bytes)},
         "artifacts": [{"sha256": d, "size": len(b)} for d, b in blobs.items()],
     }
@@ -96,11 +156,13 @@ def export_session(
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             _add(tar, "manifest.json", orjson.dumps(manifest, option=orjson.OPT_INDENT_2), mtime)
-            _add(tar, "events.jsonl", events, mtime)
+            info = tarfile.TarInfo("events.jsonl")
+            info.size, info.mode, info.mtime = size, FILE_MODE, mtime
+            tar.addfile(info, _Lines(lines))
             if spec is not None:
                 _add(tar, "spec.toml", spec_bytes, mtime)
-            for digest, blob in blobs.items():
-                _add(tar, f"artifacts/{digest}", blob, mtime)
+            for digest_hex, blob in blobs.items():
+                _add(tar, f"artifacts/{digest_hex}", blob, mtime)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # durable before it is published under its name
@@ -127,6 +189,27 @@ class Bundle:
 
 def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
     """Read and verify a bundle completely; raises BadBundle naming the first problem."""
+    unpacked = _unpack(path, limit)
+    lines = unpacked.lines
+    for _ in _verify_lines(path, lines, unpacked.manifest, unpacked.artifacts):
+        pass
+    return Bundle(unpacked.manifest, lines, unpacked.spec, unpacked.artifacts, unpacked.sha256)
+
+
+async def read_bundle_paced(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
+    """:func:`read_bundle` for the daemon: unpacked and hashed in a thread (zlib and
+    hashlib release the GIL), each event checked in the loop a slice at a time."""
+    unpacked = await asyncio.to_thread(_unpack, path, limit)
+    pacer = Pacer()
+    for _ in _verify_lines(path, unpacked.lines, unpacked.manifest, unpacked.artifacts):
+        if pacer.due():
+            await pacer.pause()
+    return unpacked
+
+
+def _unpack(path: Path, limit: int) -> Bundle:
+    """The bundle's members, every hash checked; the events split into lines but not
+    yet checked one by one (:func:`_verify_lines`)."""
     raw = _read_file(path, limit)
     try:
         members = _members(raw, limit)
@@ -156,7 +239,11 @@ def read_bundle(path: Path, *, limit: int = DEFAULT_LIMIT) -> Bundle:
             artifacts[m.group(1)] = data
     if set(artifacts) != listed:
         raise BadBundle(f"{path}: the artifacts present differ from those the manifest lists")
-    lines = _verified_lines(path, events, manifest, artifacts)
+    if events and not events.endswith(b"\n"):
+        raise BadBundle(f"{path}: events.jsonl ends in the middle of a line")
+    lines = [line + b"\n" for line in events.split(b"\n")[:-1]]
+    if len(lines) != manifest["events"].get("count"):
+        raise BadBundle(f"{path}: the manifest counts {manifest['events'].get('count')!r} events")
     try:
         spec = None if spec_bytes is None else spec_bytes.decode()
     except UnicodeDecodeError as exc:
@@ -255,12 +342,11 @@ def _expect_hash(path: Path, member: str, data: bytes, entry: Any) -> None:
         raise BadBundle(f"{path}: {member} does not match the hash and size in the manifest")
 
 
-def _verified_lines(
-    path: Path, events: bytes, manifest: dict[str, Any], artifacts: dict[str, bytes]
-) -> list[bytes]:
-    if events and not events.endswith(b"\n"):
-        raise BadBundle(f"{path}: events.jsonl ends in the middle of a line")
-    lines = [line + b"\n" for line in events.split(b"\n")[:-1]]
+def _verify_lines(
+    path: Path, lines: list[bytes], manifest: dict[str, Any], artifacts: dict[str, bytes]
+) -> Iterator[None]:
+    """Check each event in turn (one step a line, so the daemon can pace it)."""
+    del manifest  # its count was checked with the split
     for number, line in enumerate(lines, start=1):
         record = decode_line(line[:-1])
         if record is None:
@@ -279,9 +365,7 @@ def _verified_lines(
                 raise BadBundle(
                     f"{path}: event {number} references {ref}, which is not in the bundle"
                 )
-    if len(lines) != manifest["events"].get("count"):
-        raise BadBundle(f"{path}: the manifest counts {manifest['events'].get('count')!r} events")
-    return lines
+        yield None
 
 
 async def import_session(
@@ -292,7 +376,7 @@ async def import_session(
     durability: Durability = "fsync",
 ) -> Journal:
     """Create a session from a verified bundle; it arrives with ``session.imported``."""
-    bundle = read_bundle(path)  # verified whole before anything is created
+    bundle = await read_bundle_paced(path)  # verified whole before anything is created
     target = check_name(name if name is not None else bundle.manifest["session"])
     new_log = await store.create(
         target,

@@ -10,7 +10,7 @@ events it covers are durable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 import structlog
@@ -18,6 +18,7 @@ import structlog
 from sessiond.errors import LogCorrupt
 from sessiond.log.event_data import EventData
 from sessiond.log.masking import mask_drafts
+from sessiond.log.pace import batches
 from sessiond.log.replay import apply, replay
 from sessiond.log.state import REDUCER_VERSION, State
 from sessiond.log.store.base import (
@@ -75,7 +76,7 @@ class Journal:
         event_log = await store.open_log(name, durability=durability)
         snapshots = store.snapshots(name)
         try:
-            state, from_snapshot = cls._recover(event_log, snapshots, name, use_snapshots)
+            state, from_snapshot = await cls._recover(event_log, snapshots, name, use_snapshots)
         except BaseException:
             await event_log.close()
             raise
@@ -93,21 +94,21 @@ class Journal:
         return journal
 
     @staticmethod
-    def _recover(
+    async def _recover(
         event_log: EventLog, snapshots: SnapshotStore, name: str, use_snapshots: bool
     ) -> tuple[State, int | None]:
         snap = snapshots.latest(REDUCER_VERSION) if use_snapshots else None
         if snap is not None and snap.session == name:
             try:
                 state = State.from_dict(snap.state)
-                return replay(event_log.recover(snap.position), state), snap.position.seq
+                return await _fold(event_log.recover(snap.position), state), snap.position.seq
             except PositionMismatch as exc:
                 log.warning("snapshot.ignored", session=name, seq=snap.position.seq, why=str(exc))
             except (TypeError, ValueError) as exc:
                 log.warning(
                     "snapshot.unreadable", session=name, seq=snap.position.seq, why=str(exc)
                 )
-        return replay(event_log.recover(START), State(session=name)), None
+        return await _fold(event_log.recover(START), State(session=name)), None
 
     async def append(
         self, data: EventData, *, causation: str | None = None, correlation: str | None = None
@@ -165,10 +166,12 @@ class Journal:
         if position.seq != self.state.seq or position.seq == self._snapshot_seq:
             return None
         await self.log.sync(Pending([], position))
-        # Serialise here, in the loop, so the state cannot change underneath.
-        state = orjson.loads(orjson.dumps(self.state))
+        # Serialise here, in the loop, so the state cannot change underneath; only
+        # to bytes: decoding them again (three times the encoding's cost) stalled
+        # the loop for tens of ms on a long session, and the file needs bytes.
+        encoded = orjson.dumps(self.state)
         self._snapshot_seq = position.seq
-        return Snapshot(REDUCER_VERSION, self.session, position, state)
+        return Snapshot(REDUCER_VERSION, self.session, position, {}, encoded)
 
     async def snapshot(self) -> None:
         """Write a snapshot of the state now (in a worker thread), once it is durable."""
@@ -178,6 +181,14 @@ class Journal:
 
     async def close(self) -> None:
         await self.log.close()
+
+
+async def _fold(records: Iterable[Record], state: State) -> State:
+    """``replay`` a batch at a time: opening a long log (a fork, an import, a
+    session with no snapshot) leaves the loop free for others between batches."""
+    async for batch in batches(records):
+        replay(batch, state)
+    return state
 
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Journal", "LogCorrupt"]

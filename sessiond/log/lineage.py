@@ -15,6 +15,7 @@ from typing import Any
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import SHA256_REF, SessionForked
 from sessiond.log.journal import Journal
+from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Durability, Pending, Store
 from sessiond.names import check_name
 
@@ -66,11 +67,16 @@ async def fork(
     # Copy only what the parent has durably: the child's history must never hold
     # an event the parent could lose in a power cut.
     await parent.log.sync(Pending([], parent.log.position))
+    # Lines 1..at only, a slice at a time: the loop serves other sessions meanwhile.
+    # The caller holds the parent's lock, so only the parent's own requests wait.
     lines: list[bytes] = []
     refs: set[str] = set()
+    pacer = Pacer()
     for record, line in store.read_lines(parent.session, upto=at):
         lines.append(line)
         refs.update(artifact_refs(record["data"]))
+        if pacer.due():
+            await pacer.pause()
     if len(lines) != at:
         raise InvalidInput(f"could read only {len(lines)} of {at} events of {parent.session!r}")
     parent_artifacts = store.artifacts(parent.session)

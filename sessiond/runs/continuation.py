@@ -30,6 +30,7 @@ from sessiond.runs.start import Starter
 from sessiond.runs.workspace import workspace_hasher
 from sessiond.table.gate import Verdict, evaluate
 from sessiond.table.sessions import Session
+from sessiond.table.spec import SessionSpec, under_profile
 
 
 class Continuation:
@@ -115,7 +116,7 @@ class Continuation:
         damaged = self.ctx.store.artifacts(s.name).verify_many(state.live_artifacts())
         verdict = evaluate(
             state,
-            s.spec,
+            self._run_spec(s),  # the budget under the session's runner profile
             now=self.ctx.now(),
             hash_file=workspace_hasher(s.spec),
             cause_paths=paths,
@@ -213,8 +214,14 @@ class Continuation:
                 if s.state == "ready" and s.run is None:
                     await self.proceed(s, None)
 
+    def _run_spec(self, s: Session) -> SessionSpec | None:
+        """The spec under the session's runner profile (which may change the budget)."""
+        if s.spec is None:
+            return None
+        return under_profile(s.spec, s.j.state.profile, self.ctx.config.profiles)
+
     async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
-        spec = s.spec
+        spec = self._run_spec(s)
         assert spec is not None
         state = s.j.state
         detail = next(c.detail for c in verdict.checks if c.name == "budget left")

@@ -22,6 +22,7 @@ from sessiond.log.projections import messages
 from sessiond.log.replay import replay_all
 from sessiond.log.store.base import Draft
 from sessiond.runs.context import RunContext
+from sessiond.runs.sends import Sends
 from sessiond.runs.steps import Steps
 from sessiond.runs.tokens import Tokens
 from sessiond.table.sessions import Session
@@ -38,6 +39,7 @@ class SdkCalls:
         self.tokens = tokens
         self.send = send
         self.steps = Steps(ctx)
+        self.sends = Sends(self.steps)
         # the context each session's open turn began with: (turn, context)
         self._turn_context: dict[str, tuple[int, dict[str, Any]]] = {}
 
@@ -99,7 +101,8 @@ class SdkCalls:
         spec = s.spec
         assert spec is not None
         ref = (
-            self.ctx.store.artifacts(s.name).put(
+            await asyncio.to_thread(
+                self.ctx.store.artifacts(s.name).put,
                 r.data(output.encode()) if (r := s.redactor()) else output.encode(),
                 "verification",
                 "text/plain",
@@ -122,7 +125,7 @@ class SdkCalls:
         s, grant = self.tokens.session_for(p.token)
         if p.to == s.name:
             raise InvalidInput("a session cannot send to itself")
-        return await self.steps.send(s, grant, p, self.send, self._answer)
+        return await self.sends.send(s, grant, p, self.send, self._answer)
 
     async def sdk_end(self, token: str, intent: str, summary: str) -> dict[str, Any]:
         """The program says how its run ends: ``sleep`` (wait for the next wake) or

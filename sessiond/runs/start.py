@@ -51,7 +51,7 @@ from sessiond.table import lifecycle
 from sessiond.table.policy import Verdict as PolicyVerdict
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Run, Session, file_hash
-from sessiond.table.spec import SessionSpec
+from sessiond.table.spec import SessionSpec, under_profile
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,13 @@ class Starter:
         self.settler = settler
         self.supervisor = supervisor
 
+    def _spec(self, s: Session) -> SessionSpec:
+        """The spec as this run sees it: under the session's runner profile (its own
+        since created, or the one ``migrate --profile`` chose), which may replace
+        ``run.exec`` and budget keys."""
+        assert s.spec is not None
+        return under_profile(s.spec, s.j.state.profile, self.ctx.config.profiles)
+
     def _command_policy(self, spec: SessionSpec) -> PolicyVerdict:
         assert spec.run is not None
         verdict = decide(spec.policy, "command", spec.run.side_effect)
@@ -80,8 +87,7 @@ class Starter:
         pending_retry = self.ctx.retry_timers.pop(s.name, None)
         if pending_retry is not None:  # this run is the retry now
             pending_retry.cancel()
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
         trigger = cause["data"]["trigger"] if cause else "follow-up"
         # Steps up to the program's start wait for no fsync of their own: every way
@@ -201,8 +207,7 @@ class Starter:
     async def _launch(
         self, s: Session, cause: Record | None, run_id: str, call_id: str | None
     ) -> None:
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
         state = s.j.state
         trigger = cause["data"]["trigger"] if cause else "follow-up"
@@ -314,19 +319,18 @@ class Starter:
         secrets, ours; and why a secret could not be read (the start then fails).
         The secrets' values and the run token become values the session masks
         wherever it stores text, until its next start."""
-        spec = s.spec
-        assert spec is not None
+        spec = self._spec(s)
         assert spec.run is not None
         try:  # read now, at every start, never stored
             secrets, unresolved = resolve_secrets(spec, self.ctx.env), None
         except SecretMissing as exc:
             secrets, unresolved = {}, exc
-        profile = (
-            self.ctx.config.profiles.get(spec.run.profile) or self.ctx.config.profiles["default"]
-        )
+        profile = self.ctx.config.profiles[spec.run.profile]  # _spec() made it one we have
         env = program_env(
             self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
         )
+        env["SESSIOND_PROFILE"] = spec.run.profile
+        env["SESSIOND_MODEL"] = profile.model
         env.update(secrets)
         env["SESSIOND_TURN"] = str(turn)  # the same in every run of the turn
         masked = set(secrets.values())

@@ -23,6 +23,7 @@ not be replayed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 from collections.abc import Awaitable, Callable
@@ -57,10 +58,12 @@ from sessiond.runs.workspace import git_head, read_small, text_diff, workspace_h
 from sessiond.table.gate import describe_divergence
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Session
+from sessiond.table.spec import under_profile
 
 # How an answer is made: the SDK's fields plus ``stop`` (runs.sdk_calls)
 Answer = Callable[..., dict[str, Any]]
 Deliver = Callable[..., Awaitable[dict[str, Any]]]
+
 
 # Results up to this size are kept in the event itself (no artifact: no extra
 # fsync); bigger ones, and bytes, go to the artifact store.
@@ -70,7 +73,7 @@ INLINE_RESULT = 16 * 1024
 STEP_RISK = RiskContract(side_effect="external-write", idempotency="unsafe", resume="never-rerun")
 
 # Steps are answered from these statuses of the step recorded at the same slot.
-_ANSWERED = frozenset({"ok", "denied", "approval", "approved"})
+ANSWERED = frozenset({"ok", "denied", "approval", "approved"})
 
 
 def digest_of(value: Any) -> str:
@@ -99,6 +102,16 @@ class Steps:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
+    def _budget(self, s: Session) -> Any:
+        """The budget a run under the session's runner profile has (the profile may
+        set its own keys)."""
+        spec = s.spec
+        assert spec is not None
+        profile = self.ctx.config.profiles.get(s.j.state.profile)
+        if profile is None or not profile.budget.model_fields_set:
+            return spec.budget  # the common case, with nothing to copy
+        return under_profile(spec, s.j.state.profile, self.ctx.config.profiles).budget
+
     # --- the start of a step ----------------------------------------------------------
 
     async def begin(self, s: Session, grant: RunGrant, p: Any, answer: Answer) -> dict[str, Any]:
@@ -114,7 +127,7 @@ class Steps:
             key = step_key(s.name, turn["n"], slot)
             digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
             recorded = turn["steps"].get(slot)
-            if recorded is not None and recorded["status"] in _ANSWERED:
+            if recorded is not None and recorded["status"] in ANSWERED:
                 same = recorded["kind"] == p.kind and recorded["name"] == p.name
                 if same and p.kind == "tool":
                     same = recorded["digest"] == digest
@@ -273,7 +286,7 @@ class Steps:
         """A new call id, or None once the run's tool-call budget is spent (recorded)."""
         spec = s.spec
         assert spec is not None
-        limit = spec.budget.tool_calls_per_run
+        limit = self._budget(s).tool_calls_per_run
         if limit and grant.calls >= limit:
             await self.ctx.table.append(
                 s, BudgetExhausted(budget="tool_calls_per_run", limit=limit, used=grant.calls)
@@ -308,8 +321,12 @@ class Steps:
         assert spec is not None
         grant.calls_model += 1
         call_id = f"{grant.run}.m{grant.calls_model}"
-        context = self.ctx.store.artifacts(s.name).put(
-            _mask(s, orjson.dumps(p.request)), "context.json", "application/json"
+        # hashing and two fsyncs: in a thread, off the loop
+        context = await asyncio.to_thread(
+            self.ctx.store.artifacts(s.name).put,
+            _mask(s, orjson.dumps(p.request)),
+            "context.json",
+            "application/json",
         )
         # Not made durable on its own: a model call changes nothing in the world, so
         # one whose request is lost by a crash is simply asked again. The response's
@@ -446,7 +463,9 @@ class Steps:
         assert spec is not None
         ok = p.status == "ok" and refused is None
         response = (
-            self.ctx.store.artifacts(s.name).put(encoded, "response.json", "application/json")
+            await asyncio.to_thread(
+                self.ctx.store.artifacts(s.name).put, encoded, "response.json", "application/json"
+            )
             if ok
             else None
         )
@@ -465,128 +484,9 @@ class Steps:
             ),
         )
         state = s.j.state
-        limit = spec.budget.tokens
+        limit = self._budget(s).tokens
         used = state.tokens_in + state.tokens_out
         if ok and limit and used >= limit:
             await self.ctx.table.append(s, BudgetExhausted(budget="tokens", limit=limit, used=used))
             if s.run is not None and s.run.stop_requested is None:
                 s.run.stop_requested = f"budget: tokens {used} of {limit} used"
-
-    # --- a message to another session: a step the daemon does itself ----------------
-
-    async def send(
-        self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer
-    ) -> dict[str, Any]:
-        """``run.send``: a step like any other, so a later run of the turn never sends
-        it twice. The policy decides on the tool ``send`` (allowed by default, like a
-        command run: it is the session's own act)."""
-        spec = s.spec
-        assert spec is not None
-        args = {"to": p.to, "text_sha256": hashlib.sha256(p.text.encode()).hexdigest()}
-        digest = args_hash("send", args)
-        async with s.lock:
-            turn = s.j.state.turn
-            if turn is None or s.run is None:
-                raise Refused("this run has no open turn: a step can only be taken while it runs")
-            slot = slot_of(p.ordinal, p.key)
-            recorded = turn["steps"].get(slot)
-            if recorded is not None and recorded["status"] in _ANSWERED:
-                asked = _SendAsk(p.ordinal, p.key, digest)
-                if (
-                    recorded["kind"] != "tool"
-                    or recorded["name"] != "send"
-                    or (recorded["digest"] != digest)
-                ):
-                    return answer(s, **await self._diverge(s, asked, slot, recorded, digest))
-                if recorded["status"] == "ok":
-                    return answer(s, status="replayed", call=recorded["call"])
-                if recorded["status"] == "denied":
-                    return answer(s, status="denied", rule=recorded.get("rule", "denied"))
-                return answer(s, status="ask", rule="approval pending")
-            if s.run.stop_requested is not None:
-                return answer(s, status="stop", reason=s.run.stop_requested)
-            call = await self._next_call(s, grant)
-            if call is None:
-                return answer(s, status="stop", rule="budget: tool_calls_per_run")
-            verdict = decide(spec.policy, "send", "external-write")
-            rule = verdict.rule
-            decision = verdict.decision
-            if rule.startswith("default:"):
-                decision, rule = "allow", "default: a message to a session is allowed"
-            drafts = [
-                Draft(
-                    ToolIntent(
-                        call=call,
-                        tool="send",
-                        args=args,
-                        risk=STEP_RISK,
-                        turn=turn["n"],
-                        ordinal=p.ordinal,
-                        key=p.key,
-                        args_sha256=digest,
-                    ),
-                    correlation=call,
-                ),
-                Draft(
-                    PolicyDecided(call=call, tool="send", decision=decision, rule=rule),
-                    correlation=call,
-                ),
-            ]
-            if decision != "allow":
-                # asking a person about a message is not offered: it is allowed or denied
-                text = f"send to {p.to} was denied by the policy ({rule})"
-                drafts[1] = Draft(
-                    PolicyDecided(call=call, tool="send", decision="deny", rule=rule),
-                    correlation=call,
-                )
-                drafts.append(
-                    Draft(
-                        ObservationProjected(call=call, tool="send", text=text, source="denied"),
-                        correlation=call,
-                    )
-                )
-                await self.ctx.table.append_many(s, drafts)
-                return answer(s, status="denied", rule=rule)
-            drafts.append(self._started_draft(s, grant, call, "send", []))
-            await self.ctx.table.append_many(s, drafts)
-        # delivered outside this session's lock: the receiver's lock is taken there
-        try:
-            result: dict[str, Any] = await deliver(p.to, p.text, sender=s.name)
-            status, text = "ok", f"sent a message to {p.to}"
-        except Exception as exc:
-            result, status, text = {}, "error", f"send to {p.to} failed: {exc}"
-        async with s.lock:
-            await self.ctx.table.append_many(
-                s,
-                [
-                    Draft(
-                        ToolFinished(
-                            call=call,
-                            tool="send",
-                            status=status,
-                            error_class=None if status == "ok" else "execution",
-                            result_kind="json" if status == "ok" else None,
-                            result=None,
-                        ),
-                        correlation=call,
-                    ),
-                    Draft(
-                        ObservationProjected(call=call, tool="send", text=text), correlation=call
-                    ),
-                ],
-            )
-        if status != "ok":
-            raise Refused(text)
-        return answer(s, status="run", call=call, **result)
-
-
-class _SendAsk:
-    """What a send step asks, in the shape the divergence check reads."""
-
-    kind = "tool"
-    name = "send"
-
-    def __init__(self, ordinal: int, key: str | None, digest: str) -> None:
-        self.ordinal = ordinal
-        self.key = key
-        self.digest = digest

@@ -7,11 +7,12 @@ fork's copy, a merge's summary, a bundle) rather than on one run.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from sessiond.errors import AlreadyExists, InvalidInput, Refused
-from sessiond.log.bundle import export_session, import_session
+from sessiond.log.bundle import export_paced, import_session
 from sessiond.log.event_data import (
     ArtifactRef,
     LifecycleChanged,
@@ -115,8 +116,12 @@ class Lineage:
         text = text or f"{child.name} finished at seq {cs.seq}"
         refs = list(cs.live_artifacts().values())
         source, dest = self.ctx.store.artifacts(child.name), self.ctx.store.artifacts(parent.name)
-        for ref in refs:
-            dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
+
+        def copy() -> None:  # reads, hashes and fsyncs: in a thread, off the loop
+            for ref in refs:
+                dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
+
+        await asyncio.to_thread(copy)
         async with parent.lock:
             await self.ctx.table.append(
                 parent,
@@ -160,7 +165,10 @@ class Lineage:
         if profile is not None:
             if profile not in self.ctx.config.profiles:
                 known = ", ".join(sorted(self.ctx.config.profiles))
-                raise InvalidInput(f"no runner profile {profile!r}; the daemon has {known}")
+                raise InvalidInput(
+                    f"no runner profile {profile!r}; the daemon's profiles are {known} "
+                    "([profiles.NAME] in its configuration; reload after adding one)"
+                )
             async with s.lock:
                 await self.ctx.table.append(
                     s, SessionMigrated(from_profile=s.j.state.profile, to_profile=profile)
@@ -179,7 +187,7 @@ class Lineage:
         outbox.mkdir(mode=0o700, exist_ok=True)
         bundle = outbox / f"{s.name}.bundle"
         async with s.lock:
-            export_session(self.ctx.store, s.name, bundle)
+            await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
             try:
                 try:
                     # the bytes cross the socket: the target reads no path of ours
@@ -214,8 +222,11 @@ class Lineage:
     # --- bundles -------------------------------------------------------------------
 
     async def export(self, name: str, path: str) -> dict[str, Any]:
-        self.ctx.table.get(name)
-        manifest = export_session(self.ctx.store, name, Path(path))
+        s = self.ctx.table.get(name)
+        # The log as it is at this instant (what comes while it is read is not in it),
+        # read a slice at a time and packed in a thread: the loop goes on meanwhile.
+        upto = s.journal.state.seq if s.journal is not None else None
+        manifest = await export_paced(self.ctx.store, name, Path(path), upto=upto)
         return {"path": path, "events": manifest["events"]["count"], "session": name}
 
     async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:

@@ -7,12 +7,15 @@ from typing import Any
 
 import orjson
 
+from sessiond.config import ProfileConfig
 from sessiond.describe import describe
+from sessiond.log.pace import BATCH, Pacer, batches
 from sessiond.log.projections import messages, trace
-from sessiond.log.replay import replay_all
+from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, next_wake
+from sessiond.table.spec import under_profile
 
 VIEWS = ("state", "messages", "trace", "audit")
 
@@ -135,6 +138,7 @@ def gate_report(
     has_artifact: Any = None,
     *,
     artifacts: ArtifactStore | None = None,
+    profiles: dict[str, ProfileConfig] | None = None,
 ) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
     recovery options. Records nothing. The log is checked by its writer
@@ -149,11 +153,14 @@ def gate_report(
                 "options": [], "dry_run": True}  # fmt: skip
     state = session.journal.state
     damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
+    spec = session.spec
+    if spec is not None and profiles is not None:  # the budget under the runner profile
+        spec = under_profile(spec, state.profile, profiles)
     verdict = evaluate(
         state,
-        session.spec,
+        spec,
         now=now,
-        hash_file=workspace_hasher(session.spec),
+        hash_file=workspace_hasher(spec),
         has_artifact=has_artifact,
         log_error=session.journal.log.verify(),
         check_artifact=damaged.get if damaged is not None else None,
@@ -169,29 +176,41 @@ def gate_report(
     }
 
 
-def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
-    """Rebuild from events and show one view; runs nothing."""
+async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
+    """Rebuild from events and show one view; runs nothing. The records are read,
+    folded and described a batch at a time, so the loop serves others meanwhile."""
     if view not in VIEWS:
         from sessiond.errors import InvalidInput
 
         raise InvalidInput(f"no view {view!r}; the views are {', '.join(VIEWS)}")
-    records = list(records)
-    if view == "trace":
-        return trace(records)
-    if view == "audit":
-        return [
-            line
-            for r, line in zip(records, trace(records), strict=True)
-            if r["type"] in AUDIT_TYPES
-        ]
-    state = replay_all(name, records)
+    if view in ("trace", "audit"):
+        lines: list[str] = []
+        async for batch in batches(records):
+            lines += trace(
+                [r for r in batch if r["type"] in AUDIT_TYPES] if view == "audit" else batch
+            )
+        return lines
+    state = State(session=name)
+    async for batch in batches(records):
+        replay(batch, state)
     if view == "messages":
-        return messages(state)
+        # The view item by item, a batch of the transcript at a time (a long
+        # session's is tens of thousands of items).
+        items = messages(State(session=name, goal=state.goal))
+        transcript = state.transcript
+        pacer = Pacer()
+        for start in range(0, len(transcript), BATCH):
+            part = State(session=name, transcript=transcript[start : start + BATCH])
+            items += messages(part)
+            await pacer.tick()
+        return items
     return _state_dict(state)
 
 
 def _state_dict(state: State) -> Any:
-    return orjson.loads(orjson.dumps(state))
+    # The state's JSON as the answer's result, encoded once: decoding it back to
+    # dicts first (three times the encoding's cost) held the loop for tens of ms.
+    return orjson.Fragment(orjson.dumps(state))
 
 
 __all__ = ["VIEWS", "describe", "detail", "gate_report", "replay_view"]

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from sessiond.config import ProfileConfig
 from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
@@ -547,3 +548,25 @@ def _toml_value(value: Any) -> str:
 
 def _toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_value(key)
+
+
+def under_profile(
+    spec: SessionSpec, profile: str, profiles: dict[str, ProfileConfig]
+) -> SessionSpec:
+    """The spec as a run under runner profile ``profile`` sees it (config.py's
+    ProfileConfig): the profile's ``exec`` instead of ``run.exec``, the budget keys
+    it sets instead of the spec's, and ``run.profile`` naming it. A profile the
+    configuration no longer has (a reload removed it) is ``default``'s."""
+    if profile not in profiles:
+        profile = "default"
+    chosen = profiles[profile]
+    update: dict[str, Any] = {}
+    if spec.run is not None:
+        run: dict[str, Any] = {"profile": profile}
+        if chosen.exec is not None:
+            run["exec"] = list(chosen.exec)
+        update["run"] = spec.run.model_copy(update=run)
+    budget = {k: v for k, v in chosen.budget.model_dump().items() if v is not None}
+    if budget:
+        update["budget"] = spec.budget.model_copy(update=budget)
+    return spec.model_copy(update=update) if update else spec

@@ -449,6 +449,10 @@ BAD_LOG_PARAMS: list[tuple[dict[str, Any], str]] = [
     ({"grep": "(unclosed", "follow": True}, "(unclosed"),
     ({"grep": "a" * 5000}, "grep"),
     ({"grep": "x{99999999999}"}, "x{99999999999}"),
+    # backtracking that could hold the loop for ever on one event (issue 13)
+    ({"grep": "(a+)+$"}, "a repetition inside a repetition"),
+    ({"grep": "(x|xx)*y", "follow": True}, "alternatives inside a repetition"),
+    ({"grep": "(\\w+\\s?)*!"}, "a repetition inside a repetition"),
     ({"since": "yesterday"}, "yesterday"),
     ({"since": "yesterday", "follow": True}, "yesterday"),
     ({"since": "2026-13-45T99:00:00Z"}, "2026-13-45T99:00:00Z"),

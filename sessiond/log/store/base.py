@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+import orjson
+
 from sessiond.errors import SessiondError
 from sessiond.log.event_data import ArtifactRef, EventData
 
@@ -74,6 +76,15 @@ class Snapshot:
     session: str
     position: LogPosition
     state: dict[str, Any]
+    # The state as JSON when the taker has only that (sessiond.log.journal): ``state``
+    # is then empty, and a backend that keeps dicts decodes it when it saves.
+    encoded: bytes | None = None
+
+    def decoded(self) -> Snapshot:
+        """This snapshot with ``state`` filled in from ``encoded``."""
+        if self.encoded is None:
+            return self
+        return Snapshot(self.reducer, self.session, self.position, orjson.loads(self.encoded))
 
 
 class PositionMismatch(Exception):

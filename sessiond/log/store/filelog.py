@@ -85,6 +85,9 @@ def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:
         done.set_exception(outcome)
 
 
+READ_STEP = 256 << 10  # bytes a read of recover() takes at most
+
+
 @dataclass
 class FileEventLog(EventLog):
     """The open log of one session: recovery of what is on disk (a torn tail cut
@@ -158,7 +161,9 @@ class FileEventLog(EventLog):
         if after.seq:
             self._check_position(after)
         end = ScanEnd(after)
-        yield from scan(self._read, after, end)
+        # A quarter of a MB a read: the daemon folds a long log a slice at a time
+        # (sessiond.log.pace), and one step that split 8 MB would stall it.
+        yield from scan(lambda size, at: self._read(min(size, READ_STEP), at), after, end)
         size = os.fstat(self._fd).st_size
         bad = classify_tail(self._read, end, size)
         if bad is not None:

@@ -18,6 +18,7 @@ file backend from.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from sessiond.codec import Clock
 from sessiond.errors import AlreadyExists, LogCorrupt, NoSuchSession, StorageError
+from sessiond.log.pace import Pacer
 from sessiond.log.store.base import START, Durability, Record, Snapshot, Store
 from sessiond.log.store.durable import (
     DIR_MODE,
@@ -62,6 +64,9 @@ __all__ = [
 LOG_NAME = "events.jsonl"
 SPEC_NAME = "spec.toml"
 SPEC_LIMIT = 1 << 20
+
+
+READ_STEP = 256 << 10  # bytes a read of read_lines() takes at most
 
 
 class FileStore(Store):
@@ -161,6 +166,25 @@ class FileStore(Store):
         final = self._dir(name)
         if final.exists():
             raise AlreadyExists(f"session {name!r} exists already; pick another name")
+        # The files are written in a thread: what takes long here (writes, fsync,
+        # hashing the artifacts) releases the GIL, so the loop goes on meanwhile.
+        await asyncio.to_thread(self._build, name, final, spec, lines, artifacts)
+        log = await self.open_log(name, durability=durability)
+        pacer = Pacer()
+        for _ in log.recover():  # a long log is checked a slice at a time
+            if pacer.due():
+                await pacer.pause()
+        return log
+
+    def _build(
+        self,
+        name: str,
+        final: Path,
+        spec: str | None,
+        lines: Iterable[bytes],
+        artifacts: Iterable[bytes],
+    ) -> None:
+        """The session's folder, made under a temporary name and renamed in place."""
         private_dir(self.sessions_dir)
         tmp = self.sessions_dir / f".new-{name}-{os.urandom(4).hex()}"
         os.mkdir(tmp, DIR_MODE)
@@ -174,8 +198,16 @@ class FileStore(Store):
                 write_durable(tmp / SPEC_NAME, spec.encode(), sync_dir=False)
             fd = os.open(tmp / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
             try:
+                # A thousand lines a write: few system calls, and no join of the whole
+                # log at once (a join holds the GIL for as long as it copies).
+                group: list[bytes] = []
                 for line in lines:
-                    write_all(fd, line)
+                    group.append(line)
+                    if len(group) >= 1024:
+                        write_all(fd, b"".join(group))
+                        group.clear()
+                if group:
+                    write_all(fd, b"".join(group))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -192,10 +224,6 @@ class FileStore(Store):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         fsync_dir(self.sessions_dir)
-        log = await self.open_log(name, durability=durability)
-        for _ in log.recover():
-            pass
-        return log
 
     async def open_log(self, name: str, *, durability: Durability = "fsync") -> FileEventLog:
         folder = self._dir(name)
@@ -227,7 +255,9 @@ class FileStore(Store):
             raise planted_error(path, exc) from None
 
         def read(size: int, offset: int) -> bytes:
-            return os.pread(fd, size, offset)
+            # A reader that yields to the loop between lines (log, replay, fork, export)
+            # must not meet one step that splits 8 MB: a quarter of a MB a read.
+            return os.pread(fd, min(size, READ_STEP), offset)
 
         try:
             end = ScanEnd(START)

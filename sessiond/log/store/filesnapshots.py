@@ -37,7 +37,8 @@ class FileSnapshots(SnapshotStore):
             "offset": snapshot.position.offset,
             "last_id": snapshot.position.last_id,
         }
-        return frame(orjson.dumps(header)) + frame(orjson.dumps(snapshot.state))
+        state = snapshot.encoded if snapshot.encoded is not None else orjson.dumps(snapshot.state)
+        return frame(orjson.dumps(header)) + frame(state)
 
     def path(self, seq: int) -> Path:
         return self.folder / f"state-{seq}.json"

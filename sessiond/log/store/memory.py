@@ -144,7 +144,7 @@ class MemorySnapshots(SnapshotStore):
         self.keep = keep
 
     def save(self, snapshot: Snapshot) -> None:
-        self._snaps[snapshot.position.seq] = copy.deepcopy(snapshot)
+        self._snaps[snapshot.position.seq] = copy.deepcopy(snapshot.decoded())
         for old in self.seqs()[: -self.keep]:
             del self._snaps[old]
 

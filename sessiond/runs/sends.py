@@ -1,0 +1,149 @@
+"""``run.send`` as a durable step: a message to another session, sent at most once
+per place in the turn (DESIGN.md section 8). The daemon does the work itself, so
+intent, decision and start are one durable write, the delivery (the receiver's
+own durable append) comes next, and the end is one more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sessiond.errors import Refused
+from sessiond.log.event_data import (
+    ObservationProjected,
+    PolicyDecided,
+    ToolFinished,
+    ToolIntent,
+)
+from sessiond.log.store.base import Draft
+from sessiond.log.turns import slot_of
+from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash
+from sessiond.runs.tokens import RunGrant
+from sessiond.table.policy import decide
+from sessiond.table.sessions import Session
+
+
+class Sends:
+    """``sdk.send``: a step whose work is the daemon's own ``send`` syscall."""
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+        self.ctx = steps.ctx
+
+    async def send(
+        self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer
+    ) -> dict[str, Any]:
+        """``run.send``: a step like any other, so a later run of the turn never sends
+        it twice. The policy decides on the tool ``send`` (allowed by default, like a
+        command run: it is the session's own act)."""
+        spec = s.spec
+        assert spec is not None
+        args = {"to": p.to, "text_sha256": hashlib.sha256(p.text.encode()).hexdigest()}
+        digest = args_hash("send", args)
+        async with s.lock:
+            turn = s.j.state.turn
+            if turn is None or s.run is None:
+                raise Refused("this run has no open turn: a step can only be taken while it runs")
+            slot = slot_of(p.ordinal, p.key)
+            recorded = turn["steps"].get(slot)
+            if recorded is not None and recorded["status"] in ANSWERED:
+                asked = _SendAsk(p.ordinal, p.key, digest)
+                if (
+                    recorded["kind"] != "tool"
+                    or recorded["name"] != "send"
+                    or (recorded["digest"] != digest)
+                ):
+                    return answer(s, **await self.steps._diverge(s, asked, slot, recorded, digest))
+                if recorded["status"] == "ok":
+                    return answer(s, status="replayed", call=recorded["call"])
+                if recorded["status"] == "denied":
+                    return answer(s, status="denied", rule=recorded.get("rule", "denied"))
+                return answer(s, status="ask", rule="approval pending")
+            if s.run.stop_requested is not None:
+                return answer(s, status="stop", reason=s.run.stop_requested)
+            call = await self.steps._next_call(s, grant)
+            if call is None:
+                return answer(s, status="stop", rule="budget: tool_calls_per_run")
+            verdict = decide(spec.policy, "send", "external-write")
+            rule = verdict.rule
+            decision = verdict.decision
+            if rule.startswith("default:"):
+                decision, rule = "allow", "default: a message to a session is allowed"
+            drafts = [
+                Draft(
+                    ToolIntent(
+                        call=call,
+                        tool="send",
+                        args=args,
+                        risk=STEP_RISK,
+                        turn=turn["n"],
+                        ordinal=p.ordinal,
+                        key=p.key,
+                        args_sha256=digest,
+                    ),
+                    correlation=call,
+                ),
+                Draft(
+                    PolicyDecided(call=call, tool="send", decision=decision, rule=rule),
+                    correlation=call,
+                ),
+            ]
+            if decision != "allow":
+                # asking a person about a message is not offered: it is allowed or denied
+                text = f"send to {p.to} was denied by the policy ({rule})"
+                drafts[1] = Draft(
+                    PolicyDecided(call=call, tool="send", decision="deny", rule=rule),
+                    correlation=call,
+                )
+                drafts.append(
+                    Draft(
+                        ObservationProjected(call=call, tool="send", text=text, source="denied"),
+                        correlation=call,
+                    )
+                )
+                await self.ctx.table.append_many(s, drafts)
+                return answer(s, status="denied", rule=rule)
+            drafts.append(self.steps._started_draft(s, grant, call, "send", []))
+            await self.ctx.table.append_many(s, drafts)
+        # delivered outside this session's lock: the receiver's lock is taken there
+        try:
+            result: dict[str, Any] = await deliver(p.to, p.text, sender=s.name)
+            status, text = "ok", f"sent a message to {p.to}"
+        except Exception as exc:
+            result, status, text = {}, "error", f"send to {p.to} failed: {exc}"
+        async with s.lock:
+            await self.ctx.table.append_many(
+                s,
+                [
+                    Draft(
+                        ToolFinished(
+                            call=call,
+                            tool="send",
+                            status=status,
+                            error_class=None if status == "ok" else "execution",
+                            result_kind="json" if status == "ok" else None,
+                            result=None,
+                        ),
+                        correlation=call,
+                    ),
+                    Draft(
+                        ObservationProjected(call=call, tool="send", text=text), correlation=call
+                    ),
+                ],
+            )
+        if status != "ok":
+            raise Refused(text)
+        return answer(s, status="run", call=call, **result)
+
+
+class _SendAsk:
+    """What a send step asks, in the shape the divergence check reads."""
+
+    kind = "tool"
+    name = "send"
+
+    def __init__(self, ordinal: int, key: str | None, digest: str) -> None:
+        self.ordinal = ordinal
+        self.key = key
+        self.digest = digest
