@@ -150,18 +150,19 @@ class Spawner:
         env: dict[str, str],
         stdout: int,
         stderr: int,
-        cgroup_procs: str | None = None,
+        cgroup_procs: list[str] | None = None,
     ) -> Held:
-        """A held run of ``argv``. ``cgroup_procs``: a cgroup's ``cgroup.procs``
-        file that the holder joins before its program exists (sessiond.runs.cgroups)."""
+        """A held run of ``argv``. ``cgroup_procs``: the run's cgroups'
+        ``cgroup.procs`` files (one per hierarchy), which the holder joins before
+        its program exists (sessiond.runs.cgroups)."""
         self.start()
         assert self._loop is not None
         rid = self._next
         self._next += 1
         reply: asyncio.Future[Held] = self._loop.create_future()
         self._pending[rid] = reply
-        request = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
-        if cgroup_procs is not None:
+        request: dict[str, Any] = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
+        if cgroup_procs:
             request["cgroup_procs"] = cgroup_procs
         try:
             self._send(request, [stdout, stderr])

@@ -35,6 +35,7 @@ from sessiond.log.event_data import (
     ToolStarted,
 )
 from sessiond.log.store.base import Draft, Record
+from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_prefix
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, Program, program_env
@@ -261,8 +262,9 @@ class Starter:
             )
 
         try:
+            program.cgroup = self._cgroup(s, run_id)
             pid = await program.start()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
+        except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             s.run = Run(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
@@ -287,6 +289,33 @@ class Starter:
             s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    def _cgroup(self, s: Session, run_id: str) -> RunCgroup | None:
+        """The run's own cgroup, made empty (None where the daemon has no cgroups:
+        the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
+        ``max_processes``, plus one for the holder, which is not the program's.
+        CgroupError: a run that needs a bound cannot have one here."""
+        assert s.spec is not None and s.spec.run is not None
+        limit = s.spec.run.max_processes
+        try:
+            support, note = self.ctx.cgroups()
+        except BadCgroupConfig as exc:
+            if limit is not None:
+                raise CgroupError(f"max_processes needs a pids controller: {exc}") from None
+            return None
+        if support is None:
+            if limit is not None:
+                raise CgroupError(f"max_processes needs a pids controller: {note}")
+            return None
+        name = f"{run_prefix(self.ctx.config.state_dir)}{s.name}.{run_id}"
+        try:
+            return RunCgroup.create(support, name, None if limit is None else limit + 1)
+        except CgroupError as exc:
+            if limit is not None:
+                raise
+            # The subreapers still stop the run; only the kernel's help is missing.
+            log.warning("run.no_cgroup", session=s.name, run=run_id, error=str(exc))
+            return None
 
     def _env(
         self,
