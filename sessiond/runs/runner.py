@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 import structlog
 
 from sessiond.runs.cgroups import CgroupError, RunCgroup

@@ -295,7 +295,8 @@ class Starter:
         the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
         ``max_processes``, plus one for the holder, which is not the program's.
         CgroupError: a run that needs a bound cannot have one here."""
-        assert s.spec is not None and s.spec.run is not None
+        assert s.spec is not None
+        assert s.spec.run is not None
         limit = s.spec.run.max_processes
         try:
             support, note = self.ctx.cgroups()

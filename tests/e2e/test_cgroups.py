@@ -142,44 +142,52 @@ def test_a_fork_bomb_stops_at_max_processes_and_nothing_of_it_is_left(
     layout: str, how: str, mark: str
 ) -> None:
     for folders in cgroup_env.make_folders():
-        with running(daemon_config(folders, layout)) as d:
-            count = d.root / "forks"
-            stays = "stays" if how == "cancel" else "exits"
-            argv = ["python3", "-c", FORK_BOMB, mark, str(count), stays]
-            d.ctl("create", str(d.write_spec("job", job(argv, f"max_processes = {LIMIT}\n"))),
-                  check=True)  # fmt: skip
-            d.ctl("activate", "job", check=True)
-            text = wait_for(lambda: count.exists() and count.read_text(), what="the fork count")
-            # the program is one of the LIMIT processes; the holder is not counted
-            assert int(text) == LIMIT - 1, f"{text} forks succeeded (max_processes = {LIMIT})"
-            if how == "cancel":
-                d.ctl("cancel", "job", check=True, timeout=60)
-            done = wait_event(d, "job", "run.finished")["data"]
-            # cancelled: the leader dies of the SIGTERM, its children (which ignore
-            # it) of the kill after the grace
-            assert done["status"] == ("ok" if how == "exits" else "interrupted"), done
-            wait_gone(mark)
-            assert run_groups(folders, d) == []
+        fork_bomb(folders, layout, how, mark)
+
+
+def fork_bomb(folders: cgroup_env.Folders, layout: str, how: str, mark: str) -> None:
+    with running(daemon_config(folders, layout)) as d:
+        count = d.root / "forks"
+        stays = "stays" if how == "cancel" else "exits"
+        argv = ["python3", "-c", FORK_BOMB, mark, str(count), stays]
+        d.ctl("create", str(d.write_spec("job", job(argv, f"max_processes = {LIMIT}\n"))),
+              check=True)  # fmt: skip
+        d.ctl("activate", "job", check=True)
+        text = wait_for(lambda: count.exists() and count.read_text(), what="the fork count")
+        # the program is one of the LIMIT processes; the holder is not counted
+        assert int(text) == LIMIT - 1, f"{text} forks succeeded (max_processes = {LIMIT})"
+        if how == "cancel":
+            d.ctl("cancel", "job", check=True, timeout=60)
+        done = wait_event(d, "job", "run.finished")["data"]
+        # cancelled: the leader dies of the SIGTERM, its children (which ignore
+        # it) of the kill after the grace
+        assert done["status"] == ("ok" if how == "exits" else "interrupted"), done
+        wait_gone(mark)
+        assert run_groups(folders, d) == []
 
 
 @pytest.mark.parametrize("layout", cgroup_env.layouts(bounding=False))
 def test_each_run_has_a_cgroup_of_its_own_removed_after_it(layout: str, tmp_path: Path) -> None:
     for folders in cgroup_env.make_folders():
-        if layout == "none":
-            cgroup_env.need("this machine offers no cgroup layout")
-        with running(daemon_config(folders, layout)) as d:
-            seen = tmp_path / "cgroup"
-            argv = ["sh", "-c", f"cat /proc/self/cgroup > {seen}.tmp && mv {seen}.tmp {seen}"]
-            d.ctl("create", str(d.write_spec("job", job(argv))), check=True)
-            d.ctl("activate", "job", check=True)
-            assert wait_event(d, "job", "run.finished")["data"]["status"] == "ok"
-            name = f"{run_prefix(d.state_dir)}job.r1"
-            lines = seen.read_text().splitlines()
-            if layout != "v1":
-                assert any(x.startswith("0::") and x.endswith(f"/{name}") for x in lines), lines
-            if layout != "cgroup2":
-                assert any(":pids:" in x and x.endswith(f"/{name}") for x in lines), lines
-            wait_for(lambda: run_groups(folders, d) == [], what="the run's group removed")
+        own_group(folders, layout, tmp_path)
+
+
+def own_group(folders: cgroup_env.Folders, layout: str, tmp_path: Path) -> None:
+    if layout == "none":
+        cgroup_env.need("this machine offers no cgroup layout")
+    with running(daemon_config(folders, layout)) as d:
+        seen = tmp_path / "cgroup"
+        argv = ["sh", "-c", f"cat /proc/self/cgroup > {seen}.tmp && mv {seen}.tmp {seen}"]
+        d.ctl("create", str(d.write_spec("job", job(argv))), check=True)
+        d.ctl("activate", "job", check=True)
+        assert wait_event(d, "job", "run.finished")["data"]["status"] == "ok"
+        name = f"{run_prefix(d.state_dir)}job.r1"
+        lines = seen.read_text().splitlines()
+        if layout != "v1":
+            assert any(x.startswith("0::") and x.endswith(f"/{name}") for x in lines), lines
+        if layout != "cgroup2":
+            assert any(":pids:" in x and x.endswith(f"/{name}") for x in lines), lines
+        wait_for(lambda: run_groups(folders, d) == [], what="the run's group removed")
 
 
 @pytest.mark.parametrize("layout", cgroup_env.layouts(bounding=False))
