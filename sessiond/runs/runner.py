@@ -26,7 +26,7 @@ import orjson
 import structlog
 
 from sessiond.runs.cgroups import CgroupError, RunCgroup
-from sessiond.runs.spawn import Held, Spawner
+from sessiond.runs.spawn import Held, Request, Spawner
 from sessiond.table.spec import SessionSpec
 
 log = structlog.get_logger(__name__)
@@ -165,27 +165,50 @@ class Program:
         self.timeout = timeout if timeout is not None else spec.run.timeout
         self.cgroup = cgroup  # the run's own, made empty by the caller; removed here
         self.held: Held | None = None
+        self._request: Request | None = None  # sent, its answer not awaited yet
+        self._pipes: tuple[int, int] = (-1, -1)  # our ends of stdout and stderr
         self.proc_start: int | None = None
         self._outputs: list[Collect] = []
         self._transports: list[asyncio.BaseTransport] = []
         self._stop_reason: str | None = None
 
-    async def start(self) -> int:
-        """Spawn the program held; R's pid. OSError or ValueError: it cannot start."""
+    def send(self) -> tuple[int, int | None] | None:
+        """Ask the spawner for the program, held; the holder's pid and start time
+        when they are known before the answer (``start`` awaits it). OSError or
+        ValueError: it cannot start."""
         argv, cwd = list(self.run.exec), str(self.run.cwd)
         try:
             check_startable(argv, cwd, self.env)
         except BaseException:
             self._remove_cgroup()
             raise
-        loop = asyncio.get_running_loop()
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         procs = [str(f / "cgroup.procs") for f in self.cgroup.folders] if self.cgroup else None
         try:
-            self.held = await self.spawner.spawn(
+            self._request = self.spawner.send(
                 argv, cwd=cwd, env=self.env, stdout=out_w, stderr=err_w, cgroup_procs=procs
             )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            self._remove_cgroup()
+            raise
+        finally:
+            os.close(out_w)  # the spawner has its copies; ours would hold the pipes open
+            os.close(err_w)
+        self._pipes = (out_r, err_r)
+        return self._request.holder
+
+    async def start(self) -> int:
+        """Spawn the program held (``send``, if not done yet, and its answer); R's
+        pid. OSError or ValueError: it cannot start."""
+        if self._request is None:
+            self.send()
+        assert self._request is not None
+        out_r, err_r = self._pipes
+        try:
+            self.held = await self.spawner.answer(self._request)
         except BaseException:
             os.close(out_r)
             os.close(err_r)
@@ -193,10 +216,8 @@ class Program:
             # is stopped when the answer comes) and leaves the group soon.
             self._release_later(None)
             raise
-        finally:
-            os.close(out_w)  # the spawner has its copies; ours would hold the pipes open
-            os.close(err_w)
         self.proc_start = self.held.start
+        loop = asyncio.get_running_loop()
         try:
             for fd in (out_r, err_r):
                 await self._read(loop, fd)

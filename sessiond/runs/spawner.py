@@ -17,8 +17,8 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
   pays no fork; ``setsid``, itself a subreaper). R takes the request (and joins
   the run's cgroups, when it has them), then waits, holding the run, until the
   daemon has recorded ``run.started`` with R's pid and says go: one byte on a
-  pipe whose write end is handed to the daemon (so go costs no round trip
-  through here). Only then does R start the program P, with ``posix_spawn``
+  pipe the daemon made and passed on with the request (so go costs no round
+  trip through here). Only then does R start the program P, with ``posix_spawn``
   (vfork and exec: no copy of a Python process to fork and tear down). A
   daemon that dies before go leaves nothing that ever ran: R sees its go pipe
   close and exits.
@@ -27,10 +27,12 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
   P's wait status mirrored, so the status the spawner reports is P's own.
 
 Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
-``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files; fds: stdout,
-stderr), ``term`` (id: SIGTERM to the run's
-subtree), ``kill`` (id: SIGKILL to it). Spawner → daemon: ``spawned`` (id,
-pid, start; fd: the go pipe's write end) or ``refused`` (id, error), then
+``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files, optional
+``holder``: the pid of the holder it was told of, which must take it; fds:
+stdout, stderr, the go pipe's read end: the daemon keeps the write end),
+``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it).
+Spawner → daemon: ``idle`` (pid and start of the holder the next spawn will
+take, or None), ``spawned`` (id, pid, start) or ``refused`` (id, error), then
 ``exited`` (id, status: R's raw wait status, which is P's).
 """
 
@@ -146,16 +148,14 @@ def _exec_path(argv0: str, env: dict[str, str]) -> str:
     raise last
 
 
-def _launch(req: dict[str, Any], out: int, err: int) -> int:
+def _launch(path: str, req: dict[str, Any], out: int, err: int) -> int:
     """P, started by R once it may go: posix_spawn (vfork and exec, as subprocess
     does), so a start pays no fork of a Python process and no teardown of its
     copied memory. P's pid; raises OSError when exec fails."""
-    os.chdir(req["cwd"])  # R's own cwd: P starts there (posix_spawn has no chdir here)
-    argv, env = req["argv"], req["env"]
     return os.posix_spawn(
-        _exec_path(argv[0], env),
-        argv,
-        env,
+        path,
+        req["argv"],
+        req["env"],
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out, 1),
@@ -207,28 +207,30 @@ def _idle(sock: socket.socket, spawner: int) -> None:
         with contextlib.suppress(OSError):
             sock.send(b"ok")
     sock.close()
-    # Held: the program does not exist until go. A stop meanwhile ends R, and
-    # nothing of the run ever ran: SIGTERM by its default action, KILL_TREE (a
-    # kill, or the spawner's death) as a SIGKILL would; the daemon's death closes
-    # the go pipe.
-    signal.signal(KILL_TREE, lambda *_: mirror(signal.SIGKILL))
+    # Held: the program does not exist until go. Everything it needs is made
+    # ready now (the daemon meanwhile records run.started), so that go costs a
+    # posix_spawn alone. A stop meanwhile ends R, and nothing of the run ever
+    # ran: SIGTERM as SIGTERM, KILL_TREE (a kill, or the spawner's death) as a
+    # SIGKILL would; the daemon's death closes the go pipe.
+    flags, wake_r = _arm()
     prctl(PR_SET_PDEATHSIG, KILL_TREE)
     if os.getppid() != spawner:
         os._exit(0)  # the spawner died before the line above
-    word = b""
-    while True:
-        try:
-            word = os.read(go, 1)
-            break
-        except InterruptedError:
-            continue
-    os.close(go)
-    if word != b"g":  # the daemon died (or abandoned the start) before go
-        os._exit(0)
-    flags, wake_r = _arm()
+    path: str | None = None
     try:
-        program = _launch(req, out, err)
-    except (OSError, ValueError) as exc:  # the daemon checked before: a late change
+        os.chdir(req["cwd"])  # R's own cwd: P starts there (posix_spawn has no chdir here)
+        path = _exec_path(req["argv"][0], req["env"])
+    except OSError as exc:  # the daemon checked before: a late change, said at go
+        failed: OSError | None = exc
+    else:
+        failed = None
+    if not _wait_go(go, flags, wake_r):
+        os._exit(0)  # the daemon died (or abandoned the start) before go
+    try:
+        if failed is not None or path is None:
+            raise failed or OSError(errno.ENOENT, "no program")
+        program = _launch(path, req, out, err)
+    except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         with contextlib.suppress(OSError):
             os.write(err, f"sessiond: could not start {req['argv'][0]!r}: {why}\n".encode())
@@ -237,6 +239,27 @@ def _idle(sock: socket.socket, spawner: int) -> None:
     os.close(out)
     os.close(err)
     _supervise(program, flags, wake_r)
+
+
+def _wait_go(go: int, flags: dict[str, bool], wake_r: int) -> bool:
+    """R, held: True once the daemon says go; False if its pipe closes first. A
+    stop while held ends R here, with the status a stopped program would have."""
+    while True:
+        if flags["kill"]:
+            mirror(signal.SIGKILL)
+        if flags["term"]:
+            mirror(signal.SIGTERM)
+        try:
+            ready, _, _ = select.select([go, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 64)
+        if go in ready:
+            word = os.read(go, 1)
+            os.close(go)
+            return word == b"g"
 
 
 def _join_cgroups(files: list[str]) -> str | None:
@@ -327,36 +350,44 @@ class Spawner:
                 os._exit(126)
         theirs.close()
         self.idle = (pid, start_time(pid), ours)
+        # Told ahead: the daemon records run.started with this pid while the
+        # request that takes it is on its way (the start's one fsync and its
+        # round trip here overlap).
+        self.send({"op": "idle", "pid": pid, "start": self.idle[1]})
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         rid = req["id"]
-        if len(fds) != 2:
+        if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            self.send({"op": "refused", "id": rid, "error": "a spawn needs two fds"})
+            self.send({"op": "refused", "id": rid, "error": "a spawn needs three fds"})
+            return
+        want = req.get("holder")
+        if want is not None and (self.idle is None or self.idle[0] != want):
+            for fd in fds:
+                os.close(fd)
+            error = f"the holder {want} the daemon was told of is gone (killed by hand?)"
+            self.send({"op": "refused", "id": rid, "error": error})
             return
         if self.idle is None:
             self.prefork()
         assert self.idle is not None
         pid, start, sock = self.idle
         self.idle = None
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         try:
-            socket.send_fds(sock, [json.dumps(req).encode()], [*fds, go_r])
+            socket.send_fds(sock, [json.dumps(req).encode()], fds)
             answer = sock.recv(4096) if req.get("cgroup_procs") else b"ok"
         except OSError as exc:
             answer = f"the holder is gone ({exc})".encode()
-        for fd in (*fds, go_r):
+        for fd in fds:
             os.close(fd)
         sock.close()
         if answer != b"ok":
-            os.close(go_w)
             self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
             return  # R exits; its reap is an unknown pid's
         self.runs[rid] = pid
         self.by_pid[pid] = rid
-        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start}, (go_w,))
-        os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
+        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start})
 
     def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
@@ -387,6 +418,7 @@ class Spawner:
                 if self.idle is not None and pid == self.idle[0]:  # killed by hand
                     self.idle[2].close()
                     self.idle = None
+                    self.send({"op": "idle", "pid": None, "start": None})
                 continue  # or an orphan of a holder that was killed, reaped
             self.runs.pop(rid)
             # A holder killed from outside left its subtree to us: it goes too.

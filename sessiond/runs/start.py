@@ -18,6 +18,8 @@ are the crash points the recovery tests stop the daemon at.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -261,23 +263,48 @@ class Starter:
                 wake_file=wake_file,
             )
 
+        record = functools.partial(
+            self._record_start,
+            s,
+            spec=spec,
+            program=program,
+            run_id=run_id,
+            wakes=wakes,
+            cause=cause,
+        )
+        recording: asyncio.Future[bool] | None = None
         try:
             program.cgroup = self._cgroup(s, run_id)
+            holder = program.send()
+            # Told the holder ahead: run.started (the start's one fsync) is written
+            # while the spawner hands it the request. Not at a test's fault or hold
+            # point, which wants the two steps apart.
+            if (
+                holder is not None
+                and self.ctx.config.fault is None
+                and not self.ctx.config.fault_hold
+            ):
+                program.proc_start = holder[1]
+                s.run = Run(run_id, holder[0], time.time(), program)
+                recording = asyncio.ensure_future(record(pid=holder[0]))
             pid = await program.start()
         except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
+            if recording is not None:
+                await recording  # on record or not, the run ends here, after it
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             s.run = Run(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
-        # test only: the program is spawned held (it has run nothing), run.started is
-        # not written (a crash there, or a hold while a stop races the start)
-        await self.ctx.hold("after-spawn", s)
-        # Known as running before anything is awaited: the program may call the
-        # daemon (the SDK) at once.
-        s.run = Run(run_id, pid, time.time(), program)
-        if not await self._record_start(
-            s, spec=spec, program=program, run_id=run_id, pid=pid, wakes=wakes, cause=cause
-        ):
+        if recording is None:
+            # test only: the program is spawned held (it has run nothing), run.started
+            # is not written (a crash there, or a hold while a stop races the start)
+            await self.ctx.hold("after-spawn", s)
+            # Known as running before anything is awaited: the program may call the
+            # daemon (the SDK) at once.
+            s.run = Run(run_id, pid, time.time(), program)
+            recording = asyncio.ensure_future(record(pid=pid))
+        if not await recording:
+            await program.stop("run.started could not be recorded")  # held: never goes
             await settle(await program.wait())
             return
         self.ctx.fault("after-record")  # test only: on record, never let go
