@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -272,39 +273,14 @@ class Starter:
             wakes=wakes,
             cause=cause,
         )
-        recording: asyncio.Future[bool] | None = None
         try:
-            program.cgroup = self._cgroup(s, run_id)
-            holder = program.send()
-            # Told the holder ahead: run.started (the start's one fsync) is written
-            # while the spawner hands it the request. Not at a test's fault or hold
-            # point, which wants the two steps apart.
-            if (
-                holder is not None
-                and self.ctx.config.fault is None
-                and not self.ctx.config.fault_hold
-            ):
-                program.proc_start = holder[1]
-                s.run = Run(run_id, holder[0], time.time(), program)
-                recording = asyncio.ensure_future(record(pid=holder[0]))
-            pid = await program.start()
+            pid = await self._spawn_and_record(s, program, run_id, record)
         except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
-            if recording is not None:
-                await recording  # on record or not, the run ends here, after it
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             s.run = Run(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
-        if recording is None:
-            # test only: the program is spawned held (it has run nothing), run.started
-            # is not written (a crash there, or a hold while a stop races the start)
-            await self.ctx.hold("after-spawn", s)
-            # Known as running before anything is awaited: the program may call the
-            # daemon (the SDK) at once.
-            s.run = Run(run_id, pid, time.time(), program)
-            recording = asyncio.ensure_future(record(pid=pid))
-        if not await recording:
-            await program.stop("run.started could not be recorded")  # held: never goes
+        if pid is None:
             await settle(await program.wait())
             return
         self.ctx.fault("after-record")  # test only: on record, never let go
@@ -316,6 +292,47 @@ class Starter:
             s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _spawn_and_record(
+        self,
+        s: Session,
+        program: Program,
+        run_id: str,
+        record: Callable[..., Awaitable[bool]],
+    ) -> int | None:
+        """Spawn the program held and record run.started: its pid once on record
+        (it may go), None if the record failed (it is stopped, never went).
+        OSError, ValueError or CgroupError: it could not start (after run.started,
+        if that was written meanwhile)."""
+        recording: asyncio.Future[bool] | None = None
+        try:
+            program.cgroup = self._cgroup(s, run_id)
+            holder = program.send()
+            # Told the holder ahead: run.started (the start's one fsync) is written
+            # while the spawner hands it the request. Not at a test's fault or hold
+            # point, which wants the two steps apart.
+            config = self.ctx.config
+            if holder is not None and config.fault is None and not config.fault_hold:
+                program.proc_start = holder[1]
+                s.run = Run(run_id, holder[0], time.time(), program)
+                recording = asyncio.ensure_future(record(pid=holder[0]))
+            pid = await program.start()
+        except BaseException:
+            if recording is not None:
+                await recording  # on record or not, the run ends after it
+            raise
+        if recording is None:
+            # test only: the program is spawned held (it has run nothing), run.started
+            # is not written (a crash there, or a hold while a stop races the start)
+            await self.ctx.hold("after-spawn", s)
+            # Known as running before anything is awaited: the program may call the
+            # daemon (the SDK) at once.
+            s.run = Run(run_id, pid, time.time(), program)
+            recording = asyncio.ensure_future(record(pid=pid))
+        if not await recording:
+            await program.stop("run.started could not be recorded")  # held: never goes
+            return None
+        return pid
 
     def _cgroup(self, s: Session, run_id: str) -> RunCgroup | None:
         """The run's own cgroup, made empty (None where the daemon has no cgroups:
