@@ -277,6 +277,11 @@ class Daemon:
             if existing.spec_text == text:
                 result["unchanged"] += 1
                 continue
+            try:  # refused as create would refuse it; the session keeps the spec it has
+                self.kernel.check_spec(spec)
+            except SessiondError as exc:
+                result["errors"].append(f"{path}: {exc} (the session keeps its current spec)")
+                continue
             self.store.write_spec(spec.name, text)
             existing.spec, existing.spec_text = spec, text
             if existing.journal is not None:

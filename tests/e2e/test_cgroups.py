@@ -53,6 +53,31 @@ def test_reload_refuses_a_new_spec_with_max_processes_without_a_pids_controller(
         assert d.json("ps") == []
 
 
+def test_reload_refuses_a_changed_spec_the_daemon_cannot_run_and_keeps_the_old_one() -> None:
+    with running('specs = "specs"\n[run]\ncgroup = "off"\n') as d:
+        (d.root / "specs").mkdir()
+        path = d.root / "specs" / "bounded.toml"
+        free = BOUNDED.replace("max_processes = 16\n", "")
+        path.write_text(free)
+        d.ctl("reload", check=True)
+        stored = d.state_dir / "sessions" / "bounded" / "spec.toml"
+        before = stored.read_text()
+        path.write_text(BOUNDED)  # now with a bound this daemon cannot enforce
+        done = d.ctl("reload")
+        assert done.returncode == 1, done
+        assert "run.max_processes: max_processes needs a pids controller" in done.stdout
+        assert "the session keeps its current spec" in done.stdout
+        assert stored.read_text() == before
+        assert "max_processes" not in d.ctl("show", "bounded", check=True).stdout
+        # a cwd that is not a folder is refused the same way
+        path.write_text(free.replace('exec = ["true"]', 'exec = ["true"]\ncwd = "no-such"'))
+        done = d.ctl("reload")
+        assert done.returncode == 1, done
+        assert "run.cwd" in done.stdout
+        assert "is not a folder" in done.stdout
+        assert stored.read_text() == before
+
+
 def test_create_names_a_configured_cgroup_folder_that_is_missing() -> None:
     with running('[run]\ncgroup = "/sys/fs/cgroup/sessiond-no-such-folder"\n') as d:
         done = d.ctl("create", str(d.write_spec("bounded", BOUNDED)))
