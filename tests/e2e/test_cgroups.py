@@ -244,3 +244,34 @@ def test_a_restart_removes_the_run_cgroups_a_dead_daemon_left(layout: str, mark:
             if d.proc is not None and d.proc.poll() is None:
                 d.stop(signal.SIGKILL)
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("layout", cgroup_env.layouts(bounding=False))
+def test_a_shutdown_stops_a_run_in_its_cgroup_and_removes_the_group(layout: str, mark: str) -> None:
+    for folders in cgroup_env.make_folders():
+        shutdown(folders, layout, mark)
+
+
+def shutdown(folders: cgroup_env.Folders, layout: str, mark: str) -> None:
+    if layout == "none":
+        cgroup_env.need("this machine offers no cgroup layout")
+    root = short_dir()
+    d = Daemon(root, daemon_config(folders, layout))
+    try:
+        d.start()
+        # a child that ignores SIGTERM and keeps the pipes: only the kill ends it
+        ignores = (
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"
+        )
+        argv = ["sh", "-c", f"python3 -c '{ignores}' {mark} & exec sleep 1000"]
+        d.ctl("create", str(d.write_spec("job", job(argv))), check=True)
+        d.ctl("activate", "job", check=True)
+        wait_for(lambda: marked(mark), what="the program's child")
+        assert run_groups(folders, d) != []
+        assert d.stop() == 0
+        wait_gone(mark)
+        assert run_groups(folders, d) == []
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop(signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
