@@ -87,6 +87,7 @@ class Spawner:
         self._runs: dict[int, Held] = {}
         self._abandoned: set[int] = set()
         self._go: dict[int, int] = {}  # go pipes of the spawns not answered yet
+        self._unbound: set[int] = set()  # spawns sent naming no holder, not answered yet
         # the holder the next spawn will take, as the spawner told (pid, start)
         self.idle: tuple[int, int | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,6 +205,8 @@ class Spawner:
         holder, self.idle = self.idle, None
         if holder is not None:
             request["holder"] = holder[0]
+        else:
+            self._unbound.add(rid)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         self._pending[rid] = reply
         try:
@@ -289,8 +292,12 @@ class Spawner:
         op, rid = message["op"], message.get("id", 0)
         if op == "idle":
             pid = message["pid"]
-            self.idle = None if pid is None else (pid, message.get("start"))
+            # Not while a request named no holder: the spawner may have given it
+            # this one already (its answer is on the way). It tells the next one.
+            known = pid is not None and not self._unbound
+            self.idle = (pid, message.get("start")) if known else None
         elif op == "spawned":
+            self._unbound.discard(rid)
             held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
             held.go_fd = self._go.pop(rid, None)
             if self.idle is not None and self.idle[0] == held.pid:  # told, then taken
@@ -304,6 +311,7 @@ class Spawner:
                 held.drop_go()
                 self.kill(held)
         elif op == "refused":
+            self._unbound.discard(rid)
             reply = self._pending.pop(rid, None)
             self._abandoned.discard(rid)
             self._drop_go(rid)
@@ -336,6 +344,7 @@ class Spawner:
         for rid in list(self._go):
             self._drop_go(rid)
         self.idle = None
+        self._unbound.clear()
         self._pending.clear()
         self._runs.clear()
         self._abandoned.clear()
