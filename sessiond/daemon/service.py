@@ -33,6 +33,7 @@ from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.log.store.files import FileStore
+from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
@@ -169,6 +170,10 @@ class Daemon:
         run_uid = run_user[0] if run_user is not None else None
         for pid, mark in kill_marked(self.config.state_dir, run_uid).items():
             log.warning("leftover.killed", pid=pid, run=mark)
+        # The run cgroups a dead daemon left (whatever is in them, marked or not) go
+        # too. Before the spawner starts: a daemon in its own delegated group moves
+        # into a leaf of it, and must take only itself there.
+        await self._sweep_cgroups()
         self.kernel.ctx.spawner.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
@@ -191,6 +196,25 @@ class Daemon:
         log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
+
+    async def _sweep_cgroups(self) -> None:
+        try:
+            support, note = self.kernel.ctx.cgroups()
+        except BadCgroupConfig as exc:  # refused again, with the reason, where it matters
+            log.error("cgroups.unusable", error=str(exc))
+            return
+        if support is None:
+            log.info("cgroups.none", why=note)
+            return
+        prefix = run_prefix(self.config.state_dir)
+        try:
+            swept = await asyncio.to_thread(sweep, support, prefix)
+        except (SessiondError, OSError) as exc:
+            log.error("cgroups.sweep_failed", error=str(exc))
+            return
+        for name in swept:
+            log.warning("leftover.cgroup_removed", cgroup=name)
+        log.info("cgroups.used", cgroup2=str(support.cgroup2), pids=support.pids)
 
     def _resume_waiting(self, cut_off: list[Session]) -> None:
         """Timers live in memory: after a restart, re-derive them from each state.
@@ -262,6 +286,11 @@ class Daemon:
             text = spec_to_toml(spec)
             if existing.spec_text == text:
                 result["unchanged"] += 1
+                continue
+            try:  # refused as create would refuse it; the session keeps the spec it has
+                self.kernel.check_spec(spec)
+            except SessiondError as exc:
+                result["errors"].append(f"{path}: {exc} (the session keeps its current spec)")
                 continue
             self.store.write_spec(spec.name, text)
             existing.spec, existing.spec_text = spec, text

@@ -24,23 +24,23 @@ delegate; a folder that holds other processes keeps them, and then has no pids
 for its run groups (killing by the group still works). Run groups are siblings
 of ``daemon`` and the sweep never touches it.
 
-How the spawner uses it (a few lines; every call blocks briefly, so call them
-through ``asyncio.to_thread`` from the event loop):
+How the daemon uses it (every call blocks briefly: the ones that may wait run
+through ``asyncio.to_thread``):
 
-1. At start-up, before recovering runs: ``support = detect(config)`` (or
-   ``ctx.cgroups()[0]``: the RunContext probes once per configuration); if it is
+1. At start-up, before the spawner starts (daemon/service.py): ``support =
+   ctx.cgroups()[0]`` (the RunContext probes once per configuration); if it is
    not None, ``sweep(support, run_prefix(config.state_dir))`` kills and removes
    the run groups a dead daemon left — that is how a restart stops what a dead
-   daemon left without a recorded pid. Do this before starting any helper
-   process, so that the daemon's move into its leaf takes only itself.
-2. At a start, before the program can act:
-   ``cg = RunCgroup.create(support, run_prefix(state_dir) + f"{session}.{run_id}",
-   spec.run.max_processes)``; spawn the holder (held: it has not exec'd the
-   program), ``cg.attach(holder_pid)``, then release the holder. Everything it
-   forks from then on — double forks and ``setsid`` included — is born in the
-   group. If the spawn fails, ``cg.remove()``.
-3. At the run's end (the leader exited, cancel, timeout, shutdown): ``cg.kill()``
-   then ``cg.remove()``. ``kill()`` returns once the group is empty.
+   daemon left without a recorded pid. Before any helper process, so that the
+   daemon's move into its leaf takes only itself.
+2. At a start, before the program can act (runs/start.py): ``RunCgroup.create(
+   support, run_prefix(state_dir) + f"{session}.{run_id}", max_processes + 1)``
+   (one more for the holder); the spawn request names the group's
+   ``cgroup.procs`` files and the holder joins them before its program exists
+   (runs/spawner.py), so everything the program forks — double forks and
+   ``setsid`` included — is born in the group. If the spawn fails, ``remove()``.
+3. A stop past the grace, and the run's end (runs/runner.py): ``kill()`` then
+   ``remove()``. ``kill()`` returns once the group is empty.
 
 Without a support (``detect`` returned None) runs have no cgroup and the
 subreaper alone stops them; a spec that sets ``max_processes`` is then refused

@@ -3,7 +3,9 @@
 The program's stdout and stderr become artifacts referenced from
 ``run.finished``. Stopping a run signals every process of it (SIGTERM), then
 kills them all (SIGKILL) after the grace period; its end is the end of all of
-them (see sessiond/runs/spawner.py).
+them (see sessiond/runs/spawner.py). A run with a cgroup of its own
+(sessiond.runs.cgroups) is also killed through it, and the group is removed
+once the run is over.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import structlog
 
-from sessiond.runs.spawn import Held, Spawner
+from sessiond.runs.cgroups import CgroupError, RunCgroup
+from sessiond.runs.spawn import Held, Request, Spawner
 from sessiond.table.spec import SessionSpec
+
+log = structlog.get_logger(__name__)
 
 WAKE_ENV_LIMIT = 32 * 1024
 DRAIN_AFTER_EXIT = 2.0  # seconds the output may take to reach EOF once the run is gone
@@ -147,7 +153,7 @@ class Program:
         grace: float,
         spawner: Spawner,
         timeout: float | None = None,
-        cgroup_procs: str | None = None,
+        cgroup: RunCgroup | None = None,
         user: tuple[int, int] | None = None,
     ) -> None:
         assert spec.run is not None
@@ -158,39 +164,68 @@ class Program:
         self.grace = grace
         self.spawner = spawner
         self.timeout = timeout if timeout is not None else spec.run.timeout
-        self.cgroup_procs = cgroup_procs
-        self.user = user
+        self.cgroup = cgroup  # the run's own, made empty by the caller; removed here
+        self.user = user  # [run] user: the program's uid and gid
         self.held: Held | None = None
+        self._request: Request | None = None  # sent, its answer not awaited yet
+        self._pipes: tuple[int, int] = (-1, -1)  # our ends of stdout and stderr
         self.proc_start: int | None = None
         self._outputs: list[Collect] = []
         self._transports: list[asyncio.BaseTransport] = []
         self._stop_reason: str | None = None
 
-    async def start(self) -> int:
-        """Spawn the program held; R's pid. OSError or ValueError: it cannot start."""
+    def send(self) -> tuple[int, int | None] | None:
+        """Ask the spawner for the program, held; the holder's pid and start time
+        when they are known before the answer (``start`` awaits it). OSError or
+        ValueError: it cannot start."""
         argv, cwd = list(self.run.exec), str(self.run.cwd)
-        check_startable(argv, cwd, self.env)
-        loop = asyncio.get_running_loop()
+        try:
+            check_startable(argv, cwd, self.env)
+        except BaseException:
+            self._remove_cgroup()
+            raise
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        procs = [str(f / "cgroup.procs") for f in self.cgroup.folders] if self.cgroup else None
         try:
-            self.held = await self.spawner.spawn(
+            self._request = self.spawner.send(
                 argv,
                 cwd=cwd,
                 env=self.env,
                 stdout=out_w,
                 stderr=err_w,
-                cgroup_procs=self.cgroup_procs,
+                cgroup_procs=procs,
                 user=self.user,
             )
         except BaseException:
             os.close(out_r)
             os.close(err_r)
+            self._remove_cgroup()
             raise
         finally:
             os.close(out_w)  # the spawner has its copies; ours would hold the pipes open
             os.close(err_w)
+        self._pipes = (out_r, err_r)
+        return self._request.holder
+
+    async def start(self) -> int:
+        """Spawn the program held (``send``, if not done yet, and its answer); R's
+        pid. OSError or ValueError: it cannot start."""
+        if self._request is None:
+            self.send()
+        assert self._request is not None
+        out_r, err_r = self._pipes
+        try:
+            self.held = await self.spawner.answer(self._request)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            # Refused, or cancelled before its answer: the holder never went (it
+            # is stopped when the answer comes) and leaves the group soon.
+            self._release_later(None)
+            raise
         self.proc_start = self.held.start
+        loop = asyncio.get_running_loop()
         try:
             for fd in (out_r, err_r):
                 await self._read(loop, fd)
@@ -199,6 +234,7 @@ class Program:
             # it never goes, and its holder is gone with whatever it started.
             self.held.drop_go()
             self.spawner.kill(self.held)
+            self._release_later(self.held)
             self.close_pipes()
             for fd in (out_r, err_r)[len(self._outputs) :]:
                 os.close(fd)
@@ -239,6 +275,7 @@ class Program:
             timed_out = True
             await self.stop("timeout")
             status = await asyncio.shield(held.exited)
+        await self.release_cgroup()
         # Every process of the run is gone: the pipes are at EOF, or are about to be.
         # Something outside the run could still hold them (an fd passed away over a
         # socket): the drain is bounded, never a reason to stay running.
@@ -287,7 +324,54 @@ class Program:
             await asyncio.wait_for(asyncio.shield(held.exited), self.grace)
         except TimeoutError:
             self.spawner.kill(held)
+            if self.cgroup is not None:  # cgroup.kill: the whole group, forks in flight too
+                await self.release_cgroup()
             await asyncio.shield(held.exited)
+
+    async def release_cgroup(self) -> None:
+        """Kill what is left in the run's cgroup, then remove it (once only). Called
+        when the holder is gone, or to stop the run: the group is only removed once
+        it is empty. A failure is logged; the next start-up's sweep retries."""
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup is None:
+            return
+        try:
+            await asyncio.to_thread(_kill_and_remove, cgroup)
+        except (CgroupError, OSError) as exc:
+            log.error("run.cgroup_left", cgroup=cgroup.name, error=str(exc))
+
+    def _remove_cgroup(self) -> None:
+        """The group of a run that spawned nothing: empty, removed at once."""
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup is not None:
+            try:
+                cgroup.remove()
+            except (CgroupError, OSError) as exc:
+                log.error("run.cgroup_left", cgroup=cgroup.name, error=str(exc))
+
+    def _release_later(self, held: Held | None) -> None:
+        """A start given up: the group goes once its holder has (``held`` None: no
+        holder answered; one that did not join leaves the group empty)."""
+        if self.cgroup is None:
+            return
+        if held is None:
+            self._remove_cgroup()  # EBUSY if a holder joined: logged, swept later
+            return
+        task = asyncio.ensure_future(self._release_after(held))
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+
+    async def _release_after(self, held: Held) -> None:
+        await asyncio.shield(held.exited)
+        await self.release_cgroup()
+
+
+_RELEASING: set[asyncio.Future[None]] = set()  # referenced until done
+
+
+def _kill_and_remove(cgroup: RunCgroup) -> None:
+    cgroup.kill()
+    cgroup.remove()
 
 
 def signal_group(pgid: int, sig: int) -> None:

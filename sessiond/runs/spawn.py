@@ -7,6 +7,12 @@ run (the holder's pid and start time, the program not yet exec'd) and
 ``Held.exited`` becomes the program's wait status once the holder is gone —
 which is when the program *and every process it left* are gone.
 
+A start costs one round trip here and one fsync (``run.started``), and they
+overlap: the spawner tells the next holder's pid ahead (``idle``), ``send``
+names that holder in the request, and the caller records the pid while the
+request is on its way. The go pipe is made here and its read end passed on,
+so going needs no answer either.
+
 Closing the socket (``close`` at shutdown; the kernel does it when the daemon
 dies) makes the spawner kill everything it started and exit.
 """
@@ -45,6 +51,15 @@ class SpawnerGone(OSError):
 
 
 @dataclass
+class Request:
+    """A spawn asked for and not answered yet (``Spawner.send``)."""
+
+    rid: int
+    reply: asyncio.Future[Held] = field(repr=False)
+    holder: tuple[int, int | None] | None  # the holder's pid and start, when told ahead
+
+
+@dataclass
 class Held:
     """A spawned run: its holder R is alive, its program is held until ``go``."""
 
@@ -71,6 +86,10 @@ class Spawner:
         self._pending: dict[int, asyncio.Future[Held]] = {}
         self._runs: dict[int, Held] = {}
         self._abandoned: set[int] = set()
+        self._go: dict[int, int] = {}  # go pipes of the spawns not answered yet
+        self._unbound: set[int] = set()  # spawns sent naming no holder, not answered yet
+        # the holder the next spawn will take, as the spawner told (pid, start)
+        self.idle: tuple[int, int | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -150,38 +169,87 @@ class Spawner:
         env: dict[str, str],
         stdout: int,
         stderr: int,
-        cgroup_procs: str | None = None,
+        cgroup_procs: list[str] | None = None,
         user: tuple[int, int] | None = None,
     ) -> Held:
-        """A held run of ``argv``. ``cgroup_procs``: a cgroup's ``cgroup.procs``
-        file that the holder joins before its program exists (sessiond.runs.cgroups)."""
+        """A held run of ``argv`` (``send`` and ``answer`` in one)."""
+        request = self.send(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            cgroup_procs=cgroup_procs,
+            user=user,
+        )
+        return await self.answer(request)
+
+    def send(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        stdout: int,
+        stderr: int,
+        cgroup_procs: list[str] | None = None,
+        user: tuple[int, int] | None = None,
+    ) -> Request:
+        """Ask for a held run of ``argv``; ``answer`` awaits it. ``cgroup_procs``:
+        the run's cgroups' ``cgroup.procs`` files (one per hierarchy), which the
+        holder joins before its program exists (sessiond.runs.cgroups).
+
+        ``Request.holder`` is the holder's pid and start time when the spawner
+        told them ahead (it must use that holder, or refuse): the caller may
+        record them while the request is on its way."""
         self.start()
         assert self._loop is not None
         rid = self._next
         self._next += 1
         reply: asyncio.Future[Held] = self._loop.create_future()
-        self._pending[rid] = reply
-        request = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
-        if cgroup_procs is not None:
+        request: dict[str, Any] = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
+        if cgroup_procs:
             request["cgroup_procs"] = cgroup_procs
         if user is not None:  # the program's uid and gid ([run] user)
             request["user"] = list(user)
+        holder, self.idle = self.idle, None
+        if holder is not None:
+            request["holder"] = holder[0]
+        else:
+            self._unbound.add(rid)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        self._pending[rid] = reply
         try:
-            self._send(request, [stdout, stderr])
+            self._send(request, [stdout, stderr, go_r])
         except BaseException:
             self._pending.pop(rid, None)
+            os.close(go_w)
             raise
+        finally:
+            os.close(go_r)  # the holder's now: its pipe closes when we close go_w
+        self._go[rid] = go_w
+        return Request(rid, reply, holder)
+
+    async def answer(self, request: Request) -> Held:
+        """The held run ``send`` asked for. OSError: refused (the error says why)."""
         try:
-            return await reply
+            return await request.reply
         except asyncio.CancelledError:
             # Cancelled before the answer (the daemon is stopping): whatever was
-            # spawned is stopped once it answers, never left held.
+            # spawned never goes and is stopped once it answers, never left held.
+            rid, reply = request.rid, request.reply
             if self._pending.pop(rid, None) is not None:
                 self._abandoned.add(rid)
+                self._drop_go(rid)
             elif reply.done() and not reply.cancelled() and reply.exception() is None:
                 reply.result().drop_go()
                 self.kill(reply.result())
             raise
+
+    def _drop_go(self, rid: int) -> None:
+        fd = self._go.pop(rid, None)
+        if fd is not None:
+            os.close(fd)
 
     def go(self, held: Held) -> None:
         """Let the held program exec (once ``run.started`` is durable): one byte
@@ -223,20 +291,27 @@ class Spawner:
                 return
             try:
                 message = orjson.loads(data)
-                self._answer(message, fds)
+                self._answer(message)
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 log.error("spawner.bad_message", data=data[:200])
-            for fd in fds:  # none expected beyond a spawn's go pipe
+            for fd in fds:  # none expected
                 os.close(fd)
 
-    def _answer(self, message: dict[str, Any], fds: list[int]) -> None:
+    def _answer(self, message: dict[str, Any]) -> None:
         assert self._loop is not None
-        op, rid = message["op"], message["id"]
-        if op == "spawned":
+        op, rid = message["op"], message.get("id", 0)
+        if op == "idle":
+            pid = message["pid"]
+            # Not while a request named no holder: the spawner may have given it
+            # this one already (its answer is on the way). It tells the next one.
+            known = pid is not None and not self._unbound
+            self.idle = (pid, message.get("start")) if known else None
+        elif op == "spawned":
+            self._unbound.discard(rid)
             held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
-            if fds:
-                held.go_fd = fds.pop(0)
-                os.set_inheritable(held.go_fd, False)  # received fds are inheritable
+            held.go_fd = self._go.pop(rid, None)
+            if self.idle is not None and self.idle[0] == held.pid:  # told, then taken
+                self.idle = None
             self._runs[rid] = held
             reply = self._pending.pop(rid, None)
             if reply is not None and not reply.done():
@@ -246,8 +321,10 @@ class Spawner:
                 held.drop_go()
                 self.kill(held)
         elif op == "refused":
+            self._unbound.discard(rid)
             reply = self._pending.pop(rid, None)
             self._abandoned.discard(rid)
+            self._drop_go(rid)
             if reply is not None and not reply.done():
                 reply.set_exception(OSError(errno.EPERM, message.get("error", "refused")))
         elif op == "exited":
@@ -274,6 +351,10 @@ class Spawner:
                 held.exited.set_result(LOST)
         if self._runs:
             log.error("spawner.lost", runs=len(self._runs))
+        for rid in list(self._go):
+            self._drop_go(rid)
+        self.idle = None
+        self._unbound.clear()
         self._pending.clear()
         self._runs.clear()
         self._abandoned.clear()

@@ -14,20 +14,25 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
   with SIGKILL — it kills its whole subtree and exits, so even a daemon that
   never restarts leaves nothing running.
 - Each run gets a holder R (forked here ahead of its request, so a start
-  pays no fork; ``setsid``, itself a subreaper). R forks the program P as
-  soon as its request comes, but P waits, held, until the daemon has recorded
-  ``run.started`` with R's pid and says go: one byte on a pipe whose write end
-  is handed to the daemon (so go costs no round trip through here). A daemon
-  that dies before go leaves nothing that ever ran: P sees its go pipe close
-  and exits without exec'ing.
+  pays no fork; ``setsid``, itself a subreaper). R takes the request (and joins
+  the run's cgroups, when it has them), then waits, holding the run, until the
+  daemon has recorded ``run.started`` with R's pid and says go: one byte on a
+  pipe the daemon made and passed on with the request (so go costs no round
+  trip through here). Only then does R start the program P, with ``posix_spawn``
+  (vfork and exec: no copy of a Python process to fork and tear down). A
+  daemon that dies before go leaves nothing that ever ran: R sees its go pipe
+  close and exits.
 - When P exits, R kills whatever is left of its subtree (double-forked and
   ``setsid`` processes included: they reparented to R), reaps it, and ends with
   P's wait status mirrored, so the status the spawner reports is P's own.
 
 Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
-``cgroup_procs``; fds: stdout, stderr), ``term`` (id: SIGTERM to the run's
-subtree), ``kill`` (id: SIGKILL to it). Spawner → daemon: ``spawned`` (id,
-pid, start; fd: the go pipe's write end) or ``refused`` (id, error), then
+``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files, optional
+``holder``: the pid of the holder it was told of, which must take it; fds:
+stdout, stderr, the go pipe's read end: the daemon keeps the write end),
+``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it).
+Spawner → daemon: ``idle`` (pid and start of the holder the next spawn will
+take, or None), ``spawned`` (id, pid, start) or ``refused`` (id, error), then
 ``exited`` (id, status: R's raw wait status, which is P's).
 """
 
@@ -128,45 +133,79 @@ def kill_tree_and_reap() -> None:
             return
 
 
-def _program(req: dict[str, Any], out: int, err: int, go: int) -> None:
-    """P: held until go, then exec'd. Never returns."""
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        word = b""
-        while True:
-            try:
-                word = os.read(go, 1)
-                break
-            except InterruptedError:
-                continue
-        if word != b"g":  # the spawner died (or the start was abandoned) before go
-            os._exit(0)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        # Everything else this process holds is close-on-exec (PEP 446, and the
-        # spawner's own channel was closed in R): only the passed pipes are not.
-        for fd in {null, out, err} - {0, 1, 2}:
-            os.close(fd)
-        if req.get("user"):  # [run] user: the program drops to it; R stays the daemon's
-            uid, gid = req["user"]
+def _exec_path(argv0: str, env: dict[str, str]) -> str:
+    """The file ``execvpe`` would run: ``argv0`` itself when it has a slash,
+    otherwise the first executable file of that name on the program's PATH."""
+    if "/" in argv0:
+        return argv0
+    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
+    for folder in os.get_exec_path(env):
+        path = os.path.join(folder, argv0)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            last = PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv0)
+    raise last
+
+
+def _launch(path: str, req: dict[str, Any], out: int, err: int) -> int:
+    """P, started by R once it may go: posix_spawn (vfork and exec, as subprocess
+    does), so a start pays no fork of a Python process and no teardown of its
+    copied memory. P's pid; raises OSError when exec fails."""
+    if req.get("user"):
+        return _launch_as(path, req, out, err)
+    return os.posix_spawn(
+        path,
+        req["argv"],
+        req["env"],
+        file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out, 1),
+            (os.POSIX_SPAWN_DUP2, err, 2),
+        ],
+        setsigmask=(),
+        # caught signals are reset by exec; ignored ones (Python ignores SIGPIPE) are not
+        setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE),
+    )
+
+
+def _launch_as(path: str, req: dict[str, Any], out: int, err: int) -> int:
+    """P under ``[run] user``: posix_spawn cannot change the uid, so R forks and the
+    child drops to the user's uid and gid (no supplementary groups) before exec; R
+    stays the daemon's. An exec that fails is reported back through a close-on-exec
+    pipe, as posix_spawn reports it, and raised here."""
+    uid, gid = req["user"]
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # P
+        try:
+            os.close(report_r)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
-        os.chdir(req["cwd"])
-        argv = req["argv"]
-        os.execvpe(argv[0], argv, req["env"])
-    except OSError as exc:  # the daemon checked the program before; this is a late change
-        why = f"sessiond: could not start {req['argv'][0]!r}: {exc.strerror or exc}\n"
-        try:
-            os.write(2, why.encode())
+            os.execve(path, req["argv"], req["env"])
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.write(report_w, str(exc.errno or errno.EPERM).encode())
         finally:
             os._exit(127)
-    except BaseException:
-        os._exit(127)
+    os.close(report_w)
+    try:
+        failed = os.read(report_r, 16)
+    finally:
+        os.close(report_r)
+    if failed:
+        os.waitpid(pid, 0)
+        code = int(failed)
+        raise OSError(code, os.strerror(code))
+    return pid
 
 
 def mirror(status: int) -> None:
@@ -198,29 +237,87 @@ def _idle(sock: socket.socket, spawner: int) -> None:
         os._exit(0)
     req = json.loads(data)
     out, err, go = fds
+    for fd in fds:  # received fds are inheritable: only the dup2'd copies reach P
+        os.set_inheritable(fd, False)
+    joined = _join_cgroups(req.get("cgroup_procs") or [])
+    if joined is not None:
+        with contextlib.suppress(OSError):
+            sock.send(joined.encode())
+        os._exit(126)
     if req.get("cgroup_procs"):
-        try:
-            # Before P exists: a process moved later leaves its children behind.
-            with open(req["cgroup_procs"], "w") as f:
-                f.write("0")
+        with contextlib.suppress(OSError):
             sock.send(b"ok")
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sock.send(f"{exc.strerror or exc}: {req['cgroup_procs']}".encode())
-            os._exit(126)
     sock.close()
-    program = os.fork()
-    if program == 0:
-        _program(req, out, err, go)
+    # Held: the program does not exist until go. Everything it needs is made
+    # ready now (the daemon meanwhile records run.started), so that go costs a
+    # posix_spawn alone. A stop meanwhile ends R, and nothing of the run ever
+    # ran: SIGTERM as SIGTERM, KILL_TREE (a kill, or the spawner's death) as a
+    # SIGKILL would; the daemon's death closes the go pipe.
+    flags, wake_r = _arm()
+    prctl(PR_SET_PDEATHSIG, KILL_TREE)
+    if os.getppid() != spawner:
+        os._exit(0)  # the spawner died before the line above
+    path: str | None = None
+    try:
+        os.chdir(req["cwd"])  # R's own cwd: P starts there (posix_spawn has no chdir here)
+        path = _exec_path(req["argv"][0], req["env"])
+    except OSError as exc:  # the daemon checked before: a late change, said at go
+        failed: OSError | None = exc
+    else:
+        failed = None
+    if not _wait_go(go, flags, wake_r):
+        os._exit(0)  # the daemon died (or abandoned the start) before go
+    try:
+        if failed is not None or path is None:
+            raise failed or OSError(errno.ENOENT, "no program")
+        program = _launch(path, req, out, err)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        with contextlib.suppress(OSError):
+            os.write(err, f"sessiond: could not start {req['argv'][0]!r}: {why}\n".encode())
+        os._exit(127)
     # R holds no pipe of the run: the output reaches EOF once the subtree is gone.
     os.close(out)
     os.close(err)
-    os.close(go)
-    _supervise(program, spawner)
+    _supervise(program, flags, wake_r)
 
 
-def _supervise(program: int, spawner: int) -> None:
-    """R's loop: forward a stop, kill all on request or once P is gone. Never returns."""
+def _wait_go(go: int, flags: dict[str, bool], wake_r: int) -> bool:
+    """R, held: True once the daemon says go; False if its pipe closes first. A
+    stop while held ends R here, with the status a stopped program would have."""
+    while True:
+        if flags["kill"]:
+            mirror(signal.SIGKILL)
+        if flags["term"]:
+            mirror(signal.SIGTERM)
+        try:
+            ready, _, _ = select.select([go, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 64)
+        if go in ready:
+            word = os.read(go, 1)
+            os.close(go)
+            return word == b"g"
+
+
+def _join_cgroups(files: list[str]) -> str | None:
+    """R joins the run's cgroups (each hierarchy's ``cgroup.procs``) before P exists:
+    everything P starts is born there. None, or why it could not."""
+    for name in files:
+        try:
+            with open(name, "w") as f:
+                f.write("0")
+        except OSError as exc:
+            return f"cannot join the run's cgroup ({exc.strerror or exc}): {name}"
+    return None
+
+
+def _arm() -> tuple[dict[str, bool], int]:
+    """R's signals once the program may run: SIGTERM is forwarded to the subtree,
+    KILL_TREE kills it, SIGCHLD wakes the loop."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     flags = {"term": False, "kill": False}
 
@@ -235,10 +332,11 @@ def _supervise(program: int, spawner: int) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     signal.set_wakeup_fd(wake_w)
-    # The spawner gone (killed by hand, say) takes the run with it: KILL_TREE.
-    prctl(PR_SET_PDEATHSIG, KILL_TREE)
-    if os.getppid() != spawner:
-        flags["kill"] = True  # it died before the line above
+    return flags, wake_r
+
+
+def _supervise(program: int, flags: dict[str, bool], wake_r: int) -> None:
+    """R's loop: forward a stop, kill all on request or once P is gone. Never returns."""
     status: int | None = None
     while True:
         while status is None:
@@ -293,36 +391,44 @@ class Spawner:
                 os._exit(126)
         theirs.close()
         self.idle = (pid, start_time(pid), ours)
+        # Told ahead: the daemon records run.started with this pid while the
+        # request that takes it is on its way (the start's one fsync and its
+        # round trip here overlap).
+        self.send({"op": "idle", "pid": pid, "start": self.idle[1]})
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         rid = req["id"]
-        if len(fds) != 2:
+        if len(fds) != 3:
             for fd in fds:
                 os.close(fd)
-            self.send({"op": "refused", "id": rid, "error": "a spawn needs two fds"})
+            self.send({"op": "refused", "id": rid, "error": "a spawn needs three fds"})
+            return
+        want = req.get("holder")
+        if want is not None and (self.idle is None or self.idle[0] != want):
+            for fd in fds:
+                os.close(fd)
+            error = f"the holder {want} the daemon was told of is gone (killed by hand?)"
+            self.send({"op": "refused", "id": rid, "error": error})
             return
         if self.idle is None:
             self.prefork()
         assert self.idle is not None
         pid, start, sock = self.idle
         self.idle = None
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         try:
-            socket.send_fds(sock, [json.dumps(req).encode()], [*fds, go_r])
+            socket.send_fds(sock, [json.dumps(req).encode()], fds)
             answer = sock.recv(4096) if req.get("cgroup_procs") else b"ok"
         except OSError as exc:
             answer = f"the holder is gone ({exc})".encode()
-        for fd in (*fds, go_r):
+        for fd in fds:
             os.close(fd)
         sock.close()
         if answer != b"ok":
-            os.close(go_w)
             self.send({"op": "refused", "id": rid, "error": answer.decode(errors="replace")})
             return  # R exits; its reap is an unknown pid's
         self.runs[rid] = pid
         self.by_pid[pid] = rid
-        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start}, (go_w,))
-        os.close(go_w)  # the daemon's now: its end closing (even by death) means no go
+        self.send({"op": "spawned", "id": rid, "pid": pid, "start": start})
 
     def handle(self, req: dict[str, Any], fds: list[int]) -> None:
         op = req.get("op")
@@ -353,6 +459,7 @@ class Spawner:
                 if self.idle is not None and pid == self.idle[0]:  # killed by hand
                     self.idle[2].close()
                     self.idle = None
+                    self.send({"op": "idle", "pid": None, "start": None})
                 continue  # or an orphan of a holder that was killed, reaped
             self.runs.pop(rid)
             # A holder killed from outside left its subtree to us: it goes too.

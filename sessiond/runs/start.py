@@ -18,8 +18,11 @@ are the crash points the recovery tests stop the daemon at.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from sessiond.log.event_data import (
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record
 from sessiond.paths import program_socket
+from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_prefix
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, Program, program_env
@@ -268,31 +272,26 @@ class Starter:
                 wake_file=wake_file,
             )
 
-        try:
-            if unresolved is not None:
-                raise unresolved
-            pid = await program.start()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or env value
-            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
-            s.run = Run(run_id, 0, time.time(), program)
-            await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
-            return
-        # test only: the program is spawned held (it has run nothing), run.started is
-        # not written (a crash there, or a hold while a stop races the start)
-        await self.ctx.hold("after-spawn", s)
-        # Known as running before anything is awaited: the program may call the
-        # daemon (the SDK) at once.
-        s.run = Run(run_id, pid, time.time(), program)
-        if not await self._record_start(
+        record = functools.partial(
+            self._record_start,
             s,
             spec=spec,
             program=program,
             run_id=run_id,
-            pid=pid,
             wakes=wakes,
             cause=cause,
             turn=turn,
-        ):
+        )
+        try:
+            if unresolved is not None:
+                raise unresolved
+            pid = await self._spawn_and_record(s, program, run_id, record)
+        except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
+            why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+            s.run = Run(run_id, 0, time.time(), program)
+            await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
+            return
+        if pid is None:
             await settle(await program.wait())
             return
         self.ctx.fault("after-record")  # test only: on record, never let go
@@ -304,6 +303,75 @@ class Starter:
             s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
+
+    async def _spawn_and_record(
+        self,
+        s: Session,
+        program: Program,
+        run_id: str,
+        record: Callable[..., Awaitable[bool]],
+    ) -> int | None:
+        """Spawn the program held and record run.started: its pid once on record
+        (it may go), None if the record failed (it is stopped, never went).
+        OSError, ValueError or CgroupError: it could not start (after run.started,
+        if that was written meanwhile)."""
+        recording: asyncio.Future[bool] | None = None
+        try:
+            program.cgroup = self._cgroup(s, run_id)
+            holder = program.send()
+            # Told the holder ahead: run.started (the start's one fsync) is written
+            # while the spawner hands it the request. Not at a test's fault or hold
+            # point, which wants the two steps apart.
+            config = self.ctx.config
+            if holder is not None and config.fault is None and not config.fault_hold:
+                program.proc_start = holder[1]
+                s.run = Run(run_id, holder[0], time.time(), program)
+                recording = asyncio.ensure_future(record(pid=holder[0]))
+            pid = await program.start()
+        except BaseException:
+            if recording is not None:
+                await recording  # on record or not, the run ends after it
+            raise
+        if recording is None:
+            # test only: the program is spawned held (it has run nothing), run.started
+            # is not written (a crash there, or a hold while a stop races the start)
+            await self.ctx.hold("after-spawn", s)
+            # Known as running before anything is awaited: the program may call the
+            # daemon (the SDK) at once.
+            s.run = Run(run_id, pid, time.time(), program)
+            recording = asyncio.ensure_future(record(pid=pid))
+        if not await recording:
+            await program.stop("run.started could not be recorded")  # held: never goes
+            return None
+        return pid
+
+    def _cgroup(self, s: Session, run_id: str) -> RunCgroup | None:
+        """The run's own cgroup, made empty (None where the daemon has no cgroups:
+        the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
+        ``max_processes``, plus one for the holder, which is not the program's.
+        CgroupError: a run that needs a bound cannot have one here."""
+        assert s.spec is not None
+        assert s.spec.run is not None
+        limit = s.spec.run.max_processes
+        try:
+            support, note = self.ctx.cgroups()
+        except BadCgroupConfig as exc:
+            if limit is not None:
+                raise CgroupError(f"max_processes needs a pids controller: {exc}") from None
+            return None
+        if support is None:
+            if limit is not None:
+                raise CgroupError(f"max_processes needs a pids controller: {note}")
+            return None
+        name = f"{run_prefix(self.ctx.config.state_dir)}{s.name}.{run_id}"
+        try:
+            return RunCgroup.create(support, name, None if limit is None else limit + 1)
+        except CgroupError as exc:
+            if limit is not None:
+                raise
+            # The subreapers still stop the run; only the kernel's help is missing.
+            log.warning("run.no_cgroup", session=s.name, run=run_id, error=str(exc))
+            return None
 
     def _env(
         self,

@@ -52,10 +52,15 @@ class Control:
         await self.create_spec(parsed)
         return detail(self.ctx.table.get(parsed.name))
 
-    async def create_spec(self, spec: SessionSpec) -> Session:
-        """A new session from a parsed spec (``create``, and the daemon's spec folder)."""
+    def check_spec(self, spec: SessionSpec) -> None:
+        """What this daemon can run: ``check_environment`` with its own pids
+        controller (a new spec at ``create``, and a changed one at ``reload``)."""
         needs_pids = spec.run is not None and spec.run.max_processes is not None
         check_environment(spec, pids_refusal=self.ctx.pids_refusal() if needs_pids else None)
+
+    async def create_spec(self, spec: SessionSpec) -> Session:
+        """A new session from a parsed spec (``create``, and the daemon's spec folder)."""
+        self.check_spec(spec)
         if spec.name in self.ctx.table.sessions:
             raise AlreadyExists(
                 f"session {spec.name!r} exists already; pick another name or cancel it first"

@@ -52,6 +52,7 @@ class Kernel:
         # the lifecycle
         self.create = self.control.create
         self.create_spec = self.control.create_spec
+        self.check_spec = self.control.check_spec
         self.activate = self.control.activate
         self.suspend = self.control.suspend
         self.resume = self.control.resume

@@ -8,8 +8,12 @@ fork's copy, a merge's summary, a bundle) rather than on one run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from sessiond.errors import AlreadyExists, InvalidInput, Refused
 from sessiond.log.bundle import export_paced, import_session
@@ -28,6 +32,8 @@ from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
 from sessiond.table.sessions import Session
 from sessiond.table.spec import parse_spec, spec_to_toml
+
+log = structlog.get_logger(__name__)
 
 
 class Lineage:
@@ -106,23 +112,24 @@ class Lineage:
         parent = self.ctx.table.get(target)
         if parent.name == child.name:
             raise InvalidInput("a session cannot be merged into itself")
-        lifecycle.check(child.name, child.state, "terminated", "merge")
-        if parent.state == "terminated":
-            raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
-        if child.state == "running":
-            await self.runs.stop_run(child, "merge")
-        cs = child.j.state
-        text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
-        text = text or f"{child.name} finished at seq {cs.seq}"
-        refs = list(cs.live_artifacts().values())
-        source, dest = self.ctx.store.artifacts(child.name), self.ctx.store.artifacts(parent.name)
+        lifecycle.check(child.name, child.state, "terminated", "merge")  # fail fast
+        async with self._without_run(child, "merge", parent):
+            # Checked again under the locks: the state cannot change from here on.
+            lifecycle.check(child.name, child.state, "terminated", "merge")
+            if parent.state == "terminated":
+                raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
+            cs = child.j.state
+            text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
+            text = text or f"{child.name} finished at seq {cs.seq}"
+            refs = list(cs.live_artifacts().values())
+            store = self.ctx.store
+            source, dest = store.artifacts(child.name), store.artifacts(parent.name)
 
-        def copy() -> None:  # reads, hashes and fsyncs: in a thread, off the loop
-            for ref in refs:
-                dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
+            def copy() -> None:  # reads, hashes and fsyncs: in a thread, off the loop
+                for ref in refs:
+                    dest.put(source.get(ref["ref"]), ref["name"], ref["media_type"])
 
-        await asyncio.to_thread(copy)
-        async with parent.lock:
+            await asyncio.to_thread(copy)
             await self.ctx.table.append(
                 parent,
                 SessionMerged(
@@ -132,7 +139,6 @@ class Lineage:
                     child_seq=cs.seq,
                 ),
             )
-        async with child.lock:
             await self.ctx.transition(
                 child,
                 "terminated",
@@ -140,7 +146,39 @@ class Lineage:
                 reason=f"merged into {parent.name}",
                 outcome="merged",
             )
+        self._fill_slots()
         return {"parent": detail(parent), "child": detail(child)}
+
+    @contextlib.asynccontextmanager
+    async def _without_run(self, s: Session, why: str, *others: Session) -> AsyncIterator[None]:
+        """Hold the locks of ``s`` and ``others`` while ``s`` has no run.
+
+        As cancel does (syscalls.control): a run is stopped first (its settle
+        records "stopped for ``why``"), and a start under way is told to spawn
+        nothing; the state is only decided on once the locks are held, so no
+        start can slip in between. Locks are taken in name order: two merges
+        the other way round cannot wait for each other."""
+        by_name = {x.name: x for x in (s, *others)}
+        locks = [by_name[name].lock for name in sorted(by_name)]
+        while True:
+            if s.name in self.ctx.scheduler.starting:
+                s.stop_pending = why
+                log.info("stop.pending", session=s.name, stop=why)
+            async with contextlib.AsyncExitStack() as held:
+                for lock in locks:
+                    await held.enter_async_context(lock)
+                s.stop_pending = None
+                run = s.run
+                if run is None:
+                    yield
+                    return
+                run.stop_requested = why  # read by its settle, which waits for the lock
+            await self.runs.stop_run(s, why)
+
+    def _fill_slots(self) -> None:
+        """A start that spawned nothing freed its scheduler slot: the next may go."""
+        if self.ctx.scheduler.queue:
+            self.ctx.spawn(self.runs.dispatch())
 
     async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
         s = self.ctx.table.get(to)
@@ -180,13 +218,12 @@ class Lineage:
     async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
         from sessiond.wire import RemoteError, send_bundle_async
 
-        lifecycle.check(s.name, s.state, "terminated", "migrate")
-        if s.state == "running":
-            await self.runs.stop_run(s, "migrate")
+        lifecycle.check(s.name, s.state, "terminated", "migrate")  # fail fast
         outbox = self.ctx.config.state_dir / "outbox"
         outbox.mkdir(mode=0o700, exist_ok=True)
         bundle = outbox / f"{s.name}.bundle"
-        async with s.lock:
+        async with self._without_run(s, "migrate"):
+            lifecycle.check(s.name, s.state, "terminated", "migrate")
             await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
             try:
                 try:
@@ -206,6 +243,7 @@ class Lineage:
             await self.ctx.transition(
                 s, "terminated", why="migrate", reason=f"migrated to {socket}", outcome="migrated"
             )
+        self._fill_slots()
         return detail(s)
 
     # --- context -------------------------------------------------------------------

@@ -13,6 +13,7 @@ time: the clock, next fires, catch-up, clock jumps.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -22,6 +23,14 @@ from sessiond.wake.cron import Cron
 from sessiond.wake.host import WakeHost, last_wake
 
 RECHECK = 60.0  # seconds: the longest a timer sleeps before reading the clock again
+
+
+def jitter(session: str, key: str, fire: datetime) -> float:
+    """A fraction in [0, 1) for this session, trigger and fire time: the same in
+    every process (Python's hash() of a str is salted per process, so a restart
+    would move every jittered fire)."""
+    digest = hashlib.sha256(f"{session}\0{key}\0{fire.isoformat()}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 1000 / 1000
 
 
 class Timers:
@@ -78,7 +87,7 @@ class Timers:
             armed.next_fires.pop(key, None)
             return
         if trig.jitter:
-            fire += timedelta(seconds=(hash((key, fire)) % 1000) / 1000 * trig.jitter)
+            fire += timedelta(seconds=jitter(armed.session.name, key, fire) * trig.jitter)
 
         def tick() -> None:
             if not self._live(armed):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,10 +204,12 @@ class Watcher:
                 patterns += trig.paths
         for pattern in patterns:
             for path in base.glob(pattern):
-                if path.is_file():
-                    rel = str(path.relative_to(base))
-                    st = path.stat()
-                    found[rel] = (st.st_mtime_ns, st.st_size)
+                try:
+                    st = path.stat()  # one look: a file deleted meanwhile is just not there
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found[str(path.relative_to(base))] = (st.st_mtime_ns, st.st_size)
         return found
 
     def baseline_scan(self, armed: Armed) -> None:
@@ -223,7 +226,11 @@ class Watcher:
                 spec = armed.session.spec
                 if spec is None or (not armed.scan and not spec.bind.files):
                     continue
-                now = await asyncio.to_thread(self._scan, spec)
+                try:
+                    now = await asyncio.to_thread(self._scan, spec)
+                except OSError:  # a workspace gone: this session's scan, not the loop
+                    log.exception("watch.scan_failed", session=armed.session.name)
+                    continue
                 missed = {p for p, v in now.items() if armed.scan.get(p) != v}
                 missed |= set(armed.scan) - set(now)
                 armed.scan = now

@@ -181,3 +181,38 @@ def test_a_suspend_or_interrupt_during_a_start_stops_the_run_it_starts(
         for pid in with_marker(marker):
             os.kill(pid, 9)
         release.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("point", ["before-spawn", "after-spawn"])
+def test_a_merge_during_a_start_stops_the_run_and_nothing_follows_terminated(point: str) -> None:
+    """merge took the child's state outside its lock, as cancel once did: a start
+    under way then ran its program under a child already merged (terminated)."""
+    marker = f"sessiond-race-{uuid.uuid4().hex}"
+    release = Path("/tmp") / f"{marker}.release"
+    try:
+        with running(hold_config(point, release)) as d:
+            make_job(d, marker)
+            d.ctl("create", str(d.write_spec("parent", 'name = "parent"\n')), check=True)
+            since = len(d.lines)
+            activate = ctl_in_background(d, "activate", "job")
+            d.wait_line("fault.held", match=lambda line: line.get("session") == "job", since=since)
+            merge = ctl_in_background(d, "merge", "job", "--into", "parent", "--summary", "done")
+            d.wait_line("stop.pending", match=lambda line: line.get("stop") == "merge", since=since)
+            release.touch()
+            finish(activate)
+            finish(merge)
+            show = d.json("show", "job")
+            assert show["state"] == "terminated", show
+            assert show["outcome"] == "merged"
+            wait_for(lambda: not with_marker(marker), timeout=30, what="the program to end")
+            events = log_of(d, "job")
+            assert after_first(events, "terminated") == []
+            check_run_record(events, point)
+            merged = d.json("log", "parent", "--type", "session.merged")
+            assert [e["data"]["summary"] for e in merged] == ["done"]
+            next_session_runs(d)
+            assert not with_marker(marker)
+    finally:
+        for pid in with_marker(marker):
+            os.kill(pid, 9)
+        release.unlink(missing_ok=True)

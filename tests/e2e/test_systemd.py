@@ -134,3 +134,14 @@ def test_the_unit_files_pass_systemd_analyze_verify(units: list[str], tmp_path: 
     )
     assert done.returncode == 0, done.stderr
     assert "sessiond" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("unit", ["sessiond.service", "user/sessiond.service"])
+def test_the_units_delegate_a_cgroup_the_daemon_can_write(unit: str) -> None:
+    """Delegate=yes gives each run a cgroup only if /sys/fs/cgroup stays writable:
+    ProtectControlGroups=yes (or strict) would mount it read-only."""
+    lines = [x.strip() for x in (ROOT / "systemd" / unit).read_text().splitlines()]
+    settings = [x for x in lines if x and not x.startswith("#")]
+    assert "Delegate=yes" in settings
+    protect = [x for x in settings if x.startswith("ProtectControlGroups=")]
+    assert protect in ([], ["ProtectControlGroups=no"]), protect

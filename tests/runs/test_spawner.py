@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sessiond.runs.runner import check_startable
-from sessiond.runs.spawn import Held, Spawner
+from sessiond.runs.spawn import Held, Request, Spawner
 from tests.e2e.harness import alive, wait_for
 
 
@@ -99,3 +99,68 @@ def test_check_startable_refuses_what_exec_would(tmp_path: Path) -> None:
         check_startable(["./plain.txt"], str(tmp_path), env)
     with pytest.raises(ValueError, match="null"):
         check_startable(["sh", "a\0b"], str(tmp_path), env)
+
+
+def _send(spawner: Spawner, script: str, cwd: Path) -> Request:
+    out_r, out_w = os.pipe()
+    try:
+        return spawner.send(
+            ["sh", "-c", script], cwd=str(cwd), env={"PATH": os.defpath}, stdout=out_w, stderr=out_w
+        )
+    finally:
+        os.close(out_w)
+        os.close(out_r)
+
+
+def test_the_next_holder_is_told_ahead_and_taken_by_the_next_spawn(tmp_path: Path) -> None:
+    """run.started is recorded with the holder's pid while the request travels:
+    the spawner must hand the request to exactly that holder."""
+
+    async def main() -> None:
+        spawner = Spawner()
+        spawner.start()
+
+        async def told() -> None:
+            while spawner.idle is None:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(told(), 30)
+        assert spawner.idle is not None
+        pid, start = spawner.idle
+        request = _send(spawner, "exit 0", tmp_path)
+        assert request.holder == (pid, start)
+        assert spawner.idle is None  # taken
+        held = await spawner.answer(request)
+        assert (held.pid, held.start) == (pid, start)
+        spawner.go(held)
+        assert await asyncio.wait_for(held.exited, 30) == 0
+        await spawner.close()
+
+    asyncio.run(main())
+
+
+def test_a_burst_of_spawns_all_start_whatever_the_spawner_told_meanwhile(tmp_path: Path) -> None:
+    """A spawn naming no holder may take the one the spawner is announcing: that
+    announcement must not be used by the next spawn (it would be refused)."""
+
+    async def main() -> None:
+        spawner = Spawner()
+        spawner.start()
+        first = _send(spawner, "exit 0", tmp_path)  # nothing told yet: names no holder
+        assert first.holder is None
+
+        async def told_or_answered() -> None:
+            while spawner.idle is None and not first.reply.done():
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(told_or_answered(), 30)
+        requests = [first] + [_send(spawner, "exit 0", tmp_path) for _ in range(4)]
+        helds = [await asyncio.wait_for(spawner.answer(r), 30) for r in requests]
+        assert len({h.pid for h in helds}) == 5
+        for held in helds:
+            spawner.go(held)
+        for held in helds:
+            assert await asyncio.wait_for(held.exited, 30) == 0
+        await spawner.close()
+
+    asyncio.run(main())

@@ -52,3 +52,36 @@ def test_a_clock_set_back_finds_no_missed_fire() -> None:
     now_after_setback = utc(2026, 4, 20)  # the wall clock went back before the last fire
     assert cron.first_missed(last_fire, now_after_setback) is None
     assert cron.next_after(now_after_setback) == utc(2026, 5, 1, 9)
+
+
+def test_cron_jitter_is_the_same_in_every_process() -> None:
+    """A restart must not move a jittered fire: Python's hash() of a str is salted
+    per process (PYTHONHASHSEED), so the jitter is a digest of the session, the
+    trigger and the fire time instead."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from datetime import UTC, datetime\n"
+        "from sessiond.wake.timers import jitter\n"
+        "fire = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)\n"
+        "import json\n"
+        "print(json.dumps([jitter('nightly', f'cron:{i}', fire) for i in range(5)]))\n"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(seen) == 1, seen
+    values = json.loads(seen.pop())
+    assert all(0 <= v < 1 for v in values)
+    assert len(set(values)) > 1  # spread, not one constant

@@ -92,3 +92,36 @@ def test_a_bound_file_wakes_only_when_its_content_changed(tmp_path: Path) -> Non
 
     kernel = asyncio.run(go())
     assert kernel.wakes == [("w", "dependency", {"paths": ["rates.csv"]})]
+
+
+def test_a_file_deleted_during_a_scan_is_not_there_and_the_scan_goes_on(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The reconciliation scan (a thread of the watcher's loop) lists files, then
+    looks at each; one deleted in between must not end the scan (nor the loop)."""
+    from sessiond.wake.watch import Watcher
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep").write_text("x")
+    victim = tmp_path / "data" / "gone"
+    victim.write_text("y")
+    s = armed_session(tmp_path, '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n')
+    assert s.spec is not None
+    real_is_file = Path.is_file
+
+    def is_file(self: Path) -> bool:  # the victim was there when looked at
+        return self == victim or real_is_file(self)
+
+    real_glob = Path.glob
+
+    def glob_then_deleted(self: Path, pattern: str) -> Any:
+        for path in real_glob(self, pattern):
+            if path == victim:
+                victim.unlink()  # listed, then deleted before it is looked at
+            yield path
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    monkeypatch.setattr(Path, "glob", glob_then_deleted)
+    found = Watcher._scan(s.spec)
+    assert "data/keep" in found
+    assert "data/gone" not in found
