@@ -15,8 +15,10 @@ And the identity is the caller's:
 
 - ``send``: the sender is the calling session; a ``--from`` naming any other is
   refused, never recorded.
-- ``fork`` and ``create``: the new session may not be allowed more than the
-  caller (sessiond.table.policy.widening).
+- ``fork`` and ``create``: decided by the caller's policy (a tool of that name;
+  allowed unless listed, and ``ask`` refuses: nobody can answer here), and the
+  new session may not be allowed more than the caller
+  (sessiond.table.policy.widening).
 - ``merge``: only into the calling session.
 """
 
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.errors import InvalidInput, Refused
-from sessiond.table.policy import widening
+from sessiond.table.policy import decide, widening
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import GRANTABLE, SessionSpec, parse_spec
 
@@ -77,6 +79,8 @@ class ProgramGuard:
                 "grants in the spec (docs/spec.md) if it should"
             )
         assert spec is not None
+        if method in ("fork", "create"):
+            self._policy_allows(s, spec, method)
         if method == "send":
             sender = params.get("sender", "sessionctl")
             if sender not in ("sessionctl", s.name):
@@ -104,6 +108,19 @@ class ProgramGuard:
                     f"not into {into!r}"
                 )
         return params
+
+    @staticmethod
+    def _policy_allows(s: Session, spec: SessionSpec, method: str) -> None:
+        """A program's ``fork`` and ``create`` are its own acts, under its own policy:
+        decided like a tool of that name that writes in this daemon (allowed unless
+        the policy lists it). A question cannot be asked here (the request would wait
+        on a person): ``ask`` refuses as ``deny`` does, naming the rule."""
+        verdict = decide(spec.policy, method, "workspace-write")
+        if verdict.decision != "allow":
+            raise NotGranted(
+                f"session {s.name!r}'s policy does not allow its program to {method} "
+                f"({verdict.rule}); a person can {method} on the control socket"
+            )
 
     @staticmethod
     def _no_wider(s: Session, mine: SessionSpec, new: SessionSpec, what: str) -> None:

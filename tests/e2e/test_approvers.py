@@ -212,3 +212,25 @@ def test_a_fork_does_not_inherit_an_approval_its_parent_has_not_used() -> None:
             assert (ws / "ran.txt").read_text() == "ran\n"
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_a_programs_fork_is_decided_by_its_own_policy() -> None:
+    """A program's fork and create are its own acts under its own policy: a policy
+    that denies (or asks for) `fork` refuses it on the program endpoint, even where
+    the spec grants the method."""
+    with running() as d:
+        for name, policy in (("denied", 'deny = ["fork"]'), ("asked", 'ask = ["fork"]')):
+            ws = d.root / name
+            ws.mkdir()
+            spec = (
+                f'name = "{name}"\n[run]\nexec = ["sh", "-c", "{SESSIONCTL} fork {name} '
+                f'--as {name}-twin 2> err.txt; echo $? > rc.txt"]\ncwd = "{ws}"\n'
+                f'grants = ["fork"]\n[policy]\n{policy}\n'
+            )
+            d.ctl("create", str(d.write_spec(name, spec)), check=True)
+            d.ctl("activate", name, check=True)
+            wait_event(d, name, "run.finished")
+            assert (ws / "rc.txt").read_text().strip() == "1"
+            err = (ws / "err.txt").read_text()
+            assert "policy does not allow its program to fork" in err, err
+            assert d.ctl("show", f"{name}-twin").returncode == 4  # no such session
