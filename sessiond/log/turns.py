@@ -116,23 +116,46 @@ def tool_intent(s: State, d: dict[str, Any]) -> None:
     ordinal = d.get("ordinal")
     if turn is None or ordinal is None:
         return
-    slot = slot_of(ordinal, d.get("key"))
+    step = _new_step(
+        turn,
+        kind="tool",
+        ordinal=ordinal,
+        key=d.get("key"),
+        name=d["tool"],
+        digest=d.get("args_sha256"),
+        call=d["call"],
+    )
+    step.update(status="intent", risk=d["risk"], writes=d["writes"])
+
+
+def _new_step(
+    turn: dict[str, Any],
+    *,
+    kind: str,
+    ordinal: int,
+    key: str | None,
+    name: str,
+    digest: str | None,
+    call: str,
+) -> dict[str, Any]:
+    """A step asked for at its slot; one recorded there before (not replayed: it did
+    not finish ok) gives way, its events stay in the log."""
+    slot = slot_of(ordinal, key)
     old = turn["steps"].get(slot)
     if old is not None:
         turn["calls"].pop(old["call"], None)
-    turn["steps"][slot] = {
-        "kind": "tool",
+    step = turn["steps"][slot] = {
+        "kind": kind,
         "slot": slot,
         "ordinal": ordinal,
-        "key": d.get("key"),
-        "name": d["tool"],
-        "digest": d.get("args_sha256"),
-        "call": d["call"],
-        "status": "intent",
-        "risk": d["risk"],
-        "writes": d["writes"],
+        "key": key,
+        "name": name,
+        "digest": digest,
+        "call": call,
+        "status": "started",
     }
-    turn["calls"][d["call"]] = slot
+    turn["calls"][call] = slot
+    return step
 
 
 def set_status(s: State, call: str, status: str, **extra: Any) -> None:
@@ -174,21 +197,15 @@ def model_requested(s: State, d: dict[str, Any]) -> None:
     ordinal = d.get("ordinal")
     if turn is None or ordinal is None or d.get("replayed"):
         return
-    slot = slot_of(ordinal, d.get("key"))
-    old = turn["steps"].get(slot)
-    if old is not None:
-        turn["calls"].pop(old["call"], None)
-    turn["steps"][slot] = {
-        "kind": "model",
-        "slot": slot,
-        "ordinal": ordinal,
-        "key": d.get("key"),
-        "name": d["model"],
-        "digest": d.get("request_sha256"),
-        "call": d["request_id"],
-        "status": "started",
-    }
-    turn["calls"][d["request_id"]] = slot
+    _new_step(
+        turn,
+        kind="model",
+        ordinal=ordinal,
+        key=d.get("key"),
+        name=d["model"],
+        digest=d.get("request_sha256"),
+        call=d["request_id"],
+    )
 
 
 def model_responded(s: State, d: dict[str, Any]) -> None:

@@ -158,24 +158,7 @@ class Steps:
             if p.kind == "model" and recorded["digest"] != digest:
                 # Frameworks put timestamps in requests: the changed request is kept
                 # (seen in the log), the recorded response answered.
-                context = self.ctx.store.artifacts(s.name).put(
-                    _mask(s, orjson.dumps(p.request)),
-                    "context.json",
-                    "application/json",
-                )
-                await self.ctx.table.append(
-                    s,
-                    ModelRequested(
-                        model=p.name,
-                        request_id=call,
-                        context=context,
-                        ordinal=p.ordinal,
-                        key=p.key,
-                        request_sha256=digest,
-                        replayed=True,
-                    ),
-                    durable=False,
-                )
+                await self._request(s, p, call, digest, turn=None, replayed=True)
             return {"status": "replayed", "call": call, **self._result(s, recorded)}
         if status == "denied":
             return {"status": "denied", "call": call, "rule": recorded.get("rule", "denied")}
@@ -321,30 +304,37 @@ class Steps:
         assert spec is not None
         grant.calls_model += 1
         call_id = f"{grant.run}.m{grant.calls_model}"
-        # hashing and two fsyncs: in a thread, off the loop
+        await self._request(s, p, call_id, digest, turn=turn["n"], replayed=False)
+        return {"status": "run", "call": call_id, "rule": "a model call"}
+
+    async def _request(
+        self, s: Session, p: Any, call: str, digest: str, *, turn: int | None, replayed: bool
+    ) -> None:
+        """Record a model step's request: the exact context as an artifact (hashing and
+        two fsyncs: in a thread, off the loop), and ``model.requested``. Not made
+        durable on its own: a model call changes nothing in the world, so one whose
+        request a crash lost is simply asked again; the response's durable write
+        covers this line."""
         context = await asyncio.to_thread(
             self.ctx.store.artifacts(s.name).put,
             _mask(s, orjson.dumps(p.request)),
             "context.json",
             "application/json",
         )
-        # Not made durable on its own: a model call changes nothing in the world, so
-        # one whose request is lost by a crash is simply asked again. The response's
-        # durable write covers this line.
         await self.ctx.table.append(
             s,
             ModelRequested(
                 model=p.name,
-                request_id=call_id,
+                request_id=call,
                 context=context,
-                turn=turn["n"],
+                turn=turn,
                 ordinal=p.ordinal,
                 key=p.key,
                 request_sha256=digest,
+                replayed=replayed,
             ),
             durable=False,
         )
-        return {"status": "run", "call": call_id, "rule": "a model call"}
 
     # --- the end of a step -----------------------------------------------------------
 
