@@ -241,7 +241,9 @@ def resolved(s: State, d: dict[str, Any]) -> None:
         # the new path from here on: the steps recorded from this ordinal stay in
         # the log but are no longer answered from it
         for slot, step in list(turn["steps"].items()):
-            if step["ordinal"] >= start:
+            # A keyed step carries the ordinal of the next unkeyed one (sdk.Run._place):
+            # one that stands at ``start`` was taken before the divergent step.
+            if step["ordinal"] > start or (step["ordinal"] == start and not step["key"]):
                 del turn["steps"][slot]
                 turn["calls"].pop(step["call"], None)
         return

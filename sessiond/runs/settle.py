@@ -11,6 +11,7 @@ take the end (a full disk), the session is held blocked in memory until it can.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import structlog
@@ -133,6 +134,13 @@ class Settler:
                 ),
                 correlation=call_id,
             )
+        if outcome.status == "ok" and self._step_left_started(s):
+            # Exit 0 in the middle of a step is no clean end: the step never finished.
+            # Counted as a failed run, so retries back off and then block, rather
+            # than a turn continued again and again.
+            outcome = dataclasses.replace(
+                outcome, status="failed", error="exited 0 with a step left unfinished"
+            )
         ends_turn = self._ends_turn(s, outcome)
         if ends_turn:
             await self._close_unstarted(s)
@@ -177,6 +185,14 @@ class Settler:
         state = s.j.state
         stop = s.run.stop_requested if s.run else None
         return stop is None and not state.pending_approvals() and not state.in_flight()
+
+    def _step_left_started(self, s: Session) -> bool:
+        """An sdk run that ends with one of its steps started and not finished."""
+        spec = s.spec
+        if spec is None or spec.run is None or spec.run.kind != "sdk":
+            return False
+        stop = s.run.stop_requested if s.run else None
+        return stop is None and bool(s.j.state.in_flight())
 
     async def _close_unstarted(self, s: Session) -> None:
         """A turn that ends leaves nothing half-asked: calls never started (and their
@@ -301,14 +317,6 @@ class Settler:
             if outcome.status == "ok"
             else outcome.status + (f" (exit {code})" if code is not None else "")
         )
-        if outcome.status == "ok" and s.j.state.turn is not None:
-            # exit 0 with a step left started: the turn is not done; the gate judges
-            # the step before a later run continues it
-            await ctx.transition(
-                s, "sleeping", why="sleep", reason="exit 0 with a step unfinished; the turn goes on"
-            )
-            ctx.spawn(self.then.wake(s, "retry", {"after": "exit 0 with a step unfinished"}))
-            return
         if outcome.status == "ok":
             if spec.has_triggers or s.j.state.pending_wakes:
                 await ctx.transition(s, "sleeping", why="sleep", reason=f"last run: {text}")

@@ -138,6 +138,16 @@ class Steps:
                 return answer(
                     s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
                 )
+            if (
+                recorded is not None
+                and recorded["kind"] == "model"
+                and recorded["status"] == "started"
+                and not recorded["call"].startswith(f"{grant.run}.")
+            ):
+                # A model step an earlier run sent and never saw answered (a crash, a
+                # kill): a model call changes nothing in the world, so it is simply
+                # asked again. (A tool step left started is judged by the gate first.)
+                recorded = None
             if recorded is not None and recorded["status"] in ("intent", "decided", "started"):
                 raise InvalidInput(
                     f"step {slot} is already under way in this run: each step needs its own "
