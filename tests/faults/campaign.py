@@ -79,8 +79,9 @@ with connect() as run:
         key = run.step("write", lambda: write(step), args={"step": step}, writes=["agent.out"],
                        side_effect="workspace-write", idempotency="unsafe",
                        resume="require-user-confirmation")
-        with open("acked.agent", "a") as f:  # the daemon acknowledged the finish
-            f.write(f"{key}\\n")
+        if key is not None:  # None: a person accepted a cut-off write (no result)
+            with open("acked.agent", "a") as f:  # the daemon acknowledged the finish
+                f.write(f"{key}\\n")
         run.step("note", lambda: note(step), args={"step": step}, writes=["notes.out"],
                  side_effect="workspace-write", idempotency="conditional",
                  resume="rerun-after-check")
