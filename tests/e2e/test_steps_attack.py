@@ -1,0 +1,143 @@
+"""Attacks on durable steps (DESIGN.md section 8), through the real daemon.
+
+Each test tries to make the daemon break a promise of section 8: run a finished
+step twice in one turn, call a model twice for one model step, let a program
+approve its own call, lose the turn's wake cause, loop, or fall over on bad
+``sdk.*`` params. Every run is a new process, so work is counted in files
+(``<name>.count``, one line per execution).
+
+Tests marked ``BUG:`` in their docstring failed on the code they were written
+against; the report that came with them says what the bug is.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
+
+ROOT = Path(__file__).parents[2]
+POLICY = 'allow = ["pay", "charge"]\nask = ["edit_file"]'
+
+# Helpers every program starts with: count work in files, hold at a point until the
+# test lets go (`hold("x")` writes x.reached and waits for x).
+PRELUDE = """import os, sys, time
+from pathlib import Path
+from sessiond.sdk import connect, connect_async, Denied, ApprovalPending, StopRun
+def count(name, word="x"):
+    with open(name + ".count", "a") as f:
+        f.write(word + "\\n")
+    return word
+def n(name):
+    p = Path(name + ".count")
+    return len(p.read_text().splitlines()) if p.exists() else 0
+def hold(name):
+    Path(name + ".reached").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not Path(name).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+SAFE = dict(side_effect="read", idempotency="safe", resume="replay-from-event")
+"""
+
+
+@pytest.fixture
+def d() -> Iterator[Daemon]:
+    daemon = Daemon(short_dir()).start()
+    try:
+        yield daemon
+    finally:
+        try:
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                daemon.stop()
+        finally:
+            shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+def program(
+    d: Daemon,
+    body: str,
+    *,
+    name: str = "agent",
+    policy: str = "",
+    run: str = "",
+    extra: str = "",
+) -> None:
+    """Create session ``name`` whose sdk program is PRELUDE + ``body``."""
+    prog = d.root / f"{name}.py"
+    prog.write_text(PRELUDE + body)
+    spec = (
+        f'name = "{name}"\n[run]\nkind = "sdk"\nexec = ["{sys.executable}", "{prog}"]\n'
+        f'cwd = "."\nenv = {{ PYTHONPATH = "{ROOT}" }}\n{run}\n[policy]\n{policy}\n{extra}'
+    )
+    d.ctl("create", str(d.write_spec(name, spec)), check=True)
+
+
+def lines(d: Daemon, name: str) -> int:
+    path = d.root / f"{name}.count"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def to(state: str) -> Any:
+    return lambda r: r["data"]["to"] == state
+
+
+def seq(d: Daemon, name: str = "agent") -> int:
+    return int(d.json("show", name)["seq"])
+
+
+def runs(d: Daemon, name: str = "agent") -> list[dict[str, Any]]:
+    return list(d.json("log", name, "--type", "run.started"))
+
+
+def settled(d: Daemon, name: str = "agent") -> str:
+    """Wait until the session rests (not running, ready or queued) and return its state."""
+
+    def rest() -> str | None:
+        state = str(d.json("show", name)["state"])
+        return None if state in ("running", "ready", "created") else state
+
+    return str(wait_for(rest, timeout=60, what=f"{name} to rest"))
+
+
+# --- 1. a finished step never runs twice in its turn --------------------------------
+
+
+KEYED_THEN_DIVERGE = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"), key="pay")           # a keyed step, placed first
+    first = Path("plan.txt").read_text().strip()
+    run.step(first, lambda: count(first), **SAFE)               # ordinal 1
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_accepting_a_divergence_does_not_rerun_a_keyed_step_taken_before_it(d: Daemon) -> None:
+    """BUG: a keyed step is recorded with the ordinal of the *next* unkeyed step
+    (``Run._place``), and ``resolve --accept`` drops every step whose ordinal is at
+    or past the divergence. So a keyed step the program took before the divergent
+    step is dropped too, and the next run does its work again: a second charge."""
+    (d.root / "plan.txt").write_text("look\n")
+    program(d, KEYED_THEN_DIVERGE, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    (d.root / "plan.txt").write_text("peek\n")  # the next run takes another path at 1
+    since = seq(d) + 1
+    d.ctl("approve", "agent", check=True)
+    blocked = wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))
+    assert "step 1" in blocked["data"]["reason"]
+    assert lines(d, "pay") == 1
+    since = seq(d) + 1
+    d.ctl("resolve", "agent", "--accept", check=True)
+    wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))  # edit asks
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "look"), lines(d, "peek"), lines(d, "edits")) == (1, 1, 1)
+    assert lines(d, "pay") == 1  # taken before step 1: it is not on the new path
