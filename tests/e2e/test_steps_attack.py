@@ -97,11 +97,12 @@ def runs(d: Daemon, name: str = "agent") -> list[dict[str, Any]]:
 
 
 def settled(d: Daemon, name: str = "agent") -> str:
-    """Wait until the session rests (not running, ready or queued) and return its state."""
+    """Wait until the session waits for a person or is done (blocked, terminated,
+    suspended) and return that state (sleeping between retries is not rest)."""
 
     def rest() -> str | None:
         state = str(d.json("show", name)["state"])
-        return None if state in ("running", "ready", "created") else state
+        return state if state in ("blocked", "terminated", "suspended") else None
 
     return str(wait_for(rest, timeout=60, what=f"{name} to rest"))
 
@@ -141,3 +142,65 @@ def test_accepting_a_divergence_does_not_rerun_a_keyed_step_taken_before_it(d: D
     wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
     assert (lines(d, "look"), lines(d, "peek"), lines(d, "edits")) == (1, 1, 1)
     assert lines(d, "pay") == 1  # taken before step 1: it is not on the new path
+
+
+MODEL_CRASH = """
+def ask():
+    count("model")
+    if not Path("crashed").exists():
+        Path("crashed").write_text("1")
+        os._exit(3)                     # the program dies with the request sent
+    return {"say": "hi", "usage": {"input_tokens": 5, "output_tokens": 1}}
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.model_call("m-1", {"q": "hi"}, ask)
+    run.model_call("m-1", {"q": "again"}, lambda: count("model2") and {"say": "ok"})
+    run.complete()
+"""
+
+
+def test_a_model_step_cut_off_by_a_crash_is_asked_again_and_the_turn_goes_on(d: Daemon) -> None:
+    """BUG: a model step whose program died before its response stays ``started`` in
+    the turn's step table (nothing closes it: the gate only looks at tool calls), and
+    every later run that reaches it is refused "already under way in this run". The
+    retries burn out on that refusal and the turn can never get past the step; only
+    ``--discard`` ends it. A model call changes nothing in the world: it should be
+    asked again (DESIGN.md section 8, steps.py: "simply asked again")."""
+    program(d, MODEL_CRASH, policy=POLICY, run="retries = 2")
+    d.ctl("activate", "agent", check=True)
+    state = settled(d)
+    shown = d.json("show", "agent")
+    assert lines(d, "pay") == 1
+    assert state == "terminated", shown["reason"]
+    assert lines(d, "model") == 2  # the cut-off request once more, nothing else twice
+    assert lines(d, "model2") == 1
+
+
+EXIT_IN_STEP = """
+def look():
+    count("look")
+    os._exit(0)                         # exit 0 inside the step: it never finishes
+with connect() as run:
+    run.step("look", look, **SAFE)
+    run.complete()
+"""
+
+
+def test_exit_0_inside_a_safe_step_does_not_run_the_session_forever(d: Daemon) -> None:
+    """BUG: a run that exits 0 with a step left started does not end its turn, and
+    ``after_run`` wakes the session again at once ('retry') without counting it as a
+    failure (exit 0 resets ``failures_in_a_row``) or backing off. The gate closes a
+    safe step as interrupted, the next run starts it again, exits 0 again: the
+    session runs again and again with no bound, as fast as it can spawn."""
+    program(d, EXIT_IN_STEP, run="retries = 2")
+    d.ctl("activate", "agent", check=True)
+
+    def stuck_or_looping() -> str | None:
+        if lines(d, "look") >= 8:
+            return "looping"
+        state = str(d.json("show", "agent")["state"])
+        return state if state in ("blocked", "terminated", "suspended") else None
+
+    outcome = wait_for(stuck_or_looping, timeout=60, what="the session to rest or loop")
+    assert outcome != "looping", f"{lines(d, 'look')} runs of one turn and counting"
+    assert lines(d, "look") <= 3  # the run and its two retries at most
