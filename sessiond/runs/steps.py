@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
@@ -229,7 +230,14 @@ class Steps:
     ) -> dict[str, Any]:
         spec = s.spec
         assert spec is not None
-        contract = RiskContract.model_validate(p.risk) if p.risk else STEP_RISK
+        try:
+            contract = RiskContract.model_validate(p.risk) if p.risk else STEP_RISK
+        except ValidationError as exc:
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InvalidInput(
+                f"step {p.name!r} has a bad risk contract ({wrong}); docs/sdk.md lists the "
+                "side_effect, idempotency and resume values"
+            ) from None
         call_id = await self._next_call(s, grant)
         if call_id is None:
             return {"status": "stop", "rule": "budget: tool_calls_per_run"}

@@ -204,3 +204,137 @@ def test_exit_0_inside_a_safe_step_does_not_run_the_session_forever(d: Daemon) -
     outcome = wait_for(stuck_or_looping, timeout=60, what="the session to rest or loop")
     assert outcome != "looping", f"{lines(d, 'look')} runs of one turn and counting"
     assert lines(d, "look") <= 3  # the run and its two retries at most
+
+
+# --- 6. bad sdk.step / sdk.step_done / sdk.send params ------------------------------
+
+BAD_PARAMS = """
+import json, socket
+from sessiond.wire import RemoteError
+out = {}
+def attempt(label, method, **params):
+    try:
+        out[label] = ["ok", run._call(method, **params)]
+    except RemoteError as exc:
+        out[label] = ["refused", exc.code, exc.message[:300]]
+def raw(label, line):
+    # a hand-made frame on a connection of its own: what no SDK would send
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["SESSIOND_SOCKET"])
+    s.sendall(line + b"\\n")
+    buf = b""
+    while b"\\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    out[label] = buf.decode(errors="replace")[:300]
+tok = os.environ["SESSIOND_TOKEN"]
+def frame(method, params):
+    return json.dumps({"id": 1, "method": method, "params": {"token": tok, **params}}).encode()
+with connect() as run:
+    step = dict(kind="tool", name="pay", args={}, risk={}, writes=[])
+    for label, ordinal in (("huge", 10**12), ("zero", 0), ("negative", -1), ("float", 1.5)):
+        attempt(label, "sdk.step", ordinal=ordinal, **step)
+    # a key is a name in the step table, never a path: accepted, and finished
+    dots = run._call("sdk.step", ordinal=1, key="../../etc", **step)
+    attempt("key-dots", "sdk.step_done", call=dots["call"], status="ok", result=None)
+    for label, key in (("long", "k" * 5000), ("nl", "a\\nb"),
+                       ("empty", ""), ("nul", "a\\x00b"), ("dict", {"a": 1})):
+        attempt("key-" + label, "sdk.step", ordinal=1, key=key, **step)
+    attempt("args-list", "sdk.step", kind="tool", name="pay", ordinal=1, args=[1, 2])
+    attempt("kind-bad", "sdk.step", kind="shell", name="pay", ordinal=1)
+    attempt("risk-bad", "sdk.step", ordinal=1, kind="tool", name="pay", risk={"resume": "x"})
+    attempt("done-unknown", "sdk.step_done", call="r9.9", status="ok", result=1)
+    attempt("done-model-id", "sdk.step_done", call="r1.m1", status="ok", result=1)
+    # a real step, answered with what is not a result
+    first = run._call("sdk.step", ordinal=1, **step)
+    call = first["call"]
+    attempt("done-b64-bad", "sdk.step_done", call=call, status="ok", result_b64="%%%")
+    raw("done-deep", frame("sdk.step_done", {"call": call, "result": json.loads(
+        "[" * 5000 + "]" * 5000)}) if False else
+        b'{"id":1,"method":"sdk.step_done","params":{"token":"' + tok.encode() +
+        b'","call":"' + call.encode() + b'","result":' + b"[" * 5000 + b"]" * 5000 + b"}}")
+    raw("not-json", b"{this is not json")
+    raw("binary", bytes(range(256)).replace(b"\\n", b""))
+    ref = {"ref": "sha256:" + "0" * 64, "size": 5}
+    attempt("done-ref", "sdk.step_done", call=call, status="ok", result=ref)
+    attempt("done-twice", "sdk.step_done", call=call, status="ok", result={"again": 1})
+    attempt("done-error-after-ok", "sdk.step_done", call=call, status="error", error="x")
+    attempt("send-self", "sdk.send", to=os.environ["SESSIOND_SESSION"], text="hi", ordinal=2)
+    attempt("send-nobody", "sdk.send", to="no-such-session", text="hi", ordinal=2)
+    attempt("send-huge-ordinal", "sdk.send", to="other", text="hi", ordinal=10**12)
+    big = run._call("sdk.step", ordinal=4, **{**step, "name": "pay"})["call"]
+    raw("done-bigint", b'{"id":1,"method":"sdk.step_done","params":{"token":"' + tok.encode()
+        + b'","call":"' + big.encode() + b'","result":' + str(2**80).encode() + b"}}")
+    # still a working run: the next step is taken and finished normally
+    again = run._call("sdk.step", ordinal=3, **{**step, "name": "pay"})
+    attempt("after", "sdk.step_done", call=again["call"], status="ok", result="fine")
+    Path("out.json").write_text(json.dumps(out))
+    run.sleep()
+"""
+
+
+def test_bad_step_params_get_clear_refusals_and_the_daemon_stays_up(d: Daemon) -> None:
+    """Malformed ``sdk.*`` params (huge or negative ordinals, odd keys, results that
+    are not JSON, bytes that are not base64, a ``{"ref": ...}`` result, a second
+    ``step_done``, a call that is not under way) are refused, each saying what was
+    wrong, and neither the daemon nor the run is harmed."""
+    program(d, BAD_PARAMS, policy='allow = ["pay"]')
+    program(d, "with connect() as run:\n    run.sleep()\n", name="other")
+    d.ctl("activate", "agent", check=True)
+    state = wait_for(
+        lambda: (
+            d.json("show", "agent")["state"] in ("sleeping", "blocked", "terminated")
+            and d.json("show", "agent")["last_run"] is not None
+        ),
+        timeout=60,
+        what="the run to end",
+    )
+    assert state
+    assert d.proc is not None and d.proc.poll() is None  # the daemon is up
+    assert d.ctl("ping").returncode == 0
+    shown = d.json("show", "agent")
+    assert shown["state"] == "sleeping", shown["reason"]
+    out = orjson.loads((d.root / "out.json").read_bytes())
+    for label in ("huge", "zero", "negative", "float"):
+        assert out[label][0] == "refused", (label, out[label])
+        assert "ordinal" in out[label][2], out[label]
+    assert out["key-dots"][0] == "ok"
+    for label in ("long", "nl", "empty", "nul", "dict"):
+        assert out["key-" + label][0] == "refused", (label, out["key-" + label])
+        assert "key" in out["key-" + label][2], out["key-" + label]
+    for label in ("args-list", "kind-bad", "risk-bad"):
+        assert out[label][0] == "refused", (label, out[label])
+    # BUG (fixed with this test): a bad risk contract was an "internal error:
+    # ValidationError" instead of bad input naming the field
+    assert out["risk-bad"][1] == "invalid_input", out["risk-bad"]
+    assert "resume" in out["risk-bad"][2]
+    assert out["done-unknown"][0] == "refused"
+    assert "not under way" in out["done-unknown"][2]
+    assert out["done-model-id"][0] == "refused"
+    assert out["done-b64-bad"][0] == "refused"
+    assert "base64" in out["done-b64-bad"][2]
+    for label in ("done-deep", "not-json", "binary"):
+        assert '"error"' in out[label] or out[label] == "", (label, out[label])
+    # a result shaped like an artifact reference is a plain result, kept inline
+    assert out["done-ref"][0] == "ok", out["done-ref"]
+    assert out["done-twice"][0] == "refused"
+    assert out["done-error-after-ok"][0] == "refused"
+    assert out["send-self"][0] == "refused"
+    assert out["send-nobody"][0] == "refused"
+    assert out["send-huge-ordinal"][0] == "refused"
+    assert out["after"][0] == "ok"
+    # a number past 64 bits comes in as JSON's float (the SDK itself refuses it)
+    assert '"ok":true' in out["done-bigint"]
+    finished = [r["data"] for r in d.json("log", "agent", "--type", "tool.finished")]
+    # the key step, the ref-shaped result, the failed send, the big number, "after"
+    assert [f["status"] for f in finished] == ["ok", "ok", "error", "ok", "ok"]
+    assert finished[1]["result"] == {"ref": "sha256:" + "0" * 64, "size": 5}
+    assert finished[1]["result_ref"] is None
+    # the session's log still replays and exports with that result in it
+    assert d.ctl("replay", "agent").returncode == 0
+    bundle = d.root / "agent.bundle"
+    exported = d.ctl("export", "agent", "--out", str(bundle))
+    assert exported.returncode == 0, exported.stderr
