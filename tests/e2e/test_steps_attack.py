@@ -293,7 +293,8 @@ def test_bad_step_params_get_clear_refusals_and_the_daemon_stays_up(d: Daemon) -
         what="the run to end",
     )
     assert state
-    assert d.proc is not None and d.proc.poll() is None  # the daemon is up
+    assert d.proc is not None
+    assert d.proc.poll() is None  # the daemon is up
     assert d.ctl("ping").returncode == 0
     shown = d.json("show", "agent")
     assert shown["state"] == "sleeping", shown["reason"]
