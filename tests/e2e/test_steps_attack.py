@@ -67,6 +67,7 @@ def program(
     name: str = "agent",
     policy: str = "",
     run: str = "",
+    env: str = "",
     extra: str = "",
 ) -> None:
     """Create session ``name`` whose sdk program is PRELUDE + ``body``."""
@@ -74,7 +75,7 @@ def program(
     prog.write_text(PRELUDE + body)
     spec = (
         f'name = "{name}"\n[run]\nkind = "sdk"\nexec = ["{sys.executable}", "{prog}"]\n'
-        f'cwd = "."\nenv = {{ PYTHONPATH = "{ROOT}" }}\n{run}\n[policy]\n{policy}\n{extra}'
+        f'cwd = "."\nenv = {{ PYTHONPATH = "{ROOT}"{env} }}\n{run}\n[policy]\n{policy}\n{extra}'
     )
     d.ctl("create", str(d.write_spec(name, spec)), check=True)
 
@@ -339,3 +340,90 @@ def test_bad_step_params_get_clear_refusals_and_the_daemon_stays_up(d: Daemon) -
     bundle = d.root / "agent.bundle"
     exported = d.ctl("export", "agent", "--out", str(bundle))
     assert exported.returncode == 0, exported.stderr
+
+
+# --- 3. a program never approves its own call ---------------------------------------
+
+SELF_APPROVE = """
+import json, subprocess, socket
+from sessiond.wire import Connection, RemoteError
+tried = {}
+def ctl(label, *args, socket_path=None):
+    env = dict(os.environ)
+    if socket_path:
+        env["SESSIOND_SOCKET"] = socket_path
+    done = subprocess.run(["sessionctl", *args], env=env, capture_output=True, text=True)
+    tried[label] = [done.returncode, done.stderr[:300]]
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    try:
+        run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    except ApprovalPending:
+        me = os.environ["SESSIOND_SESSION"]
+        ctl("endpoint-approve", "approve", me)
+        ctl("endpoint-resolve", "resolve", me, "--accept")
+        ctl("endpoint-deny", "deny", me)
+        # the control socket itself, whose path the test handed over
+        ctl("control-approve", "approve", me, socket_path=os.environ["CONTROL"])
+        # a double-forked, setsid grandchild tries too
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork() == 0:
+                ctl("grandchild-approve", "approve", me, socket_path=os.environ["CONTROL"])
+                Path("grandchild.json").write_text(json.dumps(tried))
+                os._exit(0)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        # the raw method on the endpoint, with the token, no sessionctl
+        try:
+            Connection(Path(os.environ["SESSIOND_SOCKET"])).call(
+                "approve", {"name": me, "token": os.environ["SESSIOND_TOKEN"], "by": "root"})
+            tried["raw-approve"] = [0, ""]
+        except RemoteError as exc:
+            tried["raw-approve"] = [exc.exit_code, exc.message[:300]]
+        while not Path("grandchild.json").exists():
+            time.sleep(0.02)
+        tried.update(json.loads(Path("grandchild.json").read_text()))
+        Path("tried.json").write_text(json.dumps(tried))
+        raise
+    run.complete()
+"""
+
+
+def test_a_program_cannot_approve_its_own_call_by_any_road(d: Daemon) -> None:
+    """The program (and a setsid grandchild of it) tries approve, deny and resolve on
+    the program endpoint, on the control socket, and as a raw request: all refused,
+    and the approval waits for a person."""
+    program(
+        d,
+        SELF_APPROVE,
+        policy=POLICY,
+        run='grants = ["send"]',
+        env=f', CONTROL = "{d.socket}"',
+    )
+    d.ctl("activate", "agent", check=True)
+    blocked = wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    assert "approval pending for edit_file" in blocked["data"]["reason"]
+    tried = orjson.loads((d.root / "tried.json").read_bytes())
+    for label in (
+        "endpoint-approve",
+        "endpoint-resolve",
+        "endpoint-deny",
+        "control-approve",
+        "grandchild-approve",
+        "raw-approve",
+    ):
+        assert tried[label][0] != 0, (label, tried[label])
+    shown = d.json("show", "agent")
+    assert shown["state"] == "blocked"
+    assert [a["tool"] for a in shown["pending_approvals"]] == ["edit_file"]
+    assert d.json("log", "agent", "--type", "approval.granted") == []
+    assert d.json("log", "agent", "--type", "recovery.resolved") == []
+    assert lines(d, "edits") == 0
+    d.ctl("approve", "agent", check=True)  # a person
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "edits")) == (1, 1)
+    granted = d.json("log", "agent", "--type", "approval.granted")
+    assert len(granted) == 1
+    assert granted[0]["data"]["channel"] == "cli"
