@@ -24,7 +24,7 @@ import pytest
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 ROOT = Path(__file__).parents[2]
-POLICY = 'allow = ["pay", "charge"]\nask = ["edit_file"]'
+POLICY = 'allow = ["pay", "charge", "ship"]\nask = ["edit_file"]'
 
 # Helpers every program starts with: count work in files, hold at a point until the
 # test lets go (`hold("x")` writes x.reached and waits for x).
@@ -427,3 +427,168 @@ def test_a_program_cannot_approve_its_own_call_by_any_road(d: Daemon) -> None:
     granted = d.json("log", "agent", "--type", "approval.granted")
     assert len(granted) == 1
     assert granted[0]["data"]["channel"] == "cli"
+
+
+# --- 1. threads, async, interrupts, messages, crashes mid-turn ----------------------
+
+THREADS = """
+import threading
+with connect() as run:
+    results = {}
+    def worker(k):
+        results[k] = run.step("charge", lambda: count("charge-" + k) and {"k": run.key()},
+                              args={"who": k}, key="charge-" + k)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in ("a", "b", "c")]
+    # started in another order in every run: keys, not call order, place them
+    order = threads if not Path("ran-once").exists() else threads[::-1]
+    Path("ran-once").write_text("1")
+    for t in order:
+        t.start()
+    for t in order:
+        t.join()
+    Path("keys.seen").open("a").write(json.dumps(results, sort_keys=True) + "\\n")
+    m = run.model_call("m-1", {"q": 1}, lambda: count("model") and {"say": "go"})
+    if not Path("hold-released").exists():
+        hold("hold")                       # the test kills the daemon here (run 1)
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+""".replace("import threading", "import threading, json")
+
+
+def test_keyed_steps_from_threads_survive_a_kill9_and_an_approval(d: Daemon) -> None:
+    """Three keyed steps from threads and a model step, then the daemon is killed -9,
+    then an approval: every run replays them, none runs twice, the keys stay put."""
+    program(d, THREADS, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_for((d.root / "hold.reached").exists, what="the steps to finish")
+    d.kill9()
+    (d.root / "hold-released").write_text("")
+    (d.root / "hold").write_text("")
+    d.start()
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    counts = [lines(d, f"charge-{k}") for k in "abc"]
+    assert counts == [1, 1, 1]
+    assert (lines(d, "model"), lines(d, "edits")) == (1, 1)
+    seen = (d.root / "keys.seen").read_text().splitlines()
+    assert len(seen) == 3  # the first run, the one after the restart, after the approval
+    assert len(set(seen)) == 1  # the same results, with the same keys, every run
+    assert [r["data"]["turn"] for r in runs(d)] == [1, 1, 1]
+
+
+ASYNC = """
+import asyncio
+async def main():
+    async with connect_async() as run:
+        async def slow(k):
+            count("step-" + k)
+            await asyncio.sleep(0)
+            return k
+        a = run.step("fetch", lambda: slow("a"), args={"k": "a"}, **SAFE)   # ordinal 1
+        b = run.step("fetch", lambda: slow("b"), args={"k": "b"}, **SAFE)   # ordinal 2
+        got = await asyncio.gather(b, a)                       # awaited in another order
+        Path("async.seen").open("a").write(",".join(got) + "\\n")
+        m = run.model_call("m-1", {"q": got}, lambda: count("model") and {"ok": 1})
+        await m
+        await run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+        await run.complete()
+asyncio.run(main())
+"""
+
+
+def test_async_steps_replay_after_an_approval_and_run_once(d: Daemon) -> None:
+    program(d, ASYNC, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "step-a"), lines(d, "step-b"), lines(d, "model"), lines(d, "edits")) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    assert (d.root / "async.seen").read_text() == "b,a\nb,a\n"
+
+
+STOP_MID_STEP = """
+import json
+with connect() as run:
+    ctx = run.context()
+    seen = [ctx["turn"], [w["trigger"] for w in ctx["wakes"]], len(ctx["messages"])]
+    Path("context.seen").open("a").write(json.dumps(seen) + "\\n")
+    def pay():
+        count("pay")
+        if n("pay") == 1:                  # the test stops the session while it works:
+            Path("hold.reached").write_text("1")   # a slow tool that sees the stop
+            while not run.stop_requested:          # and finishes within the grace
+                time.sleep(0.01)
+        return {"paid": 1}
+    run.step("pay", pay)
+    run.step("ship", lambda: count("ship"))
+    run.sleep()
+"""
+
+
+@pytest.mark.parametrize("how", ["interrupt", "suspend"])
+def test_a_stop_in_the_middle_of_a_step_lets_it_finish_and_never_repeats_it(
+    d: Daemon, how: str
+) -> None:
+    """SIGTERM while a step works: the step finishes and is recorded, the next one is
+    not started; the session continues the same turn later (activate / resume), with
+    the same context, and the finished step is replayed."""
+    program(d, STOP_MID_STEP, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_for((d.root / "hold.reached").exists, what="the step to start")
+    done = d.ctl(how, "agent")
+    assert done.returncode == 0, done.stderr
+    rest = "sleeping" if how == "interrupt" else "suspended"
+    wait_event(d, "agent", "lifecycle.changed", match=to(rest))
+    assert (lines(d, "pay"), lines(d, "ship")) == (1, 0)
+    since = seq(d) + 1
+    d.ctl("send", "agent", "a message that comes mid-turn", check=True)
+    if how == "suspend":
+        d.ctl("resume", "agent", check=True)
+    d.ctl("activate", "agent", check=True)
+    wait_event(
+        d,
+        "agent",
+        "run.finished",
+        since=since,
+        match=lambda r: r["data"].get("ends_turn") is True,
+    )
+    assert (lines(d, "pay"), lines(d, "ship")) == (1, 1)
+    seen = [orjson.loads(x) for x in (d.root / "context.seen").read_text().splitlines()]
+    assert seen[0] == seen[1]  # the same turn, wake cause and context
+    assert seen[0][1] == ["manual"]
+    assert [r["data"]["turn"] for r in runs(d)] == [1, 1]
+    assert settle_sleeping(d) == "sleeping"  # the turn ended: nothing runs again by itself
+    # the message is the next turn's: its context has it, and its steps are its own
+    since = seq(d) + 1
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "run.finished", since=since)
+    assert settle_sleeping(d) == "sleeping"
+    seen = [orjson.loads(x) for x in seen_lines(d)]
+    assert len(seen) == 3
+    assert seen[2][0] == 2
+    assert seen[2][2] > seen[0][2]  # the message is in the new turn's context
+    assert [r["data"]["turn"] for r in runs(d)] == [1, 1, 2]
+    assert (lines(d, "pay"), lines(d, "ship")) == (2, 2)  # once per turn
+
+
+def seen_lines(d: Daemon) -> list[str]:
+    return (d.root / "context.seen").read_text().splitlines()
+
+
+def settle_sleeping(d: Daemon) -> str:
+    """Wait until the last turn's run has finished and the session sleeps."""
+
+    def ended() -> str | None:
+        shown = d.json("show", "agent")
+        finished = d.json("log", "agent", "--type", "run.finished")
+        if shown["state"] != "running" and len(finished) == len(runs(d)):
+            return str(shown["state"])
+        return None
+
+    return str(wait_for(ended, timeout=60, what="the last run to end"))
