@@ -97,6 +97,11 @@ def step_key(session: str, turn: int, slot: str) -> str:
     return f"{session}.t{turn}.{slot}"
 
 
+def _earlier(call: str, run: str) -> bool:
+    """Whether ``call`` (``r3.m1``, ``r3.2``) belongs to a run other than ``run``."""
+    return not call.startswith(f"{run}.")
+
+
 class Steps:
     """``sdk.step`` and ``sdk.step_done`` for one daemon."""
 
@@ -139,7 +144,14 @@ class Steps:
                 return answer(
                     s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
                 )
-            if recorded is not None and recorded["status"] in ("intent", "decided", "started"):
+            if (
+                recorded is not None
+                and recorded["status"] in ("intent", "decided", "started")
+                # A model step an earlier run of the turn left waiting for its
+                # response (its program or the daemon died): nothing in the world
+                # changed, so it is simply asked again.
+                and not (recorded["kind"] == "model" and _earlier(recorded["call"], grant.run))
+            ):
                 raise InvalidInput(
                     f"step {slot} is already under way in this run: each step needs its own "
                     "ordinal or key (pass key= for steps started from threads)"

@@ -122,7 +122,8 @@ with connect() as run:
 
 
 def test_accepting_a_divergence_does_not_rerun_a_keyed_step_taken_before_it(d: Daemon) -> None:
-    """BUG: a keyed step is recorded with the ordinal of the *next* unkeyed step
+    """BUG (fixed on this branch).
+    A keyed step is recorded with the ordinal of the *next* unkeyed step
     (``Run._place``), and ``resolve --accept`` drops every step whose ordinal is at
     or past the divergence. So a keyed step the program took before the divergent
     step is dropped too, and the next run does its work again: a second charge."""
@@ -161,7 +162,8 @@ with connect() as run:
 
 
 def test_a_model_step_cut_off_by_a_crash_is_asked_again_and_the_turn_goes_on(d: Daemon) -> None:
-    """BUG: a model step whose program died before its response stays ``started`` in
+    """BUG (fixed on this branch).
+    A model step whose program died before its response stays ``started`` in
     the turn's step table (nothing closes it: the gate only looks at tool calls), and
     every later run that reaches it is refused "already under way in this run". The
     retries burn out on that refusal and the turn can never get past the step; only
@@ -188,7 +190,8 @@ with connect() as run:
 
 
 def test_exit_0_inside_a_safe_step_does_not_run_the_session_forever(d: Daemon) -> None:
-    """BUG: a run that exits 0 with a step left started does not end its turn, and
+    """BUG (fixed on this branch).
+    A run that exits 0 with a step left started does not end its turn, and
     ``after_run`` wakes the session again at once ('retry') without counting it as a
     failure (exit 0 resets ``failures_in_a_row``) or backing off. The gate closes a
     safe step as interrupted, the next run starts it again, exits 0 again: the
@@ -204,6 +207,7 @@ def test_exit_0_inside_a_safe_step_does_not_run_the_session_forever(d: Daemon) -
 
     outcome = wait_for(stuck_or_looping, timeout=60, what="the session to rest or loop")
     assert outcome != "looping", f"{lines(d, 'look')} runs of one turn and counting"
+    assert outcome == "blocked"
     assert lines(d, "look") <= 3  # the run and its two retries at most
 
 
