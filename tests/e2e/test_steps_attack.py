@@ -342,7 +342,7 @@ def test_bad_step_params_get_clear_refusals_and_the_daemon_stays_up(d: Daemon) -
     # the session's log still replays and exports with that result in it
     assert d.ctl("replay", "agent").returncode == 0
     bundle = d.root / "agent.bundle"
-    exported = d.ctl("export", "agent", "--out", str(bundle))
+    exported = d.ctl("export", "agent", "-o", str(bundle))
     assert exported.returncode == 0, exported.stderr
 
 
@@ -596,3 +596,182 @@ def settle_sleeping(d: Daemon) -> str:
         return None
 
     return str(wait_for(ended, timeout=60, what="the last run to end"))
+
+
+MODEL_HOLD = """
+def ask():
+    count("model")
+    if n("model") == 1:
+        hold("hold")                       # the test kills the daemon here
+    return {"say": "hi", "usage": {"input_tokens": 5, "output_tokens": 1}}
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.model_call("m-1", {"q": "hi"}, ask)
+    run.complete()
+"""
+
+
+def test_a_kill9_during_a_model_call_asks_it_once_more_and_repeats_nothing_finished(
+    d: Daemon,
+) -> None:
+    """BUG (fixed on this branch, the model step fix above): the daemon dies while
+    the model works; after the restart the turn continues once, the paid step is
+    replayed and the cut-off model request is sent again (it never answered)."""
+    program(d, MODEL_HOLD, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_for((d.root / "hold.reached").exists, what="the model call to start")
+    d.kill9()
+    (d.root / "hold").write_text("")
+    d.start()
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert lines(d, "pay") == 1
+    assert lines(d, "model") == 2
+    responded = d.json("log", "agent", "--type", "model.responded")
+    assert len(responded) == 1
+    assert d.json("show", "agent")["outcome"] == "completed"
+
+
+MODEL_TWICE = """
+import json
+with connect() as run:
+    stamp = Path("stamp.txt").read_text()             # a framework's timestamp
+    got = run.model_call("m-1", {"q": "hi", "ts": stamp},
+                         lambda: count("model") and {"say": "hi"}, strict=STRICT)
+    Path("model.seen").open("a").write(json.dumps(got) + "\\n")
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_model_step_is_never_sent_twice_even_when_its_request_changes(
+    d: Daemon, strict: bool
+) -> None:
+    """The request changes between runs of the turn (a timestamp): without strict
+    the recorded response is answered and no second request is sent; with strict it
+    is a divergence, and still nothing is sent."""
+    (d.root / "stamp.txt").write_text("t1")
+    program(d, MODEL_TWICE.replace("STRICT", str(strict)), policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    (d.root / "stamp.txt").write_text("t2")
+    since = seq(d) + 1
+    d.ctl("approve", "agent", check=True)
+    if strict:
+        blocked = wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))
+        assert "model 'm-1'" in blocked["data"]["reason"]
+        assert lines(d, "model") == 1
+        assert lines(d, "edits") == 0
+        return
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "model"), lines(d, "edits")) == (1, 1)
+    seen = (d.root / "model.seen").read_text().splitlines()
+    assert seen == ['{"say": "hi"}', '{"say": "hi"}']
+    asked = d.json("log", "agent", "--type", "model.requested")
+    assert [r["data"].get("replayed", False) for r in asked] == [False, True]
+    shown = d.json("show", "agent")
+    assert len(d.json("log", "agent", "--type", "model.responded")) == 1
+    assert shown["state"] == "terminated"
+
+
+COMPLETE_THEN_CRASH = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.complete(summary="paid")
+    count("after-complete")
+    os._exit(3)                             # dies after saying it is done
+"""
+
+
+def test_complete_then_a_crash_never_pays_twice_and_does_not_loop(d: Daemon) -> None:
+    """A program that says complete() and then crashes: the retries replay the paid
+    step; the session comes to rest (it does not run again and again)."""
+    program(d, COMPLETE_THEN_CRASH, policy=POLICY, run="retries = 2")
+    d.ctl("activate", "agent", check=True)
+    state = settled(d)
+    assert lines(d, "pay") == 1
+    assert lines(d, "after-complete") <= 3
+    assert state in ("blocked", "terminated")
+
+
+ACTIVATE_BLOCKED = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.step("charge", lambda: count("charge") and 1 / 0, side_effect="external-write")
+    run.complete()
+"""
+
+
+def test_activate_while_blocked_runs_no_finished_or_failed_step_again(d: Daemon) -> None:
+    """A failed unsafe step blocks the turn; activate (again and again) leaves it
+    blocked and runs nothing; --rerun (a person) runs the failed step once more, and
+    the paid one is replayed."""
+    program(d, ACTIVATE_BLOCKED, policy=POLICY, run="retries = 3")
+    d.ctl("activate", "agent", check=True)
+    assert settled(d) == "blocked"
+    assert (lines(d, "pay"), lines(d, "charge")) == (1, 1)
+    for _ in range(3):
+        done = d.ctl("activate", "agent")
+        assert "blocked" in done.stdout + done.stderr, done
+    assert d.json("show", "agent")["state"] == "blocked"
+    assert (lines(d, "pay"), lines(d, "charge")) == (1, 1)
+    assert len(runs(d)) == 1
+    since = seq(d) + 1
+    d.ctl("resolve", "agent", "--rerun", check=True)
+    wait_event(d, "agent", "run.finished", since=since)
+    assert settled(d) == "blocked"  # it failed again: blocked again, not retried
+    assert (lines(d, "pay"), lines(d, "charge")) == (1, 2)
+
+
+TIMEOUT_IN_STEP = """
+def pay():
+    count("pay")
+    if n("pay") == 1:
+        hold("hold")                       # never let go: the run's timeout ends it
+    return 1
+with connect() as run:
+    run.step("pay", pay)
+    run.step("ship", lambda: count("ship"))
+    run.complete()
+"""
+
+
+def test_a_timeout_in_an_unsafe_step_blocks_and_accept_never_reruns_it(d: Daemon) -> None:
+    program(d, TIMEOUT_IN_STEP, policy=POLICY, run='timeout = "1s"\nretries = 3')
+    d.ctl("activate", "agent", check=True)
+    blocked = wait_event(d, "agent", "lifecycle.changed", match=to("blocked"), timeout=60)
+    assert "pay" in blocked["data"]["reason"], blocked["data"]["reason"]
+    assert (lines(d, "pay"), lines(d, "ship")) == (1, 0)
+    assert len(runs(d)) == 1
+    d.ctl("resolve", "agent", "--accept", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "ship")) == (1, 1)
+
+
+EXPORT_MID_TURN = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.model_call("m-1", {"q": "hi"}, lambda: count("model") and {"say": "hi"})
+    run.step("edit_file", lambda: count("edits-" + run.session), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_an_exported_and_imported_turn_replays_what_the_original_did(d: Daemon) -> None:
+    """Export a session blocked mid-turn and import it as another: the copy's run
+    replays the paid step and the model's answer from the log (the world has them
+    once) and does only its own new step."""
+    program(d, EXPORT_MID_TURN, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    bundle = d.root / "agent.bundle"
+    d.ctl("export", "agent", "-o", str(bundle), check=True)
+    d.ctl("import", str(bundle), "--as", "copy", check=True)
+    shown = d.json("show", "copy")
+    assert [a["tool"] for a in shown["pending_approvals"]] == ["edit_file"]
+    d.ctl("approve", "copy", check=True)
+    wait_event(d, "copy", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "model"), lines(d, "edits-copy")) == (1, 1, 1)
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "model"), lines(d, "edits-agent")) == (1, 1, 1)
