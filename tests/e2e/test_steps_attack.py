@@ -775,3 +775,116 @@ def test_an_exported_and_imported_turn_replays_what_the_original_did(d: Daemon) 
     d.ctl("approve", "agent", check=True)
     wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
     assert (lines(d, "pay"), lines(d, "model"), lines(d, "edits-agent")) == (1, 1, 1)
+
+
+KEYED_DIVERGE = """
+import threading
+with connect() as run:
+    run.step("look", lambda: count("look"), **SAFE)                   # ordinal 1
+    which = Path("plan.txt").read_text().strip()
+    done = []
+    def worker(k, name):
+        done.append(run.step(name, lambda: count(name + "-" + k), key=k, **SAFE))
+    threads = [threading.Thread(target=worker, args=("a", "fetch")),
+               threading.Thread(target=worker, args=("b", which))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.step("pay", lambda: count("pay"))                              # ordinal 2
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_accepting_a_divergence_at_a_keyed_step_takes_only_that_step_anew(d: Daemon) -> None:
+    """The divergence is at a keyed step (a thread asked for another tool under its
+    key): after --accept that step runs on the new path; its keyed sibling and the
+    steps before are replayed; the steps after it (pay) are on the new path."""
+    (d.root / "plan.txt").write_text("peek\n")
+    program(d, KEYED_DIVERGE, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    assert (lines(d, "fetch-a"), lines(d, "peek-b"), lines(d, "pay")) == (1, 1, 1)
+    (d.root / "plan.txt").write_text("grep\n")
+    since = seq(d) + 1
+    d.ctl("approve", "agent", check=True)
+    blocked = wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))
+    assert "'grep'" in blocked["data"]["reason"]
+    since = seq(d) + 1
+    d.ctl("resolve", "agent", "--accept", check=True)
+    wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "look"), lines(d, "fetch-a")) == (1, 1)
+    assert (lines(d, "peek-b"), lines(d, "grep-b")) == (1, 1)
+    # pay came after the divergent step (ordinal 2, after the threads): on the new
+    # path it is the program's to do again, as the person accepted that path
+    assert lines(d, "pay") == 2
+    # BUG (fixed on this branch): the main thread went on after the divergence and
+    # its *approved* edit was started although the run had been told to stop; the
+    # accept then dropped it as on the new path, and it ran a second time
+    assert lines(d, "edits") == 1
+
+
+STOP_BEFORE_APPROVED = """
+with connect() as run:
+    run.step("look", lambda: count("look"), **SAFE)
+    count("runs")
+    if n("runs") == 2:                       # work between steps, in the second run:
+        Path("hold.reached").write_text("1") # the test interrupts here
+        while not run.stop_requested:
+            time.sleep(0.01)
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_a_stop_is_honoured_at_an_approved_step(d: Daemon) -> None:
+    """BUG (fixed on this branch).
+    ``sdk.step`` answered a step recorded ``approved`` by starting it even when the
+    run had been asked to stop (interrupt, suspend, shutdown, a spent budget, a
+    divergence in another thread): the daemon checked ``stop_requested`` only for
+    steps not recorded yet. The interrupted run did the approved work anyway."""
+    program(d, STOP_BEFORE_APPROVED, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_for((d.root / "hold.reached").exists, what="the second run to reach its hold")
+    d.ctl("interrupt", "agent", check=True)
+    assert settle_sleeping(d) == "sleeping"
+    assert lines(d, "edits") == 0  # the stop came first: the step did not start
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "look"), lines(d, "edits")) == (1, 1)
+
+
+def test_approve_racing_activates_starts_the_approved_step_once(d: Daemon) -> None:
+    """An approval and a burst of activates at once: however the wakes fall, the
+    approved step runs once and the finished ones are replayed."""
+    program(d, EXPORT_MID_TURN, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    import subprocess
+
+    from tests.e2e.harness import SESSIONCTL
+
+    procs = [
+        subprocess.Popen(
+            [SESSIONCTL, cmd, "agent"],
+            env=d.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for cmd in ("activate", "activate", "approve", "activate", "activate", "activate")
+    ]
+    for p in procs:
+        p.wait(60)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "model"), lines(d, "edits-agent")) == (1, 1, 1)
+    started = [
+        r
+        for r in d.json("log", "agent", "--type", "tool.started")
+        if r["data"]["tool"] == "edit_file"
+    ]
+    assert len(started) == 1
