@@ -196,6 +196,9 @@ class Steps:
             if s.run is not None and s.run.stop_requested is None:
                 s.run.stop_requested = f"approval pending for {p.name} [{call}]"
             return {"status": "ask", "call": call, "rule": "approval pending"}
+        if s.run is not None and s.run.stop_requested is not None:
+            # approved, but the run was asked to stop: it starts in a later run
+            return {"status": "stop", "call": call, "reason": s.run.stop_requested}
         # approved earlier in this turn: it starts now, exactly once
         writes = list(recorded.get("writes") or [])
         await self.ctx.table.append_many(s, [self._started_draft(s, grant, call, p.name, writes)])
