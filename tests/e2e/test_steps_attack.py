@@ -888,3 +888,70 @@ def test_approve_racing_activates_starts_the_approved_step_once(d: Daemon) -> No
         if r["data"]["tool"] == "edit_file"
     ]
     assert len(started) == 1
+
+
+SEND_THEN_ASK = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.send("other", "paid")
+    if n("pay-seen") == 0:
+        count("pay-seen")
+        Path("hold.reached").write_text("1")   # the daemon is shut down here (run 1)
+        while not run.stop_requested:
+            time.sleep(0.01)
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_a_shutdown_mid_turn_then_an_approval_sends_the_message_once(d: Daemon) -> None:
+    """A send is a step: across a daemon shutdown (a stop at a stable point), its
+    restart (the turn continues once) and an approval, the other session gets one
+    message and the paid step runs once."""
+    program(d, "with connect() as run:\n    run.sleep()\n", name="other")
+    program(d, SEND_THEN_ASK, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_for((d.root / "hold.reached").exists, what="the send to be done")
+    assert d.stop() == 0  # SIGTERM: a clean shutdown
+    d.start()
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "edits")) == (1, 1)
+    got = [
+        r["data"]
+        for r in d.json("log", "other", "--type", "message.received")
+        if r["data"]["sender"] == "agent"
+    ]
+    assert [m["text"] for m in got] == ["paid"]
+    assert [r["data"]["turn"] for r in runs(d)] == [1, 1, 1]
+
+
+def test_a_fork_of_a_session_blocked_mid_turn_is_not_blocked_on_its_parents_question(
+    d: Daemon,
+) -> None:
+    """BUG (fixed on this branch).
+    A fork of a session blocked on an approval mid-turn kept the parent's pending
+    question, though a fork starts a turn of its own (the parent's open turn is the
+    parent's work): the fork could not run until someone answered it, and the
+    answer was never used (the fork's own turn asks again under another call). The
+    parent is untouched: it pays once and its approval is its own."""
+    program(d, EXPORT_MID_TURN, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("fork", "agent", "--as", "kid", check=True)
+    assert d.json("show", "kid")["pending_approvals"] == []
+    assert [a["tool"] for a in d.json("show", "agent")["pending_approvals"]] == ["edit_file"]
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "pay"), lines(d, "model"), lines(d, "edits-agent")) == (1, 1, 1)
+    d.ctl("activate", "kid", check=True)
+    blocked = wait_event(d, "kid", "lifecycle.changed", match=to("blocked"))
+    assert blocked["data"]["reason"].startswith("approval pending for edit_file")
+    # the fork's run is a turn of its own (turn 2 of its log): its program runs from
+    # the top, so it does the parent's steps of the cut turn again (see the report)
+    assert [r["data"]["turn"] for r in runs(d, "kid")] == [1, 2]  # the parent's, its own
+    d.ctl("approve", "kid", check=True)
+    wait_event(d, "kid", "lifecycle.changed", match=to("terminated"))
+    assert lines(d, "edits-kid") == 1
+    assert lines(d, "edits-agent") == 1
