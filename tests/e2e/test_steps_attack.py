@@ -955,3 +955,63 @@ def test_a_fork_of_a_session_blocked_mid_turn_is_not_blocked_on_its_parents_ques
     wait_event(d, "kid", "lifecycle.changed", match=to("terminated"))
     assert lines(d, "edits-kid") == 1
     assert lines(d, "edits-agent") == 1
+
+
+DENY_EVERY_RUN = """
+with connect() as run:
+    try:
+        run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    except Denied:
+        count("denied")
+    run.step("deploy", lambda: count("deploy"), side_effect="external-write")
+    run.complete()
+"""
+
+
+def test_a_denial_holds_in_every_later_run_of_the_turn_across_a_kill9(d: Daemon) -> None:
+    program(d, DENY_EVERY_RUN, policy='ask = ["edit_file", "deploy"]')
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    since = seq(d) + 1
+    d.ctl("deny", "agent", check=True)
+    d.ctl("activate", "agent")  # whatever the deny left it as, the turn goes on
+    wait_event(d, "agent", "lifecycle.changed", since=since, match=to("blocked"))
+    d.kill9()
+    d.start()
+    assert d.json("show", "agent")["state"] == "blocked"
+    d.ctl("approve", "agent", check=True)  # deploy
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert (lines(d, "edits"), lines(d, "deploy")) == (0, 1)
+    assert lines(d, "denied") >= 2  # every run after the denial saw it
+
+
+VALUES = """
+import hashlib, json
+with connect() as run:
+    blob = run.step("blob", lambda: count("blob") and bytes(range(256)) * 100, **SAFE)
+    big = run.step("big", lambda: count("big") and {"rows": list(range(5000))}, **SAFE)
+    refy = run.step("refy", lambda: count("refy") and {"ref": "sha256:" + "a" * 64}, **SAFE)
+    tup = run.step("tup", lambda: count("tup") and (1, "two", None), **SAFE)
+    seen = [hashlib.sha256(blob).hexdigest(), type(blob).__name__, len(big["rows"]), refy, tup]
+    Path("values.seen").open("a").write(json.dumps(seen) + "\\n")
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_bytes_big_and_ref_shaped_results_replay_exactly(d: Daemon) -> None:
+    """Bytes (stored as an artifact), a result past the inline size, a result that
+    looks like an artifact reference and a tuple: the replay after an approval gives
+    every run the very same values, and no step ran twice."""
+    program(d, VALUES, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert [lines(d, k) for k in ("blob", "big", "refy", "tup", "edits")] == [1, 1, 1, 1, 1]
+    first, second = (d.root / "values.seen").read_text().splitlines()
+    assert first == second
+    got = orjson.loads(first)
+    assert got[1] == "bytes"
+    assert got[3] == {"ref": "sha256:" + "a" * 64}
+    assert got[4] == [1, "two", None]
