@@ -235,15 +235,14 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     if d.get("ends_turn"):
         end_turn(s)
         return
+    at = (turn["divergence"] or {}).get("key")
     turn["divergence"] = None
     start = d.get("from_ordinal")
     if start is not None:
         # the new path from here on: the steps recorded from this ordinal stay in
         # the log but are no longer answered from it
         for slot, step in list(turn["steps"].items()):
-            # A keyed step carries the ordinal of the next unkeyed one (sdk.Run._place):
-            # one that stands at ``start`` was taken before the divergent step.
-            if step["ordinal"] > start or (step["ordinal"] == start and not step["key"]):
+            if _on_new_path(step, start, at):
                 del turn["steps"][slot]
                 turn["calls"].pop(step["call"], None)
         return
@@ -256,6 +255,17 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     elif d["option"] == "accept":
         # the world as it is stands for this step's work: it is done, with no result
         step.update(status="ok", result_kind="json", result=None, result_ref=None)
+
+
+def _on_new_path(step: dict[str, Any], start: int, key: str | None) -> bool:
+    """Whether ``step`` comes at or after the divergent step (ordinal ``start``, and
+    ``key`` where it was a keyed one). A keyed step carries the ordinal of the next
+    unkeyed step (the SDK places it after the steps before it), so a keyed step at
+    ``start`` was taken *before* unkeyed step ``start``: it is not on the new path,
+    unless it is the very step that diverged."""
+    if step["ordinal"] != start:
+        return bool(step["ordinal"] > start)
+    return step["key"] is None or step["key"] == key
 
 
 def bad_steps(s: State) -> list[dict[str, Any]]:

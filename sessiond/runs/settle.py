@@ -11,7 +11,7 @@ take the end (a full disk), the session is held blocked in memory until it can.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -134,16 +134,13 @@ class Settler:
                 ),
                 correlation=call_id,
             )
-        if outcome.status == "ok" and self._step_left_started(s):
-            # Exit 0 in the middle of a step is no clean end: the step never finished.
-            # Counted as a failed run, so retries back off and then block, rather
-            # than a turn continued again and again.
-            outcome = dataclasses.replace(
-                outcome, status="failed", error="exited 0 with a step left unfinished"
-            )
         ends_turn = self._ends_turn(s, outcome)
         if ends_turn:
             await self._close_unstarted(s)
+        elif outcome.status == "ok" and self._left_a_step(s):
+            # Exit 0 in the middle of a step is no end: counted as a failure, so the
+            # turn is retried with backoff and only ``retries`` times, never in a loop.
+            outcome = replace(outcome, status="failed", error="exit 0 with a step unfinished")
         notes = []
         if truncated:
             notes.append(f"stdout cut at {len(outcome.stdout)} of {outcome.stdout_total} bytes")
@@ -186,13 +183,12 @@ class Settler:
         stop = s.run.stop_requested if s.run else None
         return stop is None and not state.pending_approvals() and not state.in_flight()
 
-    def _step_left_started(self, s: Session) -> bool:
-        """An sdk run that ends with one of its steps started and not finished."""
-        spec = s.spec
-        if spec is None or spec.run is None or spec.run.kind != "sdk":
-            return False
+    def _left_a_step(self, s: Session) -> bool:
+        """The program exited with a step started and not finished, of its own accord
+        (no stop was asked, no approval waits)."""
+        state = s.j.state
         stop = s.run.stop_requested if s.run else None
-        return stop is None and bool(s.j.state.in_flight())
+        return stop is None and not state.pending_approvals() and bool(state.in_flight())
 
     async def _close_unstarted(self, s: Session) -> None:
         """A turn that ends leaves nothing half-asked: calls never started (and their

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
@@ -96,6 +97,11 @@ def step_key(session: str, turn: int, slot: str) -> str:
     return f"{session}.t{turn}.{slot}"
 
 
+def _earlier(call: str, run: str) -> bool:
+    """Whether ``call`` (``r3.m1``, ``r3.2``) belongs to a run other than ``run``."""
+    return not call.startswith(f"{run}.")
+
+
 class Steps:
     """``sdk.step`` and ``sdk.step_done`` for one daemon."""
 
@@ -140,15 +146,12 @@ class Steps:
                 )
             if (
                 recorded is not None
-                and recorded["kind"] == "model"
-                and recorded["status"] == "started"
-                and not recorded["call"].startswith(f"{grant.run}.")
+                and recorded["status"] in ("intent", "decided", "started")
+                # A model step an earlier run of the turn left waiting for its
+                # response (its program or the daemon died): nothing in the world
+                # changed, so it is simply asked again.
+                and not (recorded["kind"] == "model" and _earlier(recorded["call"], grant.run))
             ):
-                # A model step an earlier run sent and never saw answered (a crash, a
-                # kill): a model call changes nothing in the world, so it is simply
-                # asked again. (A tool step left started is judged by the gate first.)
-                recorded = None
-            if recorded is not None and recorded["status"] in ("intent", "decided", "started"):
                 raise InvalidInput(
                     f"step {slot} is already under way in this run: each step needs its own "
                     "ordinal or key (pass key= for steps started from threads)"
@@ -176,6 +179,9 @@ class Steps:
             if s.run is not None and s.run.stop_requested is None:
                 s.run.stop_requested = f"approval pending for {p.name} [{call}]"
             return {"status": "ask", "call": call, "rule": "approval pending"}
+        if s.run is not None and s.run.stop_requested is not None:
+            # approved, but the run was asked to stop: it starts in a later run
+            return {"status": "stop", "call": call, "reason": s.run.stop_requested}
         # approved earlier in this turn: it starts now, exactly once
         writes = list(recorded.get("writes") or [])
         await self.ctx.table.append_many(s, [self._started_draft(s, grant, call, p.name, writes)])
@@ -222,7 +228,14 @@ class Steps:
     ) -> dict[str, Any]:
         spec = s.spec
         assert spec is not None
-        contract = RiskContract.model_validate(p.risk) if p.risk else STEP_RISK
+        try:
+            contract = RiskContract.model_validate(p.risk) if p.risk else STEP_RISK
+        except ValidationError as exc:
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InvalidInput(
+                f"step {p.name!r} has a bad risk contract ({wrong}); docs/sdk.md lists the "
+                "side_effect, idempotency and resume values"
+            ) from None
         call_id = await self._next_call(s, grant)
         if call_id is None:
             return {"status": "stop", "rule": "budget: tool_calls_per_run"}

@@ -71,20 +71,30 @@ class Lineage:
         armed = spec is not None and spec.has_triggers
         inherited = child_journal.state.state
         # An approval was given to the parent for one run of one call: a child that
-        # kept it could run that call a second time unasked. It asks again.
+        # kept it could run that call a second time unasked. It asks again. A
+        # question still open (or a call never started) belongs to the parent's
+        # turn, which the child does not continue: it would only block the child
+        # on a call its own turn never reaches.
         for call_id, call in sorted(child_journal.state.calls.items()):
             if call["stage"] == "approved":
-                await self.ctx.table.append(
-                    child,
-                    ObservationProjected(
-                        call=call_id,
-                        tool=call["tool"],
-                        text=f"the approval of {call['tool']} [{call_id}] stays with {name}: "
-                        "a fork does not inherit an approval it has not used",
-                        source="discarded",
-                    ),
-                    correlation=call_id,
+                text = (
+                    f"the approval of {call['tool']} [{call_id}] stays with {name}: "
+                    "a fork does not inherit an approval it has not used"
                 )
+            elif call["stage"] in ("approval", "decided", "intent"):
+                text = (
+                    f"{call['tool']} [{call_id}] stays with {name}: it is of the parent's "
+                    "turn, and a fork starts a turn of its own"
+                )
+            else:
+                continue
+            await self.ctx.table.append(
+                child,
+                ObservationProjected(
+                    call=call_id, tool=call["tool"], text=text, source="discarded"
+                ),
+                correlation=call_id,
+            )
         await self.ctx.table.append(
             child,
             LifecycleChanged.model_validate(
