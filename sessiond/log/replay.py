@@ -55,7 +55,10 @@ def _forked(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         s.merged = []
         s.current_run = None
         s.pending_wakes = []
-        s.turn = None  # the parent's open turn is the parent's work
+        # The open turn goes on in the child, as a forked process goes on from where
+        # its parent was: steps the parent finished are replayed to the child's
+        # program, never done again. (Questions the parent has open are the
+        # parent's: syscalls.lineage drops them from the child.)
         s.created_at = r["ts"]
     elif d["child"] not in s.children:
         s.children.append(d["child"])

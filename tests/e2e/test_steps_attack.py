@@ -932,10 +932,10 @@ def test_a_fork_of_a_session_blocked_mid_turn_is_not_blocked_on_its_parents_ques
 ) -> None:
     """BUG (fixed on this branch).
     A fork of a session blocked on an approval mid-turn kept the parent's pending
-    question, though a fork starts a turn of its own (the parent's open turn is the
-    parent's work): the fork could not run until someone answered it, and the
-    answer was never used (the fork's own turn asks again under another call). The
-    parent is untouched: it pays once and its approval is its own."""
+    question: the fork could not run until someone answered it. The fork goes on
+    with the parent's open turn (its finished steps replayed to the fork, never
+    redone) and asks its own question; the parent is untouched: it pays once and
+    its approval is its own."""
     program(d, EXPORT_MID_TURN, policy=POLICY)
     d.ctl("activate", "agent", check=True)
     wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
@@ -948,13 +948,14 @@ def test_a_fork_of_a_session_blocked_mid_turn_is_not_blocked_on_its_parents_ques
     d.ctl("activate", "kid", check=True)
     blocked = wait_event(d, "kid", "lifecycle.changed", match=to("blocked"))
     assert blocked["data"]["reason"].startswith("approval pending for edit_file")
-    # the fork's run is a turn of its own (turn 2 of its log): its program runs from
-    # the top, so it does the parent's steps of the cut turn again (see the report)
-    assert [r["data"]["turn"] for r in runs(d, "kid")] == [1, 2]  # the parent's, its own
+    # the fork goes on with the parent's open turn, as a forked process goes on from
+    # where its parent was: the parent's finished steps are replayed, not redone
+    assert [r["data"]["turn"] for r in runs(d, "kid")] == [1, 1]
     d.ctl("approve", "kid", check=True)
     wait_event(d, "kid", "lifecycle.changed", match=to("terminated"))
     assert lines(d, "edits-kid") == 1
     assert lines(d, "edits-agent") == 1
+    assert (lines(d, "pay"), lines(d, "model")) == (1, 1)  # nothing finished ran twice
 
 
 DENY_EVERY_RUN = """
