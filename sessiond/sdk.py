@@ -498,8 +498,10 @@ class AsyncRun:
             )
             if answer["status"] == "denied":
                 raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
-            if answer["status"] in ("stop", "diverged"):
-                raise StopRequested(f"send to {to} not done: {answer.get('rule', '')}")
+            if answer["status"] == "stop":
+                raise StopRequested(f"send to {to} not done: {answer.get('reason', '')}")
+            if answer["status"] == "diverged":
+                raise Diverged(answer.get("rule", "send diverged from the recorded turn"))
 
         await asyncio.to_thread(go)
 

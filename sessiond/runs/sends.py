@@ -62,6 +62,10 @@ class Sends:
                 return answer(s, status="ask", rule="approval pending")
             if s.run.stop_requested is not None:
                 return answer(s, status="stop", reason=s.run.stop_requested)
+            # A message to no session is refused before the step is recorded: as a
+            # failed unsafe step it would block a later run of the turn for a person,
+            # though nothing was sent.
+            self.ctx.table.get(p.to)
             call = await self.steps._next_call(s, grant)
             if call is None:
                 return answer(s, status="stop", rule="budget: tool_calls_per_run")

@@ -1016,3 +1016,32 @@ def test_bytes_big_and_ref_shaped_results_replay_exactly(d: Daemon) -> None:
     assert got[1] == "bytes"
     assert got[3] == {"ref": "sha256:" + "a" * 64}
     assert got[4] == [1, "two", None]
+
+
+SEND_TO_NOBODY = """
+from sessiond.sdk import RemoteError
+with connect() as run:
+    try:
+        run.send("nobody-here", "hello?")
+    except RemoteError as exc:
+        Path("send.err").write_text(exc.code)
+    run.step("pay", lambda: count("pay"))
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+def test_a_send_to_no_session_is_refused_before_it_is_a_step(d: Daemon) -> None:
+    """Found by the attack: a send to a session that does not exist was recorded as a
+    failed unsafe step, so the run after the approval was blocked for a person though
+    nothing had been sent. It is refused before anything is recorded."""
+    program(d, SEND_TO_NOBODY, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    assert (d.root / "send.err").read_text() == "no_such_session"
+    intents = [r["data"]["tool"] for r in d.json("log", "agent", "--type", "tool.intent")]
+    assert "send" not in intents
+    d.ctl("approve", "agent", check=True)
+    done = wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert done["data"]["outcome"] == "completed"
+    assert (lines(d, "pay"), lines(d, "edits")) == (1, 1)
