@@ -217,8 +217,17 @@ def test_a_restart_kills_what_a_dead_daemon_and_a_dead_spawner_left(mark: str) -
         d = Daemon(root)
         d.start()
         start(d, programs(mark, leader_waits=True)["double-fork"])
-        wait_for(lambda: len(marked(mark)) >= 2, what="the program's processes")
-        holder = d.json("show", "job")["pid"]
+        holder = wait_for(lambda: d.json("show", "job")["pid"], what="the run's holder")
+
+        def escaped() -> bool:
+            # the setsid'd grandchild, in a session of its own: the one that would
+            # outlive everything (the processes before it come and go, and the
+            # leader execs away its marker, so counting them races)
+            with contextlib.suppress(ProcessLookupError):
+                return any(os.getsid(p) != os.getsid(holder) for p in marked(mark))
+            return False
+
+        wait_for(escaped, what="the program's setsid'd grandchild")
         spawner = next(line["pid"] for line in d.lines if line.get("event") == "spawner.started")
         assert d.proc is not None
         # Stopped first, so that it cannot clean up after the holder: the worst case.
