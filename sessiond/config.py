@@ -195,6 +195,63 @@ class RunConfig(_Strict):
         return value
 
 
+# What a [[notify]] entry may ask for (sessiond.notify.notices says which events are which)
+NoticeEvent = Literal[
+    "approval.requested",
+    "approval.granted",
+    "approval.denied",
+    "blocked",
+    "run.failed",
+    "budget.exhausted",
+    "completed",
+    "failed",
+    "terminated",
+    "message.received",
+]
+
+DEFAULT_NOTICES: tuple[NoticeEvent, ...] = (
+    "approval.requested",
+    "blocked",
+    "run.failed",
+    "budget.exhausted",
+)
+
+
+class NotifyConfig(_Strict):
+    """One ``[[notify]]`` target: an Apprise URL and the events it wants (DESIGN.md 11)."""
+
+    url: str = Field(min_length=4)
+    events: list[NoticeEvent] = Field(default_factory=lambda: list(DEFAULT_NOTICES), min_length=1)
+    # names the target in `sessionctl notify` and keys its cursor (default: the URL's hash)
+    name: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    retry_min: Duration = 1.0
+    retry_max: Duration = 300.0
+
+    @field_validator("url")
+    @classmethod
+    def _has_scheme(cls, url: str) -> str:
+        if "://" not in url:
+            raise ValueError(
+                f"{url!r} is not an Apprise URL: write scheme://…, e.g. "
+                "'ntfy://ntfy.sh/my-topic' or 'json://127.0.0.1:8080/hook'"
+            )
+        return url
+
+
+class WebConfig(_Strict):
+    """``[web]``: what notices need of the console (its address as people reach it)."""
+
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+
+
+class OtelConfig(_Strict):
+    """``[otel]``: export the spans derived from the log (sessiond.otel) over OTLP/HTTP."""
+
+    endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    service_name: str = "sessiond"
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=default_state_dir)
     socket: Path = Field(default_factory=default_socket)
@@ -217,6 +274,9 @@ class DaemonConfig(_Strict):
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
     run: RunConfig = Field(default_factory=RunConfig)
+    notify: list[NotifyConfig] = Field(default_factory=list)
+    web: WebConfig = Field(default_factory=WebConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

@@ -33,6 +33,7 @@ from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.log.store.files import FileStore
+from sessiond.notify import Notices
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
@@ -136,6 +137,8 @@ class Daemon:
         self.program_server = Server(config, self.kernel, self.reload, endpoint="program")
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
+        self.notices = Notices(config, self.table, self.store)
+        self.kernel.observe.notices = self.notices
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -164,6 +167,9 @@ class Daemon:
             gc.collect()
             gc.freeze()
         self.store.sync_on_recover = True
+        # before anything appends: what the logs hold since each target's cursor is
+        # queued, then every append reaches the targets
+        self.notices.start()
         # A dead daemon's spawner kills its runs itself; what is left carries the
         # run marker because that spawner died too. Nothing of it may go on.
         run_user = self.config.run.identity()
@@ -328,6 +334,8 @@ class Daemon:
                 notes.append("[run] user and group changes take effect at the next start")
                 run = fresh.run.model_copy(update={"user": old_run.user, "group": old_run.group})
                 fresh = fresh.model_copy(update={"run": run})
+            if fresh.notify != self.config.notify:
+                notes.append("[[notify]] changes take effect at the next start")
             self.server.allow(fresh.access)
             self.program_server.allow(fresh.access)
             self.config = fresh
@@ -368,6 +376,7 @@ class Daemon:
         # started when its socket closes, and exits. Before the clean marker.
         await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
+        await self.notices.close()  # after the runs; what is undelivered goes at the next start
         await self.server.close()
         await self.program_server.close()
         await self.table.close()

@@ -118,6 +118,8 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
         "reload": (NoParams, lambda _: reload()),
+        "notify": (NoParams, lambda _: k.observe.notify_status()),
+        "cat": (NameParams, lambda p: k.observe.cat(p.name)),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
         # lambdas, not bound methods: the table is built before (and in the hostile
         # tests, without) a kernel; nothing is looked up until a request comes

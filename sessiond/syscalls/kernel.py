@@ -25,6 +25,7 @@ from sessiond.syscalls.approvals import Approvals
 from sessiond.syscalls.control import Control
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
+from sessiond.syscalls.observe import Observe
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
@@ -71,6 +72,8 @@ class Kernel:
         self.deny = self.approvals.deny
         self.resolve = self.approvals.resolve
         self.apply = self.approvals.apply
+        # notifications, traces, the stored spec (section 11)
+        self.observe = Observe(ctx)
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context

@@ -1,0 +1,54 @@
+"""``sessionctl notify``, ``cat`` and ``trace export``: looking at the daemon from
+outside (DESIGN.md section 11). Plain dicts from the wire, as the rest of
+sessionctl: nothing of the daemon is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sessiond.wire import Connection
+
+# sessionctl commands share one signature (conn, args, out)
+# ruff: noqa: ARG001
+
+
+def cmd_notify(conn: Connection, args: argparse.Namespace, out: Any) -> int:
+    """Each target: ok or failing, what waits, the last error. Exit 1 if one fails."""
+    d = conn.call("notify", {})
+    targets = d["targets"]
+    if out.json:
+        out.emit_json(d)
+    elif not targets:
+        print("no notification targets; add [[notify]] entries to the daemon's configuration")
+    else:
+        for t in targets:
+            state = t["state"] if t["state"] == "ok" else f"FAILING ({t['failures']} attempts)"
+            print(f"{t['target']}: {state}, {t['delivered']} delivered, {t['pending']} pending")
+            print(f"  url: {t['url']}")
+            print(f"  events: {', '.join(t['events'])}")
+            if t["last_delivered_at"]:
+                print(f"  last delivered: {t['last_delivered_at']}")
+            if t["last_error"]:
+                print(f"  last error ({t['last_error_at']}): {t['last_error']}")
+            if t["next_try_at"]:
+                print(f"  next try: {t['next_try_at']}")
+    return 1 if any(t["state"] != "ok" for t in targets) else 0
+
+
+def cmd_cat(conn: Connection, args: argparse.Namespace, out: Any) -> int:
+    d = conn.call("cat", {"name": args.name})
+    if out.json:
+        out.emit_json(d)
+    else:
+        sys.stdout.write(d["spec"] if d["spec"].endswith("\n") else d["spec"] + "\n")
+    return 0
+
+
+def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """The sub-commands of this module; ``add(name, fn, help, *positionals)``."""
+    add("notify", cmd_notify, "notification targets: delivered, pending, failing (exit 1)")
+    add("cat", cmd_cat, "print a session's stored spec (TOML)", "name")

@@ -1,0 +1,122 @@
+"""Notifications (DESIGN.md section 11): ``[[notify]]`` targets fed from the log.
+
+Every record a session's log makes durable reaches the table's listeners; a
+target that wants it (sessiond.notify.notices) queues a notice for it and
+delivers it (sessiond.notify.target). What was delivered is kept in a durable
+cursor per target (sessiond.notify.cursor), and at start-up each target reads
+the logs on from its cursor: a notice whose record was durable before a crash
+and that was not delivered yet is sent then. So none is lost, and one is sent
+twice only when the daemon was killed between its delivery and the cursor's
+write; its id (``session:seq``) is the same both times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from sessiond.config import BadConfig, DaemonConfig
+from sessiond.log.store.base import Record
+from sessiond.log.store.files import FileStore
+from sessiond.notify.cursor import Cursor
+from sessiond.notify.notices import notice_for
+from sessiond.notify.target import Target, load_apprise, target_id
+from sessiond.table.sessions import Table
+
+log = structlog.get_logger(__name__)
+
+
+class Notices:
+    """Every target of the configuration, fed from the table's appends."""
+
+    def __init__(self, config: DaemonConfig, table: Table, store: FileStore) -> None:
+        self.config = config
+        self.table = table
+        self.store = store
+        self.targets: list[Target] = []
+        # per session, the last seq every target has looked at (live or read back)
+        self._seen: dict[str, int] = {}
+        self._unlisten: Any = None
+
+    def start(self) -> None:
+        """Open the cursors, read back what is due since them, then follow the
+        appends. Call it after the table is loaded and before anything appends."""
+        if not self.config.notify:
+            return
+        ids = [target_id(t) for t in self.config.notify]
+        if len(set(ids)) != len(ids):
+            raise BadConfig(
+                "[[notify]]: two targets have the same name or URL; give each a distinct 'name'"
+            )
+        apprise = load_apprise()
+        folder = self.config.state_dir / "notify"
+        for entry, tid in zip(self.config.notify, ids, strict=True):
+            cursor = Cursor(folder / f"{tid}.cursor")
+            cursor.load()
+            self.targets.append(Target(entry, cursor, apprise))
+        self._unlisten = self.table.listen(self._on_record)
+        for target in self.targets:
+            self._catch_up(target)
+            target.start()
+
+    def _catch_up(self, target: Target) -> None:
+        """Queue what the target has not had of each log, then write its cursor whole.
+
+        Synchronous on purpose: nothing is appended meanwhile, so no live record
+        can slip between the read and the listener."""
+        public_url = self.config.web.public_url
+        positions: dict[str, int] = {}
+        since = target.cursor.since or ""
+        for s in self.table:
+            if s.journal is None:
+                continue
+            end = s.journal.state.seq
+            start = target.cursor.positions.get(s.name)
+            if target.cursor.new:
+                start = end  # a new target is told of what happens from now on
+            if start is None or start < end:
+                for record in self.store.read(s.name, since=(start or 0) + 1, upto=end):
+                    if start is None and record["ts"] < since:
+                        continue  # before the target existed
+                    notice = notice_for(s.name, record, target.wanted, public_url)
+                    if notice is not None:
+                        target.put(notice)
+            first = target.pending_from(s.name)
+            positions[s.name] = end if first is None else first - 1
+            self._seen[s.name] = max(self._seen.get(s.name, 0), end)
+        target.cursor.rewrite(positions)
+        if target.queue:
+            log.info("notify.catching_up", target=target.id, notices=len(target.queue))
+
+    def _on_record(self, session: str, record: Record) -> None:
+        seq = record["seq"]
+        if seq <= self._seen.get(session, 0):
+            return
+        first_sight = session not in self._seen
+        self._seen[session] = seq
+        public_url = self.config.web.public_url
+        for target in self.targets:
+            if first_sight and session not in target.cursor.positions:
+                # a session new since start-up (created, forked, imported): mark where
+                # its notices begin, so a restart never notifies the records a fork
+                # or an import copied into it
+                target.cursor.advance(session, seq - 1, sync=False)
+            notice = notice_for(session, record, target.wanted, public_url)
+            if notice is not None:
+                target.put(notice)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [t.status() for t in self.targets]
+
+    async def close(self) -> None:
+        """Stop delivering; write each cursor whole (so the next start reads nothing)."""
+        if self._unlisten is not None:
+            self._unlisten()
+        for target in self.targets:
+            await target.close()
+            positions = dict(target.cursor.positions)
+            for name, seq in self._seen.items():
+                first = target.pending_from(name)
+                positions[name] = max(positions.get(name, 0), seq if first is None else first - 1)
+            target.cursor.rewrite(positions)

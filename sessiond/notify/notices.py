@@ -1,0 +1,130 @@
+"""What a notice is, and which log records make one (DESIGN.md section 11).
+
+A notice is derived from one record of a session's log, so it has a stable id,
+``session:seq``: delivering it twice (after a kill between the delivery and the
+cursor's write) sends the same id twice, and a receiver drops the duplicate.
+Pure functions of the record: the delivery (sessiond.notify.target) and the
+cursor (sessiond.notify.cursor) know nothing of event types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from sessiond.describe import describe
+
+NotifyType = Literal["info", "success", "warning", "failure"]
+
+# run.finished statuses that are a failed run (an interrupt or a stop asked for is not)
+FAILED_RUNS = frozenset({"failed", "timeout", "killed", "lost"})
+
+
+def kinds(record: dict[str, Any]) -> list[str]:
+    """The notice events (``[[notify]] events``) this record is, most specific first."""
+    etype, data = record["type"], record.get("data") or {}
+    if etype in ("approval.requested", "approval.granted", "approval.denied"):
+        return [etype]
+    if etype in ("budget.exhausted", "message.received"):
+        return [etype]
+    if etype == "run.finished" and data.get("status") in FAILED_RUNS:
+        return ["run.failed"]
+    if etype == "lifecycle.changed":
+        to = data.get("to")
+        if to == "blocked":
+            return ["blocked"]
+        if to == "terminated":
+            outcome = data.get("outcome")
+            return [outcome, "terminated"] if outcome in ("completed", "failed") else ["terminated"]
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One notice for one target: what it says, and where it comes from."""
+
+    session: str
+    seq: int
+    event: str  # the notice event it was sent for (one of the target's `events`)
+    type: str  # the record's event type
+    ts: str
+    title: str
+    body: str
+    level: NotifyType
+    link: str | None
+
+    @property
+    def id(self) -> str:
+        """Stable across resends: the record's place in its session's log."""
+        return f"{self.session}:{self.seq}"
+
+
+_TITLES = {
+    "approval.requested": "needs approval",
+    "approval.granted": "approval granted",
+    "approval.denied": "approval denied",
+    "blocked": "is blocked",
+    "run.failed": "run failed",
+    "budget.exhausted": "budget exhausted",
+    "completed": "completed",
+    "failed": "failed",
+    "terminated": "terminated",
+    "message.received": "message received",
+}
+_LEVELS: dict[str, NotifyType] = {
+    "approval.requested": "warning",
+    "blocked": "warning",
+    "budget.exhausted": "warning",
+    "run.failed": "failure",
+    "failed": "failure",
+    "completed": "success",
+}
+
+
+def session_link(public_url: str | None, session: str) -> str | None:
+    """The console's page of the session, where ``[web] public_url`` is set."""
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/sessions/{quote(session)}"
+
+
+def notice_for(
+    session: str, record: dict[str, Any], wanted: frozenset[str], public_url: str | None
+) -> Notice | None:
+    """The notice a target that wants ``wanted`` gets for ``record`` of ``session``'s
+    log (named by the table: a forked log's copied records keep the parent's name)."""
+    event = next((k for k in kinds(record) if k in wanted), None)
+    if event is None:
+        return None
+    seq, data = record["seq"], record.get("data") or {}
+    title = f"sessiond: {session} {_TITLES[event]}"
+    if event.startswith("approval.") and data.get("tool"):
+        title += f": {data['tool']}"
+    link = session_link(public_url, session)
+    try:
+        what = describe(record)
+    except (KeyError, TypeError):  # a record of an older version lacks a field
+        what = ""
+    lines = [
+        f"{record['type']}: {what}",
+        f"session: {session}",
+        f"at: {record['ts']}",
+        f"id: {session}:{seq}",
+    ]
+    if event == "approval.requested":
+        lines.append(f"answer: sessionctl approve {session} --call {data.get('call', '')}")
+    if link is not None:
+        lines.append(f"open: {link}")
+    # (Signed one-shot approve/deny links go here once the console has their confirm page.)
+    return Notice(
+        session=session,
+        seq=seq,
+        event=event,
+        type=record["type"],
+        ts=record["ts"],
+        title=title,
+        body="\n".join(lines),
+        level=_LEVELS.get(event, "info"),
+        link=link,
+    )

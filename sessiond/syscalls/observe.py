@@ -1,0 +1,31 @@
+"""The syscalls of section 11 that look at the daemon from outside: notification
+targets' state (``notify``), a session's stored spec (``cat``) and its trace as
+OTLP JSON (``trace.export``). They record nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessiond.errors import Refused
+from sessiond.notify import Notices
+from sessiond.runs.context import RunContext
+
+
+class Observe:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.notices: Notices | None = None  # set by the daemon once it has started them
+
+    async def notify_status(self) -> dict[str, Any]:
+        targets = self.notices.status() if self.notices is not None else []
+        return {"targets": targets}
+
+    async def cat(self, name: str) -> dict[str, Any]:
+        s = self.ctx.table.get(name)
+        if s.spec_text is None:
+            raise Refused(
+                f"session {name!r} has no stored spec (its spec.toml is missing or unreadable); "
+                "'sessionctl show' says why"
+            )
+        return {"name": name, "spec": s.spec_text}

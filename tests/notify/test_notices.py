@@ -1,0 +1,73 @@
+"""Which records make which notice, and the cursor's file (unit tests of logic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sessiond.notify.cursor import Cursor
+from sessiond.notify.notices import kinds, notice_for
+
+
+def record(etype: str, seq: int = 7, **data: Any) -> dict[str, Any]:
+    return {"type": etype, "seq": seq, "ts": "2026-12-01T10:00:00.000000Z", "data": data}
+
+
+def test_each_notice_event_comes_from_its_records() -> None:
+    assert kinds(record("approval.requested", call="c1", tool="pay", args_sha256="x")) == [
+        "approval.requested"
+    ]
+    assert kinds(record("lifecycle.changed", to="blocked")) == ["blocked"]
+    done = record("lifecycle.changed", to="terminated", outcome="completed")
+    assert kinds(done) == ["completed", "terminated"]
+    assert kinds(record("lifecycle.changed", to="terminated", outcome="cancelled")) == [
+        "terminated"
+    ]
+    assert kinds(record("run.finished", status="timeout")) == ["run.failed"]
+    assert kinds(record("run.finished", status="interrupted")) == []
+    assert kinds(record("run.finished", status="ok")) == []
+    assert kinds(record("budget.exhausted")) == ["budget.exhausted"]
+    assert kinds(record("wake.requested", trigger="manual")) == []
+
+
+def test_a_notice_is_only_for_what_the_target_wants_and_names_its_session() -> None:
+    rec = record(
+        "lifecycle.changed",
+        seq=12,
+        to="terminated",
+        outcome="completed",
+        reason="",
+        **{"from": "running"},
+    )
+    assert notice_for("s", rec, frozenset({"blocked"}), None) is None
+    notice = notice_for("child", rec, frozenset({"terminated"}), "http://c:8/")
+    assert notice is not None
+    assert notice.id == "child:12"
+    assert notice.event == "terminated"
+    assert notice.link == "http://c:8/sessions/child"
+    assert "id: child:12" in notice.body
+    # a target that wants both gets one notice, for the more specific event
+    both = notice_for("child", rec, frozenset({"terminated", "completed"}), None)
+    assert both is not None
+    assert both.event == "completed"
+    assert both.link is None
+    assert both.level == "success"
+
+
+def test_the_cursor_keeps_the_last_step_and_skips_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.cursor"
+    cursor = Cursor(path)
+    cursor.load()
+    assert cursor.new
+    cursor.rewrite({"a": 3})
+    cursor.advance("a", 5, sync=True)
+    cursor.advance("b", 1, sync=False)
+    cursor.advance("a", 4, sync=True)  # behind: nothing written
+    cursor.close()
+    with path.open("ab") as f:
+        f.write(b'{"s":"a","q":9')  # a kill in the middle of a write
+    again = Cursor(path)
+    again.load()
+    assert not again.new
+    assert again.positions == {"a": 5, "b": 1}
+    assert again.since == cursor.since
