@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sessiond.wire import Connection
+from sessiond.wire import Connection, RemoteError
 
 # sessionctl commands share one signature (conn, args, out)
 # ruff: noqa: ARG001
@@ -48,7 +48,35 @@ def cmd_cat(conn: Connection, args: argparse.Namespace, out: Any) -> int:
     return 0
 
 
+def cmd_trace(conn: Connection, args: argparse.Namespace, out: Any) -> int:
+    """``trace export S [-o FILE]``: the session's spans as OTLP JSON."""
+    import orjson
+
+    d = conn.call("trace.export", {"name": args.name})
+    data = orjson.dumps(d["otlp"], option=orjson.OPT_APPEND_NEWLINE)
+    if args.output in (None, "-"):
+        sys.stdout.buffer.write(data)
+        return 0
+    try:
+        with open(args.output, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise RemoteError(
+            "invalid_input", f"cannot write {args.output}: {exc.strerror}", 5
+        ) from None
+    summary = {"name": args.name, "spans": d["spans"], "output": args.output}
+    if out.json:
+        out.emit_json(summary)
+    else:
+        print(f"wrote {d['spans']} spans of {args.name} to {args.output} (OTLP JSON)")
+    return 0
+
+
 def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     """The sub-commands of this module; ``add(name, fn, help, *positionals)``."""
     add("notify", cmd_notify, "notification targets: delivered, pending, failing (exit 1)")
     add("cat", cmd_cat, "print a session's stored spec (TOML)", "name")
+    tr = add("trace", cmd_trace, "a session's trace (OpenTelemetry spans from its log)")
+    tr.add_argument("action", choices=["export"])
+    tr.add_argument("name")
+    tr.add_argument("-o", "--output", metavar="FILE", help="write it here (default: stdout)")

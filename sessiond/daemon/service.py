@@ -34,6 +34,7 @@ from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.log.store.files import FileStore
 from sessiond.notify import Notices
+from sessiond.otel import Traces
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
@@ -139,6 +140,7 @@ class Daemon:
         self.notifier = Notifier(env)
         self.notices = Notices(config, self.table, self.store)
         self.kernel.observe.notices = self.notices
+        self.traces = Traces(config, self.table)
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -170,6 +172,7 @@ class Daemon:
         # before anything appends: what the logs hold since each target's cursor is
         # queued, then every append reaches the targets
         self.notices.start()
+        self.traces.start()
         # A dead daemon's spawner kills its runs itself; what is left carries the
         # run marker because that spawner died too. Nothing of it may go on.
         run_user = self.config.run.identity()
@@ -377,6 +380,7 @@ class Daemon:
         await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.notices.close()  # after the runs; what is undelivered goes at the next start
+        await self.traces.close()
         await self.server.close()
         await self.program_server.close()
         await self.table.close()

@@ -120,6 +120,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "reload": (NoParams, lambda _: reload()),
         "notify": (NoParams, lambda _: k.observe.notify_status()),
         "cat": (NameParams, lambda p: k.observe.cat(p.name)),
+        "trace.export": (NameParams, lambda p: k.observe.trace_export(p.name)),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
         # lambdas, not bound methods: the table is built before (and in the hostile
         # tests, without) a kernel; nothing is looked up until a request comes

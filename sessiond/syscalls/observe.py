@@ -5,10 +5,13 @@ OTLP JSON (``trace.export``). They record nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from sessiond.errors import Refused
 from sessiond.notify import Notices
+from sessiond.otel import otlp_json
+from sessiond.otel.spans import SpanBuilder
 from sessiond.runs.context import RunContext
 
 
@@ -29,3 +32,16 @@ class Observe:
                 "'sessionctl show' says why"
             )
         return {"name": name, "spec": s.spec_text}
+
+    async def trace_export(self, name: str) -> dict[str, Any]:
+        """The session's spans as OTLP JSON, derived from its log now."""
+        s = self.ctx.table.get(name)
+        agent = s.spec.agent if s.spec is not None else ""
+        store, service = self.ctx.store, self.ctx.config.otel.service_name
+
+        def build() -> dict[str, Any]:  # a worker thread: a long log is read and encoded
+            builder = SpanBuilder(name, agent)
+            spans = [span for record in store.read(name) for span in builder.feed(record)]
+            return {"spans": len(spans), "otlp": otlp_json(spans, service)}
+
+        return await asyncio.to_thread(build)
