@@ -74,7 +74,7 @@ def test_a_run_and_its_steps_are_exported_live_and_by_trace_export(tmp_path: Pat
             d.ctl("trace", "export", "fixer", "-o", str(out), check=True)
             printed = orjson.loads(d.ctl("trace", "export", "fixer", check=True).stdout)
 
-    by_type = {}
+    by_type: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         by_type.setdefault(e["type"], []).append(e)
     [run] = [s for s in spans if s.name.startswith("invoke_agent")]
