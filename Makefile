@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean
+.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -99,3 +99,7 @@ install-user:
 
 clean:
 	rm -rf $(VENV) state .demo-state .bench-work .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# The man pages, from the parsers (committed in man/; a test fails when they are stale).
+man: $(STAMP)
+	$(BIN)/python -m sessiond.manpages man

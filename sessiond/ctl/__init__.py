@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers, ops
+from sessiond.ctl import answers, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -422,27 +422,6 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
 
 
-COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
-            "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
-            "approve", "deny", "resolve", "apply", "export", "import", "reload",
-            "notify", "cat", "completion"]  # fmt: skip
-
-BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
-_sessionctl() {
-    local cur=${COMP_WORDS[COMP_CWORD]}
-    if [ "$COMP_CWORD" -eq 1 ]; then
-        COMPREPLY=($(compgen -W "%s" -- "$cur"))
-    elif [ "$COMP_CWORD" -eq 2 ]; then
-        local names
-        names=$(sessionctl ps --json 2>/dev/null | tr ',' '\\n' \\
-            | sed -n 's/.*"name":"\\([^"]*\\)".*/\\1/p')
-        COMPREPLY=($(compgen -W "$names" -- "$cur"))
-    fi
-}
-complete -o default -F _sessionctl sessionctl
-"""
-
-
 def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
     p = argparse.ArgumentParser(prog="sessionctl", description="Control the sessiond daemon.")
     p.add_argument("--version", action="version", version=f"sessionctl {__version__}")
@@ -540,8 +519,14 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
-    co = sub.add_parser("completion", help="print a shell completion script")
-    co.add_argument("shell", choices=["bash"])
+    offline.add_parsers(sub, common)
+    co = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description='bash: eval "$(sessionctl completion bash)"; zsh: sessionctl '
+        "completion zsh > ~/.zfunc/_sessionctl",
+    )
+    co.add_argument("shell", choices=["bash", "zsh"])
     co.set_defaults(fn=None)
     return p
 
@@ -549,11 +534,14 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Out(args.json)
-    if args.command == "completion":
-        print(BASH_COMPLETION % " ".join(COMMANDS), end="")
-        return 0
     path = args.socket or default_socket()
     try:
+        if args.command == "completion":
+            print(offline.completion(parser(), args.shell), end="")
+            return 0
+        if getattr(args, "offline", None) is not None:  # check, schema: no daemon
+            done: int = args.offline(args, out)
+            return done
         if args.command == "log":
             _log_params(args)  # a usage error needs no daemon
         timeout = None if args.command == "log" else 120
