@@ -13,6 +13,7 @@ import grp
 import math
 import os
 import pwd
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -195,8 +196,9 @@ class RunConfig(_Strict):
         return value
 
 
-# What a [[notify]] entry may ask for (sessiond.notify.notices says which events are which)
-NoticeEvent = Literal[
+# What a [[notify]] entry may ask for, besides any event type of the log (e.g.
+# "tool.finished"): sessiond.notify.notices says which records are which.
+NOTICE_EVENTS = (
     "approval.requested",
     "approval.granted",
     "approval.denied",
@@ -207,25 +209,31 @@ NoticeEvent = Literal[
     "failed",
     "terminated",
     "message.received",
-]
-
-DEFAULT_NOTICES: tuple[NoticeEvent, ...] = (
-    "approval.requested",
-    "blocked",
-    "run.failed",
-    "budget.exhausted",
 )
+DEFAULT_NOTICES = ("approval.requested", "blocked", "run.failed", "budget.exhausted")
 
 
 class NotifyConfig(_Strict):
     """One ``[[notify]]`` target: an Apprise URL and the events it wants (DESIGN.md 11)."""
 
     url: str = Field(min_length=4)
-    events: list[NoticeEvent] = Field(default_factory=lambda: list(DEFAULT_NOTICES), min_length=1)
+    events: list[str] = Field(default_factory=lambda: list(DEFAULT_NOTICES), min_length=1)
     # names the target in `sessionctl notify` and keys its cursor (default: the URL's hash)
     name: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     retry_min: Duration = 1.0
     retry_max: Duration = 300.0
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, events: list[str]) -> list[str]:
+        # event types of the log are checked against the log's own list at start-up
+        for event in events:
+            if event not in NOTICE_EVENTS and not re.fullmatch(r"[a-z]+\.[a-z_]+", event):
+                raise ValueError(
+                    f"{event!r} is not an event: use {', '.join(NOTICE_EVENTS)}, "
+                    "or an event type of the log (docs/events.md)"
+                )
+        return events
 
     @field_validator("url")
     @classmethod

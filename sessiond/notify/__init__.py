@@ -16,7 +16,8 @@ from typing import Any
 
 import structlog
 
-from sessiond.config import BadConfig, DaemonConfig
+from sessiond.config import NOTICE_EVENTS, BadConfig, DaemonConfig
+from sessiond.log.events import CURRENT_VERSION as EVENT_TYPES
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
 from sessiond.notify.cursor import Cursor
@@ -49,6 +50,13 @@ class Notices:
             raise BadConfig(
                 "[[notify]]: two targets have the same name or URL; give each a distinct 'name'"
             )
+        for entry in self.config.notify:
+            unknown = [e for e in entry.events if e not in NOTICE_EVENTS and e not in EVENT_TYPES]
+            if unknown:
+                raise BadConfig(
+                    f"[[notify]] {target_id(entry)}: events: {', '.join(unknown)}: no such event; "
+                    f"use {', '.join(NOTICE_EVENTS)}, or an event type of docs/events.md"
+                )
         apprise = load_apprise()
         folder = self.config.state_dir / "notify"
         for entry, tid in zip(self.config.notify, ids, strict=True):

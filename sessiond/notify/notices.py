@@ -22,7 +22,13 @@ FAILED_RUNS = frozenset({"failed", "timeout", "killed", "lost"})
 
 
 def kinds(record: dict[str, Any]) -> list[str]:
-    """The notice events (``[[notify]] events``) this record is, most specific first."""
+    """The notice events (``[[notify]] events``) this record is, most specific
+    first; its own event type last (a target may ask for any)."""
+    named = _named(record)
+    return named if record["type"] in named else [*named, record["type"]]
+
+
+def _named(record: dict[str, Any]) -> list[str]:
     etype, data = record["type"], record.get("data") or {}
     if etype in ("approval.requested", "approval.granted", "approval.denied"):
         return [etype]
@@ -98,7 +104,7 @@ def notice_for(
     if event is None:
         return None
     seq, data = record["seq"], record.get("data") or {}
-    title = f"sessiond: {session} {_TITLES[event]}"
+    title = f"sessiond: {session} {_TITLES.get(event, event)}"
     if event.startswith("approval.") and data.get("tool"):
         title += f": {data['tool']}"
     link = session_link(public_url, session)

@@ -91,6 +91,28 @@ def test_a_clean_restart_sends_nothing_twice() -> None:
         ]
 
 
+def test_a_kill_right_after_the_event_is_durable_delivers_it_after_restart() -> None:
+    """The daemon dies (SIGKILL, the fault hook) in the same step that made
+    tool.finished durable: its notice was queued, never sent. After a restart it
+    is sent, with the id of that record."""
+    with receiving() as receiver:
+        faulty = 'fault = "after-finished"\n' + config(receiver, '["tool.finished"]')
+        with running(faulty) as d:
+            spec = d.write_spec("job", f'name = "job"\n[run]\nexec = ["true"]\ncwd = "{d.root}"\n')
+            d.ctl("create", str(spec), check=True)
+            d.ctl("activate", "job")
+            assert d.proc is not None
+            assert d.proc.wait(60) == -9  # killed itself right after the append
+            assert receiver.requests == []  # nothing was delivered before the kill
+            d.config.write_text(d.config.read_text().replace('fault = "after-finished"', ""))
+            d.start()
+            [finished, *_] = d.json("log", "job", "--type", "tool.finished")
+            [notice, *_] = receiver.wait(notices)
+            assert notice["notice_id"] == f"job:{finished['seq']}"
+            assert notice["event"] == "tool.finished"
+            assert "tool.finished" in notice["message"]
+
+
 def test_a_kill_between_event_and_delivery_still_delivers_after_restart() -> None:
     with receiving(status=503) as receiver, running(config(receiver)) as d:
         seq = ask(d, "victim")

@@ -14,20 +14,18 @@ def record(etype: str, seq: int = 7, **data: Any) -> dict[str, Any]:
 
 
 def test_each_notice_event_comes_from_its_records() -> None:
-    assert kinds(record("approval.requested", call="c1", tool="pay", args_sha256="x")) == [
-        "approval.requested"
-    ]
-    assert kinds(record("lifecycle.changed", to="blocked")) == ["blocked"]
+    asked = record("approval.requested", call="c1", tool="pay", args_sha256="x")
+    assert kinds(asked) == ["approval.requested"]
+    assert kinds(record("lifecycle.changed", to="blocked")) == ["blocked", "lifecycle.changed"]
     done = record("lifecycle.changed", to="terminated", outcome="completed")
-    assert kinds(done) == ["completed", "terminated"]
-    assert kinds(record("lifecycle.changed", to="terminated", outcome="cancelled")) == [
-        "terminated"
-    ]
-    assert kinds(record("run.finished", status="timeout")) == ["run.failed"]
-    assert kinds(record("run.finished", status="interrupted")) == []
-    assert kinds(record("run.finished", status="ok")) == []
+    assert kinds(done) == ["completed", "terminated", "lifecycle.changed"]
+    cancelled = record("lifecycle.changed", to="terminated", outcome="cancelled")
+    assert kinds(cancelled) == ["terminated", "lifecycle.changed"]
+    assert kinds(record("run.finished", status="timeout")) == ["run.failed", "run.finished"]
+    assert kinds(record("run.finished", status="interrupted")) == ["run.finished"]
+    assert kinds(record("run.finished", status="ok")) == ["run.finished"]
     assert kinds(record("budget.exhausted")) == ["budget.exhausted"]
-    assert kinds(record("wake.requested", trigger="manual")) == []
+    assert kinds(record("wake.requested", trigger="manual")) == ["wake.requested"]
 
 
 def test_a_notice_is_only_for_what_the_target_wants_and_names_its_session() -> None:
@@ -39,7 +37,11 @@ def test_a_notice_is_only_for_what_the_target_wants_and_names_its_session() -> N
         reason="",
         **{"from": "running"},
     )
-    assert notice_for("s", rec, frozenset({"blocked"}), None) is None
+    assert notice_for("s", rec, frozenset({"blocked", "run.failed"}), None) is None
+    raw = notice_for("s", rec, frozenset({"lifecycle.changed"}), None)
+    assert raw is not None
+    assert raw.event == "lifecycle.changed"
+    assert raw.title == "sessiond: s lifecycle.changed"
     notice = notice_for("child", rec, frozenset({"terminated"}), "http://c:8/")
     assert notice is not None
     assert notice.id == "child:12"
