@@ -26,7 +26,11 @@ def cmd_notify(conn: Connection, args: argparse.Namespace, out: Any) -> int:
         print("no notification targets; add [[notify]] entries to the daemon's configuration")
     else:
         for t in targets:
-            state = t["state"] if t["state"] == "ok" else f"FAILING ({t['failures']} attempts)"
+            state = {
+                "ok": "ok",
+                "failing": f"FAILING ({t['failures']} attempts)",
+                "stopped": "STOPPED (its delivery ended by a bug: restart the daemon)",
+            }.get(t["state"], t["state"])
             print(f"{t['target']}: {state}, {t['delivered']} delivered, {t['pending']} pending")
             print(f"  url: {t['url']}")
             print(f"  events: {', '.join(t['events'])}")

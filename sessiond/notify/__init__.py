@@ -12,6 +12,8 @@ write; its id (``session:seq``) is the same both times.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import structlog
@@ -20,7 +22,7 @@ from sessiond.config import NOTICE_EVENTS, BadConfig, DaemonConfig
 from sessiond.log.events import CURRENT_VERSION as EVENT_TYPES
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
-from sessiond.notify.cursor import Cursor
+from sessiond.notify.cursor import CHECKPOINT, Cursor
 from sessiond.notify.notices import notice_for
 from sessiond.notify.target import Target, load_apprise, target_id
 from sessiond.table.sessions import Table
@@ -39,6 +41,8 @@ class Notices:
         # per session, the last seq every target has looked at (live or read back)
         self._seen: dict[str, int] = {}
         self._unlisten: Any = None
+        self._moved = asyncio.Event()  # records came since the last checkpoint
+        self._checkpoints: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Open the cursors, read back what is due since them, then follow the
@@ -67,6 +71,7 @@ class Notices:
         for target in self.targets:
             self._catch_up(target)
             target.start()
+        self._checkpoints = asyncio.ensure_future(self._checkpoint_loop())
 
     def _catch_up(self, target: Target) -> None:
         """Queue what the target has not had of each log, then write its cursor whole.
@@ -103,6 +108,7 @@ class Notices:
             return
         first_sight = session not in self._seen
         self._seen[session] = seq
+        self._moved.set()
         public_url = self.config.web.public_url
         for target in self.targets:
             if first_sight and session not in target.cursor.positions:
@@ -117,14 +123,39 @@ class Notices:
     def status(self) -> list[dict[str, Any]]:
         return [t.status() for t in self.targets]
 
+    def _positions(self, target: Target) -> dict[str, int]:
+        """Where each session is done for ``target``: what it has looked at, short of
+        the first notice still to deliver."""
+        positions = dict(target.cursor.positions)
+        for name, seq in self._seen.items():
+            first = target.pending_from(name)
+            positions[name] = max(positions.get(name, 0), seq if first is None else first - 1)
+        return positions
+
+    async def _checkpoint_loop(self) -> None:
+        """Rewrite the cursors now and then while events come (in a worker thread),
+        so that a start-up after a crash has little of the logs to read again."""
+        while True:
+            await self._moved.wait()
+            await asyncio.sleep(CHECKPOINT)  # at most one rewrite a period
+            self._moved.clear()
+            for target in self.targets:
+                try:
+                    await asyncio.to_thread(target.cursor.rewrite, self._positions(target))
+                except OSError as exc:  # the appended lines still hold; try again later
+                    log.warning("notify.checkpoint_failed", target=target.id, error=str(exc))
+
     async def close(self) -> None:
         """Stop delivering; write each cursor whole (so the next start reads nothing)."""
         if self._unlisten is not None:
             self._unlisten()
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoints
         for target in self.targets:
             await target.close()
-            positions = dict(target.cursor.positions)
-            for name, seq in self._seen.items():
-                first = target.pending_from(name)
-                positions[name] = max(positions.get(name, 0), seq if first is None else first - 1)
-            target.cursor.rewrite(positions)
+            try:
+                target.cursor.rewrite(self._positions(target))
+            except OSError as exc:  # the appended lines still hold: nothing is lost
+                log.error("notify.cursor_unwritable", target=target.id, error=str(exc))

@@ -7,7 +7,9 @@ a session wins. Lines are appended as notices are delivered (written and
 fsynced right after each delivery, so only a kill between the two may send one
 again); the file is rewritten whole, atomically, at start-up and at a clean stop.
 A torn last line (a kill in the middle of a write) is ignored: its step is
-taken again, which is at most one resend.
+taken again, which is at most one resend. The daemon also rewrites it every
+``CHECKPOINT`` seconds while events come, so a start-up after a crash reads
+only the logs' newest events.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import orjson
 from sessiond.log.store.durable import write_all, write_durable
 
 FILE_MODE = 0o600
+CHECKPOINT = 60.0  # seconds between whole rewrites while events come
 
 
 class Cursor:
@@ -62,14 +65,20 @@ class Cursor:
 
     def rewrite(self, positions: dict[str, int]) -> None:
         """Replace the file with one line per session (blocking: call it off the loop
-        when the loop serves)."""
-        self.close()
-        self.positions = dict(positions)
-        lines = [orjson.dumps({"since": self.since})]
-        lines += [orjson.dumps({"s": s, "q": q}) for s, q in sorted(positions.items())]
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_durable(self.path, b"\n".join(lines) + b"\n")
-        self.new = False
+        when the loop serves). A step the delivery thread took meanwhile is kept."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            merged = dict(positions)
+            for session, seq in self.positions.items():
+                merged[session] = max(merged.get(session, 0), seq)
+            lines = [orjson.dumps({"since": self.since})]
+            lines += [orjson.dumps({"s": s, "q": q}) for s, q in sorted(merged.items())]
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_durable(self.path, b"\n".join(lines) + b"\n")
+            self.positions = merged
+            self.new = False
 
     def advance(self, session: str, seq: int, *, sync: bool) -> None:
         """Record that ``session`` is done up to ``seq``; with ``sync``, durably
@@ -77,7 +86,6 @@ class Cursor:
         with self._lock:
             if seq <= self.positions.get(session, -1):
                 return
-            self.positions[session] = seq
             if self._fd is None:
                 self._fd = os.open(
                     self.path,
@@ -87,6 +95,7 @@ class Cursor:
             write_all(self._fd, orjson.dumps({"s": session, "q": seq}) + b"\n")
             if sync:
                 os.fsync(self._fd)
+            self.positions[session] = seq  # only once it is written
 
     def close(self) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ its later notices back rather than send them out of order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import warnings
@@ -71,6 +72,7 @@ class Target:
         self.last_error_at: float | None = None
         self.last_delivered_at: float | None = None
         self.next_try_at: float | None = None
+        self.crashed: str | None = None  # the delivery loop ended by a bug (restart to retry)
 
     # --- the queue -----------------------------------------------------------------
 
@@ -84,16 +86,20 @@ class Target:
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._deliver_all())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A delivery loop that ended by a bug says so, in the log and the status."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.crashed = f"{type(exc).__name__}: {exc}"
+            log.error("notify.crashed", target=self.id, error=self.crashed)
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            # a crash was logged by _ended
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # a bug in the delivery: its cursor is still written whole
-                log.exception("notify.crashed", target=self.id)
         self.cursor.close()
 
     async def _deliver_all(self) -> None:
@@ -106,7 +112,13 @@ class Target:
             if error is None:
                 # durable before the notice leaves the queue: a kill after the send
                 # and before this write is the only way it is sent again
-                await asyncio.to_thread(self.cursor.advance, notice.session, notice.seq, sync=True)
+                try:
+                    await asyncio.to_thread(
+                        self.cursor.advance, notice.session, notice.seq, sync=True
+                    )
+                except OSError as exc:  # delivered, not recorded: sent again, as after a kill
+                    error = f"delivered, but its cursor could not be written: {exc}"
+            if error is None:
                 self.queue.popleft()
                 self.delivered += 1
                 self.failures = 0
@@ -117,7 +129,8 @@ class Target:
             self.failures += 1
             self.failed_total += 1
             self.last_error, self.last_error_at = error, time.time()
-            delay = min(self.config.retry_min * 2 ** (self.failures - 1), self.config.retry_max)
+            doublings = min(self.failures - 1, 40)  # 2**40 s is past any retry_max
+            delay = min(self.config.retry_min * 2**doublings, self.config.retry_max)
             self.next_try_at = time.time() + delay
             log.warning(
                 "notify.failed",
@@ -174,12 +187,12 @@ class Target:
             "target": self.id,
             "url": self.shown_url,
             "events": list(self.config.events),
-            "state": "failing" if self.failures else "ok",
+            "state": "stopped" if self.crashed else ("failing" if self.failures else "ok"),
             "pending": len(self.queue),
             "delivered": self.delivered,
             "failures": self.failures,
             "failed_total": self.failed_total,
-            "last_error": self.last_error,
+            "last_error": self.crashed or self.last_error,
             "last_error_at": _iso(self.last_error_at),
             "last_delivered_at": _iso(self.last_delivered_at),
             "next_try_at": _iso(self.next_try_at) if self.failures else None,

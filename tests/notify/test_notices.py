@@ -73,3 +73,14 @@ def test_the_cursor_keeps_the_last_step_and_skips_a_torn_line(tmp_path: Path) ->
     assert not again.new
     assert again.positions == {"a": 5, "b": 1}
     assert again.since == cursor.since
+
+
+def test_a_rewrite_keeps_a_step_the_delivery_took_meanwhile(tmp_path: Path) -> None:
+    cursor = Cursor(tmp_path / "t.cursor")
+    cursor.load()
+    cursor.rewrite({"a": 1, "b": 4})
+    cursor.advance("a", 6, sync=True)  # the delivery thread, after positions were computed
+    cursor.rewrite({"a": 5, "b": 4, "c": 2})
+    again = Cursor(tmp_path / "t.cursor")
+    again.load()
+    assert again.positions == {"a": 6, "b": 4, "c": 2}
