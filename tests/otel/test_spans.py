@@ -26,7 +26,7 @@ RUN = log(
     (
         "model.responded",
         {"model": "m-2", "request_id": "q1", "status": "ok", "tokens_in": 10, "tokens_out": 3},
-    ),  # fmt: skip
+    ),
     ("tool.started", {"call": "c2", "tool": "edit", "attempt": 1}),
     ("run.finished", {"run": "r1", "status": "lost", "exit_code": None, "error": "cut off"}),
 )
