@@ -96,12 +96,31 @@ def test_bash_completion_offers_commands_options_and_session_names() -> None:
         assert complete("sessionctl", "cancel", "b") == ["beta"]
 
 
-def test_zsh_completion_is_generated_from_the_same_parser() -> None:
+def test_zsh_completion_registers_and_offers_session_names() -> None:
     script = ctl("completion", "zsh").stdout
     assert script.startswith("#compdef sessionctl")
-    assert "_sessionctl_sessions" in script
-    assert "--follow" in script
-    assert "trace" in script
+    assert '{-f,--follow}' in script
+    folder = short_dir()
+    (folder / "_sessionctl").write_text(script)
+    assert subprocess.run(["zsh", "-n", str(folder / "_sessionctl")], check=False).returncode == 0
+    with running() as d:
+        spec = d.write_spec("gamma", GOOD.replace("tidy", "gamma").format(ws=d.root))
+        d.ctl("create", str(spec), check=True)
+        # loaded as `eval "$(sessionctl completion zsh)"` does; _describe (the
+        # completion system's) stubbed to print what it would offer
+        probe = (
+            "compdef() { print compdef $* }\n"
+            f'eval "$(<{folder / "_sessionctl"})"\n'
+            "_describe() { print -l -- ${(P)2} }\n"
+            "_sessionctl_sessions\n"
+        )
+        env = {**d.env, "PATH": f"{BIN}:/usr/bin:/bin"}
+        done = subprocess.run(
+            ["zsh", "-f", "-c", probe], capture_output=True, text=True, env=env, timeout=60,
+            check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["compdef _shtab_sessionctl -N sessionctl", "gamma"]
 
 
 def test_the_committed_man_pages_are_what_the_parsers_say() -> None:
