@@ -99,7 +99,7 @@ def test_bash_completion_offers_commands_options_and_session_names() -> None:
 def test_zsh_completion_registers_and_offers_session_names() -> None:
     script = ctl("completion", "zsh").stdout
     assert script.startswith("#compdef sessionctl")
-    assert '{-f,--follow}' in script
+    assert "{-f,--follow}" in script
     folder = short_dir()
     (folder / "_sessionctl").write_text(script)
     assert subprocess.run(["zsh", "-n", str(folder / "_sessionctl")], check=False).returncode == 0

@@ -156,3 +156,20 @@ def test_a_failing_target_is_retried_until_it_takes_the_notice() -> None:
         status = d.json("notify")["targets"][0]
         assert status["failed_total"] >= 3
         assert status["delivered"] >= 1
+
+
+def test_a_bad_target_stops_start_up_with_a_clear_error() -> None:
+    cases = [
+        ('url = "nosuch://x"', "nosuch://… is not a URL Apprise knows"),
+        ('url = "json://127.0.0.1:9/h"\nevents = ["tool.finishd"]', "tool.finishd: no such event"),
+        ('url = "json://127.0.0.1:9/h"\nevents = ["Blocked!"]', "'Blocked!' is not an event"),
+        ('url = "ntfy.sh/topic"', "is not an Apprise URL"),
+    ]
+    for entry, message in cases:
+        d = Daemon(short_dir(), f"[[notify]]\n{entry}\n")
+        d.start(wait=False)
+        assert d.proc is not None
+        assert d.proc.wait(60) in (1, 2)
+        d.stop()
+        text = " ".join(str(line.get("text", "")) for line in d.lines)
+        assert message in text, text
