@@ -59,6 +59,10 @@ class Notice:
     body: str
     level: NotifyType
     link: str | None
+    # (label, url) buttons a person can use from the notice. The place for the
+    # signed one-shot approve / deny links of an approval, once the web console
+    # has the confirm page they open (DESIGN.md section 11); none yet.
+    actions: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -122,7 +126,6 @@ def notice_for(
         lines.append(f"answer: sessionctl approve {session} --call {data.get('call', '')}")
     if link is not None:
         lines.append(f"open: {link}")
-    # (Signed one-shot approve/deny links go here once the console has their confirm page.)
     return Notice(
         session=session,
         seq=seq,
@@ -134,3 +137,8 @@ def notice_for(
         level=_LEVELS.get(event, "info"),
         link=link,
     )
+
+
+def rendered(notice: Notice) -> str:
+    """The text a person reads: the body, then one line per action."""
+    return "\n".join([notice.body, *(f"{label}: {url}" for label, url in notice.actions)])

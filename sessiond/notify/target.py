@@ -23,7 +23,7 @@ import structlog
 
 from sessiond.config import BadConfig, NotifyConfig
 from sessiond.notify.cursor import Cursor
-from sessiond.notify.notices import Notice
+from sessiond.notify.notices import Notice, rendered
 
 log = structlog.get_logger(__name__)
 
@@ -159,6 +159,8 @@ class Target:
         }
         if notice.link is not None:
             fields[":link"] = notice.link
+        for label, url in notice.actions:
+            fields[f":{label}_url"] = url
         query = "&".join(f"{quote(k, safe=':+')}={quote(v, safe='')}" for k, v in fields.items())
         return self.config.url + ("&" if "?" in self.config.url else "?") + query
 
@@ -171,7 +173,9 @@ class Target:
         with apprise.LogCapture(level=apprise.logging.WARNING) as captured:
             try:
                 ok = bool(
-                    sender.notify(body=notice.body, title=notice.title, notify_type=notice.level)
+                    sender.notify(
+                        body=rendered(notice), title=notice.title, notify_type=notice.level
+                    )
                 )
             except Exception as exc:  # a plugin's bug must not end the delivery loop
                 return f"{type(exc).__name__}: {exc}"

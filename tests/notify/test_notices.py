@@ -84,3 +84,27 @@ def test_a_rewrite_keeps_a_step_the_delivery_took_meanwhile(tmp_path: Path) -> N
     again = Cursor(tmp_path / "t.cursor")
     again.load()
     assert again.positions == {"a": 6, "b": 4, "c": 2}
+
+
+def test_actions_are_lines_of_the_text_and_fields_of_a_webhook(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from sessiond.config import NotifyConfig
+    from sessiond.notify.notices import rendered
+    from sessiond.notify.target import Target, load_apprise
+
+    rec = record("approval.requested", seq=3, call="c1", tool="pay", args_sha256="x")
+    plain = notice_for("s", rec, frozenset({"approval.requested"}), None)
+    assert plain is not None
+    assert rendered(plain) == plain.body
+    notice = replace(plain, actions=(("approve", "https://c/a?t=1"), ("deny", "https://c/d")))
+    assert rendered(notice).endswith("\napprove: https://c/a?t=1\ndeny: https://c/d")
+    cursor = Cursor(tmp_path / "c")
+    hook = Target(NotifyConfig(url="json://127.0.0.1:9/h?+X-A=b"), cursor, load_apprise())
+    url = hook.url_for(notice)
+    assert url.startswith("json://127.0.0.1:9/h?+X-A=b&")
+    assert ":notice_id=s%3A3" in url
+    assert ":approve_url=https%3A%2F%2Fc%2Fa%3Ft%3D1" in url
+    assert "+X-Sessiond-Notice-Id=s%3A3" in url
+    ntfy = Target(NotifyConfig(url="ntfy://ntfy.example/topic"), cursor, load_apprise())
+    assert ntfy.url_for(notice) == "ntfy://ntfy.example/topic"  # its own URL: no extras
