@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from sessiond.config import NOTICE_EVENTS, BadConfig, DaemonConfig
+from sessiond.errors import SessiondError
 from sessiond.log.events import CURRENT_VERSION as EVENT_TYPES
 from sessiond.log.store.base import Record
 from sessiond.log.store.files import FileStore
@@ -79,25 +80,35 @@ class Notices:
         Synchronous on purpose: nothing is appended meanwhile, so no live record
         can slip between the read and the listener."""
         public_url = self.config.web.public_url
-        positions: dict[str, int] = {}
         since = target.cursor.since or ""
+        kept = target.cursor.positions
+        positions: dict[str, int] = {}
         for s in self.table:
-            if s.journal is None:
+            if s.journal is None:  # a log that cannot be read: its place is kept
+                if s.name in kept:
+                    positions[s.name] = kept[s.name]
                 continue
             end = s.journal.state.seq
-            start = target.cursor.positions.get(s.name)
-            if target.cursor.new:
-                start = end  # a new target is told of what happens from now on
+            start = end if target.cursor.new else kept.get(s.name)
             if start is None or start < end:
-                for record in self.store.read(s.name, since=(start or 0) + 1, upto=end):
-                    if start is None and record["ts"] < since:
-                        continue  # before the target existed
-                    notice = notice_for(s.name, record, target.wanted, public_url)
-                    if notice is not None:
-                        target.put(notice)
-            first = target.pending_from(s.name)
-            positions[s.name] = end if first is None else first - 1
+                try:
+                    for record in self.store.read(s.name, since=(start or 0) + 1, upto=end):
+                        if start is None and record["ts"] < since:
+                            continue  # before the target existed
+                        notice = notice_for(s.name, record, target.wanted, public_url)
+                        if notice is not None:
+                            target.put(notice)
+                except SessiondError as exc:  # read again at the next start
+                    log.error("notify.unreadable", target=target.id, session=s.name, error=str(exc))
+                    if start is not None:
+                        positions[s.name] = start
+                    continue
+            positions[s.name] = end
             self._seen[s.name] = max(self._seen.get(s.name, 0), end)
+        for name, first in target.first_pending().items():
+            positions[name] = first - 1
+        # sessions gone from the table (retention) leave the cursor with them
+        target.cursor.positions = {}
         target.cursor.rewrite(positions)
         if target.queue:
             log.info("notify.catching_up", target=target.id, notices=len(target.queue))
@@ -128,8 +139,9 @@ class Notices:
         the first notice still to deliver."""
         positions = dict(target.cursor.positions)
         for name, seq in self._seen.items():
-            first = target.pending_from(name)
-            positions[name] = max(positions.get(name, 0), seq if first is None else first - 1)
+            positions[name] = max(positions.get(name, 0), seq)
+        for name, first in target.first_pending().items():
+            positions[name] = min(positions.get(name, first - 1), first - 1)
         return positions
 
     async def _checkpoint_loop(self) -> None:

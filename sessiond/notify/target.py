@@ -80,9 +80,12 @@ class Target:
         self.queue.append(notice)
         self._more.set()
 
-    def pending_from(self, session: str) -> int | None:
-        """The first seq of ``session`` still to deliver, or None."""
-        return next((n.seq for n in self.queue if n.session == session), None)
+    def first_pending(self) -> dict[str, int]:
+        """Each session's first seq still to deliver (one pass over the queue)."""
+        firsts: dict[str, int] = {}
+        for n in self.queue:
+            firsts.setdefault(n.session, n.seq)
+        return firsts
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._deliver_all())
