@@ -173,3 +173,20 @@ def test_a_bad_target_stops_start_up_with_a_clear_error() -> None:
         d.stop()
         text = " ".join(str(line.get("text", "")) for line in d.lines)
         assert message in text, text
+
+
+def test_a_fork_is_not_notified_of_what_it_copied_even_after_a_kill() -> None:
+    with receiving() as receiver, running(config(receiver)) as d:
+        seq = ask(d, "parent")
+        receiver.wait(with_id(f"parent:{seq}"))
+        d.ctl("fork", "parent", "--as", "kid", check=True)  # its log holds the request too
+        assert "approval.requested" in [r["type"] for r in d.json("log", "kid")]
+        d.kill9()  # before any checkpoint of the cursor
+        d.start()
+        other = ask(d, "other")
+        receiver.wait(with_id(f"other:{other}"))
+        # in order: a notice for the kid's copied request would have come before
+        assert [n["notice_id"] for n in notices(receiver.requests)] == [
+            f"parent:{seq}",
+            f"other:{other}",
+        ]
