@@ -416,6 +416,13 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 1 if r["errors"] else 0
 
 
+def cmd_mcp(conn: Connection | None, args: argparse.Namespace, out: Out) -> int:
+    """`sessionctl mcp`: loads the MCP SDK here, never for another command."""
+    from sessiond.ctl import mcp
+
+    return mcp.serve(args.socket or default_socket(), os.environ.get("SESSIOND_TOKEN"))
+
+
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
@@ -424,7 +431,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
-            "approve", "deny", "resolve", "apply", "export", "import", "reload",
+            "approve", "deny", "resolve", "apply", "export", "import", "reload", "mcp",
             "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
@@ -539,6 +546,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     im.add_argument("--as", dest="name", metavar="NAME")
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
+    add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
     co = sub.add_parser("completion", help="print a shell completion script")
     co.add_argument("shell", choices=["bash"])
     co.set_defaults(fn=None)
@@ -553,6 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     path = args.socket or default_socket()
     try:
+        if args.command == "mcp":  # a server: it connects per tool call, not here
+            return cmd_mcp(None, args, out)
         if args.command == "log":
             _log_params(args)  # a usage error needs no daemon
         timeout = None if args.command == "log" else 120
