@@ -47,7 +47,7 @@ agent = Agent(
 @agent.tool_plain(metadata=risk("read"))
 def read_inbox() -> str:
     """Read the newest mail."""
-    return Path("inbox.txt").read_text()
+    return Path("inbox.txt").read_text().strip()
 
 
 @agent.tool_plain(metadata=risk("workspace-write", writes=["outbox.txt"]))
