@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -9,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import orjson
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
-from tests.e2e.harness import SESSIONCTL, Daemon, running, wait_event
+from tests.e2e.harness import SESSIONCTL, Daemon, running, short_dir, wait_event
 
 SPEC = """name = "inbox"
 goal = "read my mail"
@@ -160,3 +163,30 @@ exec = ["{sys.executable}", "{program}", "inbox", "{out}"]
         (message,) = d.json("log", "inbox", "--type", "message.received")
         assert message["data"]["sender"] == "caller"  # as its session, not as "mcp"
         assert "sneaky" not in {r["name"] for r in d.json("ps")}
+
+
+def test_the_server_starts_without_a_daemon_and_says_what_sessionctl_says() -> None:
+    """Registered in a client before the daemon runs, it answers each call with the
+    "not reachable" text of sessionctl (and reaches the daemon once it is up)."""
+    root = short_dir()
+    daemon = Daemon(root)
+    try:
+        socket = daemon.socket
+        env = {"SESSIOND_SOCKET": str(socket), "PATH": os.environ.get("PATH", "")}
+        ctl = subprocess.run(
+            [SESSIONCTL, "ps"], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert ctl.returncode == 3
+
+        async def body(client: Client) -> None:
+            down = await client.call_tool("ps", {})
+            assert down.is_error
+            assert text(down) == ctl.stderr.strip().removeprefix("sessionctl: ")
+            await anyio.to_thread.run_sync(daemon.start)
+            assert value(await client.call_tool("ps", {})) == []  # the same server, now served
+
+        with_client(env, body)
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
