@@ -25,7 +25,8 @@ session), the capability does nothing: the agent runs as it always did.
 
 This follows the shape of Pydantic AI's own durable integrations (Temporal,
 DBOS, Prefect): a capability on the agent, using only Pydantic AI's public
-interface (``AbstractCapability.wrap_model_request`` and ``wrap_tool_execute``,
+interface (``AbstractCapability.wrap_model_request``, ``wrap_tool_execute`` and
+``prepare_tools``,
 ``ApprovalRequired``, ``DeferredToolRequests``, ``ModelMessagesTypeAdapter``).
 
 - **Risk contract.** A tool declares it in its metadata with :func:`risk`:
@@ -41,7 +42,9 @@ interface (``AbstractCapability.wrap_model_request`` and ``wrap_tool_execute``,
   person answers through sessiond (``sessionctl approve`` / ``deny``, the web
   console, a link). The next run replays the agent up to that call and runs it
   once, or, after a denial, the agent gets Pydantic AI's denial as the tool's
-  result and goes on with it.
+  result and goes on with it. A tool declared ``requires_approval=True`` is the
+  policy's to decide too (undeclared, it is ``external-write``: asked unless
+  allowed by name).
 - **Tool calls are keyed** by their call id (from the recorded model response,
   so the same in every run), so tools the agent runs in parallel keep their
   places whatever order they finish in.
@@ -54,7 +57,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sessiond.sdk import ApprovalPending, AsyncRun, Denied, connect_async
@@ -181,6 +184,20 @@ class SessiondDurability(AbstractCapability[AgentDepsT]):
     @property
     def in_durable_context(self) -> bool:
         return _current.get() is not None
+
+    async def prepare_tools(
+        self,
+        ctx: RunContext[AgentDepsT],  # noqa: ARG002 - the hook's signature
+        tool_defs: list[ToolDefinition],
+    ) -> list[ToolDefinition]:
+        """In a session, a tool declared ``requires_approval=True`` is the session
+        policy's to decide: it becomes a plain tool call, a step, that the policy asks
+        a person about (undeclared, it is ``external-write``: asked unless the policy
+        allows it by name). Pydantic AI would otherwise defer it itself, before any
+        step, in every run of the turn."""
+        if _current.get() is None:
+            return tool_defs
+        return [replace(t, kind="function") if t.kind == "unapproved" else t for t in tool_defs]
 
     async def wrap_model_request(
         self,

@@ -135,3 +135,35 @@ def last_seq_offline(d: Daemon) -> int:
     path = d.state_dir / "sessions" / NAME / "events.jsonl"
     with path.open("rb") as f:
         return sum(1 for _ in f)
+
+
+def test_a_tool_that_requires_approval_is_asked_through_sessiond_and_runs_once() -> None:
+    """Pydantic AI's own ``requires_approval=True``: in a session, the policy asks a
+    person (an undeclared tool is external-write), and the approved call runs once."""
+    program = Path(__file__).parent / "programs" / "pydantic_approval.py"
+    root = Path(__file__).parents[2]
+    with running() as d:
+        spec = f"""name = "launcher"
+[run]
+kind = "sdk"
+exec = ["{sys.executable}", "{program}"]
+cwd = "."
+env = {{ PYTHONPATH = "{root}" }}
+"""
+        d.ctl("create", str(d.write_spec("launcher", spec)), check=True)
+        d.ctl("activate", "launcher", check=True)
+        blocked = wait_event(
+            d, "launcher", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked",
+            timeout=90,
+        )  # fmt: skip
+        assert blocked["data"]["reason"].startswith("approval pending for launch")
+        assert not (d.root / "launches.log").exists()
+        d.ctl("approve", "launcher", check=True)
+        done = wait_event(
+            d, "launcher", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated",
+            timeout=90,
+        )  # fmt: skip
+        assert done["data"]["outcome"] == "completed"
+        assert (d.root / "launches.log").read_text() == "moon\n"
+        (intent,) = d.json("log", "launcher", "--type", "tool.intent")
+        assert intent["data"]["risk"]["side_effect"] == "external-write"

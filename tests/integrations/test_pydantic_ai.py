@@ -5,11 +5,13 @@ session (the capability does nothing there)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import ToolDefinition
 
 from sessiond.integrations.pydantic_ai import (
@@ -88,3 +90,23 @@ def test_outside_a_session_the_agent_runs_as_it_always_did() -> None:
     assert not SessiondDurability().in_durable_context
     with pytest.raises(RuntimeError, match="inside `async with session"):
         asyncio.run(run_turn(agent, "go"))
+
+
+def test_outside_a_session_a_tool_that_requires_approval_is_deferred_by_pydantic_ai() -> None:
+    def model(messages: list[ModelMessage], _info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("launch", {})])
+
+    agent = Agent(FunctionModel(model), capabilities=[SessiondDurability()])
+    launched: list[bool] = []
+
+    @agent.tool_plain(requires_approval=True)
+    def launch() -> str:
+        launched.append(True)
+        return "gone"
+
+    result: AgentRunResult[Any] = asyncio.run(
+        agent.run("go", output_type=[str, DeferredToolRequests])
+    )
+    assert isinstance(result.output, DeferredToolRequests)
+    assert [c.tool_name for c in result.output.approvals] == ["launch"]
+    assert launched == []
