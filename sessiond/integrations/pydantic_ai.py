@@ -26,8 +26,8 @@ session), the capability does nothing: the agent runs as it always did.
 This follows the shape of Pydantic AI's own durable integrations (Temporal,
 DBOS, Prefect): a capability on the agent, using only Pydantic AI's public
 interface (``AbstractCapability.wrap_model_request``, ``wrap_tool_execute`` and
-``prepare_tools``,
-``ApprovalRequired``, ``DeferredToolRequests``, ``ModelMessagesTypeAdapter``).
+``prepare_tools``, ``ApprovalRequired``, ``DeferredToolRequests``,
+``ModelMessagesTypeAdapter``).
 
 - **Risk contract.** A tool declares it in its metadata with :func:`risk`:
   ``risk("read")`` is ``read`` / ``safe`` / ``replay-from-event``;
