@@ -85,7 +85,7 @@ class Daemon:
 
 
 def ok(result: Any) -> CallToolResult:
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    text = orjson.dumps(result).decode()  # as `sessionctl --json` prints it
     return CallToolResult(content=[TextContent(type="text", text=text)])
 
 
