@@ -125,7 +125,9 @@ def syscall_tools(server: MCPServer, daemon: Daemon) -> None:
     ) -> CallToolResult:
         """A session's events, a page at a time, oldest first. The answer's
         ``next_since`` is the ``since`` of the next page (null: this was the last)."""
-        params = {"name": name, "since": since, "types": types or [], "grep": grep}
+        params = {
+            "name": name, "since": since, "types": types or [], "grep": grep, "first": limit + 1,
+        }  # fmt: skip
         try:
             records = await anyio.to_thread.run_sync(daemon.call, "log", params)
         except RemoteError as exc:

@@ -13,10 +13,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import orjson
+import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
+from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIONCTL, Daemon, running, short_dir, wait_event
 
 SPEC = """name = "inbox"
@@ -101,6 +103,12 @@ def test_an_mcp_client_lists_the_syscalls_and_reads_creates_sends_and_pages_the_
         with_client(mcp_env(d), body, cwd=d.root)
         # what the client did is what the daemon holds, as sessionctl sees it
         assert len(d.json("log", "inbox")) >= 3
+        # the page is cut in the daemon (`first`): the rest of the log is not sent
+        with Connection(d.socket) as conn:
+            page = conn.call("log", {"name": "inbox", "since": 2, "first": 2})
+            assert [r["seq"] for r in page] == [2, 3]
+            with pytest.raises(RemoteError, match=r"first .* goes with neither"):
+                conn.call("log", {"name": "inbox", "first": 2, "limit": 1})
 
 
 def test_operator_tools_are_absent_and_refusals_carry_sessionctls_text() -> None:
