@@ -455,14 +455,18 @@ class AsyncRun:
 
     def model_call(
         self, model: str, request: Any, fn: Callable[[], Any], *, strict: bool = False,
-        key: str | None = None,
+        key: str | None = None, usage: Callable[[Any], tuple[int, int]] | None = None,
+        text: Callable[[Any], str] | None = None,
     ) -> Any:  # fmt: skip
         ordinal = self.sync._place(key)
-        return self._model_call(ordinal, model, request, fn, strict=strict, key=key)
+        return self._model_call(
+            ordinal, model, request, fn, strict=strict, key=key, usage=usage, text=text
+        )
 
     async def _model_call(
         self, ordinal: int, model: str, request: Any, fn: Callable[[], Any], *, strict: bool,
-        key: str | None,
+        key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
+        text: Callable[[Any], str] | None = None,
     ) -> Any:  # fmt: skip
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
@@ -480,11 +484,11 @@ class AsyncRun:
         except BaseException as exc:
             await asyncio.to_thread(self.sync._fail, call, exc)
             raise
-        tin, tout = _usage(value)
+        tin, tout = (usage or _usage)(value)
         await asyncio.to_thread(
             lambda: self.sync._call(
                 "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
-                tokens_out=tout, text=_text(value),
+                tokens_out=tout, text=(text or _text)(value),
             )
         )  # fmt: skip
         return value

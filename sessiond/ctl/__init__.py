@@ -416,6 +416,13 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 1 if r["errors"] else 0
 
 
+def cmd_mcp(conn: Connection | None, args: argparse.Namespace, out: Out) -> int:
+    """`sessionctl mcp`: loads the MCP SDK here, never for another command."""
+    from sessiond.ctl import mcp
+
+    return mcp.serve(args.socket or default_socket(), os.environ.get("SESSIOND_TOKEN"))
+
+
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
@@ -519,6 +526,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
+    add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
     offline.add_parsers(sub, common)
     co = sub.add_parser(
         "completion",
@@ -542,6 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "offline", None) is not None:  # check, schema: no daemon
             done: int = args.offline(args, out)
             return done
+        if args.command == "mcp":  # a server: it connects per tool call, not here
+            return cmd_mcp(None, args, out)
         if args.command == "log":
             _log_params(args)  # a usage error needs no daemon
         timeout = None if args.command == "log" else 120

@@ -84,11 +84,13 @@ class LogStream:
             raise InvalidInput(f"unknown event type(s) {', '.join(sorted(unknown))}")
         if p.name is None and not p.follow:
             raise InvalidInput("name a session, or follow every session with --all --follow")
+        if p.first and (p.follow or p.limit):
+            raise InvalidInput("first (a page from since) goes with neither follow nor limit")
         if not p.follow:
             assert p.name is not None
             after = (p.after or {}).get(p.name, 0)
             lines = await self.kernel.inspection.log_encoded(
-                p.name, p.since, p.types, p.limit, grep=p.grep, after=after
+                p.name, p.since, p.types, p.limit, grep=p.grep, after=after, first=p.first
             )
             await reply_encoded(writer, request_id, lines)
             return

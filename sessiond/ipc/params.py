@@ -44,6 +44,7 @@ class LogParams(Params):
     since: Annotated[int, Field(ge=1)] | Annotated[str, Field(max_length=64)] = 1
     types: list[str] = Field(default_factory=list)
     limit: int = Field(default=0, ge=0)  # the last N matching (sessionctl -n N)
+    first: int = Field(default=0, ge=0)  # the first N matching: a page (sessionctl mcp)
     grep: str | None = Field(default=None, max_length=MAX_GREP)
     # Per session, only events after this seq: how a follower resumes (fell_behind).
     after: dict[str, Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=100_000)

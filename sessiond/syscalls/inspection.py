@@ -81,8 +81,10 @@ class Inspection:
         *,
         grep: str | None = None,
         after: int = 0,
+        first: int = 0,
     ) -> list[bytes]:
-        """:meth:`log_`, each event as its JSON text (what the answer sends).
+        """:meth:`log_`, each event as its JSON text (what the answer sends); with
+        ``first``, only the first N that match (a page: reading stops there).
 
         Read a slice at a time, and what is kept is text, not parsed events: a
         100,000-event answer held as dicts made the garbage collector walk them all
@@ -96,11 +98,17 @@ class Inspection:
         end = s.journal.state.seq if s.journal is not None else None
         kept: deque[bytes] | list[bytes] = deque(maxlen=limit) if limit else []
         pacer = Pacer()
-        for record, line in self.ctx.store.read_lines(name, upto=end):
-            if record["seq"] >= start and q.match(record):
-                kept.append(line[: -TRAILER_LEN - 1])  # its JSON, without " crc32\n"
-            if pacer.due():
-                await pacer.pause()
+        lines = self.ctx.store.read_lines(name, upto=end)
+        try:
+            for record, line in lines:
+                if record["seq"] >= start and q.match(record):
+                    kept.append(line[: -TRAILER_LEN - 1])  # its JSON, without " crc32\n"
+                    if first and len(kept) >= first:
+                        break  # a page is full: the rest of the log is not read
+                if pacer.due():
+                    await pacer.pause()
+        finally:
+            getattr(lines, "close", lambda: None)()  # a reader left mid-log lets go of its file
         return list(kept)
 
     async def replay(self, name: str, upto: int | None = None, view: str = "state") -> Any:
