@@ -195,6 +195,44 @@ class RunConfig(_Strict):
         return value
 
 
+class RetentionConfig(_Strict):
+    """What a gc removes ([retention]; DESIGN.md section 6; sessiond.syscalls.retention).
+
+    Nothing is removed by itself: every rule is off until set, and a gc runs only
+    on ``sessionctl gc`` or every ``interval``. Events are never removed, nor what
+    continuing a live session needs (the resume gate's artifacts, its open turn's
+    step results, what its messages view shows) nor the newest snapshot.
+    """
+
+    # artifacts of sessions terminated at least this long ago (by the daemon's clock)
+    terminated: Duration | None = None
+    # artifacts no event names (a crash between storing one and recording it), once
+    # their file is at least this old
+    unreferenced: Duration | None = None
+    # of the artifacts a session's events name, keep the newest N (by the event that
+    # last named them); older ones go
+    keep_artifacts: int | None = Field(default=None, ge=0)
+    # snapshots kept per session, newest first
+    snapshots: int | None = Field(default=None, ge=1)
+    # run a gc this often in the daemon (unset: only on `sessionctl gc`)
+    interval: Duration | None = None
+    # TEST ONLY (the crash tests): the daemon kills itself (SIGKILL) in a gc once it
+    # has removed this many files. Never set it in production.
+    fault_kill_after: int | None = Field(default=None, ge=0)
+
+    @field_validator("interval")
+    @classmethod
+    def _sane_interval(cls, value: float | None) -> float | None:
+        if value is not None and value < 1:
+            raise ValueError("interval must be at least 1s (e.g. '1h', '1d')")
+        return value
+
+    def rules(self) -> list[str]:
+        """The rules set, as ``key = value`` (empty: a gc removes nothing)."""
+        keys = ("terminated", "unreferenced", "keep_artifacts", "snapshots")
+        return [f"{k} = {getattr(self, k)}" for k in keys if getattr(self, k) is not None]
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=default_state_dir)
     socket: Path = Field(default_factory=default_socket)
@@ -217,6 +255,7 @@ class DaemonConfig(_Strict):
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
     run: RunConfig = Field(default_factory=RunConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

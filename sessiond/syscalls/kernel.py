@@ -25,6 +25,7 @@ from sessiond.syscalls.approvals import Approvals
 from sessiond.syscalls.control import Control
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
+from sessiond.syscalls.retention import Retention
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
@@ -40,6 +41,7 @@ class Kernel:
         self.control = Control(ctx, runs)
         self.lineage = Lineage(ctx, runs)
         self.approvals = Approvals(ctx, runs)
+        self.retention = Retention(ctx)
         self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
 
         # inspection
@@ -71,6 +73,7 @@ class Kernel:
         self.deny = self.approvals.deny
         self.resolve = self.approvals.resolve
         self.apply = self.approvals.apply
+        self.gc = self.retention.gc  # [retention] (DESIGN.md section 6)
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context

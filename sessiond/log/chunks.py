@@ -1,0 +1,156 @@
+"""A model call's context as chunks shared between calls (DESIGN.md section 6).
+
+An agent re-sends its whole conversation with every model call, so storing each
+call's context whole costs O(n²) bytes over n calls. Here a big context is cut
+into content-addressed chunks, put in the session's artifact store like any
+artifact, and the event references a small *manifest* (media type
+:data:`CHUNKED_MEDIA`) that lists them. Two calls whose contexts share a prefix
+share that prefix's chunks, so a conversation stores each message about once.
+
+The cut points depend only on the bytes before them: a context is cut after
+each ``}`` that closes one object of an array and is followed by ``,{`` (the
+boundary between two messages, content parts or tools), and pieces are joined
+until a chunk holds at least :data:`CHUNK_MIN` bytes. Where the cut falls is
+only a matter of sharing; any cut gives back the same bytes. The manifest lists
+the chunks through index chunks (grouped the same way: by content), so a
+manifest stays small however long the conversation is, and consecutive calls
+share their index chunks too.
+
+Manifest::
+
+    {"format": "sessiond-chunks", "v": 1, "size": N, "sha256": "<hex of the whole>",
+     "index": [["<hex of an index chunk>", <bytes>], ...]}
+
+and an index chunk is ``[["<hex of a chunk>", <bytes>], ...]``. Reading checks
+each chunk's hash (the store does) and the whole one against the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from sessiond.errors import ArtifactCorrupt
+from sessiond.log.event_data import SHA256_HEX, ArtifactRef
+from sessiond.log.store.base import ArtifactStore
+
+CHUNKED_MEDIA = "application/vnd.sessiond.chunks+json"
+MANIFEST_FORMAT = "sessiond-chunks"
+# Contexts smaller than this are stored whole: one file, as before chunking.
+CHUNK_THRESHOLD = 16 * 1024
+CHUNK_MIN = 4 * 1024
+# An index chunk ends after a chunk whose digest's first 32 bits are 0 mod this
+# (about this many chunks an index chunk), so index chunks are shared too.
+INDEX_FANOUT = 16
+
+_BOUNDARY = re.compile(rb"\},\{")
+
+
+def cut(data: bytes) -> list[bytes]:
+    """``data`` cut into chunks of at least CHUNK_MIN bytes (the last may be smaller)."""
+    chunks: list[bytes] = []
+    start = 0
+    for m in _BOUNDARY.finditer(data):
+        end = m.start() + 1
+        if end - start >= CHUNK_MIN:
+            chunks.append(data[start:end])
+            start = end
+    if start < len(data):
+        chunks.append(data[start:])
+    return chunks
+
+
+def _groups(entries: list[list[Any]]) -> Iterator[list[list[Any]]]:
+    group: list[list[Any]] = []
+    for entry in entries:
+        group.append(entry)
+        if int(entry[0][:8], 16) % INDEX_FANOUT == 0:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def put_context(
+    artifacts: ArtifactStore, data: bytes, name: str, media_type: str = "application/json"
+) -> ArtifactRef:
+    """Store a model call's context: whole when small, else as shared chunks and a
+    manifest (whose reference is returned, with media type CHUNKED_MEDIA)."""
+    if len(data) < CHUNK_THRESHOLD:
+        return artifacts.put(data, name, media_type)
+    entries = []
+    for chunk in cut(data):
+        ref = artifacts.put(chunk, f"{name}.chunk", media_type)
+        entries.append([ref.digest, len(chunk)])
+    index = []
+    for group in _groups(entries):
+        body = orjson.dumps(group)
+        ref = artifacts.put(body, f"{name}.index", "application/json")
+        index.append([ref.digest, len(body)])
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "v": 1,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "media_type": media_type,
+        "index": index,
+    }
+    return artifacts.put(orjson.dumps(manifest), name, CHUNKED_MEDIA)
+
+
+def _entries(raw: bytes, what: str) -> list[tuple[str, int]]:
+    try:
+        value = orjson.loads(raw)
+        out = [(str(d), int(n)) for d, n in value]
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        raise ArtifactCorrupt(f"{what} is not a list of [digest, size] pairs") from None
+    for digest, _ in out:
+        if not SHA256_HEX.fullmatch(digest):
+            raise ArtifactCorrupt(f"{what} names {digest!r}, which is not a sha256 digest")
+    return out
+
+
+def _manifest(artifacts: ArtifactStore, ref: str) -> dict[str, Any]:
+    try:
+        manifest = orjson.loads(artifacts.get(ref))
+    except orjson.JSONDecodeError:
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ArtifactCorrupt(f"artifact {ref} is not a chunk manifest ({MANIFEST_FORMAT})")
+    return manifest
+
+
+def parts(artifacts: ArtifactStore, ref: str) -> list[str]:
+    """The references a manifest depends on: its index chunks and their chunks."""
+    manifest = _manifest(artifacts, ref)
+    out = []
+    for digest, _ in _entries(orjson.dumps(manifest.get("index")), f"manifest {ref}"):
+        index_ref = f"sha256:{digest}"
+        out.append(index_ref)
+        out.extend(
+            f"sha256:{d}" for d, _ in _entries(artifacts.get(index_ref), f"index {index_ref}")
+        )
+    return out
+
+
+def read_context(artifacts: ArtifactStore, ref: ArtifactRef | dict[str, Any]) -> bytes:
+    """The exact bytes of a stored context, whole or chunked (each part hash-checked)."""
+    if isinstance(ref, dict):
+        ref = ArtifactRef.model_validate(ref)
+    if ref.media_type != CHUNKED_MEDIA:
+        return artifacts.get(ref.ref)
+    manifest = _manifest(artifacts, ref.ref)
+    pieces: list[bytes] = []
+    for digest, _ in _entries(orjson.dumps(manifest.get("index")), f"manifest {ref.ref}"):
+        index = artifacts.get(f"sha256:{digest}")
+        pieces.extend(artifacts.get(f"sha256:{d}") for d, _ in _entries(index, "index"))
+    data = b"".join(pieces)
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256") or len(data) != manifest.get(
+        "size"
+    ):
+        raise ArtifactCorrupt(f"the chunks of {ref.ref} do not make the context it describes")
+    return data
