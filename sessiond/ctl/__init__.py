@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers
+from sessiond.ctl import answers, gc
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -425,7 +425,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
             "approve", "deny", "resolve", "apply", "export", "import", "reload",
-            "completion"]  # fmt: skip
+            "gc", "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -539,6 +539,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     im.add_argument("--as", dest="name", metavar="NAME")
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
+    gc.add_parser(add)
     co = sub.add_parser("completion", help="print a shell completion script")
     co.add_argument("shell", choices=["bash"])
     co.set_defaults(fn=None)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -124,13 +124,19 @@ def _manifest(artifacts: ArtifactStore, ref: str) -> dict[str, Any]:
     return manifest
 
 
-def parts(artifacts: ArtifactStore, ref: str) -> list[str]:
-    """The references a manifest depends on: its index chunks and their chunks."""
+def parts(
+    artifacts: ArtifactStore, ref: str, *, missing: Callable[[str], bool] | None = None
+) -> list[str]:
+    """The references a manifest depends on: its index chunks and their chunks. An
+    index chunk that is not stored raises ArtifactMissing, unless ``missing(ref)``
+    says that is fine (a gc removed it): then its own chunks are not listed."""
     manifest = _manifest(artifacts, ref)
     out = []
     for digest, _ in _entries(orjson.dumps(manifest.get("index")), f"manifest {ref}"):
         index_ref = f"sha256:{digest}"
         out.append(index_ref)
+        if missing is not None and not artifacts.has(index_ref) and missing(index_ref):
+            continue
         out.extend(
             f"sha256:{d}" for d, _ in _entries(artifacts.get(index_ref), f"index {index_ref}")
         )

@@ -68,17 +68,22 @@ class Evidence:
     def wanted(self, artifacts: ArtifactStore) -> list[str]:
         """What a copy of this session (fork, export) takes: every reference but
         those a gc removed (when they are gone), and the parts of chunked contexts."""
-        out = {r for r in self.referenced if r not in self.collected or artifacts.has(r)}
+
+        def kept(ref: str) -> bool:
+            return ref not in self.collected or artifacts.has(ref)
+
+        out = {r for r in self.referenced if kept(r)}
         for manifest in self.manifests & out:
-            out.update(parts_of(artifacts, manifest))
+            out.update(p for p in parts_of(artifacts, manifest) if kept(p))
         return sorted(out)
 
 
 def parts_of(artifacts: ArtifactStore, manifest: str) -> list[str]:
-    """The parts of a chunked context; none when its manifest cannot be read (the
-    manifest itself is then reported missing or corrupt by whoever checks it)."""
+    """The parts of a chunked context that can be found (an index chunk a gc cut off
+    part way lists none of its own); none when its manifest cannot be read (it is
+    then reported missing or corrupt by whoever checks it)."""
     try:
-        return parts(artifacts, manifest)
+        return parts(artifacts, manifest, missing=lambda _ref: True)
     except SessiondError:
         return []
 

@@ -229,24 +229,26 @@ def _check_artifacts(
             )
     for manifest in sorted(evidence.manifests):
         if manifest[7:] in present:
-            _check_chunks(artifacts, name, manifest, present, problems)
+            _check_chunks(artifacts, name, manifest, present, evidence.collected, problems)
 
 
-def _check_chunks(
+def _check_chunks(  # noqa: PLR0917 (one caller)
     artifacts: ArtifactStore,
     name: str,
     manifest: str,
     present: set[str],
+    collected: set[str],
     problems: list[Problem],
 ) -> None:
-    """Every part of a chunked context is there (a gc keeps or removes them together)."""
+    """Every part of a chunked context is there, or recorded as removed by a gc (one
+    cut off by a crash may have removed some parts before their manifest)."""
     try:
-        needed = parts(artifacts, manifest)
+        needed = parts(artifacts, manifest, missing=collected.__contains__)
     except SessiondError as exc:
         problems.append(Problem(name, "artifact-corrupt", f"context {manifest}: {exc}"))
         return
     for ref in needed:
-        if ref[7:] not in present:
+        if ref[7:] not in present and ref not in collected:
             problems.append(
                 Problem(
                     name, "artifact-missing", f"{ref}, a part of context {manifest}, is missing"
