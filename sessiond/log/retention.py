@@ -91,7 +91,8 @@ def _age(ts: str | None, now: datetime) -> float | None:
 
 def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
     name: str,
-    state: State,
+    keep: set[str],
+    live: bool,
     evidence: Evidence,
     artifacts: FileArtifacts,
     snapshots: FileSnapshots,
@@ -99,8 +100,10 @@ def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
     now: datetime,
     real_now: float,
 ) -> Plan:
-    """What ``rules`` remove from session ``name`` now (``now``: the daemon's clock,
-    for event times; ``real_now``: the machine's, for file times)."""
+    """What ``rules`` remove from session ``name`` now, never ``keep`` (:func:`needed`);
+    ``live``: the session is not terminated. ``now``: the daemon's clock, for event
+    times; ``real_now``: the machine's, for file times. Only files are read: it may
+    run in a thread."""
     out = Plan(name)
     folder = artifacts.folder
     files: dict[str, os.stat_result] = {}
@@ -111,8 +114,6 @@ def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
             continue
         if stat.S_ISREG(st.st_mode):
             files[f"sha256:{digest}"] = st
-    keep = needed(state, evidence, artifacts)
-    live = state.state != "terminated"
     age = _age(evidence.terminated_at, now)
     going: dict[str, GcRule] = {}
 

@@ -24,7 +24,8 @@ from sessiond.errors import SessiondError
 from sessiond.log.event_data import CollectedArtifact, GcCollected
 from sessiond.log.evidence import Evidence
 from sessiond.log.pace import Pacer
-from sessiond.log.retention import Plan, plan, remove
+from sessiond.log.retention import Plan, needed, plan, remove
+from sessiond.log.store.base import Record
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
@@ -82,49 +83,75 @@ class Retention:
         self, s: Session, dry_run: bool, who: dict[str, Any], trigger: Trigger
     ) -> Plan:
         store = self.ctx.store
+        rules = self.ctx.config.retention
+        # only the snapshot rule: nothing to learn from the log
+        read = (rules.terminated, rules.unreferenced, rules.keep_artifacts) != (None,) * 3
         evidence = Evidence()
         pacer = Pacer()
         seq = 0
-        for record in store.read(s.name):  # no lock: a live log reads fine
-            evidence.add(record)
-            seq = record["seq"]
-            if pacer.due():
-                await pacer.pause()
-        async with s.lock:
-            for record in store.read(s.name, since=seq + 1):
+        # What is appended while the log is read (without the lock) is caught here,
+        # so the lock is held only for what came after, never for a whole log.
+        tail: list[Record] = []
+        unlisten = self.ctx.table.listen(
+            lambda name, record: tail.append(record) if name == s.name else None
+        )
+        try:
+            for record in store.read(s.name) if read else ():  # a live log reads fine
                 evidence.add(record)
-            artifacts = store.artifacts(s.name)
-            snapshots = store.snapshots(s.name)
-            now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
-            p = plan(
-                s.name,
-                s.j.state,
-                evidence,
-                artifacts,
-                snapshots,
-                self.ctx.config.retention,
-                now,
-                time.time(),
-            )
-            if dry_run or not p:
-                return p
-            # Recorded first: a crash from here on leaves these files recorded and
-            # (some of them) present, which fsck accepts and the next gc finishes.
-            await self.ctx.table.append(
-                s,
-                GcCollected(
-                    artifacts=tuple(
-                        CollectedArtifact(artifact=r.ref, size=r.size, rule=r.rule)
-                        for r in p.artifacts
-                    ),
-                    snapshots=tuple(p.snapshots),
-                    bytes=p.bytes,
-                    trigger=trigger,
-                    uid=who.get("uid"),
-                    user=who.get("user", ""),
+                seq = record["seq"]
+                if pacer.due():
+                    await pacer.pause()
+            async with s.lock:
+                for record in tail if read else ():
+                    if record["seq"] > seq:
+                        evidence.add(record)
+                        seq = record["seq"]
+                return await self._collect(s, evidence, dry_run, who, trigger)
+        finally:
+            unlisten()
+
+    async def _collect(
+        self, s: Session, evidence: Evidence, dry_run: bool, who: dict[str, Any], trigger: Trigger
+    ) -> Plan:
+        """Plan, record and remove, under the session's lock."""
+        store = self.ctx.store
+        rules = self.ctx.config.retention
+        artifacts = store.artifacts(s.name)
+        snapshots = store.snapshots(s.name)
+        now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
+        state = s.j.state
+        keep = needed(state, evidence, artifacts)
+        # a stat of every file and a read of every context's manifest: off the loop
+        p = await asyncio.to_thread(
+            plan,
+            s.name,
+            keep,
+            state.state != "terminated",
+            evidence,
+            artifacts,
+            snapshots,
+            rules,
+            now,
+            time.time(),
+        )
+        if dry_run or not p:
+            return p
+        # Recorded first: a crash from here on leaves these files recorded and
+        # (some of them) present, which fsck accepts and the next gc finishes.
+        await self.ctx.table.append(
+            s,
+            GcCollected(
+                artifacts=tuple(
+                    CollectedArtifact(artifact=r.ref, size=r.size, rule=r.rule) for r in p.artifacts
                 ),
-            )
-            await asyncio.to_thread(remove, artifacts, snapshots, p, self._fault_hook())
+                snapshots=tuple(p.snapshots),
+                bytes=p.bytes,
+                trigger=trigger,
+                uid=who.get("uid"),
+                user=who.get("user", ""),
+            ),
+        )
+        await asyncio.to_thread(remove, artifacts, snapshots, p, self._fault_hook())
         return p
 
     def _fault_hook(self) -> Any:

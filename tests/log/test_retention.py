@@ -29,7 +29,7 @@ from sessiond.log.event_data import (
 from sessiond.log.evidence import Evidence
 from sessiond.log.fsck import check
 from sessiond.log.journal import Journal
-from sessiond.log.retention import FRESH, Plan, plan, remove
+from sessiond.log.retention import FRESH, Plan, needed, plan, remove
 from sessiond.log.store.fileartifacts import FileArtifacts
 from sessiond.log.store.files import FileStore
 from tests.helpers import arun
@@ -118,9 +118,11 @@ def _session(store: FileStore, name: str, terminate: bool) -> tuple[Journal, dic
 def _plan(store: FileStore, j: Journal, rules: RetentionConfig, days: float = 0.0) -> Plan:
     evidence = Evidence().add_all(store.read(j.session))
     now = datetime.now(UTC) + timedelta(days=days)
+    files = store.artifacts(j.session)
     return plan(
         j.session,
-        j.state,
+        needed(j.state, evidence, files),
+        j.state.state != "terminated",
         evidence,
         store.artifacts(j.session),
         store.snapshots(j.session),
