@@ -19,9 +19,13 @@ share their index chunks too.
 Manifest::
 
     {"format": "sessiond-chunks", "v": 1, "size": N, "sha256": "<hex of the whole>",
-     "index": [["<hex of an index chunk>", <bytes>], ...]}
+     "media_type": "application/json",
+     "index": [["<hex of an index chunk>", <bytes>], ...],
+     "tail": [["<hex of a chunk>", <bytes>], ...]}
 
-and an index chunk is ``[["<hex of a chunk>", <bytes>], ...]``. Reading checks
+an index chunk is ``[["<hex of a chunk>", <bytes>], ...]``, and ``tail`` lists the
+last chunks, those no index chunk holds yet. The whole is the index chunks'
+chunks in order, then the tail's. Reading checks
 each chunk's hash (the store does) and the whole one against the manifest.
 """
 
@@ -64,11 +68,16 @@ def cut(data: bytes) -> list[bytes]:
     return chunks
 
 
+def _closes(entry: list[Any]) -> bool:
+    """Whether an index chunk ends after this chunk (decided by its digest alone)."""
+    return int(entry[0][:8], 16) % INDEX_FANOUT == 0
+
+
 def _groups(entries: list[list[Any]]) -> Iterator[list[list[Any]]]:
     group: list[list[Any]] = []
     for entry in entries:
         group.append(entry)
-        if int(entry[0][:8], 16) % INDEX_FANOUT == 0:
+        if _closes(entry):
             yield group
             group = []
     if group:
@@ -82,15 +91,15 @@ def put_context(
     manifest (whose reference is returned, with media type CHUNKED_MEDIA)."""
     if len(data) < CHUNK_THRESHOLD:
         return artifacts.put(data, name, media_type)
-    entries = []
-    for chunk in cut(data):
-        ref = artifacts.put(chunk, f"{name}.chunk", media_type)
-        entries.append([ref.digest, len(chunk)])
-    index = []
-    for group in _groups(entries):
-        body = orjson.dumps(group)
-        ref = artifacts.put(body, f"{name}.index", "application/json")
-        index.append([ref.digest, len(body)])
+    chunks = cut(data)
+    entries: list[list[Any]] = [[hashlib.sha256(c).hexdigest(), len(c)] for c in chunks]
+    groups = list(_groups(entries))
+    # The last group, still open (the next call's chunks would join it), stays in
+    # the manifest: a call then writes its new chunks and its manifest, and an
+    # index chunk only when one closes.
+    tail = groups.pop() if groups and not _closes(groups[-1][-1]) else []
+    bodies = [orjson.dumps(group) for group in groups]
+    index = [[hashlib.sha256(b).hexdigest(), len(b)] for b in bodies]
     manifest = {
         "format": MANIFEST_FORMAT,
         "v": 1,
@@ -98,8 +107,13 @@ def put_context(
         "sha256": hashlib.sha256(data).hexdigest(),
         "media_type": media_type,
         "index": index,
+        "tail": tail,
     }
-    return artifacts.put(orjson.dumps(manifest), name, CHUNKED_MEDIA)
+    # all in one go: the store syncs the new files together (most are there already)
+    items = [(c, f"{name}.chunk", media_type) for c in chunks]
+    items += [(b, f"{name}.index", "application/json") for b in bodies]
+    items.append((orjson.dumps(manifest), name, CHUNKED_MEDIA))
+    return artifacts.put_many(items)[-1]
 
 
 def _entries(raw: bytes, what: str) -> list[tuple[str, int]]:
@@ -140,7 +154,12 @@ def parts(
         out.extend(
             f"sha256:{d}" for d, _ in _entries(artifacts.get(index_ref), f"index {index_ref}")
         )
+    out.extend(f"sha256:{d}" for d, _ in _tail(manifest, ref))
     return out
+
+
+def _tail(manifest: dict[str, Any], ref: str) -> list[tuple[str, int]]:
+    return _entries(orjson.dumps(manifest.get("tail", [])), f"manifest {ref}")
 
 
 def read_context(artifacts: ArtifactStore, ref: ArtifactRef | dict[str, Any]) -> bytes:
@@ -154,6 +173,7 @@ def read_context(artifacts: ArtifactStore, ref: ArtifactRef | dict[str, Any]) ->
     for digest, _ in _entries(orjson.dumps(manifest.get("index")), f"manifest {ref.ref}"):
         index = artifacts.get(f"sha256:{digest}")
         pieces.extend(artifacts.get(f"sha256:{d}") for d, _ in _entries(index, "index"))
+    pieces.extend(artifacts.get(f"sha256:{d}") for d, _ in _tail(manifest, ref.ref))
     data = b"".join(pieces)
     if hashlib.sha256(data).hexdigest() != manifest.get("sha256") or len(data) != manifest.get(
         "size"
