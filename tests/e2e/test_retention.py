@@ -253,3 +253,13 @@ def test_gc_with_no_retention_rules_removes_nothing_and_says_why(d: Daemon) -> N
     out = d.ctl("gc", check=True).stdout
     assert "no [retention] rule" in out
     assert stored(d, "talk") == before
+
+
+def test_the_daemon_collects_every_interval_once_reload_sets_one(d: Daemon) -> None:
+    talk(d, "talk", calls=2)
+    configure(d, 'terminated = "0s"\ninterval = "1s"\n')
+    d.ctl("reload", check=True)
+    event = wait_event(d, "talk", "gc.collected")
+    assert event["data"]["trigger"] == "interval"
+    assert event["data"]["uid"] is None  # nobody asked: the daemon did
+    assert event["data"]["artifacts"]
