@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from sessiond.durations import MAX_DURATION, Duration
+from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
 
@@ -229,8 +229,17 @@ class RetentionConfig(_Strict):
 
     def rules(self) -> list[str]:
         """The rules set, as ``key = value`` (empty: a gc removes nothing)."""
-        keys = ("terminated", "unreferenced", "keep_artifacts", "snapshots")
-        return [f"{k} = {getattr(self, k)}" for k in keys if getattr(self, k) is not None]
+        out = [
+            f"{k} = {format_duration(v) if v else '0s'}"
+            for k in ("terminated", "unreferenced")
+            if (v := getattr(self, k)) is not None
+        ]
+        out += [
+            f"{k} = {v}"
+            for k in ("keep_artifacts", "snapshots")
+            if (v := getattr(self, k)) is not None
+        ]
+        return out
 
 
 class DaemonConfig(_Strict):
