@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from sessiond.durations import MAX_DURATION, Duration
+from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
 
@@ -258,6 +258,51 @@ class OtelConfig(_Strict):
     endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     service_name: str = "sessiond"
     headers: dict[str, str] = Field(default_factory=dict)
+class RetentionConfig(_Strict):
+    """What a gc removes ([retention]; DESIGN.md section 6; sessiond.syscalls.retention).
+
+    Nothing is removed by itself: every rule is off until set, and a gc runs only
+    on ``sessionctl gc`` or every ``interval``. Events are never removed, nor what
+    continuing a live session needs (the resume gate's artifacts, its open turn's
+    step results, what its messages view shows) nor the newest snapshot.
+    """
+
+    # artifacts of sessions terminated at least this long ago (by the daemon's clock)
+    terminated: Duration | None = None
+    # artifacts no event names (a crash between storing one and recording it), once
+    # their file is at least this old
+    unreferenced: Duration | None = None
+    # of the artifacts a session's events name, keep the newest N (by the event that
+    # last named them); older ones go
+    keep_artifacts: int | None = Field(default=None, ge=0)
+    # snapshots kept per session, newest first
+    snapshots: int | None = Field(default=None, ge=1)
+    # run a gc this often in the daemon (unset: only on `sessionctl gc`)
+    interval: Duration | None = None
+    # TEST ONLY (the crash tests): the daemon kills itself (SIGKILL) in a gc once it
+    # has removed this many files. Never set it in production.
+    fault_kill_after: int | None = Field(default=None, ge=0)
+
+    @field_validator("interval")
+    @classmethod
+    def _sane_interval(cls, value: float | None) -> float | None:
+        if value is not None and value < 1:
+            raise ValueError("interval must be at least 1s (e.g. '1h', '1d')")
+        return value
+
+    def rules(self) -> list[str]:
+        """The rules set, as ``key = value`` (empty: a gc removes nothing)."""
+        out = [
+            f"{k} = {format_duration(v) if v else '0s'}"
+            for k in ("terminated", "unreferenced")
+            if (v := getattr(self, k)) is not None
+        ]
+        out += [
+            f"{k} = {v}"
+            for k in ("keep_artifacts", "snapshots")
+            if (v := getattr(self, k)) is not None
+        ]
+        return out
 
 
 class DaemonConfig(_Strict):
@@ -285,6 +330,7 @@ class DaemonConfig(_Strict):
     notify: list[NotifyConfig] = Field(default_factory=list)
     web: WebConfig = Field(default_factory=WebConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

@@ -64,6 +64,10 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "binding.observed": lambda d: _hashes(d["hashes"]),
     "log.repaired": lambda d: f"dropped {d['dropped_bytes']} bytes after seq {d['last_good_seq']}",
     "spec.applied": lambda d: f"{', '.join(d['changed']) or 'nothing'} changed by {_who(d)}",
+    "gc.collected": lambda d: (
+        f"removed {len(d['artifacts'])} artifact(s), {len(d['snapshots'])} snapshot(s), "
+        f"{d['bytes']} bytes ({d['trigger']})"
+    ),
 }
 
 

@@ -30,6 +30,15 @@ def test_the_storage_benchmarks_run_and_report_sane_figures(tmp_path: Path) -> N
     assert fsinfo.fsync_median_ms(tmp_path, samples=3) >= 0
 
 
+def test_the_context_benchmark_stores_a_conversation_both_ways(tmp_path: Path) -> None:
+    from sessiond.bench import contexts
+
+    figures = contexts.measure_calls(tmp_path, 30, size=800)
+    assert figures["context_30_whole_bytes"] > figures["context_30_chunked_bytes"] > 0
+    assert figures["context_30_ratio"] > 1
+    assert figures["context_30_whole_put_p50_ms"] > 0
+
+
 def test_targets_are_judged_in_their_direction() -> None:
     verdicts = check_targets({"replay_eps": 500_000, "snapshot_resume_ms": 150.0})
     assert verdicts["replay_eps"]["met"] is True

@@ -19,7 +19,18 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, gate, loop, machine, run_async, steps, storage, wakes
+from sessiond.bench import (
+    contexts,
+    daemon,
+    fsinfo,
+    gate,
+    loop,
+    machine,
+    run_async,
+    steps,
+    storage,
+    wakes,
+)
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -41,6 +52,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "watch_wake_p50_ms": ("<=", 250.0, "ms (default 200 ms debounce)"),
     "watch_floor_ratio": ("<=", 1.5, "watch_wake_d0_p50_ms / watch_floor_p50_ms"),
     "git_wake_p50_ms": ("<=", 300.0, "ms"),
+    "context_200_ratio": (">=", 10.0, "x (bytes stored whole / as shared chunks, 200 calls)"),
     "loop_log_ping_p99_ms": ("<=", 10.0, "ms (ping while a 100k-event session is logged)"),
     "loop_replay_ping_p99_ms": ("<=", 10.0, "ms (... replayed, messages view)"),
     "loop_fork_ping_p99_ms": ("<=", 10.0, "ms (... forked)"),
@@ -113,6 +125,10 @@ def measure(
     results["gate_1000_artifacts_cold_ms"] = round(cold, 1)
     results["gate_1000_floor_ms"] = round(floor_ms, 2)
     results["gate_floor_ratio"] = round(warm / floor_ms, 2)
+    shutil.rmtree(folder)
+
+    folder = step("context_chunks")
+    results.update(contexts.measure(folder, quick))
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))

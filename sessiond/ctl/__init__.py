@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers, offline, ops
+from sessiond.ctl import answers, gc, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -527,6 +527,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
     add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
+    gc.add_parser(add)
     offline.add_parsers(sub, common)
     co = sub.add_parser(
         "completion",

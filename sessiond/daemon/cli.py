@@ -83,7 +83,8 @@ def _fsck(args: argparse.Namespace) -> int:
         print(
             f"fsck: {report.sessions} sessions, {report.events} events, {report.artifacts} "
             f"artifacts checked; {left} problem(s)"
-            + (f", {len(report.problems) - left} repaired" if len(report.problems) > left else ""),
+            + (f", {len(report.problems) - left} repaired" if len(report.problems) > left else "")
+            + (f"; {report.collected} removed by gc (recorded)" if report.collected else ""),
             file=sys.stderr,
         )
     return 0 if report.ok else 1

@@ -205,6 +205,7 @@ class Daemon:
         log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
+        self.kernel.retention.start()  # a gc every [retention] interval, if set
 
     async def _sweep_cgroups(self) -> None:
         try:
@@ -350,6 +351,7 @@ class Daemon:
             scheduler.max_running = fresh.max_running
             scheduler.per_agent = fresh.max_running_per_agent
             scheduler.aging = fresh.aging
+        self.kernel.retention.start()  # the interval may have changed
         result = await self.sync_specs()
         result["notes"] = notes
         log.info("daemon.reloaded", created=result["created"], updated=result["updated"])
@@ -361,6 +363,7 @@ class Daemon:
         self.kernel.stopping = True  # nothing new starts from here on
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        await self.kernel.retention.aclose()
         await self.server.stop_accepting()
         await self.program_server.stop_accepting()
         running = [s for s in self.table if s.run is not None]

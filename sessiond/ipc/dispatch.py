@@ -30,6 +30,7 @@ from sessiond.ipc.params import (
     CreateParams,
     ExportParams,
     ForkParams,
+    GcParams,
     ImportParams,
     LogParams,
     MergeParams,
@@ -149,6 +150,7 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
             ApplyParams,
             lambda p, w: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
         ),
+        "gc": (GcParams, lambda p, w: k.gc(p.dry_run, who=w)),
     }
 
 

@@ -32,6 +32,10 @@ class NameParams(Params):
     name: str
 
 
+class GcParams(Params):
+    dry_run: bool = False
+
+
 class CreateParams(Params):
     spec: str
     base: str

@@ -38,6 +38,7 @@ from sessiond.codec import decode_line, rfc3339
 from sessiond.errors import BadBundle, InvalidInput
 from sessiond.log.event_data import SessionImported
 from sessiond.log.events import decode
+from sessiond.log.evidence import Evidence
 from sessiond.log.journal import Journal
 from sessiond.log.lineage import artifact_refs
 from sessiond.log.pace import Pacer
@@ -70,10 +71,11 @@ def export_session(
 ) -> dict[str, Any]:
     """Write ``name`` as a bundle to ``out`` (atomically) and return its manifest."""
     lines: list[bytes] = []
-    refs: set[str] = set()
+    evidence = Evidence()
     for record, line in store.read_lines(name):
         lines.append(line)
-        refs.update(artifact_refs(record["data"]))
+        evidence.add(record)
+    refs = set(evidence.wanted(store.artifacts(name)))
     return _write_bundle(store, name, out, lines, refs, now_ns=now_ns)
 
 
@@ -84,13 +86,15 @@ async def export_paced(
     time in the loop, the bundle compressed and written in a thread (zlib, hashing
     and the writes release the GIL), so the loop serves everyone meanwhile."""
     lines: list[bytes] = []
-    refs: set[str] = set()
+    evidence = Evidence()
     pacer = Pacer()
     for record, line in store.read_lines(name, upto=upto):
         lines.append(line)
-        refs.update(artifact_refs(record["data"]))
+        evidence.add(record)
         if pacer.due():
             await pacer.pause()
+    # what a gc removed stays out; a chunked context's parts go in
+    refs = set(evidence.wanted(store.artifacts(name)))
     return await asyncio.to_thread(
         functools.partial(_write_bundle, store, name, out, lines, refs, now_ns=now_ns)
     )
@@ -347,6 +351,9 @@ def _verify_lines(
 ) -> Iterator[None]:
     """Check each event in turn (one step a line, so the daemon can pace it)."""
     del manifest  # its count was checked with the split
+    # Absent artifacts, by the last event naming them: fine once a later gc.collected
+    # records their removal (a gc before the export), else the bundle is short.
+    absent: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         record = decode_line(line[:-1])
         if record is None:
@@ -360,12 +367,15 @@ def _verify_lines(
             decode(record)
         except InvalidInput as exc:
             raise BadBundle(f"{path}: {exc}") from exc
+        if record.get("type") == "gc.collected":
+            for gone in record["data"].get("artifacts", ()):
+                absent.pop(gone.get("artifact"), None)
         for ref in artifact_refs(record["data"]):
             if ref[7:] not in artifacts:
-                raise BadBundle(
-                    f"{path}: event {number} references {ref}, which is not in the bundle"
-                )
+                absent[ref] = number
         yield None
+    for ref, number in absent.items():
+        raise BadBundle(f"{path}: event {number} references {ref}, which is not in the bundle")
 
 
 async def import_session(

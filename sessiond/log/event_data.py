@@ -450,6 +450,35 @@ class LogRepaired(EventData):
     reason: str = ""
 
 
+# terminated: its session ended long enough ago; unreferenced: no event named it;
+# beyond-keep: older than the newest keep_artifacts; chunk: a part of a removed context
+GcRule = Literal["terminated", "unreferenced", "beyond-keep", "chunk"]
+
+
+class CollectedArtifact(Record):
+    """One artifact a gc removed. ``artifact`` (not ``ref``): it no longer resolves, so
+    nothing that gathers a log's references (fork, export, fsck) takes it for one."""
+
+    artifact: Ref
+    size: int = Field(ge=0)
+    rule: GcRule
+
+
+class GcCollected(EventData):
+    """What a gc removed from this session's store ([retention], ``sessionctl gc``).
+    Written before the files go, so a crash part way leaves them recorded and
+    present, never gone without a record."""
+
+    EVENT_TYPE = "gc.collected"
+    artifacts: tuple[CollectedArtifact, ...] = ()
+    snapshots: tuple[int, ...] = ()  # seqs of the snapshot files removed
+    bytes: int = Field(default=0, ge=0)
+    trigger: Literal["sessionctl", "interval"] = "sessionctl"
+    # who asked, from the peer's credentials (sessionctl gc); none for the interval
+    uid: int | None = None
+    user: str = ""
+
+
 PAYLOADS: tuple[type[EventData], ...] = (
     SessionCreated,
     SessionForked,
@@ -480,6 +509,7 @@ PAYLOADS: tuple[type[EventData], ...] = (
     BindingObserved,
     LogRepaired,
     SpecApplied,
+    GcCollected,
 )
 
 PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}

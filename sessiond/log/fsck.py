@@ -20,12 +20,13 @@ from pathlib import Path
 import orjson
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, InvalidInput, LogLocked, SessiondError
+from sessiond.log.chunks import parts
 from sessiond.log.events import decode
+from sessiond.log.evidence import Evidence
 from sessiond.log.journal import Journal
-from sessiond.log.lineage import artifact_refs
 from sessiond.log.replay import apply
 from sessiond.log.state import REDUCER_VERSION, State
-from sessiond.log.store.base import START
+from sessiond.log.store.base import START, ArtifactStore
 from sessiond.log.store.durable import DIR_MODE, FILE_MODE
 from sessiond.log.store.files import FileStore
 from sessiond.log.store.lines import ScanEnd, classify_tail, scan
@@ -54,6 +55,7 @@ class Report:
     sessions: int = 0
     events: int = 0
     artifacts: int = 0
+    collected: int = 0  # referenced artifacts a gc removed (recorded as gc.collected)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -67,6 +69,7 @@ class Report:
             "sessions": self.sessions,
             "events": self.events,
             "artifacts": self.artifacts,
+            "collected": self.collected,
             "problems": [asdict(p) for p in self.problems],
         }
 
@@ -110,7 +113,7 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
     state = State(session=name)
     snapshots = store.snapshots(name)
     snap_seqs = set(snapshots.seqs())
-    referenced: set[str] = set()
+    evidence = Evidence()
     torn = False
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
@@ -126,7 +129,7 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
             except InvalidInput as exc:
                 problems.append(Problem(name, "invalid-event", str(exc)))
                 continue
-            referenced.update(artifact_refs(record["data"]))
+            evidence.add(record)
             apply(state, record)
             if state.seq in snap_seqs:
                 _compare_snapshot(store, name, state, problems, repair)
@@ -168,7 +171,7 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
             if repair:
                 (store.snapshots(name).folder / f"state-{seq}.json").unlink(missing_ok=True)
                 problems[-1].repaired = True
-    _check_artifacts(store, name, referenced, report, problems)
+    _check_artifacts(store, name, evidence, report, problems)
     _check_modes(store, name, problems, repair)
     if torn and repair:
         _repair_tail(store, name, problems)
@@ -202,7 +205,7 @@ def _compare_snapshot(
 
 
 def _check_artifacts(
-    store: FileStore, name: str, referenced: set[str], report: Report, problems: list[Problem]
+    store: FileStore, name: str, evidence: Evidence, report: Report, problems: list[Problem]
 ) -> None:
     artifacts = store.artifacts(name)
     stored = artifacts.digests()
@@ -213,13 +216,42 @@ def _check_artifacts(
         except ArtifactCorrupt as exc:
             problems.append(Problem(name, "artifact-corrupt", str(exc)))
     present = set(stored)
-    for ref in sorted(referenced):
-        if ref[7:] not in present:
+    for ref in sorted(evidence.referenced):
+        if ref[7:] not in present and ref in evidence.collected:
+            report.collected += 1  # removed by a gc, recorded in the log: not damage
+        elif ref[7:] not in present:
             problems.append(
                 Problem(
                     name,
                     "artifact-missing",
                     str(ArtifactMissing(f"{ref} is referenced but missing")),
+                )
+            )
+    for manifest in sorted(evidence.manifests):
+        if manifest[7:] in present:
+            _check_chunks(artifacts, name, manifest, present, evidence.collected, problems)
+
+
+def _check_chunks(  # noqa: PLR0917 (one caller)
+    artifacts: ArtifactStore,
+    name: str,
+    manifest: str,
+    present: set[str],
+    collected: set[str],
+    problems: list[Problem],
+) -> None:
+    """Every part of a chunked context is there, or recorded as removed by a gc (one
+    cut off by a crash may have removed some parts before their manifest)."""
+    try:
+        needed = parts(artifacts, manifest, missing=collected.__contains__)
+    except SessiondError as exc:
+        problems.append(Problem(name, "artifact-corrupt", f"context {manifest}: {exc}"))
+        return
+    for ref in needed:
+        if ref[7:] not in present and ref not in collected:
+            problems.append(
+                Problem(
+                    name, "artifact-missing", f"{ref}, a part of context {manifest}, is missing"
                 )
             )
 

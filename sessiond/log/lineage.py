@@ -14,16 +14,11 @@ from typing import Any
 
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import SHA256_REF, SessionForked
+from sessiond.log.evidence import FREE_FORM, Evidence
 from sessiond.log.journal import Journal
 from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Durability, Pending, Store
 from sessiond.names import check_name
-
-# Fields of event data that hold any JSON a program or a person gave (tool
-# arguments, wake details, run wakes, the spec as written, a step's result): a {"ref": "sha256:..."}
-# in them is data, not evidence. Taken for a reference, it made export and fork of
-# the session fail for ever, looking for an artifact that never existed.
-FREE_FORM = frozenset({"args", "details", "wakes", "spec", "result"})
 
 
 def artifact_refs(data: Any) -> Iterator[str]:
@@ -70,17 +65,18 @@ async def fork(
     # Lines 1..at only, a slice at a time: the loop serves other sessions meanwhile.
     # The caller holds the parent's lock, so only the parent's own requests wait.
     lines: list[bytes] = []
-    refs: set[str] = set()
+    evidence = Evidence()
     pacer = Pacer()
     for record, line in store.read_lines(parent.session, upto=at):
         lines.append(line)
-        refs.update(artifact_refs(record["data"]))
+        evidence.add(record)
         if pacer.due():
             await pacer.pause()
     if len(lines) != at:
         raise InvalidInput(f"could read only {len(lines)} of {at} events of {parent.session!r}")
     parent_artifacts = store.artifacts(parent.session)
-    blobs = (parent_artifacts.get(ref) for ref in sorted(refs))
+    # what a gc removed stays removed; a chunked context's parts come along
+    blobs = (parent_artifacts.get(ref) for ref in evidence.wanted(parent_artifacts))
     new_log = await store.create(
         child,
         spec=store.read_spec(parent.session),

@@ -54,6 +54,7 @@ FREE_TEXT: dict[str, tuple[str, ...]] = {
     "binding.observed": (),
     "log.repaired": ("reason",),
     "spec.applied": (),  # the spec is stored as written (like session.created)
+    "gc.collected": (),
 }
 
 

@@ -419,6 +419,10 @@ def _spec_applied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     """Nothing to fold: the spec in force is spec.toml; this event records who changed it."""
 
 
+def _gc_collected(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+    """Nothing to fold: a gc removes only what continuing does not need (its evidence)."""
+
+
 HANDLERS: dict[str, Handler] = {
     "session.created": _created,
     "session.forked": _forked,
@@ -449,6 +453,7 @@ HANDLERS: dict[str, Handler] = {
     "binding.observed": _binding,
     "log.repaired": _repaired,
     "spec.applied": _spec_applied,
+    "gc.collected": _gc_collected,
 }
 
 assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"

@@ -33,6 +33,7 @@ import orjson
 from pydantic import ValidationError
 
 from sessiond.errors import InvalidInput, Refused
+from sessiond.log.chunks import put_context
 from sessiond.log.event_data import (
     ApprovalRequested,
     ArtifactRef,
@@ -338,11 +339,13 @@ class Steps:
         durable on its own: a model call changes nothing in the world, so one whose
         request a crash lost is simply asked again; the response's durable write
         covers this line."""
+        # as chunks shared with the turn's other calls (log/chunks.py): an agent
+        # re-sends its history with every call, which stored whole is O(n^2)
         context = await asyncio.to_thread(
-            self.ctx.store.artifacts(s.name).put,
+            put_context,
+            self.ctx.store.artifacts(s.name),
             _mask(s, orjson.dumps(p.request)),
             "context.json",
-            "application/json",
         )
         await self.ctx.table.append(
             s,

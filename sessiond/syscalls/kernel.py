@@ -26,6 +26,7 @@ from sessiond.syscalls.control import Control
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.observe import Observe
+from sessiond.syscalls.retention import Retention
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
@@ -41,6 +42,7 @@ class Kernel:
         self.control = Control(ctx, runs)
         self.lineage = Lineage(ctx, runs)
         self.approvals = Approvals(ctx, runs)
+        self.retention = Retention(ctx)
         self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
 
         # inspection
@@ -74,6 +76,7 @@ class Kernel:
         self.apply = self.approvals.apply
         # notifications, traces, the stored spec (section 11)
         self.observe = Observe(ctx)
+        self.gc = self.retention.gc  # [retention] (DESIGN.md section 6)
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context

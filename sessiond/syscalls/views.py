@@ -42,6 +42,7 @@ AUDIT_TYPES = frozenset(
         "session.merged",
         "session.forked",
         "session.imported",
+        "gc.collected",
     }
 )
 

@@ -88,6 +88,7 @@ def check_refused(d: Daemon, results: dict[str, Any]) -> None:
         assert "only ping" in control
         assert "program endpoint" in control
     assert "operator action" in results["approve-self-endpoint"]["error"]["message"]
+    assert "operator action" in results["gc-endpoint"]["error"]["message"]
     assert "allowed more than" in results["create-wider"]["error"]["message"]
     assert "cannot send as 'operator'" in results["send-forged-sender"]["error"]["message"]
     # The operator sees every approval still pending, and no answer in any log.

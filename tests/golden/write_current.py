@@ -3,7 +3,8 @@
 Run it once when a version is published (``python -m tests.golden.write_current``)
 and commit the result under ``tests/golden/v<N>/``; when event types or optional
 fields are added within a version, write a folder of its own beside it
-(``v1-spec-applied``: ``spec.applied``, and who answered). Never regenerate a published
+(``v1-spec-applied``: ``spec.applied``, and who answered; ``v1-gc-collected``:
+``gc.collected``). Never regenerate a published
 version: the point of these files is that logs written by every earlier version
 stay readable (``tests/log/test_golden.py`` replays them all).
 """
@@ -24,10 +25,12 @@ from sessiond.log.event_data import (
     ArtifactRef,
     BindingObserved,
     BudgetExhausted,
+    CollectedArtifact,
     ContextCompacted,
     EventData,
     GateCheck,
     GateEvaluated,
+    GcCollected,
     LifecycleChanged,
     LogRepaired,
     MessageReceived,
@@ -147,6 +150,15 @@ def every_type() -> list[Draft]:
         SessionMigrated(from_profile="default", to_profile="big-model"),
         SessionImported(original_name="golden", bundle_sha256=H, events=30),
         LogRepaired(dropped_bytes=12, at_offset=3000, last_good_seq=32, reason="torn write"),
+        GcCollected(
+            artifacts=(
+                CollectedArtifact(artifact="sha256:" + "9" * 64, size=40, rule="terminated"),
+            ),
+            snapshots=(10,),
+            bytes=4096,
+            uid=1000,
+            user="ann",
+        ),
         LifecycleChanged(from_state="running", to="terminated", outcome="completed", reason="done"),
     ]
     assert {p.EVENT_TYPE for p in payloads} == set(CURRENT_VERSION)

@@ -30,6 +30,8 @@ DESIGN_TYPES = {
     "binding.observed", "log.repaired",
     # section 8's `apply`: an operator's new spec, recorded with who applied it
     "spec.applied",
+    # section 6's retention: what a gc removed from the session's store
+    "gc.collected",
 }  # fmt: skip
 
 

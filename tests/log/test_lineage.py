@@ -73,7 +73,8 @@ def test_only_typed_fields_are_taken_for_artifact_references() -> None:
     from pydantic import BaseModel, JsonValue
 
     from sessiond.log.event_data import PAYLOAD_BY_TYPE, ArtifactRef
-    from sessiond.log.lineage import FREE_FORM, artifact_refs
+    from sessiond.log.evidence import FREE_FORM
+    from sessiond.log.lineage import artifact_refs
 
     def mentions(annotation: object, target: object) -> bool:
         if annotation is target:

@@ -194,6 +194,19 @@ def test_artifacts_are_content_addressed_and_verified(store: Store) -> None:
             artifacts.get(bad)
 
 
+def test_put_many_stores_each_as_put_would_repeats_included(store: Store) -> None:
+    arun(_create(store, "alpha"))
+    artifacts = store.artifacts("alpha")
+    first = artifacts.put(b"already there", "old", "text/plain")
+    items = [(b"already there", "again", "text/plain"), (b"new", "n", "text/plain")]
+    refs = artifacts.put_many([*items, (b"new", "twice", "application/json")])
+    assert refs[0].ref == first.ref
+    assert [r.name for r in refs] == ["again", "n", "twice"]
+    assert refs[1].ref == refs[2].ref == artifacts.put(b"new", "n", "text/plain").ref
+    assert artifacts.get(refs[1].ref) == b"new"
+    assert sorted(artifacts.digests()) == sorted({first.digest, refs[1].digest})
+
+
 def test_the_gate_checks_verify_stored_artifacts_and_an_untouched_log(store: Store) -> None:
     async def go() -> None:
         log = await store.create("alpha")

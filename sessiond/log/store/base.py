@@ -163,6 +163,11 @@ class ArtifactStore(abc.ABC):
     ) -> ArtifactRef:
         """Store ``data`` durably (idempotent) and return its reference."""
 
+    def put_many(self, items: Sequence[tuple[bytes, str, str]]) -> list[ArtifactRef]:
+        """:meth:`put` each ``(data, name, media_type)``; durable when it returns. A
+        backend may do it in fewer syncs (the chunks of a model context)."""
+        return [self.put(data, name, media) for data, name, media in items]
+
     @abc.abstractmethod
     def get(self, ref: str) -> bytes:
         """The content of ``ref``; raises ArtifactMissing, ArtifactCorrupt, BadArtifactRef."""

@@ -7,18 +7,41 @@ checked against that hash on every read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, StorageError
 from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
 from sessiond.log.store.base import ArtifactStore
-from sessiond.log.store.durable import read_regular, real_dir, write_durable
+from sessiond.log.store.durable import FILE_MODE, read_regular, real_dir, write_all, write_durable
 from sessiond.log.store.hashcache import HashCache, NotRegularFile
+
+
+def _write_all_durable(folder: Path, files: dict[str, bytes]) -> None:
+    """Write each file under a temporary name, sync them all, then rename them."""
+    temps: list[tuple[Path, Path, int]] = []
+    try:
+        for digest, data in files.items():
+            path = folder / digest
+            tmp = folder / f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+            temps.append((tmp, path, fd))
+            write_all(fd, data)
+        for _tmp, _path, fd in temps:
+            os.fsync(fd)
+        for tmp, path, _fd in temps:
+            if path.is_symlink():
+                path.unlink()
+            os.replace(tmp, path)
+    finally:
+        for tmp, _path, fd in temps:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
 
 
 class FileArtifacts(ArtifactStore):
@@ -48,11 +71,52 @@ class FileArtifacts(ArtifactStore):
             present = stat.S_ISREG(st.st_mode) and st.st_size == len(data)
         except FileNotFoundError:
             present = False
-        if not present:
+        if present:
+            # Reused: a gc leaves a file this fresh alone (sessiond.log.retention),
+            # since the event naming it again is on its way.
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        else:
             if path.is_symlink():
                 path.unlink()
             write_durable(path, data)
         return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)
+
+    def put_many(self, items: Sequence[tuple[bytes, str, str]]) -> list[ArtifactRef]:
+        # The parts of a model context: most are there already (touched, as put
+        # does). The new ones are all written before any is synced, so the first
+        # fsync's journal commit carries the others' data too (one commit, not one
+        # a file), then renamed, then the folder synced once.
+        folder = real_dir(self.folder)
+        refs = []
+        new: dict[str, bytes] = {}
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for data, name, media_type in items:
+                digest = hashlib.sha256(data).hexdigest()
+                refs.append(
+                    ArtifactRef(
+                        ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type
+                    )
+                )
+                if digest in new:
+                    continue
+                try:
+                    st = os.stat(digest, dir_fd=dir_fd, follow_symlinks=False)
+                    present = stat.S_ISREG(st.st_mode) and st.st_size == len(data)
+                except FileNotFoundError:
+                    present = False
+                if present:
+                    with contextlib.suppress(OSError):
+                        os.utime(digest, dir_fd=dir_fd, follow_symlinks=False)
+                else:
+                    new[digest] = data
+            if new:
+                _write_all_durable(folder, new)
+                os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return refs
 
     def get(self, ref: str) -> bytes:
         path = self._path(ref)

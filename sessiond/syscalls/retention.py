@@ -1,0 +1,200 @@
+"""``gc``: apply ``[retention]`` now, and every ``interval`` (DESIGN.md section 6).
+
+For each session: read its log (without its lock, a slice at a time, so the
+loop and the session go on), then under its lock read what was appended since,
+plan (sessiond.log.retention), record the plan as ``gc.collected`` (durable),
+and only then remove the files. A dry run plans and reports, and changes
+nothing. One gc runs at a time; an operator action (a run's processes cannot
+call it: sessiond.ipc.runpeer and the program endpoint refuse it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from datetime import datetime
+from typing import Any, Literal
+
+import structlog
+
+from sessiond.errors import SessiondError
+from sessiond.log.event_data import CollectedArtifact, GcCollected
+from sessiond.log.evidence import Evidence
+from sessiond.log.pace import Pacer
+from sessiond.log.retention import Plan, needed, plan, remove
+from sessiond.log.store.base import Record
+from sessiond.runs.context import RunContext
+from sessiond.table.sessions import Session
+
+log = structlog.get_logger(__name__)
+
+Trigger = Literal["sessionctl", "interval"]
+
+
+class Retention:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self._one = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._interval: float | None = None
+        self._removed = 0  # files removed by this daemon's gcs (the crash tests' hook)
+
+    async def gc(
+        self,
+        dry_run: bool = False,
+        who: dict[str, Any] | None = None,
+        trigger: Trigger = "sessionctl",
+    ) -> dict[str, Any]:
+        """Apply the rules to every session; what was (or would be) removed, and the
+        bytes freed."""
+        rules = self.ctx.config.retention
+        plans: list[Plan] = []
+        errors: list[str] = []
+        async with self._one:
+            if rules.rules():
+                for s in list(self.ctx.table):
+                    if s.journal is None:  # a broken log: fsck and a person first
+                        continue
+                    try:
+                        p = await self._session(s, dry_run, who or {}, trigger)
+                    except (OSError, SessiondError) as exc:
+                        errors.append(f"{s.name}: {exc}")
+                        log.warning("gc.failed", session=s.name, error=str(exc))
+                        continue
+                    if p:
+                        plans.append(p)
+        total = sum(p.bytes for p in plans)
+        if not dry_run and plans:
+            log.info("gc.done", trigger=trigger, sessions=len(plans), bytes=total)
+        return {
+            "dry_run": dry_run,
+            "rules": rules.rules(),
+            "sessions": [p.to_dict() for p in plans],
+            "artifacts": sum(len(p.artifacts) for p in plans),
+            "snapshots": sum(len(p.snapshots) for p in plans),
+            "bytes": total,
+            "errors": errors,
+        }
+
+    async def _session(
+        self, s: Session, dry_run: bool, who: dict[str, Any], trigger: Trigger
+    ) -> Plan:
+        store = self.ctx.store
+        rules = self.ctx.config.retention
+        # only the snapshot rule: nothing to learn from the log
+        read = (rules.terminated, rules.unreferenced, rules.keep_artifacts) != (None,) * 3
+        evidence = Evidence()
+        pacer = Pacer()
+        seq = 0
+        # What is appended while the log is read (without the lock) is caught here,
+        # so the lock is held only for what came after, never for a whole log.
+        tail: list[Record] = []
+        unlisten = self.ctx.table.listen(
+            lambda name, record: tail.append(record) if name == s.name else None
+        )
+        try:
+            for record in store.read(s.name) if read else ():  # a live log reads fine
+                evidence.add(record)
+                seq = record["seq"]
+                if pacer.due():
+                    await pacer.pause()
+            async with s.lock:
+                for record in tail if read else ():
+                    if record["seq"] > seq:
+                        evidence.add(record)
+                        seq = record["seq"]
+                return await self._collect(s, evidence, dry_run, who, trigger)
+        finally:
+            unlisten()
+
+    async def _collect(
+        self, s: Session, evidence: Evidence, dry_run: bool, who: dict[str, Any], trigger: Trigger
+    ) -> Plan:
+        """Plan, record and remove, under the session's lock."""
+        store = self.ctx.store
+        rules = self.ctx.config.retention
+        artifacts = store.artifacts(s.name)
+        snapshots = store.snapshots(s.name)
+        now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
+        state = s.j.state
+        keep = needed(state, evidence, artifacts)
+        # a stat of every file and a read of every context's manifest: off the loop
+        p = await asyncio.to_thread(
+            plan,
+            s.name,
+            keep,
+            state.state != "terminated",
+            evidence,
+            artifacts,
+            snapshots,
+            rules,
+            now,
+            time.time(),
+        )
+        if dry_run or not p:
+            return p
+        # Recorded first: a crash from here on leaves these files recorded and
+        # (some of them) present, which fsck accepts and the next gc finishes.
+        await self.ctx.table.append(
+            s,
+            GcCollected(
+                artifacts=tuple(
+                    CollectedArtifact(artifact=r.ref, size=r.size, rule=r.rule) for r in p.artifacts
+                ),
+                snapshots=tuple(p.snapshots),
+                bytes=p.bytes,
+                trigger=trigger,
+                uid=who.get("uid"),
+                user=who.get("user", ""),
+            ),
+        )
+        await asyncio.to_thread(remove, artifacts, snapshots, p, self._fault_hook())
+        return p
+
+    def _fault_hook(self) -> Any:
+        limit = self.ctx.config.retention.fault_kill_after
+        if limit is None:
+            return None
+
+        def each() -> None:  # TEST ONLY: a real kill -9 part way through a gc
+            self._removed += 1
+            if self._removed >= limit:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return each
+
+    # --- the periodic gc ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run a gc every ``[retention] interval`` (if set); after a reload, on the
+        new interval (a gc under way is left to finish when it is unchanged)."""
+        interval = self.ctx.config.retention.interval
+        if self._task is not None and interval == self._interval:
+            return
+        self.close()
+        self._interval = interval
+        if interval is not None:
+            self._task = asyncio.ensure_future(self._every(interval))
+
+    async def _every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.gc(trigger="interval")
+            except Exception:  # the next one may do better; never the loop's end
+                log.exception("gc.failed")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
