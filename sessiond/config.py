@@ -258,6 +258,8 @@ class OtelConfig(_Strict):
     endpoint: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     service_name: str = "sessiond"
     headers: dict[str, str] = Field(default_factory=dict)
+
+
 class RetentionConfig(_Strict):
     """What a gc removes ([retention]; DESIGN.md section 6; sessiond.syscalls.retention).
 
