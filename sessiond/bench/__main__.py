@@ -19,7 +19,18 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.bench import daemon, fsinfo, gate, loop, machine, run_async, steps, storage, wakes
+from sessiond.bench import (
+    daemon,
+    fsinfo,
+    gate,
+    loop,
+    machine,
+    memory,
+    run_async,
+    steps,
+    storage,
+    wakes,
+)
 
 # name -> (comparison, bound, what the bound is measured against)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -45,6 +56,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "loop_replay_ping_p99_ms": ("<=", 10.0, "ms (... replayed, messages view)"),
     "loop_fork_ping_p99_ms": ("<=", 10.0, "ms (... forked)"),
     "loop_export_ping_p99_ms": ("<=", 10.0, "ms (... exported)"),
+    "rss_long_short_ratio": ("<=", 1.1, "RSS 10k sessions x 1,000 events / 10k x 100"),
+    "rss_1m_session_over_empty_mb": ("<=", 50.0, "MB (one 1M-event session vs none)"),
 }
 
 
@@ -55,11 +68,14 @@ def measure(
     *,
     skip_daemon: bool = False,
     loop_only: bool = False,
+    memory_only: bool = False,
     baseline: Path | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if loop_only:
         return loop.measure(work, quick, say, baseline)
+    if memory_only:
+        return memory.measure(work, quick, say)
 
     def step(name: str) -> Path:
         say(f"measuring {name} ...")
@@ -120,6 +136,7 @@ def measure(
         say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
         results.update(steps.measure(work, quick))
         results.update(loop.measure(work, quick, say, baseline))
+        results.update(memory.measure(work, quick, say))
     return results
 
 
@@ -154,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only ping latency while a 100k-event session is logged, replayed, forked, exported",
     )
     parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the daemon's RSS: 10k sessions of 1,000 events vs of 100, one 1M-event "
+        "session vs none (writes about 4 GB of logs)",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         default=None,
@@ -176,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             say,
             skip_daemon=args.storage_only,
             loop_only=args.loop_only,
+            memory_only=args.memory_only,
             baseline=args.baseline,
         )
     finally:
