@@ -26,8 +26,10 @@ import json
 from sessiond.sdk import connect
 with connect() as run:
     ctx = run.context()
+    raw = run._call("sdk.context")  # what one answer of the daemon holds: a page
     summary = {"n": len(ctx["messages"]), "first": ctx["messages"][0],
-               "last": ctx["messages"][-1], "keys": sorted(ctx), "mailbox": len(ctx["mailbox"])}
+               "last": ctx["messages"][-1], "keys": sorted(ctx), "mailbox": len(ctx["mailbox"]),
+               "page": len(raw["messages"]), "next": raw["next_cursor"]}
     open("context.json.tmp", "w").write(json.dumps(summary))
     __import__("os").rename("context.json.tmp", "context.json")
     run.sleep()
@@ -121,5 +123,7 @@ def test_sdk_context_pages_through_a_long_view(d: Daemon) -> None:
     assert seen["first"] == expected[0]
     assert seen["last"] == expected[-1]
     assert "next_cursor" not in seen["keys"]
+    assert seen["page"] == PAGE_DEFAULT  # the daemon sent it a page at a time
+    assert seen["next"] == expected[PAGE_DEFAULT - 1]["seq"]
     assert seen["mailbox"] == 9  # the messages since the last run, text and all
     assert seen["last"]["content"] == "later"

@@ -65,9 +65,11 @@ def old_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             lo, hi = d["from_seq"], d["to_seq"]
             text = f"Summary of earlier context (events {lo}-{hi}): {d['summary']}"
             summary = {"seq": lo, "text": text}
-            items = [t for t in items if t["seq"] < lo] + [summary] + [
-                t for t in items if t["seq"] > hi
-            ]
+            items = (
+                [t for t in items if t["seq"] < lo]
+                + [summary]
+                + [t for t in items if t["seq"] > hi]
+            )
         elif (item := transcript_item(r)) is not None:
             items.append({"seq": item["seq"], "text": item["text"]})
     return items
