@@ -171,7 +171,7 @@ async def demo(state_dir: Path) -> None:
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
 
     _title("messages view (what a model would see)")
-    for m in messages(s):
+    for m in messages(list(store.read("payroll"))):
         print(f"{m['role']:>9}: {m['content']}")
 
     _title("trace")

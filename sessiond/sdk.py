@@ -221,8 +221,14 @@ class Run:
 
     def context(self) -> dict[str, Any]:
         """The session as this turn began: state, messages view, wake cause, approvals,
-        unread mail. The same in every run of the turn."""
+        unread mail. The same in every run of the turn. The daemon sends the messages
+        a page at a time (it builds them from the log); they are all here."""
         result: dict[str, Any] = self._call("sdk.context")
+        cursor = result.pop("next_cursor", None)
+        while cursor is not None:
+            page = self._call("sdk.context", cursor=cursor)
+            result["messages"] += page["messages"]
+            cursor = page["next_cursor"]
         return result
 
     # --- steps ---------------------------------------------------------------------

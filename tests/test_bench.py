@@ -116,3 +116,23 @@ def test_the_loop_benchmark_runs() -> None:
     for op in loop.OPS:
         assert figures[f"loop_{op}_pings"] >= 1
         assert figures[f"loop_{op}_ping_p99_ms"] > 0
+
+
+def test_the_memory_benchmark_runs_on_state_written_offline() -> None:
+    """Sessions written beside their snapshots load from them (a warm start), the long
+    session also cold; each figure is there (nothing timed or sized is asserted)."""
+    import shutil
+    import tempfile
+
+    from sessiond.bench import memory
+
+    root = Path(tempfile.mkdtemp(prefix="mem-", dir="/tmp"))  # short socket paths
+    try:
+        warm = memory.daemon_rss(root / "a", 3, 300, cold=False)
+        cold = memory.daemon_rss(root / "b", 1, 300, cold=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert warm["mb"] > 0
+    assert warm["snapshots_mb"] > 0  # the offline snapshots (a clean stop keeps them)
+    assert cold["cold_mb"] > 0
+    assert cold["mb"] > 0

@@ -26,6 +26,7 @@ from sessiond.bench import (
     gate,
     loop,
     machine,
+    memory,
     run_async,
     steps,
     storage,
@@ -57,6 +58,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "loop_replay_ping_p99_ms": ("<=", 10.0, "ms (... replayed, messages view)"),
     "loop_fork_ping_p99_ms": ("<=", 10.0, "ms (... forked)"),
     "loop_export_ping_p99_ms": ("<=", 10.0, "ms (... exported)"),
+    "rss_long_short_ratio": ("<=", 1.1, "RSS 10k sessions x 1,000 events / 10k x 100"),
+    "rss_1m_session_over_empty_mb": ("<=", 50.0, "MB (one 1M-event session vs none)"),
 }
 
 
@@ -67,11 +70,14 @@ def measure(
     *,
     skip_daemon: bool = False,
     loop_only: bool = False,
+    memory_only: bool = False,
     baseline: Path | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if loop_only:
         return loop.measure(work, quick, say, baseline)
+    if memory_only:
+        return memory.measure(work, quick, say)
 
     def step(name: str) -> Path:
         say(f"measuring {name} ...")
@@ -136,6 +142,7 @@ def measure(
         say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
         results.update(steps.measure(work, quick))
         results.update(loop.measure(work, quick, say, baseline))
+        results.update(memory.measure(work, quick, say))
     return results
 
 
@@ -170,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only ping latency while a 100k-event session is logged, replayed, forked, exported",
     )
     parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the daemon's RSS: 10k sessions of 1,000 events vs of 100, one 1M-event "
+        "session vs none (writes about 4 GB of logs)",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         default=None,
@@ -192,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             say,
             skip_daemon=args.storage_only,
             loop_only=args.loop_only,
+            memory_only=args.memory_only,
             baseline=args.baseline,
         )
     finally:

@@ -23,6 +23,7 @@ import orjson
 from sessiond import __version__
 from sessiond.ctl import answers, gc, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
+from sessiond.ctl.pages import replay_messages
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -278,7 +279,10 @@ def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    view = conn.call("replay", {"name": args.name, "upto": args.upto, "view": args.view})
+    params = {"name": args.name, "upto": args.upto, "view": args.view}
+    if args.view == "messages":
+        return replay_messages(conn, params, out.json, out.emit_json)
+    view = conn.call("replay", params)
     if out.json or args.view == "state":
         out.emit_json(view)
     elif args.view == "messages":

@@ -40,6 +40,7 @@ from sessiond.ipc.params import (
     Params,
     ReplayParams,
     ResolveParams,
+    SdkContextParams,
     SdkEndParams,
     SdkSendParams,
     SdkStepDoneParams,
@@ -105,7 +106,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "ping": (NoParams, lambda _: k.ping()),
         "ps": (NoParams, lambda _: k.ps()),
         "show": (NameParams, lambda p: k.show(p.name)),
-        "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view)),
+        "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),
         "gate": (NameParams, lambda p: k.gate(p.name)),
         "create": (CreateParams, lambda p: k.create(p.spec, p.base, p.source)),
         "activate": (NameParams, lambda p: k.activate(p.name)),
@@ -122,7 +123,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "notify": (NoParams, lambda _: k.observe.notify_status()),
         "cat": (NameParams, lambda p: k.observe.cat(p.name)),
         "trace.export": (NameParams, lambda p: k.observe.trace_export(p.name)),
-        "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
+        "sdk.context": (SdkContextParams, lambda p: k.sdk_context(p.token, p.cursor, p.limit)),
         # lambdas, not bound methods: the table is built before (and in the hostile
         # tests, without) a kernel; nothing is looked up until a request comes
         "sdk.step": (SdkStepParams, lambda p: k.sdk_step(p)),  # noqa: PLW0108

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sessiond.errors import InvalidInput
 from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
 from sessiond.log.event_data import ErrorClass
+from sessiond.log.projections import PAGE_MAX
 from sessiond.logquery import MAX_GREP
 
 
@@ -59,6 +60,9 @@ class ReplayParams(Params):
     name: str
     upto: int | None = Field(default=None, ge=1)
     view: str = "state"
+    # A page of the messages view: after `cursor` (a page's next_cursor), `limit` items.
+    cursor: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=PAGE_MAX)
 
 
 class ForkParams(Params):
@@ -115,6 +119,14 @@ class ApplyParams(Params):
 class TokenParams(Params):
     token: str
     session: str | None = None  # the SDK sends SESSIOND_SESSION: a token works for it only
+
+
+class SdkContextParams(TokenParams):
+    """``sdk.context``: the first call gives the context with the first page of its
+    messages; each next page is asked for with the ``next_cursor`` of the one before."""
+
+    cursor: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=PAGE_MAX)
 
 
 # A step's place in its turn: the SDK's ordinal (call order), or a key the program

@@ -10,7 +10,7 @@ events it covers are durable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import orjson
 import structlog
@@ -57,6 +57,9 @@ class Journal:
         # of every event is masked before it is written (sessiond.log.masking). Set
         # by the table; None, or a redactor of None, masks nothing and costs nothing.
         self.redaction: Callable[[], Redactor | None] | None = None
+        # The store the log is in (set by open): what is built from the log on
+        # demand (the messages view, compaction) reads it through ``read``.
+        self.store: Store | None = None
 
     @property
     def session(self) -> str:
@@ -82,6 +85,7 @@ class Journal:
             raise
         journal = cls(event_log, snapshots, state, snapshot_every)
         journal.from_snapshot = from_snapshot
+        journal.store = store
         journal._snapshot_seq = from_snapshot or 0
         repair = event_log.repair
         if repair is not None:  # recover() cut a torn tail and recorded it
@@ -178,6 +182,13 @@ class Journal:
         snap = await self.take_snapshot()
         if snap is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.snapshots.save, snap)
+
+    def read(self, *, upto: int | None = None) -> Iterator[Record]:
+        """The session's records from its first, up to seq ``upto`` (default: the
+        state's, not what is written meanwhile)."""
+        if self.store is None:
+            raise RuntimeError("a journal opened without its store cannot read its log")
+        return self.store.read(self.session, upto=self.state.seq if upto is None else upto)
 
     async def close(self) -> None:
         await self.log.close()

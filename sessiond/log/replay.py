@@ -14,7 +14,7 @@ from typing import Any
 
 from sessiond.log import turns
 from sessiond.log.events import CURRENT_VERSION, upcast
-from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, State
+from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, TRANSCRIPT_KEEP, State
 
 Handler = Callable[[State, dict[str, Any], dict[str, Any]], None]
 
@@ -25,7 +25,16 @@ def _ref(state: State, ref: dict[str, Any] | None) -> None:
 
 
 def _say(state: State, rec: dict[str, Any], role: str, kind: str, text: str, **extra: Any) -> None:
-    state.transcript.append({"seq": rec["seq"], "role": role, "kind": kind, "text": text, **extra})
+    _keep(state, {"seq": rec["seq"], "role": role, "kind": kind, "text": text, **extra})
+
+
+def _keep(state: State, item: dict[str, Any]) -> None:
+    """The newest items of the messages view only (the same items as
+    log.projections.transcript_item): the view itself is built from the log."""
+    transcript = state.transcript
+    transcript.append(item)
+    if len(transcript) > TRANSCRIPT_KEEP:
+        del transcript[0]
 
 
 # --- identity and lineage ------------------------------------------------------
@@ -70,6 +79,8 @@ def _merged(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         _ref(s, ref)
     text = f"[merged from {d['child']}] {d['summary']}"
     _say(s, r, "user", "merge", text, sender=d["child"], artifacts=d["artifacts"])
+    if d["artifacts"]:
+        s.view_artifacts.append({"seq": r["seq"], "refs": list(d["artifacts"])})
 
 
 def _migrated(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -354,25 +365,19 @@ def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     if s.approvals:
         s.approvals.pop(call, None)
     s.last_observation = {"seq": seq, "call": call, "tool": tool, "text": text}
-    s.transcript.append(
-        {
-            "seq": seq,
-            "role": "tool",
-            "kind": "observation",
-            "text": text,
-            "tool": tool,
-            "call": call,
-        }
-    )
+    _keep(s, {"seq": seq, "role": "tool", "kind": "observation", "text": text, "tool": tool,
+              "call": call})  # fmt: skip
 
 
 # --- context, verification, budget, bindings, repairs ------------------------------------
 
 
 def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    """Replace the transcript items of the range by the summary, where the range began.
+    """Replace the items of the range by the summary, where the range began.
 
-    An earlier summary inside the range goes too: the new summary covers it.
+    An earlier summary inside the range goes too: the new summary covers it, and
+    what that one stood in for (``hides``). The fold keeps the summaries in force;
+    the view (log.projections) hides every item one of them stands in for.
     """
     lo, hi = d["from_seq"], d["to_seq"]
     summary = {
@@ -386,7 +391,18 @@ def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     }
     before = [t for t in s.transcript if t["seq"] < lo]
     after = [t for t in s.transcript if t["seq"] > hi]
-    s.transcript = [*before, summary, *after]
+    s.transcript = [*before, summary, *after][-TRANSCRIPT_KEEP:]
+    hides = hi
+    kept = []
+    for old in s.summaries:
+        if lo <= old["seq"] <= hi:
+            hides = max(hides, old["hides"])
+        else:
+            kept.append(old)
+    s.summaries = [*kept, {**summary, "hides": hides}]
+    s.view_artifacts = [a for a in s.view_artifacts if not lo <= a["seq"] <= hi]
+    if summary["artifacts"]:
+        s.view_artifacts.append({"seq": lo, "refs": summary["artifacts"]})
     s.compactions += 1
     s.last_compaction = {"seq": r["seq"], "from_seq": lo, "to_seq": hi, "method": d["method"]}
     _ref(s, d["artifact"])

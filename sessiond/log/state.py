@@ -18,12 +18,15 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
-REDUCER_VERSION = 6
+# 7: the transcript is the newest TRANSCRIPT_KEEP items only, beside the summaries
+# in force and the artifacts the view shows (the view is built from the log).
+REDUCER_VERSION = 7
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
 # needs. Hence the bounds below and the compaction of the transcript.
 MAILBOX_KEEP = 100
+TRANSCRIPT_KEEP = 8
 RUN_DAYS_KEEP = 7
 
 PENDING_STAGES = frozenset({"intent", "decided", "approval", "approved"})
@@ -108,9 +111,16 @@ class State:
     # seqs of messages received since the last run started (the last MAILBOX_KEEP);
     # their text is in the transcript (and the log)
     mailbox: list[int] = field(default_factory=list)
-    # What the messages view shows, in seq order, with compacted ranges already
-    # replaced by their summary (the log keeps the originals).
+    # The newest TRANSCRIPT_KEEP items of the messages view, in seq order, with
+    # compacted ranges already replaced by their summary. The whole view is built
+    # from the log when asked (log.projections), so the state does not grow with it.
     transcript: list[dict[str, Any]] = field(default_factory=list)
+    # The compaction summaries in force: each a transcript item ("seq" is where its
+    # range begins) and "hides", the last seq it stands in for (its range's end, or
+    # further where it replaced an earlier summary that reached further).
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    # The artifacts attached to items the view shows (merges, summaries): {"seq", "refs"}.
+    view_artifacts: list[dict[str, Any]] = field(default_factory=list)
     compactions: int = 0
     last_compaction: dict[str, Any] | None = None
     repairs: list[dict[str, Any]] = field(default_factory=list)
@@ -152,8 +162,8 @@ class State:
             add(self.last_run.get("stderr"))
         if self.pending_model:
             add(self.pending_model.get("context"))
-        for item in self.transcript:
-            for ref in item.get("artifacts", ()):
+        for item in self.view_artifacts:
+            for ref in item["refs"]:
                 add(ref)
         return refs
 

@@ -18,8 +18,10 @@ from sessiond.log.event_data import (
     VerificationFinished,
     VerificationStarted,
 )
-from sessiond.log.projections import messages
-from sessiond.log.replay import replay_all
+from sessiond.log.pace import batches
+from sessiond.log.projections import PAGE_DEFAULT, hidden, messages_page, transcript_item
+from sessiond.log.replay import replay
+from sessiond.log.state import State
 from sessiond.log.store.base import Draft
 from sessiond.runs.context import RunContext
 from sessiond.runs.sends import Sends
@@ -40,8 +42,9 @@ class SdkCalls:
         self.send = send
         self.steps = Steps(ctx)
         self.sends = Sends(self.steps)
-        # the context each session's open turn began with: (turn, context)
-        self._turn_context: dict[str, tuple[int, dict[str, Any]]] = {}
+        # the context each session's open turn began with: (turn, the seq it began
+        # after, the fold up to there, the context but its messages)
+        self._turn_context: dict[str, tuple[int, int, State, dict[str, Any]]] = {}
 
     def _answer(self, s: Session, **values: Any) -> dict[str, Any]:
         stop = s.run is not None and s.run.stop_requested is not None
@@ -49,37 +52,59 @@ class SdkCalls:
 
     # --- calls --------------------------------------------------------------------
 
-    async def sdk_context(self, token: str) -> dict[str, Any]:
+    async def sdk_context(
+        self, token: str, cursor: int | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
         """The session as the open turn began: every run of the turn sees the same
         context, so a deterministic program takes the same path each time; what the
-        turn itself did comes back through its replayed steps."""
+        turn itself did comes back through its replayed steps. The messages come a
+        page at a time: the first call gives the context with the first page, each
+        next call (with the page's ``next_cursor``) the next page only. They are read
+        from the log when asked, never kept: a long session's view is large."""
         s, grant = self.tokens.session_for(token)
         state = s.j.state
         turn = state.turn
         cached = self._turn_context.get(s.name)
         if turn is not None and cached is not None and cached[0] == turn["n"]:
-            context = cached[1]
+            _n, upto, at_start, context = cached
         else:
-            upto = (turn["seq"] - 1) if turn is not None else state.seq
-            context = await asyncio.to_thread(self._context_at, s.name, upto)
+            upto = max((turn["seq"] - 1) if turn is not None else state.seq, 1)
+            at_start, context = await self._context_at(s, upto)
             if turn is not None:
                 context["wakes"] = turn["wakes"]
                 context["turn"] = turn["n"]
-                self._turn_context[s.name] = (turn["n"], context)
-        return self._answer(s, run=grant.run, **context)
+                self._turn_context[s.name] = (turn["n"], upto, at_start, context)
+        page, next_cursor = await messages_page(
+            s.j.read(upto=upto), at_start, cursor=cursor, limit=limit or PAGE_DEFAULT
+        )
+        if cursor is not None:  # a next page: the rest the first call gave already
+            return self._answer(
+                s, run=grant.run, turn=context.get("turn"), messages=page, next_cursor=next_cursor
+            )
+        return self._answer(s, run=grant.run, **context, messages=page, next_cursor=next_cursor)
 
-    def _context_at(self, name: str, upto: int) -> dict[str, Any]:
-        """The context a program sees, folded from the log up to ``upto`` (in a thread:
-        a long log never stalls the daemon's loop)."""
-        state = replay_all(name, self.ctx.store.read(name, upto=max(upto, 1)))
-        unread = set(state.mailbox)
-        return {
-            "session": name,
+    async def _context_at(self, s: Session, upto: int) -> tuple[State, dict[str, Any]]:
+        """The state folded from the log up to ``upto``, and the context a program sees
+        of it but its messages; read a slice at a time so the loop serves others."""
+        state = State(session=s.name)
+        async for batch in batches(s.j.read(upto=upto)):
+            replay(batch, state)
+        mailbox: list[dict[str, Any]] = []
+        if state.mailbox:  # the unread messages' text, from the log (the state keeps seqs)
+            unread, summaries = set(state.mailbox), state.summaries
+            async for batch in batches(s.j.read(upto=upto)):
+                for record in batch:
+                    seq = record["seq"]
+                    if seq in unread and not hidden(seq, summaries):
+                        item = transcript_item(record)
+                        if item is not None:
+                            mailbox.append(item)
+        return state, {
+            "session": s.name,
             "goal": state.goal,
             "state": state.state,
             "seq": state.seq,
-            "messages": messages(state),
-            "mailbox": [t for t in state.transcript if t["seq"] in unread],
+            "mailbox": mailbox,
             "wakes": [],
             "approvals": list(state.approvals.values()),
             "profile": state.profile,

@@ -15,6 +15,8 @@ import orjson
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import ContextCompacted
+from sessiond.log.pace import batches
+from sessiond.log.projections import ViewScan
 from sessiond.table.sessions import Session
 
 SUMMARY_LIMIT = 4000
@@ -62,11 +64,24 @@ async def run_compact_command(argv: list[str], cwd: str, items: list[dict[str, A
     return summary[:SUMMARY_LIMIT]
 
 
+async def view_transcript(session: Session) -> list[dict[str, Any]]:
+    """The messages view's items as the state stands, from the log (the state keeps
+    only the newest few), read a slice at a time so the loop serves others."""
+    journal = session.j
+    state = journal.state
+    scan = ViewScan(state.summaries)
+    items: list[dict[str, Any]] = []
+    async for batch in batches(journal.read()):
+        for record in batch:
+            items += scan.feed(record)
+    return items + scan.finish()
+
+
 async def compact(session: Session, *, keep: int) -> ContextCompacted:
     """The compaction event for all but the newest ``keep`` messages."""
     if keep < 0:
         raise InvalidInput("--keep must be 0 or more")
-    transcript = session.j.state.transcript
+    transcript = await view_transcript(session)
     older = transcript[: len(transcript) - keep] if keep else transcript
     # An earlier summary at the front is folded into the new one, not summarised twice.
     if len(older) < 2:

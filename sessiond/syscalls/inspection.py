@@ -111,11 +111,28 @@ class Inspection:
             getattr(lines, "close", lambda: None)()  # a reader left mid-log lets go of its file
         return list(kept)
 
-    async def replay(self, name: str, upto: int | None = None, view: str = "state") -> Any:
+    async def replay(
+        self,
+        name: str,
+        upto: int | None = None,
+        view: str = "state",
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> Any:
         s = self.ctx.table.get(name)
-        if upto is None and s.journal is not None:
+        live = None
+        if s.journal is not None and upto in (None, s.journal.state.seq):
             upto = s.journal.state.seq  # the log as it is now, not as it grows meanwhile
-        return await replay_view(name, self.ctx.store.read(name, upto=upto), view)
+            if view == "messages":
+                live = s.journal.state  # its fold is the state: no need to fold again
+        return await replay_view(
+            name,
+            lambda: self.ctx.store.read(name, upto=upto),
+            view,
+            live=live,
+            cursor=cursor,
+            limit=limit,
+        )
 
     async def gate(self, name: str) -> dict[str, Any]:
         s = self.ctx.table.get(name)

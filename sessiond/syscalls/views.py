@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
 from sessiond.config import ProfileConfig
 from sessiond.describe import describe
-from sessiond.log.pace import BATCH, Pacer, batches
-from sessiond.log.projections import messages, trace
+from sessiond.errors import InvalidInput
+from sessiond.log.pace import batches
+from sessiond.log.projections import PAGE_DEFAULT, messages_page, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
@@ -177,34 +178,41 @@ def gate_report(
     }
 
 
-async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
-    """Rebuild from events and show one view; runs nothing. The records are read,
-    folded and described a batch at a time, so the loop serves others meanwhile."""
+async def replay_view(
+    name: str,
+    read: Callable[[], Iterable[dict[str, Any]]],
+    view: str,
+    *,
+    live: State | None = None,
+    cursor: int | None = None,
+    limit: int | None = None,
+) -> Any:
+    """Rebuild from events and show one view; runs nothing. ``read`` gives the
+    records (up to where the view stands); they are read, folded and described a
+    batch at a time, so the loop serves others meanwhile. The messages view is one
+    page (``cursor``, ``limit``); ``live`` is the fold of the records where they end,
+    when the caller has it (the session's own state), else they are folded first."""
     if view not in VIEWS:
-        from sessiond.errors import InvalidInput
-
         raise InvalidInput(f"no view {view!r}; the views are {', '.join(VIEWS)}")
+    if view != "messages" and (cursor is not None or limit is not None):
+        raise InvalidInput("cursor and limit page the messages view only; drop them")
     if view in ("trace", "audit"):
         lines: list[str] = []
-        async for batch in batches(records):
+        async for batch in batches(read()):
             lines += trace(
                 [r for r in batch if r["type"] in AUDIT_TYPES] if view == "audit" else batch
             )
         return lines
-    state = State(session=name)
-    async for batch in batches(records):
-        replay(batch, state)
+    state = live
+    if state is None:
+        state = State(session=name)
+        async for batch in batches(read()):
+            replay(batch, state)
     if view == "messages":
-        # The view item by item, a batch of the transcript at a time (a long
-        # session's is tens of thousands of items).
-        items = messages(State(session=name, goal=state.goal))
-        transcript = state.transcript
-        pacer = Pacer()
-        for start in range(0, len(transcript), BATCH):
-            part = State(session=name, transcript=transcript[start : start + BATCH])
-            items += messages(part)
-            await pacer.tick()
-        return items
+        page, next_cursor = await messages_page(
+            read(), state, cursor=cursor, limit=limit or PAGE_DEFAULT
+        )
+        return {"messages": page, "next_cursor": next_cursor, "upto": state.seq}
     return _state_dict(state)
 
 

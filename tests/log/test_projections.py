@@ -15,7 +15,6 @@ from sessiond.log.event_data import (
     ToolFinished,
 )
 from sessiond.log.projections import messages, trace
-from sessiond.log.replay import replay_all
 from sessiond.log.store.base import Draft
 from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun
@@ -42,7 +41,7 @@ def test_the_messages_view_shows_what_a_model_would_see() -> None:
             SessionMerged(child="side", summary="found two stale links", artifacts=(RAW,)),
         ]
     )
-    view = messages(replay_all("s", records))
+    view = messages(records)
     assert [(m["role"], m["content"]) for m in view] == [
         ("system", "Goal: keep docs in step"),
         ("user", "please update the docs"),
@@ -63,7 +62,7 @@ def test_compaction_summaries_stand_in_place_of_their_range() -> None:
             ContextCompacted(from_seq=1, to_seq=3, summary="asked for m1-m3"),
         ]
     )
-    view = messages(replay_all("s", records))
+    view = messages(records)
     assert [m["content"] for m in view] == [
         "Summary of earlier context (events 1-3): asked for m1-m3",
         "m4",
