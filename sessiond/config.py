@@ -29,6 +29,7 @@ from pydantic import (
 from sessiond.durations import MAX_DURATION, Duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
+from sessiond.webconfig import WebConfig
 
 
 class BadConfig(InvalidInput):
@@ -217,6 +218,7 @@ class DaemonConfig(_Strict):
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
     run: RunConfig = Field(default_factory=RunConfig)
+    web: WebConfig = Field(default_factory=WebConfig)  # the web console (DESIGN.md 11)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (
@@ -329,6 +331,11 @@ def load_config(
         for key in ("state_dir", "socket", "specs"):
             if isinstance(data.get(key), str):
                 data[key] = base / data[key]
+        web = data.get("web")
+        if isinstance(web, dict):
+            for key in ("tls_cert", "tls_key"):
+                if isinstance(web.get(key), str):
+                    web[key] = base / web[key]
         data["source"] = path.resolve()
     if env.get("SESSIOND_STATE_DIR"):
         data["state_dir"] = Path(env["SESSIOND_STATE_DIR"])

@@ -416,6 +416,15 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 1 if r["errors"] else 0
 
 
+def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    r = conn.call("web.login", {})
+    text = (
+        f"{r['url']}\n(a new login for {r['user']}: open it in a browser; "
+        "your earlier one no longer works)"
+    )
+    return _done(r, out, text)
+
+
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
@@ -425,7 +434,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
             "approve", "deny", "resolve", "apply", "export", "import", "reload",
-            "completion"]  # fmt: skip
+            "web", "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -539,6 +548,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     im.add_argument("--as", dest="name", metavar="NAME")
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
+    add("web", cmd_web, "a login for the web console: prints a URL with a fresh token")
     co = sub.add_parser("completion", help="print a shell completion script")
     co.add_argument("shell", choices=["bash"])
     co.set_defaults(fn=None)

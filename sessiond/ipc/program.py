@@ -39,7 +39,9 @@ class NotGranted(Refused):
     code = "permission_denied"
 
 
-OPERATOR = ("approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import")
+OPERATOR = (
+    "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "web.login"
+)  # fmt: skip
 
 
 class ProgramGuard:

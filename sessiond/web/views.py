@@ -1,0 +1,144 @@
+"""What the console shows, computed from the table and the logs (read-only).
+
+The process table is filtered and cut into pages here, on the server: the
+browser never gets the whole table (10,000 sessions make 200 pages of 50).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from sessiond.errors import InvalidInput
+from sessiond.log.store.base import ArtifactStore
+from sessiond.table.sessions import Session, Table, summary
+
+PAGE = 50
+STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "terminated")
+
+
+def table_page(
+    table: Table, state: str = "", agent: str = "", label: str = "", page: int = 1
+) -> dict[str, Any]:
+    """One page of the process table, filtered by state, agent and a label (k=v or k)."""
+    if state and state not in STATES:
+        raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
+    key, _, value = label.partition("=")
+    rows = []
+    for s in table:
+        if state and s.state != state:
+            continue
+        if agent and (s.spec.agent if s.spec else "") != agent and summary_agent(s) != agent:
+            continue
+        if key:
+            labels = s.spec.labels if s.spec else {}
+            if key not in labels or (value and labels[key] != value):
+                continue
+        rows.append(s)
+    rows.sort(key=lambda s: s.name)
+    pages = max(1, -(-len(rows) // PAGE))
+    page = min(max(1, page), pages)
+    shown = rows[(page - 1) * PAGE : page * PAGE]
+    fn = table.next_wake_fn
+    out = []
+    for s in shown:
+        row = summary(s, fn)
+        row["labels"] = dict(s.spec.labels) if s.spec else {}
+        row["pending_approvals"] = (
+            len(s.journal.state.pending_approvals()) if s.journal is not None else 0
+        )
+        out.append(row)
+    return {"rows": out, "total": len(rows), "page": page, "pages": pages, "size": PAGE,
+            "sessions": len(table)}  # fmt: skip
+
+
+def summary_agent(s: Session) -> str:
+    return s.journal.state.agent if s.journal is not None else ""
+
+
+def expires(requested_at: str | None, ttl: float) -> str | None:
+    if not requested_at:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(requested_at[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return None
+    return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
+    """Every pending approval across sessions, oldest first: the inbox."""
+    items = []
+    for s in sessions:
+        if s.journal is None:
+            continue
+        state = s.journal.state
+        ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
+        for a in state.pending_approvals().values():
+            call = state.calls.get(a["call"], {})
+            items.append(
+                {
+                    "session": s.name,
+                    "agent": (s.spec.agent if s.spec else "") or state.agent,
+                    "call": a["call"],
+                    "tool": a["tool"],
+                    "args": call.get("args", {}),
+                    "args_json": orjson.dumps(
+                        call.get("args", {}), option=orjson.OPT_INDENT_2
+                    ).decode(),
+                    "risk": call.get("risk", {}),
+                    "writes": call.get("writes", []),
+                    "rule": call.get("rule", ""),
+                    "requested_at": a.get("requested_at"),
+                    "expires_at": expires(a.get("requested_at"), ttl),
+                    "seq": a.get("seq"),
+                }
+            )
+    items.sort(key=lambda i: (i["requested_at"] or "", i["session"]))
+    return items
+
+
+def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
+    """One pending approval (the confirm page's), or None once it is answered."""
+    for item in approvals([table.get(name)]):
+        if item["call"] == call:
+            return item
+    return None
+
+
+def artifact_refs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The artifacts a session's events name (newest first), each once, with where."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for field, value in r["data"].items():
+            if isinstance(value, dict) and str(value.get("ref", "")).startswith("sha256:"):
+                seen[value["ref"]] = {**value, "field": field, "type": r["type"],
+                                      "seq": r["seq"], "diff": field == "diff"}  # fmt: skip
+    return sorted(seen.values(), key=lambda a: -a["seq"])
+
+
+def artifact_text(store: ArtifactStore, ref: str, limit: int = 256 << 10) -> tuple[str, bool]:
+    """An artifact as text (cut at ``limit`` bytes), and whether it was cut."""
+    data = store.get(ref)
+    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+
+
+def diff_lines(text: str) -> list[tuple[str, str]]:
+    """A unified diff, line by line, with its kind for the page's colours."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("+++", "---")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        else:
+            kind = "ctx"
+        out.append((kind, line))
+    return out
