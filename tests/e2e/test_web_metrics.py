@@ -3,6 +3,8 @@ parser: the values are what the test made happen."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import Daemon, running, wait_event
@@ -12,8 +14,8 @@ from tests.e2e.webclient import WEB, Client, login
 JOB = 'name = "{name}"\n[run]\nexec = ["sh", "-c", "{script}"]\ncwd = "."\nretries = 0\n'
 
 
-def scrape(client: Client, **kw: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    answer = client.get("/metrics", **kw)  # type: ignore[arg-type]
+def scrape(client: Client, **kw: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    answer = client.get("/metrics", **kw)
     assert answer.status == 200, answer
     assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     values = {}
