@@ -67,18 +67,28 @@ def find_socket(peer: tuple[str, int], us: tuple[str, int]) -> TcpSocket | None:
 def holder(sock: TcpSocket) -> int | None:
     """The pid of a process holding the socket (of its uid), or None."""
     link = f"socket:[{sock.inode}]"
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != sock.uid:
-                continue
-            for fd in os.scandir(f"/proc/{entry.name}/fd"):
-                if os.readlink(fd.path) == link:
-                    return int(entry.name)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
+    with os.scandir("/proc") as procs:
+        for entry in procs:
+            if entry.name.isdigit() and _holds(entry, sock.uid, link):
+                return int(entry.name)
     return None
+
+
+def _holds(proc: os.DirEntry[str], uid: int, link: str) -> bool:
+    try:
+        if proc.stat().st_uid != uid:
+            return False
+        with os.scandir(f"/proc/{proc.name}/fd") as fds:
+            return any(_link(fd.path) == link for fd in fds)
+    except OSError:  # gone meanwhile, or not ours to read
+        return False
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # that descriptor closed meanwhile: look at the others
+        return ""
 
 
 class WebPeers:
