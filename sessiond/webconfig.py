@@ -91,6 +91,12 @@ class WebConfig(BaseModel):
     def loopback(self) -> bool:
         return self.listen is not None and is_loopback(split_listen(self.listen)[0])
 
+    @property
+    def local_only(self) -> bool:
+        """Only this machine reaches the listener: loopback, no proxy in front and
+        no public URL. Then /metrics answers without a login."""
+        return self.loopback and not self.behind_proxy and self.public_url is None
+
     def url(self, port: int | None = None) -> str:
         """Where people open the console (``port``: the one bound, for port 0)."""
         if self.public_url:

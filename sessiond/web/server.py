@@ -97,7 +97,7 @@ class WebServer:
                 f"refused: {why}. The web console is for people; a session's program "
                 "talks to the daemon through its program endpoint", 403,
             )  # fmt: skip
-        if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.loopback):
+        if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
         login = self.auth.login_of(request)
         if login is None:

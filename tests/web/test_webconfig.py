@@ -23,6 +23,7 @@ def test_the_console_is_off_unless_listen_is_set(tmp_path: Path) -> None:
 def test_loopback_listens_in_plain_http(tmp_path: Path) -> None:
     web = load(tmp_path, '[web]\nlisten = "127.0.0.1:8765"\n')
     assert web.loopback
+    assert web.local_only  # /metrics without a login
     assert web.url() == "http://127.0.0.1:8765"
     assert load(tmp_path, '[web]\nlisten = "[::1]:0"\n').url(4242) == "http://[::1]:4242"
 
@@ -47,6 +48,10 @@ def test_off_loopback_with_a_declared_proxy_or_tls_is_allowed(tmp_path: Path) ->
         'public_url = "https://ops.example/sessiond/"\n',
     )
     assert not proxied.loopback
+    assert not proxied.local_only
+    local_proxy = load(tmp_path, '[web]\nlisten = "127.0.0.1:8765"\nbehind_proxy = true\n')
+    assert local_proxy.loopback
+    assert not local_proxy.local_only  # requests come through the proxy
     assert proxied.url() == "https://ops.example/sessiond"
     tls = load(tmp_path, '[web]\nlisten = "0.0.0.0:8765"\ntls_cert = "c.pem"\ntls_key = "k.pem"\n')
     assert tls.tls_cert == tmp_path / "c.pem"  # relative to the file, as other paths
