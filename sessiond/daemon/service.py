@@ -344,7 +344,8 @@ class Daemon:
             except BadConfig as exc:
                 log.error("config.refused", error=str(exc))
                 raise
-            kept = ("state_dir", "socket", "sync_interval")  # the open logs have theirs
+            # the open logs have theirs; the web console keeps its listener
+            kept = ("state_dir", "socket", "sync_interval", "web")
             for key in kept:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")

@@ -169,7 +169,10 @@ def test_the_timeline_filters_by_type_regex_and_time() -> None:
         assert bad.status == 400  # the same refusal as sessionctl log --grep
 
 
-PROBE = """import os, urllib.request, urllib.error
+PROBE = """import os, subprocess, urllib.request, urllib.error
+for name, extra in (("endpoint", []), ("control", ["--socket", os.environ["CONTROL"]])):
+    done = subprocess.run(["sessionctl", *extra, "web"], capture_output=True, text=True)
+    open(name + ".txt", "w").write(f"{done.returncode} {done.stderr}")
 req = urllib.request.Request(os.environ["CONSOLE"] + "/api/sessions",
                              headers={"Cookie": "sessiond_login=" + os.environ["TOKEN"]})
 try:
@@ -188,7 +191,7 @@ def test_a_process_of_a_run_is_refused_on_the_web_listener_even_with_a_login() -
         (ws / "probe.py").write_text(PROBE)
         spec = (
             f'name = "prober"\n[run]\nexec = ["{sys.executable}", "probe.py"]\ncwd = "{ws}"\n'
-            f'env = {{ CONSOLE = "{base}", TOKEN = "{token}" }}\n'
+            f'env = {{ CONSOLE = "{base}", TOKEN = "{token}", CONTROL = "{d.socket}" }}\n'
         )
         d.ctl("create", str(d.write_spec("prober", spec)), check=True)
         d.ctl("activate", "prober", check=True)
@@ -197,6 +200,14 @@ def test_a_process_of_a_run_is_refused_on_the_web_listener_even_with_a_login() -
         assert result.startswith("403 "), result
         assert "SESSIOND_RUN_MARK" in result or "process of a run" in result
         assert Client(base, cookie=token).get("/api/sessions").status == 200  # a person may
+        # nor may it mint a login: an operator action, on either socket
+        endpoint = (ws / "endpoint.txt").read_text()
+        assert not endpoint.startswith("0 "), endpoint
+        assert "operator action" in endpoint
+        control = (ws / "control.txt").read_text()
+        assert not control.startswith("0 "), control
+        assert "may only ping" in control
+        assert Client(base, cookie=token).get("/api/sessions").status == 200  # not replaced
 
 
 def test_listening_off_loopback_without_tls_or_a_proxy_is_refused_at_start() -> None:
