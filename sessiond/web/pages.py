@@ -16,6 +16,7 @@ from aiohttp import web
 from sessiond import __version__
 from sessiond.errors import InvalidInput
 from sessiond.web.views import (
+    ARTIFACT_TYPES,
     STATES,
     approvals,
     artifact_refs,
@@ -97,7 +98,9 @@ class Pages:
         detail = await self.kernel.show(name)
         gate = await self.kernel.gate(name)
         messages = await self.kernel.replay(name, view="messages") if detail["seq"] else []
-        refs = artifact_refs(await self.kernel.log_(name)) if detail["seq"] else []
+        # the newest events that name artifacts, not the whole log (it may be long)
+        named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
+        refs = artifact_refs(named)
         pending = approvals([self.kernel.table.get(name)])
         return self.render(
             request, "session.html", d=detail, gate=gate, messages=messages[-200:],
@@ -107,7 +110,8 @@ class Pages:
     async def artifact(self, request: web.Request) -> web.Response:
         name, ref = request.match_info["name"], request.match_info["ref"]
         self.kernel.table.get(name)  # NoSuchSession for a session that is not there
-        refs = {a["ref"]: a for a in artifact_refs(await self.kernel.log_(name))}
+        named = await self.kernel.log_(name, 1, ARTIFACT_TYPES)
+        refs = {a["ref"]: a for a in artifact_refs(named)}
         if ref not in refs:
             raise InvalidInput(f"session {name!r} names no artifact {ref!r}")
         text, cut = artifact_text(self.kernel.store.artifacts(name), ref)

@@ -109,15 +109,29 @@ def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
     return None
 
 
+# The events whose data names artifacts (sessiond.log.event_data's ArtifactRef fields).
+ARTIFACT_TYPES = [
+    "tool.finished",
+    "run.finished",
+    "model.requested",
+    "model.responded",
+    "context.compacted",
+    "verification.finished",
+    "session.merged",
+    "spec.applied",
+]
+
+
 def artifact_refs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The artifacts a session's events name (newest first), each once, with where."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:
         for field, value in r["data"].items():
-            if isinstance(value, dict) and str(value.get("ref", "")).startswith("sha256:"):
-                seen[value["ref"]] = {**value, "field": field, "type": r["type"],
-                                      "seq": r["seq"], "diff": field == "diff"}  # fmt: skip
-    return sorted(seen.values(), key=lambda a: -a["seq"])
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, dict) and str(ref.get("ref", "")).startswith("sha256:"):
+                    seen[ref["ref"]] = {**ref, "field": field, "type": r["type"],
+                                        "seq": r["seq"], "diff": field == "diff"}  # fmt: skip
+    return sorted(seen.values(), key=lambda a: (-a["seq"], a["name"]))
 
 
 def artifact_text(store: ArtifactStore, ref: str, limit: int = 256 << 10) -> tuple[str, bool]:
