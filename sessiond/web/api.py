@@ -58,9 +58,9 @@ class Api:
             router.add_post(f"/api/s/{{name}}/{action}", self.lifecycle)
         router.add_get("/metrics", self.metrics)
 
-    def _page(self, request: web.Request) -> dict[str, Any]:
+    async def _page(self, request: web.Request) -> dict[str, Any]:
         q = request.query
-        return table_page(
+        return await table_page(
             self.kernel.table,
             state=q.get("state", ""),
             agent=q.get("agent", ""),
@@ -69,12 +69,12 @@ class Api:
         )
 
     async def sessions(self, request: web.Request) -> web.Response:
-        return _json(self._page(request))
+        return _json(await self._page(request))
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: the asked-for page now, and again after each change
         (coalesced: a burst of appends is one page)."""
-        first = self._page(request)  # a bad filter is refused before the stream starts
+        first = await self._page(request)  # a bad filter is refused before the stream starts
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         changed = asyncio.Event()
@@ -96,7 +96,7 @@ class Api:
                     continue
                 await asyncio.sleep(MIN_INTERVAL)  # coalesce the burst, bound the rate
                 changed.clear()
-                page = self._page(request)
+                page = await self._page(request)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
@@ -107,7 +107,7 @@ class Api:
         return response
 
     async def inbox(self, request: web.Request) -> web.Response:
-        return _json(approvals(self.kernel.table))
+        return _json(await approvals(self.kernel.table))
 
     async def events(self, request: web.Request) -> web.Response:
         """The timeline: the last ``limit`` events (at most 500) of the given types,
@@ -170,7 +170,7 @@ class Api:
         return _json({"ok": True, "result": result})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.server.metrics.render(),
+        return web.Response(body=await self.server.metrics.render(),
                             headers={"Content-Type": CONTENT_TYPE})  # fmt: skip
 
 

@@ -84,12 +84,12 @@ class Pages:
                            total=len(self.kernel.table))  # fmt: skip
 
     async def inbox(self, request: web.Request) -> web.Response:
-        return self.render(request, "inbox.html", items=approvals(self.kernel.table),
+        return self.render(request, "inbox.html", items=await approvals(self.kernel.table),
                            title="approvals")  # fmt: skip
 
     async def confirm(self, request: web.Request) -> web.Response:
         name, call = request.match_info["name"], request.match_info["call"]
-        item = find_approval(self.kernel.table, name, call)
+        item = await find_approval(self.kernel.table, name, call)
         return self.render(request, "confirm.html", item=item, name=name, call=call,
                            title=f"approve {call}?")  # fmt: skip
 
@@ -101,7 +101,7 @@ class Pages:
         # the newest events that name artifacts, not the whole log (it may be long)
         named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
         refs = artifact_refs(named)
-        pending = approvals([self.kernel.table.get(name)])
+        pending = await approvals([self.kernel.table.get(name)])
         return self.render(
             request, "session.html", d=detail, gate=gate, messages=messages[-200:],
             artifacts=refs[:100], approvals=pending, title=name,

@@ -37,16 +37,32 @@ def _address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, 
     return ipaddress.ip_address(raw), int(port, 16)
 
 
-def _plain(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+def _encode(address: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    """The inverse of :func:`_address`: how the kernel writes this address and port."""
+    raw = address.packed
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return f"{raw.hex().upper()}:{port:04X}"
+
+
+def _forms(host: str, port: int) -> set[str]:
+    """Every way the tables may write ``host:port`` (an IPv4 peer of a dual-stack
+    socket is in tcp6 as ::ffff:a.b.c.d)."""
+    address = ipaddress.ip_address(host)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
+        address = address.ipv4_mapped
+    forms = {_encode(address, port)}
+    if isinstance(address, ipaddress.IPv4Address):
+        forms.add(_encode(ipaddress.IPv6Address(f"::ffff:{address}"), port))
+    return forms
 
 
 def find_socket(peer: tuple[str, int], us: tuple[str, int]) -> TcpSocket | None:
-    """The socket whose local end is ``peer`` and remote end ``us``, if it is here."""
-    want_local = (_plain(ipaddress.ip_address(peer[0])), peer[1])
-    want_remote = (_plain(ipaddress.ip_address(us[0])), us[1])
+    """The socket whose local end is ``peer`` and remote end ``us``, if it is here.
+
+    Compared as the kernel's text, not parsed: the tables also list every
+    connection in TIME_WAIT, thousands on a busy console."""
+    local, remote = _forms(*peer), _forms(*us)
     for table in TABLES:
         try:
             with open(table) as f:
@@ -55,22 +71,23 @@ def find_socket(peer: tuple[str, int], us: tuple[str, int]) -> TcpSocket | None:
             continue
         for line in lines:
             fields = line.split()
-            local, remote = _address(fields[1]), _address(fields[2])
-            if (_plain(local[0]), local[1]) == want_local and (
-                _plain(remote[0]),
-                remote[1],
-            ) == want_remote:
+            if fields[1] in local and fields[2] in remote:
                 return TcpSocket(uid=int(fields[7]), inode=int(fields[9]))
     return None
 
 
-def holder(sock: TcpSocket) -> int | None:
-    """The pid of a process holding the socket (of its uid), or None."""
-    link = f"socket:[{sock.inode}]"
+def holder(sock: TcpSocket, skip: frozenset[int] = frozenset()) -> int | None:
+    """The pid of a process holding the socket (of its uid), or None.
+
+    Newest pids first (a client that just connected is likely among them), and
+    none in ``skip`` (the daemon itself, whose descriptors are every session's
+    open log: thousands of links to read for nothing)."""
     with os.scandir("/proc") as procs:
-        for entry in procs:
-            if entry.name.isdigit() and _holds(entry, sock.uid, link):
-                return int(entry.name)
+        entries = [e for e in procs if e.name.isdigit()]
+    link = f"socket:[{sock.inode}]"
+    for entry in sorted(entries, key=lambda e: -int(e.name)):
+        if int(entry.name) not in skip and _holds(entry, sock.uid, link):
+            return int(entry.name)
     return None
 
 
@@ -94,8 +111,11 @@ def _link(path: str) -> str:
 class WebPeers:
     """Refuses the processes of runs on the web listener; verdicts kept per socket."""
 
-    def __init__(self, run_uids: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self, run_uids: frozenset[int] = frozenset(), skip: frozenset[int] | None = None
+    ) -> None:
         self.run_uids = run_uids
+        self.skip = frozenset({os.getpid()}) if skip is None else skip
         self._verdicts: dict[int, str | None] = {}
 
     def refusal(self, peer: tuple[str, int], us: tuple[str, int]) -> str | None:
@@ -107,7 +127,7 @@ class WebPeers:
             return self._verdicts[sock.inode]
         if sock.inode == 0:
             return "its process cannot be examined (its socket has no inode)"
-        pid = holder(sock)
+        pid = holder(sock, self.skip)
         if pid is None:
             why: str | None = "its process cannot be examined (no process holds its socket)"
         else:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from sessiond.errors import InvalidInput
+from sessiond.log.pace import Pacer
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, Table, summary
 
@@ -20,42 +21,51 @@ PAGE = 50
 STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "terminated")
 
 
-def table_page(
+async def table_page(
     table: Table, state: str = "", agent: str = "", label: str = "", page: int = 1
 ) -> dict[str, Any]:
-    """One page of the process table, filtered by state, agent and a label (k=v or k)."""
+    """One page of the process table, filtered by state, agent and a label (k=v or k).
+
+    The filter walks every session, so it is paced (sessiond.log.pace): with
+    10,000 sessions the loop still answers others between slices."""
     if state and state not in STATES:
         raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
     key, _, value = label.partition("=")
-    rows = []
-    for s in table:
+    names: list[str] = []
+    pacer = Pacer()
+    for s in list(table):  # a copy: sessions may be created while this yields
+        if pacer.due():
+            await pacer.pause()
         if state and s.state != state:
             continue
-        if agent and (s.spec.agent if s.spec else "") != agent and summary_agent(s) != agent:
+        spec = s.spec
+        if agent and agent != ((spec.agent if spec else "") or _agent(s)):
             continue
         if key:
-            labels = s.spec.labels if s.spec else {}
+            labels = spec.labels if spec else {}
             if key not in labels or (value and labels[key] != value):
                 continue
-        rows.append(s)
-    rows.sort(key=lambda s: s.name)
-    pages = max(1, -(-len(rows) // PAGE))
+        names.append(s.name)
+    names.sort()
+    pages = max(1, -(-len(names) // PAGE))
     page = min(max(1, page), pages)
-    shown = rows[(page - 1) * PAGE : page * PAGE]
     fn = table.next_wake_fn
     out = []
-    for s in shown:
-        row = summary(s, fn)
-        row["labels"] = dict(s.spec.labels) if s.spec else {}
+    for name in names[(page - 1) * PAGE : page * PAGE]:
+        shown = table.sessions.get(name)
+        if shown is None:  # gone meanwhile (migrated away)
+            continue
+        row = summary(shown, fn)
+        row["labels"] = dict(shown.spec.labels) if shown.spec else {}
         row["pending_approvals"] = (
-            len(s.journal.state.pending_approvals()) if s.journal is not None else 0
+            len(shown.journal.state.pending_approvals()) if shown.journal is not None else 0
         )
         out.append(row)
-    return {"rows": out, "total": len(rows), "page": page, "pages": pages, "size": PAGE,
+    return {"rows": out, "total": len(names), "page": page, "pages": pages, "size": PAGE,
             "sessions": len(table)}  # fmt: skip
 
 
-def summary_agent(s: Session) -> str:
+def _agent(s: Session) -> str:
     return s.journal.state.agent if s.journal is not None else ""
 
 
@@ -69,11 +79,14 @@ def expires(requested_at: str | None, ttl: float) -> str | None:
     return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
-    """Every pending approval across sessions, oldest first: the inbox."""
+async def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
+    """Every pending approval across sessions, oldest first: the inbox (paced)."""
     items = []
-    for s in sessions:
-        if s.journal is None:
+    pacer = Pacer()
+    for s in list(sessions):
+        if pacer.due():
+            await pacer.pause()
+        if s.journal is None or not s.journal.state.approvals:
             continue
         state = s.journal.state
         ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
@@ -101,9 +114,9 @@ def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
     return items
 
 
-def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
+async def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
     """One pending approval (the confirm page's), or None once it is answered."""
-    for item in approvals([table.get(name)]):
+    for item in await approvals([table.get(name)]):
         if item["call"] == call:
             return item
     return None

@@ -40,6 +40,7 @@ def test_a_local_peer_is_found_with_its_uid_and_process(
     assert sock.uid == os.getuid()
     assert sock.inode == os.fstat(client.fileno()).st_ino
     assert holder(sock) == os.getpid()
+    assert holder(sock, frozenset({os.getpid()})) is None  # the daemon skips itself
 
 
 def test_a_peer_not_on_this_machine_is_nobody_s_run() -> None:
@@ -53,13 +54,15 @@ def test_a_process_that_is_no_run_s_may_use_the_console(
     _, server = connection
     monkeypatch.delenv("SESSIOND_RUN_MARK", raising=False)
     assert "SESSIOND_RUN_MARK" not in os.environ  # pytest is started by a person
-    assert WebPeers().refusal(server.getpeername(), server.getsockname()) is None
+    assert WebPeers(skip=frozenset()).refusal(server.getpeername(), server.getsockname()) is None
 
 
 def test_the_run_user_s_process_is_refused(
     connection: tuple[socket.socket, socket.socket],
 ) -> None:
     _, server = connection
-    why = WebPeers(frozenset({os.getuid()})).refusal(server.getpeername(), server.getsockname())
+    why = WebPeers(frozenset({os.getuid()}), frozenset()).refusal(
+        server.getpeername(), server.getsockname()
+    )
     assert why is not None
     assert "[run] user" in why
