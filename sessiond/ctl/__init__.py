@@ -370,10 +370,12 @@ def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 
 def _who(answer: dict[str, Any]) -> str:
-    """'by ann (uid 1000, cli)': who answered, from the socket; the note after it."""
+    """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
+    the note after it."""
+    uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
     who = (
-        f"by {answer['user']} (uid {answer['uid']}, {answer['channel']})"
-        if answer.get("uid") is not None
+        f"by {answer['user']} ({uid}{answer['channel']})"
+        if answer.get("user")
         else "by an unrecorded person"
     )
     return who + (f", note: {answer['by']}" if answer.get("by") else "")

@@ -2,7 +2,8 @@
 
 ``sessionctl web`` (an operator action) mints a login for the calling user: a
 random token, given to that person once (in the URL it prints) and kept here
-only as its SHA-256, so a copy of the state dir lets nobody in. Minting again
+only as its SHA-256 (with the uid that minted it), so a copy of the state dir
+lets nobody in. Minting again
 replaces the user's login: the old token stops working at once. Every web
 action names the user its login belongs to, with the channel ``web``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,38 +30,46 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class WebUser:
+    """Whose login a token is: the user and uid that minted it (``sessionctl web``)."""
+
+    user: str
+    uid: int | None
+
+
 class Logins:
-    """The logins file (``STATE_DIR/web/logins.json``: user -> token digest)."""
+    """The logins file (``STATE_DIR/web/logins.json``: user -> digest and uid)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "web" / "logins.json"
-        self._digests: dict[str, str] | None = None
+        self._logins: dict[str, dict[str, Any]] | None = None
 
-    def _load(self) -> dict[str, str]:
-        if self._digests is None:
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if self._logins is None:
             try:
                 loaded = orjson.loads(self.path.read_bytes())
             except FileNotFoundError:
                 loaded = {}
-            self._digests = {str(u): str(d) for u, d in dict(loaded).items()}
-        return self._digests
+            self._logins = {str(u): dict(entry) for u, entry in dict(loaded).items()}
+        return self._logins
 
-    def mint(self, user: str) -> str:
+    def mint(self, user: str, uid: int | None = None) -> str:
         """A new token for ``user``, replacing the one it had."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        digests = {**self._load(), user: digest(token)}
+        logins = {**self._load(), user: {"sha256": digest(token), "uid": uid}}
         private_dir(self.path.parent)
-        write_durable(self.path, orjson.dumps(digests, option=orjson.OPT_SORT_KEYS))
-        self._digests = digests
+        write_durable(self.path, orjson.dumps(logins, option=orjson.OPT_SORT_KEYS))
+        self._logins = logins
         return token
 
-    def user_for(self, token: str) -> str | None:
-        """The user whose login ``token`` is, or None (compared in constant time)."""
+    def user_for(self, token: str) -> WebUser | None:
+        """Whose login ``token`` is, or None (compared in constant time)."""
         wanted = digest(token)
         found = None
-        for user, stored in self._load().items():
-            if hmac.compare_digest(stored, wanted):
-                found = user
+        for user, entry in self._load().items():
+            if hmac.compare_digest(str(entry.get("sha256", "")), wanted):
+                found = WebUser(user, entry.get("uid"))
         return found
 
     def login(self, web: WebConfig, port: int | None, who: dict[str, Any]) -> dict[str, Any]:
@@ -67,9 +77,9 @@ class Logins:
         if web.listen is None:
             raise Refused(
                 'the web console is off: set [web] listen (e.g. "127.0.0.1:8765") in the '
-                "daemon's configuration and reload or restart it (docs/web.md)"
+                "daemon's configuration and restart it (docs/web.md)"
             )
         user = str(who.get("user") or who.get("uid"))
-        token = self.mint(user)
+        token = self.mint(user, who.get("uid"))
         base = web.url(port)
         return {"user": user, "url": f"{base}/login?token={token}", "console": base}

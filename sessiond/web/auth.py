@@ -38,6 +38,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @dataclass(frozen=True)
 class Login:
     user: str
+    uid: int | None  # of the operator who minted it with `sessionctl web`
     token: str
     by_cookie: bool
 
@@ -56,11 +57,11 @@ class Auth:
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer "):
             token = header.removeprefix("Bearer ").strip()
-            user = self.logins.user_for(token)
-            return Login(user, token, by_cookie=False) if user else None
+            found = self.logins.user_for(token)
+            return Login(found.user, found.uid, token, by_cookie=False) if found else None
         token = request.cookies.get(COOKIE, "")
-        user = self.logins.user_for(token) if token else None
-        return Login(user, token, by_cookie=True) if user else None
+        found = self.logins.user_for(token) if token else None
+        return Login(found.user, found.uid, token, by_cookie=True) if found else None
 
     def cookie(self, response: web.StreamResponse, token: str) -> None:
         response.set_cookie(

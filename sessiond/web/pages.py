@@ -64,8 +64,8 @@ class Pages:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         token = request.query.get("token", "")
-        user = self.kernel.logins.user_for(token) if token else None
-        if user is None:
+        found = self.kernel.logins.user_for(token) if token else None
+        if found is None:
             return self.error_page(
                 "this login link is not valid (each `sessionctl web` replaces the user's "
                 "earlier login): run `sessionctl web` again and open the URL it prints", 401

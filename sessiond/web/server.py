@@ -122,7 +122,8 @@ class WebServer:
 
     def who(self, request: web.Request) -> dict[str, Any]:
         """Who acts, as the syscalls record it: the login's user on the web channel."""
-        return {"user": request[LOGIN].user, "channel": "web"}
+        login = request[LOGIN]
+        return {"uid": login.uid, "user": login.user, "channel": "web"}
 
     def user_of(self, request: web.Request | None) -> str:
         login = request.get(LOGIN) if request is not None else None

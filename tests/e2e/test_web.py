@@ -91,6 +91,7 @@ def test_an_action_needs_the_csrf_token_and_another_origin_gets_no_cors() -> Non
         (granted,) = d.json("log", "victim", "--type", "approval.granted")
         assert granted["data"]["channel"] == "web"
         assert granted["data"]["user"] == pwd.getpwuid(os.getuid()).pw_name  # the login's
+        assert granted["data"]["uid"] == os.getuid()  # who minted it with `sessionctl web`
         assert granted["data"]["by"] == "looks fine"
 
 
@@ -103,6 +104,8 @@ def test_web_answers_go_through_the_same_checks_and_errors_as_sessionctl() -> No
         (record,) = d.json("log", "victim", "--type", "approval.denied")
         assert record["data"]["reason"] == "not today"
         assert record["data"]["channel"] == "web"
+        shown = d.ctl("show", "victim", check=True).stdout
+        assert f"(uid {os.getuid()}, web)" in shown, shown
         # nothing is pending now: the web and sessionctl refuse alike
         web = client.act("/api/s/victim/approve", {})
         cli = d.ctl("--json", "approve", "victim")

@@ -13,17 +13,23 @@ from sessiond.webconfig import WebConfig
 
 def test_a_login_is_kept_as_its_digest_and_replaced_by_the_next(tmp_path: Path) -> None:
     logins = Logins(tmp_path)
-    ann = logins.mint("ann")
+    ann = logins.mint("ann", 1000)
     bob = logins.mint("bob")
     on_disk = (tmp_path / "web" / "logins.json").read_text()
     assert ann not in on_disk
     assert digest(ann) in on_disk
     assert (tmp_path / "web" / "logins.json").stat().st_mode & 0o077 == 0
-    assert logins.user_for(ann) == "ann"
-    again = logins.mint("ann")
+    found = logins.user_for(ann)
+    assert found is not None
+    assert (found.user, found.uid) == ("ann", 1000)
+    again = logins.mint("ann", 1000)
     assert logins.user_for(ann) is None
-    assert Logins(tmp_path).user_for(again) == "ann"  # read back after a restart
-    assert Logins(tmp_path).user_for(bob) == "bob"
+    reread = Logins(tmp_path).user_for(again)  # read back after a restart
+    assert reread is not None
+    assert reread.user == "ann"
+    bob_found = Logins(tmp_path).user_for(bob)
+    assert bob_found is not None
+    assert (bob_found.user, bob_found.uid) == ("bob", None)
     assert logins.user_for("") is None
 
 
@@ -37,4 +43,6 @@ def test_the_login_url_uses_public_url_and_refuses_when_the_console_is_off(
     minted = logins.login(web, 4242, {"uid": 1000, "user": "ann", "channel": "cli"})
     assert minted["url"].startswith("https://ops.example/login?token=")
     token = minted["url"].split("token=")[1]
-    assert logins.user_for(token) == "ann"
+    found = logins.user_for(token)
+    assert found is not None
+    assert (found.user, found.uid) == ("ann", 1000)
