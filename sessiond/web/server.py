@@ -114,6 +114,15 @@ class WebServer:
             return await handler(request)
         except SessiondError as exc:
             return self._refuse(request, exc.code, str(exc), status_of(exc))
+        except (web.HTTPException, ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug: said and logged; the daemon goes on
+            log.exception("web.request_failed", path=request.path)
+            return self._refuse(
+                request, "internal",
+                f"internal error: {type(exc).__name__}: {exc}; this is a bug in sessiond, "
+                "the daemon log has the details", 500,
+            )  # fmt: skip
 
     def _refuse(self, request: web.Request, code: str, message: str, status: int) -> web.Response:
         if wants_html(request) and request.method in ("GET", "HEAD"):

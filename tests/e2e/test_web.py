@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -170,6 +171,31 @@ def test_the_timeline_filters_by_type_regex_and_time() -> None:
         assert since[0]["seq"] == middle["seq"]
         bad = client.get("/api/s/victim/events?grep=" + urllib.parse.quote("(a+)+"))
         assert bad.status == 400  # the same refusal as sessionctl log --grep
+
+
+def test_malformed_requests_get_a_clear_error_and_the_daemon_goes_on() -> None:
+    with running(WEB) as d:
+        blocked_victim(d)
+        client = logged_in(d)
+        token = client.csrf()
+        headers = {"X-CSRF-Token": token, "Content-Type": "application/json"}
+        for body in (b"{not json", b"[1, 2]", b'{"call": 7}'):
+            answer = client.request("POST", "/api/s/victim/approve", headers=headers, raw=body)
+            assert answer.status == 400, (body, answer)
+            assert answer.json()["error"]["code"] == "invalid_input"
+        huge = client.request("POST", "/api/s/victim/approve", headers=headers,
+                              raw=b"{" + b" " * (2 << 20) + b"}")  # fmt: skip
+        assert huge.status == 413
+        assert client.get("/api/sessions?page=many").status == 400
+        assert client.get("/api/s/victim/events?since=yesterday").status == 400
+        assert client.get("/s/no%20such").status == 400  # not a session name
+        url = urllib.parse.urlsplit(client.base)
+        with socket.create_connection((url.hostname, url.port), timeout=30) as raw:
+            raw.sendall(b"\x00\xffNOT HTTP AT ALL\r\n\r\n")
+            assert raw.recv(100).startswith(b"HTTP/1.")  # an error answer, not a crash
+        assert d.json("show", "victim")["pending_approvals"]  # nothing was answered
+        assert client.get("/api/sessions").status == 200
+        d.ctl("ping", check=True)
 
 
 PROBE = """import os, subprocess, urllib.request, urllib.error

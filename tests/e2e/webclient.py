@@ -42,7 +42,12 @@ class Client:
     headers: dict[str, str] = field(default_factory=dict)
 
     def request(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
     ) -> Answer:
         url = urllib.parse.urlsplit(self.base)
         conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
@@ -50,8 +55,8 @@ class Client:
         if self.cookie:
             sent["Cookie"] = f"sessiond_login={self.cookie}"
         sent.update(headers or {})
-        data = orjson.dumps(body) if body is not None else None
-        if data is not None:
+        data = orjson.dumps(body) if body is not None else raw
+        if body is not None:
             sent["Content-Type"] = "application/json"
         try:
             conn.request(method, path, body=data, headers=sent)

@@ -109,6 +109,7 @@ function actions() {
     if (!b) return;
     try {
       if (b.dataset.post) {
+        if (b.dataset.confirm && !window.confirm(b.dataset.confirm)) return;
         const r = await post(b.dataset.post, b.dataset.body ? JSON.parse(b.dataset.body) : {});
         flash(`${b.textContent}: ${r.name} is ${r.state}${r.reason ? " (" + r.reason + ")" : ""}`);
         if (b.classList.contains("resolve")) document.getElementById("state").textContent = r.state;
