@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -80,6 +81,7 @@ class Api:
         changed = asyncio.Event()
         unlisten = self.kernel.table.listen(lambda _name, _record: changed.set())
         closing = asyncio.ensure_future(self.server.closing.wait())
+        took = 0.0
         try:
             page = first
             while True:
@@ -94,9 +96,13 @@ class Api:
                     woke.cancel()
                     await response.write(b": keepalive\n\n")  # finds a closed connection
                     continue
-                await asyncio.sleep(MIN_INTERVAL)  # coalesce the burst, bound the rate
+                # coalesce the burst and bound the rate: at most 4 pages a second,
+                # and no more than a tenth of the time spent computing them
+                await asyncio.sleep(max(MIN_INTERVAL, 10 * took))
                 changed.clear()
+                started = time.perf_counter()
                 page = await self._page(request)
+                took = time.perf_counter() - started
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:

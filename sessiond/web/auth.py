@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import hmac
 import secrets
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from aiohttp import web
 
 from sessiond.syscalls.logins import Logins
 from sessiond.web.peers import WebPeers
-from sessiond.webconfig import WebConfig
+from sessiond.webconfig import WebConfig, is_loopback
 
 COOKIE = "sessiond_login"
 SAFE = frozenset({"GET", "HEAD"})
@@ -88,8 +89,20 @@ class Auth:
     def _origins(self, request: web.Request) -> set[str]:
         own = {f"{request.scheme}://{request.host}"}
         if self.config.public_url:
-            own.add(self.config.public_url)
+            url = urllib.parse.urlsplit(self.config.public_url)
+            own.add(f"{url.scheme}://{url.netloc}")
         return own
+
+    def host_refusal(self, request: web.Request) -> str | None:
+        """On a console only this machine reaches, a request must name this machine:
+        a page of another site whose name was pointed at 127.0.0.1 (DNS rebinding)
+        names its own host, and gets nothing, not even /metrics."""
+        if not self.config.local_only:
+            return None
+        host = urllib.parse.urlsplit(f"//{request.host}").hostname or ""
+        if is_loopback(host):
+            return None
+        return f"this console answers to loopback names only, not {request.host!r}"
 
     async def run_refusal(self, request: web.Request) -> str | None:
         transport = request.transport

@@ -97,6 +97,9 @@ class WebServer:
                 f"refused: {why}. The web console is for people; a session's program "
                 "talks to the daemon through its program endpoint", 403,
             )  # fmt: skip
+        why = self.auth.host_refusal(request)
+        if why is not None:
+            return self._refuse(request, "permission_denied", why, 403)
         if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
         login = self.auth.login_of(request)

@@ -20,6 +20,12 @@ from tests.e2e.harness import SESSIOND, Daemon, running, short_dir, wait_event
 from tests.e2e.webclient import VICTIM, WEB, Client, logged_in, login
 
 
+def port_of(client: Client) -> int:
+    port = urllib.parse.urlsplit(client.base).port
+    assert port is not None
+    return port
+
+
 def blocked_victim(d: Daemon, name: str = "victim", line: str = "new") -> Path:
     ws = d.root / f"ws-{name}"
     ws.mkdir()
@@ -79,6 +85,10 @@ def test_an_action_needs_the_csrf_token_and_another_origin_gets_no_cors() -> Non
         evil = {"X-CSRF-Token": token, "Origin": "https://evil.example"}
         cross = client.post("/api/s/victim/approve", {}, headers=evil)
         assert cross.status == 403
+        rebound = client.get("/metrics", headers={"Host": f"evil.example:{port_of(client)}"})
+        assert rebound.status == 403  # a rebound name gets nothing, not even /metrics
+        assert client.get("/api/sessions", headers={"Host": "evil.example"}).status == 403
+        assert client.get("/metrics", headers={"Host": "localhost"}).status == 200
         read = client.get("/api/sessions", headers={"Origin": "https://evil.example"})
         assert "Access-Control-Allow-Origin" not in read.headers
         preflight = client.request("OPTIONS", "/api/s/victim/approve",
