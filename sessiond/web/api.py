@@ -51,6 +51,7 @@ class Api:
         router.add_get("/api/sessions", self.sessions)
         router.add_get("/api/sessions/stream", self.stream)
         router.add_get("/api/approvals", self.inbox)
+        router.add_get("/api/s/{name}/stream", self.session_stream)
         router.add_get("/api/s/{name}/events", self.events)
         router.add_post("/api/s/{name}/approve", self.approve)
         router.add_post("/api/s/{name}/deny", self.deny)
@@ -103,6 +104,45 @@ class Api:
                 started = time.perf_counter()
                 page = await self._page(request)
                 took = time.perf_counter() - started
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            unlisten()
+            closing.cancel()
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def session_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events for one session's page: ``event: changed`` with its
+        state and last seq whenever it records something (coalesced as above)."""
+        name = request.match_info["name"]
+        session = self.kernel.table.get(name)  # no_such_session before the stream
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        changed = asyncio.Event()
+        unlisten = self.kernel.table.listen(
+            lambda who, _record: changed.set() if who == name else None
+        )
+        closing = asyncio.ensure_future(self.server.closing.wait())
+        try:
+            while True:
+                woke = asyncio.ensure_future(changed.wait())
+                done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if closing in done:
+                    woke.cancel()
+                    break
+                if woke not in done:
+                    woke.cancel()
+                    await response.write(b": keepalive\n\n")
+                    continue
+                await asyncio.sleep(MIN_INTERVAL)  # coalesce the burst
+                changed.clear()
+                seq = session.journal.state.seq if session.journal is not None else None
+                data = {"state": session.state, "seq": seq, "reason": session.held
+                        or (session.journal.state.reason if session.journal else "")}  # fmt: skip
+                await response.write(b"event: changed\ndata: " + orjson.dumps(data) + b"\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:

@@ -105,12 +105,19 @@ def test_log_in_with_the_token_and_see_a_session_appear_live(browser: Browser, s
 def test_filter_a_timeline_and_open_a_diff(browser: Browser, shots: Path) -> None:
     with running(WEB) as d:
         blocked_victim(d)
-        d.ctl("approve", "victim", check=True)
+        page, _ = open_console(browser, d)
+        page.goto(page.url + "s/victim")
+        page.wait_for_selector("#timeline tr.ev")
+        assert page.locator("#state").inner_text() == "blocked"
+        page.evaluate("window.notReloaded = true")
+        d.ctl("approve", "victim", check=True)  # the page follows the session live
+        page.wait_for_selector('#timeline tr.ev[data-type="run.finished"]')
+        page.wait_for_selector("#state:text('terminated')")
+        assert page.evaluate("window.notReloaded") is True
         wait_event(
             d, "victim", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
         )
-        page, _ = open_console(browser, d)
-        page.goto(page.url + "s/victim")
+        page.reload()  # the artifacts list is drawn with the page
         page.wait_for_selector("#timeline tr.ev")
         every = page.locator("#timeline tr.ev").count()
         page.fill("input[name=type]", "tool.finished,run.finished")

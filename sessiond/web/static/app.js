@@ -101,6 +101,16 @@ function timeline() {
   };
   form.addEventListener("submit", (ev) => { ev.preventDefault(); load(); });
   load();
+  // live: the session's new events reload the timeline (with its filter) and state
+  const live = new EventSource(`/api/s/${encodeURIComponent(form.dataset.session)}/stream`);
+  live.addEventListener("changed", (ev) => {
+    const d = JSON.parse(ev.data);
+    const state = document.getElementById("state");
+    state.textContent = d.state;
+    state.className = "state s-" + d.state;
+    document.getElementById("reason").textContent = d.reason || "—";
+    load();
+  });
 }
 
 function actions() {
