@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -107,6 +106,3 @@ class WebConfig(BaseModel):
             host = f"[{host}]"
         scheme = "https" if self.tls_cert is not None else "http"
         return f"{scheme}://{host}:{port or configured}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")

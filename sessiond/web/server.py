@@ -78,18 +78,19 @@ class WebServer:
         self.pages = Pages(self)
         self.api = Api(self)
         self.app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
+        self.app.on_response_prepare.append(self._headers)
         self.pages.routes(self.app.router)
         self.api.routes(self.app.router)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
+    @staticmethod
+    async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+        """Before any answer's headers go out (a stream's too): the security headers."""
+        response.headers.update(HEADERS)
+
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await self._checked(request, handler)
-        response.headers.update(HEADERS)
-        return response
-
-    async def _checked(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         why = await self.auth.run_refusal(request)
         if why is not None:
             return self._refuse(

@@ -91,6 +91,9 @@ def test_an_action_needs_the_csrf_token_and_another_origin_gets_no_cors() -> Non
         assert client.get("/metrics", headers={"Host": "localhost"}).status == 200
         read = client.get("/api/sessions", headers={"Origin": "https://evil.example"})
         assert "Access-Control-Allow-Origin" not in read.headers
+        assert "script-src 'self'" in read.headers["Content-Security-Policy"]
+        assert read.headers["X-Frame-Options"] == "DENY"
+        assert read.headers["Referrer-Policy"] == "no-referrer"
         preflight = client.request("OPTIONS", "/api/s/victim/approve",
                                    headers={"Origin": "https://evil.example"})  # fmt: skip
         assert "Access-Control-Allow-Origin" not in preflight.headers
