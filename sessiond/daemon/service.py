@@ -201,9 +201,7 @@ class Daemon:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
-        await self.server.start(activated_socket(self.env))
-        await self.program_server.start()
-        if self.web is not None:
+        if self.web is not None:  # before the socket: `sessionctl web` needs its port
             try:
                 await self.web.start()
             except OSError as exc:
@@ -211,6 +209,8 @@ class Daemon:
                     f"the web console cannot listen on {self.config.web.listen}: "
                     f"{exc.strerror or exc}; change [web] listen or free the port"
                 ) from exc
+        await self.server.start(activated_socket(self.env))
+        await self.program_server.start()
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
             (signal.SIGINT, self.stopping.set),

@@ -268,6 +268,27 @@ def test_listening_off_loopback_without_tls_or_a_proxy_is_refused_at_start() -> 
     assert "behind_proxy" in done.stderr
 
 
+def test_a_taken_port_stops_the_start_with_the_reason_and_a_reload_keeps_the_listener() -> None:
+    with running(WEB) as d:
+        base, _ = login(d)
+        port = port_of(Client(base))
+        root = short_dir()
+        config = root / "c.toml"
+        config.write_text(f'[web]\nlisten = "127.0.0.1:{port}"\n')
+        taken = subprocess.run(
+            [SESSIOND, "--config", str(config), "--state-dir", str(root / "st"),
+             "--socket", str(root / "s.sock")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
+        assert taken.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+        d.config.write_text(d.config.read_text().replace("127.0.0.1:0", "127.0.0.1:1"))
+        notes = d.json("reload")["notes"]
+        assert "web changes take effect at the next start" in notes
+        assert Client(base).get("/metrics").status == 200  # still where it was
+
+
 def test_sessionctl_web_says_how_to_turn_the_console_on() -> None:
     with running() as d:
         done = d.ctl("web")
