@@ -30,6 +30,7 @@ from pydantic import (
 from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
+from sessiond.webconfig import WebConfig
 
 
 class BadConfig(InvalidInput):
@@ -445,6 +446,11 @@ def load_config(
         for key in ("state_dir", "socket", "specs"):
             if isinstance(data.get(key), str):
                 data[key] = base / data[key]
+        web = data.get("web")
+        if isinstance(web, dict):
+            for key in ("tls_cert", "tls_key"):
+                if isinstance(web.get(key), str):
+                    web[key] = base / web[key]
         data["source"] = path.resolve()
     if env.get("SESSIOND_STATE_DIR"):
         data["state_dir"] = Path(env["SESSIOND_STATE_DIR"])

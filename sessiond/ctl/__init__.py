@@ -374,10 +374,12 @@ def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 
 def _who(answer: dict[str, Any]) -> str:
-    """'by ann (uid 1000, cli)': who answered, from the socket; the note after it."""
+    """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
+    the note after it."""
+    uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
     who = (
-        f"by {answer['user']} (uid {answer['uid']}, {answer['channel']})"
-        if answer.get("uid") is not None
+        f"by {answer['user']} ({uid}{answer['channel']})"
+        if answer.get("user")
         else "by an unrecorded person"
     )
     return who + (f", note: {answer['by']}" if answer.get("by") else "")
@@ -425,6 +427,13 @@ def cmd_mcp(conn: Connection | None, args: argparse.Namespace, out: Out) -> int:
     from sessiond.ctl import mcp
 
     return mcp.serve(args.socket or default_socket(), os.environ.get("SESSIOND_TOKEN"))
+def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    r = conn.call("web.login", {})
+    text = (
+        f"{r['url']}\n(a new login for {r['user']}: open it in a browser; "
+        "your earlier one no longer works)"
+    )
+    return _done(r, out, text)
 
 
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -532,6 +541,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     ops.add_parsers(add)
     add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
     gc.add_parser(add)
+    add("web", cmd_web, "a login for the web console: prints a URL with a fresh token")
     offline.add_parsers(sub, common)
     co = sub.add_parser(
         "completion",

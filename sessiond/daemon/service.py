@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import gc
@@ -107,6 +108,13 @@ def take_lock(state_dir: Path) -> int:
     return fd
 
 
+def web_metrics() -> Any:
+    """The console's metrics (prometheus-client is imported only when it is on)."""
+    from sessiond.web.metrics import Metrics
+
+    return Metrics()
+
+
 def raise_file_limit() -> None:
     """Every session keeps its log open: take all the file descriptors we may."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -122,10 +130,15 @@ class Daemon:
         self.config = config
         self.env = env
         offset_ns = int(config.clock_offset * 1e9)
+        hooks = io_hooks(config)
+        # the web console and its /metrics (DESIGN.md section 11): only when configured
+        self.metrics = metrics = web_metrics() if config.web.listen is not None else None
+        if metrics is not None:
+            hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
         self.store = FileStore(
             config.state_dir,
             clock=lambda: time.time_ns() + offset_ns,
-            hooks=io_hooks(config),
+            hooks=hooks,
             sync_interval=config.sync_interval,
         )
         self.table = Table(config, self.store)
@@ -136,6 +149,12 @@ class Daemon:
         self.server = Server(config, self.kernel, self.reload)
         # the programs' own socket (DESIGN.md section 8): never the control socket
         self.program_server = Server(config, self.kernel, self.reload, endpoint="program")
+        self.web: Any = None
+        if metrics is not None:
+            from sessiond.web.server import WebServer
+
+            metrics.watch(self.table)
+            self.web = WebServer(config.web, self.kernel, metrics)
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
         self.notices = Notices(config, self.table, self.store)
@@ -191,6 +210,14 @@ class Daemon:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
+        if self.web is not None:  # before the socket: `sessionctl web` needs its port
+            try:
+                await self.web.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"the web console cannot listen on {self.config.web.listen}: "
+                    f"{exc.strerror or exc}; change [web] listen or free the port"
+                ) from exc
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         for sig, handler in (
@@ -327,7 +354,8 @@ class Daemon:
             except BadConfig as exc:
                 log.error("config.refused", error=str(exc))
                 raise
-            kept = ("state_dir", "socket", "sync_interval")  # the open logs have theirs
+            # the open logs have theirs; the web console keeps its listener
+            kept = ("state_dir", "socket", "sync_interval", "web")
             for key in kept:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")
@@ -366,6 +394,8 @@ class Daemon:
         await self.kernel.retention.aclose()
         await self.server.stop_accepting()
         await self.program_server.stop_accepting()
+        if self.web is not None:
+            await self.web.close()
         running = [s for s in self.table if s.run is not None]
         log.info("daemon.stopping", running=len(running))
 

@@ -147,6 +147,7 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
         "approve": (ApproveParams, lambda p, w: k.approve(p.name, p.call, p.by, who=w)),
         "deny": (ApproveParams, lambda p, w: k.deny(p.name, p.call, p.by, p.reason, who=w)),
         "resolve": (ResolveParams, lambda p, w: k.resolve(p.name, p.option, p.by, who=w)),
+        "web.login": (NoParams, lambda _, w: k.web_login(w)),
         "apply": (
             ApplyParams,
             lambda p, w: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),

@@ -40,7 +40,7 @@ class NotGranted(Refused):
 
 
 OPERATOR = (
-    "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "gc",
+    "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "gc", "web.login",
 )  # fmt: skip
 
 

@@ -144,3 +144,18 @@ def examine(sock: socket.socket, pid: int, uid: int, run_uids: frozenset[int]) -
         if pidfd >= 0:
             os.close(pidfd)
     return None if why is None else ONLY_PING.format(why=why)
+
+
+def examine_process(pid: int, uid: int, run_uids: frozenset[int]) -> str | None:
+    """:func:`examine` for a process found by other means than a Unix socket's
+    credentials (the web listener's TCP peers, sessiond.web.peers): why it may
+    not act (it is a run's, or it cannot be examined), or None. Pinned by its
+    start time: a pid reused while it was read counts as not examined."""
+    try:
+        why, started = _why_run(pid, uid, run_uids)
+        if started and _stat(pid)[1] != started:
+            raise OSError("the pid was reused while it was examined")
+    except (OSError, ValueError, IndexError) as exc:
+        reason = "it is gone" if isinstance(exc, ProcessLookupError | FileNotFoundError) else exc
+        return f"its process cannot be examined ({reason})"
+    return why

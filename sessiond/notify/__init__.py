@@ -79,7 +79,7 @@ class Notices:
 
         Synchronous on purpose: nothing is appended meanwhile, so no live record
         can slip between the read and the listener."""
-        public_url = self.config.web.public_url
+        public_url = self.config.web.link_base()
         since = target.cursor.since or ""
         kept = target.cursor.positions
         positions: dict[str, int] = {}
@@ -120,7 +120,7 @@ class Notices:
         first_sight = session not in self._seen
         self._seen[session] = seq
         self._moved.set()
-        public_url = self.config.web.public_url
+        public_url = self.config.web.link_base()
         for target in self.targets:
             if first_sight and session not in target.cursor.positions:
                 # a session new since start-up (created, forked, imported): mark where

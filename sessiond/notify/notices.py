@@ -96,7 +96,7 @@ def session_link(public_url: str | None, session: str) -> str | None:
     """The console's page of the session, where ``[web] public_url`` is set."""
     if not public_url:
         return None
-    return f"{public_url.rstrip('/')}/sessions/{quote(session)}"
+    return f"{public_url.rstrip('/')}/s/{quote(session)}"
 
 
 def notice_for(

@@ -27,6 +27,7 @@ from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.observe import Observe
 from sessiond.syscalls.retention import Retention
+from sessiond.syscalls.logins import Logins
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
@@ -44,6 +45,8 @@ class Kernel:
         self.approvals = Approvals(ctx, runs)
         self.retention = Retention(ctx)
         self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
+        self.logins = Logins(config.state_dir)  # the web console's (DESIGN.md section 11)
+        self.web_port: int | None = None  # the port the web console bound (the daemon sets it)
 
         # inspection
         self.ping = self.inspection.ping
@@ -98,6 +101,10 @@ class Kernel:
     ) -> Record:
         """Record a wake; continue now if the session is idle and has a program."""
         return await self.runs.wake(s, trigger, details, paths)
+
+    async def web_login(self, who: dict[str, Any]) -> dict[str, Any]:
+        """`sessionctl web`: a login for the calling user, and the URL that uses it."""
+        return self.logins.login(self.config.web, self.web_port, who)
 
     # The parts read these from the shared context; the daemon sets them here.
 

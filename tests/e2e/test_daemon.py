@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -420,8 +421,17 @@ def test_the_shipped_configuration_and_example_sessions_work() -> None:
     root = short_dir()
     try:
         d = Daemon(root)
-        d.config = Path(__file__).parents[2] / "config" / "sessiond.toml"
+        shipped = Path(__file__).parents[2] / "config"
+        text = (shipped / "sessiond.toml").read_text()
+        # as shipped but on a free port, with its spec folder named from here
+        assert 'listen = "127.0.0.1:8765"' in text
+        text = text.replace('listen = "127.0.0.1:8765"', 'listen = "127.0.0.1:0"')
+        text = text.replace('specs = "sessions"', f'specs = "{shipped / "sessions"}"')
+        d.config.write_text(text)
         d.start()
+        console = d.json("web")["console"]  # the web console is on, as `make run` has it
+        with urllib.request.urlopen(console + "/metrics", timeout=30) as metrics:
+            assert b"sessiond_sessions" in metrics.read()
         rows = {r["name"]: r for r in d.json("ps")}
         assert rows["hello"]["state"] == "sleeping"
         assert rows["hello"]["next_wake"] == "on message"

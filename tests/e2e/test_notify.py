@@ -61,7 +61,7 @@ def test_a_notice_reaches_a_webhook_with_its_stable_id_and_link() -> None:
         assert notice["seq"] == str(seq)
         assert notice["event"] == notice["event_type"] == "approval.requested"
         assert notice["title"] == "sessiond: payroll needs approval: command"
-        assert notice["link"] == "https://console.example.org/sessions/payroll"
+        assert notice["link"] == "https://console.example.org/s/payroll"
         assert notice["type"] == "warning"
         assert f"id: payroll:{seq}" in notice["message"]
         assert "sessionctl approve payroll --call" in notice["message"]

@@ -46,7 +46,7 @@ def test_a_notice_is_only_for_what_the_target_wants_and_names_its_session() -> N
     assert notice is not None
     assert notice.id == "child:12"
     assert notice.event == "terminated"
-    assert notice.link == "http://c:8/sessions/child"
+    assert notice.link == "http://c:8/s/child"
     assert "id: child:12" in notice.body
     # a target that wants both gets one notice, for the more specific event
     both = notice_for("child", rec, frozenset({"terminated", "completed"}), None)

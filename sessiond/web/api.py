@@ -1,0 +1,248 @@
+"""The console's JSON API, its event stream and its actions.
+
+Every action is a syscall the Kernel also serves to sessionctl, with the same
+checks and the same errors (``approve``, ``deny``, ``resolve``, the lifecycle
+ones); the answers record the web user and the channel ``web``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from sessiond.describe import describe
+from sessiond.errors import InvalidInput
+from sessiond.log.store.base import Record
+from sessiond.logquery import parse_since
+from sessiond.web.metrics import CONTENT_TYPE
+from sessiond.web.views import approvals, table_page
+
+if TYPE_CHECKING:
+    from sessiond.web.server import WebServer
+
+MIN_INTERVAL = 0.25  # the table stream sends at most 4 pages a second, whatever the load
+KEEPALIVE = 15.0
+TIMELINE_LIMIT = 500
+LIFECYCLE = ("activate", "suspend", "resume", "interrupt", "cancel")
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"{what} must be a whole number (got {text!r})") from None
+
+
+class Api:
+    def __init__(self, server: WebServer) -> None:
+        self.server = server
+        self.kernel = server.kernel
+
+    def routes(self, router: web.UrlDispatcher) -> None:
+        router.add_get("/api/sessions", self.sessions)
+        router.add_get("/api/sessions/stream", self.stream)
+        router.add_get("/api/approvals", self.inbox)
+        router.add_get("/api/s/{name}/stream", self.session_stream)
+        router.add_get("/api/s/{name}/events", self.events)
+        router.add_post("/api/s/{name}/approve", self.approve)
+        router.add_post("/api/s/{name}/deny", self.deny)
+        router.add_post("/api/s/{name}/resolve", self.resolve)
+        for action in LIFECYCLE:
+            router.add_post(f"/api/s/{{name}}/{action}", self.lifecycle)
+        router.add_get("/metrics", self.metrics)
+
+    async def _page(self, request: web.Request) -> dict[str, Any]:
+        q = request.query
+        return await table_page(
+            self.kernel.table,
+            state=q.get("state", ""),
+            agent=q.get("agent", ""),
+            label=q.get("label", ""),
+            page=_int(q.get("page", "1"), "page"),
+        )
+
+    async def sessions(self, request: web.Request) -> web.Response:
+        return _json(await self._page(request))
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: the asked-for page now, and again after each change
+        (coalesced: a burst of appends is one page)."""
+        first = await self._page(request)  # a bad filter is refused before the stream starts
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        changed = asyncio.Event()
+        unlisten = self.kernel.table.listen(lambda _name, _record: changed.set())
+        closing = asyncio.ensure_future(self.server.closing.wait())
+        took = 0.0
+        try:
+            page = first
+            while True:
+                await response.write(b"event: page\ndata: " + orjson.dumps(page) + b"\n\n")
+                woke = asyncio.ensure_future(changed.wait())
+                done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if closing in done:
+                    woke.cancel()
+                    break
+                if woke not in done:
+                    woke.cancel()
+                    await response.write(b": keepalive\n\n")  # finds a closed connection
+                    continue
+                # coalesce the burst and bound the rate: at most 4 pages a second,
+                # and no more than a tenth of the time spent computing them
+                await asyncio.sleep(max(MIN_INTERVAL, 10 * took))
+                changed.clear()
+                started = time.perf_counter()
+                page = await self._page(request)
+                took = time.perf_counter() - started
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            unlisten()
+            closing.cancel()
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def session_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events for one session's page: ``event: changed`` with its
+        state and last seq whenever it records something (coalesced as above)."""
+        name = request.match_info["name"]
+        session = self.kernel.table.get(name)  # no_such_session before the stream
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        changed = asyncio.Event()
+        unlisten = self.kernel.table.listen(
+            lambda who, _record: changed.set() if who == name else None
+        )
+        closing = asyncio.ensure_future(self.server.closing.wait())
+        try:
+            while True:
+                woke = asyncio.ensure_future(changed.wait())
+                done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if closing in done:
+                    woke.cancel()
+                    break
+                if woke not in done:
+                    woke.cancel()
+                    await response.write(b": keepalive\n\n")
+                    continue
+                await asyncio.sleep(MIN_INTERVAL)  # coalesce the burst
+                changed.clear()
+                seq = session.journal.state.seq if session.journal is not None else None
+                data = {"state": session.state, "seq": seq, "reason": session.held
+                        or (session.journal.state.reason if session.journal else "")}  # fmt: skip
+                await response.write(b"event: changed\ndata: " + orjson.dumps(data) + b"\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            unlisten()
+            closing.cancel()
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def inbox(self, request: web.Request) -> web.Response:
+        return _json(await approvals(self.kernel.table))
+
+    async def events(self, request: web.Request) -> web.Response:
+        """The timeline: the last ``limit`` events (at most 500) of the given types,
+        matching the regex, between ``since`` and ``until`` (a seq or a time)."""
+        name = request.match_info["name"]
+        q = request.query
+        types = [t for t in q.get("type", "").split(",") if t]
+        limit = min(_int(q.get("limit", str(TIMELINE_LIMIT)), "limit"), TIMELINE_LIMIT)
+        until = _bound(q.get("until", ""), self.kernel.store.clock())
+        since: int | str = q.get("since") or 1
+        if isinstance(since, str) and since.isdigit():
+            since = int(since)
+        records = await self.kernel.log_(
+            name, since, types or None, 0 if until else limit, grep=q.get("grep") or None
+        )
+        if until is not None:
+            records = [r for r in records if not _after(r, until)][-limit:]
+        return _json([_row(r) for r in records])
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            raise InvalidInput("the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise InvalidInput("the request body must be a JSON object")
+        return body
+
+    async def approve(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        result = await self.kernel.approve(
+            request.match_info["name"], _str(body, "call") or None, _str(body, "note"),
+            who=self.server.who(request),
+        )  # fmt: skip
+        return _json({"ok": True, "result": result})
+
+    async def deny(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        note = _str(body, "note")
+        result = await self.kernel.deny(
+            request.match_info["name"], _str(body, "call") or None, "", note,
+            who=self.server.who(request),
+        )  # fmt: skip
+        return _json({"ok": True, "result": result})
+
+    async def resolve(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        option = _str(body, "option")
+        if option not in ("rerun", "discard", "accept"):
+            raise InvalidInput(f"no recovery option {option!r}; the options are rerun, "
+                               "discard and accept")  # fmt: skip
+        result = await self.kernel.resolve(
+            request.match_info["name"], option, _str(body, "note"), who=self.server.who(request)
+        )
+        return _json({"ok": True, "result": result})
+
+    async def lifecycle(self, request: web.Request) -> web.Response:
+        action = request.path.rsplit("/", 1)[1]
+        result = await getattr(self.kernel, action)(request.match_info["name"])
+        return _json({"ok": True, "result": result})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=await self.server.metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE})  # fmt: skip
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    value = body.get(key, "")
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key} must be a string")
+    return value
+
+
+def _bound(text: str, now_ns: int) -> tuple[int, str | None] | None:
+    """``until``: a seq, or a time as ``since`` takes one (10m, RFC 3339); None: none."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return (int(text), None) if text.isdigit() else parse_since(text, now_ns)
+    except ValueError as exc:
+        raise InvalidInput(str(exc).replace("since", "until", 1)) from None
+
+
+def _after(record: Record, until: tuple[int, str | None]) -> bool:
+    seq, ts = until
+    return bool(record["ts"] > ts) if ts is not None else bool(record["seq"] > seq)
+
+
+def _row(r: Record) -> dict[str, Any]:
+    return {"seq": r["seq"], "ts": r["ts"], "type": r["type"], "text": describe(r),
+            "data": r["data"]}  # fmt: skip

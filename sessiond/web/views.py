@@ -1,0 +1,171 @@
+"""What the console shows, computed from the table and the logs (read-only).
+
+The process table is filtered and cut into pages here, on the server: the
+browser never gets the whole table (10,000 sessions make 200 pages of 50).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from sessiond.errors import InvalidInput
+from sessiond.log.pace import Pacer
+from sessiond.log.store.base import ArtifactStore
+from sessiond.table.sessions import Session, Table, summary
+
+PAGE = 50
+STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "terminated")
+
+
+async def table_page(
+    table: Table, state: str = "", agent: str = "", label: str = "", page: int = 1
+) -> dict[str, Any]:
+    """One page of the process table, filtered by state, agent and a label (k=v or k).
+
+    The filter walks every session, so it is paced (sessiond.log.pace): with
+    10,000 sessions the loop still answers others between slices."""
+    if state and state not in STATES:
+        raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
+    key, _, value = label.partition("=")
+    names: list[str] = []
+    pacer = Pacer()
+    for s in list(table):  # a copy: sessions may be created while this yields
+        if pacer.due():
+            await pacer.pause()
+        if state and s.state != state:
+            continue
+        spec = s.spec
+        if agent and agent != ((spec.agent if spec else "") or _agent(s)):
+            continue
+        if key:
+            labels = spec.labels if spec else {}
+            if key not in labels or (value and labels[key] != value):
+                continue
+        names.append(s.name)
+    names.sort()
+    pages = max(1, -(-len(names) // PAGE))
+    page = min(max(1, page), pages)
+    fn = table.next_wake_fn
+    out = []
+    for name in names[(page - 1) * PAGE : page * PAGE]:
+        shown = table.sessions.get(name)
+        if shown is None:  # gone meanwhile (migrated away)
+            continue
+        row = summary(shown, fn)
+        row["labels"] = dict(shown.spec.labels) if shown.spec else {}
+        row["pending_approvals"] = (
+            len(shown.journal.state.pending_approvals()) if shown.journal is not None else 0
+        )
+        out.append(row)
+    return {"rows": out, "total": len(names), "page": page, "pages": pages, "size": PAGE,
+            "sessions": len(table)}  # fmt: skip
+
+
+def _agent(s: Session) -> str:
+    return s.journal.state.agent if s.journal is not None else ""
+
+
+def expires(requested_at: str | None, ttl: float) -> str | None:
+    if not requested_at:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(requested_at[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return None
+    return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
+    """Every pending approval across sessions, oldest first: the inbox (paced)."""
+    items = []
+    pacer = Pacer()
+    for s in list(sessions):
+        if pacer.due():
+            await pacer.pause()
+        if s.journal is None or not s.journal.state.approvals:
+            continue
+        state = s.journal.state
+        ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
+        for a in state.pending_approvals().values():
+            call = state.calls.get(a["call"], {})
+            items.append(
+                {
+                    "session": s.name,
+                    "agent": (s.spec.agent if s.spec else "") or state.agent,
+                    "call": a["call"],
+                    "tool": a["tool"],
+                    "args": call.get("args", {}),
+                    "args_json": orjson.dumps(
+                        call.get("args", {}), option=orjson.OPT_INDENT_2
+                    ).decode(),
+                    "risk": call.get("risk", {}),
+                    "writes": call.get("writes", []),
+                    "rule": call.get("rule", ""),
+                    "requested_at": a.get("requested_at"),
+                    "expires_at": expires(a.get("requested_at"), ttl),
+                    "seq": a.get("seq"),
+                }
+            )
+    items.sort(key=lambda i: (i["requested_at"] or "", i["session"]))
+    return items
+
+
+async def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
+    """One pending approval (the confirm page's), or None once it is answered."""
+    for item in await approvals([table.get(name)]):
+        if item["call"] == call:
+            return item
+    return None
+
+
+# The events whose data names artifacts (sessiond.log.event_data's ArtifactRef fields).
+ARTIFACT_TYPES = [
+    "tool.finished",
+    "run.finished",
+    "model.requested",
+    "model.responded",
+    "context.compacted",
+    "verification.finished",
+    "session.merged",
+    "spec.applied",
+]
+
+
+def artifact_refs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The artifacts a session's events name (newest first), each once, with where."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for field, value in r["data"].items():
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, dict) and str(ref.get("ref", "")).startswith("sha256:"):
+                    seen[ref["ref"]] = {**ref, "field": field, "type": r["type"],
+                                        "seq": r["seq"], "diff": field == "diff"}  # fmt: skip
+    return sorted(seen.values(), key=lambda a: (-a["seq"], a["name"]))
+
+
+def artifact_text(store: ArtifactStore, ref: str, limit: int = 256 << 10) -> tuple[str, bool]:
+    """An artifact as text (cut at ``limit`` bytes), and whether it was cut."""
+    data = store.get(ref)
+    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+
+
+def diff_lines(text: str) -> list[tuple[str, str]]:
+    """A unified diff, line by line, with its kind for the page's colours."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("+++", "---")):
+            kind = "file"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        else:
+            kind = "ctx"
+        out.append((kind, line))
+    return out
