@@ -35,7 +35,7 @@ GROUND = {
 }
 CLIENTS = {"ctl", "sdk"}
 # tools stand on top of everything: they drive the real daemon or the library
-TOOLS = {"bench", "demo", "__main__"}
+TOOLS = {"bench", "demo", "localpg", "__main__"}
 
 
 def floor_of(module: str) -> str:
