@@ -13,6 +13,8 @@ import grp
 import math
 import os
 import pwd
+import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -195,6 +197,33 @@ class RunConfig(_Strict):
         return value
 
 
+class ClusterConfig(_Strict):
+    """``[cluster]``: several daemons (nodes) sharing one PostgreSQL (DESIGN.md
+    section 10). Without ``dsn`` the daemon keeps its sessions in plain files."""
+
+    dsn: str | None = None
+    node: str = Field(default_factory=lambda: socket.gethostname()[:64] or "node")
+    lease_ttl: Duration = 10.0
+    # false behind PgBouncer in transaction mode (it cannot keep prepared statements)
+    prepared: bool = True
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+            raise ValueError(
+                "node must be 1-64 letters, digits, '.', '_' or '-' (e.g. the host name)"
+            )
+        return value
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _sane_ttl(cls, value: float) -> float:
+        if not 1.0 <= value <= 600:
+            raise ValueError("lease_ttl must be between 1s and 10m (e.g. '10s')")
+        return value
+
+
 class DaemonConfig(_Strict):
     state_dir: Path = Field(default_factory=default_state_dir)
     socket: Path = Field(default_factory=default_socket)
@@ -217,6 +246,7 @@ class DaemonConfig(_Strict):
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
     run: RunConfig = Field(default_factory=RunConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

@@ -27,12 +27,12 @@ import uvloop
 
 from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
+from sessiond.daemon.cluster import make_store
 from sessiond.daemon.faults import io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
-from sessiond.log.store.files import FileStore
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
@@ -120,11 +120,9 @@ class Daemon:
         self.config = config
         self.env = env
         offset_ns = int(config.clock_offset * 1e9)
-        self.store = FileStore(
-            config.state_dir,
-            clock=lambda: time.time_ns() + offset_ns,
-            hooks=io_hooks(config),
-            sync_interval=config.sync_interval,
+        # plain files, or a cluster node's database and its lease ([cluster] dsn)
+        self.store, self.lease = make_store(
+            config, lambda: time.time_ns() + offset_ns, io_hooks(config)
         )
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
@@ -158,6 +156,8 @@ class Daemon:
             # became a session (the rename is the commit): nothing to keep.
             for entry in self.store.remove_leftovers():
                 log.warning("leftover.removed", folder=entry)
+            if self.lease is not None:
+                await self.lease.start()
             await self.table.load()
         finally:
             gc.enable()
@@ -371,6 +371,8 @@ class Daemon:
         await self.server.close()
         await self.program_server.close()
         await self.table.close()
+        if self.lease is not None:
+            await self.lease.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
         self.notifier.close()
         log.info("daemon.stopped")

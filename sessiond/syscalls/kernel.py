@@ -15,8 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from sessiond.config import DaemonConfig
-from sessiond.log.store.base import Record
-from sessiond.log.store.files import FileStore
+from sessiond.log.store.base import Record, Store
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.runs import Runs
 from sessiond.runs.sdk_calls import SdkCalls
@@ -33,7 +32,7 @@ class Kernel:
     def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
         self.ctx = ctx = RunContext(config, table, env)
         self.table: Table = table
-        self.store: FileStore = table.store
+        self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
         self.inspection = Inspection(ctx)

@@ -23,9 +23,9 @@ from sessiond.config import DaemonConfig
 from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError, StorageError
 from sessiond.log.event_data import EventData
 from sessiond.log.journal import Journal
-from sessiond.log.store.base import Draft, Record
+from sessiond.log.store.base import Draft, Record, Store
 from sessiond.log.store.durable import read_regular, write_all
-from sessiond.log.store.files import SPEC_LIMIT, FileStore
+from sessiond.log.store.files import SPEC_LIMIT
 from sessiond.names import check_name
 from sessiond.redaction import Redactor, redactor
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
@@ -113,7 +113,7 @@ Listener = Callable[[str, Record], None]
 
 
 class Table:
-    def __init__(self, config: DaemonConfig, store: FileStore) -> None:
+    def __init__(self, config: DaemonConfig, store: Store) -> None:
         self.config = config
         self.store = store
         self.sessions: dict[str, Session] = {}
@@ -238,7 +238,7 @@ class Table:
         return spec
 
     async def load(self) -> None:
-        for name in self.store.names():
+        for name in self.store.names_to_load():
             self.adopt(await self.open_session(name))
 
     async def close(self) -> None:

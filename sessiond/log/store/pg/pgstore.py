@@ -22,6 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -64,8 +65,11 @@ class PgStore(Store):
         clock: Clock = time.time_ns,
         snapshots_keep: int = 2,
         pool_size: int = 8,
+        local_dir: Path | None = None,
     ) -> None:
         self.dsn = dsn
+        # the node's own caches (a parsed spec, a git cursor); not the sessions
+        self.sessions_dir = local_dir if local_dir is not None else Path("/nonexistent")
         self.clock = clock
         self.snapshots_keep = snapshots_keep
         self.pool_size = pool_size
@@ -147,6 +151,17 @@ class PgStore(Store):
 
     def names(self) -> list[str]:
         return [r[0] for r in self._query("SELECT name FROM sessions ORDER BY name", {})]
+
+    def names_to_load(self) -> list[str]:
+        """The sessions this node may own: its own, nobody's, and those of nodes
+        whose lease lapsed. The others run on their nodes."""
+        rows = self._query(
+            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
+            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
+            "ORDER BY s.name",
+            {"me": self.lease.name},
+        )
+        return [r[0] for r in rows]
 
     def exists(self, name: str) -> bool:
         rows = self._query("SELECT 1 FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
