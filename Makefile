@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean
+.PHONY: run demo test cluster lint typecheck unit faults bench compare load install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
+
+# A local cluster: a PostgreSQL from the machine's binaries (initdb into
+# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it.
+cluster: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sessiond.localpg state/cluster
 
 # An offline tour of the event log: write, tear, repair, replay, fork, export, fsck.
 demo: $(STAMP)

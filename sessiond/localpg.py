@@ -139,3 +139,72 @@ def start(folder: Path) -> LocalPostgres:
     server.init()
     server.start()
     return server
+
+
+def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
+    """``make cluster``: a server under ``folder`` and ``nodes`` sessiond nodes on it,
+    in the foreground until Ctrl-C; prints what to try."""
+    import signal
+    import sys
+
+    from sessiond.log.store.pg import schema
+
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:  # the postgres user must reach its folder inside
+        for path in (folder.parent, folder):
+            os.chmod(path, os.stat(path).st_mode | 0o111)
+    server = start(folder / "postgres")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        schema.migrate(server.dsn)
+        for i in range(1, nodes + 1):
+            home = folder / f"node{i}"
+            home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (home / "sessiond.toml").write_text(
+                f'[cluster]\ndsn = "{server.dsn}"\nnode = "node{i}"\nlease_ttl = "{lease_ttl}"\n'
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "sessiond.daemon.cli",
+                        "--config",
+                        str(home / "sessiond.toml"),
+                        "--state-dir",
+                        str(home / "state"),
+                        "--socket",
+                        str(home / "sessiond.sock"),
+                    ],
+                    stderr=open(home / "sessiond.log", "ab"),  # noqa: SIM115 - the child keeps it
+                )
+            )
+        print(f"PostgreSQL: {server.dsn} (log: {folder}/postgres/server.log)")
+        for i, proc in enumerate(procs, 1):
+            print(f"node{i}: pid {proc.pid}, socket {folder}/node{i}/sessiond.sock")
+        print("Try (Ctrl-C stops the nodes and the database):")
+        print(f"  export SESSIOND_SOCKET={folder}/node1/sessiond.sock")
+        print("  sessionctl create config/sessions/hello.toml && sessionctl activate hello")
+        print("  sessionctl log --json hello      # every event names its node and epoch")
+        print(
+            f"  kill -9 {procs[0].pid}; SESSIOND_SOCKET={folder}/node1/sessiond.sock "
+            "sessionctl ps  # after a restart: a new epoch"
+        )
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(cluster(Path(sys.argv[1] if len(sys.argv) > 1 else "state/cluster")))
