@@ -107,11 +107,15 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         print("no sessions; create one with 'sessionctl create SPEC.toml'")
         return 0
     table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
+    nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
+    if nodes:
+        table[0].insert(1, "NODE")
     for r in rows:
         state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
         table.append(
             [
                 r["name"],
+                *([r.get("node") or "-"] if nodes else []),
                 state,
                 r["agent"] or "-",
                 str(r["priority"]),
@@ -416,6 +420,27 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 1 if r["errors"] else 0
 
 
+def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    rows = conn.call("nodes", {})
+    if out.json:
+        out.emit_json(rows)
+        return 0
+    table = [["NODE", "INCARNATION", "STATE", "LEASE AGE", "LEASE LEFT", "SESSIONS"]]
+    for r in rows:
+        table.append(
+            [
+                r["name"] + (" *" if r.get("self") else ""),
+                str(r["incarnation"]),
+                r["state"],
+                f"{r['lease_age_s']:.1f}s",
+                f"{r['lease_left_s']:.1f}s",
+                str(r["sessions"]),
+            ]
+        )
+    _table(table, out, colour_col=None)
+    return 0
+
+
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
@@ -425,7 +450,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
             "approve", "deny", "resolve", "apply", "export", "import", "reload",
-            "completion"]  # fmt: skip
+            "nodes", "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -466,6 +491,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         return sp
 
     add("ping", cmd_ping, "is the daemon there, which version")
+    add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
     ps = add("ps", cmd_ps, "the process table: every session, its state and next wake")
     ps.add_argument(
         "--watch",

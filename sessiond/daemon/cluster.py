@@ -18,7 +18,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -27,9 +27,23 @@ from sessiond.config import DaemonConfig
 from sessiond.errors import InvalidInput, StorageError
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.syscalls.kernel import Kernel
+from sessiond.table.sessions import Session, Table
+from sessiond.wake.triggers import Triggers
 
 if TYPE_CHECKING:
     from sessiond.log.store.pg.pgstore import PgStore
+
+
+class Node(Protocol):
+    """What taking a session over needs of the daemon (service.py's Daemon)."""
+
+    table: Table
+    triggers: Triggers
+    kernel: Kernel
+
+    def resume(self, s: Session, *, cut_off: bool) -> None: ...
+
 
 log = structlog.get_logger("sessiond.cluster")
 
@@ -86,6 +100,7 @@ class LeaseKeeper:
     def __init__(self, store: PgStore) -> None:
         self.store = store
         self._task: asyncio.Task[None] | None = None
+        self._takeover: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -115,6 +130,40 @@ class LeaseKeeper:
             if time.monotonic() >= lease.deadline(margin(lease.ttl)):
                 self._lost("the lease could not be renewed before its deadline")
 
+    def take_over(self, node: Node) -> None:
+        """From now on, look for sessions dead nodes left, and take them."""
+        self._takeover = asyncio.ensure_future(self._take_over(node))
+
+    async def _take_over(self, node: Node) -> None:
+        # A third of a second, or less with a short lease: failover within
+        # lease_ttl + about a second (DESIGN.md section 10: + 3 s at p50).
+        step = min(1.0, self.store.lease.ttl / 3)
+        while True:
+            await asyncio.sleep(step)
+            try:
+                names = await asyncio.to_thread(self.store.orphans)
+            except Exception as exc:  # the database is away: the lease keeper decides
+                log.warning("cluster.orphans_failed", error=repr(exc))
+                continue
+            for name in names:
+                if node.kernel.stopping:
+                    return
+                if name not in node.table.sessions:
+                    await self._take(node, name)
+
+    async def _take(self, node: Node, name: str) -> None:
+        """Claim a dead node's session and continue it as after a crash here:
+        replay, the cut-off run recorded, the gate, then a run."""
+        s = await node.table.open_session(name)
+        if s.journal is None:  # another node was quicker (or its log is unusable)
+            log.info("cluster.not_taken", session=name, why=s.broken)
+            return
+        node.table.adopt(s)
+        continues = await node.kernel.runs.recovery.cut_off(s, local=False)
+        node.triggers.arm(s)
+        node.resume(s, cut_off=continues)
+        log.warning("cluster.taken_over", session=name, node=self.store.lease.name)
+
     def _lost(self, why: str) -> None:
         log.error("cluster.lease_lost", node=self.store.lease.name, why=why)
         # No graceful stop: every write would be refused anyway, and what matters
@@ -123,8 +172,9 @@ class LeaseKeeper:
 
     async def close(self) -> None:
         """At a clean stop: let go of the lease, so others may take over at once."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._takeover):
+            if task is not None:
+                task.cancel()
         pool = await self.store.connect()
         async with pool.connection() as conn:
             await conn.execute(

@@ -182,6 +182,8 @@ class Daemon:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
+        if self.lease is not None:  # from now on, take over what dead nodes leave
+            self.lease.take_over(self)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         for sig, handler in (
@@ -227,21 +229,25 @@ class Daemon:
         """
         names = {s.name for s in cut_off}
         for s in self.table:
-            if s.journal is None:
-                continue
-            state = s.j.state
-            if s.name in names or (
-                s.state == "sleeping"
-                and (
-                    state.pending_wakes
-                    or state.until
-                    or "retry" in state.reason
-                    or state.turn is not None  # an unfinished turn continues once
-                )
-            ):
-                self.kernel.spawn(self.kernel.runs.continue_turn(s))
-            elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
-                self.kernel.runs.renew_at_midnight(s)
+            self.resume(s, cut_off=s.name in names)
+
+    def resume(self, s: Session, *, cut_off: bool) -> None:
+        """One session of :meth:`_resume_waiting` (also one a cluster node took over)."""
+        if s.journal is None:
+            return
+        state = s.j.state
+        if cut_off or (
+            s.state == "sleeping"
+            and (
+                state.pending_wakes
+                or state.until
+                or "retry" in state.reason
+                or state.turn is not None  # an unfinished turn continues once
+            )
+        ):
+            self.kernel.spawn(self.kernel.runs.continue_turn(s))
+        elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
+            self.kernel.runs.renew_at_midnight(s)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: sessions by state."""

@@ -103,6 +103,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     return {
         "ping": (NoParams, lambda _: k.ping()),
         "ps": (NoParams, lambda _: k.ps()),
+        "nodes": (NoParams, lambda _: k.nodes()),
         "show": (NameParams, lambda p: k.show(p.name)),
         "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view)),
         "gate": (NameParams, lambda p: k.gate(p.name)),

@@ -44,6 +44,7 @@ class Kernel:
         # inspection
         self.ping = self.inspection.ping
         self.ps = self.inspection.ps
+        self.nodes = self.inspection.nodes
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay

@@ -91,3 +91,28 @@ def test_a_node_that_lost_its_lease_ends_and_its_program_with_it(node: Daemon, p
     # program) at the lapse; the session waits for its next owner's replay and gate.
     assert "run.started" in types
     assert "run.finished" not in types
+
+
+def test_nodes_lists_the_cluster_and_ps_names_each_sessions_node(node: Daemon) -> None:
+    spec = node.write_spec("job", DONE)
+    node.ctl("create", str(spec), check=True)
+    (row,) = node.json("nodes")
+    assert (row["name"], row["state"], row["alive"], row["self"]) == ("n1", "up", True, True)
+    assert row["incarnation"] == 1
+    assert row["sessions"] == 1
+    assert 0 <= row["lease_age_s"] < 3
+    text = node.ctl("nodes", check=True).stdout
+    assert "INCARNATION" in text
+    assert "n1 *" in text
+    assert node.json("ps")[0]["node"] == "n1"
+    assert "NODE" in node.ctl("ps", check=True).stdout
+
+
+def test_nodes_is_refused_by_a_daemon_on_files() -> None:
+    from tests.e2e.harness import running
+
+    with running() as d:
+        done = d.ctl("nodes")
+        assert done.returncode == 1
+        assert "[cluster] dsn" in done.stderr
+        assert "NODE" not in d.ctl("ps", check=True).stdout

@@ -235,6 +235,10 @@ class Store(abc.ABC):
         """Remove what a crashed create left (nothing, where a create is one commit)."""
         return []
 
+    def cluster_nodes(self) -> list[dict[str, Any]] | None:
+        """The nodes sharing this store (None: it is not a cluster's)."""
+        return None
+
     def save_snapshots(self, snapshots: list[Snapshot]) -> None:
         """Save many snapshots (at shutdown); a backend may do it in fewer syncs."""
         for snap in snapshots:

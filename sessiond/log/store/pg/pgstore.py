@@ -163,6 +163,44 @@ class PgStore(Store):
         )
         return [r[0] for r in rows]
 
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT n.name, n.incarnation, n.state, n.lease_until > now(), "
+            "extract(epoch FROM now() - n.renewed_at)::float8, "
+            "extract(epoch FROM n.lease_until - now())::float8, n.started_at, n.labels, "
+            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name) "
+            "FROM nodes AS n ORDER BY n.name",
+            {},
+        )
+        return [
+            {
+                "name": name,
+                "incarnation": int(inc),
+                "state": state if alive else ("stopped" if state == "stopped" else "lapsed"),
+                "alive": bool(alive),
+                "lease_age_s": round(float(age), 3),
+                "lease_left_s": round(max(float(left), 0.0), 3),
+                "started_at": started.isoformat(),
+                "labels": labels,
+                "sessions": int(count),
+                "self": name == self.lease.name,
+            }
+            for name, inc, state, alive, age, left, started, labels, count in rows
+        ]
+
+    def orphans(self, limit: int = 100) -> list[str]:
+        """Sessions of nobody, or of nodes whose lease lapsed: the ones to take over.
+
+        ``SKIP LOCKED`` passes over rows another node is claiming right now; the
+        claim itself (nodes.py) is what decides who gets a session."""
+        rows = self._query(
+            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
+            "WHERE s.owner IS NULL OR (s.owner <> %(me)s AND n.lease_until <= now()) "
+            "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
+            {"me": self.lease.name, "n": limit},
+        )
+        return [r[0] for r in rows]
+
     def exists(self, name: str) -> bool:
         rows = self._query("SELECT 1 FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
         return bool(rows)
