@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -101,6 +102,7 @@ class LeaseKeeper:
         self.store = store
         self._task: asyncio.Task[None] | None = None
         self._takeover: asyncio.Task[None] | None = None
+        self._fence: Callable[[float], None] | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -125,10 +127,22 @@ class LeaseKeeper:
             except Exception as exc:  # unreachable, slow: try again until the deadline
                 log.warning("cluster.renew_failed", error=repr(exc))
                 renewed = None
+            if renewed:
+                self._tell_fence()
             if renewed is False:
                 self._lost("the lease had lapsed when it was renewed")
             if time.monotonic() >= lease.deadline(margin(lease.ttl)):
                 self._lost("the lease could not be renewed before its deadline")
+
+    def fence_programs(self, fence: Callable[[float], None]) -> None:
+        """Tell ``fence`` (the spawner's) the deadline of this node's programs now
+        and after every renewal: last renewal + lease_ttl - the margin."""
+        self._fence = fence
+        self._tell_fence()
+
+    def _tell_fence(self) -> None:
+        if self._fence is not None:
+            self._fence(self.store.lease.deadline(margin(self.store.lease.ttl)))
 
     def take_over(self, node: Node) -> None:
         """From now on, look for sessions dead nodes left, and take them."""

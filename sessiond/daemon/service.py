@@ -175,6 +175,8 @@ class Daemon:
         # into a leaf of it, and must take only itself there.
         await self._sweep_cgroups()
         self.kernel.ctx.spawner.start()
+        if self.lease is not None:  # its programs stop before its lease can lapse
+            self.lease.fence_programs(self.kernel.ctx.spawner.fence)
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
             result = await self.sync_specs()

@@ -3,13 +3,16 @@ the others (DESIGN.md section 10, "Failover")."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from sessiond.daemon.cluster import LEASE_LOST_EXIT
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 TTL = 2.0
@@ -82,3 +85,64 @@ def test_kill_9_of_a_node_moves_its_session_and_a_send_wakes_it_there(
     # n1's finished run was replayed on the new node, never run again: two runs in all
     assert (first.root / "out.txt").read_text() == "hello\nhello\n"
     print(f"failover: kill -9 to taken over in {moved:.2f}s (lease_ttl {TTL}s)")
+
+
+LEDGER = """name = "ledger"
+[run]
+exec = ["python3", "ledger.py"]
+cwd = "."
+side_effect = "read"
+idempotency = "safe"
+"""
+
+# The program's own ledger: its run and the machine's monotonic time, 20 times a second.
+LEDGER_PROGRAM = """import os, time
+while True:
+    with open("ledger", "a") as f:
+        f.write(os.environ["SESSIOND_RUN"] + " " + repr(time.monotonic()) + "\\n")
+    time.sleep(0.05)
+"""
+
+
+def test_a_paused_node_writes_nothing_stale_and_its_programs_stop_by_the_deadline(
+    three: list[Daemon],
+) -> None:
+    first, *others = three
+    spec = first.write_spec("ledger", LEDGER)
+    (first.root / "ledger.py").write_text(LEDGER_PROGRAM)
+    first.ctl("create", str(spec), check=True)
+    first.ctl("activate", "ledger", check=True)
+    run = wait_event(first, "ledger", "run.started")["data"]["run"]
+    ledger = first.root / "ledger"
+    wait_for(lambda: ledger.exists() and ledger.read_text().count("\n") >= 2, what="the ledger")
+
+    assert first.proc is not None
+    stopped = time.monotonic()
+    os.kill(first.proc.pid, signal.SIGSTOP)  # the daemon only: its spawner runs on
+    try:
+        new = wait_for(lambda: taken_over(others, "ledger"), timeout=TTL + 30, what="take-over")
+        taken = time.monotonic()
+        # paused for twice its lease_ttl in all, as the scenario says
+        wait_for(lambda: time.monotonic() - stopped >= 2 * TTL, what="2 x lease_ttl")
+    finally:
+        os.kill(first.proc.pid, signal.SIGCONT)
+    assert first.stop(timeout=30) == LEASE_LOST_EXIT  # woke up, found its lease lost, ended
+
+    # Its program's own ledger: nothing after the deadline (last renewal + ttl -
+    # margin, and the last renewal was before the pause), nothing once taken over.
+    mine = [
+        float(line.split()[1]) for line in ledger.read_text().splitlines() if line.split()[0] == run
+    ]
+    assert mine
+    assert max(mine) <= stopped + TTL, (max(mine) - stopped, TTL)
+    assert max(mine) < taken
+
+    # The log: the epoch never decreases along the seqs, and nothing the paused
+    # node wrote landed after the new owner's first event (0 stale writes).
+    records: list[dict[str, Any]] = new.json("log", "ledger")
+    epochs = [r["epoch"] for r in records]
+    assert epochs == sorted(epochs)
+    first_new = min(r["seq"] for r in records if r["node"] != "n1")
+    stale = [r for r in records if r["node"] == "n1" and r["seq"] > first_new]
+    assert stale == []
+    assert any(r["type"] == "run.finished" and r["node"] != "n1" for r in records)
