@@ -186,6 +186,7 @@ class Daemon:
         self._resume_waiting(cut_off)
         if self.lease is not None:  # from now on, take over what dead nodes leave
             self.lease.take_over(self)
+            self.lease.carry_messages(self)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         for sig, handler in (

@@ -73,7 +73,8 @@ def test_kill_9_of_a_node_moves_its_session_and_a_send_wakes_it_there(
     assert moved < TTL + 10, f"failover took {moved:.1f}s"
 
     seen = len(new.json("log", "hello"))
-    new.ctl("send", "hello", "wake up on your new node", check=True)
+    bystander = next(d for d in others if d is not new)  # the send goes through it
+    bystander.ctl("send", "hello", "wake up on your new node", check=True)
     finished = wait_event(new, "hello", "run.finished", since=seen + 1)
     records: list[dict[str, Any]] = new.json("log", "hello")
     epochs = [r["epoch"] for r in records]
@@ -85,6 +86,27 @@ def test_kill_9_of_a_node_moves_its_session_and_a_send_wakes_it_there(
     # n1's finished run was replayed on the new node, never run again: two runs in all
     assert (first.root / "out.txt").read_text() == "hello\nhello\n"
     print(f"failover: kill -9 to taken over in {moved:.2f}s (lease_ttl {TTL}s)")
+
+
+def test_a_send_through_any_node_reaches_the_session_where_it_runs(
+    three: list[Daemon],
+) -> None:
+    owner, other, third = three
+    spec = owner.write_spec("hello", HELLO)
+    owner.ctl("create", str(spec), check=True)
+    sent = other.json("send", "hello", "from another node")
+    assert sent["node"] == "n1"  # left in the database for its owner
+    received = wait_event(owner, "hello", "message.received")
+    assert received["data"]["text"] == "from another node"
+    assert received["node"] == "n1"
+    wait_event(owner, "hello", "run.finished")  # its message trigger woke it there
+    text = third.ctl("send", "hello", "and from a third", check=True).stdout
+    assert "on node n1" in text
+    wait_event(
+        owner, "hello", "message.received", match=lambda r: r["data"]["text"] == "and from a third"
+    )
+    missing = other.ctl("send", "nobody", "hi")
+    assert missing.returncode == 4  # no such session anywhere: refused as on one machine
 
 
 LEDGER = """name = "ledger"
