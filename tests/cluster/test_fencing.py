@@ -151,3 +151,31 @@ def test_the_node_and_epoch_fields_round_trip_and_old_records_stay_valid() -> No
     assert (stamped.node, stamped.epoch) == ("a", 3)
     assert encode(stamped)["node"] == "a"
     assert encode(stamped)["epoch"] == 3
+
+
+def test_one_commit_carries_many_sessions_and_fences_each_on_its_own(
+    pg_dsn: str, nodes: list[PgStore]
+) -> None:
+    a = node(nodes, pg_dsn, "a")
+
+    async def go() -> None:
+        import asyncio
+
+        logs = [await a.create(f"s{i}") for i in range(20)]
+        await asyncio.gather(*(log.append(LifecycleChanged(to="ready")) for log in logs))
+        # s7 was claimed again meanwhile (a newer epoch): only s7 is fenced
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE sessions SET epoch = epoch + 1 WHERE name = 's7'")
+        outcomes = await asyncio.gather(
+            *(log.append(MessageReceived(sender="x", text="y")) for log in logs),
+            return_exceptions=True,
+        )
+        fenced = [i for i, o in enumerate(outcomes) if isinstance(o, Fenced)]
+        assert fenced == [7]
+        for log in logs:
+            await log.close()
+
+    arun(go())
+    assert [len(list(a.read(f"s{i}"))) for i in range(20)] == [
+        1 if i == 7 else 2 for i in range(20)
+    ]

@@ -2,7 +2,8 @@
 
 Writes are assigned their seqs at once, in the event loop (as the files backend
 does), and made durable by a group commit: one statement carries every event
-written since the last one. That statement is the fence (DESIGN.md section 10):
+written since the last one (and those of the node's other logs that wait at the
+same time: committer.py). That statement is the fence (DESIGN.md section 10):
 
 - it updates the session's row only where the epoch is still the one this log
   was opened under, the row's end is where this log thinks it is, and the
@@ -24,7 +25,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import Fenced, LogCorrupt, LogFailed
@@ -40,21 +40,8 @@ from sessiond.log.store.base import (
     Repair,
 )
 from sessiond.log.store.lines import RecordBuilder
+from sessiond.log.store.pg.committer import Batch, Committer
 from sessiond.log.store.pg.nodes import Lease
-
-APPEND = """
-WITH fence AS (
-    UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s
-    FROM nodes AS n
-    WHERE s.name = %(session)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
-      AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
-      AND n.lease_until > now()
-    RETURNING s.name
-)
-INSERT INTO events (session, seq, id, line)
-SELECT fence.name, e.seq, e.id, e.line
-FROM fence, unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, id, line)
-"""
 
 READ_BATCH = 1000  # events a query of a reader fetches at most
 
@@ -100,7 +87,7 @@ class PgEventLog(EventLog):
         durability: Durability,
         clock: Clock,
         *,
-        pool: AsyncConnectionPool,
+        committer: Committer,
         lease: Lease,
         epoch: int,
         query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
@@ -111,7 +98,7 @@ class PgEventLog(EventLog):
         # once its commit is. "os" is accepted for a config shared with file nodes.
         self.durability = durability
         self.epoch = epoch
-        self._pool = pool
+        self._committer = committer
         self._lease = lease
         self._query = query
         self._on_close = on_close
@@ -213,23 +200,15 @@ class PgEventLog(EventLog):
             self._flusher = None
 
     async def _commit(self, records: list[Record], lines: list[bytes]) -> None:
-        last = records[-1]
-        params = {
-            "session": self.session,
-            "epoch": self.epoch,
-            "after": self._durable.seq,
-            "last": last["seq"],
-            "last_id": last["id"],
-            "node": self._lease.name,
-            "inc": self._lease.incarnation,
-            "seqs": [r["seq"] for r in records],
-            "ids": [r["id"] for r in records],
-            "lines": lines,
-        }
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(APPEND, params)
-            inserted = cur.rowcount
-        if inserted != len(records):
+        batch = Batch(
+            self.session,
+            self.epoch,
+            self._durable.seq,
+            [r["seq"] for r in records],
+            [r["id"] for r in records],
+            lines,
+        )
+        if not await self._committer.submit(batch):
             raise Fenced(
                 f"node {self._lease.name!r} may no longer write to session {self.session!r} "
                 f"(epoch {self.epoch}): its lease lapsed or another node claimed the session; "

@@ -31,6 +31,7 @@ from sessiond.codec import Clock, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
 from sessiond.log.store.base import LogPosition, Record, Store
 from sessiond.log.store.pg import schema
+from sessiond.log.store.pg.committer import Committer
 from sessiond.log.store.pg.nodes import Lease
 from sessiond.log.store.pg.pglog import PgEventLog, read_events
 from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
@@ -92,6 +93,8 @@ class PgStore(Store):
         self._apool_loop: asyncio.AbstractEventLoop | None = None
         self._held = False  # connect() was called: the async pool stays open
         self._open: set[str] = set()
+        self._committer: Committer | None = None
+        self._committer_pool: AsyncConnectionPool | None = None
 
     # --- connections --------------------------------------------------------------
 
@@ -128,6 +131,11 @@ class PgStore(Store):
         if not self.lease.registered:
             await self.lease.register(self._apool)
         return self._apool
+
+    def _committer_for(self, pool: AsyncConnectionPool) -> Committer:
+        if self._committer is None or self._committer_pool is not pool:
+            self._committer, self._committer_pool = Committer(pool, self.lease), pool
+        return self._committer
 
     async def _release(self, name: str) -> None:
         self._open.discard(name)
@@ -312,7 +320,7 @@ class PgStore(Store):
             name,
             durability,
             self.clock,
-            pool=pool,
+            committer=self._committer_for(pool),
             lease=self.lease,
             epoch=epoch,
             query=self._query,
