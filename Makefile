@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster lint typecheck unit faults bench compare load install install-user clean
+.PHONY: run demo test cluster bench-cluster lint typecheck unit faults bench compare load install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ faults: $(STAMP)
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m sessiond.bench
+
+# The cluster backend's figures on a PostgreSQL of its own (see bench/README.md).
+bench-cluster: $(STAMP)
+	$(BIN)/python -m sessiond.bench.cluster
 
 # sessiond beside supervisord (installed into the venv for this), in one run.
 compare: $(STAMP)
