@@ -367,9 +367,12 @@ def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    if (args.profile is None) == (args.to is None):
-        raise RemoteError("usage", "say either --profile P or --to SOCKET", 2)
+    if sum(x is not None for x in (args.profile, args.to, args.node)) != 1:
+        raise RemoteError("usage", "say one of --profile P, --to SOCKET or --node N", 2)
     to = str(Path(args.to).resolve()) if args.to else None
+    if args.node is not None:
+        d = conn.call("migrate", {"name": args.name, "node": args.node})
+        return _done(d, out, f"handed {args.name} over to node {args.node}")
     d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
     where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"
     return _done(d, out, f"migrated {args.name} to {where}")
@@ -443,6 +446,11 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
+def cmd_drain(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("drain", {"name": args.name})
+    return _done(d, out, f"draining node {args.name}: {d['sessions']} sessions to move")
+
+
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
@@ -452,7 +460,7 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 COMMANDS = ["ping", "ps", "top", "show", "log", "replay", "gate", "create", "activate", "suspend",
             "resume", "interrupt", "cancel", "fork", "merge", "send", "migrate", "compact",
             "approve", "deny", "resolve", "apply", "export", "import", "reload",
-            "nodes", "completion"]  # fmt: skip
+            "nodes", "drain", "completion"]  # fmt: skip
 
 BASH_COMPLETION = """# bash completion for sessionctl: eval "$(sessionctl completion bash)"
 _sessionctl() {
@@ -551,6 +559,8 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     )
     mi.add_argument("--profile", metavar="P")
     mi.add_argument("--to", metavar="SOCKET")
+    mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
+    add("drain", cmd_drain, "a cluster: move every session off node N, a few a second", "name")
     cp = add(
         "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
     )

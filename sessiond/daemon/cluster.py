@@ -25,7 +25,7 @@ import structlog
 
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
-from sessiond.errors import InvalidInput, SessiondError, StorageError
+from sessiond.errors import InvalidInput, Refused, SessiondError, StorageError
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.syscalls.kernel import Kernel
@@ -47,6 +47,9 @@ class Node(Protocol):
 
 
 log = structlog.get_logger("sessiond.cluster")
+
+# Sessions a draining node hands over per step of its take-over loop (~1 s).
+DRAIN_PER_STEP = 5
 
 # What a node whose lease is lost exits with (EX_TEMPFAIL: start it again).
 LEASE_LOST_EXIT = 75
@@ -104,6 +107,7 @@ class LeaseKeeper:
         self._takeover: asyncio.Task[None] | None = None
         self._fence: Callable[[float], None] | None = None
         self._mailbox: asyncio.Task[None] | None = None
+        self._node: Node | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -146,8 +150,76 @@ class LeaseKeeper:
             self._fence(self.store.lease.deadline(margin(self.store.lease.ttl)))
 
     def take_over(self, node: Node) -> None:
-        """From now on, look for sessions dead nodes left, and take them."""
+        """From now on, look for sessions dead nodes left, and take them; serve
+        ``migrate --node`` and ``drain``."""
+        self._node = node
+        node.kernel.migrate_node = self.migrate_node
+        node.kernel.drain = self.drain
         self._takeover = asyncio.ensure_future(self._take_over(node))
+
+    async def migrate_node(
+        self, name: str, to: str, profile: str | None = None, socket: str | None = None
+    ) -> dict[str, Any]:
+        """``sessionctl migrate S --node N``: hand a sleeping session to node N."""
+        if profile is not None or socket is not None:
+            raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
+        assert self._node is not None
+        s = self._node.table.sessions.get(name)
+        if s is None:
+            self._node.table.get(name)  # NoSuchSession, named as on one machine
+        assert s is not None
+        moved = await self._hand_over(s, to)
+        if moved is None:
+            raise Refused(
+                f"node {to!r} is not a live node that takes sessions (up, not draining); "
+                "`sessionctl nodes` lists them"
+            )
+        return {"session": name, "node": moved}
+
+    async def _hand_over(self, s: Session, to: str | None) -> str | None:
+        """Give ``s`` away at a stable point: not while a run is on; its triggers
+        disarmed and its log closed here first, then the owner changed (the epoch
+        with it). None: nobody took it, and it stays here."""
+        assert self._node is not None
+        node = self._node
+        if s.run is not None or s.state in ("running", "ready"):
+            raise Refused(
+                f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
+                f"interrupt it, or try again when it sleeps"
+            )
+        async with s.lock:
+            node.triggers.disarm(s.name)
+            node.table.sessions.pop(s.name, None)
+            if s.journal is not None:
+                await s.journal.close()
+        moved = await asyncio.to_thread(self.store.hand_over, s.name, to)
+        if moved is None:  # nobody took it: it stays, claimed again, as after a restart
+            await self._take(node, s.name)
+        else:
+            log.info("cluster.handed_over", session=s.name, to=moved)
+        return moved
+
+    async def drain(self, name: str) -> dict[str, Any]:
+        """``sessionctl drain N``: node N hands all its sessions to the others."""
+        count = await asyncio.to_thread(self.store.drain, name)
+        if count is None:
+            raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
+        return {"node": name, "state": "draining", "sessions": count}
+
+    async def _drain_some(self, node: Node, at_most: int) -> None:
+        """A draining node moves a few sleeping sessions a tick (rate-limited)."""
+        for s in list(node.table.sessions.values())[: at_most * 4]:
+            if at_most <= 0:
+                return
+            if s.run is not None or s.state in ("running", "ready"):
+                continue  # at its next stable point
+            try:
+                if await self._hand_over(s, None) is None:
+                    return  # no node to take it now
+            except SessiondError as exc:
+                log.warning("cluster.drain_skipped", session=s.name, error=str(exc))
+                continue
+            at_most -= 1
 
     async def _take_over(self, node: Node) -> None:
         # A third of a second, or less with a short lease: failover within
@@ -160,6 +232,9 @@ class LeaseKeeper:
             except Exception as exc:  # the database is away: the lease keeper decides
                 log.warning("cluster.orphans_failed", error=repr(exc))
                 continue
+            if self.store.lease.state == "draining":
+                await self._drain_some(node, DRAIN_PER_STEP)
+                continue  # a draining node takes nothing
             for name in names:
                 if node.kernel.stopping:
                     return

@@ -116,7 +116,15 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "fork": (ForkParams, lambda p: k.fork(p.name, p.new, p.at, p.with_triggers)),
         "merge": (MergeParams, lambda p: k.merge(p.child, p.into, p.summary)),
         "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
-        "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
+        "migrate": (
+            MigrateParams,
+            lambda p: (
+                k.migrate(p.name, p.profile, p.to)
+                if p.node is None
+                else k.migrate_node(p.name, p.node, p.profile, p.to)
+            ),
+        ),
+        "drain": (NameParams, lambda p: k.drain(p.name)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
         "reload": (NoParams, lambda _: reload()),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),

@@ -12,9 +12,11 @@ object whatever the split.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sessiond.config import DaemonConfig
+from sessiond.errors import Refused
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.runs import Runs
@@ -44,6 +46,9 @@ class Kernel:
         # inspection
         self.ping = self.inspection.ping
         self.ps = self.inspection.ps
+        # a cluster node's daemon replaces these two (daemon/cluster.py)
+        self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
+        self.drain: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
         self.nodes = self.inspection.nodes
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
@@ -122,3 +127,10 @@ class Kernel:
     @property
     def scheduler(self) -> Scheduler:
         return self.ctx.scheduler
+
+
+async def _not_a_node(*_args: object) -> dict[str, Any]:
+    raise Refused(
+        "this sessiond is not a cluster node: it keeps its sessions in files; "
+        "set [cluster] dsn in its configuration to make it one"
+    )

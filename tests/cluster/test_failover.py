@@ -4,54 +4,13 @@ the others (DESIGN.md section 10, "Failover")."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
-from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
-
-TTL = 2.0
-
-HELLO = """name = "hello"
-[run]
-exec = ["sh", "-c", "echo hello >> out.txt"]
-cwd = "."
-writes = ["out.txt"]
-side_effect = "read"
-idempotency = "safe"
-
-[[trigger]]
-type = "message"
-"""
-
-
-@pytest.fixture
-def three(pg_dsn: str) -> Iterator[list[Daemon]]:
-    nodes: list[Daemon] = []
-    try:
-        for i in (1, 2, 3):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
-            nodes.append(Daemon(short_dir(), config).start())
-        yield nodes
-    finally:
-        for d in nodes:
-            d.reap()
-            shutil.rmtree(d.root, ignore_errors=True)
-
-
-def taken_over(nodes: list[Daemon], session: str) -> Daemon | None:
-    for d in nodes:
-        if any(
-            line.get("event") == "cluster.taken_over" and line.get("session") == session
-            for line in list(d.lines)
-        ):
-            return d
-    return None
+from tests.cluster.conftest import HELLO, TTL, taken_over
+from tests.e2e.harness import Daemon, wait_event, wait_for
 
 
 def test_kill_9_of_a_node_moves_its_session_and_a_send_wakes_it_there(

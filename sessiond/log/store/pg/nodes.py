@@ -36,7 +36,7 @@ RETURNING incarnation
 RENEW = """
 UPDATE nodes SET lease_until = now() + make_interval(secs => %(ttl)s), renewed_at = now()
 WHERE name = %(name)s AND incarnation = %(inc)s AND lease_until > now()
-RETURNING lease_until
+RETURNING lease_until, state
 """
 
 # A session is ours to take when nobody owns it, we do, or its owner's lease
@@ -70,6 +70,7 @@ class Lease:
     # time.monotonic() when the last renewal that succeeded was sent: the lease
     # runs at least until this + ttl on the database's clock.
     renewed: float = field(default=0.0)
+    state: str = "up"
 
     @property
     def registered(self) -> bool:
@@ -100,6 +101,7 @@ class Lease:
         if row is None:
             return False
         self.renewed = sent
+        self.state = str(row[1])  # "draining" once `sessionctl drain` named this node
         return True
 
     def deadline(self, margin: float = 0.0) -> float:

@@ -225,14 +225,42 @@ class PgStore(Store):
     def message_taken(self, message: int) -> None:
         self._execute([("UPDATE messages SET taken_at = now() WHERE id = %(i)s", {"i": message})])
 
+    def hand_over(self, name: str, to: str | None) -> str | None:
+        """Give ``name`` (ours) to node ``to``, or to the live node with the fewest
+        sessions that is not draining; the epoch goes up, so nothing of ours lands
+        after. The node it went to, or None when no such node is alive."""
+        rows = self._query(
+            "UPDATE sessions AS s SET owner = t.name, epoch = s.epoch + 1 "
+            "FROM (SELECT n.name FROM nodes AS n WHERE n.lease_until > now() "
+            "AND n.state = 'up' AND n.name <> %(me)s "
+            "AND (%(to)s::text IS NULL OR n.name = %(to)s) "
+            "ORDER BY (SELECT count(*) FROM sessions AS c WHERE c.owner = n.name), n.name "
+            "LIMIT 1) AS t "
+            "WHERE s.name = %(n)s AND s.owner = %(me)s RETURNING t.name",
+            {"n": check_name(name), "to": to, "me": self.lease.name},
+        )
+        return str(rows[0][0]) if rows else None
+
+    def drain(self, node: str) -> int | None:
+        """Mark ``node`` draining (it hands its sessions to the others itself); how
+        many sessions it has, or None when no live node has that name."""
+        rows = self._query(
+            "UPDATE nodes AS n SET state = 'draining' WHERE n.name = %(n)s "
+            "AND n.lease_until > now() RETURNING "
+            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name)",
+            {"n": node},
+        )
+        return int(rows[0][0]) if rows else None
+
     def orphans(self, limit: int = 100) -> list[str]:
-        """Sessions of nobody, or of nodes whose lease lapsed: the ones to take over.
+        """Sessions of nobody, of nodes whose lease lapsed, or handed to this node
+        (migrate --node, drain): the ones to take (those in the table are had).
 
         ``SKIP LOCKED`` passes over rows another node is claiming right now; the
         claim itself (nodes.py) is what decides who gets a session."""
         rows = self._query(
             "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
-            "WHERE s.owner IS NULL OR (s.owner <> %(me)s AND n.lease_until <= now()) "
+            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
             "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
             {"me": self.lease.name, "n": limit},
         )
