@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
-from sessiond.log.store.base import LogPosition, Record, Store
+from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
 from sessiond.log.store.pg.nodes import Lease
@@ -281,7 +281,7 @@ class PgStore(Store):
         spec: str | None = None,
         lines: Iterable[bytes] = (),
         artifacts: Iterable[bytes] = (),
-        durability: Any = "fsync",
+        durability: Durability = "fsync",
     ) -> PgEventLog:
         check_name(name)
         if name in self._open:
@@ -342,7 +342,7 @@ class PgStore(Store):
         return log
 
     def _log(
-        self, name: str, pool: AsyncConnectionPool, *, epoch: int, durability: Any
+        self, name: str, pool: AsyncConnectionPool, *, epoch: int, durability: Durability
     ) -> PgEventLog:
         return PgEventLog(
             name,
@@ -355,7 +355,7 @@ class PgStore(Store):
             on_close=lambda: self._release(name),
         )
 
-    async def open_log(self, name: str, *, durability: Any = "fsync") -> PgEventLog:
+    async def open_log(self, name: str, *, durability: Durability = "fsync") -> PgEventLog:
         check_name(name)
         if name in self._open:
             raise LogLocked(f"the log of session {name!r} is open by another writer on this node")
