@@ -191,7 +191,11 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
             f"  kill -9 {procs[0].pid}; SESSIOND_SOCKET={folder}/node1/sessiond.sock "
             "sessionctl ps  # after a restart: a new epoch"
         )
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        # Blocked first (after the nodes started: they must not inherit the mask),
+        # so that sigwait takes the signal instead of a handler.
+        stops = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        signal.sigwait(stops)
     except KeyboardInterrupt:
         pass
     finally:
