@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers
+from sessiond.ctl import answers, cluster
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -108,8 +108,7 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         return 0
     table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
     nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
-    if nodes:
-        table[0].insert(1, "NODE")
+    table[0][1:1] = ["NODE"] if nodes else []
     for r in rows:
         state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
         table.append(
@@ -430,25 +429,8 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(rows)
         return 0
-    table = [["NODE", "INCARNATION", "STATE", "LEASE AGE", "LEASE LEFT", "SESSIONS"]]
-    for r in rows:
-        table.append(
-            [
-                r["name"] + (" *" if r.get("self") else ""),
-                str(r["incarnation"]),
-                r["state"],
-                f"{r['lease_age_s']:.1f}s",
-                f"{r['lease_left_s']:.1f}s",
-                str(r["sessions"]),
-            ]
-        )
-    _table(table, out, colour_col=None)
+    _table(cluster.nodes_table(rows), out, colour_col=None)
     return 0
-
-
-def cmd_drain(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    d = conn.call("drain", {"name": args.name})
-    return _done(d, out, f"draining node {args.name}: {d['sessions']} sessions to move")
 
 
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -560,7 +542,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     mi.add_argument("--profile", metavar="P")
     mi.add_argument("--to", metavar="SOCKET")
     mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
-    add("drain", cmd_drain, "a cluster: move every session off node N, a few a second", "name")
+    add("drain", _answer(cluster.drain), "a cluster: move every session off node N", "name")
     cp = add(
         "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
     )
