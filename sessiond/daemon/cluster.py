@@ -25,7 +25,7 @@ import structlog
 
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
-from sessiond.errors import InvalidInput, Refused, SessiondError, StorageError
+from sessiond.errors import InvalidInput, LogLocked, Refused, SessiondError, StorageError
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.syscalls.kernel import Kernel
@@ -244,11 +244,15 @@ class LeaseKeeper:
     async def _take(self, node: Node, name: str) -> None:
         """Claim a dead node's session and continue it as after a crash here:
         replay, the cut-off run recorded, the gate, then a run."""
-        s = await node.table.open_session(name)
-        if s.journal is None:  # another node was quicker (or its log is unusable)
-            log.info("cluster.not_taken", session=name, why=s.broken)
+        try:
+            s = await node.table.open_session(name)
+        except LogLocked as exc:  # another node was quicker
+            log.info("cluster.not_taken", session=name, why=str(exc))
             return
         node.table.adopt(s)
+        if s.journal is None:  # its log is unusable: listed blocked, with the reason
+            log.error("cluster.taken_unusable", session=name, why=s.broken)
+            return
         continues = await node.kernel.runs.recovery.cut_off(s, local=False)
         node.triggers.arm(s)
         node.resume(s, cut_off=continues)

@@ -20,7 +20,14 @@ from typing import Any, Protocol
 import structlog
 
 from sessiond.config import DaemonConfig
-from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError, StorageError
+from sessiond.errors import (
+    LogCorrupt,
+    LogLocked,
+    NoSuchSession,
+    Refused,
+    SessiondError,
+    StorageError,
+)
 from sessiond.log.event_data import EventData
 from sessiond.log.journal import Journal
 from sessiond.log.store.base import Draft, Record, Store
@@ -206,6 +213,8 @@ class Table:
         except LogCorrupt as exc:
             log.error("log.corrupt", session=name, line=exc.line, error=str(exc))
             return Session(name, None, spec, spec_text, broken=f"corrupt log: {exc}")
+        except LogLocked:
+            raise  # another writer has it (a cluster's other node): not ours to list
         except SessiondError as exc:
             log.error("log.unusable", session=name, error=str(exc))
             return Session(name, None, spec, spec_text, broken=str(exc))
@@ -239,7 +248,10 @@ class Table:
 
     async def load(self) -> None:
         for name in self.store.names_to_load():
-            self.adopt(await self.open_session(name))
+            try:
+                self.adopt(await self.open_session(name))
+            except LogLocked as exc:  # a cluster node that claimed it first keeps it
+                log.info("session.elsewhere", session=name, why=str(exc))
 
     async def close(self) -> None:
         """Snapshot every session that moved since its last snapshot (so the next
