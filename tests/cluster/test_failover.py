@@ -4,13 +4,16 @@ the others (DESIGN.md section 10, "Failover")."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from typing import Any
 
+import psycopg
+
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
 from tests.cluster.conftest import HELLO, TTL, taken_over
-from tests.e2e.harness import Daemon, wait_event, wait_for
+from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 
 def test_kill_9_of_a_node_moves_its_session_and_a_send_wakes_it_there(
@@ -127,3 +130,49 @@ def test_a_paused_node_writes_nothing_stale_and_its_programs_stop_by_the_deadlin
     stale = [r for r in records if r["node"] == "n1" and r["seq"] > first_new]
     assert stale == []
     assert any(r["type"] == "run.finished" and r["node"] != "n1" for r in records)
+
+
+def test_a_node_cut_off_from_the_database_stops_its_programs_and_its_sessions_move(
+    pg_dsn: str,
+) -> None:
+    # n1 logs in as a role of its own, so that it alone can be cut off
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE n1user LOGIN SUPERUSER")
+    cut_dsn = pg_dsn.replace("sessiond@", "n1user@", 1)
+    n1 = Daemon(short_dir(), f'[cluster]\ndsn = "{cut_dsn}"\nnode = "n1"\nlease_ttl = "{TTL}s"\n')
+    n2 = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n2"\nlease_ttl = "{TTL}s"\n')
+    try:
+        n1.start()
+        n2.start()
+        spec = n1.write_spec("ledger", LEDGER)
+        (n1.root / "ledger.py").write_text(LEDGER_PROGRAM)
+        n1.ctl("create", str(spec), check=True)
+        n1.ctl("activate", "ledger", check=True)
+        run = wait_event(n1, "ledger", "run.started")["data"]["run"]
+        ledger = n1.root / "ledger"
+        wait_for(lambda: ledger.exists() and ledger.read_text().count("\n") >= 2, what="ledger")
+
+        cut = time.monotonic()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # no new connections, and
+            conn.execute("ALTER ROLE n1user NOLOGIN")  # the ones it has are closed
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'n1user'"
+            )
+        n1.wait_line("cluster.lease_lost", timeout=TTL + 30)
+        assert n1.stop(timeout=30) == LEASE_LOST_EXIT
+        wait_for(lambda: taken_over([n2], "ledger"), timeout=TTL + 30, what="n2 to take it")
+
+        mine = [
+            float(line.split()[1])
+            for line in ledger.read_text().splitlines()
+            if line.split()[0] == run
+        ]
+        assert max(mine) <= cut + TTL  # stopped by the deadline, on the machine's clock
+        records: list[dict[str, Any]] = n2.json("log", "ledger")
+        first_new = min(r["seq"] for r in records if r["node"] == "n2")
+        assert all(r["seq"] < first_new for r in records if r["node"] == "n1")
+        assert [r["epoch"] for r in records] == sorted(r["epoch"] for r in records)
+    finally:
+        for d in (n1, n2):
+            d.reap()
+            shutil.rmtree(d.root, ignore_errors=True)
