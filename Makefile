@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit faults bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
+
+# A local cluster: a PostgreSQL from the machine's binaries (initdb into
+# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it.
+cluster: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sessiond.localpg state/cluster
 
 # An offline tour of the event log: write, tear, repair, replay, fork, export, fsck.
 demo: $(STAMP)
@@ -56,6 +61,10 @@ faults: $(STAMP)
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m sessiond.bench
+
+# The cluster backend's figures on a PostgreSQL of its own (see bench/README.md).
+bench-cluster: $(STAMP)
+	$(BIN)/python -m sessiond.bench.cluster
 
 # sessiond beside supervisord (installed into the venv for this), in one run.
 compare: $(STAMP)

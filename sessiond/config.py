@@ -14,6 +14,7 @@ import math
 import os
 import pwd
 import re
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -306,6 +307,31 @@ class RetentionConfig(_Strict):
             if (v := getattr(self, k)) is not None
         ]
         return out
+class ClusterConfig(_Strict):
+    """``[cluster]``: several daemons (nodes) sharing one PostgreSQL (DESIGN.md
+    section 10). Without ``dsn`` the daemon keeps its sessions in plain files."""
+
+    dsn: str | None = None
+    node: str = Field(default_factory=lambda: socket.gethostname()[:64] or "node")
+    lease_ttl: Duration = 10.0
+    # false behind PgBouncer in transaction mode (it cannot keep prepared statements)
+    prepared: bool = True
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+            raise ValueError(
+                "node must be 1-64 letters, digits, '.', '_' or '-' (e.g. the host name)"
+            )
+        return value
+
+    @field_validator("lease_ttl")
+    @classmethod
+    def _sane_ttl(cls, value: float) -> float:
+        if not 1.0 <= value <= 600:
+            raise ValueError("lease_ttl must be between 1s and 10m (e.g. '10s')")
+        return value
 
 
 class DaemonConfig(_Strict):
@@ -334,6 +360,7 @@ class DaemonConfig(_Strict):
     web: WebConfig = Field(default_factory=WebConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (

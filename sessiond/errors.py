@@ -169,3 +169,10 @@ class ArtifactCorrupt(StorageError):
     """An artifact's content does not match its hash."""
 
     code = "artifact_corrupt"
+
+
+class Fenced(LogFailed):
+    """A cluster node wrote to a session it no longer owns: its lease lapsed, or
+    another node claimed the session (a newer epoch). Nothing was written."""
+
+    code = "fenced"

@@ -34,3 +34,7 @@ def state_dir(tmp_path: Path) -> Path:
     path = tmp_path / "state"
     path.mkdir(mode=0o700)
     return path
+
+
+# A real PostgreSQL, started once per run (tests/pgserver.py).
+from tests.pgserver import pg_dsn, postgres  # noqa: E402, F401

@@ -38,7 +38,7 @@ CLIENTS = {"ctl", "sdk"}
 # agent frameworks on top of the SDK: sessiond.sdk and the ground floor only
 INTEGRATIONS = {"integrations"}
 # tools stand on top of everything: they drive the real daemon or the library
-TOOLS = {"bench", "demo", "manpages", "__main__"}
+TOOLS = {"bench", "demo", "manpages", "localpg", "__main__"}
 
 
 def floor_of(module: str) -> str:

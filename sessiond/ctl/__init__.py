@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers, gc, offline, ops
+from sessiond.ctl import answers, cluster, gc, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
 from sessiond.paths import default_socket
@@ -108,11 +108,14 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         print("no sessions; create one with 'sessionctl create SPEC.toml'")
         return 0
     table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
+    nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
+    table[0][1:1] = ["NODE"] if nodes else []
     for r in rows:
         state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
         table.append(
             [
                 r["name"],
+                *([r.get("node") or "-"] if nodes else []),
                 state,
                 r["agent"] or "-",
                 str(r["priority"]),
@@ -359,15 +362,20 @@ def cmd_merge(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d = conn.call("send", {"to": args.name, "text": args.text, "sender": args.sender})
+    if d.get("seq") is None and d.get("node"):  # a cluster: its owner delivers it
+        return _done(d, out, f"sent to {args.name} on node {d['node']}")
     return _done(
         d, out, f"sent to {args.name} (seq {d['seq']})" + (", woke it" if d["woke"] else "")
     )
 
 
 def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    if (args.profile is None) == (args.to is None):
-        raise RemoteError("usage", "say either --profile P or --to SOCKET", 2)
+    if sum(x is not None for x in (args.profile, args.to, args.node)) != 1:
+        raise RemoteError("usage", "say one of --profile P, --to SOCKET or --node N", 2)
     to = str(Path(args.to).resolve()) if args.to else None
+    if args.node is not None:
+        d = conn.call("migrate", {"name": args.name, "node": args.node})
+        return _done(d, out, f"handed {args.name} over to node {args.node}")
     d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
     where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"
     return _done(d, out, f"migrated {args.name} to {where}")
@@ -434,6 +442,13 @@ def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         "your earlier one no longer works)"
     )
     return _done(r, out, text)
+def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    rows = conn.call("nodes", {})
+    if out.json:
+        out.emit_json(rows)
+        return 0
+    _table(cluster.nodes_table(rows), out, colour_col=None)
+    return 0
 
 
 def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -465,6 +480,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         return sp
 
     add("ping", cmd_ping, "is the daemon there, which version")
+    add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
     ps = add("ps", cmd_ps, "the process table: every session, its state and next wake")
     ps.add_argument(
         "--watch",
@@ -522,6 +538,8 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     )
     mi.add_argument("--profile", metavar="P")
     mi.add_argument("--to", metavar="SOCKET")
+    mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
+    add("drain", _answer(cluster.drain), "a cluster: move every session off node N", "name")
     cp = add(
         "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
     )

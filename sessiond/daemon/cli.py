@@ -3,6 +3,7 @@
 * ``sessiond [--config FILE] [--state-dir DIR] [--socket PATH]`` runs the daemon in
   the foreground (systemd and ``make run`` run it so).
 * ``sessiond fsck --state-dir DIR [--repair] [--json]`` checks a state dir offline.
+* ``sessiond db migrate --dsn DSN`` creates or upgrades a cluster's schema (clusterdb.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def _parser() -> argparse.ArgumentParser:
         "never touches corruption in the middle of a log",
     )
     fsck.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    db = sub.add_parser(
+        "db",
+        help="the cluster's PostgreSQL database (DESIGN.md section 10)",
+        description="Manage the database a cluster of sessiond nodes shares.",
+    )
+    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    migrate = db_sub.add_parser(
+        "migrate",
+        help="create or upgrade the schema (once for the whole cluster, under an advisory lock)",
+    )
+    migrate.add_argument(
+        "--dsn",
+        required=True,
+        help="postgresql://… of the cluster's database (as in [cluster] dsn)",
+    )
+    migrate.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return parser
 
 
@@ -60,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "fsck":
         return _fsck(args)
+    if args.command == "db":
+        from sessiond.daemon.clusterdb import migrate
+
+        return migrate(args.dsn, as_json=args.json)
     from sessiond.daemon.service import run
 
     return run(args.config, args.state_dir, args.socket)

@@ -28,12 +28,12 @@ import uvloop
 
 from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
+from sessiond.daemon.cluster import make_store
 from sessiond.daemon.faults import io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
-from sessiond.log.store.files import FileStore
 from sessiond.notify import Notices
 from sessiond.otel import Traces
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
@@ -135,11 +135,8 @@ class Daemon:
         self.metrics = metrics = web_metrics() if config.web.listen is not None else None
         if metrics is not None:
             hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
-        self.store = FileStore(
-            config.state_dir,
-            clock=lambda: time.time_ns() + offset_ns,
-            hooks=hooks,
-            sync_interval=config.sync_interval,
+        # plain files, or a cluster node's database and its lease ([cluster] dsn)
+        self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks
         )
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
@@ -182,6 +179,8 @@ class Daemon:
             # became a session (the rename is the commit): nothing to keep.
             for entry in self.store.remove_leftovers():
                 log.warning("leftover.removed", folder=entry)
+            if self.lease is not None:
+                await self.lease.start()
             await self.table.load()
         finally:
             gc.enable()
@@ -203,6 +202,8 @@ class Daemon:
         # into a leaf of it, and must take only itself there.
         await self._sweep_cgroups()
         self.kernel.ctx.spawner.start()
+        if self.lease is not None:  # its programs stop before its lease can lapse
+            self.lease.fence_programs(self.kernel.ctx.spawner.fence)
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         if self.config.specs is not None:
             result = await self.sync_specs()
@@ -218,6 +219,9 @@ class Daemon:
                     f"the web console cannot listen on {self.config.web.listen}: "
                     f"{exc.strerror or exc}; change [web] listen or free the port"
                 ) from exc
+        if self.lease is not None:  # from now on, take over what dead nodes leave
+            self.lease.take_over(self)
+            self.lease.carry_messages(self)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         for sig, handler in (
@@ -264,21 +268,25 @@ class Daemon:
         """
         names = {s.name for s in cut_off}
         for s in self.table:
-            if s.journal is None:
-                continue
-            state = s.j.state
-            if s.name in names or (
-                s.state == "sleeping"
-                and (
-                    state.pending_wakes
-                    or state.until
-                    or "retry" in state.reason
-                    or state.turn is not None  # an unfinished turn continues once
-                )
-            ):
-                self.kernel.spawn(self.kernel.runs.continue_turn(s))
-            elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
-                self.kernel.runs.renew_at_midnight(s)
+            self.resume(s, cut_off=s.name in names)
+
+    def resume(self, s: Session, *, cut_off: bool) -> None:
+        """One session of :meth:`_resume_waiting` (also one a cluster node took over)."""
+        if s.journal is None:
+            return
+        state = s.j.state
+        if cut_off or (
+            s.state == "sleeping"
+            and (
+                state.pending_wakes
+                or state.until
+                or "retry" in state.reason
+                or state.turn is not None  # an unfinished turn continues once
+            )
+        ):
+            self.kernel.spawn(self.kernel.runs.continue_turn(s))
+        elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
+            self.kernel.runs.renew_at_midnight(s)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=: sessions by state."""
@@ -417,6 +425,8 @@ class Daemon:
         await self.server.close()
         await self.program_server.close()
         await self.table.close()
+        if self.lease is not None:
+            await self.lease.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
         self.notifier.close()
         log.info("daemon.stopped")

@@ -105,6 +105,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     return {
         "ping": (NoParams, lambda _: k.ping()),
         "ps": (NoParams, lambda _: k.ps()),
+        "nodes": (NoParams, lambda _: k.nodes()),
         "show": (NameParams, lambda p: k.show(p.name)),
         "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),
         "gate": (NameParams, lambda p: k.gate(p.name)),
@@ -117,7 +118,15 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "fork": (ForkParams, lambda p: k.fork(p.name, p.new, p.at, p.with_triggers)),
         "merge": (MergeParams, lambda p: k.merge(p.child, p.into, p.summary)),
         "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
-        "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
+        "migrate": (
+            MigrateParams,
+            lambda p: (
+                k.migrate(p.name, p.profile, p.to)
+                if p.node is None
+                else k.migrate_node(p.name, p.node, p.profile, p.to)
+            ),
+        ),
+        "drain": (NameParams, lambda p: k.drain(p.name)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
         "reload": (NoParams, lambda _: reload()),
         "notify": (NoParams, lambda _: k.observe.notify_status()),

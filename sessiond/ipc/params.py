@@ -88,6 +88,7 @@ class MigrateParams(Params):
     name: str
     profile: str | None = None
     to: str | None = None
+    node: str | None = None  # a cluster: hand the session to this node
 
 
 class CompactParams(Params):

@@ -53,6 +53,10 @@ class Envelope(Record):
     causation: str | None = None
     correlation: str | None = None
     data: EventData
+    # Which cluster node wrote the event, under which epoch of its ownership
+    # (DESIGN.md section 10); absent in logs of the files backend.
+    node: str | None = None
+    epoch: int | None = Field(default=None, ge=1)
 
     @field_validator("ts")
     @classmethod
@@ -146,5 +150,10 @@ def decode(record: dict[str, Any]) -> Envelope:
 
 
 def encode(event: Envelope) -> dict[str, Any]:
-    """The record form of an envelope (what :func:`decode` reads back)."""
-    return event.model_dump(mode="json", by_alias=True)
+    """The record form of an envelope (what :func:`decode` reads back). The
+    cluster's optional fields are left out where absent, as they are in the line."""
+    record = event.model_dump(mode="json", by_alias=True)
+    for optional in ("node", "epoch"):
+        if record[optional] is None:
+            del record[optional]
+    return record

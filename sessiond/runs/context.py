@@ -24,8 +24,7 @@ import structlog
 
 from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
-from sessiond.log.store.base import Record
-from sessiond.log.store.files import FileStore
+from sessiond.log.store.base import Record, Store
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.runs.spawn import Spawner
 from sessiond.table import lifecycle
@@ -71,7 +70,7 @@ class RunContext:
     def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
         self.config = config  # replaced on reload
         self.table = table
-        self.store: FileStore = table.store
+        self.store: Store = table.store
         self.env = env
         self.runtime_dir: Path = config.state_dir / "runtime"
         # a retry's backoff, or a daily budget's renewal, per session

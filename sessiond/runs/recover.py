@@ -115,65 +115,68 @@ class Recovery:
         the turn it would start the program again (or, on a blocked session, make
         ``resolve --discard`` run what it discarded).
         """
+        return [s for s in list(self.ctx.table) if await self.cut_off(s)]
+
+    async def cut_off(self, s: Session, *, local: bool = True) -> bool:
+        """One session as :meth:`cut_off_runs` finds it (also a session a cluster
+        node takes over from a dead one: ``local`` False, its program ran on
+        another machine): whether its turn continues."""
         ctx = self.ctx
-        cut_off: list[Session] = []
-        for s in ctx.table:
-            if s.journal is not None and s.state == "ready":
-                # It passed a gate but never started: start over, through the gate.
-                cut_off.append(s)
-            if s.journal is None or s.state != "running":
-                continue
-            current = s.j.state.current_run or {}
-            note = "daemon restarted during run"
-            pid, started = current.get("pid"), current.get("proc_start")
-            if pid and started and proc_start_time(pid) == started:
-                # Its program outlived the daemon; with nobody to record its result it
-                # must not go on unsupervised.
-                signal_group(pid, signal.SIGKILL)
-                note += f"; its program (pid {pid}) was still running and was stopped"
-            finished = [
-                (k, c)
-                for k, c in s.j.state.calls.items()
-                if c["tool"] == "command" and c["stage"] == "finished"
-            ]
-            if finished:
-                # The command ran to its end before the crash: its work is done.
-                # Record the observation and the run's end; running it again would
-                # do it twice.
-                call_id, call = finished[0]
-                result = call.get("finished") or {}
-                await ctx.table.append(
-                    s,
-                    ObservationProjected(
-                        call=call_id,
-                        tool="command",
-                        source="rebuilt",
-                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
-                    ),
-                    correlation=call_id,
-                )
-                status = "ok" if result.get("status") == "ok" else "failed"
-                await ctx.table.append(
-                    s,
-                    RunFinished(
-                        run=current.get("run", "?"),
-                        status=status,
-                        exit_code=result.get("exit_code"),
-                        error=note,
-                        ends_turn=status == "ok",
-                    ),
-                )
-                await self.settler.after_run(
-                    s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
-                )
-                log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
-                continue
-            if current:
-                await ctx.table.append(
-                    s, RunFinished(run=current["run"], status="lost", error=note, ends_turn=False)
-                )
-            await ctx.transition(s, "sleeping", why="recover", reason=note)
-            log.warning("session.cut_off", session=s.name, reason=note)
-            # A restart is a continuation like any other: replay, gate, then run.
-            cut_off.append(s)
-        return cut_off
+        if s.journal is not None and s.state == "ready":
+            # It passed a gate but never started: start over, through the gate.
+            return True
+        if s.journal is None or s.state != "running":
+            return False
+        current = s.j.state.current_run or {}
+        note = "daemon restarted during run"
+        pid, started = current.get("pid"), current.get("proc_start")
+        if local and pid and started and proc_start_time(pid) == started:
+            # Its program outlived the daemon; with nobody to record its result it
+            # must not go on unsupervised.
+            signal_group(pid, signal.SIGKILL)
+            note += f"; its program (pid {pid}) was still running and was stopped"
+        finished = [
+            (k, c)
+            for k, c in s.j.state.calls.items()
+            if c["tool"] == "command" and c["stage"] == "finished"
+        ]
+        if finished:
+            # The command ran to its end before the crash: its work is done.
+            # Record the observation and the run's end; running it again would
+            # do it twice.
+            call_id, call = finished[0]
+            result = call.get("finished") or {}
+            await ctx.table.append(
+                s,
+                ObservationProjected(
+                    call=call_id,
+                    tool="command",
+                    source="rebuilt",
+                    text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
+                ),
+                correlation=call_id,
+            )
+            status = "ok" if result.get("status") == "ok" else "failed"
+            await ctx.table.append(
+                s,
+                RunFinished(
+                    run=current.get("run", "?"),
+                    status=status,
+                    exit_code=result.get("exit_code"),
+                    error=note,
+                    ends_turn=status == "ok",
+                ),
+            )
+            await self.settler.after_run(
+                s, Outcome(status, result.get("exit_code"), None, 0, b"", b"", 0, 0)
+            )
+            log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
+            return False
+        if current:
+            await ctx.table.append(
+                s, RunFinished(run=current["run"], status="lost", error=note, ends_turn=False)
+            )
+        await ctx.transition(s, "sleeping", why="recover", reason=note)
+        log.warning("session.cut_off", session=s.name, reason=note)
+        # A restart is a continuation like any other: replay, gate, then run.
+        return True

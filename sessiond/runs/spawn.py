@@ -261,6 +261,15 @@ class Spawner:
             os.write(fd, b"g")
         held.drop_go()
 
+    def fence(self, at: float) -> None:
+        """A cluster node's programs may run until ``at`` (``time.monotonic()``,
+        the machine's clock, shared with the spawner): past it, the spawner kills
+        every run and exits by itself, whether or not this daemon still runs
+        (DESIGN.md section 10, "Programs are fenced too"). Each lease renewal
+        moves it on."""
+        with contextlib.suppress(SpawnerGone):
+            self._send({"op": "fence", "at": at})
+
     def term(self, held: Held) -> None:
         """SIGTERM to every process of the run."""
         self._request("term", held)

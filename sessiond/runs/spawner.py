@@ -30,7 +30,10 @@ Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
 ``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files, optional
 ``holder``: the pid of the holder it was told of, which must take it; fds:
 stdout, stderr, the go pipe's read end: the daemon keeps the write end),
-``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it).
+``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it),
+``fence`` (at: a ``time.monotonic()`` deadline; past it the spawner kills
+everything and exits on its own: a cluster node's programs stop before its
+lease can lapse, even when the daemon is paused or cut off).
 Spawner → daemon: ``idle`` (pid and start of the holder the next spawn will
 take, or None), ``spawned`` (id, pid, start) or ``refused`` (id, error), then
 ``exited`` (id, status: R's raw wait status, which is P's).
@@ -48,6 +51,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -370,6 +374,7 @@ class Spawner:
         self.by_pid: dict[int, int] = {}
         self.pid = os.getpid()
         self.idle: tuple[int, int | None, socket.socket] | None = None  # pid, start, socket
+        self.fence: float | None = None  # the "fence" deadline (time.monotonic())
 
     def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
         # the daemon gone: its end closing is seen by the loop
@@ -435,6 +440,8 @@ class Spawner:
         if op == "spawn":
             self.spawn(req, fds)
             return
+        if op == "fence" and isinstance(req.get("at"), int | float):
+            self.fence = float(req["at"])
         for fd in fds:
             os.close(fd)
         pid = self.runs.get(req.get("id", -1))
@@ -480,6 +487,11 @@ class Spawner:
             # The next holder is forked once the loop is quiet: not in the way of
             # the start that just took one (its program is being forked and let go).
             quiet = PREFORK_AFTER if self.idle is None else None
+            if self.fence is not None:
+                left = self.fence - time.monotonic()
+                if left <= 0:
+                    return  # main() kills the whole subtree on the way out
+                quiet = left if quiet is None else min(quiet, left)
             try:
                 ready, _, _ = select.select([self.chan.fileno(), wake_r], [], [], quiet)
             except InterruptedError:

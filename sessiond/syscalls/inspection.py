@@ -6,6 +6,7 @@ run machinery: only the table, the store and the configuration.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import deque
@@ -15,7 +16,7 @@ import orjson
 
 from sessiond import __version__
 from sessiond.codec import TRAILER_LEN
-from sessiond.errors import InvalidInput
+from sessiond.errors import InvalidInput, Refused
 from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
@@ -43,7 +44,22 @@ class Inspection:
         from sessiond.table.sessions import summary
 
         fn = self.ctx.table.next_wake_fn
-        return [summary(s, fn) for s in sorted(self.ctx.table, key=lambda s: s.name)]
+        rows = [summary(s, fn) for s in sorted(self.ctx.table, key=lambda s: s.name)]
+        cluster = self.ctx.config.cluster
+        if cluster.dsn is not None:  # a cluster node's rows say which node runs them
+            for row in rows:
+                row["node"] = cluster.node
+        return rows
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes (DESIGN.md section 10); refused on a files daemon."""
+        rows = await asyncio.to_thread(self.ctx.store.cluster_nodes)
+        if rows is None:
+            raise Refused(
+                "this sessiond is not a cluster node: it keeps its sessions in files; "
+                "set [cluster] dsn in its configuration to make it one"
+            )
+        return rows
 
     async def show(self, name: str) -> dict[str, Any]:
         return detail(self.ctx.table.get(name))

@@ -12,11 +12,12 @@ object whatever the split.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sessiond.config import DaemonConfig
-from sessiond.log.store.base import Record
-from sessiond.log.store.files import FileStore
+from sessiond.errors import Refused
+from sessiond.log.store.base import Record, Store
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.runs import Runs
 from sessiond.runs.sdk_calls import SdkCalls
@@ -36,7 +37,7 @@ class Kernel:
     def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
         self.ctx = ctx = RunContext(config, table, env)
         self.table: Table = table
-        self.store: FileStore = table.store
+        self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
         self.inspection = Inspection(ctx)
@@ -51,6 +52,10 @@ class Kernel:
         # inspection
         self.ping = self.inspection.ping
         self.ps = self.inspection.ps
+        # a cluster node's daemon replaces these two (daemon/cluster.py)
+        self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
+        self.drain: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
+        self.nodes = self.inspection.nodes
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay
@@ -135,3 +140,10 @@ class Kernel:
     @property
     def scheduler(self) -> Scheduler:
         return self.ctx.scheduler
+
+
+async def _not_a_node(*_args: object) -> dict[str, Any]:
+    raise Refused(
+        "this sessiond is not a cluster node: it keeps its sessions in files; "
+        "set [cluster] dsn in its configuration to make it one"
+    )

@@ -20,12 +20,19 @@ from typing import Any, Protocol
 import structlog
 
 from sessiond.config import DaemonConfig
-from sessiond.errors import LogCorrupt, NoSuchSession, Refused, SessiondError, StorageError
+from sessiond.errors import (
+    LogCorrupt,
+    LogLocked,
+    NoSuchSession,
+    Refused,
+    SessiondError,
+    StorageError,
+)
 from sessiond.log.event_data import EventData
 from sessiond.log.journal import Journal
-from sessiond.log.store.base import Draft, Record
+from sessiond.log.store.base import Draft, Record, Store
 from sessiond.log.store.durable import read_regular, write_all
-from sessiond.log.store.files import SPEC_LIMIT, FileStore
+from sessiond.log.store.files import SPEC_LIMIT
 from sessiond.names import check_name
 from sessiond.redaction import Redactor, redactor
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
@@ -113,7 +120,7 @@ Listener = Callable[[str, Record], None]
 
 
 class Table:
-    def __init__(self, config: DaemonConfig, store: FileStore) -> None:
+    def __init__(self, config: DaemonConfig, store: Store) -> None:
         self.config = config
         self.store = store
         self.sessions: dict[str, Session] = {}
@@ -206,6 +213,8 @@ class Table:
         except LogCorrupt as exc:
             log.error("log.corrupt", session=name, line=exc.line, error=str(exc))
             return Session(name, None, spec, spec_text, broken=f"corrupt log: {exc}")
+        except LogLocked:
+            raise  # another writer has it (a cluster's other node): not ours to list
         except SessiondError as exc:
             log.error("log.unusable", session=name, error=str(exc))
             return Session(name, None, spec, spec_text, broken=str(exc))
@@ -238,8 +247,11 @@ class Table:
         return spec
 
     async def load(self) -> None:
-        for name in self.store.names():
-            self.adopt(await self.open_session(name))
+        for name in self.store.names_to_load():
+            try:
+                self.adopt(await self.open_session(name))
+            except LogLocked as exc:  # a cluster node that claimed it first keeps it
+                log.info("session.elsewhere", session=name, why=str(exc))
 
     async def close(self) -> None:
         """Snapshot every session that moved since its last snapshot (so the next

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from sessiond.log.store.base import Record
-from sessiond.log.store.files import FileStore
+from sessiond.log.store.base import Record, Store
 from sessiond.table.sessions import Session, Table
 
 
@@ -23,7 +22,7 @@ class WakeHost(Protocol):
         ...
 
     @property
-    def store(self) -> FileStore:
+    def store(self) -> Store:
         """The logs (the last wake of a kind) and the session folders (git cursors)."""
         ...
 

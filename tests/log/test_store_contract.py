@@ -1,9 +1,9 @@
-"""The storage contract: every backend (files, memory) must pass all of these."""
+"""The storage contract: every backend (files, memory, PostgreSQL) must pass all of these."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,9 +30,19 @@ BACKENDS: dict[str, Factory] = {
 }
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-def store(request: pytest.FixtureRequest, state_dir: Path) -> Store:
-    return BACKENDS[request.param](state_dir)
+@pytest.fixture(params=[*sorted(BACKENDS), "postgres"])
+def store(request: pytest.FixtureRequest, state_dir: Path) -> Iterator[Store]:
+    if request.param != "postgres":
+        yield BACKENDS[request.param](state_dir)
+        return
+    # A real server (tests/pgserver.py), a database of its own, one node.
+    from sessiond.log.store.pg.pgstore import PgStore
+
+    pg = PgStore(request.getfixturevalue("pg_dsn"), node="n1", lease_ttl=60)
+    try:
+        yield pg
+    finally:
+        pg.close_sync()
 
 
 def test_a_new_session_has_an_empty_log_and_its_spec(store: Store) -> None:

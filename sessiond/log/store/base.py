@@ -12,10 +12,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from sessiond.codec import Clock
 from sessiond.errors import SessiondError
 from sessiond.log.event_data import ArtifactRef, EventData
 
@@ -220,7 +222,32 @@ class SnapshotStore(abc.ABC):
 
 
 class Store(abc.ABC):
-    """The sessions of one state dir."""
+    """The sessions of one state dir (or, for a cluster, of one database)."""
+
+    clock: Clock
+    # Node-local files beside each session's record (caches the daemon keeps:
+    # a parsed spec, a git trigger's cursor): the sessions themselves for files.
+    sessions_dir: Path
+    # Whether opening a log makes what a crashed writer left durable first.
+    sync_on_recover: bool = True
+
+    def names_to_load(self) -> list[str]:
+        """The sessions a starting daemon takes into its table: all of them, but on
+        a cluster node only those it may own."""
+        return self.names()
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove what a crashed create left (nothing, where a create is one commit)."""
+        return []
+
+    def cluster_nodes(self) -> list[dict[str, Any]] | None:
+        """The nodes sharing this store (None: it is not a cluster's)."""
+        return None
+
+    def save_snapshots(self, snapshots: list[Snapshot]) -> None:
+        """Save many snapshots (at shutdown); a backend may do it in fewer syncs."""
+        for snap in snapshots:
+            self.snapshots(snap.session).save(snap)
 
     @abc.abstractmethod
     def names(self) -> list[str]:

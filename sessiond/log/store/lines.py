@@ -29,13 +29,17 @@ CHUNK = 8 << 20
 class RecordBuilder:
     """Assigns envelope fields and frames events for one log."""
 
-    __slots__ = ("_clock", "_ids", "_session", "_ts")
+    __slots__ = ("_clock", "_ids", "_session", "_ts", "stamp")
 
     def __init__(self, session: str, clock: Clock) -> None:
         self._session = session
         self._clock = clock
         self._ts = Timestamper()
         self._ids = EventIds()
+        # Optional envelope fields every event gets (the cluster's node and epoch,
+        # DESIGN.md section 10); empty for the files backend, so its lines are as
+        # they always were.
+        self.stamp: dict[str, Any] = {}
 
     def build(self, after_seq: int, drafts: Sequence[Draft]) -> tuple[list[Record], bytes]:
         now = self._clock()
@@ -55,6 +59,8 @@ class RecordBuilder:
                 "correlation": correlation,
                 "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
             }
+            if self.stamp:
+                record.update(self.stamp)
             return [record], frame(orjson.dumps(record))
         records: list[Record] = []
         lines: list[bytes] = []
@@ -76,6 +82,8 @@ class RecordBuilder:
                 "correlation": correlation,
                 "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
             }
+            if self.stamp:
+                record.update(self.stamp)
             records.append(record)
             lines.append(frame(dumps(record)))
         return records, b"".join(lines)

@@ -1,0 +1,32 @@
+"""``sessionctl nodes``, ``drain`` and ``migrate --node``: a cluster's nodes
+(DESIGN.md section 10), as people read them."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sessiond.wire import Connection
+
+
+def nodes_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The ``nodes`` answer as a table; this node is marked with ``*``."""
+    table = [["NODE", "INCARNATION", "STATE", "LEASE AGE", "LEASE LEFT", "SESSIONS"]]
+    for r in rows:
+        table.append(
+            [
+                r["name"] + (" *" if r.get("self") else ""),
+                str(r["incarnation"]),
+                r["state"],
+                f"{r['lease_age_s']:.1f}s",
+                f"{r['lease_left_s']:.1f}s",
+                str(r["sessions"]),
+            ]
+        )
+    return table
+
+
+def drain(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
+    """``sessionctl drain N``: node N hands its sessions to the others, a few a second."""
+    d = conn.call("drain", {"name": args.name})
+    return d, f"draining node {d['node']}: {d['sessions']} sessions to move"

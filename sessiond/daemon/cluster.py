@@ -1,0 +1,333 @@
+"""A daemon as a node of a cluster (DESIGN.md section 10): its store, its lease.
+
+Wiring only, like the rest of daemon/: which store the config asks for, and the
+task that keeps the node's lease. psycopg is imported only when ``[cluster] dsn``
+is set, so a files-only install never needs it.
+
+A node that cannot renew its lease before last renewal + ``lease_ttl`` - a margin
+(measured on the monotonic clock, whatever the database says meanwhile) ends at
+once: its spawner then kills every run it started (its pipe to the daemon
+closes), so no program of a node that may have lost its sessions goes on working
+while another node takes them over. A supervisor (systemd) starts it again, as a
+new incarnation that claims its sessions anew, through replay and the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from sessiond.codec import Clock
+from sessiond.config import DaemonConfig
+from sessiond.errors import InvalidInput, LogLocked, Refused, SessiondError, StorageError
+from sessiond.log.store.base import Store
+from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.syscalls.kernel import Kernel
+from sessiond.table.sessions import Session, Table
+from sessiond.wake.triggers import Triggers
+
+if TYPE_CHECKING:
+    from sessiond.log.store.pg.pgstore import PgStore
+
+
+class Node(Protocol):
+    """What taking a session over needs of the daemon (service.py's Daemon)."""
+
+    table: Table
+    triggers: Triggers
+    kernel: Kernel
+
+    def resume(self, s: Session, *, cut_off: bool) -> None: ...
+
+
+log = structlog.get_logger("sessiond.cluster")
+
+# Sessions a draining node hands over per step of its take-over loop (~1 s).
+DRAIN_PER_STEP = 5
+
+# What a node whose lease is lost exits with (EX_TEMPFAIL: start it again).
+LEASE_LOST_EXIT = 75
+
+
+def make_store(
+    config: DaemonConfig, clock: Clock, hooks: IOHooks
+) -> tuple[Store, LeaseKeeper | None]:
+    """Plain files, or the cluster's database and the node's lease when
+    ``[cluster] dsn`` is set."""
+    cluster = config.cluster
+    if cluster.dsn is None:
+        files = FileStore(
+            config.state_dir, clock=clock, hooks=hooks, sync_interval=config.sync_interval
+        )
+        return files, None
+    try:
+        import psycopg
+
+        from sessiond.log.store.pg.pgstore import PgStore
+        from sessiond.log.store.pg.schema import SchemaMismatch
+    except ImportError as exc:
+        raise InvalidInput(
+            "[cluster] dsn is set but psycopg is not installed: install sessiond with the "
+            "'cluster' extra (pip install 'sessiond[cluster]')"
+        ) from exc
+    try:
+        store = PgStore(
+            cluster.dsn,
+            node=cluster.node,
+            lease_ttl=cluster.lease_ttl,
+            prepared=cluster.prepared,
+            clock=clock,
+            local_dir=Path(config.state_dir) / "sessions",
+        )
+    except SchemaMismatch as exc:
+        raise InvalidInput(str(exc)) from exc
+    except psycopg.Error as exc:
+        raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {exc}") from exc
+    return store, LeaseKeeper(store)
+
+
+def margin(ttl: float) -> float:
+    """How long before its lease may lapse a node gives up: a fifth of it, at most 2 s."""
+    return min(2.0, ttl / 5)
+
+
+class LeaseKeeper:
+    """Renews the node's lease every third of ``lease_ttl``; ends the node when it
+    cannot."""
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+        self._task: asyncio.Task[None] | None = None
+        self._takeover: asyncio.Task[None] | None = None
+        self._fence: Callable[[float], None] | None = None
+        self._mailbox: asyncio.Task[None] | None = None
+        self._node: Node | None = None
+
+    async def start(self) -> None:
+        await self.store.connect()  # registers: a new incarnation
+        log.info(
+            "cluster.joined",
+            node=self.store.lease.name,
+            incarnation=self.store.lease.incarnation,
+            lease_ttl=self.store.lease.ttl,
+        )
+        self._task = asyncio.ensure_future(self._keep())
+
+    async def _keep(self) -> None:
+        lease = self.store.lease
+        step = lease.ttl / 3
+        pool = await self.store.connect()
+        while True:
+            await asyncio.sleep(
+                min(step, max(lease.deadline(margin(lease.ttl)) - time.monotonic(), 0))
+            )
+            try:
+                renewed = await asyncio.wait_for(lease.renew(pool), timeout=step)
+            except Exception as exc:  # unreachable, slow: try again until the deadline
+                log.warning("cluster.renew_failed", error=repr(exc))
+                renewed = None
+            if renewed:
+                self._tell_fence()
+            if renewed is False:
+                self._lost("the lease had lapsed when it was renewed")
+            if time.monotonic() >= lease.deadline(margin(lease.ttl)):
+                self._lost("the lease could not be renewed before its deadline")
+
+    def fence_programs(self, fence: Callable[[float], None]) -> None:
+        """Tell ``fence`` (the spawner's) the deadline of this node's programs now
+        and after every renewal: last renewal + lease_ttl - the margin."""
+        self._fence = fence
+        self._tell_fence()
+
+    def _tell_fence(self) -> None:
+        if self._fence is not None:
+            self._fence(self.store.lease.deadline(margin(self.store.lease.ttl)))
+
+    def take_over(self, node: Node) -> None:
+        """From now on, look for sessions dead nodes left, and take them; serve
+        ``migrate --node`` and ``drain``."""
+        self._node = node
+        node.kernel.migrate_node = self.migrate_node
+        node.kernel.drain = self.drain
+        self._takeover = asyncio.ensure_future(self._take_over(node))
+
+    async def migrate_node(
+        self, name: str, to: str, profile: str | None = None, socket: str | None = None
+    ) -> dict[str, Any]:
+        """``sessionctl migrate S --node N``: hand a sleeping session to node N."""
+        if profile is not None or socket is not None:
+            raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
+        assert self._node is not None
+        s = self._node.table.sessions.get(name)
+        if s is None:
+            self._node.table.get(name)  # NoSuchSession, named as on one machine
+        assert s is not None
+        moved = await self._hand_over(s, to)
+        if moved is None:
+            raise Refused(
+                f"node {to!r} is not a live node that takes sessions (up, not draining); "
+                "`sessionctl nodes` lists them"
+            )
+        return {"session": name, "node": moved}
+
+    async def _hand_over(self, s: Session, to: str | None) -> str | None:
+        """Give ``s`` away at a stable point: not while a run is on; its triggers
+        disarmed and its log closed here first, then the owner changed (the epoch
+        with it). None: nobody took it, and it stays here."""
+        assert self._node is not None
+        node = self._node
+        if s.run is not None or s.state in ("running", "ready"):
+            raise Refused(
+                f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
+                f"interrupt it, or try again when it sleeps"
+            )
+        async with s.lock:
+            node.triggers.disarm(s.name)
+            node.table.sessions.pop(s.name, None)
+            if s.journal is not None:
+                await s.journal.close()
+        moved = await asyncio.to_thread(self.store.hand_over, s.name, to)
+        if moved is None:  # nobody took it: it stays, claimed again, as after a restart
+            await self._take(node, s.name)
+        else:
+            log.info("cluster.handed_over", session=s.name, to=moved)
+        return moved
+
+    async def drain(self, name: str) -> dict[str, Any]:
+        """``sessionctl drain N``: node N hands all its sessions to the others."""
+        count = await asyncio.to_thread(self.store.drain, name)
+        if count is None:
+            raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
+        return {"node": name, "state": "draining", "sessions": count}
+
+    async def _drain_some(self, node: Node, at_most: int) -> None:
+        """A draining node moves a few sleeping sessions a tick (rate-limited)."""
+        for s in list(node.table.sessions.values())[: at_most * 4]:
+            if at_most <= 0:
+                return
+            if s.run is not None or s.state in ("running", "ready"):
+                continue  # at its next stable point
+            try:
+                if await self._hand_over(s, None) is None:
+                    return  # no node to take it now
+            except SessiondError as exc:
+                log.warning("cluster.drain_skipped", session=s.name, error=str(exc))
+                continue
+            at_most -= 1
+
+    async def _take_over(self, node: Node) -> None:
+        # A third of a second, or less with a short lease: failover within
+        # lease_ttl + about a second (DESIGN.md section 10: + 3 s at p50).
+        step = min(1.0, self.store.lease.ttl / 3)
+        while True:
+            await asyncio.sleep(step)
+            try:
+                names = await asyncio.to_thread(self.store.orphans)
+            except Exception as exc:  # the database is away: the lease keeper decides
+                log.warning("cluster.orphans_failed", error=repr(exc))
+                continue
+            if self.store.lease.state == "draining":
+                await self._drain_some(node, DRAIN_PER_STEP)
+                continue  # a draining node takes nothing
+            for name in names:
+                if node.kernel.stopping:
+                    return
+                if name not in node.table.sessions:
+                    await self._take(node, name)
+
+    async def _take(self, node: Node, name: str) -> None:
+        """Claim a dead node's session and continue it as after a crash here:
+        replay, the cut-off run recorded, the gate, then a run."""
+        try:
+            s = await node.table.open_session(name)
+        except LogLocked as exc:  # another node was quicker
+            log.info("cluster.not_taken", session=name, why=str(exc))
+            return
+        node.table.adopt(s)
+        if s.journal is None:  # its log is unusable: listed blocked, with the reason
+            log.error("cluster.taken_unusable", session=name, why=s.broken)
+            return
+        continues = await node.kernel.runs.recovery.cut_off(s, local=False)
+        node.triggers.arm(s)
+        node.resume(s, cut_off=continues)
+        log.warning("cluster.taken_over", session=name, node=self.store.lease.name)
+
+    def carry_messages(self, node: Node) -> None:
+        """``send`` reaches a session wherever it runs: one this node does not have
+        is left in the database for its owner; the owner delivers what is left for
+        its sessions when told (NOTIFY) and at least every second anyway."""
+        local = node.kernel.send
+
+        async def send(to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+            if to in node.table.sessions:
+                return await local(to, text, sender)
+            posted = await asyncio.to_thread(self.store.post_message, to, sender, text)
+            if posted is None:
+                return await local(to, text, sender)  # refused there, as on one machine
+            log.info("cluster.message_posted", session=to, owner=posted["node"])
+            return {"session": to, "seq": None, "woke": None, "node": posted["node"]}
+
+        node.kernel.send = send
+        self._mailbox = asyncio.ensure_future(self._deliver(node, local))
+
+    async def _deliver(self, node: Node, local: Callable[..., Awaitable[dict[str, Any]]]) -> None:
+        import psycopg
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.store.dsn, autocommit=True
+                ) as conn:
+                    await conn.execute("LISTEN sessiond_messages")
+                    while True:
+                        await self._deliver_now(node, local)
+                        # a hint, or a second without one: the table is the truth
+                        async for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: try again, the poll goes on
+                log.warning("cluster.mailbox_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def _deliver_now(
+        self, node: Node, local: Callable[..., Awaitable[dict[str, Any]]]
+    ) -> None:
+        names = list(node.table.sessions)
+        if not names:
+            return
+        for message, to, sender, text in await asyncio.to_thread(self.store.messages_for, names):
+            if to not in node.table.sessions:
+                continue
+            try:
+                await local(to, text, sender)
+            except SessiondError as exc:  # a terminated session: dropped, with the reason
+                log.warning("cluster.message_refused", session=to, error=str(exc))
+            # Delivered, then marked: a crash in between delivers it again (at least once).
+            await asyncio.to_thread(self.store.message_taken, message)
+
+    def _lost(self, why: str) -> None:
+        log.error("cluster.lease_lost", node=self.store.lease.name, why=why)
+        # No graceful stop: every write would be refused anyway, and what matters
+        # is that this node's programs stop before another node runs their sessions.
+        os._exit(LEASE_LOST_EXIT)
+
+    async def close(self) -> None:
+        """At a clean stop: let go of the lease, so others may take over at once."""
+        for task in (self._task, self._takeover, self._mailbox):
+            if task is not None:
+                task.cancel()
+        pool = await self.store.connect()
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE nodes SET lease_until = now(), state = 'stopped' "
+                "WHERE name = %(name)s AND incarnation = %(inc)s",
+                self.store.lease.params(),
+            )
+        await self.store.aclose()

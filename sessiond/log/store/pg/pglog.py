@@ -1,0 +1,239 @@
+"""One session's log in PostgreSQL, every append fenced in one statement.
+
+Writes are assigned their seqs at once, in the event loop (as the files backend
+does), and made durable by a group commit: one statement carries every event
+written since the last one (and those of the node's other logs that wait at the
+same time: committer.py). That statement is the fence (DESIGN.md section 10):
+
+- it updates the session's row only where the epoch is still the one this log
+  was opened under, the row's end is where this log thinks it is, and the
+  owner is this node's incarnation with a lease unexpired by the database's
+  ``now()``;
+- it inserts the events from that update's ``RETURNING``, so where the update
+  matched no row, nothing is inserted.
+
+A separate ``SELECT`` of the epoch followed by an ``INSERT`` would be no fence
+under READ COMMITTED: a claim can commit between them. A refused append fails
+the log (:class:`~sessiond.errors.Fenced`): the node must open it again, under
+a new claim, through replay and the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+
+from sessiond.codec import Clock, decode_line
+from sessiond.errors import Fenced, LogCorrupt, LogFailed
+from sessiond.log.store.base import (
+    START,
+    Draft,
+    Durability,
+    EventLog,
+    LogPosition,
+    Pending,
+    PositionMismatch,
+    Record,
+    Repair,
+)
+from sessiond.log.store.lines import RecordBuilder
+from sessiond.log.store.pg.committer import Batch, Committer
+from sessiond.log.store.pg.nodes import Lease
+
+READ_BATCH = 1000  # events a query of a reader fetches at most
+
+
+def read_events(
+    query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
+    session: str,
+    since: int,
+    upto: int | None,
+) -> Iterator[tuple[Record, bytes]]:
+    """(record, line without newline) of each event ``since``..``upto``, verified.
+
+    Pages by seq (no transaction held open between pages, so a reader never
+    blocks a writer). A line that fails its checksum or breaks the seq order is
+    corruption: the database had it from a node that checked it."""
+    expected = max(since, 1)
+    while upto is None or expected <= upto:
+        rows = query(
+            "SELECT seq, line FROM events WHERE session = %(s)s AND seq >= %(from)s "
+            "AND (%(upto)s::bigint IS NULL OR seq <= %(upto)s) ORDER BY seq LIMIT %(n)s",
+            {"s": session, "from": expected, "upto": upto, "n": READ_BATCH},
+        )
+        if not rows:
+            return
+        for seq, raw in rows:
+            line = bytes(raw)
+            record = decode_line(line)
+            if record is None or seq != expected or record.get("seq") != seq:
+                why = "fails its checksum" if record is None else f"is not seq {expected}"
+                raise LogCorrupt(f"session {session} in PostgreSQL", seq, 0, why)
+            yield record, line
+            expected += 1
+        if len(rows) < READ_BATCH:
+            return
+
+
+class PgEventLog(EventLog):
+    """The open log of one session this node has claimed under ``epoch``."""
+
+    def __init__(
+        self,
+        session: str,
+        durability: Durability,
+        clock: Clock,
+        *,
+        committer: Committer,
+        lease: Lease,
+        epoch: int,
+        query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
+        on_close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.session = session
+        # Durability is PostgreSQL's (synchronous_commit): an append is acknowledged
+        # once its commit is. "os" is accepted for a config shared with file nodes.
+        self.durability = durability
+        self.epoch = epoch
+        self._committer = committer
+        self._lease = lease
+        self._query = query
+        self._on_close = on_close
+        self._builder = RecordBuilder(session, clock)
+        self._builder.stamp = {"node": lease.name, "epoch": epoch}
+        self._pos = START
+        self._durable = START
+        self._queue: list[Record] = []
+        self._lines: list[bytes] = []
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._recovered = False
+        self._closed = False
+        self._failed: str | None = None
+
+    @property
+    def position(self) -> LogPosition:
+        return self._pos
+
+    @property
+    def repair(self) -> Repair | None:
+        return None  # a commit is whole or absent: nothing is ever torn
+
+    def recover(self, after: LogPosition = START) -> Iterator[Record]:
+        if self._recovered:
+            raise RuntimeError("recover() runs once per open log")
+        if after.seq:
+            rows = self._query(
+                "SELECT id FROM events WHERE session = %(s)s AND seq = %(seq)s",
+                {"s": self.session, "seq": after.seq},
+            )
+            if not rows or rows[0][0] != after.last_id:
+                raise PositionMismatch(f"seq {after.seq} is not in the log with that id")
+        pos = after
+        for record, _line in read_events(self._query, self.session, after.seq + 1, None):
+            pos = LogPosition(record["seq"], record["seq"], record["id"])
+            yield record
+        self._pos = self._durable = pos
+        self._recovered = True
+
+    def adopt(self, position: LogPosition) -> None:
+        """Start appending after ``position`` without reading (a log just created)."""
+        self._pos = self._durable = position
+        self._recovered = True
+
+    def write_many(self, drafts: Sequence[Draft]) -> Pending:
+        if not self._recovered:
+            raise RuntimeError("recover() the log before appending to it")
+        if self._closed:
+            raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
+        if self._failed is not None:
+            raise LogFailed(f"the log of session {self.session!r} takes no appends: {self._failed}")
+        records, buf = self._builder.build(self._pos.seq, drafts)
+        if not records:
+            return Pending([], self._pos)
+        self._queue.extend(records)
+        self._lines.extend(buf.split(b"\n")[:-1])
+        last = records[-1]
+        self._pos = LogPosition(last["seq"], last["seq"], last["id"])
+        return Pending(records, self._pos)
+
+    async def sync(self, pending: Pending) -> None:
+        if self._durable.seq >= pending.position.seq:
+            return
+        if self._failed is not None:
+            raise LogFailed(f"the log of session {self.session!r}: {self._failed}")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((pending.position.seq, done))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush_loop())
+        await done
+
+    async def _flush_loop(self) -> None:
+        """Group commit: one fenced statement for everything written so far."""
+        try:
+            while self._waiters:
+                await asyncio.sleep(0)  # let writers that are ready join this commit
+                records, lines = self._queue, self._lines
+                self._queue, self._lines = [], []
+                try:
+                    await self._commit(records, lines)
+                except BaseException as exc:
+                    self._fail(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    return
+                last = records[-1]
+                self._durable = LogPosition(last["seq"], last["seq"], last["id"])
+                waiting = []
+                for target, waiter in self._waiters:
+                    if target <= self._durable.seq:
+                        if not waiter.done():
+                            waiter.set_result(None)
+                    else:
+                        waiting.append((target, waiter))
+                self._waiters = waiting
+        finally:
+            self._flusher = None
+
+    async def _commit(self, records: list[Record], lines: list[bytes]) -> None:
+        batch = Batch(
+            self.session,
+            self.epoch,
+            self._durable.seq,
+            [r["seq"] for r in records],
+            [r["id"] for r in records],
+            lines,
+        )
+        if not await self._committer.submit(batch):
+            raise Fenced(
+                f"node {self._lease.name!r} may no longer write to session {self.session!r} "
+                f"(epoch {self.epoch}): its lease lapsed or another node claimed the session; "
+                "nothing was written"
+            )
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail the log and every waiter: after a refused or lost commit the log's
+        end is not known here any more; only a new claim and a replay find it."""
+        if isinstance(exc, Fenced):
+            self._failed = str(exc)
+            error: LogFailed = exc
+        else:
+            why = "a database error" if isinstance(exc, psycopg.Error) else "an error"
+            self._failed = f"{why} during a commit ({exc!r}); reopen the log to know its end"
+            error = LogFailed(f"the log of session {self.session!r}: {self._failed}")
+        for _, waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._waiters.clear()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        while self._flusher is not None:
+            await asyncio.wait([self._flusher])
+        await self._on_close()

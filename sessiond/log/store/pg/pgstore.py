@@ -1,0 +1,407 @@
+"""The sessions of a cluster, in one PostgreSQL database (DESIGN.md section 10).
+
+Two pools of connections, because the storage interface has two kinds of calls:
+
+- the event loop's (creating and opening logs, appends, leases, claims): an
+  ``AsyncConnectionPool`` opened in the running loop, by :meth:`PgStore.connect`
+  (the daemon, for its whole life) or on demand while a log is open (tools and
+  tests, which may run several loops one after another);
+- the synchronous readers (``read``, artifacts, snapshots, specs, names), as the
+  files backend reads files: a small thread-safe ``ConnectionPool``.
+
+Prepared statements are on unless ``prepared=False`` (behind PgBouncer in
+transaction mode, which cannot keep them; it cannot keep LISTEN or session
+advisory locks either). The schema is checked, never made, at start: that is
+``sessiond db migrate``'s job (schema.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from sessiond.codec import Clock, decode_line
+from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
+from sessiond.log.store.base import Durability, LogPosition, Record, Store
+from sessiond.log.store.pg import schema
+from sessiond.log.store.pg.committer import Committer
+from sessiond.log.store.pg.nodes import Lease
+from sessiond.log.store.pg.pglog import PgEventLog, read_events
+from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
+from sessiond.names import check_name
+
+CREATE = """
+INSERT INTO sessions (name, owner, epoch, last_seq, last_id, spec)
+SELECT %(session)s, n.name, 1, %(last)s, %(last_id)s, %(spec)s FROM nodes AS n
+WHERE n.name = %(node)s AND n.incarnation = %(inc)s AND n.lease_until > now()
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+COPY_EVENTS = """
+INSERT INTO events (session, seq, id, line)
+SELECT %(s)s, e.seq, e.id, e.line
+FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, id, line)
+"""
+
+
+class PgStore(Store):
+    """Every session of the cluster; this node's lease; its open logs."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        node: str,
+        lease_ttl: float = 10.0,
+        labels: dict[str, str] | None = None,
+        prepared: bool = True,
+        clock: Clock = time.time_ns,
+        snapshots_keep: int = 2,
+        pool_size: int = 8,
+        local_dir: Path | None = None,
+    ) -> None:
+        self.dsn = dsn
+        # the node's own caches (a parsed spec, a git cursor); not the sessions
+        self.sessions_dir = local_dir if local_dir is not None else Path("/nonexistent")
+        self.clock = clock
+        self.snapshots_keep = snapshots_keep
+        self.pool_size = pool_size
+        self.lease = Lease(node, lease_ttl, json.dumps(labels or {}))
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": 5 if prepared else None,
+        }
+        self._sync = ConnectionPool(
+            dsn, min_size=1, max_size=4, kwargs=self._kwargs, open=False, name="sessiond-read"
+        )
+        self._sync.open(wait=True, timeout=30)
+        try:
+            with self._sync.connection() as conn:
+                schema.check(conn)
+        except BaseException:
+            self._sync.close()
+            raise
+        self._apool: AsyncConnectionPool | None = None
+        self._apool_loop: asyncio.AbstractEventLoop | None = None
+        self._held = False  # connect() was called: the async pool stays open
+        self._open: set[str] = set()
+        self._committer: Committer | None = None
+        self._committer_pool: AsyncConnectionPool | None = None
+
+    # --- connections --------------------------------------------------------------
+
+    def _query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._sync.connection() as conn:
+            return conn.execute(sql.encode(), params).fetchall()
+
+    def _execute(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+        with self._sync.connection() as conn, conn.transaction():
+            for sql, params in statements:
+                conn.execute(sql.encode(), params)
+
+    async def connect(self) -> AsyncConnectionPool:
+        """Open the async pool in this loop for good (the daemon) and register the
+        node's lease (a new incarnation)."""
+        self._held = True
+        return await self._pool()
+
+    async def _pool(self) -> AsyncConnectionPool:
+        loop = asyncio.get_running_loop()
+        if self._apool is not None and self._apool_loop is not loop:
+            raise RuntimeError("the store's connections belong to another event loop")
+        if self._apool is None:
+            pool = AsyncConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self.pool_size,
+                kwargs=self._kwargs,
+                open=False,
+                name="sessiond-write",
+            )
+            await pool.open(wait=True, timeout=30)
+            self._apool, self._apool_loop = pool, loop
+        if not self.lease.registered:
+            await self.lease.register(self._apool)
+        return self._apool
+
+    def _committer_for(self, pool: AsyncConnectionPool) -> Committer:
+        if self._committer is None or self._committer_pool is not pool:
+            self._committer, self._committer_pool = Committer(pool, self.lease), pool
+        return self._committer
+
+    async def _release(self, name: str) -> None:
+        self._open.discard(name)
+        if not self._held and not self._open and self._apool is not None:
+            pool, self._apool, self._apool_loop = self._apool, None, None
+            await pool.close()
+
+    async def aclose(self) -> None:
+        """Close both pools (open logs must be closed first)."""
+        self._held = False
+        if self._apool is not None:
+            pool, self._apool, self._apool_loop = self._apool, None, None
+            await pool.close()
+        self._sync.close()
+
+    def close_sync(self) -> None:
+        """Close the readers' pool (outside a loop; the async one must be closed)."""
+        self._sync.close()
+
+    # --- the Store interface -----------------------------------------------------
+
+    def names(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT name FROM sessions ORDER BY name", {})]
+
+    def names_to_load(self) -> list[str]:
+        """The sessions this node may own: its own, nobody's, and those of nodes
+        whose lease lapsed. The others run on their nodes."""
+        rows = self._query(
+            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
+            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
+            "ORDER BY s.name",
+            {"me": self.lease.name},
+        )
+        return [r[0] for r in rows]
+
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT n.name, n.incarnation, n.state, n.lease_until > now(), "
+            "extract(epoch FROM now() - n.renewed_at)::float8, "
+            "extract(epoch FROM n.lease_until - now())::float8, n.started_at, n.labels, "
+            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name) "
+            "FROM nodes AS n ORDER BY n.name",
+            {},
+        )
+        return [
+            {
+                "name": name,
+                "incarnation": int(inc),
+                "state": state if alive else ("stopped" if state == "stopped" else "lapsed"),
+                "alive": bool(alive),
+                "lease_age_s": round(float(age), 3),
+                "lease_left_s": round(max(float(left), 0.0), 3),
+                "started_at": started.isoformat(),
+                "labels": labels,
+                "sessions": int(count),
+                "self": name == self.lease.name,
+            }
+            for name, inc, state, alive, age, left, started, labels, count in rows
+        ]
+
+    def post_message(self, to: str, sender: str, text: str) -> dict[str, Any] | None:
+        """Leave a message for a session another node owns: the ``messages`` table is
+        the truth, a NOTIFY to the owner the hint (its poll is the backstop).
+        None: there is no such session."""
+        with self._sync.connection() as conn, conn.transaction():
+            row = conn.execute(
+                "INSERT INTO messages (session, sender, body) SELECT name, %(f)s, %(t)s "
+                "FROM sessions WHERE name = %(n)s RETURNING id, "
+                "(SELECT owner FROM sessions WHERE name = %(n)s)",
+                {"n": check_name(to), "f": sender, "t": text},
+            ).fetchone()
+            if row is None:
+                return None
+            # delivered at commit, coalesced per payload within the transaction
+            conn.execute("SELECT pg_notify('sessiond_messages', %s)", (row[1] or "",))
+        return {"id": int(row[0]), "node": row[1]}
+
+    def messages_for(self, names: list[str], limit: int = 100) -> list[tuple[int, str, str, str]]:
+        """Messages not yet delivered to any of ``names``: (id, session, sender, text)."""
+        rows = self._query(
+            "SELECT id, session, sender, body FROM messages "
+            "WHERE taken_at IS NULL AND session = ANY(%(n)s) ORDER BY id LIMIT %(l)s",
+            {"n": names, "l": limit},
+        )
+        return [(int(i), s, f, t) for i, s, f, t in rows]
+
+    def message_taken(self, message: int) -> None:
+        self._execute([("UPDATE messages SET taken_at = now() WHERE id = %(i)s", {"i": message})])
+
+    def hand_over(self, name: str, to: str | None) -> str | None:
+        """Give ``name`` (ours) to node ``to``, or to the live node with the fewest
+        sessions that is not draining; the epoch goes up, so nothing of ours lands
+        after. The node it went to, or None when no such node is alive."""
+        rows = self._query(
+            "UPDATE sessions AS s SET owner = t.name, epoch = s.epoch + 1 "
+            "FROM (SELECT n.name FROM nodes AS n WHERE n.lease_until > now() "
+            "AND n.state = 'up' AND n.name <> %(me)s "
+            "AND (%(to)s::text IS NULL OR n.name = %(to)s) "
+            "ORDER BY (SELECT count(*) FROM sessions AS c WHERE c.owner = n.name), n.name "
+            "LIMIT 1) AS t "
+            "WHERE s.name = %(n)s AND s.owner = %(me)s RETURNING t.name",
+            {"n": check_name(name), "to": to, "me": self.lease.name},
+        )
+        return str(rows[0][0]) if rows else None
+
+    def drain(self, node: str) -> int | None:
+        """Mark ``node`` draining (it hands its sessions to the others itself); how
+        many sessions it has, or None when no live node has that name."""
+        rows = self._query(
+            "UPDATE nodes AS n SET state = 'draining' WHERE n.name = %(n)s "
+            "AND n.lease_until > now() RETURNING "
+            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name)",
+            {"n": node},
+        )
+        return int(rows[0][0]) if rows else None
+
+    def orphans(self, limit: int = 100) -> list[str]:
+        """Sessions of nobody, of nodes whose lease lapsed, or handed to this node
+        (migrate --node, drain): the ones to take (those in the table are had).
+
+        ``SKIP LOCKED`` passes over rows another node is claiming right now; the
+        claim itself (nodes.py) is what decides who gets a session."""
+        rows = self._query(
+            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
+            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
+            "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
+            {"me": self.lease.name, "n": limit},
+        )
+        return [r[0] for r in rows]
+
+    def exists(self, name: str) -> bool:
+        rows = self._query("SELECT 1 FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
+        return bool(rows)
+
+    def _must_exist(self, name: str) -> None:
+        if not self.exists(name):
+            raise NoSuchSession(f"no session {name!r} in the cluster's database")
+
+    async def create(
+        self,
+        name: str,
+        *,
+        spec: str | None = None,
+        lines: Iterable[bytes] = (),
+        artifacts: Iterable[bytes] = (),
+        durability: Durability = "fsync",
+    ) -> PgEventLog:
+        check_name(name)
+        if name in self._open:
+            raise AlreadyExists(f"session {name!r} exists already; pick another name")
+        seqs: list[int] = []
+        ids: list[str] = []
+        raws: list[bytes] = []
+        for line in lines:
+            raw = line.rstrip(b"\n")
+            record = decode_line(raw)
+            if record is None or record.get("seq") != len(seqs) + 1:
+                raise InvalidInput(f"line {len(seqs) + 1} to copy into {name!r} is not whole")
+            seqs.append(record["seq"])
+            ids.append(record["id"])
+            raws.append(raw)
+        blobs = list(artifacts)
+        self._open.add(name)  # held from here: nobody opens it while it is made
+        try:
+            pool = await self._pool()
+            async with pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    CREATE,
+                    {
+                        "session": name,
+                        "last": len(seqs),
+                        "last_id": ids[-1] if ids else None,
+                        "spec": spec,
+                        "node": self.lease.name,
+                        "inc": self.lease.incarnation,
+                    },
+                )
+                if await cur.fetchone() is None:
+                    taken = await conn.execute("SELECT 1 FROM sessions WHERE name = %s", (name,))
+                    if await taken.fetchone() is not None:
+                        raise AlreadyExists(f"session {name!r} exists already; pick another name")
+                    raise Fenced(
+                        f"node {self.lease.name!r} cannot create {name!r}: its lease lapsed"
+                    )
+                for start in range(0, len(seqs), 1000):
+                    await conn.execute(
+                        COPY_EVENTS,
+                        {
+                            "s": name,
+                            "seqs": seqs[start : start + 1000],
+                            "ids": ids[start : start + 1000],
+                            "lines": raws[start : start + 1000],
+                        },
+                    )
+                for blob in blobs:
+                    params = {"s": name, "d": _sha256(blob), "data": bytes(blob)}
+                    for sql in PUT:
+                        await conn.execute(sql.encode(), params)
+        except BaseException:
+            await self._release(name)
+            raise
+        log = self._log(name, pool, epoch=1, durability=durability)
+        log.adopt(LogPosition(len(seqs), len(seqs), ids[-1] if ids else None))
+        return log
+
+    def _log(
+        self, name: str, pool: AsyncConnectionPool, *, epoch: int, durability: Durability
+    ) -> PgEventLog:
+        return PgEventLog(
+            name,
+            durability,
+            self.clock,
+            committer=self._committer_for(pool),
+            lease=self.lease,
+            epoch=epoch,
+            query=self._query,
+            on_close=lambda: self._release(name),
+        )
+
+    async def open_log(self, name: str, *, durability: Durability = "fsync") -> PgEventLog:
+        check_name(name)
+        if name in self._open:
+            raise LogLocked(f"the log of session {name!r} is open by another writer on this node")
+        self._open.add(name)
+        try:
+            pool = await self._pool()
+            epoch, _seq, _last_id = await self.lease.claim(pool, name)
+        except BaseException:
+            await self._release(name)
+            raise
+        return self._log(name, pool, epoch=epoch, durability=durability)
+
+    def read(self, name: str, *, since: int = 1, upto: int | None = None) -> Iterator[Record]:
+        check_name(name)
+        self._must_exist(name)
+        for record, _line in read_events(self._query, name, since, upto):
+            yield record
+
+    def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
+        check_name(name)
+        self._must_exist(name)
+        for record, line in read_events(self._query, name, 1, upto):
+            yield record, line + b"\n"
+
+    def artifacts(self, name: str) -> PgArtifacts:
+        return PgArtifacts(check_name(name), self._query, self._execute)
+
+    def snapshots(self, name: str) -> PgSnapshots:
+        return PgSnapshots(check_name(name), self._query, self._execute, keep=self.snapshots_keep)
+
+    def read_spec(self, name: str) -> str | None:
+        rows = self._query("SELECT spec FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
+        if not rows:
+            raise NoSuchSession(f"no session {name!r} in the cluster's database")
+        return rows[0][0]  # type: ignore[no-any-return]
+
+    def write_spec(self, name: str, text: str) -> None:
+        self._execute(
+            [
+                (
+                    "UPDATE sessions SET spec = %(t)s WHERE name = %(n)s",
+                    {"n": check_name(name), "t": text},
+                )
+            ]
+        )
+
+
+def _sha256(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()

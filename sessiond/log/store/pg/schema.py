@@ -1,0 +1,137 @@
+"""The cluster's tables, and the one way they are made or upgraded.
+
+``sessiond db migrate --dsn …`` applies the steps below that the database does
+not have yet, in one transaction under an advisory lock, so two operators (or
+two nodes' start scripts) running it at once do it once. A node never migrates
+by itself at start: it checks the version and refuses to run on a schema it does
+not know, naming the command to run.
+
+A step, once published, never changes: a new version is a new step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+# pg_advisory_xact_lock key: "sessiond" as 8 bytes, so no other application's
+# lock on the same database collides with it by accident.
+MIGRATE_LOCK = int.from_bytes(b"sessiond", "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+STEPS: list[str] = [
+    # 1: nodes, the process table, events, wakes, messages, snapshots, artifacts
+    """
+    CREATE TABLE nodes (
+        name          text PRIMARY KEY,
+        incarnation   bigint NOT NULL,
+        started_at    timestamptz NOT NULL DEFAULT now(),
+        renewed_at    timestamptz NOT NULL DEFAULT now(),
+        lease_until   timestamptz NOT NULL,
+        state         text NOT NULL DEFAULT 'up',
+        labels        jsonb NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE sessions (
+        name          text PRIMARY KEY,
+        owner         text REFERENCES nodes (name),
+        epoch         bigint NOT NULL DEFAULT 0,
+        last_seq      bigint NOT NULL DEFAULT 0,
+        last_id       text,
+        spec          text,
+        created_at    timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX sessions_owner ON sessions (owner);
+    CREATE TABLE events (
+        session       text NOT NULL REFERENCES sessions (name) ON DELETE CASCADE,
+        seq           bigint NOT NULL,
+        id            text NOT NULL,
+        line          bytea NOT NULL,
+        PRIMARY KEY (session, seq)
+    );
+    CREATE TABLE wakes (
+        id            bigserial PRIMARY KEY,
+        session       text NOT NULL REFERENCES sessions (name) ON DELETE CASCADE,
+        kind          text NOT NULL,
+        detail        jsonb NOT NULL DEFAULT '{}',
+        dedup         text UNIQUE,
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        taken_at      timestamptz
+    );
+    CREATE INDEX wakes_open ON wakes (session) WHERE taken_at IS NULL;
+    CREATE TABLE messages (
+        id            bigserial PRIMARY KEY,
+        session       text NOT NULL REFERENCES sessions (name) ON DELETE CASCADE,
+        sender        text NOT NULL,
+        body          text NOT NULL,
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        taken_at      timestamptz
+    );
+    CREATE INDEX messages_open ON messages (session) WHERE taken_at IS NULL;
+    CREATE TABLE snapshots (
+        session       text NOT NULL REFERENCES sessions (name) ON DELETE CASCADE,
+        seq           bigint NOT NULL,
+        reducer       integer NOT NULL,
+        log_offset    bigint NOT NULL,
+        last_id       text,
+        state         bytea NOT NULL,
+        PRIMARY KEY (session, seq)
+    );
+    CREATE TABLE artifacts (
+        digest        text PRIMARY KEY,
+        data          bytea NOT NULL
+    );
+    CREATE TABLE session_artifacts (
+        session       text NOT NULL REFERENCES sessions (name) ON DELETE CASCADE,
+        digest        text NOT NULL REFERENCES artifacts (digest),
+        PRIMARY KEY (session, digest)
+    );
+    """,
+]
+
+VERSION = len(STEPS)
+
+
+class SchemaMismatch(Exception):
+    """The database's schema is not the one this sessiond runs on."""
+
+
+def _current(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS sessiond_schema (version integer NOT NULL, "
+        "applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    row = conn.execute("SELECT max(version) FROM sessiond_schema").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def migrate(dsn: str) -> tuple[int, int]:
+    """Bring the schema at ``dsn`` to :data:`VERSION`; (version before, version after).
+
+    Raises :class:`SchemaMismatch` when the database is newer than this sessiond.
+    """
+    with psycopg.connect(dsn, prepare_threshold=None) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+        before = _current(conn)
+        if before > VERSION:
+            raise SchemaMismatch(
+                f"the database has schema version {before}, newer than this sessiond's "
+                f"{VERSION}; upgrade sessiond"
+            )
+        for version in range(before + 1, VERSION + 1):
+            conn.execute(STEPS[version - 1].encode())
+            conn.execute("INSERT INTO sessiond_schema (version) VALUES (%s)", (version,))
+    return before, VERSION
+
+
+def check(conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+    """Refuse a database whose schema is missing or another version (no implicit migrate)."""
+    row = conn.execute("SELECT to_regclass('sessiond_schema') IS NOT NULL").fetchone()
+    version = 0
+    if row and row[0]:
+        got = conn.execute("SELECT max(version) FROM sessiond_schema").fetchone()
+        version = int(got[0]) if got and got[0] is not None else 0
+    if version != VERSION:
+        raise SchemaMismatch(
+            f"the database has schema version {version}, this sessiond needs {VERSION}; "
+            "run `sessiond db migrate --dsn …` first (once, for the whole cluster)"
+        )

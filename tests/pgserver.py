@@ -1,0 +1,55 @@
+"""A real PostgreSQL for the tests: one server per test run (initdb into a tmp
+folder, a Unix socket in it, no TCP port), a fresh database per test.
+
+Skipped, with the reason, only where the machine has no PostgreSQL binaries;
+under CI=true their absence fails instead (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sessiond.localpg import LocalPostgres, NoPostgres, bindir
+from sessiond.log.store.pg import schema
+
+_databases = count(1)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    try:
+        binaries = bindir()
+    except NoPostgres as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {exc}")
+        pytest.skip(str(exc))
+    # Not under pytest's tmp_path: as root the server runs as the postgres user,
+    # which must reach its folder (pytest's are 0700 root's).
+    folder = Path(tempfile.mkdtemp(prefix="sessiond-pg-"))
+    server = LocalPostgres(folder, binaries)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(postgres: LocalPostgres) -> str:
+    """A new, migrated database of its own for one test."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    dsn = postgres.dsn_for(name)
+    schema.migrate(dsn)
+    return dsn
