@@ -248,12 +248,6 @@ class NotifyConfig(_Strict):
         return url
 
 
-class WebConfig(_Strict):
-    """``[web]``: what notices need of the console (its address as people reach it)."""
-
-    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
-
-
 class OtelConfig(_Strict):
     """``[otel]``: export the spans derived from the log (sessiond.otel) over OTLP/HTTP."""
 
@@ -307,6 +301,8 @@ class RetentionConfig(_Strict):
             if (v := getattr(self, k)) is not None
         ]
         return out
+
+
 class ClusterConfig(_Strict):
     """``[cluster]``: several daemons (nodes) sharing one PostgreSQL (DESIGN.md
     section 10). Without ``dsn`` the daemon keeps its sessions in plain files."""

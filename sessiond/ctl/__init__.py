@@ -435,6 +435,8 @@ def cmd_mcp(conn: Connection | None, args: argparse.Namespace, out: Out) -> int:
     from sessiond.ctl import mcp
 
     return mcp.serve(args.socket or default_socket(), os.environ.get("SESSIOND_TOKEN"))
+
+
 def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     r = conn.call("web.login", {})
     text = (
@@ -442,6 +444,8 @@ def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         "your earlier one no longer works)"
     )
     return _done(r, out, text)
+
+
 def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     rows = conn.call("nodes", {})
     if out.json:

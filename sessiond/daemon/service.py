@@ -136,8 +136,7 @@ class Daemon:
         if metrics is not None:
             hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
         # plain files, or a cluster node's database and its lease ([cluster] dsn)
-        self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks
-        )
+        self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)

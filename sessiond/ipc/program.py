@@ -40,7 +40,8 @@ class NotGranted(Refused):
 
 
 OPERATOR = (
-    "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "gc", "web.login",
+    "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "gc",
+    "web.login",
 )  # fmt: skip
 
 

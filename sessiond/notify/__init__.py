@@ -21,8 +21,7 @@ import structlog
 from sessiond.config import NOTICE_EVENTS, BadConfig, DaemonConfig
 from sessiond.errors import SessiondError
 from sessiond.log.events import CURRENT_VERSION as EVENT_TYPES
-from sessiond.log.store.base import Record
-from sessiond.log.store.files import FileStore
+from sessiond.log.store.base import Record, Store
 from sessiond.notify.cursor import CHECKPOINT, Cursor
 from sessiond.notify.notices import notice_for
 from sessiond.notify.target import Target, load_apprise, target_id
@@ -34,7 +33,7 @@ log = structlog.get_logger(__name__)
 class Notices:
     """Every target of the configuration, fed from the table's appends."""
 
-    def __init__(self, config: DaemonConfig, table: Table, store: FileStore) -> None:
+    def __init__(self, config: DaemonConfig, table: Table, store: Store) -> None:
         self.config = config
         self.table = table
         self.store = store

@@ -26,15 +26,17 @@ from sessiond.syscalls.approvals import Approvals
 from sessiond.syscalls.control import Control
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
+from sessiond.syscalls.logins import Logins
 from sessiond.syscalls.observe import Observe
 from sessiond.syscalls.retention import Retention
-from sessiond.syscalls.logins import Logins
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
 
 class Kernel:
-    def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
+    def __init__(  # noqa: PLR0915 - one attribute per syscall family
+        self, config: DaemonConfig, table: Table, env: dict[str, str]
+    ) -> None:
         self.ctx = ctx = RunContext(config, table, env)
         self.table: Table = table
         self.store: Store = table.store
