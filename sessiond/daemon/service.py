@@ -176,6 +176,7 @@ class Daemon:
         await self._sweep_cgroups()
         self.kernel.ctx.spawner.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()
+        await self.kernel.handover.recover()  # hand-overs a crash left half recorded
         if self.config.specs is not None:
             result = await self.sync_specs()
             for error in result["errors"]:
@@ -184,6 +185,7 @@ class Daemon:
         self._resume_waiting(cut_off)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
+        self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
             (signal.SIGINT, self.stopping.set),

@@ -30,6 +30,7 @@ from sessiond.ipc.params import (
     CreateParams,
     ExportParams,
     ForkParams,
+    HandoverParams,
     ImportParams,
     LogParams,
     MergeParams,
@@ -117,6 +118,10 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
         "migrate": (MigrateParams, lambda p: k.migrate(p.name, p.profile, p.to)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
+        # daemon to daemon: the end of a hand-over (sessiond.syscalls.handover)
+        "handover.finish": (HandoverParams, lambda p: k.handover_finish(p.name, p.handover)),
+        "handover.abort": (HandoverParams, lambda p: k.handover_abort(p.name, p.handover)),
+        "handover.status": (HandoverParams, lambda p: k.handover_status(p.name, p.handover)),
         "reload": (NoParams, lambda _: reload()),
         "sdk.context": (TokenParams, lambda p: k.sdk_context(p.token)),
         # lambdas, not bound methods: the table is built before (and in the hostile

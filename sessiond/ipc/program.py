@@ -39,7 +39,19 @@ class NotGranted(Refused):
     code = "permission_denied"
 
 
-OPERATOR = ("approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import")
+OPERATOR = (
+    "approve",
+    "deny",
+    "resolve",
+    "reload",
+    "apply",
+    "migrate",
+    "export",
+    "import",
+    "handover.finish",
+    "handover.abort",
+    "handover.status",
+)
 
 
 class ProgramGuard:

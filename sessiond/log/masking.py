@@ -54,6 +54,11 @@ FREE_TEXT: dict[str, tuple[str, ...]] = {
     "binding.observed": (),
     "log.repaired": ("reason",),
     "spec.applied": (),  # the spec is stored as written (like session.created)
+    "migration.started": (),
+    "migration.aborted": ("reason",),
+    "migration.arriving": (),
+    "migration.finished": (),
+    "migration.discarded": ("reason",),
 }
 
 

@@ -42,6 +42,11 @@ AUDIT_TYPES = frozenset(
         "session.merged",
         "session.forked",
         "session.imported",
+        "migration.started",
+        "migration.aborted",
+        "migration.arriving",
+        "migration.finished",
+        "migration.discarded",
     }
 )
 
@@ -126,6 +131,7 @@ def detail(session: Session) -> dict[str, Any]:
         "merged": list(s.merged),
         "imported_from": s.imported_from,
         "migrated_to": s.migrated_to,
+        "handover": s.handover,  # the last hand-over to or from another daemon
         "mailbox": len(s.mailbox),
         "compactions": s.compactions,
         "repairs": len(s.repairs),
