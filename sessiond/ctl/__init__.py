@@ -366,6 +366,8 @@ def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     to = str(Path(args.to).resolve()) if args.to else None
     d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
     where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"
+    if d.get("handover_finished") is False:  # committed here; the target is told again
+        where += " (it has not confirmed yet; it is told again until it does)"
     return _done(d, out, f"migrated {args.name} to {where}")
 
 

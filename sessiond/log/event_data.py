@@ -150,7 +150,16 @@ class SessionMigrated(EventData):
 # Target: migration.arriving (prepare: held, not runnable), then migration.finished
 # (live) or migration.discarded (dropped). docs/events.md, "The hand-over".
 
-Handover = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+HANDOVER_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _check_handover(value: str) -> str:
+    if not HANDOVER_ID.fullmatch(value):
+        raise ValueError("a hand-over id is 32 lowercase hex digits")
+    return value
+
+
+Handover = Annotated[str, AfterValidator(_check_handover)]
 
 
 class MigrationStarted(EventData):

@@ -369,12 +369,7 @@ class Handovers:
         hv = s.j.state.handover
         assert hv is not None
         h, source = hv["id"], hv["peer"]
-        if option == "rerun":
-            raise Refused(
-                f"session {s.name!r} is arriving from {source} (a hand-over not finished): "
-                "there is no step to run again; --accept makes this copy live, --discard "
-                "drops it"
-            )
+        judge(s.name, source, option, "unknown")  # --rerun is refused before asking
         try:
             answer = await call_async(
                 Path(source), "handover.status", {"name": s.name, "handover": h}, 10
@@ -382,31 +377,21 @@ class Handovers:
             said = answer.get("result") if isinstance(answer, dict) else None
         except (OSError, RemoteError, TimeoutError):
             said = None  # the source is gone: the operator decides
-        if said == "pending":
-            raise Refused(
-                f"the daemon at {source} is handing session {s.name!r} over right now; "
-                "it finishes or drops this copy itself: wait for it"
-            )
-        if said == "committed":
-            if option == "discard":
-                raise Refused(
-                    f"the daemon at {source} committed the hand-over of {s.name!r}: this copy "
-                    "is the only live one; --accept it (then cancel it if it should end)"
-                )
-            return await self.finish(s.name, h)
+        if judge(s.name, source, option, said) == "finish":
+            if said == "committed":  # as the source said: its finish, not a person's
+                await self.finish(s.name, h)
+            else:
+                await self.finish(s.name, h, by="operator", who=who)
+            return detail(s)
         if said == "aborted":
-            if option == "accept":
-                raise Refused(
-                    f"the daemon at {source} aborted the hand-over of {s.name!r}: its copy "
-                    "there is the live one; drop this copy with --discard"
-                )
-            return await self.discard(s.name, h)
-        # gone, or it does not know the session: the operator's word settles it
-        person = (who or {}).get("user") or by or "an operator"
-        if option == "accept":
-            return await self.finish(s.name, h, by="operator", who=who)
-        reason = f"dropped by {person}: the source at {source} did not answer"
-        return await self.discard(s.name, h, by="operator", reason=reason, who=who)
+            reason = "the source aborted the hand-over"
+            await self.discard(s.name, h, reason=reason)
+        else:
+            person = (who or {}).get("user") or by or "an operator"
+            reason = f"dropped by {person}: the source at {source} did not answer"
+            await self.discard(s.name, h, by="operator", reason=reason, who=who)
+        kept = self.ctx.config.state_dir / "discarded" / f"{s.name}.{h}"
+        return {"name": s.name, "state": "discarded", "reason": f"{reason}; kept in {kept}"}
 
     # --- start-up ------------------------------------------------------------------
 
@@ -418,7 +403,23 @@ class Handovers:
             if s.journal is None or s.j.state.handover is None:
                 continue
             hv = s.j.state.handover
-            if hv["role"] == "source" and hv["phase"] == "committed" and s.state != "terminated":
+            if hv["role"] == "source" and hv["phase"] == "started":
+                # cut off before its commit: this copy stays the session; the target is
+                # told to drop whatever it holds (resume, from the marker)
+                marker = self.markers / f"{hv['id']}.json"
+                if not marker.exists():
+                    private_dir(self.markers)
+                    info = {"session": s.name, "handover": hv["id"], "to": hv["peer"]}
+                    write_durable(marker, orjson.dumps(info))
+                await self.ctx.table.append(
+                    s,
+                    MigrationAborted(
+                        handover=hv["id"],
+                        to=hv["peer"],
+                        reason="the daemon stopped during the hand-over; this copy stays",
+                    ),
+                )
+            elif hv["role"] == "source" and hv["phase"] == "committed" and s.state != "terminated":
                 await self._commit_end(s, hv["peer"])
             elif hv["role"] == "target" and hv["phase"] == "finished" and s.state == "arriving":
                 await self.ctx.table.append(s, self._live(s, "source"))
@@ -470,6 +471,36 @@ class Handovers:
                 self.retrying.pop(h, None)
 
         self.retrying[h] = asyncio.ensure_future(again())
+
+
+def judge(name: str, source: str, option: str, said: str | None) -> str:
+    """What an operator's ``resolve --accept | --discard`` of an arriving copy does,
+    given the source's answer (``said``: committed, aborted, pending, unknown, or
+    None when it cannot be reached): "finish" or "discard", or Refused when the
+    source's answer says the choice would leave no live copy, or two."""
+    if option not in ("accept", "discard"):
+        raise Refused(
+            f"session {name!r} is arriving from {source} (a hand-over not finished): there "
+            "is no step to run again; --accept makes this copy live, --discard drops it"
+        )
+    if said == "pending":
+        raise Refused(
+            f"the daemon at {source} is handing session {name!r} over right now; it "
+            "finishes or drops this copy itself: wait for it"
+        )
+    if said == "committed" and option == "discard":
+        raise Refused(
+            f"the daemon at {source} committed the hand-over of {name!r}: this copy is the "
+            "only live one; --accept it (then cancel it if it should end)"
+        )
+    if said == "aborted" and option == "accept":
+        raise Refused(
+            f"the daemon at {source} aborted the hand-over of {name!r}: its copy there is "
+            "the live one; drop this copy with --discard"
+        )
+    # committed and accept, aborted and discard: as the source said; gone (None) or
+    # not knowing the session ("unknown"): the operator's word settles it
+    return "finish" if option == "accept" else "discard"
 
 
 def _phase(s: Session | None, h: str, role: str) -> str | None:

@@ -30,6 +30,9 @@ DESIGN_TYPES = {
     "binding.observed", "log.repaired",
     # section 8's `apply`: an operator's new spec, recorded with who applied it
     "spec.applied",
+    # section 2's `arriving`: the two phases of a hand-over (migrate --to)
+    "migration.started", "migration.aborted", "migration.arriving",
+    "migration.finished", "migration.discarded",
 }  # fmt: skip
 
 
