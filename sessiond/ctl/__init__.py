@@ -32,6 +32,7 @@ STATE_COLOURS = {
     "sleeping": "34",  # blue
     "suspended": "33",  # yellow
     "blocked": "31;1",  # bold red
+    "arriving": "35",  # magenta: held until its hand-over ends
     "terminated": "90",  # grey
     "created": "0",
 }
