@@ -9,7 +9,7 @@ import orjson
 
 from sessiond.config import ProfileConfig
 from sessiond.describe import describe
-from sessiond.log.pace import BATCH, Pacer, batches
+from sessiond.log.pace import BATCH, Pacer, batches, collector_paused, encode_paced, release
 from sessiond.log.projections import messages, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
@@ -196,6 +196,11 @@ async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -
                 [r for r in batch if r["type"] in AUDIT_TYPES] if view == "audit" else batch
             )
         return lines
+    with collector_paused():  # a state of this size is freed by reference counts
+        return await _rebuilt_view(name, records, view)
+
+
+async def _rebuilt_view(name: str, records: Iterable[dict[str, Any]], view: str) -> Any:
     state = State(session=name)
     async for batch in batches(records):
         replay(batch, state)
@@ -209,14 +214,12 @@ async def replay_view(name: str, records: Iterable[dict[str, Any]], view: str) -
             part = State(session=name, transcript=transcript[start : start + BATCH])
             items += messages(part)
             await pacer.tick()
+        await release(transcript, pacer)
         return items
-    return _state_dict(state)
-
-
-def _state_dict(state: State) -> Any:
-    # The state's JSON as the answer's result, encoded once: decoding it back to
-    # dicts first (three times the encoding's cost) held the loop for tens of ms.
-    return orjson.Fragment(orjson.dumps(state))
+    # The state's JSON as the answer's result, encoded once (decoding it back to
+    # dicts first, three times the encoding's cost, held the loop for tens of ms),
+    # a slice at a time; nothing else holds this state, so it cannot change.
+    return orjson.Fragment(await encode_paced(state))
 
 
 __all__ = ["VIEWS", "describe", "detail", "gate_report", "replay_view"]
