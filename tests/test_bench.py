@@ -107,3 +107,5 @@ def test_the_loop_benchmark_runs() -> None:
     for op in loop.OPS:
         assert figures[f"loop_{op}_pings"] >= 1
         assert figures[f"loop_{op}_ping_p99_ms"] > 0
+    for op in ("replay", "fork"):
+        assert figures[f"loop_{op}_hold_max_ms"] > 0

@@ -364,6 +364,13 @@ def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if (args.profile is None) == (args.to is None):
         raise RemoteError("usage", "say either --profile P or --to SOCKET", 2)
+    if args.to and "://" in args.to:
+        raise RemoteError(
+            "usage",
+            f"--to {args.to}: give the socket path of a daemon on this host; another host "
+            "(ssh://) is not supported: export the session there and import it",
+            2,
+        )
     to = str(Path(args.to).resolve()) if args.to else None
     d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
     where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"

@@ -199,6 +199,9 @@ def test_a_session_with_a_70_kb_goal_is_live_on_the_target_only() -> None:
         moved = source.json("migrate", "mover", "--to", str(target.socket))
         assert moved["handover_finished"] is True
         assert live(source, target) == [target.root]
+        far = source.ctl("migrate", "mover", "--to", "ssh://elsewhere")
+        assert far.returncode == 2
+        assert "this host" in far.stderr
         assert len(target.json("show", "mover")["goal"]) == 70_000
         source.stop()
         target.stop()
