@@ -100,19 +100,23 @@ class Handovers:
             self.ctx.fault("migrate-after-started")
             outbox = private_dir(self.ctx.config.state_dir / "outbox")
             bundle = outbox / f"{s.name}.{h}.bundle"
-            await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
             offer = {"id": h, "source": str(self.ctx.config.socket)}
             try:
+                await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
                 # the bytes cross the socket: the target reads no path of ours
                 await send_bundle_async(to, bundle, {"name": s.name, "handover": offer})
-            except (OSError, RemoteError) as exc:
+            except Exception as exc:  # not committed, whatever went wrong: abort
                 if isinstance(exc, RemoteError):
                     why = f"the daemon at {to} did not take session {s.name!r}: {exc.message}"
-                else:
+                elif isinstance(exc, OSError):
                     why = f"cannot reach the daemon at {to}: {exc.strerror or exc}; is it running?"
+                else:
+                    why = f"the hand-over failed here: {type(exc).__name__}: {exc}"
                 await self.ctx.table.append(s, MigrationAborted(handover=h, to=str(to), reason=why))
                 self.ctx.spawn(self.tell(h))  # it may hold a copy all the same: drop it
-                raise Refused(f"{why} (session {s.name!r} stays here, unchanged)") from exc
+                if isinstance(exc, RemoteError | OSError):
+                    raise Refused(f"{why} (session {s.name!r} stays here, unchanged)") from exc
+                raise
             finally:
                 bundle.unlink(missing_ok=True)
             self.ctx.fault("migrate-after-prepare")
