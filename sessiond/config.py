@@ -369,6 +369,16 @@ class DaemonConfig(_Strict):
             "after-record",
             "during-work",
             "after-finished",
+            # the hand-over (migrate --to), at the source: after migration.started;
+            # after the target holds its copy arriving; after the commit
+            "migrate-after-started",
+            "migrate-after-prepare",
+            "migrate-after-commit",
+            # at the target: its arriving copy is durable, not answered yet; the
+            # finish asked, not recorded; the finish recorded, not answered
+            "arrive-after-prepare",
+            "arrive-before-finish",
+            "arrive-after-finish",
         ]
         | None
     ) = None

@@ -68,7 +68,21 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
         f"removed {len(d['artifacts'])} artifact(s), {len(d['snapshots'])} snapshot(s), "
         f"{d['bytes']} bytes ({d['trigger']})"
     ),
+    "migration.started": lambda d: f"hand-over {d['handover'][:8]} to {d['to']}",
+    "migration.aborted": lambda d: f"hand-over {d['handover'][:8]} to {d['to']}: {d['reason']}",
+    "migration.arriving": lambda d: (
+        f"hand-over {d['handover'][:8]} from {d['source']}: held until the source commits"
+    ),
+    "migration.finished": lambda d: f"hand-over {d['handover'][:8]} finished by {_arbiter(d)}",
+    "migration.discarded": lambda d: (
+        f"hand-over {d['handover'][:8]} dropped by {_arbiter(d)}: {d['reason']}"
+    ),
 }
+
+
+def _arbiter(d: dict[str, Any]) -> str:
+    """Who settled a hand-over: its source, or an operator (who, from the socket)."""
+    return "the source" if d["by"] == "source" else _who({**d, "by": ""})
 
 
 def _who(d: dict[str, Any]) -> str:

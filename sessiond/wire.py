@@ -32,6 +32,9 @@ import orjson
 
 PROTOCOL = 1
 DEFAULT_MAX_FRAME = 1 << 20
+# The longest answer line a daemon reads from another (asyncio's default, 64 KiB, cut
+# off the answer to a migrate of a session with a 70 KB goal after it was imported).
+ANSWER_LIMIT = 64 << 20
 
 
 class RemoteError(Exception):
@@ -214,7 +217,9 @@ async def send_bundle_async(
         return bundle.stat().st_size, h.hexdigest()
 
     size, sha = await asyncio.to_thread(digest)
-    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_unix_connection(str(path), limit=ANSWER_LIMIT), timeout
+    )
     try:
         frame = {"id": 1, "method": "import", "params": {**params, "bytes": size, "sha256": sha}}
         writer.write(encode(frame))
@@ -234,7 +239,9 @@ async def call_async(path: Path, method: str, params: dict[str, Any], timeout: f
     """One request to a daemon from inside an event loop (daemon to daemon)."""
     import asyncio  # here, not at the top: sessionctl imports this module and must start fast
 
-    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_unix_connection(str(path), limit=ANSWER_LIMIT), timeout
+    )
     try:
         writer.write(encode({"id": 1, "method": method, "params": params}))
         await writer.drain()

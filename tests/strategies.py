@@ -9,7 +9,13 @@ import annotated_types
 from hypothesis import strategies as st
 from pydantic import AfterValidator, BaseModel, JsonValue
 
-from sessiond.log.event_data import PAYLOADS, EventData, _check_hash, _check_ref
+from sessiond.log.event_data import (
+    PAYLOADS,
+    EventData,
+    _check_handover,
+    _check_hash,
+    _check_ref,
+)
 
 TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
 HEX64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
@@ -30,6 +36,8 @@ def for_type(tp: Any, meta: tuple[Any, ...] = ()) -> st.SearchStrategy[Any]:
             return HEX64.map(lambda h: "sha256:" + h)
         if isinstance(m, AfterValidator) and m.func is _check_hash:
             return st.none() | HEX64
+        if isinstance(m, AfterValidator) and m.func is _check_handover:
+            return HEX64.map(lambda h: h[:32])
     if tp is JsonValue:
         return JSON
     if tp is str:

@@ -116,6 +116,8 @@ def test_the_loop_benchmark_runs() -> None:
     for op in loop.OPS:
         assert figures[f"loop_{op}_pings"] >= 1
         assert figures[f"loop_{op}_ping_p99_ms"] > 0
+    for op in ("replay", "fork"):
+        assert figures[f"loop_{op}_hold_max_ms"] > 0
 
 
 def test_the_memory_benchmark_runs_on_state_written_offline() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from sessiond.bench import hold
 from sessiond.bench.daemon import BenchDaemon
 from sessiond.codec import frame
 from sessiond.log.event_data import (
@@ -254,6 +255,8 @@ def measure_one(root: Path, events: int, source: Path | None, say: Any) -> dict[
             results[f"loop_{name}_s"] = round(took, 2)
     finally:
         d.stop()
+    say("measuring how long the loop is held (CPU time, in-process) ...")
+    results.update(hold.measure(root, source))
     shutil.rmtree(root)
     return results
 

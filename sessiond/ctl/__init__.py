@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import answers, cluster, gc, offline, ops
+from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
 from sessiond.paths import default_socket
@@ -33,6 +33,7 @@ STATE_COLOURS = {
     "sleeping": "34",  # blue
     "suspended": "33",  # yellow
     "blocked": "31;1",  # bold red
+    "arriving": "35",  # magenta: held until its hand-over ends
     "terminated": "90",  # grey
     "created": "0",
 }
@@ -192,10 +193,12 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     for a in d.get("pending_approvals") or []:
         lines.append(("approval", f"pending: {a['tool']} [call {a['call']}]"))
     for a in d.get("answered_approvals") or []:
-        lines.append(("approval", f"{a['status']}: {a['tool']} [call {a['call']}] {_who(a)}"))
+        lines.append(
+            ("approval", f"{a['status']}: {a['tool']} [call {a['call']}] {answers.who(a)}")
+        )
     recovery = d.get("last_recovery")
     if recovery:
-        lines.append(("resolved", f"--{recovery['option']} {_who(recovery)}"))
+        lines.append(("resolved", f"--{recovery['option']} {answers.who(recovery)}"))
     for c in d.get("tools_in_flight") or []:
         lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
     if d.get("parent"):
@@ -369,30 +372,6 @@ def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     )
 
 
-def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    if sum(x is not None for x in (args.profile, args.to, args.node)) != 1:
-        raise RemoteError("usage", "say one of --profile P, --to SOCKET or --node N", 2)
-    to = str(Path(args.to).resolve()) if args.to else None
-    if args.node is not None:
-        d = conn.call("migrate", {"name": args.name, "node": args.node})
-        return _done(d, out, f"handed {args.name} over to node {args.node}")
-    d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
-    where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"
-    return _done(d, out, f"migrated {args.name} to {where}")
-
-
-def _who(answer: dict[str, Any]) -> str:
-    """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
-    the note after it."""
-    uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
-    who = (
-        f"by {answer['user']} ({uid}{answer['channel']})"
-        if answer.get("user")
-        else "by an unrecorded person"
-    )
-    return who + (f", note: {answer['by']}" if answer.get("by") else "")
-
-
 def cmd_compact(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d = conn.call("compact", {"name": args.name, "keep": args.keep})
     return _done(d, out, f"compacted {args.name} ({d['compactions']} compaction(s) so far)")
@@ -428,22 +407,6 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     for note in r.get("notes", []):
         print(f"note: {note}")
     return 1 if r["errors"] else 0
-
-
-def cmd_mcp(conn: Connection | None, args: argparse.Namespace, out: Out) -> int:
-    """`sessionctl mcp`: loads the MCP SDK here, never for another command."""
-    from sessiond.ctl import mcp
-
-    return mcp.serve(args.socket or default_socket(), os.environ.get("SESSIOND_TOKEN"))
-
-
-def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    r = conn.call("web.login", {})
-    text = (
-        f"{r['url']}\n(a new login for {r['user']}: open it in a browser; "
-        "your earlier one no longer works)"
-    )
-    return _done(r, out, text)
 
 
 def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -536,7 +499,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     sd.add_argument("--from", dest="sender", default="sessionctl", metavar="SENDER")
     mi = add(
         "migrate",
-        cmd_migrate,
+        _answer(migrate.migrate),
         "switch runner profile, or hand the session to another daemon",
         "name",
     )
@@ -561,9 +524,17 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
-    add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
+    add(
+        "mcp",
+        lambda _c, args, _o: access.serve_mcp(args),
+        "serve the agent's syscalls over MCP on stdio (for agents)",
+    )
     gc.add_parser(add)
-    add("web", cmd_web, "a login for the web console: prints a URL with a fresh token")
+    add(
+        "web",
+        _answer(access.web_login),
+        "a login for the web console: prints a URL with a fresh token",
+    )
     offline.add_parsers(sub, common)
     co = sub.add_parser(
         "completion",
@@ -588,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             done: int = args.offline(args, out)
             return done
         if args.command == "mcp":  # a server: it connects per tool call, not here
-            return cmd_mcp(None, args, out)
+            return access.serve_mcp(args)
         if args.command == "log":
             _log_params(args)  # a usage error needs no daemon
         timeout = None if args.command == "log" else 120

@@ -79,3 +79,15 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     rs.add_argument("--by", metavar="NOTE", help=NOTE)
     ay = add("apply", apply, "give a live session a new spec or policy (recorded)", "name", "spec")
     ay.add_argument("--by", metavar="NOTE", help=NOTE)
+
+
+def who(answer: dict[str, Any]) -> str:
+    """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
+    the note after it."""
+    uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
+    who = (
+        f"by {answer['user']} ({uid}{answer['channel']})"
+        if answer.get("user")
+        else "by an unrecorded person"
+    )
+    return who + (f", note: {answer['by']}" if answer.get("by") else "")

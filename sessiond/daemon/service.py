@@ -158,6 +158,17 @@ class Daemon:
         self.traces = Traces(config, self.table)
         self._heartbeat: asyncio.Task[None] | None = None
 
+    async def _start_web(self) -> None:
+        if self.web is None:
+            return
+        try:
+            await self.web.start()
+        except OSError as exc:
+            raise StartupError(
+                f"the web console cannot listen on {self.config.web.listen}: "
+                f"{exc.strerror or exc}; change [web] listen or free the port"
+            ) from exc
+
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
         clean = marker.exists()
@@ -204,25 +215,20 @@ class Daemon:
         if self.lease is not None:  # its programs stop before its lease can lapse
             self.lease.fence_programs(self.kernel.ctx.spawner.fence)
         cut_off = await self.kernel.runs.recover_cut_off_runs()
+        await self.kernel.handover.recover()  # hand-overs a crash left half recorded
         if self.config.specs is not None:
             result = await self.sync_specs()
             for error in result["errors"]:
                 log.error("spec.refused", error=error)
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
-        if self.web is not None:  # before the socket: `sessionctl web` needs its port
-            try:
-                await self.web.start()
-            except OSError as exc:
-                raise StartupError(
-                    f"the web console cannot listen on {self.config.web.listen}: "
-                    f"{exc.strerror or exc}; change [web] listen or free the port"
-                ) from exc
+        await self._start_web()  # before the socket: `sessionctl web` needs its port
         if self.lease is not None:  # from now on, take over what dead nodes leave
             self.lease.take_over(self)
             self.lease.carry_messages(self)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
+        self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)
         for sig, handler in (
             (signal.SIGTERM, self.stopping.set),
             (signal.SIGINT, self.stopping.set),

@@ -116,7 +116,8 @@ class BundleStream:
                     f"{digest.hexdigest()}): it was damaged on the way; send it again"
                 )
             try:
-                result = await self.kernel.import_(str(path), p.name)
+                offer = p.handover.model_dump() if p.handover is not None else None
+                result = await self.kernel.import_(str(path), p.name, offer)
             except SessiondError as exc:
                 # The refusal names the file the client sent, not our scratch copy.
                 label = p.source or "the bundle sent"

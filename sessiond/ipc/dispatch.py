@@ -31,6 +31,7 @@ from sessiond.ipc.params import (
     ExportParams,
     ForkParams,
     GcParams,
+    HandoverParams,
     ImportParams,
     LogParams,
     MergeParams,
@@ -128,6 +129,10 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         ),
         "drain": (NameParams, lambda p: k.drain(p.name)),
         "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
+        # daemon to daemon: the end of a hand-over (sessiond.syscalls.handover)
+        "handover.finish": (HandoverParams, lambda p: k.handover_finish(p.name, p.handover)),
+        "handover.abort": (HandoverParams, lambda p: k.handover_abort(p.name, p.handover)),
+        "handover.status": (HandoverParams, lambda p: k.handover_status(p.name, p.handover)),
         "reload": (NoParams, lambda _: reload()),
         "notify": (NoParams, lambda _: k.observe.notify_status()),
         "cat": (NameParams, lambda p: k.observe.cat(p.name)),

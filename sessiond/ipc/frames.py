@@ -92,6 +92,7 @@ async def reply_encoded(writer: asyncio.StreamWriter, request_id: Any, items: li
     pacer = Pacer()
     for start in range(0, len(items), BATCH):
         piece = b",".join(items[start : start + BATCH])
+        items[start : start + BATCH] = [b""] * len(items[start : start + BATCH])  # freed as sent
         writer.write(piece if start == 0 else b"," + piece)
         await writer.drain()
         await pacer.tick()
@@ -111,6 +112,9 @@ async def _reply_in_pieces(
     pacer = Pacer()
     for start in range(0, len(result), BATCH):
         piece = orjson.dumps(result[start : start + BATCH], option=orjson.OPT_NON_STR_KEYS)
+        # Each item is freed once sent (the answer is built for this reply alone):
+        # tens of thousands freed at once, after the last, held the loop too.
+        result[start : start + BATCH] = [None] * len(result[start : start + BATCH])
         writer.write(piece[1:-1] if start == 0 else b"," + piece[1:-1])
         await writer.drain()  # a slow reader holds back the encoding, not memory
         await pacer.tick()

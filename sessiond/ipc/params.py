@@ -189,8 +189,23 @@ class ExportParams(Params):
     path: str | None = None  # refused: the bundle comes back as the answer's body
 
 
+class HandoverOffer(Params):
+    """What a source daemon says of a hand-over it sends (``migrate --to``)."""
+
+    id: str = Field(pattern="^[0-9a-f]{32}$")
+    source: str = Field(min_length=1, max_length=4096)  # its socket, asked if need be
+
+
+class HandoverParams(Params):
+    """``handover.finish``, ``.abort`` and ``.status``: daemon to daemon."""
+
+    name: str
+    handover: str = Field(pattern="^[0-9a-f]{32}$")
+
+
 class ImportParams(Params):
     name: str | None = None
+    handover: HandoverOffer | None = None  # a migrate --to: the copy arrives held
     bytes: int | None = Field(default=None, ge=0, le=BUNDLE_LIMIT)  # the body's size
     sha256: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")
     path: str | None = None  # refused: the client sends the bundle's bytes

@@ -41,7 +41,7 @@ class NotGranted(Refused):
 
 OPERATOR = (
     "approve", "deny", "resolve", "reload", "apply", "migrate", "export", "import", "gc",
-    "web.login",
+    "web.login", "handover.finish", "handover.abort", "handover.status",
 )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ import re
 import stat
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,15 @@ import orjson
 from sessiond import __version__
 from sessiond.codec import decode_line, rfc3339
 from sessiond.errors import BadBundle, InvalidInput
-from sessiond.log.event_data import SessionImported
+from sessiond.log.event_data import EventData, SessionImported
 from sessiond.log.events import decode
 from sessiond.log.evidence import Evidence
 from sessiond.log.journal import Journal
 from sessiond.log.lineage import artifact_refs
 from sessiond.log.pace import Pacer
-from sessiond.log.store.base import Durability, Store
+from sessiond.log.store.base import Draft, Durability, Store
 from sessiond.log.store.durable import FILE_MODE
+from sessiond.log.store.lines import RecordBuilder
 from sessiond.names import check_name
 
 BUNDLE_FORMAT = "sessiond-bundle"
@@ -384,21 +385,16 @@ async def import_session(
     *,
     name: str | None = None,
     durability: Durability = "fsync",
+    then: Callable[[list[bytes]], Sequence[EventData]] | None = None,
 ) -> Journal:
-    """Create a session from a verified bundle; it arrives with ``session.imported``."""
+    """Create a session from a verified bundle; it arrives with ``session.imported``,
+    and the events ``then`` makes of the bundle's lines (a hand-over's
+    ``migration.arriving``). They are written with the log, in the one rename that
+    creates the session: a crash never leaves a copy without them."""
     bundle = await read_bundle_paced(path)  # verified whole before anything is created
     target = check_name(name if name is not None else bundle.manifest["session"])
-    new_log = await store.create(
-        target,
-        spec=bundle.spec,
-        lines=bundle.lines,
-        artifacts=bundle.artifacts.values(),
-        durability=durability,
-    )
-    await new_log.close()
-    journal = await Journal.open(store, target, durability=durability)
-    try:
-        await journal.append(
+    drafts = [
+        Draft(
             SessionImported(
                 original_name=bundle.manifest["session"],
                 bundle_sha256=bundle.sha256,
@@ -406,7 +402,16 @@ async def import_session(
                 events=len(bundle.lines),
             )
         )
-    except BaseException:
-        await journal.close()
-        raise
-    return journal
+    ]
+    drafts += [Draft(data) for data in (then(bundle.lines) if then is not None else ())]
+    clock = getattr(store, "clock", time.time_ns)  # the backends' clock (tests set one)
+    _, arrival = RecordBuilder(target, clock).build(len(bundle.lines), drafts)
+    new_log = await store.create(
+        target,
+        spec=bundle.spec,
+        lines=[*bundle.lines, arrival],
+        artifacts=bundle.artifacts.values(),
+        durability=durability,
+    )
+    await new_log.close()
+    return await Journal.open(store, target, durability=durability)

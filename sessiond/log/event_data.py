@@ -34,7 +34,7 @@ ErrorClass = Literal[
     "lifecycle",
 ]
 LifecycleState = Literal[
-    "created", "ready", "running", "sleeping", "suspended", "blocked", "terminated"
+    "created", "ready", "running", "sleeping", "suspended", "blocked", "arriving", "terminated"
 ]
 Outcome = Literal["completed", "failed", "cancelled", "merged", "migrated"]
 Decision = Literal["allow", "ask", "deny"]
@@ -141,6 +141,77 @@ class SessionMigrated(EventData):
     from_profile: str | None = None
     to_profile: str | None = None
     to: str | None = None
+    # the two-phase hand-over this commits (absent in logs from before it existed)
+    handover: str | None = None
+
+
+# --- the hand-over to another daemon (migrate --to), in two phases ---------------------
+# Source: migration.started, then session.migrated (the commit) or migration.aborted.
+# Target: migration.arriving (prepare: held, not runnable), then migration.finished
+# (live) or migration.discarded (dropped). docs/events.md, "The hand-over".
+
+HANDOVER_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _check_handover(value: str) -> str:
+    if not HANDOVER_ID.fullmatch(value):
+        raise ValueError("a hand-over id is 32 lowercase hex digits")
+    return value
+
+
+Handover = Annotated[str, AfterValidator(_check_handover)]
+
+
+class MigrationStarted(EventData):
+    """Source: the hand-over ``handover`` to the daemon at ``to`` begins."""
+
+    EVENT_TYPE = "migration.started"
+    handover: Handover
+    to: str
+
+
+class MigrationAborted(EventData):
+    """Source: the hand-over did not commit; this copy stays the live one."""
+
+    EVENT_TYPE = "migration.aborted"
+    handover: Handover
+    to: str
+    reason: str = ""
+
+
+class MigrationArriving(EventData):
+    """Target: the copy is held ``arriving`` until the source commits; at the finish it
+    becomes ``restore`` (what it was at the source)."""
+
+    EVENT_TYPE = "migration.arriving"
+    handover: Handover
+    source: str  # the source daemon's socket, asked when the finish never came
+    restore: LifecycleState
+
+
+class MigrationFinished(EventData):
+    """Target: the hand-over is done, the copy is live here. ``by`` is "source" (its
+    commit came) or "operator" (``resolve --accept``: the source was gone)."""
+
+    EVENT_TYPE = "migration.finished"
+    handover: Handover
+    by: Literal["source", "operator"] = "source"
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
+
+
+class MigrationDiscarded(EventData):
+    """Target: the arriving copy is dropped (the source aborted, or an operator's
+    ``resolve --discard``); its folder moves to ``discarded/`` in the state dir."""
+
+    EVENT_TYPE = "migration.discarded"
+    handover: Handover
+    by: Literal["source", "operator"] = "source"
+    reason: str = ""
+    uid: int | None = None
+    user: str = ""
+    channel: Literal["", "cli", "web", "link"] = ""
 
 
 class SpecApplied(EventData):
@@ -510,6 +581,11 @@ PAYLOADS: tuple[type[EventData], ...] = (
     LogRepaired,
     SpecApplied,
     GcCollected,
+    MigrationStarted,
+    MigrationAborted,
+    MigrationArriving,
+    MigrationFinished,
+    MigrationDiscarded,
 )
 
 PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}

@@ -10,15 +10,15 @@ events it covers are durable.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import orjson
 import structlog
 
 from sessiond.errors import LogCorrupt
 from sessiond.log.event_data import EventData
 from sessiond.log.masking import mask_drafts
-from sessiond.log.pace import batches
+from sessiond.log.pace import batches, collector_paused, encode_paced
 from sessiond.log.replay import apply, replay
 from sessiond.log.state import REDUCER_VERSION, State
 from sessiond.log.store.base import (
@@ -38,6 +38,7 @@ from sessiond.redaction import Redactor
 log = structlog.get_logger(__name__)
 
 DEFAULT_SNAPSHOT_EVERY = 1000
+FREEZE_AFTER = 10_000  # events folded at an opening: a state worth keeping off the collector
 
 
 class Journal:
@@ -170,10 +171,14 @@ class Journal:
         if position.seq != self.state.seq or position.seq == self._snapshot_seq:
             return None
         await self.log.sync(Pending([], position))
-        # Serialise here, in the loop, so the state cannot change underneath; only
-        # to bytes: decoding them again (three times the encoding's cost) stalled
-        # the loop for tens of ms on a long session, and the file needs bytes.
-        encoded = orjson.dumps(self.state)
+        # Serialised in the loop, a slice at a time, only to bytes (decoding them
+        # again, three times the encoding's cost, stalled the loop for tens of ms on
+        # a long session, and the file needs bytes). The state changes only by
+        # folding an event, which moves its seq: one that moved meanwhile is left
+        # for the next snapshot.
+        encoded = await encode_paced(self.state)
+        if self.state.seq != position.seq:
+            return None
         self._snapshot_seq = position.seq
         return Snapshot(REDUCER_VERSION, self.session, position, {}, encoded)
 
@@ -196,9 +201,17 @@ class Journal:
 
 async def _fold(records: Iterable[Record], state: State) -> State:
     """``replay`` a batch at a time: opening a long log (a fork, an import, a
-    session with no snapshot) leaves the loop free for others between batches."""
-    async for batch in batches(records):
-        replay(batch, state)
+    session with no snapshot) leaves the loop free for others between batches.
+    The state lives as long as its session: once folded from many events it is
+    put out of the cyclic collector's way (``gc.freeze``), as the daemon does with
+    the table it loads at start-up, so that no later collection walks it."""
+    before = state.seq
+    with collector_paused():
+        async for batch in batches(records):
+            replay(batch, state)
+        if state.seq - before >= FREEZE_AFTER:
+            # before the collector is back: its first collection would walk it all
+            gc.freeze()
     return state
 
 

@@ -55,6 +55,11 @@ FREE_TEXT: dict[str, tuple[str, ...]] = {
     "log.repaired": ("reason",),
     "spec.applied": (),  # the spec is stored as written (like session.created)
     "gc.collected": (),
+    "migration.started": (),
+    "migration.aborted": ("reason",),
+    "migration.arriving": (),
+    "migration.finished": (),
+    "migration.discarded": ("reason",),
 }
 
 

@@ -17,9 +17,15 @@ writes): sessiond.log.bundle, sessiond.log.store.files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import gc
+import itertools
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, TypeVar
+
+import orjson
 
 T = TypeVar("T")
 
@@ -65,6 +71,60 @@ async def collect(items: Iterable[T], pacer: Pacer | None = None) -> list[T]:
         if due():
             await pacer.pause()
     return out
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No automatic cyclic garbage collection while a big structure is built a slice
+    at a time: each collection would walk what is built so far (a state folded from
+    100,000 events is some 200,000 objects), holding the loop for milliseconds. What
+    is built is freed by reference counting, which this leaves alone. Nested or
+    overlapping pauses end with the collector enabled if the outermost found it so."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+async def encode_paced(obj: Any, pacer: Pacer | None = None) -> bytes:
+    """``orjson.dumps(obj)`` for a dataclass (a session's state), a field at a time and
+    a long list or dict a batch at a time, yielding between slices: one dumps of a
+    long session's state held the loop for ten milliseconds. The caller checks that
+    ``obj`` did not change meanwhile."""
+    pacer = pacer or Pacer()
+    parts: list[bytes] = []
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if isinstance(value, list) and len(value) > BATCH:
+            pieces = []
+            for start in range(0, len(value), BATCH):
+                pieces.append(orjson.dumps(value[start : start + BATCH])[1:-1])
+                await pacer.tick()
+            encoded = b"[" + b",".join(pieces) + b"]"
+        elif isinstance(value, dict) and len(value) > BATCH:
+            pieces, items = [], iter(value.items())
+            while chunk := dict(itertools.islice(items, BATCH)):
+                pieces.append(orjson.dumps(chunk)[1:-1])
+                await pacer.tick()
+            encoded = b"{" + b",".join(pieces) + b"}"
+        else:
+            encoded = orjson.dumps(value)
+        parts.append(orjson.dumps(field.name) + b":" + encoded)
+        await pacer.tick()
+    return b"{" + b",".join(parts) + b"}"
+
+
+async def release(items: list[T], pacer: Pacer | None = None) -> None:
+    """Empty ``items`` a batch at a time, yielding between slices. Dropping a list of
+    tens of thousands of dicts at once frees them all in one go, which held the loop
+    for several milliseconds (a replay's transcript, a long answer)."""
+    pacer = pacer or Pacer()
+    while items:
+        del items[-BATCH:]
+        await pacer.tick()
 
 
 async def batches(

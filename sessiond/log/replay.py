@@ -88,6 +88,24 @@ def _migrated(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         s.profile = d["to_profile"]
     if d["to"]:
         s.migrated_to = d["to"]
+        if d.get("handover"):  # the commit of a two-phase hand-over
+            s.handover = {"id": d["handover"], "role": "source", "peer": d["to"]}
+            s.handover["phase"] = "committed"
+
+
+def _handover(role: str, phase: str) -> Handler:
+    """The fold of a hand-over phase (syscalls.handover): the last one is kept."""
+
+    def fold(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+        peer = d.get("to") or d.get("source") or (s.handover or {}).get("peer")
+        h = {"id": d["handover"], "role": role, "peer": peer, "phase": phase}
+        if "restore" in d:
+            h["restore"] = d["restore"]
+        elif s.handover is not None and s.handover["id"] == d["handover"]:
+            h = {**s.handover, "phase": phase}
+        s.handover = h
+
+    return fold
 
 
 def _imported(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
@@ -470,6 +488,11 @@ HANDLERS: dict[str, Handler] = {
     "log.repaired": _repaired,
     "spec.applied": _spec_applied,
     "gc.collected": _gc_collected,
+    "migration.started": _handover("source", "started"),
+    "migration.aborted": _handover("source", "aborted"),
+    "migration.arriving": _handover("target", "arriving"),
+    "migration.finished": _handover("target", "finished"),
+    "migration.discarded": _handover("target", "discarded"),
 }
 
 assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold handler"

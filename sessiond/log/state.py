@@ -65,6 +65,10 @@ class State:
     merged: list[str] = field(default_factory=list)
     imported_from: str | None = None
     migrated_to: str | None = None
+    # the last hand-over to or from another daemon (syscalls.handover): id, role
+    # (source, target), peer, phase (started, committed, aborted; arriving,
+    # finished, discarded) and, on a target, the state it becomes at the finish
+    handover: dict[str, Any] | None = None
 
     # runs and budget use
     runs: int = 0

@@ -24,6 +24,7 @@ from sessiond.runs.sdk_calls import SdkCalls
 from sessiond.runs.tokens import Tokens
 from sessiond.syscalls.approvals import Approvals
 from sessiond.syscalls.control import Control
+from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.logins import Logins
@@ -44,7 +45,8 @@ class Kernel:
         self.runs = runs = Runs(ctx, self.tokens)
         self.inspection = Inspection(ctx)
         self.control = Control(ctx, runs)
-        self.lineage = Lineage(ctx, runs)
+        self.handover = Handovers(ctx)
+        self.lineage = Lineage(ctx, runs, self.handover)
         self.approvals = Approvals(ctx, runs)
         self.retention = Retention(ctx)
         self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
@@ -79,10 +81,14 @@ class Kernel:
         self.compact = self.lineage.compact
         self.export = self.lineage.export
         self.import_ = self.lineage.import_
+        # the hand-over between daemons (migrate --to)
+        self.handover_finish = self.handover.finish
+        self.handover_abort = self.handover.discard
+        self.handover_status = self.handover.status
         # answers
         self.approve = self.approvals.approve
         self.deny = self.approvals.deny
-        self.resolve = self.approvals.resolve
+        self.resolve = self.handover.resolving(self.approvals.resolve)  # arriving: there
         self.apply = self.approvals.apply
         # notifications, traces, the stored spec (section 11)
         self.observe = Observe(ctx)

@@ -28,6 +28,7 @@ from sessiond.log.event_data import (
 from sessiond.log.lineage import fork as fork_log
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
+from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
 from sessiond.table.sessions import Session
@@ -39,14 +40,20 @@ log = structlog.get_logger(__name__)
 class Lineage:
     """Sessions made from, merged into, sent to and moved between others."""
 
-    def __init__(self, ctx: RunContext, runs: Runs) -> None:
+    def __init__(self, ctx: RunContext, runs: Runs, handover: Handovers) -> None:
         self.ctx = ctx
         self.runs = runs
+        self.handover = handover
 
     async def fork(
         self, name: str, new: str, at: int | None = None, with_triggers: bool = False
     ) -> dict[str, Any]:
         parent = self.ctx.table.get(name)
+        if parent.state == "arriving":  # its copy would be live while this one is held
+            raise Refused(
+                f"cannot fork session {name!r}: it is arriving (a hand-over from another "
+                "daemon not finished yet); fork it once it is settled"
+            )
         if new in self.ctx.table.sessions:
             raise AlreadyExists(f"session {new!r} exists already; pick another name")
         async with parent.lock:
@@ -226,35 +233,14 @@ class Lineage:
         return await self._migrate_to(s, Path(to))
 
     async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
-        from sessiond.wire import RemoteError, send_bundle_async
-
+        """Two phases (syscalls.handover): prepare there, commit here, then finish there."""
         lifecycle.check(s.name, s.state, "terminated", "migrate")  # fail fast
-        outbox = self.ctx.config.state_dir / "outbox"
-        outbox.mkdir(mode=0o700, exist_ok=True)
-        bundle = outbox / f"{s.name}.bundle"
         async with self._without_run(s, "migrate"):
             lifecycle.check(s.name, s.state, "terminated", "migrate")
-            await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
-            try:
-                try:
-                    # the bytes cross the socket: the target reads no path of ours
-                    await send_bundle_async(socket, bundle, {"name": s.name})
-                except OSError as exc:
-                    raise Refused(
-                        f"cannot reach the daemon at {socket}: {exc.strerror}; is it running?"
-                    ) from exc
-                except RemoteError as exc:
-                    raise Refused(
-                        f"the daemon at {socket} did not take session {s.name!r}: {exc.message}"
-                    ) from exc
-            finally:
-                bundle.unlink(missing_ok=True)
-            await self.ctx.table.append(s, SessionMigrated(to=str(socket)))
-            await self.ctx.transition(
-                s, "terminated", why="migrate", reason=f"migrated to {socket}", outcome="migrated"
-            )
+            h = await self.handover.send(s, socket)
         self._fill_slots()
-        return detail(s)
+        told = await self.handover.tell(h)  # else told again, with a growing delay
+        return {**detail(s), "handover_finished": told}
 
     # --- context -------------------------------------------------------------------
 
@@ -277,7 +263,11 @@ class Lineage:
         manifest = await export_paced(self.ctx.store, name, Path(path), upto=upto)
         return {"path": path, "events": manifest["events"]["count"], "session": name}
 
-    async def import_(self, path: str, name: str | None = None) -> dict[str, Any]:
+    async def import_(
+        self, path: str, name: str | None = None, handover: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        if handover is not None:  # the first phase of a migrate --to from another daemon
+            return await self.handover.arrive(path, name, handover)
         journal = await import_session(
             self.ctx.store, Path(path), name=name, durability=self.ctx.config.durability
         )

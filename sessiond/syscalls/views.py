@@ -10,7 +10,7 @@ import orjson
 from sessiond.config import ProfileConfig
 from sessiond.describe import describe
 from sessiond.errors import InvalidInput
-from sessiond.log.pace import batches
+from sessiond.log.pace import batches, collector_paused, encode_paced
 from sessiond.log.projections import PAGE_DEFAULT, messages_page, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
@@ -44,6 +44,11 @@ AUDIT_TYPES = frozenset(
         "session.forked",
         "session.imported",
         "gc.collected",
+        "migration.started",
+        "migration.aborted",
+        "migration.arriving",
+        "migration.finished",
+        "migration.discarded",
     }
 )
 
@@ -128,6 +133,7 @@ def detail(session: Session) -> dict[str, Any]:
         "merged": list(s.merged),
         "imported_from": s.imported_from,
         "migrated_to": s.migrated_to,
+        "handover": s.handover,  # the last hand-over to or from another daemon
         "mailbox": len(s.mailbox),
         "compactions": s.compactions,
         "repairs": len(s.repairs),
@@ -203,22 +209,36 @@ async def replay_view(
                 [r for r in batch if r["type"] in AUDIT_TYPES] if view == "audit" else batch
             )
         return lines
-    state = live
-    if state is None:
+    if live is not None:
+        return await _view(live, read, view, cursor, limit, rebuilt=False)
+    with collector_paused():  # a long log's fold: its objects are freed by reference counts
         state = State(session=name)
         async for batch in batches(read()):
             replay(batch, state)
+        return await _view(state, read, view, cursor, limit, rebuilt=True)
+
+
+async def _view(
+    state: State,
+    read: Callable[[], Iterable[dict[str, Any]]],
+    view: str,
+    cursor: int | None,
+    limit: int | None,
+    *,
+    rebuilt: bool,
+) -> Any:
     if view == "messages":
         page, next_cursor = await messages_page(
             read(), state, cursor=cursor, limit=limit or PAGE_DEFAULT
         )
         return {"messages": page, "next_cursor": next_cursor, "upto": state.seq}
-    return _state_dict(state)
-
-
-def _state_dict(state: State) -> Any:
     # The state's JSON as the answer's result, encoded once: decoding it back to
     # dicts first (three times the encoding's cost) held the loop for tens of ms.
+    # A state rebuilt here is held by nothing else, so it is encoded a slice at a
+    # time; the session's live state may change at the next await, so it is
+    # encoded whole (it is small: DESIGN's bounded state, a few KB).
+    if rebuilt:
+        return orjson.Fragment(await encode_paced(state))
     return orjson.Fragment(orjson.dumps(state))
 
 

@@ -119,6 +119,10 @@ class Session:
 Listener = Callable[[str, Record], None]
 
 
+# What may be appended to an arriving session: the end of its hand-over.
+SETTLES_ARRIVAL = frozenset({"migration.finished", "migration.discarded", "lifecycle.changed"})
+
+
 class Table:
     def __init__(self, config: DaemonConfig, store: Store) -> None:
         self.config = config
@@ -170,6 +174,19 @@ class Table:
             raise Refused(
                 f"session {session.name!r} is blocked: {session.held}; the daemon records "
                 "the block as soon as the log takes writes again, then it can be resolved"
+            )
+        if session.state == "arriving" and any(
+            d.data.EVENT_TYPE not in SETTLES_ARRIVAL for d in drafts
+        ):
+            # A copy another daemon is handing over: until the hand-over is settled
+            # the source's copy may still be the session, and what is appended here
+            # would be lost with a dropped copy (syscalls.handover).
+            source = (session.j.state.handover or {}).get("peer", "another daemon")
+            raise Refused(
+                f"session {session.name!r} is arriving from {source}: it is held, not "
+                "runnable, until the source commits the hand-over, and nothing changes it "
+                "before; if the source is gone for good, settle it with 'sessionctl "
+                f"resolve {session.name} --accept' (make it live here) or '--discard'"
             )
         return await session.j.append_many(drafts, durable=durable)
 
@@ -311,6 +328,6 @@ def summary(
 def next_wake(session: Session) -> str | None:
     """What will wake the session next, as people read it."""
     spec = session.spec
-    if spec is None or not spec.has_triggers or session.state == "terminated":
+    if spec is None or not spec.has_triggers or session.state in ("terminated", "arriving"):
         return None
     return "on " + "; ".join(spec.trigger_summary())

@@ -55,7 +55,9 @@ class Triggers:
         """(Re)arm a session's triggers from its spec; disarm if it has none left."""
         self.disarm(s.name, restart=False)
         spec = s.spec
-        if spec is None or not spec.has_triggers or s.journal is None or s.state == "terminated":
+        if spec is None or not spec.has_triggers or s.journal is None:
+            return
+        if s.state in ("terminated", "arriving"):  # arriving: armed when its hand-over ends
             return
         armed = Armed(s, git_seen=self.git.seen(s.name))
         self.armed[s.name] = armed

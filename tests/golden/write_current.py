@@ -4,7 +4,8 @@ Run it once when a version is published (``python -m tests.golden.write_current`
 and commit the result under ``tests/golden/v<N>/``; when event types or optional
 fields are added within a version, write a folder of its own beside it
 (``v1-spec-applied``: ``spec.applied``, and who answered; ``v1-gc-collected``:
-``gc.collected``). Never regenerate a published
+``gc.collected``; ``v1-migration``: the hand-over's ``migration.*`` events).
+Never regenerate a published
 version: the point of these files is that logs written by every earlier version
 stay readable (``tests/log/test_golden.py`` replays them all).
 """
@@ -34,6 +35,11 @@ from sessiond.log.event_data import (
     LifecycleChanged,
     LogRepaired,
     MessageReceived,
+    MigrationAborted,
+    MigrationArriving,
+    MigrationDiscarded,
+    MigrationFinished,
+    MigrationStarted,
     ModelRequested,
     ModelResponded,
     ObservationProjected,
@@ -149,6 +155,11 @@ def every_type() -> list[Draft]:
         ),
         SessionMigrated(from_profile="default", to_profile="big-model"),
         SessionImported(original_name="golden", bundle_sha256=H, events=30),
+        MigrationStarted(handover="1" * 32, to="/run/other/sessiond.sock"),
+        MigrationAborted(handover="1" * 32, to="/run/other/sessiond.sock", reason="refused"),
+        MigrationArriving(handover="2" * 32, source="/run/first.sock", restore="sleeping"),
+        MigrationFinished(handover="2" * 32, by="operator", uid=0, user="root", channel="cli"),
+        MigrationDiscarded(handover="3" * 32, reason="the source aborted the hand-over"),
         LogRepaired(dropped_bytes=12, at_offset=3000, last_good_seq=32, reason="torn write"),
         GcCollected(
             artifacts=(

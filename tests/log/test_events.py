@@ -32,6 +32,9 @@ DESIGN_TYPES = {
     "spec.applied",
     # section 6's retention: what a gc removed from the session's store
     "gc.collected",
+    # section 2's `arriving`: the two phases of a hand-over (migrate --to)
+    "migration.started", "migration.aborted", "migration.arriving",
+    "migration.finished", "migration.discarded",
 }  # fmt: skip
 
 
