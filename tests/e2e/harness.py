@@ -53,6 +53,8 @@ class Daemon:
         )
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        # what starts it (the fault self-test puts a wrapper that breaks it here)
+        self.command: list[str] = [SESSIOND]
         self.lines: list[dict[str, Any]] = []
         self._lines_changed = threading.Condition()
         self._ready = threading.Event()
@@ -79,7 +81,7 @@ class Daemon:
             del env["SESSIOND_SOCKET"]
         self.proc = subprocess.Popen(
             [
-                SESSIOND,
+                *self.command,
                 "--config",
                 str(self.config),
                 "--state-dir",
