@@ -73,7 +73,9 @@ class Daemon:
             self.proc.wait(30)
             if self._reader is not None:
                 self._reader.join(5)
-            if self.proc.stderr is not None:
+            # (a reader still blocked: something the dead daemon left holds its stderr;
+            # closing the pipe under that read would block this thread too)
+            if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
                 self.proc.stderr.close()
         self._ready.clear()
         env = self.env
@@ -173,8 +175,8 @@ class Daemon:
         code = self.proc.wait(timeout)
         if self._reader is not None:
             self._reader.join(5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
+            self.proc.stderr.close()  # (not under a read still blocked: see start)
         return code
 
     def reap(self) -> bool:

@@ -34,13 +34,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from sessiond.log.fsck import check
 from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIOND, Daemon, short_dir
-from tests.faults import checks, ledger, workload
+from tests.faults import checks, faultfs, ledger, workload
+from tests.faults.broken import SPAWNER_DIR
+from tests.faults.faultfs import Mount
 from tests.faults.tally import Tally
 
 # The named fault points of sessiond/runs/start.py and settle.py (config ``fault``).
@@ -57,6 +60,10 @@ FAULT_POINTS = [
 BASE = 'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
 
 
+class Stop(Exception):
+    """The campaign cannot go on (the daemon will not start): the table says why."""
+
+
 class Campaign:
     def __init__(
         self,
@@ -66,8 +73,13 @@ class Campaign:
         power_cut: bool = True,
         durability: str = "fsync",
         command: list[str] | None = None,
+        mount: Mount | None = None,
     ) -> None:
         self.root = root
+        # On the fault file system the state dir and the workspace are on the mount;
+        # the ledger (the world's record) and the sockets are not.
+        self.mount = mount
+        self.ws = mount.path / "ws" if mount is not None else root
         self.rng = rng
         self.power_cut = power_cut
         self.durability = durability
@@ -81,6 +93,8 @@ class Campaign:
         self.daemon = Daemon(root, env={"CAMPAIGN_SECRET": self.secret})
         if command is not None:
             self.daemon.command = command
+        if mount is not None:
+            self.daemon.state_dir = mount.path / "state"
         self.tally = Tally(durability=durability)
         # (session, seq, text, monotonic time of the answer) of each answered send
         self.acked: list[tuple[str, int, str, float]] = []
@@ -91,13 +105,15 @@ class Campaign:
     # --- set-up --------------------------------------------------------------------
 
     def setup(self) -> None:
-        workload.prepare(self.root)
+        self.ws.mkdir(exist_ok=True)
+        workload.prepare(self.ws)
         self.ledger.touch()
         self._start()
-        for name, text in workload.specs(
-            self.root, sys.executable, self.ledger, self.daemon.socket
-        ).items():
-            self.daemon.ctl("create", str(self.daemon.write_spec(name, text)), check=True)
+        for name, text in workload.specs(sys.executable, self.ledger, self.daemon.socket).items():
+            spec = self.ws / f"{name}.toml"  # a spec's cwd is its folder: the workspace
+            spec.write_text(text)
+            self.daemon.ctl("create", str(spec), check=True)
+        workload.sync_tree(self.ws)
 
     def _start(self, fault: str | None = None) -> bool:
         """Start the daemon (with ``fault``: it kills itself there); False if it died
@@ -152,9 +168,15 @@ class Campaign:
         self._check_acknowledged(killed_at)
         cut_off = {name: checks.cut_off_calls(self._log(name)) for name in self._names()}
         seqs = {name: self._last_seq(name) for name in self._names()}
-        self._start()
+        try:
+            self._start()
+        except AssertionError as exc:  # it will not start on what the cut left
+            self.tally.unreadable.append(f"round {n}: the daemon did not start: {exc}"[:300])
+            raise Stop from exc
         self._check_after_restart(cut_off, seqs)
         self._check_ledger()
+        secret = self.daemon.state_dir / "sessions" / "secret"  # all of it at the finish
+        self.tally.secrets = checks.secret_files(secret, self.secret.encode())
         self._answer_and_resolve()
 
     # --- the load ------------------------------------------------------------------
@@ -194,10 +216,11 @@ class Campaign:
     def _poke(self, conn: Connection) -> None:
         choice = self.rng.random()
         if choice < 0.3:
-            name = f"f{self.rng.randrange(20)}"
-            (self.root / "inbox" / name).write_text(str(time.time()))
+            inbox = self.ws / "inbox"  # (a power cut may have taken an unsynced one)
+            inbox.mkdir(exist_ok=True)
+            (inbox / f"f{self.rng.randrange(20)}").write_text(str(time.time()))
         elif choice < 0.4:
-            workload.commit(self.root / "repo", f"{time.time()}")
+            workload.commit(self.ws / "repo", f"{time.time()}")
         elif choice < 0.5:
             conn.call("send", {"to": "c-confirm", "text": "wake"})
         elif choice < 0.65:
@@ -224,11 +247,20 @@ class Campaign:
     # --- the power cut ---------------------------------------------------------------
 
     def _power_cut(self) -> None:
-        """The fallback power cut: the programs stop, each log keeps only what the
-        daemon reported as on disk."""
+        """The power goes out: every program stops; on the fault file system all
+        that was not fsynced is lost as a disk would lose it; without it (the
+        fallback) each log keeps what the daemon reported as fsynced."""
         for pid in marked(self.daemon.state_dir):  # the power stops them all
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for pid in checks.running_from(self.root / SPAWNER_DIR):  # a broken build's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.mount is not None:
+            self._wait_closed()
+            self.mount.cut(self.rng.getrandbits(32))
+            self.tally.power_cuts += 1
+            return
         synced: dict[str, int] = {}
         for line in self.synced_file.read_text().splitlines():
             name, offset = line.rsplit(" ", 1)
@@ -243,6 +275,14 @@ class Campaign:
             else:  # written after the last sync (sync_interval): the cache lost any tail
                 os.truncate(path, self.rng.randint(synced[name], size))
         self.tally.power_cuts += 1
+
+    def _wait_closed(self, timeout: float = 10.0) -> None:
+        """Until no process has a file open on the mount (the killed ones may take
+        a moment to go): a cut under an open file would be no power cut."""
+        deadline = time.monotonic() + timeout
+        assert self.mount is not None
+        while checks.holders(self.mount.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # --- checks ---------------------------------------------------------------------
 
@@ -410,16 +450,63 @@ def run_campaign(
     durability: str = "fsync",
     command: list[str] | None = None,
     progress: bool = False,
+    until: Callable[[Tally], bool] | None = None,
+    fault_fs: bool = True,
 ) -> tuple[Tally, float]:
+    """``iterations`` rounds (fewer where ``until(tally)`` says enough after one);
+    ``command`` starts the daemon instead of ``sessiond`` (a broken build). The
+    power cuts are the fault file system's where it can be mounted (``fault_fs``);
+    under CI=true the fallback is a failure."""
     started = time.monotonic()
     root = short_dir()
+    why_not = faultfs.usable() if fault_fs else "not asked for"
+    with contextlib.ExitStack() as stack:
+        mount = stack.enter_context(faultfs.mounted(root / "fs")) if why_not is None else None
+        tally = _run(root, iterations, seed, power_cut, durability, command, progress, until,
+                     mount)  # fmt: skip
+    if why_not is None:
+        tally.power_method = "fault file system (FUSE): what was not fsynced is lost"
+    else:
+        tally.power_method = (
+            f"simulated, no FUSE ({why_not}): logs cut to what the daemon said it fsynced"
+        )
+        if os.environ.get("CI") == "true" and fault_fs:
+            tally.notes.append(
+                f"FAILED: under CI=true the fault file system must be used ({why_not})"
+            )
+            tally.no_fault_fs = True
+    if tally.failed and command is None:
+        print(f"workspace and ledger kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return tally, time.monotonic() - started
+
+
+def _run(
+    root: Path,
+    iterations: int,
+    seed: int,
+    power_cut: bool,
+    durability: str,
+    command: list[str] | None,
+    progress: bool,
+    until: Callable[[Tally], bool] | None,
+    mount: Mount | None,
+) -> Tally:
+    started = time.monotonic()
     campaign = Campaign(
-        root, random.Random(seed), power_cut=power_cut, durability=durability, command=command
-    )
+        root, random.Random(seed), power_cut=power_cut, durability=durability, command=command,
+        mount=mount,
+    )  # fmt: skip
     try:
         campaign.setup()
         for n in range(1, iterations + 1):
-            campaign.round()
+            try:
+                campaign.round()
+            except Stop:
+                break
+            if until is not None and until(campaign.tally):
+                break
             if progress and n % 20 == 0:
                 t = campaign.tally
                 print(
@@ -431,14 +518,12 @@ def run_campaign(
         campaign.finish()
     finally:
         campaign.daemon.reap()
-        with contextlib.suppress(OSError):  # whatever a broken build left running
-            for pid in marked(campaign.daemon.state_dir):
+        # whatever a broken build left running: its spawner, its runs' processes
+        left = [*checks.running_from(root / SPAWNER_DIR), *marked(campaign.daemon.state_dir)]
+        for pid in left:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        if campaign.tally.failed and command is None:  # the evidence stays
-            print(f"state dir and workspace kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return campaign.tally, time.monotonic() - started
+    return campaign.tally
 
 
 def main(argv: list[str] | None = None) -> int:

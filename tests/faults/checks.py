@@ -20,7 +20,10 @@ from tests.faults.ledger import may_rerun_alone
 def records(log: Path, only: bytes = b"") -> list[dict[str, Any]]:
     """The complete lines of a log (the daemon may be writing the next one); with
     ``only``, just the events of that type."""
-    data = log.read_bytes()
+    try:
+        data = log.read_bytes()
+    except FileNotFoundError:
+        return []  # lost with its folder's entry (a power cut): nothing of it is there
     out = []
     needle = b'"type":"' + only + b'"'
     for line in data[: data.rfind(b"\n") + 1].splitlines():
@@ -131,4 +134,39 @@ def secret_files(state_dir: Path, secret: bytes) -> list[str]:
                     found.append(str(path.relative_to(state_dir)))
             except OSError:
                 continue  # a socket, or gone meanwhile
+    return found
+
+
+def running_from(folder: Path) -> list[int]:
+    """Processes whose command line names a file under ``folder`` (what a broken
+    build started from there, tests/faults/broken.py)."""
+    needle = str(folder).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def holders(mount: Path) -> list[int]:
+    """Processes with a file or folder open (or their cwd) under ``mount``."""
+    prefix = str(mount) + "/"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            links = [os.readlink(f"/proc/{entry}/cwd")]
+            links += [
+                os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")
+            ]
+        except OSError:
+            continue
+        if any(link == str(mount) or link.startswith(prefix) for link in links):
+            found.append(int(entry))
     return found

@@ -41,6 +41,7 @@ class Tally:
     runs: int = 0
     wakes: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    no_fault_fs: bool = False  # under CI=true: the fallback power cut is a failure
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
         fsync = self.durability == "fsync"
@@ -68,7 +69,7 @@ class Tally:
 
     @property
     def failed(self) -> bool:
-        return not all(ok for *_, ok in self.rows())
+        return self.no_fault_fs or not all(ok for *_, ok in self.rows())
 
     def violations(self) -> list[str]:
         """The names of the invariants that do not hold."""

@@ -14,6 +14,8 @@ does to the ledger (tests/faults/ledger.py) so the campaign can tell what ran.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -145,7 +147,7 @@ os.wait()
 '''
 
 
-def specs(root: Path, python: str, ledger: Path, control: Path) -> dict[str, str]:
+def specs(python: str, ledger: Path, control: Path) -> dict[str, str]:
     """Every session's spec text, by name."""
     out = {
         "agent": f"""name = "agent"
@@ -209,18 +211,43 @@ def prepare(root: Path) -> None:
     (repo / "file").write_text("0\n")
     git(repo, "add", "file")
     git(repo, "commit", "-q", "-m", "start")
+    sync_tree(root)
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(
+def git(repo: Path, *args: str, check: bool = True) -> bool:
+    done = subprocess.run(
         ["git", "-c", "user.name=campaign", "-c", "user.email=c@example.invalid", *args],
         cwd=repo,
-        check=True,
+        check=check,
         capture_output=True,
     )
+    return done.returncode == 0
 
 
 def commit(repo: Path, text: str) -> None:
-    """One commit: a git wake for c-cond."""
+    """One commit: a git wake for c-cond. After a power cut the repository may be
+    gone or torn (git's own writes were not all fsynced): it is made anew."""
+    if not git(repo, "status", "--porcelain", check=False):
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir()
+        git(repo, "init", "-q")
     (repo / "file").write_text(text)
-    git(repo, "commit", "-q", "-am", text)
+    git(repo, "add", "file", check=False)
+    git(repo, "commit", "-q", "-m", text, check=False)
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (the workspace as set up is durable
+    before the first power cut; what the load writes later need not be)."""
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
