@@ -45,7 +45,7 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 # The whole kill -9 campaign: 200 rounds with power cuts on the fault file system
-# (tests/faults/faultfs.py, FUSE); `make test` runs 12 of them. Prints the invariant
+# (tests/faults/faultfs.py, FUSE); `make test` runs 6 of them. Prints the invariant
 # table; fails if one does not hold.
 FAULT_ROUNDS ?= 200
 faults: $(STAMP)

@@ -288,7 +288,10 @@ class Campaign:
 
     def _names(self) -> list[str]:
         folder = self.daemon.state_dir / "sessions"
-        return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+        try:
+            return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+        except FileNotFoundError:
+            return []  # a power cut took the folder's entry: every session in it is lost
 
     def _log(self, name: str) -> Path:
         return self.daemon.state_dir / "sessions" / name / "events.jsonl"

@@ -20,7 +20,9 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.faults import broken, faultfs
 from tests.faults.campaign import run_campaign
@@ -60,7 +62,9 @@ def try_break(name: str, rounds: int, seed: int) -> Result:
             rounds, seed, command=command, until=lambda t: bool(wanted & set(t.violations()))
         )
     except Exception as exc:  # a broken build may break the harness too: say how
-        return Result(name, what, invariant, False, 0, [], time.monotonic() - started, repr(exc))
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        error = f"{exc!r} at {Path(where.filename).name}:{where.lineno}"
+        return Result(name, what, invariant, False, 0, [], time.monotonic() - started, error)
     violations = tally.violations()
     caught = [v for v in violations if v in wanted]
     return Result(

@@ -12,7 +12,7 @@ import pytest
 
 from tests.faults.campaign import run_campaign
 
-ROUNDS = int(os.environ.get("FAULT_ROUNDS", "12"))
+ROUNDS = int(os.environ.get("FAULT_ROUNDS", "6"))
 
 
 @pytest.mark.timeout(900)
@@ -37,7 +37,7 @@ def test_with_durability_os_every_log_stays_readable_and_consistent(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     seed = int(os.environ.get("FAULT_SEED", str(int(time.time()))))
-    tally, seconds = run_campaign(4, seed, durability="os")
+    tally, seconds = run_campaign(3, seed, durability="os")
     table = tally.table(seconds)
     with capsys.disabled():
         print(f"\nseed {seed}\n{table}")
