@@ -120,6 +120,11 @@ class Campaign:
         on its way up (a recovery reached the fault point)."""
         extra = f'fault = "{fault}"\n' if fault else ""
         self.daemon.config.write_text(self.config + extra)
+        if self.mount is not None:
+            # The daemon's start-up sync(2), which makes what a dead daemon left in the
+            # page cache durable: no sync(2) reaches a FUSE server (libfuse3's API has
+            # no syncfs), so the file system is told here, as the kernel would do.
+            self.mount.sync()
         try:
             self.daemon.start()
         except AssertionError:
@@ -212,6 +217,8 @@ class Campaign:
                     if exc.code in ("unreachable", "closed", "timeout"):
                         return
                     # refused (activate while it runs, a merge of a busy fork): go on
+                except (OSError, subprocess.SubprocessError):
+                    pass  # the workspace as a power cut left it: the next poke goes on
 
     def _poke(self, conn: Connection) -> None:
         choice = self.rng.random()

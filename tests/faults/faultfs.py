@@ -6,8 +6,9 @@ daemon cannot fake what it fsynced.
 
 serves until its standard input closes; each line read there is a command,
 answered with one line: ``cut SEED`` (the power goes out: see faultmodel.py),
-``ping``. The kernel caches nothing (direct I/O, no attribute or entry cache),
-so what the model holds after a cut is what every reader sees.
+``sync`` (what sync(2) would do: it never reaches a FUSE server), ``ping``.
+The kernel caches nothing (direct I/O, no attribute or entry cache), so what
+the model holds after a cut is what every reader sees.
 
 ``mounted(path)`` runs one for a test and unmounts it (``fusermount3 -u``) even
 on failure; ``usable()`` says why one cannot be mounted here (None: it can).
@@ -193,6 +194,11 @@ class FaultFS:
                 with self._mutex:
                     self.model.cut(random.Random(int(words[1])))
                 out.write("ok\n")
+            elif words[:1] == ["sync"]:  # sync(2): every file and folder is durable
+                with self._mutex:
+                    for node in self.model.nodes.values():
+                        self.model.fsync(node)
+                out.write("ok\n")
             else:
                 out.write("ok\n" if words[:1] == ["ping"] else f"unknown {line!r}\n")
             out.flush()
@@ -229,6 +235,10 @@ class Mount:
         answer = self.proc.stdout.readline()
         if answer.strip() != "ok":
             raise RuntimeError(f"fault file system: {line!r} answered {answer!r}")
+
+    def sync(self) -> None:
+        """Everything durable, as sync(2) would make it."""
+        self._ask("sync")
 
     def cut(self, seed: int) -> None:
         """The power goes out. Nothing may have a file open on it (kill first)."""

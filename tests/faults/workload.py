@@ -227,6 +227,7 @@ def git(repo: Path, *args: str, check: bool = True) -> bool:
 def commit(repo: Path, text: str) -> None:
     """One commit: a git wake for c-cond. After a power cut the repository may be
     gone or torn (git's own writes were not all fsynced): it is made anew."""
+    repo.mkdir(exist_ok=True)
     if not git(repo, "status", "--porcelain", check=False):
         shutil.rmtree(repo, ignore_errors=True)
         repo.mkdir()
