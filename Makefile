@@ -44,9 +44,9 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-# The whole kill -9 campaign: 200 rounds with power cuts on the fault file system
-# (tests/faults/faultfs.py, FUSE); `make test` runs 6 of them. Prints the invariant
-# table; fails if one does not hold.
+# The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
+# (tests/faults/faultfs.py, FUSE); about an hour on 2 shared cores. `make test` runs 6.
+# Prints the invariant table; fails if one does not hold.
 FAULT_ROUNDS ?= 200
 faults: $(STAMP)
 	$(BIN)/python -m tests.faults.campaign --iterations $(FAULT_ROUNDS)

@@ -133,7 +133,8 @@ BREAKS: dict[str, tuple[str, str, Callable[[], None]]] = {
     "fsync-noop": (FSYNC, "acknowledged events lost", _fsync_noop),
     "dir-fsync-skipped": (
         DIR_FSYNC,
-        "acknowledged creates lost | acknowledged events lost",
+        # a session, a log or a snapshot whose folder entry the cut took
+        "acknowledged creates lost | acknowledged events lost | logs unreadable after repair",
         _dir_fsync_skipped,
     ),
     "gate-allows": (
