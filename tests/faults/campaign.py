@@ -474,6 +474,9 @@ def run_campaign(
         mount = stack.enter_context(faultfs.mounted(root / "fs")) if why_not is None else None
         tally = _run(root, iterations, seed, power_cut, durability, command, progress, until,
                      mount)  # fmt: skip
+        if mount is not None and tally.failed and command is None:
+            # the evidence outlives the mount: the state dir and workspace as they were
+            shutil.copytree(mount.path, root / "fs-kept", symlinks=True, dirs_exist_ok=True)
     if why_not is None:
         tally.power_method = "fault file system (FUSE): what was not fsynced is lost"
     else:
@@ -486,7 +489,7 @@ def run_campaign(
             )
             tally.no_fault_fs = True
     if tally.failed and command is None:
-        print(f"workspace and ledger kept in {root}", file=sys.stderr)
+        print(f"ledger and state dir (fs-kept/ if on FUSE) kept in {root}", file=sys.stderr)
     else:
         shutil.rmtree(root, ignore_errors=True)
     return tally, time.monotonic() - started
