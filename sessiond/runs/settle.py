@@ -174,6 +174,11 @@ class Settler:
         to retry) leaves the turn open: a later run continues it."""
         if outcome.status != "ok":
             return False
+        if s.spec is not None and s.spec.run is not None and s.spec.run.kind == "command":
+            # A command is its turn's one step: exit 0 finished it, whatever stop was
+            # asked meanwhile (a shutdown racing its end). Left open, the turn's
+            # follow-up would run the whole command again (found by the kill -9 campaign).
+            return True
         grant = self.tokens.grant_of(s)
         if grant is not None and grant.exit_intent:
             stop = s.run.stop_requested if s.run else None

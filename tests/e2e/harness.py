@@ -53,6 +53,8 @@ class Daemon:
         )
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        # what starts it (the fault self-test puts a wrapper that breaks it here)
+        self.command: list[str] = [SESSIOND]
         self.lines: list[dict[str, Any]] = []
         self._lines_changed = threading.Condition()
         self._ready = threading.Event()
@@ -71,7 +73,9 @@ class Daemon:
             self.proc.wait(30)
             if self._reader is not None:
                 self._reader.join(5)
-            if self.proc.stderr is not None:
+            # (a reader still blocked: something the dead daemon left holds its stderr;
+            # closing the pipe under that read would block this thread too)
+            if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
                 self.proc.stderr.close()
         self._ready.clear()
         env = self.env
@@ -79,7 +83,7 @@ class Daemon:
             del env["SESSIOND_SOCKET"]
         self.proc = subprocess.Popen(
             [
-                SESSIOND,
+                *self.command,
                 "--config",
                 str(self.config),
                 "--state-dir",
@@ -171,8 +175,8 @@ class Daemon:
         code = self.proc.wait(timeout)
         if self._reader is not None:
             self._reader.join(5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
+            self.proc.stderr.close()  # (not under a read still blocked: see start)
         return code
 
     def reap(self) -> bool:

@@ -1,28 +1,24 @@
-"""The kill -9 campaign: a busy daemon is killed at random moments, restarted, and
-checked, again and again.
+"""The kill -9 campaign: a busy daemon is killed at random moments and at every
+named fault point, restarted, and checked, again and again.
 
-    python -m tests.faults.campaign [--iterations 200] [--seed N] [--power-cut]
+    python -m tests.faults.campaign [--iterations 200] [--seed N] [--durability os]
 
-The workload: an SDK agent whose unsafe tool blocks append to a ledger (with safe
-and conditional/rerun-after-check blocks between), a command session with the
-unsafe/require-user-confirmation contract that does the same, a command session
-woken by file changes (safe, replay-from-event), a cron session (unsafe,
-never-rerun, also with a ledger), a mailbox that clients
-`send` to all the time, forks of it, and messages the agent sends. Each round
-runs it for a random 0.2 to 2 s, kills the daemon with SIGKILL (its programs are
-orphaned, as in a real crash), optionally simulates a power cut (every log cut
-back to the last offset the daemon had fsynced), repairs, restarts, resolves
-whatever the gate blocked with ``--accept`` (keep what was done, never repeat
-it), and checks:
+The workload (tests/faults/workload.py) covers the product: an SDK agent on
+durable steps of every risk contract whose approvals are answered approve or
+deny at random, a command session of every risk contract woken by every, watch,
+git, cron and message, a hostile program that approves itself and leaves an
+orphan, a program that prints its secret, a mailbox sent to all the time, forked
+and merged. Each round runs it for a random 0.2 to 2 s and kills the daemon with
+SIGKILL (every fourth round instead starts it with the next ``fault`` point, where
+it kills itself); every other round then cuts the power; repairs, restarts,
+resolves whatever was blocked with ``--accept``, ``--rerun`` or ``--discard`` at
+random, and checks what must hold. What ran is judged from the ledger the
+workload writes (tests/faults/ledger.py), keyed by what must not repeat, never
+from the daemon's own word.
 
-- acknowledged events lost: every ``send`` the daemon answered is in the log at
-  the seq it answered with, and every tool block the agent saw finish is there;
-- logs unreadable after repair: ``sessiond fsck`` finds nothing wrong;
-- unsafe tool blocks run twice: no tool call id (and no step of the agent) is in
-  a ledger twice;
-- sessions stuck in `running` with no program: none, once the daemon serves;
-- interrupted runs: each run the kill cut off is either resumed by its policy or
-  blocked with a reason, after the restart.
+The power cut here is the fallback: each log is cut back to an offset the daemon
+reported as fsynced (``record_synced``); artifacts and directory entries are not
+rolled back. The table says which method was used.
 """
 
 from __future__ import annotations
@@ -38,229 +34,117 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from sessiond.codec import decode_line
 from sessiond.log.fsck import check
-from sessiond.runs.runner import proc_start_time
+from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
-from tests.e2e.harness import SESSIOND, Daemon, alive, short_dir
+from tests.e2e.harness import SESSIOND, Daemon, short_dir
+from tests.faults import checks, faultfs, ledger, workload
+from tests.faults.broken import SPAWNER_DIR
+from tests.faults.faultfs import Mount
+from tests.faults.tally import Tally
 
-AGENT = '''\
-"""The campaign's agent: each turn does the next steps of its task, as far as the
-log says it got (the log is the truth; the workspace may hold a half-done step).
-A later run of the same turn gets its finished steps replayed, never redone."""
-from pathlib import Path
-
-from sessiond.sdk import connect
-
-
-def write(step):
-    with open("ledger.agent", "a") as f:  # the step's stable key: one line per execution
-        f.write(f"{step} {run.key()}\\n")
-    Path("agent.out").write_text(f"step {step}\\n")
-    return run.key()
-
-
-def note(step):
-    with open("notes.out", "a") as f:
-        f.write(f"step {step}\\n")
-
-
-with connect() as run:
-    ctx = run.context()
-    done = sum(1 for m in ctx["messages"]
-               if m["kind"] == "observation" and m.get("tool") == "write")
-    for step in range(done + 1, done + 3):
-        run.step("read", lambda: None, args={"step": step}, side_effect="read",
-                 idempotency="safe", resume="replay-from-event")
-        key = run.step("write", lambda: write(step), args={"step": step}, writes=["agent.out"],
-                       side_effect="workspace-write", idempotency="unsafe",
-                       resume="require-user-confirmation")
-        if key is not None:  # None: a person accepted a cut-off write (no result)
-            with open("acked.agent", "a") as f:  # the daemon acknowledged the finish
-                f.write(f"{key}\\n")
-        run.step("note", lambda: note(step), args={"step": step}, writes=["notes.out"],
-                 side_effect="workspace-write", idempotency="conditional",
-                 resume="rerun-after-check")
-    run.send("mailbox", f"agent reached step {step}")
-    run.sleep()
-'''
-
-SPECS = {
-    "agent": """name = "agent"
-[run]
-kind = "sdk"
-exec = ["{python}", "agent.py"]
-cwd = "."
-retries = 0
-[[trigger]]
-type = "every"
-interval = "1s"
-""",
-    "unsafe": """name = "unsafe"
-[run]
-exec = ["sh", "-c", "echo \\"$SESSIOND_CALL\\" >> ledger.unsafe; sleep 0.2; date > unsafe.out"]
-cwd = "."
-writes = ["unsafe.out"]
-idempotency = "unsafe"
-resume = "require-user-confirmation"
-retries = 0
-[[trigger]]
-type = "every"
-interval = "1s"
-""",
-    "watcher": """name = "watcher"
-[run]
-exec = ["sh", "-c", "ls inbox | wc -l > watcher.out"]
-cwd = "."
-idempotency = "safe"
-resume = "replay-from-event"
-retries = 0
-[[trigger]]
-type = "watch"
-paths = ["inbox"]
-debounce = "50ms"
-""",
-    "cron": """name = "cron"
-[run]
-exec = ["sh", "-c", "echo \\"$SESSIOND_CALL\\" >> ledger.cron; date >> cron.out"]
-cwd = "."
-writes = ["cron.out"]
-idempotency = "unsafe"
-resume = "never-rerun"
-[[trigger]]
-type = "cron"
-schedule = "* * * * *"
-""",
-    "mailbox": 'name = "mailbox"\n',
-}
-
-INVARIANTS = [
-    ("acknowledged events lost", "0"),
-    ("logs unreadable after repair", "0"),
-    ("unsafe tool blocks run twice", "0"),
-    ("sessions stuck in running with no program", "0"),
-    ("interrupted runs resumed or blocked with a reason", "all"),
+# The named fault points of sessiond/runs/start.py and settle.py (config ``fault``).
+FAULT_POINTS = [
+    "before-intent",
+    "after-intent",
+    "after-policy",
+    "after-started",
+    "after-spawn",
+    "after-record",
+    "during-work",
+    "after-finished",
 ]
+BASE = 'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
 
 
-@dataclass
-class Tally:
-    durability: str = "fsync"
-    rounds: int = 0
-    power_cuts: int = 0
-    acked_sends: int = 0
-    acked_tools: int = 0
-    lost: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-    twice: list[str] = field(default_factory=list)
-    stuck: list[str] = field(default_factory=list)
-    interrupted: int = 0
-    handled: int = 0
-    unhandled: list[str] = field(default_factory=list)
-    resolved: int = 0
-    forks: int = 0
-    runs: int = 0
-    wakes: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.lost or self.unreadable or self.twice or self.stuck or self.unhandled)
-
-    def rows(self) -> list[tuple[str, str, str, bool]]:
-        # With durability "os" an acknowledged event may die with the power (that is
-        # the trade the setting makes), so only readability and consistency hold.
-        fsync = self.durability == "fsync"
-        return [
-            (
-                "acknowledged events lost",
-                str(len(self.lost)) if fsync else "n/a (os)",
-                "0",
-                not self.lost,
-            ),
-            ("logs unreadable after repair", str(len(self.unreadable)), "0", not self.unreadable),
-            (
-                "unsafe tool blocks run twice",
-                str(len(self.twice)) if fsync else "n/a (os)",
-                "0",
-                not self.twice,
-            ),
-            (
-                "sessions stuck in running with no program",
-                str(len(self.stuck)),
-                "0",
-                not self.stuck,
-            ),
-            (
-                "interrupted runs resumed or blocked with a reason",
-                f"{self.handled} of {self.interrupted}",
-                "all",
-                not self.unhandled,
-            ),
-        ]
-
-    def table(self, seconds: float) -> str:
-        lines = [
-            f"kill -9 campaign, durability {self.durability}: {self.rounds} rounds "
-            f"({self.power_cuts} with a power cut) "
-            f"in {seconds:.0f} s; {self.acked_sends} acknowledged sends, {self.acked_tools} "
-            f"acknowledged tool blocks, {self.runs} runs, {self.forks} forks, "
-            f"{self.resolved} blocks resolved with --accept",
-            "wakes by trigger: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(self.wakes.items(), key=lambda kv: -kv[1])),
-            "",
-            f"{'invariant':<52} {'measured':>12} {'must be':>8}  ok",
-        ]
-        for name, value, want, ok in self.rows():
-            lines.append(f"{name:<52} {value:>12} {want:>8}  {'yes' if ok else 'NO'}")
-        for label, items in (
-            ("lost", self.lost),
-            ("unreadable", self.unreadable),
-            ("run twice", self.twice),
-            ("stuck", self.stuck),
-            ("unhandled", self.unhandled),
-        ):
-            for item in items[:10]:
-                lines.append(f"  {label}: {item}")
-        return "\n".join(lines)
+class Stop(Exception):
+    """The campaign cannot go on (the daemon will not start): the table says why."""
 
 
 class Campaign:
     def __init__(
-        self, root: Path, rng: random.Random, *, power_cut: bool, durability: str = "fsync"
+        self,
+        root: Path,
+        rng: random.Random,
+        *,
+        power_cut: bool = True,
+        durability: str = "fsync",
+        command: list[str] | None = None,
+        mount: Mount | None = None,
     ) -> None:
         self.root = root
+        # On the fault file system the state dir and the workspace are on the mount;
+        # the ledger (the world's record) and the sockets are not.
+        self.mount = mount
+        self.ws = mount.path / "ws" if mount is not None else root
         self.rng = rng
         self.power_cut = power_cut
         self.durability = durability
         self.synced_file = root / "synced.txt"
-        self.daemon = Daemon(
-            root,
-            f'record_synced = "{self.synced_file}"\nmax_running = 4\nsnapshot_every = 50\n'
-            f'durability = "{durability}"\n',
+        self.ledger = root / "ledger"
+        self.secret = f"s3cr3t-{rng.getrandbits(64):016x}"
+        self.config = (
+            f'{BASE}record_synced = "{self.synced_file}"\nmax_running = 6\n'
+            f'snapshot_every = 50\ndurability = "{durability}"\n'
         )
+        self.daemon = Daemon(root, env={"CAMPAIGN_SECRET": self.secret})
+        if command is not None:
+            self.daemon.command = command
+        if mount is not None:
+            self.daemon.state_dir = mount.path / "state"
         self.tally = Tally(durability=durability)
-        self.acked: list[tuple[str, int, str]] = []  # (session, seq, text) of answered sends
+        # (session, seq, text, monotonic time of the answer) of each answered send
+        self.acked: list[tuple[str, int, str, float]] = []
+        self.created: list[str] = []  # forks the daemon acknowledged
         self.sent = 0
-        self.forks = 0
+        self.lock = threading.Lock()
 
     # --- set-up --------------------------------------------------------------------
 
     def setup(self) -> None:
-        (self.root / "agent.py").write_text(AGENT)
-        (self.root / "inbox").mkdir()
-        self.daemon.start()
-        for name, text in SPECS.items():
-            spec = self.daemon.write_spec(name, text.format(python=sys.executable))
+        self.ws.mkdir(exist_ok=True)
+        workload.prepare(self.ws)
+        self.ledger.touch()
+        self._start()
+        for name, text in workload.specs(sys.executable, self.ledger, self.daemon.socket).items():
+            spec = self.ws / f"{name}.toml"  # a spec's cwd is its folder: the workspace
+            spec.write_text(text)
             self.daemon.ctl("create", str(spec), check=True)
+        workload.sync_tree(self.ws)
+
+    def _start(self, fault: str | None = None) -> bool:
+        """Start the daemon (with ``fault``: it kills itself there); False if it died
+        on its way up (a recovery reached the fault point)."""
+        extra = f'fault = "{fault}"\n' if fault else ""
+        self.daemon.config.write_text(self.config + extra)
+        if self.mount is not None:
+            # The daemon's start-up sync(2), which makes what a dead daemon left in the
+            # page cache durable: no sync(2) reaches a FUSE server (libfuse3's API has
+            # no syncfs), so the file system is told here, as the kernel would do.
+            self.mount.sync()
+        try:
+            self.daemon.start()
+        except AssertionError:
+            if fault is None:
+                raise
+            return False
+        return True
 
     # --- one round -------------------------------------------------------------------
 
     def round(self) -> None:
         d = self.daemon
+        assert d.proc is not None
+        n = self.tally.rounds + 1
+        fault = FAULT_POINTS[(n // 4) % len(FAULT_POINTS)] if n % 4 == 0 else None
+        if fault is not None:  # this round's daemon dies at the fault point by itself
+            d.stop()  # a clean shutdown: the next kill is the fault point's
+            if not self._start(fault):
+                self.tally.fault_points[fault] += 1
+                self._start()
         stop = threading.Event()
         workers = [
             threading.Thread(target=self._sender, args=(stop,), daemon=True),
@@ -268,30 +152,37 @@ class Campaign:
         ]
         for w in workers:
             w.start()
-        time.sleep(self.rng.uniform(0.2, 2.0))
-        assert d.proc is not None
-        os.kill(d.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
+        if fault is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if d.proc.wait(10) == -signal.SIGKILL:
+                    self.tally.fault_points[fault] += 1
+        else:
+            time.sleep(self.rng.uniform(0.2, 2.0))
+        if d.proc.poll() is None:
+            os.kill(d.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
         d.proc.wait(30)
+        killed_at = time.monotonic()
         stop.set()
         for w in workers:
             w.join(30)
-        self.tally.rounds += 1
-        self.tally.acked_sends = len(self.acked)
-        cut = self.power_cut and self.tally.rounds % 2 == 0
+        self.tally.rounds = n
+        cut = self.power_cut and n % 2 == 0
         if cut:
-            self._kill_orphans()
-            self._cut_to_synced()
-            self.tally.power_cuts += 1
+            self._power_cut()
         self._repair_and_check_logs()
-        if self.durability == "fsync":
-            self._check_acknowledged()
-        running_at_kill = self._running_in_logs()
-        sizes = {name: self._log(name).stat().st_size for name in self._names()}
-        d.start()
-        self._check_after_restart(running_at_kill, sizes)
-        if self.durability == "fsync":
-            self._check_ledgers()
-        self._resolve_blocked()
+        self._check_acknowledged(killed_at)
+        cut_off = {name: checks.cut_off_calls(self._log(name)) for name in self._names()}
+        seqs = {name: self._last_seq(name) for name in self._names()}
+        try:
+            self._start()
+        except AssertionError as exc:  # it will not start on what the cut left
+            self.tally.unreadable.append(f"round {n}: the daemon did not start: {exc}"[:300])
+            raise Stop from exc
+        self._check_after_restart(cut_off, seqs)
+        self._check_ledger()
+        secret = self.daemon.state_dir / "sessions" / "secret"  # all of it at the finish
+        self.tally.secrets = checks.secret_files(secret, self.secret.encode())
+        self._answer_and_resolve()
 
     # --- the load ------------------------------------------------------------------
 
@@ -309,72 +200,74 @@ class Campaign:
                     reply = conn.call("send", {"to": "mailbox", "text": text})
                 except RemoteError:
                     return  # the daemon died: this one was never acknowledged
-                self.acked.append(("mailbox", reply["seq"], text))
-                # Paced a little: the point is appends in flight at the kill, not a
-                # mailbox of a million events to re-read after every round.
-                time.sleep(0.005)
+                self.acked.append(("mailbox", reply["seq"], text, time.monotonic()))
+                time.sleep(0.005)  # appends in flight at the kill, not a huge mailbox
 
     def _poker(self, stop: threading.Event) -> None:
-        """Wakes: files into the watched folder, activations, a fork now and then."""
+        """Wakes of every kind, activations, forks and merges, approval answers."""
         try:
             conn = Connection(self.daemon.socket, timeout=10)
         except RemoteError:
             return
         with conn:
             while not stop.wait(self.rng.uniform(0.05, 0.3)):
-                choice = self.rng.random()
                 try:
-                    if choice < 0.5:
-                        (self.root / "inbox" / f"f{self.rng.randrange(20)}").write_text(
-                            str(time.time())
-                        )
-                    elif choice < 0.8:
-                        conn.call("activate", {"name": self.rng.choice(["agent", "unsafe"])})
-                    elif self.forks < 30:
-                        self.forks += 1
-                        conn.call("fork", {"name": "mailbox", "new": f"fork-{self.forks}"})
-                        self.tally.forks += 1
+                    self._poke(conn)
                 except RemoteError as exc:
                     if exc.code in ("unreachable", "closed", "timeout"):
                         return
-                    # refused (e.g. activate while it runs, or blocked): the load goes on
+                    # refused (activate while it runs, a merge of a busy fork): go on
+                except (OSError, subprocess.SubprocessError):
+                    pass  # the workspace as a power cut left it: the next poke goes on
 
-    # --- checks ---------------------------------------------------------------------
+    def _poke(self, conn: Connection) -> None:
+        choice = self.rng.random()
+        if choice < 0.3:
+            inbox = self.ws / "inbox"  # (a power cut may have taken an unsynced one)
+            inbox.mkdir(exist_ok=True)
+            (inbox / f"f{self.rng.randrange(20)}").write_text(str(time.time()))
+        elif choice < 0.4:
+            workload.commit(self.ws / "repo", f"{time.time()}")
+        elif choice < 0.5:
+            conn.call("send", {"to": "c-confirm", "text": "wake"})
+        elif choice < 0.65:
+            conn.call("activate", {"name": self.rng.choice(["agent", "c-unsafe", "c-ext"])})
+        elif choice < 0.75:
+            self._answer_one(conn)
+        elif choice < 0.9 and len(self.created) < 30:
+            new = f"fork-{len(self.created) + 1}"
+            conn.call("fork", {"name": "mailbox", "new": new})
+            self.tally.forks += 1
+            self.created.append(new)
+        elif self.created:
+            conn.call("merge", {"child": self.rng.choice(self.created), "summary": "done"})
+            self.tally.merges += 1
 
-    def _names(self) -> list[str]:
-        folder = self.daemon.state_dir / "sessions"
-        return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+    def _answer_one(self, conn: Connection) -> None:
+        """Approve or deny the agent's pending question, at random."""
+        pending = conn.call("show", {"name": "agent"}).get("pending_approvals") or []
+        if pending:
+            option = self.rng.choice(["approve", "deny"])
+            conn.call(option, {"name": "agent", "call": pending[0]["call"], "by": "campaign"})
+            self.tally.answered[option] += 1
 
-    def _log(self, name: str) -> Path:
-        return self.daemon.state_dir / "sessions" / name / "events.jsonl"
+    # --- the power cut ---------------------------------------------------------------
 
-    def _records(self, name: str, only: bytes = b"") -> list[dict[str, Any]]:
-        """The complete lines of a log (the daemon may be writing the next one); with
-        ``only``, just the events of that type (the mailbox grows by thousands a round)."""
-        data = self._log(name).read_bytes()
-        out = []
-        needle = b'"type":"' + only + b'"'
-        for line in data[: data.rfind(b"\n") + 1].splitlines():
-            if only and needle not in line:
-                continue
-            record = decode_line(line)
-            if record is None:
-                raise AssertionError(f"{name}: a complete line fails its checksum: {line[:200]!r}")
-            out.append(record)
-        return out
-
-    def _kill_orphans(self) -> None:
-        """A power cut stops the programs too, wherever they are. Only the programs
-        this campaign's daemon started (pid and start time from its log) are hit."""
-        for name in self._names():
-            for r in self._records(name, b"run.started"):
-                pid, pgid = r["data"]["pid"], r["data"]["pgid"]
-                if alive(pid) and proc_start_time(pid) == r["data"]["proc_start"]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pgid, signal.SIGKILL)
-
-    def _cut_to_synced(self) -> None:
-        """The power cut: each log keeps only what the daemon knew was on disk."""
+    def _power_cut(self) -> None:
+        """The power goes out: every program stops; on the fault file system all
+        that was not fsynced is lost as a disk would lose it; without it (the
+        fallback) each log keeps what the daemon reported as fsynced."""
+        for pid in marked(self.daemon.state_dir):  # the power stops them all
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in checks.running_from(self.root / SPAWNER_DIR):  # a broken build's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.mount is not None:
+            self._wait_closed()
+            self.mount.cut(self.rng.getrandbits(32))
+            self.tally.power_cuts += 1
+            return
         synced: dict[str, int] = {}
         for line in self.synced_file.read_text().splitlines():
             name, offset = line.rsplit(" ", 1)
@@ -388,6 +281,31 @@ class Campaign:
                 os.truncate(path, synced[name])
             else:  # written after the last sync (sync_interval): the cache lost any tail
                 os.truncate(path, self.rng.randint(synced[name], size))
+        self.tally.power_cuts += 1
+
+    def _wait_closed(self, timeout: float = 10.0) -> None:
+        """Until no process has a file open on the mount (the killed ones may take
+        a moment to go): a cut under an open file would be no power cut."""
+        deadline = time.monotonic() + timeout
+        assert self.mount is not None
+        while checks.holders(self.mount.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # --- checks ---------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        folder = self.daemon.state_dir / "sessions"
+        try:
+            return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+        except FileNotFoundError:
+            return []  # a power cut took the folder's entry: every session in it is lost
+
+    def _log(self, name: str) -> Path:
+        return self.daemon.state_dir / "sessions" / name / "events.jsonl"
+
+    def _last_seq(self, name: str) -> int:
+        recs = checks.records(self._log(name))
+        return recs[-1]["seq"] if recs else 0
 
     def _repair_and_check_logs(self) -> None:
         subprocess.run(
@@ -395,131 +313,143 @@ class Campaign:
             capture_output=True,
             check=False,
         )
-        report = check(self.daemon.state_dir)
-        for problem in report.problems:
+        for problem in check(self.daemon.state_dir).problems:
             self.tally.unreadable.append(f"round {self.tally.rounds}: {problem}")
 
-    def _check_acknowledged(self) -> None:
-        by_seq = {r["seq"]: r for r in self._records("mailbox")}
-        for session, seq, text in self.acked:
+    def _check_acknowledged(self, killed_at: float) -> None:
+        t = self.tally
+        t.acked_sends = len(self.acked)
+        by_seq = {r["seq"]: r for r in checks.records(self._log("mailbox"), b"message.received")}
+        lost = []
+        for session, seq, text, when in self.acked:
             record = by_seq.get(seq)
             if record is None or record["data"].get("text") != text:
-                self.tally.lost.append(f"round {self.tally.rounds}: {session} seq {seq} ({text})")
-        acked_file = self.root / "acked.agent"
-        calls = acked_file.read_text().split() if acked_file.exists() else []
-        # acked.agent names each write by its step key (session.tTURN.SLOT): the
-        # step's tool.intent says which call that was
-        intents = {r["data"]["call"]: r["data"] for r in self._records("agent", b"tool.intent")}
+                lost.append((when, f"round {t.rounds}: {session} seq {seq} ({text})"))
+        if self.durability == "os":
+            # what a power cut may lose is the last sync_interval: measure it
+            t.lost_os += len(lost)
+            if lost:
+                t.loss_window = max(t.loss_window, killed_at - min(w for w, _ in lost))
+            self.acked = [a for a in self.acked if a[1] in by_seq]  # seqs are reused
+        else:
+            t.lost += [what for _, what in lost]
+        names = set(self._names())
+        for new in self.created:
+            if new not in names and self.durability == "fsync":
+                t.lost_creates.append(f"round {t.rounds}: fork {new}")
+        t.acked_creates = len(self.created)
+        acked = [line.split()[1] for line in ledger.read(self.ledger) if line.startswith("ack ")]
         finished = set()
-        for r in self._records("agent", b"tool.finished"):
-            intent = intents.get(r["data"]["call"])
-            if intent is not None and intent.get("turn") and r["data"]["status"] == "ok":
-                slot = f"k:{intent['key']}" if intent.get("key") else str(intent["ordinal"])
-                finished.add(f"agent.t{intent['turn']}.{slot}")
-        for call in calls:
-            if call not in finished:
-                self.tally.lost.append(f"round {self.tally.rounds}: agent tool.finished {call}")
-        self.tally.acked_tools = len(calls)
+        for r in checks.records(self._log("agent")):
+            if r["type"] == "tool.intent" and r["data"].get("turn"):
+                d = r["data"]
+                slot = f"k:{d['key']}" if d.get("key") else str(d["ordinal"])
+                finished.add((d["call"], f"agent.t{d['turn']}.{slot}"))
+        ok = {r["data"]["call"] for r in checks.records(self._log("agent"), b"tool.finished")
+              if r["data"]["status"] == "ok"}  # fmt: skip
+        done = {key for call, key in finished if call in ok}
+        if self.durability == "fsync":
+            for key in acked:
+                if key not in done:
+                    t.lost.append(f"round {t.rounds}: agent step {key} acknowledged")
+        t.acked_steps = len(acked)
 
-    def _running_in_logs(self) -> dict[str, int]:
-        """Sessions whose log says `running` at the kill, with the log's last seq."""
-        out = {}
-        for name in self._names():
-            changes = self._records(name, b"lifecycle.changed")
-            if changes and changes[-1]["data"]["to"] == "running":
-                out[name] = changes[-1]["seq"]
-        return out
-
-    def _check_after_restart(self, running_at_kill: dict[str, int], sizes: dict[str, int]) -> None:
-        d = self.daemon
+    def _check_after_restart(
+        self, cut_off: dict[str, dict[str, str]], seqs: dict[str, int]
+    ) -> None:
+        t, d = self.tally, self.daemon
+        assert d.proc is not None
+        for pid, mark in checks.orphans(d.state_dir, d.proc.pid).items():
+            t.orphans.append(f"round {t.rounds}: pid {pid} ({mark})")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # ours (its mark names our state dir)
         with Connection(d.socket, timeout=30) as conn:
-            # A program that has just exited is `running` until the daemon has read its
-            # exit: only a session still so after 5 s, with the same pid, is stuck.
+            rows = conn.call("ps", {})
             suspects = {
-                row["name"]: row["pid"]
-                for row in conn.call("ps", {})
-                if row["state"] == "running" and (row["pid"] is None or not alive(row["pid"]))
+                r["name"]: r["pid"]
+                for r in rows
+                if r["state"] == "running" and (r["pid"] is None or not _alive(r["pid"]))
             }
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 5  # an exit not read yet is not a stuck session
             while suspects and time.monotonic() < deadline:
                 time.sleep(0.1)
-                rows = {row["name"]: row for row in conn.call("ps", {})}
+                now = {r["name"]: r for r in conn.call("ps", {})}
                 suspects = {
-                    name: pid
-                    for name, pid in suspects.items()
-                    if rows[name]["state"] == "running" and rows[name]["pid"] == pid
-                }
-            for name, pid in suspects.items():
-                self.tally.stuck.append(f"round {self.tally.rounds}: {name} (pid {pid})")
-        for name, seq in running_at_kill.items():
-            self.tally.interrupted += 1
-            verdict = self._await_verdict(name, seq)
-            if verdict is None:
-                self.tally.unhandled.append(
-                    f"round {self.tally.rounds}: {name} (no gate verdict or rebuilt result)"
-                )
-            else:
-                self.tally.handled += 1
-
-    def _await_verdict(self, name: str, seq: int, timeout: float = 20.0) -> str | None:
-        """How the restart dealt with a cut-off run: 'resumed' (the gate let it go on, or
-        its finished result was rebuilt) or 'blocked' (with a reason)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            after = [r for r in self._records(name) if r["seq"] > seq]
-            for r in after:
-                if r["type"] == "observation.projected" and r["data"]["source"] == "rebuilt":
-                    return "resumed"
-                if r["type"] == "gate.evaluated" and r["data"]["ok"]:
-                    return "resumed"
-                if (
-                    r["type"] == "lifecycle.changed"
-                    and r["data"]["to"] == "blocked"
-                    and r["data"]["reason"]
-                ):
-                    return "blocked"
-            time.sleep(0.05)
-        return None
-
-    def _check_ledgers(self) -> None:
-        for ledger, key in (("ledger.agent", 1), ("ledger.unsafe", 0), ("ledger.cron", 0)):
-            path = self.root / ledger
-            if not path.exists():
+                    n: p for n, p in suspects.items()
+                    if now[n]["state"] == "running" and now[n]["pid"] == p
+                }  # fmt: skip
+        for name, pid in suspects.items():
+            t.stuck.append(f"round {t.rounds}: {name} (pid {pid})")
+        for name, calls in cut_off.items():
+            if not calls:
                 continue
-            lines = [line.split() for line in path.read_text().splitlines() if line.strip()]
-            calls = Counter(parts[key] for parts in lines if len(parts) > key)
-            for call, n in calls.items():
-                if n > 1:
-                    self.tally.twice.append(f"{ledger}: call {call} ran {n} times")
-            if ledger == "ledger.agent":
-                steps = Counter(parts[0] for parts in lines)
-                for step, n in steps.items():
-                    if n > 1:
-                        self.tally.twice.append(f"{ledger}: step {step} ran {n} times")
-        self.tally.twice = sorted(set(self.tally.twice))
+            t.interrupted += len(calls)
+            verdict = checks.first_verdict(self._log(name), seqs[name])
+            outcome, wrong = checks.judge_verdict(calls, verdict)
+            t.verdicts[outcome] += len(calls)
+            if wrong is not None:
+                t.unhandled.append(f"round {t.rounds}: {name}: {wrong}")
 
-    def _resolve_blocked(self) -> None:
+    def _check_ledger(self) -> None:
+        t = self.tally
+        lines = ledger.read(self.ledger)
+        judged = ledger.judge(lines)
+        t.executions, t.keys = judged.executions, judged.keys
+        t.reruns, t.retried = judged.reruns, judged.retried
+        if self.durability == "fsync":  # "os": an acknowledged finish may be lost
+            t.twice = judged.twice
+        t.self_answers = [line for line in lines if line.startswith("selfapproved ")]
+
+    def _answer_and_resolve(self) -> None:
+        """Every block is resolved with one of its options at random; the hostile
+        program's own question is denied (by the campaign, an operator)."""
         with Connection(self.daemon.socket, timeout=30) as conn:
+            with contextlib.suppress(RemoteError):
+                for a in conn.call("show", {"name": "hostile"}).get("pending_approvals") or []:
+                    conn.call("deny", {"name": "hostile", "call": a["call"], "by": "campaign"})
             for row in conn.call("ps", {}):
-                if row["state"] == "blocked":
-                    try:
-                        conn.call(
-                            "resolve", {"name": row["name"], "option": "accept", "by": "campaign"}
-                        )
-                        self.tally.resolved += 1
-                    except RemoteError:
-                        pass  # blocked again by something else: the next round sees it
+                if row["state"] != "blocked":
+                    continue
+                name = row["name"]
+                shown = conn.call("show", {"name": name})
+                if shown.get("pending_approvals"):
+                    continue  # a question, not a block: answered by the poker
+                gates = checks.records(self._log(name), b"gate.evaluated")
+                options = list(gates[-1]["data"]["options"]) if gates else []
+                if not options:
+                    continue
+                option = self.rng.choice(options)
+                # the mark goes first: a rerun may begin before the answer is read
+                ledger.append(self.ledger, f"{option} {name}")
+                try:
+                    conn.call("resolve", {"name": name, "option": option, "by": "campaign"})
+                    self.tally.resolved[option] += 1
+                except RemoteError:
+                    ledger.append(self.ledger, f"un{option} {name}")
 
     def finish(self) -> None:
-        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
-            self.daemon.stop()
-        runs = 0
+        d = self.daemon
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        t = self.tally
+        t.secrets = checks.secret_files(d.state_dir, self.secret.encode())
         wakes: Counter[str] = Counter()
         for name in self._names():
-            runs += len(self._records(name, b"run.started"))
-            wakes.update(r["data"]["trigger"] for r in self._records(name, b"wake.requested"))
-        self.tally.runs = runs
-        self.tally.wakes = dict(wakes)
+            t.runs += len(checks.records(self._log(name), b"run.started"))
+            wakes.update(
+                r["data"]["trigger"] for r in checks.records(self._log(name), b"wake.requested")
+            )
+        t.wakes = dict(wakes)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_campaign(
@@ -528,15 +458,68 @@ def run_campaign(
     *,
     power_cut: bool = True,
     durability: str = "fsync",
+    command: list[str] | None = None,
     progress: bool = False,
+    until: Callable[[Tally], bool] | None = None,
+    fault_fs: bool = True,
 ) -> tuple[Tally, float]:
+    """``iterations`` rounds (fewer where ``until(tally)`` says enough after one);
+    ``command`` starts the daemon instead of ``sessiond`` (a broken build). The
+    power cuts are the fault file system's where it can be mounted (``fault_fs``);
+    under CI=true the fallback is a failure."""
     started = time.monotonic()
     root = short_dir()
-    campaign = Campaign(root, random.Random(seed), power_cut=power_cut, durability=durability)
+    why_not = faultfs.usable() if fault_fs else "not asked for"
+    with contextlib.ExitStack() as stack:
+        mount = stack.enter_context(faultfs.mounted(root / "fs")) if why_not is None else None
+        tally = _run(root, iterations, seed, power_cut, durability, command, progress, until,
+                     mount)  # fmt: skip
+        if mount is not None and tally.failed and command is None:
+            # the evidence outlives the mount: the state dir and workspace as they were
+            shutil.copytree(mount.path, root / "fs-kept", symlinks=True, dirs_exist_ok=True)
+    if why_not is None:
+        tally.power_method = "fault file system (FUSE): what was not fsynced is lost"
+    else:
+        tally.power_method = (
+            f"simulated, no FUSE ({why_not}): logs cut to what the daemon said it fsynced"
+        )
+        if os.environ.get("CI") == "true" and fault_fs:
+            tally.notes.append(
+                f"FAILED: under CI=true the fault file system must be used ({why_not})"
+            )
+            tally.no_fault_fs = True
+    if tally.failed and command is None:
+        print(f"ledger and state dir (fs-kept/ if on FUSE) kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return tally, time.monotonic() - started
+
+
+def _run(
+    root: Path,
+    iterations: int,
+    seed: int,
+    power_cut: bool,
+    durability: str,
+    command: list[str] | None,
+    progress: bool,
+    until: Callable[[Tally], bool] | None,
+    mount: Mount | None,
+) -> Tally:
+    started = time.monotonic()
+    campaign = Campaign(
+        root, random.Random(seed), power_cut=power_cut, durability=durability, command=command,
+        mount=mount,
+    )  # fmt: skip
     try:
         campaign.setup()
         for n in range(1, iterations + 1):
-            campaign.round()
+            try:
+                campaign.round()
+            except Stop:
+                break
+            if until is not None and until(campaign.tally):
+                break
             if progress and n % 20 == 0:
                 t = campaign.tally
                 print(
@@ -548,11 +531,12 @@ def run_campaign(
         campaign.finish()
     finally:
         campaign.daemon.reap()
-        if campaign.tally.failed:  # the evidence stays for whoever looks into it
-            print(f"state dir and workspace kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-    return campaign.tally, time.monotonic() - started
+        # whatever a broken build left running: its spawner, its runs' processes
+        left = [*checks.running_from(root / SPAWNER_DIR), *marked(campaign.daemon.state_dir)]
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    return campaign.tally
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -564,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         "--durability",
         choices=["fsync", "os"],
         default="fsync",
-        help='the daemon\'s durability; with "os" only readability and consistency are checked',
+        help='the daemon\'s durability; with "os" acknowledged events may be lost '
+        "within sync_interval, which is measured",
     )
     args = parser.parse_args(argv)
     print(f"seed {args.seed} (repeat a campaign with --seed)", flush=True)

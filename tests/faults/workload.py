@@ -1,0 +1,254 @@
+"""The campaign's workload: sessions that cover the product, each writing what it
+does to the ledger (tests/faults/ledger.py) so the campaign can tell what ran.
+
+- ``agent``: an SDK agent on durable steps of four risk contracts (a read, an
+  unsafe write that needs a person to rerun, a conditional note checked before a
+  rerun, an external ``pay`` its policy asks a person about);
+- a command session of every risk contract, woken by ``every``, ``watch``,
+  ``git``, ``cron`` and ``message``;
+- ``hostile``: a program that tries to approve its own step through the control
+  socket, and leaves a ``setsid`` grandchild behind (an orphan to stop);
+- ``secret``: a program that prints its ``[run] secrets`` value (to be masked);
+- ``mailbox``: no program, sent to all the time, forked and merged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# idempotency/resume/side_effect of each command session, and its trigger
+EVERY = 'type = "every"\ninterval = "1s"'
+COMMANDS = {
+    "c-unsafe": ("unsafe/require-user-confirmation/workspace-write", EVERY),
+    "c-safe": (
+        "safe/replay-from-event/workspace-write",
+        'type = "watch"\npaths = ["inbox"]\ndebounce = "50ms"',
+    ),
+    "c-cond": ("conditional/rerun-after-check/workspace-write", 'type = "git"\nrepo = "repo"'),
+    "c-never": ("conditional/never-rerun/workspace-write", 'type = "cron"\nschedule = "* * * * *"'),
+    "c-confirm": ("conditional/require-user-confirmation/workspace-write", 'type = "message"'),
+    "c-ext": ("safe/rerun-after-check/external-write", 'type = "every"\ninterval = "2s"'),
+}
+
+COMMAND = """name = "{name}"
+[run]
+exec = ["sh", "-c", "echo \\"begin {name}.t$SESSIOND_TURN {contract}\\" >> \\"$LEDGER\\"; \
+sleep 0.1; date >> {name}.out; echo \\"end {name}.t$SESSIOND_TURN\\" >> \\"$LEDGER\\""]
+cwd = "."
+env = {{ LEDGER = "{ledger}" }}
+writes = ["{name}.out"]
+idempotency = "{idempotency}"
+resume = "{resume}"
+side_effect = "{side_effect}"
+retries = 0
+[[trigger]]
+{trigger}
+"""
+
+AGENT = '''\
+"""The campaign's agent: each turn does the next steps of its task, as far as the
+log says it got. A later run of the same turn gets its finished steps replayed."""
+import os
+
+from sessiond.sdk import Denied, connect
+
+LEDGER = os.environ["LEDGER"]
+STEPS = [  # name, idempotency, resume, side effect, the file it writes
+    ("read", "safe", "replay-from-event", "read", None),
+    ("write", "unsafe", "require-user-confirmation", "workspace-write", "agent.out"),
+    ("note", "conditional", "rerun-after-check", "workspace-write", "notes.out"),
+    ("pay", "conditional", "never-rerun", "external-write", None),
+]
+
+
+def ledger(line):
+    fd = os.open(LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (line + "\\n").encode())
+    os.close(fd)
+
+
+def work(contract, path):
+    def fn():
+        key = run.key()  # SESSION.tTURN.SLOT: the same in every run of the turn
+        ledger(f"begin {key} {contract}")
+        if path:
+            with open(path, "a") as f:
+                f.write(key + "\\n")
+        ledger(f"end {key}")
+        return key
+    return fn
+
+
+with connect() as run:
+    ctx = run.context()
+    done = sum(1 for m in ctx["messages"]
+               if m["kind"] == "observation" and m.get("tool") == "write")
+    for step in range(done + 1, done + 3):
+        for name, idempotency, resume, effect, path in STEPS:
+            contract = f"{idempotency}/{resume}/{effect}"
+            try:
+                key = run.step(name, work(contract, path), args={"step": step},
+                               side_effect=effect, idempotency=idempotency, resume=resume,
+                               writes=[path] if path else [])
+            except Denied:
+                continue
+            if key is not None:  # None: a person accepted a cut-off step (no result)
+                ledger(f"ack {key}")  # the daemon acknowledged the finish
+    run.send("mailbox", f"agent reached step {step}")
+    run.sleep()
+'''
+
+HOSTILE = '''\
+"""Asks for a step its policy makes a person approve, then approves it itself
+through the control socket (whose path a careless spec leaked) and through its
+own endpoint; and leaves a setsid'd grandchild behind. Standard library only."""
+import json, os, socket
+
+LEDGER = os.environ["LEDGER"]
+ENDPOINT, TOKEN = os.environ["SESSIOND_SOCKET"], os.environ["SESSIOND_TOKEN"]
+SELF, CONTROL = os.environ["SESSIOND_SESSION"], os.environ["CONTROL"]
+
+
+def ledger(line):
+    fd = os.open(LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, (line + "\\n").encode())
+    os.close(fd)
+
+
+def call(path, method, params, token=None):
+    frame = {"id": 1, "method": method, "params": params}
+    if token:
+        frame["token"] = token
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(path)
+            s.sendall(json.dumps(frame).encode() + b"\\n")
+            return json.loads(s.makefile("rb").readline() or b"{}")
+    except (OSError, ValueError):
+        return {}
+
+
+asked = call(ENDPOINT, "sdk.step", {"token": TOKEN, "session": SELF, "name": "pay",
+             "ordinal": 1, "args": {}, "risk": {"side_effect": "external-write"}})
+if (asked.get("result") or {}).get("status") == "ask":
+    for how, path, token in (("control", CONTROL, None), ("endpoint", ENDPOINT, TOKEN)):
+        if call(path, "approve", {"name": SELF, "by": "operator"}, token).get("ok"):
+            ledger(f"selfapproved {SELF} {how}")
+if os.fork() == 0:  # an orphan: the daemon must stop it with the run
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "600"])
+    os._exit(0)
+os.wait()
+'''
+
+
+def specs(python: str, ledger: Path, control: Path) -> dict[str, str]:
+    """Every session's spec text, by name."""
+    out = {
+        "agent": f"""name = "agent"
+[run]
+kind = "sdk"
+exec = ["{python}", "agent.py"]
+cwd = "."
+env = {{ LEDGER = "{ledger}" }}
+retries = 0
+[policy]
+ask = ["pay"]
+allow = ["read", "write", "note"]
+[[trigger]]
+type = "every"
+interval = "1s"
+""",
+        "hostile": f"""name = "hostile"
+[run]
+kind = "sdk"
+exec = ["/usr/bin/python3", "-I", "hostile.py"]
+cwd = "."
+env = {{ LEDGER = "{ledger}", CONTROL = "{control}" }}
+retries = 0
+[policy]
+ask = ["pay"]
+[[trigger]]
+type = "every"
+interval = "1s"
+""",
+        "secret": """name = "secret"
+[run]
+exec = ["sh", "-c", "echo \\"the token is $TOKEN\\"; echo \\"$TOKEN\\" >&2"]
+cwd = "."
+idempotency = "safe"
+resume = "replay-from-event"
+secrets = { TOKEN = { env = "CAMPAIGN_SECRET" } }
+retries = 0
+[[trigger]]
+type = "every"
+interval = "1s"
+""",
+        "mailbox": 'name = "mailbox"\n',
+    }
+    for name, (contract, trigger) in COMMANDS.items():
+        idempotency, resume, side_effect = contract.split("/")
+        out[name] = COMMAND.format(
+            name=name, contract=contract, ledger=ledger, idempotency=idempotency,
+            resume=resume, side_effect=side_effect, trigger=trigger,
+        )  # fmt: skip
+    return out
+
+
+def prepare(root: Path) -> None:
+    """The workspace: the programs, the watched folder, the git repository."""
+    (root / "agent.py").write_text(AGENT)
+    (root / "hostile.py").write_text(HOSTILE)
+    (root / "inbox").mkdir()
+    repo = root / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "file").write_text("0\n")
+    git(repo, "add", "file")
+    git(repo, "commit", "-q", "-m", "start")
+    sync_tree(root)
+
+
+def git(repo: Path, *args: str, check: bool = True) -> bool:
+    done = subprocess.run(
+        ["git", "-c", "user.name=campaign", "-c", "user.email=c@example.invalid", *args],
+        cwd=repo,
+        check=check,
+        capture_output=True,
+    )
+    return done.returncode == 0
+
+
+def commit(repo: Path, text: str) -> None:
+    """One commit: a git wake for c-cond. After a power cut the repository may be
+    gone or torn (git's own writes were not all fsynced): it is made anew."""
+    repo.mkdir(exist_ok=True)
+    if not git(repo, "status", "--porcelain", check=False):
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir()
+        git(repo, "init", "-q")
+    (repo / "file").write_text(text)
+    git(repo, "add", "file", check=False)
+    git(repo, "commit", "-q", "-m", text, check=False)
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (the workspace as set up is durable
+    before the first power cut; what the load writes later need not be)."""
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            fd = os.open(Path(folder) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
