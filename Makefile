@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint typecheck unit faults bench compare load install install-user clean
+.PHONY: run demo test lint typecheck unit agents faults bench compare load install install-user clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,8 +41,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) agents
 	$(BIN)/pytest
+
+# The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
+# them; never committed). Skipped with a note where Node.js/npm are missing: the
+# tests then skip and say why (under CI=true they fail instead).
+AGENTS := tests/agents/node_modules/.bin/claude
+agents:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(AGENTS); \
+	else echo "npm not found: the Claude Code tests will be skipped (install nodejs and npm)"; fi
+
+$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+	cd tests/agents && npm ci --no-audit --no-fund --loglevel=error
+	touch $(AGENTS)
 
 # The whole kill -9 campaign: 200 rounds with power cuts (~15 min on 2 cores);
 # `make test` runs 20 of them. Prints the invariant table; fails if one does not hold.
