@@ -40,6 +40,7 @@ import orjson
 
 from sessiond.integrations.claude_permission import READ_TOOLS, risk_of
 from sessiond.sdk import Run, StopRun, connect
+from sessiond.wire import Connection, RemoteError
 
 # Off: the CLI's own update checks, telemetry and other traffic besides the model.
 QUIET_ENV = {
@@ -52,16 +53,47 @@ PERMISSION_TOOL = "mcp__sessiond__permission"
 
 
 def _wake_text(ctx: dict[str, Any]) -> str:
-    """The text of the messages that woke this turn, if any."""
-    out = []
-    for wake in ctx.get("wakes") or []:
-        details = wake.get("details") if isinstance(wake, dict) else None
-        for where in (wake, details if isinstance(details, dict) else {}):
-            text = where.get("text") if isinstance(where, dict) else None
-            if isinstance(text, str) and text:
-                out.append(text)
-                break
-    return "\n\n".join(out)
+    """The text of the messages waiting for this turn (a ``message`` wake), if any."""
+    texts = [m.get("text") for m in ctx.get("mailbox") or [] if isinstance(m, dict)]
+    return "\n\n".join(t for t in texts if isinstance(t, str) and t)
+
+
+def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]:
+    """The answer to ``call`` from the log (``log`` is granted by default): the
+    context is the session as the turn began, before the answer."""
+    try:
+        with Connection(Path(os.environ["SESSIOND_SOCKET"]), 30,
+                        token=os.environ["SESSIOND_TOKEN"]) as conn:  # fmt: skip
+            records = conn.call("log", {"name": run.session, "limit": 20,
+                                        "types": ["approval.granted", "approval.denied"]})  # fmt: skip
+        return [
+            dict(r["data"], status="granted" if r["type"] == "approval.granted" else "denied")
+            for r in records
+            if isinstance(r, dict) and r.get("data", {}).get("call") == call
+        ]
+    except (RemoteError, OSError, KeyError, TypeError):  # `log` not granted
+        return list(ctx.get("approvals") or [])
+
+
+def _answer_note(approvals: list[dict[str, Any]], call: str) -> tuple[str, str]:
+    """How a person answered the question the last run stopped at: (status, note
+    for the model)."""
+    for a in approvals:
+        if a.get("call") != call:
+            continue
+        tool = a.get("tool", "the tool")
+        if a.get("status") == "denied":
+            why = f": {a['reason']}" if a.get("reason") else ""
+            return "denied", (
+                f"sessiond: a person denied your call to {tool}{why}. It was not run; do not "
+                "make it again."
+            )
+        if a.get("status") == "granted":
+            return "granted", (
+                f"sessiond: a person approved your call to {tool}. Make the call again: it "
+                "runs now, once."
+            )
+    return "", ""
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -172,17 +204,19 @@ class Driver:
                 # the run: the response must be in the log by then).
                 self.flush()
             return
-        self.flush()
-        if kind == "user":
-            for block in (event.get("message") or {}).get("content") or []:
-                if isinstance(block, dict) and block.get("type") == "tool_result":
-                    self.tool_result(block)
-        elif kind == "result":
+        if kind == "result":
             self.cost = float(event.get("total_cost_usd") or 0.0)
             usage = event.get("usage") or {}
             tin = sum(int(usage.get(k) or 0) for k in ("input_tokens",
                       "cache_creation_input_tokens", "cache_read_input_tokens"))  # fmt: skip
             self.totals = (tin, int(usage.get("output_tokens") or 0))
+            self.flush(last=True)
+            return
+        self.flush()
+        if kind == "user":
+            for block in (event.get("message") or {}).get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    self.tool_result(block)
 
     def flush(self, *, last: bool = False) -> None:
         message, self.pending = self.pending, None
@@ -296,23 +330,27 @@ def main() -> int:
         driver = Driver(run, settings, home)
         saved = home / "session-id"
         turn_file = home / "turn"
+        asked_file = home / "asked"
         resume = saved.read_text().strip() if saved.exists() else None
         same_turn = turn_file.exists() and turn_file.read_text().strip() == str(run.turn)
+        asked = asked_file.read_text().strip() if asked_file.exists() else ""
+        status, note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ("", "")
         if same_turn and resume:
-            prompt = (
-                "sessiond: this turn continues after a person answered the question about "
-                "your last tool call. Make the call again: it runs if it was approved, and "
-                "is refused with the reason if it was denied."
-            )
+            # The turn goes on after a question (or a stop): the CLI's session resumes.
+            prompt = note or "sessiond: this turn continues where it stopped."
         else:
             wake = _wake_text(ctx)
-            prompt = "\n\n".join(p for p in (settings.get("prompt") or "", wake) if p)
+            prompt = "\n\n".join(p for p in (note, settings.get("prompt") or "", wake) if p)
             prompt = prompt or "Continue with your goal: " + (ctx.get("goal") or "")
         turn_file.write_text(str(run.turn))
+        asked_file.unlink(missing_ok=True)
         cwd = os.getcwd()
         code = driver.cli(prompt, resume, cwd)
         if driver.session_id:
             saved.write_text(driver.session_id)
+        questions = [n.split()[1] for n in driver.asked if n.startswith("ask ")]
+        if questions:
+            asked_file.write_text(questions[-1])
         if any(n.startswith(("ask", "stop")) for n in driver.asked):
             # A person must answer (or the daemon stops the run): the turn goes on
             # in a later run, which resumes the CLI's session.

@@ -118,8 +118,10 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
         assert responded[0]["data"]["model"] == "stub-model"
         assert responded[0]["data"]["tokens_in"] == 120
         assert responded[1]["data"]["text"].startswith("Writing it.")
-        state = d.json("show", "cc")
-        assert state["tokens_in"] >= 120 + 150 and state["tokens_out"] > 0
+        # the last response of a CLI run brings the run's totals (its result line);
+        # the run the question stopped has what the stream showed of each response
+        assert responded[2]["data"]["tokens_out"] + responded[3]["data"]["tokens_out"] == 40
+        assert d.json("show", "cc")["budget_used"]["tokens"] >= 120 + 150 + 100 + 100 + 40
 
         # The next wake resumes the CLI's session: the whole history is sent again.
         d.ctl("send", "cc", "Anything else?", check=True)
@@ -162,16 +164,27 @@ def test_a_person_denies_and_the_model_is_told_why(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     write = {"file_path": str(ws / "b.txt"), "content": "x\n"}
-    script = [Turn(tool("Write", **write)), Turn(tool("Write", **write)), Turn(text("Fine."))]
+    script = [
+        Turn(tool("Write", **write)),
+        Turn(text("Fine.")),  # the turn goes on at the next wake, told the answer
+        Turn(text("Next.")),  # then the message that woke it starts the next turn
+    ]
     with Endpoint(script) as ep, running(env=_env(ep)) as d:
         spec = d.write_spec("cc", _spec(ws, allow="", ask='"Write"'))
         d.ctl("create", str(spec), check=True)
         d.ctl("activate", "cc", check=True)
         wait_event(d, "cc", "approval.requested", timeout=120)
         wait_for(lambda: _state(d) == "blocked", 60, "the session blocked on the question")
-        d.ctl("deny", "cc", check=True)
-        wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
+        d.ctl("deny", "cc", "--reason", "not today", check=True)
+        wait_for(lambda: _state(d) == "sleeping", 60, "the session sleeps on the denial")
+        assert len(ep.requests) == 1
+        # The next wake continues the turn: the CLI's session resumes and the model is
+        # told the answer; the message itself starts the turn after it.
+        d.ctl("send", "cc", "What now?", check=True)
+        wait_event(d, "cc", "model.responded", match=lambda r: r["data"]["text"] == "Next.",
+                   timeout=120)  # fmt: skip
+        wait_for(lambda: _state(d) == "sleeping", 60, "the turns ended")
         assert not (ws / "b.txt").exists()
-        told = _tool_results(ep.requests[-1])
-        assert any("denied" in repr(b) for b in told)
+        assert "denied your call to Write: not today" in repr(ep.requests[1]["messages"])
+        assert "What now?" in repr(ep.requests[2]["messages"])
         assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Write"]
