@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from sessiond.integrations.claude_permission import READ_TOOLS, risk_of
+from sessiond.integrations.claude_permission import risk_of
 from sessiond.sdk import Run, StopRun, connect
 from sessiond.wire import Connection, RemoteError
 
@@ -64,8 +64,8 @@ def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]
     try:
         with Connection(Path(os.environ["SESSIOND_SOCKET"]), 30,
                         token=os.environ["SESSIOND_TOKEN"]) as conn:  # fmt: skip
-            records = conn.call("log", {"name": run.session, "limit": 20,
-                                        "types": ["approval.granted", "approval.denied"]})  # fmt: skip
+            answers = ["approval.granted", "approval.denied"]
+            records = conn.call("log", {"name": run.session, "limit": 20, "types": answers})
         return [
             dict(r["data"], status="granted" if r["type"] == "approval.granted" else "denied")
             for r in records
@@ -75,25 +75,25 @@ def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]
         return list(ctx.get("approvals") or [])
 
 
-def _answer_note(approvals: list[dict[str, Any]], call: str) -> tuple[str, str]:
-    """How a person answered the question the last run stopped at: (status, note
-    for the model)."""
+def _answer_note(approvals: list[dict[str, Any]], call: str) -> str:
+    """What the model is told of a person's answer to the question the last run
+    stopped at."""
     for a in approvals:
         if a.get("call") != call:
             continue
         tool = a.get("tool", "the tool")
         if a.get("status") == "denied":
             why = f": {a['reason']}" if a.get("reason") else ""
-            return "denied", (
+            return (
                 f"sessiond: a person denied your call to {tool}{why}. It was not run; do not "
                 "make it again."
             )
         if a.get("status") == "granted":
-            return "granted", (
+            return (
                 f"sessiond: a person approved your call to {tool}. Make the call again: it "
                 "runs now, once."
             )
-    return "", ""
+    return ""
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -258,7 +258,7 @@ class Driver:
         else:  # allowed up front, or refused by --disallowedTools: never asked
             answer = self.run._call(
                 "sdk.step", kind="tool", name=name, ordinal=1, key=f"cc.{use_id}",
-                args=tool_input, risk=risk_of(name) if name in READ_TOOLS else risk_of(name),
+                args=tool_input, risk=risk_of(name),
             )  # fmt: skip
             if answer.get("status") != "run":
                 return  # denied (recorded with the policy's rule), or the run stops
@@ -307,7 +307,7 @@ class Driver:
                 os.close(os.open(self.rundir / "notice", os.O_WRONLY | os.O_NONBLOCK))
         return code
 
-    def store_transcript(self, cwd: str) -> None:
+    def store_transcript(self) -> None:
         """The CLI's transcript, as an artifact of the session: a fork or another
         machine can put it back in place and ``--resume``."""
         found = list((self.home / ".claude" / "projects").glob(f"*/{self.session_id}.jsonl"))
@@ -334,7 +334,7 @@ def main() -> int:
         resume = saved.read_text().strip() if saved.exists() else None
         same_turn = turn_file.exists() and turn_file.read_text().strip() == str(run.turn)
         asked = asked_file.read_text().strip() if asked_file.exists() else ""
-        status, note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ("", "")
+        note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ""
         if same_turn and resume:
             # The turn goes on after a question (or a stop): the CLI's session resumes.
             prompt = note or "sessiond: this turn continues where it stopped."
@@ -356,7 +356,7 @@ def main() -> int:
             # in a later run, which resumes the CLI's session.
             print(f"sessiond: the CLI was stopped: {driver.asked[-1]}", file=sys.stderr)
             return 0
-        driver.store_transcript(cwd)
+        driver.store_transcript()
         if code != 0:
             print(f"sessiond: claude exited with {code}", file=sys.stderr)
             return 1

@@ -25,6 +25,7 @@ content), so the tool is declared with ``structured_output=False``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,9 @@ def risk_of(tool: str) -> dict[str, str]:
 
 
 def digest12(tool: str, tool_input: Any) -> str:
-    import hashlib
-
-    return hashlib.sha256(orjson.dumps([tool, tool_input], option=orjson.OPT_SORT_KEYS)).hexdigest()[
-        :12
-    ]
+    return hashlib.sha256(
+        orjson.dumps([tool, tool_input], option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()[:12]
 
 
 class Asker:
@@ -129,9 +128,7 @@ def serve() -> int:
         description="sessiond decides whether a tool call may run (the session's policy)",
         structured_output=False,
     )
-    async def permission(
-        tool_name: str, input: dict[str, Any], tool_use_id: str = ""
-    ) -> str:
+    async def permission(tool_name: str, input: dict[str, Any], tool_use_id: str = "") -> str:
         verdict = await anyio.to_thread.run_sync(asker.decide, tool_name, input, tool_use_id)
         if not verdict:
             # A person must answer: the driver stops the CLI; this answer never comes.

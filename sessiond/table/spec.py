@@ -32,10 +32,10 @@ from pydantic import (
 
 from sessiond.config import ProfileConfig
 from sessiond.durations import Duration
-from sessiond.table.agent_spec import ClaudeCodeSpec, driver_argv
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
+from sessiond.table.agent_spec import ClaudeCodeSpec, driver_argv
 
 MAX_SPEC_BYTES = 1 << 20
 

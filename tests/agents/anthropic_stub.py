@@ -78,6 +78,8 @@ def _events(turn: Turn, model: str, n: int) -> list[bytes]:
         )
     ]
     for i, block in enumerate(turn.blocks):
+        start: dict[str, Any]
+        delta: dict[str, Any]
         if block["type"] == "text":
             start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}

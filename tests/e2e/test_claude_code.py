@@ -106,12 +106,14 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
         wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
         assert (ws / "b.txt").read_text() == "hello\n"
         finished = {e["data"]["tool"]: e["data"] for e in _events(d, "tool.finished")}
-        assert finished["Read"]["status"] == "ok" and "hello" in finished["Read"]["result"]
+        assert finished["Read"]["status"] == "ok"
+        assert "hello" in finished["Read"]["result"]
         assert finished["Write"]["status"] == "ok"
         writes = [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Write"]
         assert len(writes) == 1  # approved once, run once
         decided = {e["data"]["tool"]: e["data"]["decision"] for e in _events(d, "policy.decided")}
-        assert decided["Write"] == "ask" and decided["Read"] == "allow"
+        assert decided["Write"] == "ask"
+        assert decided["Read"] == "allow"
 
         responded = _events(d, "model.responded")
         assert len(responded) == 4
@@ -130,12 +132,14 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
         wait_for(lambda: _state(d) == "sleeping", 60, "the second turn ended")
         last = ep.requests[-1]
         flat = repr(last["messages"])
-        assert "Copy a.txt to b.txt." in flat and "Anything else?" in flat
+        assert "Copy a.txt to b.txt." in flat
+        assert "Anything else?" in flat
         assert any("hello" in repr(b) for b in _tool_results(last))
         assert len(ep.requests) == 5
         transcripts = [e for e in _events(d, "tool.finished")
                        if e["data"]["tool"] == "claude-code.transcript"]  # fmt: skip
-        assert transcripts and transcripts[-1]["data"]["result_ref"]["ref"].startswith("sha256:")
+        assert transcripts
+        assert transcripts[-1]["data"]["result_ref"]["ref"].startswith("sha256:")
 
 
 def test_a_policy_denial_is_the_clis_own_rule_and_the_model_sees_it(tmp_path: Path) -> None:
@@ -154,9 +158,11 @@ def test_a_policy_denial_is_the_clis_own_rule_and_the_model_sees_it(tmp_path: Pa
         assert not (ws / "c.txt").exists()
         assert len(ep.requests) == 2
         result = _tool_results(ep.requests[1])
-        assert result and result[0].get("is_error")
+        assert result
+        assert result[0].get("is_error")
         decided = [e["data"] for e in _events(d, "policy.decided") if e["data"]["tool"] == "Bash"]
-        assert decided and decided[0]["decision"] == "deny"
+        assert decided
+        assert decided[0]["decision"] == "deny"
         assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]
 
 
