@@ -314,8 +314,10 @@ class Driver:
         if not found:
             return
         data = found[0].read_bytes()
+        path = found[0].relative_to(self.home / ".claude").as_posix()
         self.run.step(
-            "claude-code.transcript", lambda: data, args={"session_id": self.session_id},
+            "claude-code.transcript", lambda: data,
+            args={"session_id": self.session_id, "path": path},
             side_effect="none", idempotency="safe", resume="replay-from-event",
             key=f"cc.transcript.{self.run.run_id}",
             observe=lambda _r: f"Claude Code transcript {self.session_id} ({len(data)} bytes)",

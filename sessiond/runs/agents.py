@@ -9,10 +9,11 @@ settings can allow a tool the session's policy did not (docs/agents.md).
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import orjson
 
+from sessiond.log.store.base import Store
 from sessiond.table.spec import SessionSpec
 
 
@@ -34,3 +35,48 @@ def agent_env(spec: SessionSpec, state_dir: Path, session: str) -> dict[str, str
         "SESSIOND_CLAUDE_CODE": orjson.dumps(settings).decode(),
         "SESSIOND_AGENT_HOME": str(home),
     }
+
+
+# The step a claude-code run stores its CLI transcript with (sessiond.integrations.claude_code).
+TRANSCRIPT_TOOL = "claude-code.transcript"
+
+
+def _transcript_path(args: object) -> PurePosixPath | None:
+    """Where under CLAUDE_CONFIG_DIR the transcript goes: projects/DIR/ID.jsonl only."""
+    path = args.get("path") if isinstance(args, dict) else None
+    if not isinstance(path, str):
+        return None
+    p = PurePosixPath(path)
+    ok = len(p.parts) == 3 and p.parts[0] == "projects" and p.suffix == ".jsonl"
+    return p if ok and ".." not in p.parts and not p.is_absolute() else None
+
+
+def restore_transcript(store: Store, state_dir: Path, session: str) -> str | None:
+    """Put the last CLI transcript the session's log holds (a fork's: the parent's
+    up to the fork) in the session's private home, so its next run resumes it.
+    Returns the CLI session id restored, or None."""
+    args: dict[str, object] = {}
+    last: tuple[object, str] | None = None
+    for rec in store.read(session):
+        data = rec["data"]
+        if data.get("tool") != TRANSCRIPT_TOOL:
+            continue
+        if rec["type"] == "tool.intent":
+            args[data["call"]] = data.get("args")
+        elif rec["type"] == "tool.finished" and data.get("status") == "ok":
+            ref = data.get("result_ref")
+            if isinstance(ref, dict) and data["call"] in args:
+                last = (args[data["call"]], ref["ref"])
+    if last is None:
+        return None
+    where = _transcript_path(last[0])
+    sid = last[0].get("session_id") if isinstance(last[0], dict) else None
+    if where is None or not isinstance(sid, str) or not sid:
+        return None
+    home = agent_home(state_dir, session)
+    target = home / ".claude" / where
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    target.write_bytes(store.artifacts(session).get(last[1]))
+    (home / "session-id").write_text(sid)
+    return sid

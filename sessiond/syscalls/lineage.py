@@ -26,6 +26,7 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
+from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
 from sessiond.syscalls.views import detail
@@ -107,6 +108,11 @@ class Lineage:
         )
         if armed and self.ctx.triggers is not None:
             self.ctx.triggers.rearm(child)
+        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+            # The child resumes the CLI session as it was at the fork, in a home of its own.
+            await asyncio.to_thread(
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, new
+            )
         return detail(child)
 
     async def merge(
@@ -304,6 +310,11 @@ class Lineage:
             )
         if self.ctx.triggers is not None:
             self.ctx.triggers.rearm(s)
+        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+            # Another machine's session: its CLI session goes on from the transcript.
+            await asyncio.to_thread(
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, s.name
+            )
         return detail(s)
 
 

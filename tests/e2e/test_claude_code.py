@@ -194,3 +194,25 @@ def test_a_person_denies_and_the_model_is_told_why(tmp_path: Path) -> None:
         assert "denied your call to Write: not today" in repr(ep.requests[1]["messages"])
         assert "What now?" in repr(ep.requests[2]["messages"])
         assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Write"]
+
+
+def test_a_fork_resumes_the_clis_session_from_the_stored_transcript(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [Turn(text("Parent here.")), Turn(text("Child here."))]
+    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+        spec = d.write_spec("cc", _spec(ws, allow='"Read"'))
+        d.ctl("create", str(spec), check=True)
+        d.ctl("activate", "cc", check=True)
+        wait_for(lambda: _state(d) == "sleeping" and len(ep.requests) == 1, 120, "turn 1")
+        wait_event(d, "cc", "tool.finished",
+                   match=lambda r: r["data"]["tool"] == "claude-code.transcript")  # fmt: skip
+        d.ctl("fork", "cc", "--as", "kid", "--with-triggers", check=True)
+        d.ctl("send", "kid", "And you?", check=True)
+        wait_event(d, "kid", "model.responded",
+                   match=lambda r: r["data"]["text"] == "Child here.", timeout=120)  # fmt: skip
+        flat = repr(ep.requests[1]["messages"])
+        # the child's CLI had the parent's conversation: restored, then --resume
+        assert "Copy a.txt to b.txt." in flat
+        assert "Parent here." in flat
+        assert "And you?" in flat
