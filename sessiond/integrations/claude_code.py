@@ -148,6 +148,9 @@ class Driver:
         argv = [s.get("cli") or "claude", "-p", prompt, "--output-format", "stream-json"]
         argv += ["--verbose", "--mcp-config", str(config), "--strict-mcp-config"]
         argv += ["--permission-prompt-tool", PERMISSION_TOOL]
+        # Settings only from the private config dir: a workspace's .claude/settings*.json
+        # must not allow what the session's policy did not.
+        argv += ["--setting-sources", "user"]
         if resume:
             argv += ["--resume", resume]
         else:

@@ -82,6 +82,9 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.txt").write_text("hello\n")
+    # A workspace's own settings cannot allow what the session's policy asks about.
+    (ws / ".claude").mkdir()
+    (ws / ".claude" / "settings.json").write_text('{"permissions": {"allow": ["Write"]}}')
     write = {"file_path": str(ws / "b.txt"), "content": "hello\n"}
     script = [
         Turn(tool("Read", file_path=str(ws / "a.txt")), input_tokens=120, output_tokens=30),
