@@ -256,8 +256,11 @@ class Driver:
         error = bool(block.get("is_error"))
         text = _result_text(block)
         handed = self.rundir / "calls" / f"{use_id}.json"
-        if handed.exists():  # the permission tool began it
-            call = orjson.loads(handed.read_bytes())["call"]
+        if handed.exists():  # the permission tool asked the daemon about it
+            began = orjson.loads(handed.read_bytes())
+            if began.get("status", "run") != "run":
+                return  # denied (recorded so), or finished earlier in the turn: not run
+            call = began["call"]
         else:  # allowed up front, or refused by --disallowedTools: never asked
             answer = self.run._call(
                 "sdk.step", kind="tool", name=name, ordinal=1, key=f"cc.{use_id}",

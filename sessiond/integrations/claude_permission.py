@@ -35,7 +35,8 @@ import orjson
 from sessiond.wire import Connection, RemoteError
 
 # The risk contract of Claude Code's own tools; any other (Bash, WebFetch, MCP
-# tools) is the safe default, external-write.
+# tools) is the safe default, external-write. (sessiond.table.agent_spec has the
+# same sets, for the spec's check of allowed_tools against the policy.)
 READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "WebSearch"})
 WORKSPACE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit"})
 
@@ -93,11 +94,13 @@ class Asker:
         except (RemoteError, OSError) as exc:
             return {"behavior": "deny", "message": f"sessiond could not decide: {exc}"}
         status = answer["status"]
-        if status == "run":
+        if status in ("run", "denied", "replayed") and tool_use_id:
+            # For the driver: this call is recorded (it finishes a "run" one).
             self.calls.mkdir(exist_ok=True)
             tmp = self.calls / f".{tool_use_id}.tmp"
-            tmp.write_bytes(orjson.dumps({"call": answer["call"], "key": key}))
+            tmp.write_bytes(orjson.dumps({"call": answer["call"], "key": key, "status": status}))
             tmp.rename(self.calls / f"{tool_use_id}.json")
+        if status == "run":
             return {"behavior": "allow", "updatedInput": tool_input}
         if status == "replayed":
             result = answer.get("result")

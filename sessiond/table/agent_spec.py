@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,6 +20,35 @@ DRIVER = ["-m", "sessiond.integrations.claude_code"]
 
 # Claude Code's tool names (Read, Bash, mcp__server__tool) and its rule forms (Bash(git *)).
 TOOL_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\(.{1,500}\))?")
+
+
+# The side effect of Claude Code's own tools (any other, Bash or an MCP tool, is
+# external-write); sessiond.integrations.claude_permission declares the same.
+READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "WebSearch"})
+WORKSPACE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit"})
+
+
+def side_effect_of(tool: str) -> str:
+    if tool in READ_TOOLS:
+        return "read"
+    return "workspace-write" if tool in WORKSPACE_TOOLS else "external-write"
+
+
+def check_allowed_tools(tools: list[str], policy: Any) -> None:
+    """A tool the CLI runs without asking (``allowed_tools``) must be one the
+    session's policy allows (or denies: the deny list is the CLI's too, and wins).
+    Else the CLI would run what the policy asks a person about."""
+    from sessiond.table.policy import decide  # policy imports spec, which imports this
+
+    for rule in tools:
+        name = rule.split("(", 1)[0]
+        verdict = decide(policy, name, side_effect_of(name))
+        if verdict.decision == "ask":
+            raise ValueError(
+                f"claude_code.allowed_tools: {rule!r} would run without asking, but the "
+                f"session's policy asks a person about {name} ({verdict.rule}); add {name} "
+                "to [policy] allow, or take it out of allowed_tools"
+            )
 
 
 def driver_argv() -> list[str]:

@@ -35,7 +35,7 @@ from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
-from sessiond.table.agent_spec import ClaudeCodeSpec, driver_argv
+from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -378,6 +378,8 @@ class SessionSpec(_Strict):
                 '[claude_code] configures a run of kind "claude-code": set [run] kind = '
                 '"claude-code", or remove the table'
             )
+        if self.claude_code is not None:
+            check_allowed_tools(self.claude_code.allowed_tools, self.policy)
         return self
 
     @property

@@ -28,6 +28,10 @@ if not CLI.exists():
         allow_module_level=True,
     )
 
+# Each CLI start takes seconds (its MCP handshake with the permission tool among
+# them), and the machine is loaded.
+pytestmark = pytest.mark.timeout(400)
+
 
 def _env(ep: Endpoint) -> dict[str, str]:
     return {

@@ -3,6 +3,7 @@ for the daemon; the real CLI and daemon are in tests/e2e/test_claude_code.py).""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 from sessiond.integrations.claude_code import Driver, _answer_note
 from sessiond.integrations.claude_permission import risk_of
-from sessiond.table.agent_spec import DRIVER
+from sessiond.table.agent_spec import DRIVER, side_effect_of
 from sessiond.table.spec import BadSpec, parse_spec
 
 SPEC = """name = "cc"
@@ -24,6 +25,7 @@ max_turns = 5
 cli = "bin/claude"
 [policy]
 deny = ["WebFetch"]
+allow = ["Bash"]
 """
 
 
@@ -42,6 +44,14 @@ def test_the_claude_code_table_belongs_to_its_kind_and_names_real_tools(tmp_path
         parse_spec(other, base=tmp_path)
     with pytest.raises(BadSpec, match="not a Claude Code tool name"):
         parse_spec(SPEC.replace('"Read",', '"Read; rm -rf /",'), base=tmp_path)
+    # a tool the CLI would run unasked must be one the policy allows
+    asked = SPEC.replace('allow = ["Bash"]', 'ask = ["Read"]\nallow = ["Bash"]')
+    with pytest.raises(
+        BadSpec, match=re.escape("policy asks a person about Read (ask: Read); add Read")
+    ):
+        parse_spec(asked, base=tmp_path)
+    with pytest.raises(BadSpec, match=re.escape("about Bash (default: external-write asks)")):
+        parse_spec(SPEC.replace('allow = ["Bash"]', ""), base=tmp_path)
     with pytest.raises(BadSpec, match="max_turns"):
         parse_spec(SPEC.replace("max_turns = 5", "max_turns = 0"), base=tmp_path)
 
@@ -115,6 +125,11 @@ def test_a_call_the_permission_tool_began_is_only_finished_here(tmp_path: Path) 
                            "error": "no", "error_class": "execution"})]  # fmt: skip
 
 
+def test_the_spec_check_and_the_permission_tool_agree_on_each_tools_nature() -> None:
+    for tool in ["Read", "Grep", "Edit", "Write", "Bash", "WebFetch", "mcp__x__y", "Task"]:
+        assert side_effect_of(tool) == risk_of(tool)["side_effect"]
+
+
 def test_risk_follows_the_tools_nature_and_answers_are_told_to_the_model() -> None:
     assert risk_of("Grep")["side_effect"] == "read"
     assert risk_of("Edit")["side_effect"] == "workspace-write"
@@ -123,3 +138,20 @@ def test_risk_follows_the_tools_nature_and_answers_are_told_to_the_model() -> No
     denied = [{"call": "r1.2", "tool": "Write", "status": "denied", "reason": "no"}]
     assert "denied your call to Write: no" in _answer_note(denied, "r1.2")
     assert _answer_note(denied, "r1.3") == ""
+
+
+def test_a_call_the_permission_tool_refused_is_not_recorded_again(tmp_path: Path) -> None:
+    run = FakeRun()
+    driver = Driver(run, {}, tmp_path)  # type: ignore[arg-type]
+    (driver.rundir / "calls").mkdir()
+    (driver.rundir / "calls" / "tu5.json").write_text('{"call": "r1.3", "status": "replayed"}')
+    write = {"type": "tool_use", "id": "tu5", "name": "Write", "input": {"file_path": "b"}}
+    driver.line(_assistant("m1", write))
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "tu5",
+        "content": "already ran",
+        "is_error": True,
+    }
+    driver.line({"type": "user", "message": {"content": [result]}})
+    assert run.calls == []
