@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,7 +354,10 @@ def main() -> int:
         turn_file.write_text(str(run.turn))
         asked_file.unlink(missing_ok=True)
         cwd = os.getcwd()
-        code = driver.cli(prompt, resume, cwd)
+        try:
+            code = driver.cli(prompt, resume, cwd)
+        finally:  # this run's MCP config, notice pipe and call hand-offs
+            shutil.rmtree(driver.rundir, ignore_errors=True)
         if driver.session_id:
             saved.write_text(driver.session_id)
         questions = [n.split()[1] for n in driver.asked if n.startswith("ask ")]
