@@ -155,3 +155,12 @@ def test_a_call_the_permission_tool_refused_is_not_recorded_again(tmp_path: Path
     }
     driver.line({"type": "user", "message": {"content": [result]}})
     assert run.calls == []
+
+
+def test_a_transcript_is_put_back_only_under_the_private_projects_folder() -> None:
+    from sessiond.runs.agents import _transcript_path
+
+    assert str(_transcript_path({"path": "projects/-w/abc.jsonl"})) == "projects/-w/abc.jsonl"
+    for bad in ["../x/abc.jsonl", "projects/../abc.jsonl", "/etc/abc.jsonl",
+                "projects/-w/abc.sh", "projects/a/b/abc.jsonl", 7]:  # fmt: skip
+        assert _transcript_path({"path": bad}) is None
