@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit faults faults-selftest bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit agents faults faults-selftest bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,8 +48,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) agents
 	$(BIN)/pytest
+
+# The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
+# them; never committed). Skipped with a note where Node.js/npm are missing: the
+# tests then skip and say why (under CI=true they fail instead).
+AGENTS := tests/agents/node_modules/.bin/claude
+agents:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(AGENTS); \
+	else echo "npm not found: the Claude Code tests will be skipped (install nodejs and npm)"; fi
+
+$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+	cd tests/agents && npm ci --no-audit --no-fund --loglevel=error
+	touch $(AGENTS)
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
 # (tests/faults/faultfs.py, FUSE); about an hour on 2 shared cores. `make test` runs 6.

@@ -41,6 +41,7 @@ from sessiond.log.event_data import (
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record
 from sessiond.paths import program_socket
+from sessiond.runs.agents import agent_env
 from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_prefix
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
@@ -401,6 +402,7 @@ class Starter:
         env["SESSIOND_MODEL"] = profile.model
         env.update(secrets)
         env["SESSIOND_TURN"] = str(turn)  # the same in every run of the turn
+        env.update(agent_env(spec, self.ctx.config.state_dir, s.name))
         masked = set(secrets.values())
         user = self.ctx.config.run.identity()
         if user is not None:  # [run] user: its program reads its wake file

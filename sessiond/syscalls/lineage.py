@@ -26,6 +26,7 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
+from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
 from sessiond.syscalls.handover import Handovers
@@ -73,6 +74,12 @@ class Lineage:
                 update["bind"] = parent.spec.bind.model_copy(update={"files": []})
             spec = parent.spec.model_copy(update=update)
             self.ctx.store.write_spec(new, spec_to_toml(spec))
+        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+            # Before it can run: the child resumes the CLI session as it was at the
+            # fork, in a home of its own.
+            await asyncio.to_thread(
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, new
+            )
         child = Session(new, child_journal, spec, None)
         self.ctx.table.adopt(child)
         armed = spec is not None and spec.has_triggers
@@ -276,6 +283,11 @@ class Lineage:
         if spec is not None and spec.name != journal.session:
             spec = spec.model_copy(update={"name": journal.session})
             self.ctx.store.write_spec(journal.session, spec_to_toml(spec))
+        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+            # Another machine's session: its CLI session goes on from the transcript.
+            await asyncio.to_thread(
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, journal.session
+            )
         s = Session(journal.session, journal, spec, spec_text)
         self.ctx.table.adopt(s)
         state = journal.state.state

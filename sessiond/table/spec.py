@@ -35,6 +35,7 @@ from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
+from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -116,7 +117,8 @@ class SecretRef(_Strict):
 
 
 class RunSpec(_Strict):
-    kind: Literal["command", "sdk"] = "command"
+    # "claude-code": the Claude Code CLI headless, see the [claude_code] table
+    kind: Literal["command", "sdk", "claude-code"] = "command"
     exec: list[str] = Field(min_length=1)
     cwd: str = "."
     # Stored with the spec (session.created, spec.toml, bundles): never a secret here.
@@ -136,6 +138,14 @@ class RunSpec(_Strict):
     max_processes: int | None = Field(default=None, ge=1, le=4_194_304)
     # The methods its program may call on the program endpoint besides ping and sdk.*
     grants: list[str] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _driver(cls, data: object) -> object:
+        # A claude-code run's program is sessiond's driver of the CLI.
+        if isinstance(data, dict) and data.get("kind") == "claude-code" and "exec" not in data:
+            return {**data, "exec": driver_argv()}
+        return data
 
     @field_validator("grants")
     @classmethod
@@ -332,6 +342,7 @@ class SessionSpec(_Strict):
     policy: PolicySpec = Field(default_factory=PolicySpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     compact: CompactSpec | None = None
+    claude_code: ClaudeCodeSpec | None = None  # [run] kind = "claude-code"
     trigger: list[TriggerSpec] = Field(default_factory=list)
 
     @field_validator("name")
@@ -358,6 +369,18 @@ class SessionSpec(_Strict):
                     "characters; write a pattern that needs at least one (e.g. '+' for '*')"
                 )
         return patterns
+
+    @model_validator(mode="after")
+    def _agent_table(self) -> SessionSpec:
+        kind = self.run.kind if self.run else None
+        if self.claude_code is not None and kind != "claude-code":
+            raise ValueError(
+                '[claude_code] configures a run of kind "claude-code": set [run] kind = '
+                '"claude-code", or remove the table'
+            )
+        if self.claude_code is not None:
+            check_allowed_tools(self.claude_code.allowed_tools, self.policy)
+        return self
 
     @property
     def has_triggers(self) -> bool:
@@ -423,6 +446,9 @@ def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str
             workspace = Path(run["cwd"])
             written = os.path.abspath(base / cwd) if isinstance(cwd, str) else str(workspace)
         data["run"] = run
+    agent = data.get("claude_code")
+    if isinstance(agent, dict) and isinstance(agent.get("cli"), str) and "/" in agent["cli"]:
+        data["claude_code"] = {**agent, "cli": os.path.normpath(os.path.join(base, agent["cli"]))}
     triggers = data.get("trigger")
     if isinstance(triggers, list):
         resolved = []

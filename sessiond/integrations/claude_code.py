@@ -1,0 +1,384 @@
+"""The driver of a ``kind = "claude-code"`` run: the Claude Code CLI headless.
+
+The daemon starts this module as the run's program (an ``sdk`` program: steps,
+approvals and replay are the SDK's). It runs ``claude -p PROMPT --output-format
+stream-json --verbose`` with a private ``HOME``/``CLAUDE_CONFIG_DIR`` (kept from
+run to run under the state dir), and reads the stream as it comes:
+
+- each assistant message is a model step: ``model.requested``/``model.responded``
+  with its tokens (the last one of a CLI run carries the run's totals and cost);
+- each tool call is a tool step. Calls the CLI asks about go through the
+  permission tool (sessiond.integrations.claude_permission), which begins the
+  step under the session's policy; calls it was told to allow up front
+  (``allowed_tools``) or to refuse (the policy's ``deny``, as
+  ``--disallowedTools``) are recorded here as the stream shows them. The end of
+  each (``tool.finished`` with the result) is recorded from the tool result.
+
+The CLI's session id is kept, so the next wake (and the next run of a turn)
+continues it with ``--resume``; its transcript is stored as an artifact at the
+end of every run (a ``claude-code.transcript`` step).
+
+A tool on the ``ask`` list stops the CLI and ends the run: the session waits
+``blocked`` until a person answers, then the next run resumes the CLI's session
+and tells the model the answer (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sessiond.integrations.claude_permission import risk_of
+from sessiond.sdk import Run, StopRun, connect
+from sessiond.wire import Connection, RemoteError
+
+# Off: the CLI's own update checks, telemetry and other traffic besides the model.
+QUIET_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+PERMISSION_TOOL = "mcp__sessiond__permission"
+
+
+def _wake_text(ctx: dict[str, Any]) -> str:
+    """The text of the messages waiting for this turn (a ``message`` wake), if any."""
+    texts = [m.get("text") for m in ctx.get("mailbox") or [] if isinstance(m, dict)]
+    return "\n\n".join(t for t in texts if isinstance(t, str) and t)
+
+
+def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]:
+    """The answer to ``call`` from the log (``log`` is granted by default): the
+    context is the session as the turn began, before the answer."""
+    try:
+        with Connection(Path(os.environ["SESSIOND_SOCKET"]), 30,
+                        token=os.environ["SESSIOND_TOKEN"]) as conn:  # fmt: skip
+            answers = ["approval.granted", "approval.denied"]
+            records = conn.call("log", {"name": run.session, "limit": 20, "types": answers})
+        return [
+            dict(r["data"], status="granted" if r["type"] == "approval.granted" else "denied")
+            for r in records
+            if isinstance(r, dict) and r.get("data", {}).get("call") == call
+        ]
+    except (RemoteError, OSError, KeyError, TypeError):  # `log` not granted
+        return list(ctx.get("approvals") or [])
+
+
+def _answer_note(approvals: list[dict[str, Any]], call: str) -> str:
+    """What the model is told of a person's answer to the question the last run
+    stopped at."""
+    for a in approvals:
+        if a.get("call") != call:
+            continue
+        tool = a.get("tool", "the tool")
+        if a.get("status") == "denied":
+            why = f": {a['reason']}" if a.get("reason") else ""
+            return (
+                f"sessiond: a person denied your call to {tool}{why}. It was not run; do not "
+                "make it again."
+            )
+        if a.get("status") == "granted":
+            return (
+                f"sessiond: a person approved your call to {tool}. Make the call again: it "
+                "runs now, once."
+            )
+    return ""
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    parts = []
+    for block in message.get("content") or []:
+        if block.get("type") == "text":
+            parts.append(block.get("text", ""))
+        elif block.get("type") == "tool_use":
+            parts.append(f"[{block.get('name')} {orjson.dumps(block.get('input')).decode()}]")
+    return "\n".join(parts)
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+    return str(content or "")
+
+
+class Driver:
+    def __init__(self, run: Run, settings: dict[str, Any], home: Path) -> None:
+        self.run = run
+        self.s = settings
+        self.home = home
+        self.rundir = home / "runs" / run.run_id
+        self.rundir.mkdir(parents=True, exist_ok=True)
+        self.pending: dict[str, Any] | None = None  # the assistant message being read
+        self.tools: dict[str, dict[str, Any]] = {}  # tool_use_id -> its block
+        self.asked: list[str] = []  # notices from the permission tool
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.session_id = ""
+        self.cost = 0.0
+        self.totals = (0, 0)
+        self.recorded = [0, 0]
+        self.flushed: set[Any] = set()  # ids of the responses recorded
+
+    # --- the CLI's command line and environment ---------------------------------------
+
+    def argv(self, prompt: str, resume: str | None) -> list[str]:
+        s = self.s
+        mcp = {
+            "mcpServers": {
+                "sessiond": {
+                    "type": "stdio",
+                    "command": sys.executable,
+                    "args": ["-m", "sessiond.integrations.claude_permission"],
+                }
+            }
+        }
+        config = self.rundir / "mcp.json"
+        config.write_bytes(orjson.dumps(mcp))
+        argv = [s.get("cli") or "claude", "-p", prompt, "--output-format", "stream-json"]
+        argv += ["--verbose", "--mcp-config", str(config), "--strict-mcp-config"]
+        argv += ["--permission-prompt-tool", PERMISSION_TOOL]
+        # Settings only from the private config dir: a workspace's .claude/settings*.json
+        # must not allow what the session's policy did not.
+        argv += ["--setting-sources", "user"]
+        if resume:
+            argv += ["--resume", resume]
+        else:
+            self.session_id = str(uuid.uuid4())
+            argv += ["--session-id", self.session_id]
+        if s.get("model"):
+            argv += ["--model", s["model"]]
+        if s.get("max_turns"):
+            argv += ["--max-turns", str(s["max_turns"])]
+        if s.get("append_system_prompt"):
+            argv += ["--append-system-prompt", s["append_system_prompt"]]
+        if s.get("bare"):
+            argv.append("--bare")
+        if s.get("allowed_tools"):
+            argv += ["--allowedTools", ",".join(s["allowed_tools"])]
+        if s.get("deny"):
+            # Pre-allowed and read-only tools never reach the permission tool: the
+            # policy's denials must be the CLI's own rules too.
+            argv += ["--disallowedTools", ",".join(s["deny"])]
+        return argv
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(QUIET_ENV)
+        env["HOME"] = str(self.home)
+        env["CLAUDE_CONFIG_DIR"] = str(self.home / ".claude")
+        env["SESSIOND_AGENT_RUNDIR"] = str(self.rundir)
+        env.pop("SESSIOND_CLAUDE_CODE", None)
+        return env
+
+    # --- the stream -----------------------------------------------------------------
+
+    def line(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "system" and event.get("subtype") == "init":
+            self.session_id = str(event.get("session_id") or self.session_id)
+            (self.home / "session-id").write_text(self.session_id)
+            return
+        if kind == "assistant":
+            message = event.get("message") or {}
+            if self.pending is not None and self.pending.get("id") != message.get("id"):
+                self.flush()
+            uses = [b for b in message.get("content") or [] if b.get("type") == "tool_use"]
+            for block in uses:
+                self.tools[block["id"]] = block
+            if message.get("id") in self.flushed:
+                return  # one more tool call of a response already recorded
+            if self.pending is None:
+                self.pending = dict(message, content=list(message.get("content") or []))
+            else:
+                self.pending["content"].extend(message.get("content") or [])
+            if uses:
+                # Recorded now, before the CLI asks about the call (a question ends
+                # the run: the response must be in the log by then).
+                self.flush()
+            return
+        if kind == "result":
+            self.cost = float(event.get("total_cost_usd") or 0.0)
+            usage = event.get("usage") or {}
+            tin = sum(int(usage.get(k) or 0) for k in ("input_tokens",
+                      "cache_creation_input_tokens", "cache_read_input_tokens"))  # fmt: skip
+            self.totals = (tin, int(usage.get("output_tokens") or 0))
+            self.flush(last=True)
+            return
+        self.flush()
+        if kind == "user":
+            for block in (event.get("message") or {}).get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    self.tool_result(block)
+
+    def flush(self, *, last: bool = False) -> None:
+        message, self.pending = self.pending, None
+        if message is None:
+            return
+        self.flushed.add(message.get("id"))
+        usage = message.get("usage") or {}
+        tin = int(usage.get("input_tokens") or 0) + int(usage.get("cache_read_input_tokens") or 0)
+        tout = int(usage.get("output_tokens") or 0)
+        if last and self.totals != (0, 0):
+            # The stream's per-message usage is what the API reported at its start;
+            # the run's totals (in the result) make the sum right.
+            tin = max(tin, self.totals[0] - self.recorded[0])
+            tout = max(tout, self.totals[1] - self.recorded[1])
+        self.recorded[0] += tin
+        self.recorded[1] += tout
+        response = dict(message, session_id=self.session_id)
+        if last:
+            response["cost_usd"] = self.cost
+        request = {"claude_session": self.session_id, "message": message.get("id")}
+        self.run.model_call(
+            str(message.get("model") or self.s.get("model") or "claude"),
+            request,
+            lambda: response,
+            key=f"cc.{message.get('id') or uuid.uuid4()}",
+            usage=lambda _r: (tin, tout),
+            text=lambda _r: _text_of(message),
+        )
+
+    def tool_result(self, block: dict[str, Any]) -> None:
+        use_id = str(block.get("tool_use_id") or "")
+        use = self.tools.get(use_id, {"name": "unknown", "input": {}})
+        name, tool_input = str(use.get("name")), use.get("input") or {}
+        error = bool(block.get("is_error"))
+        text = _result_text(block)
+        handed = self.rundir / "calls" / f"{use_id}.json"
+        if handed.exists():  # the permission tool asked the daemon about it
+            began = orjson.loads(handed.read_bytes())
+            if began.get("status", "run") != "run":
+                return  # denied (recorded so), or finished earlier in the turn: not run
+            call = began["call"]
+        else:  # allowed up front, or refused by --disallowedTools: never asked
+            answer = self.run._call(
+                "sdk.step", kind="tool", name=name, ordinal=1, key=f"cc.{use_id}",
+                args=tool_input, risk=risk_of(name),
+            )  # fmt: skip
+            if answer.get("status") != "run":
+                return  # denied (recorded with the policy's rule), or the run stops
+            call = answer["call"]
+        params: dict[str, Any] = {"call": call, "observation": f"{name}: {text[:200]}"}
+        if error:
+            params.update(status="error", error=text[:60_000], error_class="execution")
+        else:
+            params.update(status="ok", result=text)
+        self.run._call("sdk.step_done", **params)
+
+    # --- one CLI run ----------------------------------------------------------------
+
+    def watch_notices(self) -> None:
+        """The permission tool's notices: a question stops the CLI (the run ends)."""
+        notice = self.rundir / "notice"
+        os.mkfifo(notice, 0o600)
+        with open(notice, encoding="utf-8") as f:  # blocks until a writer opens it
+            for raw in f:
+                self.asked.append(raw.strip())
+                if self.proc is not None and self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def cli(self, prompt: str, resume: str | None, cwd: str) -> int:
+        threading.Thread(target=self.watch_notices, daemon=True).start()
+        self.proc = subprocess.Popen(
+            self.argv(prompt, resume), cwd=cwd, env=self.env(), stdout=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        try:
+            for raw in self.proc.stdout:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    self.line(event)
+            self.flush(last=True)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            code = self.proc.wait()
+            # the notice pipe's reader may still wait for a writer: let it end
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.rundir / "notice", os.O_WRONLY | os.O_NONBLOCK))
+        return code
+
+    def store_transcript(self) -> None:
+        """The CLI's transcript, as an artifact of the session: a fork or another
+        machine can put it back in place and ``--resume``."""
+        found = list((self.home / ".claude" / "projects").glob(f"*/{self.session_id}.jsonl"))
+        if not found:
+            return
+        data = found[0].read_bytes()
+        path = found[0].relative_to(self.home / ".claude").as_posix()
+        self.run.step(
+            "claude-code.transcript", lambda: data,
+            args={"session_id": self.session_id, "path": path},
+            side_effect="none", idempotency="safe", resume="replay-from-event",
+            key=f"cc.transcript.{self.run.run_id}",
+            observe=lambda _r: f"Claude Code transcript {self.session_id} ({len(data)} bytes)",
+        )  # fmt: skip
+
+
+def main() -> int:
+    settings = json.loads(os.environ.get("SESSIOND_CLAUDE_CODE") or "{}")
+    home = Path(os.environ["SESSIOND_AGENT_HOME"])
+    with connect() as run:
+        ctx = run.context()
+        driver = Driver(run, settings, home)
+        saved = home / "session-id"
+        turn_file = home / "turn"
+        asked_file = home / "asked"
+        resume = saved.read_text().strip() if saved.exists() else None
+        same_turn = turn_file.exists() and turn_file.read_text().strip() == str(run.turn)
+        asked = asked_file.read_text().strip() if asked_file.exists() else ""
+        note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ""
+        if same_turn and resume:
+            # The turn goes on after a question (or a stop): the CLI's session resumes.
+            prompt = note or "sessiond: this turn continues where it stopped."
+        else:
+            wake = _wake_text(ctx)
+            prompt = "\n\n".join(p for p in (note, settings.get("prompt") or "", wake) if p)
+            prompt = prompt or "Continue with your goal: " + (ctx.get("goal") or "")
+        turn_file.write_text(str(run.turn))
+        asked_file.unlink(missing_ok=True)
+        cwd = os.getcwd()
+        try:
+            code = driver.cli(prompt, resume, cwd)
+        finally:  # this run's MCP config, notice pipe and call hand-offs
+            shutil.rmtree(driver.rundir, ignore_errors=True)
+        if driver.session_id:
+            saved.write_text(driver.session_id)
+        questions = [n.split()[1] for n in driver.asked if n.startswith("ask ")]
+        if questions:
+            asked_file.write_text(questions[-1])
+        if any(n.startswith(("ask", "stop")) for n in driver.asked):
+            # A person must answer (or the daemon stops the run): the turn goes on
+            # in a later run, which resumes the CLI's session.
+            print(f"sessiond: the CLI was stopped: {driver.asked[-1]}", file=sys.stderr)
+            return 0
+        driver.store_transcript()
+        if code != 0:
+            print(f"sessiond: claude exited with {code}", file=sys.stderr)
+            return 1
+        run.sleep()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except StopRun as stop:
+        print(f"sessiond: {stop}", file=sys.stderr)
+        raise SystemExit(0) from None

@@ -1,0 +1,82 @@
+"""What a run of an agent CLI kind (``kind = "claude-code"``) gets besides a
+program's environment: its settings, and a private home that lasts from run to
+run (the CLI's config, its session transcripts), owner-only, under the state dir.
+
+A private ``HOME`` and ``CLAUDE_CONFIG_DIR`` mean no user's or workspace's
+settings can allow a tool the session's policy did not (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+import orjson
+
+from sessiond.log.store.base import Store
+from sessiond.table.spec import SessionSpec
+
+
+def agent_home(state_dir: Path, session: str) -> Path:
+    return state_dir / "agents" / session
+
+
+def agent_env(spec: SessionSpec, state_dir: Path, session: str) -> dict[str, str]:
+    """SESSIOND_CLAUDE_CODE (the [claude_code] table and the policy's deny list, as
+    JSON) and SESSIOND_AGENT_HOME; nothing for other kinds."""
+    if spec.run is None or spec.run.kind != "claude-code":
+        return {}
+    home = agent_home(state_dir, session)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    settings = spec.claude_code.model_dump(mode="json") if spec.claude_code else {}
+    settings["deny"] = list(spec.policy.deny)
+    return {
+        "SESSIOND_CLAUDE_CODE": orjson.dumps(settings).decode(),
+        "SESSIOND_AGENT_HOME": str(home),
+    }
+
+
+# The step a claude-code run stores its CLI transcript with (sessiond.integrations.claude_code).
+TRANSCRIPT_TOOL = "claude-code.transcript"
+
+
+def _transcript_path(args: object) -> PurePosixPath | None:
+    """Where under CLAUDE_CONFIG_DIR the transcript goes: projects/DIR/ID.jsonl only."""
+    path = args.get("path") if isinstance(args, dict) else None
+    if not isinstance(path, str):
+        return None
+    p = PurePosixPath(path)
+    ok = len(p.parts) == 3 and p.parts[0] == "projects" and p.suffix == ".jsonl"
+    return p if ok and ".." not in p.parts and not p.is_absolute() else None
+
+
+def restore_transcript(store: Store, state_dir: Path, session: str) -> str | None:
+    """Put the last CLI transcript the session's log holds (a fork's: the parent's
+    up to the fork) in the session's private home, so its next run resumes it.
+    Returns the CLI session id restored, or None."""
+    args: dict[str, object] = {}
+    last: tuple[object, str] | None = None
+    for rec in store.read(session):
+        data = rec["data"]
+        if data.get("tool") != TRANSCRIPT_TOOL:
+            continue
+        if rec["type"] == "tool.intent":
+            args[data["call"]] = data.get("args")
+        elif rec["type"] == "tool.finished" and data.get("status") == "ok":
+            ref = data.get("result_ref")
+            if isinstance(ref, dict) and data["call"] in args:
+                last = (args[data["call"]], ref["ref"])
+    if last is None:
+        return None
+    where = _transcript_path(last[0])
+    sid = last[0].get("session_id") if isinstance(last[0], dict) else None
+    if where is None or not isinstance(sid, str) or not sid:
+        return None
+    home = agent_home(state_dir, session)
+    target = home / ".claude" / where
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    target.write_bytes(store.artifacts(session).get(last[1]))
+    (home / "session-id").write_text(sid)
+    return sid
