@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import structlog
+import structlog.tracebacks
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -29,13 +30,21 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if as_json:
+        # Tracebacks without the frames' locals: a local may be a secret (a web
+        # login's token, a run's token, a request's query) and this log is read by
+        # more people than the state dir (the journal).
+        tracebacks = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
         processors += [
-            structlog.processors.dict_tracebacks,
+            structlog.processors.ExceptionRenderer(tracebacks),
             structlog.processors.JSONRenderer(serializer=orjson.dumps),
         ]
         factory: Any = structlog.BytesLoggerFactory(file=sys.stderr.buffer)
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+        processors.append(
+            structlog.dev.ConsoleRenderer(
+                colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+            )
+        )
         factory = structlog.PrintLoggerFactory(file=sys.stderr)
     structlog.configure(
         processors=processors,

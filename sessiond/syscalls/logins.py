@@ -27,7 +27,9 @@ TOKEN_BYTES = 32
 
 
 def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    # surrogateescape: a header of non-UTF-8 bytes (aiohttp keeps them as surrogates)
+    # is a wrong token like any other, not an exception
+    return hashlib.sha256(token.encode(errors="surrogateescape")).hexdigest()
 
 
 @dataclass(frozen=True)

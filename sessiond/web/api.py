@@ -36,6 +36,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _int(text: str, what: str) -> int:
+    if len(text) > 20:  # int() of thousands of digits raises (and costs) before any check
+        raise InvalidInput(f"{what} must be a whole number of at most 20 digits")
     try:
         return int(text)
     except ValueError:
@@ -162,10 +164,12 @@ class Api:
         q = request.query
         types = [t for t in q.get("type", "").split(",") if t]
         limit = min(_int(q.get("limit", str(TIMELINE_LIMIT)), "limit"), TIMELINE_LIMIT)
+        if limit < 1:
+            raise InvalidInput(f"limit must be at least 1 (got {limit})")
         until = _bound(q.get("until", ""), self.kernel.store.clock())
         since: int | str = q.get("since") or 1
         if isinstance(since, str) and since.isdigit():
-            since = int(since)
+            since = _int(since, "since")
         records = await self.kernel.log_(
             name, since, types or None, 0 if until else limit, grep=q.get("grep") or None
         )

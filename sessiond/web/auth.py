@@ -23,7 +23,7 @@ import hmac
 import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -40,8 +40,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Login:
     user: str
     uid: int | None  # of the operator who minted it with `sessionctl web`
-    token: str
-    by_cookie: bool
+    token: str = field(repr=False)  # a secret: never in a log line or a traceback
+    by_cookie: bool = False
 
 
 class Auth:
@@ -52,7 +52,8 @@ class Auth:
         self._key = secrets.token_bytes(32)  # CSRF tokens live as long as the daemon
 
     def csrf(self, token: str) -> str:
-        return hmac.new(self._key, hashlib.sha256(token.encode()).digest(), "sha256").hexdigest()
+        raw = token.encode(errors="surrogateescape")
+        return hmac.new(self._key, hashlib.sha256(raw).digest(), "sha256").hexdigest()
 
     def login_of(self, request: web.Request) -> Login | None:
         header = request.headers.get("Authorization", "")

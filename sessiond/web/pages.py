@@ -97,7 +97,9 @@ class Pages:
         name = request.match_info["name"]
         detail = await self.kernel.show(name)
         gate = await self.kernel.gate(name)
-        messages = await self.kernel.replay(name, view="messages") if detail["seq"] else []
+        # the messages view is paged (a dict with the page's messages): its first page
+        page = await self.kernel.replay(name, view="messages") if detail["seq"] else {}
+        messages = page.get("messages", [])
         # the newest events that name artifacts, not the whole log (it may be long)
         named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
         refs = artifact_refs(named)
