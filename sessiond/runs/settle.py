@@ -134,6 +134,7 @@ class Settler:
                 ),
                 correlation=call_id,
             )
+            ctx.fault("after-observation")  # test only: the call closed, the run not
         ends_turn = self._ends_turn(s, outcome)
         if ends_turn:
             await self._close_unstarted(s)
