@@ -370,6 +370,7 @@ class DaemonConfig(_Strict):
             "during-work",
             "after-finished",
             "after-observation",
+            "after-run-finished",
             # the hand-over (migrate --to), at the source: after migration.started;
             # after the target holds its copy arriving; after the commit
             "migrate-after-started",

@@ -177,6 +177,21 @@ class Recovery:
             )
             log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
             return False
+        last = s.j.state.last_run or {}
+        if not current and s.j.state.turn is None and last.get("ends_turn"):
+            # Its run.finished ended the turn; only the session's next state is
+            # missing. Going on through the gate would start a turn nobody asked
+            # for: a one-shot command would run twice. A command's end calls for
+            # what after_run decides; an sdk program's own word (sleep or complete)
+            # died with the daemon, so it sleeps: nothing runs until a wake.
+            spec = s.spec
+            if spec is not None and spec.run is not None and spec.run.kind == "command":
+                outcome = Outcome(last["status"], last.get("exit_code"), None, 0, b"", b"", 0, 0)
+                await self.settler.after_run(s, outcome)
+            else:
+                await ctx.transition(s, "sleeping", why="recover", reason=f"{note}; turn ended")
+            log.warning("session.cut_off", session=s.name, reason="after run.finished")
+            return False
         if current:
             await ctx.table.append(
                 s, RunFinished(run=current["run"], status="lost", error=note, ends_turn=False)

@@ -164,6 +164,7 @@ class Settler:
             ),
         )
         log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
+        ctx.fault("after-run-finished")  # test only: the run's end on record, not what follows
         await self._after_finish(s, outcome)
 
     # --- the turn (DESIGN.md section 8) ----------------------------------------------

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import shutil
 
-from tests.e2e.harness import Daemon, short_dir, wait_for
+from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 from tests.faults.checks import records
 
 SPEC = """name = "job"
 [run]
-exec = ["sh", "-c", "echo begin t$SESSIOND_TURN >> turns.txt; echo end t$SESSIOND_TURN >> turns.txt"]
+exec = ["sh", "-c", "t=t$SESSIOND_TURN; echo begin $t >> turns.txt; echo end $t >> turns.txt"]
 cwd = "."
 writes = ["turns.txt"]
 idempotency = "unsafe"
@@ -51,6 +51,46 @@ def test_a_crash_after_the_observation_never_runs_the_turn_again() -> None:
         assert "daemon restarted during run" in ended["error"]
         started = d.json("log", "job", "--type", "run.started")
         assert [r["data"]["turn"] for r in started][:2] == [1, 2]
+        d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+ONCE = """name = "once"
+[run]
+exec = ["sh", "-c", "echo ran t$SESSIOND_TURN >> runs.txt"]
+cwd = "."
+writes = ["runs.txt"]
+idempotency = "unsafe"
+resume = "require-user-confirmation"
+retries = 0
+"""
+
+
+def test_a_crash_after_the_run_ended_its_turn_runs_nothing_more() -> None:
+    """The same one step later: ``run.finished`` (the turn ended) on record, the
+    session's next state not. A session with no trigger is done after its one run;
+    the restart must complete it, not start a turn nobody asked for."""
+    root = short_dir()
+    try:
+        d = Daemon(root, 'fault = "after-run-finished"\n')
+        d.start()
+        d.ctl("create", str(d.write_spec("once", ONCE)), check=True)
+        d.ctl("activate", "once")
+        assert d.proc is not None
+        assert d.proc.wait(30) == -9
+        runs = root / "runs.txt"
+        assert runs.read_text() == "ran t1\n"
+        log = d.state_dir / "sessions" / "once" / "events.jsonl"
+        assert [r["data"]["ends_turn"] for r in records(log, b"run.finished")] == [True]
+        d.config.write_text('log_format = "json"\nstop_grace = "2s"\n')
+        d.start()
+        done = wait_event(
+            d, "once", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
+        )
+        assert done["data"]["outcome"] == "completed"
+        assert runs.read_text() == "ran t1\n"
+        assert len(records(log, b"run.started")) == 1
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
