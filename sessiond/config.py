@@ -369,6 +369,8 @@ class DaemonConfig(_Strict):
             "after-record",
             "during-work",
             "after-finished",
+            "after-observation",
+            "after-run-finished",
             # the hand-over (migrate --to), at the source: after migration.started;
             # after the target holds its copy arriving; after the commit
             "migrate-after-started",

@@ -140,22 +140,27 @@ class Recovery:
             for k, c in s.j.state.calls.items()
             if c["tool"] == "command" and c["stage"] == "finished"
         ]
-        if finished:
+        observed = _observed_ok(s.j.state.turn, s.j.state.calls) if current else None
+        if finished or observed is not None:
             # The command ran to its end before the crash: its work is done.
-            # Record the observation and the run's end; running it again would
-            # do it twice.
-            call_id, call = finished[0]
-            result = call.get("finished") or {}
-            await ctx.table.append(
-                s,
-                ObservationProjected(
-                    call=call_id,
-                    tool="command",
-                    source="rebuilt",
-                    text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
-                ),
-                correlation=call_id,
-            )
+            # Record the observation (unless it is on record: the crash came between
+            # it and run.finished) and the run's end; running it again would do it
+            # twice, in the same turn (found by the kill -9 campaign with a power cut).
+            if finished:
+                call_id, call = finished[0]
+                result = call.get("finished") or {}
+                await ctx.table.append(
+                    s,
+                    ObservationProjected(
+                        call=call_id,
+                        tool="command",
+                        source="rebuilt",
+                        text=f"exit {result.get('exit_code')} (recorded before a daemon restart)",
+                    ),
+                    correlation=call_id,
+                )
+            else:  # tool.finished said ok, which only exit 0 is
+                result = {"status": "ok", "exit_code": 0}
             status = "ok" if result.get("status") == "ok" else "failed"
             await ctx.table.append(
                 s,
@@ -172,6 +177,21 @@ class Recovery:
             )
             log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
             return False
+        last = s.j.state.last_run or {}
+        if not current and s.j.state.turn is None and last.get("ends_turn"):
+            # Its run.finished ended the turn; only the session's next state is
+            # missing. Going on through the gate would start a turn nobody asked
+            # for: a one-shot command would run twice. A command's end calls for
+            # what after_run decides; an sdk program's own word (sleep or complete)
+            # died with the daemon, so it sleeps: nothing runs until a wake.
+            spec = s.spec
+            if spec is not None and spec.run is not None and spec.run.kind == "command":
+                outcome = Outcome(last["status"], last.get("exit_code"), None, 0, b"", b"", 0, 0)
+                await self.settler.after_run(s, outcome)
+            else:
+                await ctx.transition(s, "sleeping", why="recover", reason=f"{note}; turn ended")
+            log.warning("session.cut_off", session=s.name, reason="after run.finished")
+            return False
         if current:
             await ctx.table.append(
                 s, RunFinished(run=current["run"], status="lost", error=note, ends_turn=False)
@@ -180,3 +200,15 @@ class Recovery:
         log.warning("session.cut_off", session=s.name, reason=note)
         # A restart is a continuation like any other: replay, gate, then run.
         return True
+
+
+def _observed_ok(turn: dict[str, Any] | None, calls: dict[str, Any]) -> str | None:
+    """The call of the open turn's command step if it finished ``ok`` and its
+    observation is on record (which closes the call: it is no longer in ``calls``):
+    the run's own command, whose run.finished the crash cut off. A command run's
+    call is started in the same write as its ``running``, which makes it the
+    turn's command step, so an ``ok`` step here is this run's, never an older one."""
+    step = (turn or {}).get("steps", {}).get("command")
+    if step is None or step["status"] != "ok" or step["call"] in calls:
+        return None
+    return str(step["call"])

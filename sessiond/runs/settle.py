@@ -134,6 +134,7 @@ class Settler:
                 ),
                 correlation=call_id,
             )
+            ctx.fault("after-observation")  # test only: the call closed, the run not
         ends_turn = self._ends_turn(s, outcome)
         if ends_turn:
             await self._close_unstarted(s)
@@ -163,6 +164,7 @@ class Settler:
             ),
         )
         log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
+        ctx.fault("after-run-finished")  # test only: the run's end on record, not what follows
         await self._after_finish(s, outcome)
 
     # --- the turn (DESIGN.md section 8) ----------------------------------------------
