@@ -56,6 +56,8 @@ FAULT_POINTS = [
     "after-record",
     "during-work",
     "after-finished",
+    "after-observation",
+    "after-run-finished",
 ]
 BASE = 'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
 
