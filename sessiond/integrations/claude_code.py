@@ -50,6 +50,12 @@ QUIET_ENV = {
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
 }
+# The CLI gives an MCP server 5 s to connect (MCP_CONNECT_TIMEOUT_MS) and then goes
+# on without it. Without the permission tool a call the policy asks about is not
+# put to a person: the CLI refuses it itself and asks the model again. Our server
+# (Python, the MCP SDK) can take longer than that to start on a loaded machine,
+# so the CLI waits for it.
+MCP_ENV = {"MCP_CONNECT_TIMEOUT_MS": "120000", "MCP_TIMEOUT": "120000"}
 PERMISSION_TOOL = "mcp__sessiond__permission"
 
 
@@ -176,6 +182,7 @@ class Driver:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(QUIET_ENV)
+        env.update(MCP_ENV)
         env["HOME"] = str(self.home)
         env["CLAUDE_CONFIG_DIR"] = str(self.home / ".claude")
         env["SESSIOND_AGENT_RUNDIR"] = str(self.rundir)
