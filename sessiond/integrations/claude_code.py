@@ -256,6 +256,13 @@ class Driver:
             usage=lambda _r: (tin, tout),
             text=lambda _r: _text_of(message),
         )
+        # The permission tool waits for this before it asks about the response's
+        # calls (claude_permission.Asker.wait_recorded).
+        recorded = self.rundir / "recorded"
+        recorded.mkdir(exist_ok=True)
+        for block in message.get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
+                (recorded / str(block["id"])).touch()
 
     def tool_result(self, block: dict[str, Any]) -> None:
         use_id = str(block.get("tool_use_id") or "")

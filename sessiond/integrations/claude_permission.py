@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ from sessiond.wire import Connection, RemoteError
 # The risk contract of Claude Code's own tools; any other (Bash, WebFetch, MCP
 # tools) is the safe default, external-write. (sessiond.table.agent_spec has the
 # same sets, for the spec's check of allowed_tools against the policy.)
+# How long a question waits for the driver to record the response that asks it.
+RECORD_WAIT = 30.0
 READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "WebSearch"})
 WORKSPACE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit"})
 
@@ -68,7 +71,22 @@ class Asker:
         self.session = env["SESSIOND_SESSION"]
         self.calls = Path(env["SESSIOND_AGENT_RUNDIR"]) / "calls"
         self.notice = Path(env["SESSIOND_AGENT_RUNDIR"]) / "notice"
+        self.recorded = Path(env["SESSIOND_AGENT_RUNDIR"]) / "recorded"
         self.seen: dict[str, int] = {}
+
+    def wait_recorded(self, tool_use_id: str, limit: float = RECORD_WAIT) -> None:
+        """Wait until the driver has the response that made this call on record.
+
+        The CLI writes the response to its stream, then asks us; the driver reads
+        the stream on its own time. A question ends the run, so a response the
+        driver had not recorded yet would be missing from the log (seen on a
+        loaded machine). Bounded: a CLI that asks first is answered anyway."""
+        if not tool_use_id:
+            return
+        marker = self.recorded / tool_use_id
+        deadline = time.monotonic() + limit
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def key(self, tool: str, tool_input: Any) -> str:
         """The step's key: the same for the same call in every run of the turn (a
@@ -83,6 +101,7 @@ class Asker:
             f.flush()
 
     def decide(self, tool: str, tool_input: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
+        self.wait_recorded(tool_use_id)
         key = self.key(tool, tool_input)
         params = {
             "token": self.token, "session": self.session, "kind": "tool", "name": tool,

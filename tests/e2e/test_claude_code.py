@@ -107,7 +107,7 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
         assert asked["data"]["tool"] == "Write"
         wait_for(lambda: _state(d) == "blocked", 60, "the session blocked on the question")
         assert not (ws / "b.txt").exists()  # nothing written before a person said yes
-        assert len(ep.requests) == 2
+        assert len(ep.requests) == 2, [r["messages"][-1] for r in ep.requests]
 
         d.ctl("approve", "cc", check=True)
         wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
@@ -123,7 +123,10 @@ def test_read_allowed_write_approved_then_resumed_on_the_next_wake(tmp_path: Pat
         assert decided["Read"] == "allow"
 
         responded = _events(d, "model.responded")
-        assert len(responded) == 4
+        assert len(responded) == 4, [(r["seq"], r["data"].get("text")) for r in responded] + [
+            (e["seq"], e["type"], e["data"].get("tool") or e["data"].get("status"))
+            for e in d.json("log", "cc")
+        ]
         assert responded[0]["data"]["model"] == "stub-model"
         assert responded[0]["data"]["tokens_in"] == 120
         assert responded[1]["data"]["text"].startswith("Writing it.")
