@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,9 @@ from sessiond.table.spec import parse_spec, spec_to_toml
 BIN = Path(sys.executable).parent
 
 
-def session_events(name: str, goal: str, agent: str, events: int) -> list[Draft]:
-    """What a session that has done some work holds: its creation, runs woken by
-    messages, tool calls (intent, policy, started, finished, observation), then
-    sleep — ``events`` of them in all."""
-    drafts: list[Draft] = [
-        Draft(SessionCreated(name=name, goal=goal, agent=agent)),
-        Draft(LifecycleChanged(from_state="created", to="sleeping", reason="armed")),
-    ]
+def run_cycles() -> Iterator[list[Draft]]:
+    """Run after run of a working session: a message wakes it, three tool calls
+    (intent, policy, started, finished, observation), then it sleeps again."""
     run = 0
     while True:
         run += 1
@@ -55,6 +51,18 @@ def session_events(name: str, goal: str, agent: str, events: int) -> list[Draft]
             Draft(RunFinished(run=f"r{run}", status="ok", exit_code=0, duration_ms=1500)),
             Draft(LifecycleChanged(from_state="running", to="sleeping", reason="done")),
         ]
+        yield cycle
+
+
+def session_events(name: str, goal: str, agent: str, events: int) -> list[Draft]:
+    """What a session that has done some work holds: its creation, runs woken by
+    messages, tool calls (intent, policy, started, finished, observation), then
+    sleep — ``events`` of them in all."""
+    drafts: list[Draft] = [
+        Draft(SessionCreated(name=name, goal=goal, agent=agent)),
+        Draft(LifecycleChanged(from_state="created", to="sleeping", reason="armed")),
+    ]
+    for cycle in run_cycles():
         if len(drafts) + len(cycle) > events:
             break
         drafts += cycle

@@ -32,15 +32,11 @@ from typing import Any
 
 import orjson
 
-from sessiond.bench import run_async, storage
-from sessiond.bench.daemon import BenchDaemon, rpc_latencies_ms, session_events
+from sessiond.bench import run_async
+from sessiond.bench.daemon import BenchDaemon, rpc_latencies_ms, run_cycles, session_events
 from sessiond.codec import frame, unframe
 from sessiond.log.event_data import (
-    LifecycleChanged,
     MessageReceived,
-    RunFinished,
-    RunStarted,
-    WakeRequested,
 )
 from sessiond.log.journal import Journal
 from sessiond.log.store.base import Draft, Snapshot
@@ -130,7 +126,7 @@ def _bodies(goal: str, agent: str, events: int) -> Iterator[bytes]:
     builder = RecordBuilder(TEMPLATE, time.time_ns)
     head = session_events(TEMPLATE, goal, agent, 2)
     seq = 0
-    for drafts in chain([head], _runs()):
+    for drafts in chain([head], run_cycles()):
         if seq + len(drafts) > events:
             break
         for record in builder.build(seq, drafts)[0]:
@@ -139,25 +135,6 @@ def _bodies(goal: str, agent: str, events: int) -> Iterator[bytes]:
     more = [Draft(MessageReceived(sender="bench", text="later"))] * (events - seq)
     for record in builder.build(seq, more)[0] if more else ():
         yield orjson.dumps(record)
-
-
-def _runs() -> Iterator[list[Draft]]:
-    run = 0
-    while True:
-        run += 1
-        cycle = [
-            Draft(MessageReceived(sender="bench", text=f"please do task {run}")),
-            Draft(WakeRequested(trigger="message")),
-            Draft(LifecycleChanged(from_state="sleeping", to="running", reason="message")),
-            Draft(RunStarted(run=f"r{run}", pid=1000 + run)),
-        ]
-        for call in range(3):
-            cycle += storage.tool_call(run * 10 + call)
-        cycle += [
-            Draft(RunFinished(run=f"r{run}", status="ok", exit_code=0, duration_ms=1500)),
-            Draft(LifecycleChanged(from_state="running", to="sleeping", reason="done")),
-        ]
-        yield cycle
 
 
 def _rss_once_serving(d: BenchDaemon) -> float:
