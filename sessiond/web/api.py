@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -76,19 +77,50 @@ class Api:
         return _json(await self._page(request))
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        """Server-sent events: the asked-for page now, and again after each change
-        (coalesced: a burst of appends is one page)."""
+        """Server-sent events: the asked-for page now, and again after each change."""
         first = await self._page(request)  # a bad filter is refused before the stream starts
+        return await self._sse(request, "page", lambda: self._page(request), first)
+
+    async def session_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events for one session's page: ``event: changed`` with its
+        state and last seq whenever it records something."""
+        name = request.match_info["name"]
+        session = self.kernel.table.get(name)  # no_such_session before the stream
+
+        async def changed() -> dict[str, Any]:
+            journal = session.journal
+            reason = session.held or (journal.state.reason if journal is not None else "")
+            seq = journal.state.seq if journal is not None else None
+            return {"state": session.state, "seq": seq, "reason": reason}
+
+        return await self._sse(request, "changed", changed, None, lambda who: who == name)
+
+    async def _sse(
+        self,
+        request: web.Request,
+        event: str,
+        render: Callable[[], Awaitable[Any]],
+        first: Any,
+        wanted: Callable[[str], bool] = lambda _name: True,
+    ) -> web.StreamResponse:
+        """``event`` with what ``render`` gives: ``first`` now (unless None), then
+        again after each change of a session ``wanted`` names. Coalesced, and the
+        rate bounded: at most 4 a second, and no more than a tenth of the time
+        spent rendering. Ends when the client goes or the daemon stops."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         changed = asyncio.Event()
-        unlisten = self.kernel.table.listen(lambda _name, _record: changed.set())
+        unlisten = self.kernel.table.listen(
+            lambda who, _record: changed.set() if wanted(who) else None
+        )
         closing = asyncio.ensure_future(self.server.closing.wait())
+        head = f"event: {event}\ndata: ".encode()
         took = 0.0
         try:
-            page = first
+            data = first
             while True:
-                await response.write(b"event: page\ndata: " + orjson.dumps(page) + b"\n\n")
+                if data is not None:
+                    await response.write(head + orjson.dumps(data) + b"\n\n")
                 woke = asyncio.ensure_future(changed.wait())
                 done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
                                              return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
@@ -98,53 +130,13 @@ class Api:
                 if woke not in done:
                     woke.cancel()
                     await response.write(b": keepalive\n\n")  # finds a closed connection
+                    data = None
                     continue
-                # coalesce the burst and bound the rate: at most 4 pages a second,
-                # and no more than a tenth of the time spent computing them
-                await asyncio.sleep(max(MIN_INTERVAL, 10 * took))
+                await asyncio.sleep(max(MIN_INTERVAL, 10 * took))  # coalesce the burst
                 changed.clear()
                 started = time.perf_counter()
-                page = await self._page(request)
+                data = await render()
                 took = time.perf_counter() - started
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            unlisten()
-            closing.cancel()
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
-        return response
-
-    async def session_stream(self, request: web.Request) -> web.StreamResponse:
-        """Server-sent events for one session's page: ``event: changed`` with its
-        state and last seq whenever it records something (coalesced as above)."""
-        name = request.match_info["name"]
-        session = self.kernel.table.get(name)  # no_such_session before the stream
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        changed = asyncio.Event()
-        unlisten = self.kernel.table.listen(
-            lambda who, _record: changed.set() if who == name else None
-        )
-        closing = asyncio.ensure_future(self.server.closing.wait())
-        try:
-            while True:
-                woke = asyncio.ensure_future(changed.wait())
-                done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
-                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-                if closing in done:
-                    woke.cancel()
-                    break
-                if woke not in done:
-                    woke.cancel()
-                    await response.write(b": keepalive\n\n")
-                    continue
-                await asyncio.sleep(MIN_INTERVAL)  # coalesce the burst
-                changed.clear()
-                seq = session.journal.state.seq if session.journal is not None else None
-                data = {"state": session.state, "seq": seq, "reason": session.held
-                        or (session.journal.state.reason if session.journal else "")}  # fmt: skip
-                await response.write(b"event: changed\ndata: " + orjson.dumps(data) + b"\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
