@@ -24,9 +24,9 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl send hello 'wake up' && $(BIN)/sessionctl show hello"
 	@echo "  $(BIN)/sessionctl send notes 'remember the milk' --from ann"
 	@echo "  $(BIN)/sessionctl replay notes --view messages"
-	@echo "The web console listens on http://127.0.0.1:8765 ([web] in config/sessiond.toml);"
-	@echo "  $(BIN)/sessionctl web    prints a URL that logs you in"
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
+	@echo "The web console listens on http://127.0.0.1:8765 ([web] in config/sessiond.toml):"
+	@echo "  $(BIN)/sessionctl web    prints a URL that logs you in"
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
