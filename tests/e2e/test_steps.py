@@ -297,8 +297,10 @@ def test_a_divergence_blocks_with_both_steps_and_accept_takes_the_new_path(d: Da
     refused = d.ctl("resolve", "agent", "--rerun")  # not an option for a divergence
     assert refused.returncode == 1
     assert "--accept" in refused.stderr
+    seq = d.json("show", "agent")["seq"]
     d.ctl("resolve", "agent", "--accept", check=True)
-    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))  # edit asks again
+    # edit asks again: a block after the resolve (the divergence's own came before)
+    wait_event(d, "agent", "lifecycle.changed", since=seq + 1, match=to("blocked"))
     d.ctl("approve", "agent", check=True)
     wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
     assert (lines(d, "look"), lines(d, "peek"), lines(d, "edits")) == (1, 1, 1)
