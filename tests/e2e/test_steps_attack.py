@@ -739,7 +739,9 @@ with connect() as run:
 
 
 def test_a_timeout_in_an_unsafe_step_blocks_and_accept_never_reruns_it(d: Daemon) -> None:
-    program(d, TIMEOUT_IN_STEP, policy=POLICY, run='timeout = "1s"\nretries = 3')
+    # 5 s: on a loaded machine a 1 s timeout could end a run before its program
+    # reached the step at all (then nothing is cut off mid-step to block on)
+    program(d, TIMEOUT_IN_STEP, policy=POLICY, run='timeout = "5s"\nretries = 3')
     d.ctl("activate", "agent", check=True)
     blocked = wait_event(d, "agent", "lifecycle.changed", match=to("blocked"), timeout=60)
     assert "pay" in blocked["data"]["reason"], blocked["data"]["reason"]
