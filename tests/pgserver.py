@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from itertools import count
@@ -35,6 +37,15 @@ def postgres() -> Iterator[LocalPostgres]:
     # which must reach its folder (pytest's are 0700 root's).
     folder = Path(tempfile.mkdtemp(prefix="sessiond-pg-"))
     server = LocalPostgres(folder, binaries)
+    # A session of its own: a kill of the test run's process group leaves it
+    # alive to notice and stop the server (tests/pgwatch.py says why).
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.pgwatch", str(folder), str(binaries)],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert watcher.stdin is not None
     try:
         server.init()
         server.start()
@@ -42,6 +53,9 @@ def postgres() -> Iterator[LocalPostgres]:
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+        watcher.stdin.write(b"done\n")
+        watcher.stdin.close()
+        watcher.wait()
 
 
 @pytest.fixture
