@@ -1,20 +1,23 @@
 """``gc``: apply ``[retention]`` now, and every ``interval`` (DESIGN.md section 6).
 
-For each session: read its log (without its lock, a slice at a time, so the
-loop and the session go on), then under its lock read what was appended since,
-plan (sessiond.log.retention), record the plan as ``gc.collected`` (durable),
-and only then remove the files. A dry run plans and reports, and changes
-nothing. One gc runs at a time; an operator action (a run's processes cannot
-call it: sessiond.ipc.runpeer and the program endpoint refuse it).
+For each session: read its log from where the last gc stopped (without its
+lock, a slice at a time, so the loop and the session go on), then under its lock
+read what was appended since, plan (sessiond.log.retention), record the plan
+as ``gc.collected`` (durable), and only then remove the files. A dry run plans
+and reports, and changes nothing. One gc runs at a time; an operator action
+(a run's processes cannot call it: sessiond.ipc.runpeer and the program
+endpoint refuse it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, Literal
 
@@ -25,8 +28,9 @@ from sessiond.log.event_data import CollectedArtifact, GcCollected
 from sessiond.log.evidence import Evidence
 from sessiond.log.pace import Pacer
 from sessiond.log.retention import Plan, needed, plan, remove
-from sessiond.log.store.base import Record
+from sessiond.log.store.base import START, LogPosition, PositionMismatch, Record
 from sessiond.log.store.fileartifacts import FileArtifacts
+from sessiond.log.store.files import FileStore
 from sessiond.log.store.filesnapshots import FileSnapshots
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
@@ -36,6 +40,15 @@ log = structlog.get_logger(__name__)
 Trigger = Literal["sessionctl", "interval"]
 
 
+# How many artifact references the gcs' read positions may keep in memory, across
+# all sessions (about 100 bytes each).
+KEPT_REFS = 100_000
+
+
+def _size(evidence: Evidence) -> int:
+    return len(evidence.referenced) + len(evidence.collected)
+
+
 class Retention:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -43,6 +56,10 @@ class Retention:
         self._task: asyncio.Task[None] | None = None
         self._interval: float | None = None
         self._removed = 0  # files removed by this daemon's gcs (the crash tests' hook)
+        # per session: what its log said, where the reading stopped, the last seq read
+        self._read: dict[str, tuple[Evidence, LogPosition, int]] = {}
+        self._kept_refs = 0
+        self._events_read = 0  # events read from logs by gcs (how much a cursor saves)
 
     async def gc(
         self,
@@ -55,6 +72,7 @@ class Retention:
         rules = self.ctx.config.retention
         plans: list[Plan] = []
         errors: list[str] = []
+        read_before = self._events_read
         if self.ctx.config.cluster.dsn is not None and rules.rules():
             # gc plans by the files' ages and sizes on disk; a cluster keeps its
             # artifacts and snapshots in the database, where none of that exists yet
@@ -63,6 +81,8 @@ class Retention:
                 "PostgreSQL; leave [retention] unset on cluster nodes"
             )
         async with self._one:
+            for gone in self._read.keys() - {s.name for s in self.ctx.table}:
+                self._kept_refs -= _size(self._read.pop(gone)[0])
             if rules.rules():
                 for s in list(self.ctx.table):
                     if s.journal is None:  # a broken log: fsck and a person first
@@ -86,18 +106,20 @@ class Retention:
             "snapshots": sum(len(p.snapshots) for p in plans),
             "bytes": total,
             "errors": errors,
+            "events_read": self._events_read - read_before,
         }
 
     async def _session(
         self, s: Session, dry_run: bool, who: dict[str, Any], trigger: Trigger
     ) -> Plan:
-        store = self.ctx.store
         rules = self.ctx.config.retention
         # only the snapshot rule: nothing to learn from the log
         read = (rules.terminated, rules.unreferenced, rules.keep_artifacts) != (None,) * 3
-        evidence = Evidence()
         pacer = Pacer()
-        seq = 0
+        # Where the last gc stopped reading this log, and what it had learnt: only
+        # what was appended since is read (an idle session costs no read at all).
+        place = self._read.get(s.name)
+        evidence, after, seq = place if place is not None else (Evidence(), START, 0)
         # What is appended while the log is read (without the lock) is caught here,
         # so the lock is held only for what came after, never for a whole log.
         tail: list[Record] = []
@@ -105,19 +127,47 @@ class Retention:
             lambda name, record: tail.append(record) if name == s.name else None
         )
         try:
-            for record in store.read(s.name) if read else ():  # a live log reads fine
-                evidence.add(record)
-                seq = record["seq"]
-                if pacer.due():
-                    await pacer.pause()
+            if read:
+                records = self._records(s.name, after)
+                try:
+                    head = list(itertools.islice(records, 1))  # the position is checked
+                except PositionMismatch:  # the log was replaced (import): from the top
+                    evidence, after, seq = Evidence(), START, 0
+                    records, head = self._records(s.name, after), []
+                for record, position in itertools.chain(head, records):
+                    after = position
+                    self._events_read += 1
+                    if record["seq"] > seq:  # a tail record of the last gc is known
+                        evidence.add(record)
+                        seq = record["seq"]
+                    if pacer.due():
+                        await pacer.pause()
             async with s.lock:
                 for record in tail if read else ():
                     if record["seq"] > seq:
                         evidence.add(record)
                         seq = record["seq"]
+                if read:
+                    self._keep(s.name, (evidence, after, seq))
                 return await self._collect(s, evidence, dry_run, who, trigger)
         finally:
             unlisten()
+
+    def _keep(self, name: str, place: tuple[Evidence, LogPosition, int]) -> None:
+        """Keep where this log was read to, within :data:`KEPT_REFS` references in all
+        (the daemon's memory stays bounded in log length: a session whose artifacts
+        do not fit is read whole at each gc, as before)."""
+        old = self._read.pop(name, None)
+        if old is not None:
+            self._kept_refs -= _size(old[0])
+        if self._kept_refs + _size(place[0]) <= KEPT_REFS:
+            self._read[name] = place
+            self._kept_refs += _size(place[0])
+
+    def _records(self, name: str, after: LogPosition) -> Iterator[tuple[Record, LogPosition]]:
+        store = self.ctx.store
+        assert isinstance(store, FileStore)  # gc refuses a cluster (gc() above)
+        return store.read_after(name, after)
 
     async def _collect(
         self, s: Session, evidence: Evidence, dry_run: bool, who: dict[str, Any], trigger: Trigger

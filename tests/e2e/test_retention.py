@@ -263,3 +263,31 @@ def test_the_daemon_collects_every_interval_once_reload_sets_one(d: Daemon) -> N
     assert event["data"]["trigger"] == "interval"
     assert event["data"]["uid"] is None  # nobody asked: the daemon did
     assert event["data"]["artifacts"]
+
+
+def test_a_gc_reads_only_what_was_appended_since_the_last_and_plans_as_a_full_read(
+    d: Daemon,
+) -> None:
+    configure(d, "keep_artifacts = 1\n")
+    d.ctl("reload", check=True)
+    make(d, "live", calls=4, size=3000, env=', CHAT_ASK = "1"')
+    d.ctl("activate", "live", check=True)
+    wait_event(d, "live", "lifecycle.changed", match=to("blocked"))  # publish waits
+    first = d.json("gc")
+    logged = len(d.json("log", "live"))
+    assert first["events_read"] >= logged - 1  # the first gc reads the log whole
+    # Nothing appended since but the gc's own record: an idle session costs no read.
+    assert d.json("gc", "--dry-run")["events_read"] <= 1
+    d.ctl("approve", "live", check=True)
+    wait_event(d, "live", "lifecycle.changed", match=to("terminated"))
+    age(d, "live", 2 * HOUR)
+    grown = len(d.json("log", "live"))
+    kept_on = d.json("gc", "--dry-run")
+    assert 0 < kept_on["events_read"] <= grown - logged + 1  # only the new part
+    # A daemon that starts afresh reads every log whole: the same plan.
+    d.stop()
+    d.start()
+    fresh = d.json("gc", "--dry-run")
+    assert fresh["events_read"] >= grown - 1
+    assert kept_on["sessions"] == fresh["sessions"]
+    assert fresh["artifacts"] > 0  # the run after the approval made the old newest old

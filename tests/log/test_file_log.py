@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sessiond.errors import ArtifactCorrupt, LogCorrupt, LogFailed, StorageError, StorageFull
 from sessiond.log.event_data import LifecycleChanged, MessageReceived
 from sessiond.log.journal import Journal
+from sessiond.log.store.base import START, PositionMismatch
 from sessiond.log.store.durable import write_all
 from sessiond.log.store.files import FileStore, IOHooks
 from tests.helpers import arun, tool_call
@@ -448,3 +449,21 @@ def test_a_checksummed_line_that_is_not_an_event_object_is_corruption(state_dir:
         path.write_bytes(b"".join([lines[0], odd, *lines[1:]]))
         with pytest.raises(LogCorrupt, match="line 2"):
             list(store.read("s"))
+
+
+def test_read_after_a_position_reads_only_what_follows_and_knows_a_replaced_log(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path)
+    records = _write_session(store, "s", 3)
+    every = list(store.read_after("s", START))
+    assert [r for r, _ in every] == records
+    assert every[-1][1].offset == store.log_path("s").stat().st_size
+    middle = every[2][1]
+    assert [r for r, _ in store.read_after("s", middle)] == records[3:]
+    assert list(store.read_after("s", every[-1][1])) == []  # nothing new
+    # The log replaced by another (an import): the position no longer names its event.
+    _write_session(store, "t", 3)
+    store.log_path("s").write_bytes(store.log_path("t").read_bytes())
+    with pytest.raises(PositionMismatch):
+        list(store.read_after("s", middle))

@@ -223,23 +223,7 @@ class FileEventLog(EventLog):
         return problem
 
     def _check_position(self, after: LogPosition) -> None:
-        """Is the line that ends at ``after.offset`` event ``after.seq`` with ``after.last_id``?"""
-        size = os.fstat(self._fd).st_size
-        if not 0 < after.offset <= size:
-            raise PositionMismatch(f"offset {after.offset} is outside the log ({size} bytes)")
-        span = 1 << 12
-        while True:
-            start = max(0, after.offset - span)
-            tail = self._read(after.offset - start, start)
-            if not tail.endswith(b"\n"):
-                raise PositionMismatch("no line ends at the snapshot's offset")
-            cut = tail.rfind(b"\n", 0, len(tail) - 1)
-            if cut >= 0 or start == 0:
-                break
-            span *= 4
-        record = decode_line(tail[cut + 1 : -1])
-        if record is None or record.get("seq") != after.seq or record.get("id") != after.last_id:
-            raise PositionMismatch(f"the line before offset {after.offset} is not seq {after.seq}")
+        check_position(self._read, os.fstat(self._fd).st_size, after)
 
     # --- writing ------------------------------------------------------------------
 
@@ -408,3 +392,23 @@ def _quiet(done: asyncio.Future[None]) -> None:
     says so), not a stray "exception was never retrieved"."""
     if not done.cancelled():
         done.exception()
+
+
+def check_position(read: Callable[[int, int], bytes], size: int, after: LogPosition) -> None:
+    """Is the line that ends at ``after.offset`` event ``after.seq`` with ``after.last_id``?
+    (:class:`PositionMismatch` if not.) ``read(size, offset)`` reads the file."""
+    if not 0 < after.offset <= size:
+        raise PositionMismatch(f"offset {after.offset} is outside the log ({size} bytes)")
+    span = 1 << 12
+    while True:
+        start = max(0, after.offset - span)
+        tail = read(after.offset - start, start)
+        if not tail.endswith(b"\n"):
+            raise PositionMismatch("no line ends at the position's offset")
+        cut = tail.rfind(b"\n", 0, len(tail) - 1)
+        if cut >= 0 or start == 0:
+            break
+        span *= 4
+    record = decode_line(tail[cut + 1 : -1])
+    if record is None or record.get("seq") != after.seq or record.get("id") != after.last_id:
+        raise PositionMismatch(f"the line before offset {after.offset} is not seq {after.seq}")

@@ -30,7 +30,7 @@ from pathlib import Path
 from sessiond.codec import Clock
 from sessiond.errors import AlreadyExists, LogCorrupt, NoSuchSession, StorageError
 from sessiond.log.pace import Pacer
-from sessiond.log.store.base import START, Durability, Record, Snapshot, Store
+from sessiond.log.store.base import START, Durability, LogPosition, Record, Snapshot, Store
 from sessiond.log.store.durable import (
     DIR_MODE,
     FILE_MODE,
@@ -43,7 +43,7 @@ from sessiond.log.store.durable import (
     write_durable,
 )
 from sessiond.log.store.fileartifacts import FileArtifacts
-from sessiond.log.store.filelog import FileEventLog, IOHooks
+from sessiond.log.store.filelog import FileEventLog, IOHooks, check_position
 from sessiond.log.store.filesnapshots import SNAPSHOT_FORMAT, FileSnapshots
 from sessiond.log.store.hashcache import HashCache
 from sessiond.log.store.lines import ScanEnd, classify_tail, scan
@@ -246,6 +246,22 @@ class FileStore(Store):
                 yield record
 
     def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
+        for record, line, _end in self._lines(name, START, upto):
+            yield record, line
+
+    def read_after(self, name: str, after: LogPosition) -> Iterator[tuple[Record, LogPosition]]:
+        """Every event after ``after`` (a position this store gave, or ``START``), each
+        with the position right after it, without reading what comes before: a
+        reader that keeps its place (gc) reads only what was appended since.
+        :class:`PositionMismatch` if the log there is not what ``after`` says (a
+        log replaced by ``import``, a session made anew under the name)."""
+        for record, line, end in self._lines(name, after, None):
+            yield record, LogPosition(record["seq"], end, record["id"])
+            del line
+
+    def _lines(
+        self, name: str, after: LogPosition, upto: int | None
+    ) -> Iterator[tuple[Record, bytes, int]]:
         path = self._real_dir(name) / LOG_NAME
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -260,9 +276,14 @@ class FileStore(Store):
             return os.pread(fd, min(size, READ_STEP), offset)
 
         try:
-            end = ScanEnd(START)
-            for record, line in scan(read, START, end, upto=upto, with_lines=True):
-                yield record, line + b"\n"
+            if after != START:
+                # the whole span at once (a line may be longer than READ_STEP)
+                check_position(lambda n, at: os.pread(fd, n, at), os.fstat(fd).st_size, after)
+            end = ScanEnd(after)
+            offset = after.offset
+            for record, line in scan(read, after, end, upto=upto, with_lines=True):
+                offset += len(line) + 1
+                yield record, line + b"\n", offset
             if end.tail_bytes == -1 and (upto is None or end.position.seq < upto):
                 bad = classify_tail(read, end, os.fstat(fd).st_size)
                 if bad is not None:
