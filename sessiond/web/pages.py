@@ -88,6 +88,8 @@ class Pages:
                            title="approvals")  # fmt: skip
 
     async def confirm(self, request: web.Request) -> web.Response:
+        if "link" in request.query:  # a signed link from a notice (no login)
+            return await self.server.links.page(request)
         name, call = request.match_info["name"], request.match_info["call"]
         item = await find_approval(self.kernel.table, name, call)
         return self.render(request, "confirm.html", item=item, name=name, call=call,

@@ -66,6 +66,7 @@ class WebServer:
 
     def __init__(self, config: WebConfig, kernel: Kernel, metrics: Metrics) -> None:
         from sessiond.web.api import Api
+        from sessiond.web.links import LinkPages
         from sessiond.web.pages import Pages
 
         self.config = config
@@ -77,10 +78,12 @@ class WebServer:
         self.closing = asyncio.Event()  # ends the event streams at shutdown
         self.pages = Pages(self)
         self.api = Api(self)
+        self.links = LinkPages(self)
         self.app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
         self.app.on_response_prepare.append(self._headers)
         self.pages.routes(self.app.router)
         self.api.routes(self.app.router)
+        self.app.router.add_post("/approvals/{name}/{call}", self.links.answer)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -103,6 +106,10 @@ class WebServer:
             return self._refuse(request, "permission_denied", why, 403)
         if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
+        if "link" in request.query and request.path.startswith("/approvals/"):
+            # a signed one-shot link from a notice: the link is the credential
+            # (sessiond.web.links checks it), no login or CSRF token
+            return await self._answer(request, handler)
         login = self.auth.login_of(request)
         if login is None:
             return self._refuse(
@@ -114,6 +121,9 @@ class WebServer:
         if why is not None:
             return self._refuse(request, "csrf", why, 403)
         request[LOGIN] = login
+        return await self._answer(request, handler)
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except SessiondError as exc:
