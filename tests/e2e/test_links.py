@@ -55,7 +55,7 @@ def links_of(receiver: Receiver, session: str) -> dict[str, Any]:
         ]
 
     [notice] = receiver.wait(found)
-    return notice
+    return dict(notice)
 
 
 def use(url: str, method: str = "GET", note: str = "", path: str | None = None) -> Answer:
