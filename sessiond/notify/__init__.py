@@ -74,7 +74,7 @@ class Notices:
         for entry, tid in zip(self.config.notify, ids, strict=True):
             cursor = Cursor(folder / f"{tid}.cursor")
             cursor.load()
-            self.targets.append(Target(entry, cursor, apprise))
+            self.targets.append(Target(entry, cursor, apprise, self.config.state_dir))
         self._unlisten = self.table.listen(self._on_record)
         for target in self.targets:
             self._catch_up(target)
