@@ -72,6 +72,10 @@ class WebServer:
         self.config = config
         self.kernel = kernel
         self.metrics = metrics
+        observe = kernel.observe  # its notices are set once the daemon has started them
+        metrics.notify_failed = lambda: sum(
+            t.failed_total for t in (observe.notices.targets if observe.notices else [])
+        )
         run_user = kernel.config.run.identity()
         peers = WebPeers(frozenset({run_user[0]}) if run_user is not None else frozenset())
         self.auth = Auth(kernel.logins, peers, config)
