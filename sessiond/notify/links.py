@@ -132,19 +132,25 @@ class LinkKey:
         return Link(str(session), str(call), str(digest), int(expires), answer, str(target))
 
 
+CHANGED = "changed"  # a command call whose spec's command is another now
+
+
 def call_digest(s: Session, call: str) -> str | None:
-    """What the approval of ``call`` would let run, as a digest: its tool and
-    arguments. A command session runs its spec's command, so that is what counts
-    for a ``command`` call (a spec applied since changes it). None: no such call."""
+    """What the approval of ``call`` would let run, as a digest of its tool and
+    recorded arguments; ``CHANGED`` for a command session's call once the spec's
+    command is no longer the one it asked for (a spec applied since: approving it
+    would run nothing it showed). None: no such call."""
     if s.journal is None:
         return None
     recorded = s.journal.state.calls.get(call)
     if recorded is None:
         return None
     args: Any = recorded.get("args", {})
-    spec = s.spec
-    if recorded["tool"] == "command" and spec is not None and spec.run is not None:
-        args = {"exec": list(spec.run.exec)}
+    run = s.spec.run if s.spec is not None else None
+    if recorded["tool"] == "command" and run is not None:
+        asked = args.get("exec") if isinstance(args, dict) else None
+        if asked != list(run.exec):
+            return CHANGED
     raw = orjson.dumps([recorded["tool"], args], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(raw).hexdigest()[:32]
 
@@ -162,7 +168,7 @@ def approval_links(
     its call is no longer known (the notice is sent late; the console has it)."""
     call = (record.get("data") or {}).get("call")
     digest = call_digest(s, call) if isinstance(call, str) else None
-    if digest is None or call is None:
+    if digest is None or digest == CHANGED or call is None:
         return ()
     if ttl is None:
         ttl = s.spec.policy.approval_ttl if s.spec is not None else 3600.0

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from sessiond.errors import SessiondError
-from sessiond.log.store.durable import private_dir, write_all
+from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
 from sessiond.web.views import find_approval
 
@@ -60,10 +60,14 @@ class UsedLinks:
             except FileNotFoundError:
                 raw = b""
             cutoff = int(time.time()) - KEEP_EXPIRED
-            for line in raw.split(b"\n"):
+            lines = [line for line in raw.split(b"\n") if line]
+            for line in lines:
                 use_id, _, expires = line.decode(errors="replace").partition(" ")
                 if use_id and expires.isdigit() and int(expires) > cutoff:
                     used[use_id] = int(expires)
+            if len(used) < len(lines):  # long expired ones (refused as expired anyway) go
+                kept = "".join(f"{u} {e}\n" for u, e in used.items())
+                write_durable(self.path, kept.encode())
             self._used = used
         return self._used
 
