@@ -101,7 +101,7 @@ class Pages:
         name = request.match_info["name"]
         detail = await self.kernel.show(name)
         gate = await self.kernel.gate(name)
-        before = _before(request)
+        before = before_of(request)
         messages, older = await self.messages(name, before)
         # the newest events that name artifacts, not the whole log (it may be long)
         named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
@@ -138,7 +138,7 @@ class Pages:
                            lines=lines, title=meta["name"])  # fmt: skip
 
 
-def _before(request: web.Request) -> int | None:
+def before_of(request: web.Request) -> int | None:
     """``?before=SEQ``: an older page of the messages view."""
     text = request.query.get("before", "")
     if not text:

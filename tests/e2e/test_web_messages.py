@@ -63,6 +63,10 @@ def test_the_session_page_shows_the_newest_messages_and_older_pages_on_request()
         assert b'id="older"' not in oldest.body  # nothing before it
         d.ctl("send", "chatty", "note 999", check=True)  # a new message is on the first page
         assert notes(client.get("/s/chatty").body)[-1] == 999
+        api = client.get("/api/s/chatty/messages").json()  # the same pages, as JSON
+        assert [m["content"] for m in api["messages"]][-2:] == ["note 250", "note 999"]
+        older_api = client.get(f"/api/s/chatty/messages?before={api['older']}").json()
+        assert [m["content"] for m in older_api["messages"]][-1] == "note 151"  # 999 came
         bad = client.get("/s/chatty?before=x")
         assert bad.status == 400
         assert b"before must be a seq" in bad.body
