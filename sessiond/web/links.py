@@ -168,7 +168,7 @@ class LinkPages:
             link = self.check(request)
             origin = request.headers.get("Origin")
             # a form's POST from the confirm page says "null" (no-referrer) or ours
-            if origin not in (None, "null") and origin != f"{request.scheme}://{request.host}":
+            if origin not in (None, "null") and origin not in self.server.auth.origins(request):
                 raise LinkRefused(f"requests from {origin} may not answer here", 403)
             if not await self.used.claim(link):
                 raise LinkRefused("this link was already used. " + _ELSEWHERE, 409)

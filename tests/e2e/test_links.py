@@ -58,7 +58,13 @@ def links_of(receiver: Receiver, session: str) -> dict[str, Any]:
     return dict(notice)
 
 
-def use(url: str, method: str = "GET", note: str = "", path: str | None = None) -> Answer:
+def use(
+    url: str,
+    method: str = "GET",
+    note: str = "",
+    path: str | None = None,
+    origin: str | None = None,
+) -> Answer:
     """Open (GET) or confirm (POST) a link, as a browser with no login would."""
     parts = urllib.parse.urlsplit(url)
     client = Client(f"{parts.scheme}://{parts.netloc}")
@@ -66,7 +72,8 @@ def use(url: str, method: str = "GET", note: str = "", path: str | None = None) 
     if method == "GET":
         return client.get(target)
     body = urllib.parse.urlencode({"note": note}).encode()
-    return client.request("POST", target, raw=body, headers=FORM)
+    headers = {**FORM, "Origin": origin} if origin else FORM
+    return client.request("POST", target, raw=body, headers=headers)
 
 
 def ended(record: dict[str, Any]) -> bool:
@@ -183,6 +190,10 @@ def test_a_tampered_link_or_one_used_on_another_approval_is_refused() -> None:
         wrong = use(approve, "POST", path=urllib.parse.urlsplit(other).path)
         assert wrong.status == 403
         assert b"is for call" in wrong.body
+        # another site's page that posts the link (its Origin) answers nothing
+        forged = use(approve, "POST", origin="https://evil.example")
+        assert forged.status == 403
+        assert b"may not answer here" in forged.body
         assert d.json("show", "victim")["pending_approvals"]
         assert d.json("show", "other")["pending_approvals"]
         assert not (ws / "f.txt").exists()
