@@ -149,9 +149,14 @@ class Notices:
         if notice.event != "approval.requested" or session not in self.table.sessions:
             return notice
         s = self.table.sessions[session]
-        actions = approval_links(
-            self.links, public_url, s, record, target=target.id, ttl=target.config.link_ttl
-        )
+        try:
+            actions = approval_links(
+                self.links, public_url, s, record, target=target.id, ttl=target.config.link_ttl
+            )
+        except (OSError, ValueError, SessiondError) as exc:  # no key (a read-only state dir):
+            # no links, but the notice goes (this runs in the table's listener: never raise)
+            log.error("notify.links_failed", target=target.id, session=session, error=str(exc))
+            return notice
         return dataclasses.replace(notice, actions=actions) if actions else notice
 
     def status(self) -> list[dict[str, Any]]:
