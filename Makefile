@@ -27,6 +27,12 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
 	@echo "The web console listens on http://127.0.0.1:8765 ([web] in config/sessiond.toml):"
 	@echo "  $(BIN)/sessionctl web    prints a URL that logs you in"
+	@echo "  curl -s http://127.0.0.1:8765/metrics | grep ^sessiond_    Prometheus metrics"
+	@echo "Notifications are appended to state/notices.jsonl ([[notify]] jsonl://); an approval's carry links:"
+	@echo "  $(BIN)/sessionctl activate deploy && tail -n1 state/notices.jsonl    open its approve_url"
+	@echo "  $(BIN)/sessionctl notify                                             the target's state"
+	@echo "Traces: each session's OpenTelemetry spans, from its log, as OTLP JSON:"
+	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 

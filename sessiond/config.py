@@ -224,6 +224,11 @@ class NotifyConfig(_Strict):
     name: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     retry_min: Duration = 1.0
     retry_max: Duration = 300.0
+    # approval notices carry signed one-shot approve / deny links to the web
+    # console's confirm page (docs/web.md); they expire link_ttl after the request
+    # (default: the session's policy.approval_ttl)
+    links: bool = False
+    link_ttl: Duration | None = None
 
     @field_validator("events")
     @classmethod

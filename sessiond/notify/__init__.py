@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 import structlog
@@ -23,7 +24,8 @@ from sessiond.errors import SessiondError
 from sessiond.log.events import CURRENT_VERSION as EVENT_TYPES
 from sessiond.log.store.base import Record, Store
 from sessiond.notify.cursor import CHECKPOINT, Cursor
-from sessiond.notify.notices import notice_for
+from sessiond.notify.links import LinkKey, approval_links
+from sessiond.notify.notices import Notice, notice_for
 from sessiond.notify.target import Target, load_apprise, target_id
 from sessiond.table.sessions import Table
 
@@ -43,6 +45,7 @@ class Notices:
         self._unlisten: Any = None
         self._moved = asyncio.Event()  # records came since the last checkpoint
         self._checkpoints: asyncio.Task[None] | None = None
+        self.links = LinkKey(config.state_dir)
 
     def start(self) -> None:
         """Open the cursors, read back what is due since them, then follow the
@@ -61,12 +64,17 @@ class Notices:
                     f"[[notify]] {target_id(entry)}: events: {', '.join(unknown)}: no such event; "
                     f"use {', '.join(NOTICE_EVENTS)}, or an event type of docs/events.md"
                 )
+        if any(t.links for t in self.config.notify) and self.config.web.link_base() is None:
+            raise BadConfig(
+                "[[notify]] links = true needs the web console's address for its links: "
+                'set [web] listen to a fixed port (e.g. "127.0.0.1:8765") or [web] public_url'
+            )
         apprise = load_apprise()
         folder = self.config.state_dir / "notify"
         for entry, tid in zip(self.config.notify, ids, strict=True):
             cursor = Cursor(folder / f"{tid}.cursor")
             cursor.load()
-            self.targets.append(Target(entry, cursor, apprise))
+            self.targets.append(Target(entry, cursor, apprise, self.config.state_dir))
         self._unlisten = self.table.listen(self._on_record)
         for target in self.targets:
             self._catch_up(target)
@@ -94,7 +102,7 @@ class Notices:
                     for record in self.store.read(s.name, since=(start or 0) + 1, upto=end):
                         if start is None and record["ts"] < since:
                             continue  # before the target existed
-                        notice = notice_for(s.name, record, target.wanted, public_url)
+                        notice = self._notice(target, s.name, record, public_url)
                         if notice is not None:
                             target.put(notice)
                 except SessiondError as exc:  # read again at the next start
@@ -126,9 +134,30 @@ class Notices:
                 # its notices begin, so a restart never notifies the records a fork
                 # or an import copied into it
                 target.cursor.advance(session, seq - 1, sync=False)
-            notice = notice_for(session, record, target.wanted, public_url)
+            notice = self._notice(target, session, record, public_url)
             if notice is not None:
                 target.put(notice)
+
+    def _notice(
+        self, target: Target, session: str, record: Record, public_url: str | None
+    ) -> Notice | None:
+        """The target's notice for the record; an approval's with its signed links
+        when the target asks for them (``links = true``)."""
+        notice = notice_for(session, record, target.wanted, public_url)
+        if notice is None or not target.config.links or public_url is None:
+            return notice
+        if notice.event != "approval.requested" or session not in self.table.sessions:
+            return notice
+        s = self.table.sessions[session]
+        try:
+            actions = approval_links(
+                self.links, public_url, s, record, target=target.id, ttl=target.config.link_ttl
+            )
+        except (OSError, ValueError, SessiondError) as exc:  # no key (a read-only state dir):
+            # no links, but the notice goes (this runs in the table's listener: never raise)
+            log.error("notify.links_failed", target=target.id, session=session, error=str(exc))
+            return notice
+        return dataclasses.replace(notice, actions=actions) if actions else notice
 
     def status(self) -> list[dict[str, Any]]:
         return [t.status() for t in self.targets]

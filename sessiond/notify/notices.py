@@ -59,9 +59,9 @@ class Notice:
     body: str
     level: NotifyType
     link: str | None
-    # (label, url) buttons a person can use from the notice. The place for the
-    # signed one-shot approve / deny links of an approval, once the web console
-    # has the confirm page they open (DESIGN.md section 11); none yet.
+    # (label, url) buttons a person can use from the notice: an approval's signed
+    # one-shot approve / deny links, for a target with links = true (made by
+    # sessiond.notify.links; they open the web console's confirm page)
     actions: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -16,12 +16,14 @@ import hashlib
 import time
 import warnings
 from collections import deque
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import structlog
 
 from sessiond.config import BadConfig, NotifyConfig
+from sessiond.notify import jsonl
 from sessiond.notify.cursor import Cursor
 from sessiond.notify.notices import Notice, rendered
 
@@ -48,19 +50,30 @@ def target_id(config: NotifyConfig) -> str:
 
 
 class Target:
-    def __init__(self, config: NotifyConfig, cursor: Cursor, apprise: Any) -> None:
+    def __init__(
+        self, config: NotifyConfig, cursor: Cursor, apprise: Any, state_dir: Path | None = None
+    ) -> None:
         self.config = config
         self.id = target_id(config)
         self.cursor = cursor
         self.apprise = apprise
-        plugin = apprise.Apprise.instantiate(config.url)
-        if plugin is None:
-            raise BadConfig(
-                f"notify {self.id}: {config.url.split('://')[0]}://… is not a URL Apprise "
-                "knows; see Apprise's list of services (ntfy://, slack://, json://, mailto://…)"
-            )
-        self.shown_url = str(plugin.url(privacy=True))
         self.scheme = urlsplit(config.url).scheme.lower()
+        self.file: Path | None = None
+        if self.scheme == jsonl.SCHEME:  # a file of ours, not an Apprise service
+            try:
+                self.file = jsonl.path_of(config.url, state_dir or Path("."))
+            except ValueError as exc:
+                raise BadConfig(f"notify {self.id}: {exc}") from None
+            self.shown_url = config.url
+        else:
+            plugin = apprise.Apprise.instantiate(config.url)
+            if plugin is None:
+                raise BadConfig(
+                    f"notify {self.id}: {config.url.split('://')[0]}://… is not a URL Apprise "
+                    "knows; see Apprise's list of services (ntfy://, slack://, json://, "
+                    "mailto://…), or jsonl://FILE for a file"
+                )
+            self.shown_url = str(plugin.url(privacy=True))
         self.wanted = frozenset(config.events)
         self.queue: deque[Notice] = deque()
         self._more = asyncio.Event()
@@ -169,6 +182,12 @@ class Target:
 
     def _send(self, notice: Notice) -> str | None:
         """Deliver one notice; None, or what went wrong in a line."""
+        if self.file is not None:
+            try:
+                jsonl.append(self.file, notice)
+            except OSError as exc:
+                return f"cannot append to {self.file}: {exc.strerror or exc}"
+            return None
         apprise = self.apprise
         sender = apprise.Apprise()
         if not sender.add(self.url_for(notice)):

@@ -11,6 +11,7 @@ the free-text ``by`` as a note beside it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,15 @@ class Approvals:
         by: str = "",
         *,
         who: dict[str, Any] | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
+        """``check``: called with the pending approval under the session's lock; it
+        may raise to refuse (a signed link's: what it was minted for is still so)."""
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
+            if check is not None:
+                check(approval)
             ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
             expires = rfc3339(self.ctx.store.clock() + int(ttl * 1e9))
             await self.ctx.table.append(
@@ -81,10 +87,13 @@ class Approvals:
         reason: str = "",
         *,
         who: dict[str, Any] | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
+            if check is not None:
+                check(approval)
             await self.ctx.table.append(
                 s,
                 ApprovalDenied(

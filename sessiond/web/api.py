@@ -21,6 +21,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
 from sessiond.web.metrics import CONTENT_TYPE
+from sessiond.web.pages import before_of
 from sessiond.web.views import approvals, table_page
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Api:
         router.add_get("/api/approvals", self.inbox)
         router.add_get("/api/s/{name}/stream", self.session_stream)
         router.add_get("/api/s/{name}/events", self.events)
+        router.add_get("/api/s/{name}/messages", self.messages)
         router.add_post("/api/s/{name}/approve", self.approve)
         router.add_post("/api/s/{name}/deny", self.deny)
         router.add_post("/api/s/{name}/resolve", self.resolve)
@@ -168,6 +170,13 @@ class Api:
         if until is not None:
             records = [r for r in records if not _after(r, until)][-limit:]
         return _json([_row(r) for r in records])
+
+    async def messages(self, request: web.Request) -> web.Response:
+        """A page of the messages view, newest first: ``before`` a seq for older ones."""
+        page, older = await self.server.pages.messages(
+            request.match_info["name"], before_of(request)
+        )
+        return _json({"messages": page, "older": older})
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:

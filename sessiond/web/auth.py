@@ -80,14 +80,14 @@ class Auth:
         if request.method in SAFE or not login.by_cookie:
             return None
         origin = request.headers.get("Origin")
-        if origin is not None and origin not in self._origins(request):
+        if origin is not None and origin not in self.origins(request):
             return f"requests from {origin} may not act here"
         sent = request.headers.get("X-CSRF-Token", "")
         if not sent or not hmac.compare_digest(sent, self.csrf(login.token)):
             return "missing or wrong CSRF token: reload the page and try again"
         return None
 
-    def _origins(self, request: web.Request) -> set[str]:
+    def origins(self, request: web.Request) -> set[str]:
         own = {f"{request.scheme}://{request.host}"}
         if self.config.public_url:
             url = urllib.parse.urlsplit(self.config.public_url)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sessiond.log.pace import Pacer
@@ -65,6 +65,16 @@ class TableCollector(Collector):
         )
 
 
+class _Read(Collector):
+    """A counter read at each scrape from what counts it (no copy to keep in step)."""
+
+    def __init__(self, name: str, doc: str, read: Callable[[], int]) -> None:
+        self.name, self.doc, self.read = name, doc, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.doc, value=self.read())
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -89,11 +99,15 @@ class Metrics:
         self.fsync = Histogram(
             "sessiond_fsync_seconds", "One fsync of a session log", buckets=FSYNC, registry=r
         )
-        self.notify_failures = Counter(
-            "sessiond_notify_failures", "Notices that failed to be delivered", registry=r
-        )
+        # failed deliveries since the start, counted by the targets (sessiond.notify)
+        self.notify_failed: Callable[[], int] = lambda: 0
+        r.register(_Read("sessiond_notify_failures", "Notices that failed to be delivered",
+                         self._notify_failed))  # fmt: skip
         self.table_counts: TableCollector | None = None
         self._woken: dict[str, float] = {}  # session -> when its oldest waiting wake came
+
+    def _notify_failed(self) -> int:
+        return self.notify_failed()  # read late: the server sets it after this is made
 
     def watch(self, table: Table) -> Callable[[], None]:
         self.table_counts = TableCollector(table)

@@ -17,12 +17,14 @@ from sessiond import __version__
 from sessiond.errors import InvalidInput
 from sessiond.web.views import (
     ARTIFACT_TYPES,
+    MESSAGES_PAGE,
     STATES,
     approvals,
     artifact_refs,
     artifact_text,
     diff_lines,
     find_approval,
+    messages_before,
 )
 
 if TYPE_CHECKING:
@@ -88,6 +90,8 @@ class Pages:
                            title="approvals")  # fmt: skip
 
     async def confirm(self, request: web.Request) -> web.Response:
+        if "link" in request.query:  # a signed link from a notice (no login)
+            return await self.server.links.page(request)
         name, call = request.match_info["name"], request.match_info["call"]
         item = await find_approval(self.kernel.table, name, call)
         return self.render(request, "confirm.html", item=item, name=name, call=call,
@@ -97,17 +101,28 @@ class Pages:
         name = request.match_info["name"]
         detail = await self.kernel.show(name)
         gate = await self.kernel.gate(name)
-        # the messages view is paged (a dict with the page's messages): its first page
-        page = await self.kernel.replay(name, view="messages") if detail["seq"] else {}
-        messages = page.get("messages", [])
+        before = before_of(request)
+        messages, older = await self.messages(name, before)
         # the newest events that name artifacts, not the whole log (it may be long)
         named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
         refs = artifact_refs(named)
         pending = await approvals([self.kernel.table.get(name)])
         return self.render(
-            request, "session.html", d=detail, gate=gate, messages=messages[-200:],
-            artifacts=refs[:100], approvals=pending, title=name,
+            request, "session.html", d=detail, gate=gate, messages=messages, older=older,
+            before=before, artifacts=refs[:100], approvals=pending, title=name,
         )  # fmt: skip
+
+    async def messages(
+        self, name: str, before: int | None
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A page of the session's messages view, newest first (``before``: older pages)."""
+        s = self.kernel.table.get(name)
+        if s.journal is None:
+            return [], None
+        state = s.journal.state
+        upto = state.seq if before is None else min(state.seq, before)
+        records = self.kernel.store.read(name, upto=upto) if upto else iter(())
+        return await messages_before(records, state, before, MESSAGES_PAGE)
 
     async def artifact(self, request: web.Request) -> web.Response:
         name, ref = request.match_info["name"], request.match_info["ref"]
@@ -121,6 +136,16 @@ class Pages:
         lines = diff_lines(text) if meta["diff"] else None
         return self.render(request, "artifact.html", name=name, a=meta, text=text, cut=cut,
                            lines=lines, title=meta["name"])  # fmt: skip
+
+
+def before_of(request: web.Request) -> int | None:
+    """``?before=SEQ``: an older page of the messages view."""
+    text = request.query.get("before", "")
+    if not text:
+        return None
+    if not text.isdigit() or len(text) > 20:
+        raise InvalidInput(f"before must be a seq, a whole number (got {text[:40]!r})")
+    return int(text)
 
 
 def _static_dir() -> str:

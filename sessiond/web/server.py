@@ -66,21 +66,28 @@ class WebServer:
 
     def __init__(self, config: WebConfig, kernel: Kernel, metrics: Metrics) -> None:
         from sessiond.web.api import Api
+        from sessiond.web.links import LinkPages
         from sessiond.web.pages import Pages
 
         self.config = config
         self.kernel = kernel
         self.metrics = metrics
+        observe = kernel.observe  # its notices are set once the daemon has started them
+        metrics.notify_failed = lambda: sum(
+            t.failed_total for t in (observe.notices.targets if observe.notices else [])
+        )
         run_user = kernel.config.run.identity()
         peers = WebPeers(frozenset({run_user[0]}) if run_user is not None else frozenset())
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
         self.pages = Pages(self)
         self.api = Api(self)
+        self.links = LinkPages(self)
         self.app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
         self.app.on_response_prepare.append(self._headers)
         self.pages.routes(self.app.router)
         self.api.routes(self.app.router)
+        self.app.router.add_post("/approvals/{name}/{call}", self.links.answer)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -103,6 +110,10 @@ class WebServer:
             return self._refuse(request, "permission_denied", why, 403)
         if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
+        if "link" in request.query and request.path.startswith("/approvals/"):
+            # a signed one-shot link from a notice: the link is the credential
+            # (sessiond.web.links checks it), no login or CSRF token
+            return await self._answer(request, handler)
         login = self.auth.login_of(request)
         if login is None:
             return self._refuse(
@@ -114,6 +125,9 @@ class WebServer:
         if why is not None:
             return self._refuse(request, "csrf", why, 403)
         request[LOGIN] = login
+        return await self._answer(request, handler)
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except SessiondError as exc:

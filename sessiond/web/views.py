@@ -7,6 +7,7 @@ browser never gets the whole table (10,000 sessions make 200 pages of 50).
 from __future__ import annotations
 
 import datetime as dt
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,10 +15,13 @@ import orjson
 
 from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
+from sessiond.log.projections import ViewScan, goal_message, message
+from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.sessions import Session, Table, summary
 
 PAGE = 50
+MESSAGES_PAGE = 100
 STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "terminated")
 
 
@@ -169,3 +173,38 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
             kind = "ctx"
         out.append((kind, line))
     return out
+
+
+async def messages_before(
+    records: Iterable[dict[str, Any]], state: State, before: int | None, limit: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of the messages view, newest first: the last ``limit`` messages before
+    seq ``before`` (None: the newest), oldest of them first, and the ``before`` of
+    the page older than this one (None: this page reaches the goal).
+
+    The paged view of ``replay --view messages`` (sessiond.log.projections) runs
+    forward from a cursor; a person reads a session from its end, so this keeps
+    the last ``limit`` items of the same scan (its summaries in force, its hidden
+    ranges) in one paced pass over ``records`` (the log up to ``before``)."""
+    kept: deque[dict[str, Any]] = deque(maxlen=limit)
+    older = False
+
+    def keep(item: dict[str, Any]) -> None:
+        nonlocal older
+        if before is None or item["seq"] < before:
+            older = older or len(kept) == limit
+            kept.append(item)
+
+    for item in goal_message(state.goal):
+        keep(item)
+    scan = ViewScan(state.summaries)
+    pacer = Pacer()
+    for record in records:
+        for item in scan.feed(record):
+            keep(message(item))
+        if pacer.due():
+            await pacer.pause()
+    for item in scan.finish():
+        keep(message(item))
+    page = list(kept)
+    return page, (page[0]["seq"] if older and page else None)

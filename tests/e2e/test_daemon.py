@@ -22,6 +22,7 @@ import pytest
 from sessiond.ipc import fence
 from tests.e2e.crafted import bundle_with_pending_approvals
 from tests.e2e.harness import SESSIOND, Daemon, alive, running, short_dir, wait_event, wait_for
+from tests.e2e.test_links import free_port
 
 NOTES = 'name = "{name}"\ngoal = "notes"\n'
 ARMED = 'name = "{name}"\n[[trigger]]\ntype = "message"\n'
@@ -423,9 +424,10 @@ def test_the_shipped_configuration_and_example_sessions_work() -> None:
         d = Daemon(root)
         shipped = Path(__file__).parents[2] / "config"
         text = (shipped / "sessiond.toml").read_text()
-        # as shipped but on a free port, with its spec folder named from here
+        # as shipped but on a free port (its notices' links need a fixed one), with
+        # its spec folder named from here
         assert 'listen = "127.0.0.1:8765"' in text
-        text = text.replace('listen = "127.0.0.1:8765"', 'listen = "127.0.0.1:0"')
+        text = text.replace('listen = "127.0.0.1:8765"', f'listen = "127.0.0.1:{free_port()}"')
         text = text.replace('specs = "sessions"', f'specs = "{shipped / "sessions"}"')
         d.config.write_text(text)
         d.start()

@@ -246,3 +246,38 @@ def test_without_the_token_or_with_a_bad_csrf_token_the_browser_is_refused(
         )
         assert statuses == [403, 403, "csrf"]
         assert d.json("show", "victim")["pending_approvals"]  # still waiting
+
+
+def test_an_approve_link_from_a_notice_works_once_in_the_browser(
+    browser: Browser, shots: Path
+) -> None:
+    """The approve link of the notice the JSON webhook got, opened with no login:
+    the confirm page, the button, the step runs once; the link again is refused."""
+    from tests.e2e.receivers import receiving
+    from tests.e2e.test_links import config, free_port, links_of
+
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d, "deploy", line="deployed")
+        approve = links_of(receiver, "deploy")["approve_url"]
+        context = browser.new_context(viewport={"width": 420, "height": 800})  # a phone
+        context.set_default_timeout(WAIT_MS)
+        page = context.new_page()
+        page.goto(approve)
+        page.wait_for_selector("#confirm")
+        assert d.json("show", "deploy")["pending_approvals"]  # opening it answered nothing
+        shoot(page, shots, "link")
+        page.fill("input[name=note]", "lgtm")
+        page.click("#confirm")
+        page.wait_for_selector("#done")
+        wait_event(
+            d, "deploy", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
+        )
+        assert (ws / "f.txt").read_text() == "deployed\n"
+        (granted,) = d.json("log", "deploy", "--type", "approval.granted")
+        assert (granted["data"]["channel"], granted["data"]["by"]) == ("link", "lgtm")
+        again = page.goto(approve)
+        assert again is not None
+        assert again.status == 409
+        assert "already used" in page.locator("#error").inner_text()
+        assert [r["type"] for r in d.json("log", "deploy")].count("tool.started") == 1
+        context.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import Daemon, running, wait_event
@@ -73,3 +74,22 @@ def test_metrics_off_loopback_need_the_login_token() -> None:
         assert Client(client.base, cookie="wrong").get("/metrics").status == 401
         m = scrape(client, headers={"Authorization": f"Bearer {token}"})
         assert m[("sessiond_approvals_pending", ())] == 0
+
+
+def test_failed_deliveries_of_a_notify_target_are_counted() -> None:
+    """sessiond_notify_failures_total was always 0: nothing counted into it."""
+    from tests.e2e.receivers import receiving
+
+    with receiving(status=503) as receiver:
+        config = (
+            WEB + f'[[notify]]\nname = "hook"\nurl = "json://{receiver.url}/h"\n'
+            'events = ["run.failed"]\nretry_min = "50ms"\nretry_max = "100ms"\n'
+        )
+        with running(config) as d:
+            run_to_end(d, "bad", "exit 3")
+            receiver.wait(lambda reqs: len(reqs) >= 2)  # refused twice at least
+            base, _ = login(d)
+            failed = scrape(Client(base))[("sessiond_notify_failures_total", ())]
+            status = orjson.loads(d.ctl("--json", "notify").stdout)["targets"][0]  # exit 1
+            assert failed >= 2
+            assert failed <= status["failed_total"]  # counted by the target itself

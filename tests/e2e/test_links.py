@@ -1,0 +1,226 @@
+"""Signed one-shot approve / deny links in approval notices (DESIGN.md section 11),
+with the real daemon, Apprise's JSON webhook to a real local receiver, and the
+links used over HTTP as a phone's browser would (the browser test,
+test_links_browser.py, clicks one in Chromium): a GET only shows the confirm
+page, the POST answers once, and every misuse is refused with its reason."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import urllib.parse
+from typing import Any
+
+import orjson
+
+from tests.e2e.harness import Daemon, running, wait_event
+from tests.e2e.receivers import Receiver, receiving
+from tests.e2e.test_web import blocked_victim
+from tests.e2e.webclient import Answer, Client
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def config(receiver: Receiver, port: int, extra: str = "") -> str:
+    return f"""
+[web]
+listen = "127.0.0.1:{port}"
+
+[[notify]]
+name = "phone"
+url = "json://{receiver.url}/hook"
+events = ["approval.requested"]
+links = true
+retry_min = "50ms"
+retry_max = "200ms"
+{extra}
+"""
+
+
+def links_of(receiver: Receiver, session: str) -> dict[str, Any]:
+    """The approval notice of ``session`` the receiver got: its payload."""
+
+    def found(requests: list[Any]) -> list[dict[str, Any]]:
+        return [
+            n
+            for n in (orjson.loads(r.body) for r in requests if r.status < 300)
+            if n["session"] == session and n["event"] == "approval.requested"
+        ]
+
+    [notice] = receiver.wait(found)
+    return dict(notice)
+
+
+def use(
+    url: str,
+    method: str = "GET",
+    note: str = "",
+    path: str | None = None,
+    origin: str | None = None,
+) -> Answer:
+    """Open (GET) or confirm (POST) a link, as a browser with no login would."""
+    parts = urllib.parse.urlsplit(url)
+    client = Client(f"{parts.scheme}://{parts.netloc}")
+    target = f"{path or parts.path}?{parts.query}"
+    if method == "GET":
+        return client.get(target)
+    body = urllib.parse.urlencode({"note": note}).encode()
+    headers = {**FORM, "Origin": origin} if origin else FORM
+    return client.request("POST", target, raw=body, headers=headers)
+
+
+def ended(record: dict[str, Any]) -> bool:
+    return bool(record["data"]["to"] == "terminated")
+
+
+def states(d: Daemon, name: str) -> list[str]:
+    return [r["type"] for r in d.json("log", name)]
+
+
+def test_an_approve_link_answers_once_and_a_second_use_is_refused_even_after_a_restart() -> None:
+    port = free_port()
+    with receiving() as receiver, running(config(receiver, port)) as d:
+        ws = blocked_victim(d)
+        notice = links_of(receiver, "victim")
+        approve, deny = notice["approve_url"], notice["deny_url"]
+        assert approve.startswith(f"http://127.0.0.1:{port}/approvals/victim/")
+        assert f"approve: {approve}" in notice["message"]
+        assert f"deny: {deny}" in notice["message"]
+        # a GET (a link preview, a scanner) shows the confirm page and answers nothing
+        page = use(approve)
+        assert page.status == 200, page.body[:300]
+        assert b'id="confirm"' in page.body
+        assert b"sh" in page.body  # the command it would run is shown
+        assert d.json("show", "victim")["pending_approvals"]
+        done = use(approve, "POST", note="from my phone")
+        assert done.status == 200, done.body[:400]
+        assert b'id="done"' in done.body
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"  # it ran, once
+        (granted,) = d.json("log", "victim", "--type", "approval.granted")
+        assert granted["data"]["channel"] == "link"
+        assert granted["data"]["user"] == "notify:phone"
+        assert granted["data"]["by"] == "from my phone"
+        again = use(approve, "POST")
+        assert again.status == 409
+        assert b"already used" in again.body
+        assert use(deny, "POST").status == 409  # the approval's other link goes with it
+        assert d.stop() == 0
+        d.start()
+        # durable: refused as used (not merely as answered) after a restart
+        for method in ("GET", "POST"):
+            after = use(approve, method)
+            assert after.status == 409, after.body[:300]
+            assert b"already used" in after.body
+        assert states(d, "victim").count("tool.started") == 1
+        assert states(d, "victim").count("approval.granted") == 1
+
+
+def test_a_deny_link_denies_and_nothing_runs() -> None:
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        notice = links_of(receiver, "victim")
+        assert use(notice["deny_url"]).status == 200
+        done = use(notice["deny_url"], "POST", note="not today")
+        assert done.status == 200, done.body[:400]
+        assert b"denied" in done.body
+        (denied,) = d.json("log", "victim", "--type", "approval.denied")
+        assert denied["data"]["channel"] == "link"
+        assert denied["data"]["user"] == "notify:phone"
+        assert denied["data"]["reason"] == "not today"
+        assert not (ws / "f.txt").exists()
+        assert "approval.granted" not in states(d, "victim")
+        refused = use(notice["approve_url"], "POST")
+        assert refused.status == 409
+        assert b"already used" in refused.body
+
+
+def test_an_expired_link_is_refused_and_the_approval_still_waits() -> None:
+    with (
+        receiving() as receiver,
+        running(config(receiver, free_port(), 'link_ttl = "1h"')) as d,
+    ):
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        assert use(approve).status == 200  # fine now
+        assert d.stop() == 0
+        # two hours on: the daemon's clock (a test-only offset) is past the link's expiry
+        d.config.write_text("clock_offset = 7200\n" + d.config.read_text())
+        d.start()
+        for method in ("GET", "POST"):
+            answer = use(approve, method)
+            assert answer.status == 410, answer.body[:300]
+            assert b"expired at" in answer.body
+        assert d.json("show", "victim")["pending_approvals"]
+        assert not (ws / "f.txt").exists()
+
+
+def tampered(url: str) -> str:
+    """The same link with its payload's answer turned from approve to deny and
+    re-encoded (the signature kept)."""
+    parts = urllib.parse.urlsplit(url)
+    token = urllib.parse.parse_qs(parts.query)["link"][0]
+    payload, sig = token.split(".")
+    raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    fields = orjson.loads(raw)
+    fields[5] = "deny"
+    forged = base64.urlsafe_b64encode(orjson.dumps(fields)).rstrip(b"=").decode()
+    return urllib.parse.urlunsplit(parts._replace(query=f"link={forged}.{sig}"))
+
+
+def test_a_tampered_link_or_one_used_on_another_approval_is_refused() -> None:
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        blocked_victim(d, "other")
+        approve = links_of(receiver, "victim")["approve_url"]
+        other = links_of(receiver, "other")["approve_url"]
+        for bad in (tampered(approve), approve[:-3], approve + "x"):
+            for method in ("GET", "POST"):
+                answer = use(bad, method)
+                assert answer.status == 403, (bad, answer.body[:300])
+                assert b"not valid" in answer.body
+        # the victim's link on the other session's address
+        wrong = use(approve, "POST", path=urllib.parse.urlsplit(other).path)
+        assert wrong.status == 403
+        assert b"is for call" in wrong.body
+        # another site's page that posts the link (its Origin) answers nothing
+        forged = use(approve, "POST", origin="https://evil.example")
+        assert forged.status == 403
+        assert b"may not answer here" in forged.body
+        assert d.json("show", "victim")["pending_approvals"]
+        assert d.json("show", "other")["pending_approvals"]
+        assert not (ws / "f.txt").exists()
+        assert use(approve, "POST").status == 200  # the real link still works
+
+
+CHANGED = """name = "victim"
+[run]
+exec = ["sh", "-c", "echo changed >> f.txt"]
+cwd = "{ws}"
+writes = ["f.txt"]
+retries = 0
+[policy]
+ask = ["command"]
+"""
+
+
+def test_a_link_for_a_command_that_changed_since_it_was_sent_is_refused() -> None:
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        spec = d.write_spec("victim-new", CHANGED.format(ws=ws))
+        d.ctl("apply", "victim", str(spec), check=True)  # the command it would run changed
+        for method in ("GET", "POST"):
+            answer = use(approve, method)
+            assert answer.status == 409, answer.body[:300]
+            assert b"changed since this link was sent" in answer.body
+        assert d.json("show", "victim")["pending_approvals"]
+        assert "approval.granted" not in states(d, "victim")
+        assert not (ws / "f.txt").exists()
