@@ -33,9 +33,7 @@ def three(pg_dsn: str) -> Iterator[list[Daemon]]:
     nodes: list[Daemon] = []
     try:
         for i in (1, 2, 3):
-            config = (
-                f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
-            )
+            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
             nodes.append(Daemon(short_dir(), config).start())
         yield nodes
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from datetime import datetime, timedelta
 
@@ -156,6 +157,7 @@ def test_an_owner_killed_right_after_a_fire_and_a_new_owner_behind_it_fire_once(
 
         assert n1.proc is not None
         n1.proc.wait(timeout=120)  # the fault: kill -9 right after the fire's run
+        assert n1.stop() == -signal.SIGKILL
         new = wait_for(lambda: taken_over([n2, n3], "tick"), timeout=TTL + 30, what="take-over")
         (row,) = [r for r in new.json("ps") if r["name"] == "tick"]
         # its own clock is behind the fire n1 recorded: the next one is the next minute's
