@@ -334,8 +334,6 @@ class SessionSpec(_Strict):
     agent: str = ""
     priority: int = Field(default=0, ge=0, le=100)
     labels: dict[str, str] = Field(default_factory=dict)
-    # a cluster (DESIGN.md section 10): only this node runs it; only a node whose
-    # [cluster] labels include these (log/store/pg/placement.py)
     node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     node_labels: dict[str, str] = Field(default_factory=dict)
     redact: list[str] = Field(default_factory=list)
