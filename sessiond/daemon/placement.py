@@ -72,7 +72,7 @@ class Placer:
         async def create(spec: str, base: str, source: str = "spec") -> dict[str, Any]:
             answer = await local_create(spec, base, source)
             moved = await self.place(answer["name"])
-            return answer if moved is None else {**answer, "node": moved}
+            return answer if moved is None else {**answer, "handed_to": moved}
 
         async def create_spec(spec: Any) -> Session:
             s = await local_create_spec(spec)

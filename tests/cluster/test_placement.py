@@ -100,7 +100,7 @@ def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
     n1, n2, n3 = placed
     train = spec_in(shared / "t", "train", 'node_labels = { gpu = "a100" }\n')
     created = n1.json("create", str(train))  # n1 lacks gpu: it goes to the node that has it
-    assert created["node"] == "n3"
+    assert created["handed_to"] == "n3"
     wait_for(lambda: runs_on(n3, "train"), timeout=30, what="train on n3")
     refused = n3.ctl("migrate", "train", "--node", "n2")
     assert refused.returncode != 0
@@ -110,7 +110,8 @@ def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
         "lacks the labels it needs: gpu=a100" in n3.ctl("migrate", "train", "--node", "n1").stderr
     )
 
-    n1.ctl("create", str(spec_in(shared / "e", "eu", 'node = "n2"\n')), check=True)
+    done = n1.ctl("create", str(spec_in(shared / "e", "eu", 'node = "n2"\n')), check=True)
+    assert "handed to node n2" in done.stdout
     wait_for(lambda: runs_on(n2, "eu"), timeout=30, what="eu on its node n2")
     refused = n2.ctl("migrate", "eu", "--node", "n3")
     assert "it is pinned to node 'n2'" in refused.stderr
@@ -128,8 +129,19 @@ def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
         "waiting for a node with labels gpu=a100",
     )
 
+    # made while no node has gpu: let go at once, it waits for one
+    n1.ctl(
+        "create",
+        str(spec_in(shared / "t2", "train2", 'node_labels = { gpu = "a100" }\n')),
+        check=True,
+    )
+    assert (row(n2, "train2") or {}).get("state") == "waiting"
+
     drained = n1.json("drain", "n2")  # eu is pinned to n2: it stays
     assert drained["staying"] == 1
     wait_for(lambda: not runs_on(n2, "free"), timeout=30, what="free off n2")
     assert runs_on(n2, "eu")
     assert "1 stay (pinned to it" in n1.ctl("drain", "n2", check=True).stdout
+
+    n3.start()  # the node with gpu is back: it claims both
+    wait_for(lambda: runs_on(n3, "train") and runs_on(n3, "train2"), timeout=30, what="n3")
