@@ -59,6 +59,7 @@ class Placer:
                 if found is None or found[2]:
                     raise  # no such session, or a live node runs it
                 placed, owner, _ = found
+                # here, not at the top: a daemon on files never imports the pg package
                 from sessiond.log.store.pg.placement import waiting_reason
 
                 return {
