@@ -317,6 +317,19 @@ class ClusterConfig(_Strict):
     lease_ttl: Duration = 10.0
     # false behind PgBouncer in transaction mode (it cannot keep prepared statements)
     prepared: bool = True
+    # what this node advertises; a spec's node_labels must all be among them
+    labels: dict[str, str] = Field(default_factory=dict)
+    # folders every node mounts at the same path: a session whose workspace lies
+    # under one may fail over; any other workspace belongs to its node
+    shared_paths: list[Path] = Field(default_factory=list)
+
+    @field_validator("shared_paths")
+    @classmethod
+    def _absolute_paths(cls, paths: list[Path]) -> list[Path]:
+        for path in paths:
+            if not path.is_absolute():
+                raise ValueError(f"{path} is not an absolute path (e.g. '/srv/shared')")
+        return paths
 
     @field_validator("node")
     @classmethod

@@ -163,6 +163,8 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
             home.mkdir(mode=0o700, parents=True, exist_ok=True)
             (home / "sessiond.toml").write_text(
                 f'[cluster]\ndsn = "{server.dsn}"\nnode = "node{i}"\nlease_ttl = "{lease_ttl}"\n'
+                # one machine: every workspace is on every node's disk, so all fail over
+                'shared_paths = ["/"]\n'
             )
             procs.append(
                 subprocess.Popen(

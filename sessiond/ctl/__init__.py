@@ -327,7 +327,8 @@ def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     except UnicodeDecodeError as exc:
         raise RemoteError("invalid_input", f"{path} is not UTF-8 text", 5) from exc
     d = conn.call("create", {"spec": text, "base": str(path.resolve().parent), "source": str(path)})
-    return _done(d, out, f"created {d['name']}: {d['state']}")
+    moved = f", handed to node {d['handed_to']}" if d.get("handed_to") else ""  # placement
+    return _done(d, out, f"created {d['name']}: {d['state']}{moved}")
 
 
 def _simple(method: str, verb: str) -> Callable[[Connection, argparse.Namespace, Out], int]:

@@ -29,4 +29,7 @@ def nodes_table(rows: list[dict[str, Any]]) -> list[list[str]]:
 def drain(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
     """``sessionctl drain N``: node N hands its sessions to the others, a few a second."""
     d = conn.call("drain", {"name": args.name})
-    return d, f"draining node {d['node']}: {d['sessions']} sessions to move"
+    text = f"draining node {d['node']}: {d['sessions']} sessions to move"
+    if d.get("staying"):  # pinned there, or with a workspace only there
+        text += f"; {d['staying']} stay (pinned to it, or their workspace is only there)"
+    return d, text

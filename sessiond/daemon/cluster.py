@@ -25,6 +25,7 @@ import structlog
 
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
+from sessiond.daemon.placement import Placer, refused
 from sessiond.errors import InvalidInput, LogLocked, Refused, SessiondError, StorageError
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
@@ -82,6 +83,8 @@ def make_store(
             node=cluster.node,
             lease_ttl=cluster.lease_ttl,
             prepared=cluster.prepared,
+            labels=cluster.labels,
+            shared_paths=cluster.shared_paths,
             clock=clock,
             local_dir=Path(config.state_dir) / "sessions",
         )
@@ -108,6 +111,7 @@ class LeaseKeeper:
         self._fence: Callable[[float], None] | None = None
         self._mailbox: asyncio.Task[None] | None = None
         self._node: Node | None = None
+        self.placer: Placer | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -155,6 +159,8 @@ class LeaseKeeper:
         self._node = node
         node.kernel.migrate_node = self.migrate_node
         node.kernel.drain = self.drain
+        self.placer = Placer(self.store, node, lambda s, to: self._hand_over(s, to, release=True))
+        self.placer.install()
         self._takeover = asyncio.ensure_future(self._take_over(node))
 
     async def migrate_node(
@@ -168,6 +174,10 @@ class LeaseKeeper:
         if s is None:
             self._node.table.get(name)  # NoSuchSession, named as on one machine
         assert s is not None
+        assert self.placer is not None
+        why = await self.placer.refusal(name, to)
+        if why is not None:
+            raise refused(name, to, why)
         moved = await self._hand_over(s, to)
         if moved is None:
             raise Refused(
@@ -176,10 +186,12 @@ class LeaseKeeper:
             )
         return {"session": name, "node": moved}
 
-    async def _hand_over(self, s: Session, to: str | None) -> str | None:
+    async def _hand_over(self, s: Session, to: str | None, *, release: bool = False) -> str | None:
         """Give ``s`` away at a stable point: not while a run is on; its triggers
         disarmed and its log closed here first, then the owner changed (the epoch
-        with it). None: nobody took it, and it stays here."""
+        with it) to a node it may run on (placement.py). None: nobody took it, and
+        it stays here; or, with ``release`` (it may not run here), it is let go
+        for the node it fits to claim when that one is up."""
         assert self._node is not None
         node = self._node
         if s.run is not None or s.state in ("running", "ready"):
@@ -187,13 +199,22 @@ class LeaseKeeper:
                 f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
                 f"interrupt it, or try again when it sleeps"
             )
+        target = await asyncio.to_thread(self.store.target_for, s.name, to)
+        if target is None and not release:
+            return None  # no node it may run on is up: it stays as it is
         async with s.lock:
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal is not None:
                 await s.journal.close()
-        moved = await asyncio.to_thread(self.store.hand_over, s.name, to)
-        if moved is None:  # nobody took it: it stays, claimed again, as after a restart
+        moved = (
+            None
+            if target is None
+            else await asyncio.to_thread(self.store.hand_over, s.name, target)
+        )
+        if moved is None and release and await asyncio.to_thread(self.store.release, s.name):
+            log.warning("cluster.released", session=s.name, why="it may not run on this node")
+        elif moved is None:  # nobody took it: it stays, claimed again, as after a restart
             await self._take(node, s.name)
         else:
             log.info("cluster.handed_over", session=s.name, to=moved)
@@ -204,18 +225,23 @@ class LeaseKeeper:
         count = await asyncio.to_thread(self.store.drain, name)
         if count is None:
             raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
-        return {"node": name, "state": "draining", "sessions": count}
+        # pinned there, or their workspace is only there: they stay (placement.py)
+        staying = await asyncio.to_thread(self.store.homed_on, name)
+        return {"node": name, "state": "draining", "sessions": count, "staying": staying}
 
     async def _drain_some(self, node: Node, at_most: int) -> None:
-        """A draining node moves a few sleeping sessions a tick (rate-limited)."""
-        for s in list(node.table.sessions.values())[: at_most * 4]:
+        """A draining node moves a few sleeping sessions a tick (rate-limited);
+        those that may run only here stay."""
+        movable = await asyncio.to_thread(self.store.movable)
+        sessions = [s for name in movable if (s := node.table.sessions.get(name)) is not None]
+        for s in sessions[: at_most * 4]:
             if at_most <= 0:
                 return
             if s.run is not None or s.state in ("running", "ready"):
                 continue  # at its next stable point
             try:
                 if await self._hand_over(s, None) is None:
-                    return  # no node to take it now
+                    continue  # no node it may run on is up now
             except SessiondError as exc:
                 log.warning("cluster.drain_skipped", session=s.name, error=str(exc))
                 continue
@@ -240,6 +266,11 @@ class LeaseKeeper:
                     return
                 if name not in node.table.sessions:
                     await self._take(node, name)
+            if self.placer is not None:
+                try:
+                    await self.placer.sweep()
+                except Exception as exc:  # the database is away: the lease keeper decides
+                    log.warning("cluster.placement_failed", error=repr(exc))
 
     async def _take(self, node: Node, name: str) -> None:
         """Claim a dead node's session and continue it as after a crash here:

@@ -334,6 +334,8 @@ class SessionSpec(_Strict):
     agent: str = ""
     priority: int = Field(default=0, ge=0, le=100)
     labels: dict[str, str] = Field(default_factory=dict)
+    node: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    node_labels: dict[str, str] = Field(default_factory=dict)
     redact: list[str] = Field(default_factory=list)
     run: RunSpec | None = None
     # factories, not shared instances: pydantic would deep-copy a model default
@@ -540,7 +542,7 @@ def spec_to_toml(spec: SessionSpec) -> str:
     for key, value in data.items():
         if key == "trigger":
             continue
-        if isinstance(value, dict) and key != "labels":
+        if isinstance(value, dict) and key not in ("labels", "node_labels"):
             tables.append((key, value))
         else:
             lines.append(f"{key} = {_toml_value(value)}")

@@ -77,7 +77,9 @@ class Timers:
                 "caught_up_to": now.isoformat(),
             }  # fmt: skip
             self.host.spawn(self.host.wake(s, "cron", details))
-        self._next_cron(armed, key, trig, cron, now)
+        # Never a fire the log has already: a cluster node whose clock is behind the
+        # one that recorded it (a take-over) would otherwise run that time again.
+        self._next_cron(armed, key, trig, cron, max(now, reference))
 
     def _next_cron(
         self, armed: Armed, key: str, trig: CronTriggerSpec, cron: Cron, after: datetime

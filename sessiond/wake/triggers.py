@@ -61,10 +61,15 @@ class Triggers:
             return
         armed = Armed(s, git_seen=self.git.seen(s.name))
         self.armed[s.name] = armed
+        crons: set[tuple[str, str, float]] = set()
         for index, trig in enumerate(spec.trigger):
             key = f"{trig.type}#{index}"
             if isinstance(trig, CronTriggerSpec):
-                self.timers.arm_cron(armed, key, trig)
+                # a repeated schedule fires the same times: one wake each (a cluster
+                # takes a fire time once, and would refuse the second)
+                if (same := (trig.schedule, trig.timezone, trig.jitter)) not in crons:
+                    crons.add(same)
+                    self.timers.arm_cron(armed, key, trig)
             elif isinstance(trig, EveryTriggerSpec):
                 self.timers.arm_every(armed, key, trig)
             elif isinstance(trig, GitTriggerSpec):

@@ -11,6 +11,10 @@ from tests.e2e.harness import Daemon, short_dir
 
 TTL = 2.0
 
+# Every node of a test runs on this one machine, and the tests' workspaces lie in
+# its /tmp: declared shared, so that their sessions may fail over (placement).
+SHARED = 'shared_paths = ["/tmp"]\n'
+
 HELLO = """name = "hello"
 [run]
 exec = ["sh", "-c", "echo hello >> out.txt"]
@@ -29,7 +33,7 @@ def three(pg_dsn: str) -> Iterator[list[Daemon]]:
     nodes: list[Daemon] = []
     try:
         for i in (1, 2, 3):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
+            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
             nodes.append(Daemon(short_dir(), config).start())
         yield nodes
     finally:

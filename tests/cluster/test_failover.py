@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
-from tests.cluster.conftest import HELLO, TTL, taken_over
+from tests.cluster.conftest import HELLO, SHARED, TTL, taken_over
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 
@@ -139,8 +139,12 @@ def test_a_node_cut_off_from_the_database_stops_its_programs_and_its_sessions_mo
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE ROLE n1user LOGIN SUPERUSER")
     cut_dsn = pg_dsn.replace("sessiond@", "n1user@", 1)
-    n1 = Daemon(short_dir(), f'[cluster]\ndsn = "{cut_dsn}"\nnode = "n1"\nlease_ttl = "{TTL}s"\n')
-    n2 = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n2"\nlease_ttl = "{TTL}s"\n')
+    n1 = Daemon(
+        short_dir(), f'[cluster]\ndsn = "{cut_dsn}"\nnode = "n1"\nlease_ttl = "{TTL}s"\n{SHARED}'
+    )
+    n2 = Daemon(
+        short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n2"\nlease_ttl = "{TTL}s"\n{SHARED}'
+    )
     try:
         n1.start()
         n2.start()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from psycopg_pool import AsyncConnectionPool
 
 from sessiond.errors import Fenced, LogLocked, NoSuchSession
+from sessiond.log.store.pg.placement import fits, from_row
 
 REGISTER = """
 INSERT INTO nodes AS n (name, incarnation, lease_until, labels)
@@ -39,21 +40,26 @@ WHERE name = %(name)s AND incarnation = %(inc)s AND lease_until > now()
 RETURNING lease_until, state
 """
 
-# A session is ours to take when nobody owns it, we do, or its owner's lease
-# lapsed; our own lease must be running. The epoch goes up by one either way.
-CLAIM = """
+# A session is ours to take when we own it, or when nobody does or its owner's
+# lease lapsed and it may run here (placement.py: pinned, workspace, labels); our
+# own lease must be running. The epoch goes up by one either way.
+CLAIM = f"""
 UPDATE sessions AS s SET owner = %(name)s, epoch = s.epoch + 1
 FROM nodes AS me
 WHERE s.name = %(session)s
   AND me.name = %(name)s AND me.incarnation = %(inc)s AND me.lease_until > now()
-  AND (s.owner IS NULL OR s.owner = %(name)s
-       OR NOT EXISTS (SELECT 1 FROM nodes AS o
-                      WHERE o.name = s.owner AND o.lease_until > now()))
+  AND (s.owner = %(name)s
+       OR ((s.owner IS NULL
+            OR NOT EXISTS (SELECT 1 FROM nodes AS o
+                           WHERE o.name = s.owner AND o.lease_until > now()))
+           AND {fits("me.name", "me.labels")}))
 RETURNING s.epoch, s.last_seq, s.last_id
 """
 
 WHO_OWNS = """
-SELECT s.owner, n.lease_until > now(), n.lease_until
+SELECT s.owner, n.lease_until > now(), n.lease_until,
+       s.pinned, s.needs, s.workspace, s.workspace_node,
+       (SELECT labels FROM nodes WHERE name = %(name)s)
 FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner
 WHERE s.name = %(session)s
 """
@@ -119,7 +125,7 @@ class Lease:
             row = await cur.fetchone()
             if row is not None:
                 return int(row[0]), int(row[1]), row[2]
-            cur = await conn.execute(WHO_OWNS, {"session": session})
+            cur = await conn.execute(WHO_OWNS, {"session": session, "name": self.name})
             owner = await cur.fetchone()
         if owner is None:
             raise NoSuchSession(f"no session {session!r} in the cluster's database")
@@ -128,6 +134,10 @@ class Lease:
                 f"session {session!r} is owned by node {owner[0]!r} (lease until {owner[2]}); "
                 "it runs there. Use `sessionctl migrate --node` or wait for that node's lease"
             )
+        placed = from_row(*owner[3:7])
+        refusal = placed.refusal(self.name, dict(owner[7] or {}))
+        if refusal is not None:  # not ours to run: it waits for the node it fits
+            raise LogLocked(f"session {session!r} does not run on node {self.name!r}: {refusal}")
         raise Fenced(
             f"node {self.name!r} cannot claim session {session!r}: its own lease lapsed "
             f"(incarnation {self.incarnation}); the node must restart its claims"

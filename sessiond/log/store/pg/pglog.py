@@ -42,6 +42,7 @@ from sessiond.log.store.base import (
 from sessiond.log.store.lines import RecordBuilder
 from sessiond.log.store.pg.committer import Batch, Committer
 from sessiond.log.store.pg.nodes import Lease
+from sessiond.log.store.pg.once import cron_fires
 
 READ_BATCH = 1000  # events a query of a reader fetches at most
 
@@ -92,6 +93,7 @@ class PgEventLog(EventLog):
         epoch: int,
         query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
         on_close: Callable[[], Awaitable[None]],
+        once: Callable[[Batch, list[tuple[str, str, str]]], Awaitable[bool]] | None = None,
     ) -> None:
         self.session = session
         # Durability is PostgreSQL's (synchronous_commit): an append is acknowledged
@@ -102,6 +104,7 @@ class PgEventLog(EventLog):
         self._lease = lease
         self._query = query
         self._on_close = on_close
+        self._once = once  # a batch with a cron wake commits with its dedup keys (once.py)
         self._builder = RecordBuilder(session, clock)
         self._builder.stamp = {"node": lease.name, "epoch": epoch}
         self._pos = START
@@ -208,7 +211,12 @@ class PgEventLog(EventLog):
             [r["id"] for r in records],
             lines,
         )
-        if not await self._committer.submit(batch):
+        fires = cron_fires(self.session, records) if self._once is not None else []
+        if fires and self._once is not None:
+            committed = await self._once(batch, fires)
+        else:
+            committed = await self._committer.submit(batch)
+        if not committed:
             raise Fenced(
                 f"node {self._lease.name!r} may no longer write to session {self.session!r} "
                 f"(epoch {self.epoch}): its lease lapsed or another node claimed the session; "

@@ -18,10 +18,11 @@ advisory locks either). The schema is checked, never made, at start: that is
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,10 @@ from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
 from sessiond.log.store.pg.nodes import Lease
+from sessiond.log.store.pg.once import commit_once
 from sessiond.log.store.pg.pglog import PgEventLog, read_events
 from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
+from sessiond.log.store.pg.placement import PLACE, PlacementQueries, fits
 from sessiond.names import check_name
 
 CREATE = """
@@ -52,7 +55,7 @@ FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, i
 """
 
 
-class PgStore(Store):
+class PgStore(PlacementQueries, Store):
     """Every session of the cluster; this node's lease; its open logs."""
 
     def __init__(
@@ -67,8 +70,10 @@ class PgStore(Store):
         snapshots_keep: int = 2,
         pool_size: int = 8,
         local_dir: Path | None = None,
+        shared_paths: Sequence[Path] = (),
     ) -> None:
         self.dsn = dsn
+        self.shared_paths = list(shared_paths)  # [cluster] shared_paths (placement.py)
         # the node's own caches (a parsed spec, a git cursor); not the sessions
         self.sessions_dir = local_dir if local_dir is not None else Path("/nonexistent")
         self.clock = clock
@@ -165,9 +170,9 @@ class PgStore(Store):
         whose lease lapsed. The others run on their nodes."""
         rows = self._query(
             "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
-            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
-            "ORDER BY s.name",
-            {"me": self.lease.name},
+            "WHERE s.owner = %(me)s OR ((s.owner IS NULL OR n.lease_until <= now()) "
+            f"AND {fits('%(me)s', '%(labels)s::jsonb')}) ORDER BY s.name",
+            {"me": self.lease.name, "labels": self.lease.labels},
         )
         return [r[0] for r in rows]
 
@@ -231,9 +236,10 @@ class PgStore(Store):
         after. The node it went to, or None when no such node is alive."""
         rows = self._query(
             "UPDATE sessions AS s SET owner = t.name, epoch = s.epoch + 1 "
-            "FROM (SELECT n.name FROM nodes AS n WHERE n.lease_until > now() "
+            "FROM (SELECT n.name FROM nodes AS n, sessions AS s WHERE n.lease_until > now() "
             "AND n.state = 'up' AND n.name <> %(me)s "
             "AND (%(to)s::text IS NULL OR n.name = %(to)s) "
+            f"AND s.name = %(n)s AND {fits('n.name', 'n.labels')} "
             "ORDER BY (SELECT count(*) FROM sessions AS c WHERE c.owner = n.name), n.name "
             "LIMIT 1) AS t "
             "WHERE s.name = %(n)s AND s.owner = %(me)s RETURNING t.name",
@@ -260,9 +266,10 @@ class PgStore(Store):
         claim itself (nodes.py) is what decides who gets a session."""
         rows = self._query(
             "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
-            "WHERE s.owner IS NULL OR s.owner = %(me)s OR n.lease_until <= now() "
+            "WHERE s.owner = %(me)s OR ((s.owner IS NULL OR n.lease_until <= now()) "
+            f"AND {fits('%(me)s', '%(labels)s::jsonb')}) "
             "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
-            {"me": self.lease.name, "n": limit},
+            {"me": self.lease.name, "n": limit, "labels": self.lease.labels},
         )
         return [r[0] for r in rows]
 
@@ -320,6 +327,7 @@ class PgStore(Store):
                     raise Fenced(
                         f"node {self.lease.name!r} cannot create {name!r}: its lease lapsed"
                     )
+                await conn.execute(PLACE, self.placement_for(spec).params(name))
                 for start in range(0, len(seqs), 1000):
                     await conn.execute(
                         COPY_EVENTS,
@@ -353,6 +361,7 @@ class PgStore(Store):
             epoch=epoch,
             query=self._query,
             on_close=lambda: self._release(name),
+            once=functools.partial(commit_once, pool, self.lease),
         )
 
     async def open_log(self, name: str, *, durability: Durability = "fsync") -> PgEventLog:
@@ -398,7 +407,8 @@ class PgStore(Store):
                 (
                     "UPDATE sessions SET spec = %(t)s WHERE name = %(n)s",
                     {"n": check_name(name), "t": text},
-                )
+                ),
+                (PLACE, self.placement_for(text).params(name)),
             ]
         )
 

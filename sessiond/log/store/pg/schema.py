@@ -86,6 +86,16 @@ STEPS: list[str] = [
         PRIMARY KEY (session, digest)
     );
     """,
+    # placement (DESIGN.md section 10): the node a spec pins the session to, the
+    # labels it needs of its node, and the node its workspace lives on (NULL: it
+    # has none, or it lies under [cluster] shared_paths, so it may fail over)
+    """
+    ALTER TABLE sessions
+        ADD COLUMN pinned         text,
+        ADD COLUMN needs          jsonb NOT NULL DEFAULT '{}',
+        ADD COLUMN workspace      text,
+        ADD COLUMN workspace_node text;
+    """,
 ]
 
 VERSION = len(STEPS)

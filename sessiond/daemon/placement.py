@@ -1,0 +1,132 @@
+"""Placement on a cluster node (DESIGN.md section 10): wiring only.
+
+The rules are the database's (sessiond/log/store/pg/placement.py): which node a
+session may run on, checked in the statement that claims or hands it over. Here
+the node
+
+- hands a session it may not run (created, forked, imported or reloaded here
+  with a spec that pins it elsewhere or needs labels this node lacks) to a node
+  it fits, at a stable point, or lets go of it when no such node is up;
+- refuses ``migrate --node`` to a node the session does not fit, saying why;
+- lists, in ``ps`` and ``show``, the sessions no live node runs and what each
+  waits for ("waiting for node n2").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from sessiond.errors import NoSuchSession, Refused
+
+if TYPE_CHECKING:
+    from sessiond.daemon.cluster import Node
+    from sessiond.log.store.pg.pgstore import PgStore
+    from sessiond.table.sessions import Session
+
+log = structlog.get_logger("sessiond.cluster")
+
+HandOver = Callable[["Session", "str | None"], Awaitable["str | None"]]
+
+
+class Placer:
+    def __init__(self, store: PgStore, node: Node, hand_over: HandOver) -> None:
+        self.store = store
+        self.node = node
+        self.hand_over = hand_over  # LeaseKeeper's: at a stable point, or let go
+
+    def install(self) -> None:
+        """Wrap the syscalls placement changes (the socket looks them up per call)."""
+        kernel = self.node.kernel
+        local_ps, local_show = kernel.ps, kernel.show
+        local_create, local_create_spec = kernel.create, kernel.create_spec
+
+        async def ps() -> list[dict[str, Any]]:
+            rows = await local_ps()
+            have = {r["name"] for r in rows}
+            waiting = await asyncio.to_thread(self.store.waiting)
+            rows += [_row(w) for w in waiting if w["name"] not in have]
+            return sorted(rows, key=lambda r: str(r["name"]))
+
+        async def show(name: str) -> dict[str, Any]:
+            try:
+                return await local_show(name)
+            except NoSuchSession:
+                found = await asyncio.to_thread(self.store.placement, name)
+                if found is None or found[2]:
+                    raise  # no such session, or a live node runs it
+                placed, owner, _ = found
+                # here, not at the top: a daemon on files never imports the pg package
+                from sessiond.log.store.pg.placement import waiting_reason
+
+                return {
+                    **_row({"name": name, "node": placed.home or owner}),
+                    "reason": waiting_reason(placed, owner),
+                    "program": None,
+                    "triggers": [],
+                    "seq": None,
+                }
+
+        async def create(spec: str, base: str, source: str = "spec") -> dict[str, Any]:
+            answer = await local_create(spec, base, source)
+            moved = await self.place(answer["name"])
+            return answer if moved is None else {**answer, "handed_to": moved}
+
+        async def create_spec(spec: Any) -> Session:
+            s = await local_create_spec(spec)
+            await self.place(s.name)
+            return s
+
+        kernel.ps, kernel.show = ps, show
+        kernel.create, kernel.create_spec = create, create_spec
+
+    async def place(self, name: str) -> str | None:
+        """A session just made here that may not run here goes now: the node it
+        went to, or None (it stays, or waits for a node it fits)."""
+        if name not in await asyncio.to_thread(self.store.misplaced):
+            return None
+        s = self.node.table.sessions.get(name)
+        return None if s is None else await self.hand_over(s, None)
+
+    async def sweep(self) -> None:
+        """Each take-over tick: move on what this node holds and may not run."""
+        for name in await asyncio.to_thread(self.store.misplaced):
+            s = self.node.table.sessions.get(name)
+            if s is None or s.run is not None or s.state in ("running", "ready"):
+                continue  # not loaded here, or at its next stable point
+            await self.hand_over(s, None)
+
+    async def refusal(self, name: str, to: str) -> str | None:
+        """Why ``name`` may not go to node ``to`` (None: it may, as far as placement goes)."""
+        found, target = await asyncio.gather(
+            asyncio.to_thread(self.store.placement, name),
+            asyncio.to_thread(self.store.node_row, to),
+        )
+        if found is None or target is None:
+            return None  # refused by the hand-over itself, with its own reason
+        return found[0].refusal(to, target[2])
+
+
+def _row(w: dict[str, Any]) -> dict[str, Any]:
+    """A ``ps`` row of a session no live node runs."""
+    return {
+        "name": w["name"],
+        "state": "waiting",
+        "reason": w.get("reason"),
+        "agent": "",
+        "priority": 0,
+        "runs": 0,
+        "last_active": None,
+        "next_wake": None,
+        "pid": None,
+        "parent": None,
+        "outcome": None,
+        "node": w.get("node"),
+    }
+
+
+def refused(name: str, to: str, why: str) -> Refused:
+    return Refused(f"session {name!r} cannot go to node {to!r}: {why}")

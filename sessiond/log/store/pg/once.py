@@ -1,0 +1,115 @@
+"""Cron fires once for the whole cluster (DESIGN.md section 10, "Wakes").
+
+A cron ``wake.requested`` carries its schedule and fire time. When a batch of a
+session's log holds one, that batch is not written by the group commit but by
+one transaction of its own that
+
+1. fences the session's row as every append does (epoch, end of the log, the
+   owner's lease unexpired by ``now()``): the row stays locked to the commit, so
+   no claim can pass in between;
+2. inserts a dedup key per (session, schedule, fire time) into ``wakes``
+   (``dedup`` is UNIQUE);
+3. inserts the events.
+
+All or nothing: the key exists exactly when the wake is in the log. A node that
+fires a time already fired (a new owner whose clock is behind the old one's,
+catching up) has its write refused whole — :class:`AlreadyFired`, a
+:class:`~sessiond.errors.Fenced` — and nothing of it lands. The timers
+(sessiond.wake.timers) never schedule a fire the log already holds; this is the
+database's guarantee behind theirs, whatever the clocks say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from sessiond.errors import Fenced
+from sessiond.log.store.base import Record
+from sessiond.log.store.pg.committer import Batch
+from sessiond.log.store.pg.nodes import Lease
+
+FENCE_ONE = """
+UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s
+FROM nodes AS n
+WHERE s.name = %(s)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
+  AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
+  AND n.lease_until > now()
+RETURNING s.name
+"""
+
+# taken_at is set: a fired cron is no open wake for anyone to take
+TAKE_KEYS = """
+INSERT INTO wakes (session, kind, detail, dedup, taken_at)
+SELECT %(s)s, 'cron',
+       jsonb_build_object('fire', k.fire, 'schedule', k.schedule, 'epoch', %(epoch)s::bigint,
+                          'node', %(node)s::text),
+       k.dedup, now()
+FROM unnest(%(keys)s::text[], %(fires)s::text[], %(schedules)s::text[])
+    AS k(dedup, fire, schedule)
+ON CONFLICT (dedup) DO NOTHING
+RETURNING dedup
+"""
+
+INSERT_EVENTS = """
+INSERT INTO events (session, seq, id, line)
+SELECT %(s)s, e.seq, e.id, e.line
+FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, id, line)
+"""
+
+
+class AlreadyFired(Fenced):
+    """A cron fire time this session has on record already: nothing was written."""
+
+
+def cron_fires(session: str, records: list[Record]) -> list[tuple[str, str, str]]:
+    """(dedup key, fire, schedule) of each cron wake among ``records``."""
+    out = []
+    for r in records:
+        data = r.get("data") or {}
+        if r.get("type") != "wake.requested" or data.get("trigger") != "cron":
+            continue
+        details = data.get("details") or {}
+        fire, schedule = str(details.get("fire", "")), str(details.get("schedule", ""))
+        out.append((f"cron|{session}|{schedule}|{fire}", fire, schedule))
+    return out
+
+
+async def commit_once(
+    pool: AsyncConnectionPool, lease: Lease, batch: Batch, fires: list[tuple[str, str, str]]
+) -> bool:
+    """Commit ``batch`` with the dedup keys of its cron ``fires``, in one transaction.
+
+    False when the session's fence refused it (as the group commit says);
+    raises :class:`AlreadyFired` when a fire is on record already."""
+    params: dict[str, Any] = {
+        "s": batch.session,
+        "epoch": batch.epoch,
+        "after": batch.after,
+        "last": batch.seqs[-1],
+        "last_id": batch.ids[-1],
+        "node": lease.name,
+        "inc": lease.incarnation,
+        "keys": [k for k, _, _ in fires],
+        "fires": [f for _, f, _ in fires],
+        "schedules": [sch for _, _, sch in fires],
+        "seqs": batch.seqs,
+        "ids": batch.ids,
+        "lines": batch.lines,
+    }
+    async with pool.connection() as conn, conn.transaction():
+        cur = await conn.execute(FENCE_ONE, params)
+        if await cur.fetchone() is None:
+            return False  # nothing was changed: the transaction commits nothing
+        cur = await conn.execute(TAKE_KEYS, params)
+        taken = {row[0] for row in await cur.fetchall()}
+        if len(taken) < len(fires):
+            # raised inside the transaction: it is rolled back, fence and keys too
+            missing = ", ".join(f for k, f, _ in fires if k not in taken) or fires[0][1]
+            raise AlreadyFired(
+                f"session {batch.session!r} has its cron fire {missing} on record already "
+                "(it fires once for the whole cluster); nothing was written"
+            )
+        await conn.execute(INSERT_EVENTS, params)
+    return True
