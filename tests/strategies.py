@@ -53,7 +53,8 @@ def for_type(tp: Any, meta: tuple[Any, ...] = ()) -> st.SearchStrategy[Any]:
                 hi = int(m.le)  # type: ignore[call-overload]
         return st.integers(lo, hi)
     if tp is float:  # finite (no field allows NaN or infinity), and at least its ge
-        low = min((float(m.ge) for m in meta if isinstance(m, annotated_types.Ge)), default=-1e9)
+        ges = [m.ge for m in meta if isinstance(m, annotated_types.Ge)]
+        low = float(ges[0]) if ges else -1e9  # type: ignore[arg-type]
         return st.floats(low, 1e9, allow_nan=False, allow_infinity=False)
     if tp is type(None):
         return st.none()
