@@ -7,8 +7,8 @@ run to run under the state dir), and reads the stream as it comes:
 
 - each assistant message is a model step: ``model.requested``/``model.responded``
   with its tokens; the last one of a CLI run carries the run's totals and its
-  cost (``cost_usd``: the result's ``total_cost_usd``, less what the resumed
-  CLI session had cost before, which the CLI counts in);
+  cost (``cost_usd``: the result's ``total_cost_usd``, which counts the resumed
+  CLI session's earlier runs, less what the events already carry);
 - each tool call is a tool step. Calls the CLI asks about go through the
   permission tool (sessiond.integrations.claude_permission), which begins the
   step under the session's policy; calls it was told to allow up front
@@ -136,7 +136,7 @@ class Driver:
         self.session_id = ""
         self.cost = 0.0
         self.reported = False  # the result line came: self.cost is this CLI run's
-        self.cost_before = 0.0  # what the resumed CLI session had cost until now
+        self.cost_before = 0.0  # of the CLI session's cost, what events already carry
         self.totals = (0, 0)
         self.recorded = [0, 0]
         self.flushed: set[Any] = set()  # ids of the responses recorded
@@ -164,10 +164,11 @@ class Driver:
         argv += ["--setting-sources", "user"]
         if resume:
             argv += ["--resume", resume]
-            self.cost_before = self.cost_of(resume)
+            self.cost_before = self.cost_recorded(resume)
         else:
             self.session_id = str(uuid.uuid4())
             argv += ["--session-id", self.session_id]
+            self.record_cost(self.session_id, 0.0)
         if s.get("model"):
             argv += ["--model", s["model"]]
         if s.get("max_turns"):
@@ -226,6 +227,9 @@ class Driver:
             # transcript's cost state); each run's events carry what that run cost.
             self.cost = total - self.cost_before if total >= self.cost_before else total
             self.reported = True
+            # Before the reply that carries it is recorded: a crash between the two
+            # loses this run's cost, never counts it twice.
+            self.record_cost(self.session_id, total)
             usage = event.get("usage") or {}
             tin = sum(int(usage.get(k) or 0) for k in ("input_tokens",
                       "cache_creation_input_tokens", "cache_read_input_tokens"))  # fmt: skip
@@ -342,6 +346,22 @@ class Driver:
     def transcript(self, session_id: str) -> Path | None:
         found = list((self.home / ".claude" / "projects").glob(f"*/{session_id}.jsonl"))
         return found[0] if found else None
+
+    def record_cost(self, session_id: str, total: float) -> None:
+        data = {"session": session_id, "total": total}
+        (self.home / "cost-recorded").write_bytes(orjson.dumps(data))
+
+    def cost_recorded(self, session_id: str) -> float:
+        """Of the CLI session's running total, what the session's events carry: the
+        total of its last reported run. A run stopped by a question reports none,
+        but the CLI saves its cost state when stopped: the next run's total counts
+        it, and its events carry it. A fork (or an import) has only the
+        transcript: its cost state, which the parent's events carried."""
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            data = orjson.loads((self.home / "cost-recorded").read_bytes())
+            if data["session"] == session_id:
+                return float(data["total"])
+        return self.cost_of(session_id)
 
     def cost_of(self, session_id: str) -> float:
         """What the CLI session had cost so far: its transcript's last cost state

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(400)
 MODEL = "claude-sonnet-4-5"
 
 
-def _spec(ws: Path, *, allow: str, prompt: str) -> str:
+def _spec(ws: Path, *, allow: str, prompt: str, ask: str = "") -> str:
     return f"""name = "cc"
 goal = "keep notes"
 [run]
@@ -37,6 +37,7 @@ max_turns = 10
 cli = "{CLI}"
 [policy]
 allow = [{allow}]
+ask = [{ask}]
 [[trigger]]
 type = "message"
 """
@@ -86,6 +87,39 @@ def test_each_cli_run_puts_its_own_cost_on_its_last_reply_and_show_sums_it(
         assert f"cost ${first + second:.4f}" in human
         log = d.ctl("log", "cc", "--type", "model.responded", check=True).stdout
         assert f"cost=${second:.4f}" in log
+
+
+def _price(tokens_in: int, tokens_out: int) -> float:
+    return tokens_in * 3e-6 + tokens_out * 15e-6
+
+
+def test_the_cost_of_a_cli_run_stopped_by_a_question_is_not_lost(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    write = {"file_path": str(ws / "b.txt"), "content": "x\n"}
+    script = [
+        # the CLI is stopped at the question: its run reports no result, no cost
+        Turn(tool("Write", **write), input_tokens=1000, output_tokens=500),
+        Turn(tool("Write", **write), input_tokens=2000, output_tokens=100),
+        Turn(text("Written."), input_tokens=3000, output_tokens=50),
+    ]
+    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+        spec = _spec(ws, allow="", ask='"Write"', prompt="Write b.txt.")
+        d.ctl("create", str(d.write_spec("cc", spec)), check=True)
+        d.ctl("activate", "cc", check=True)
+        wait_event(d, "cc", "approval.requested", timeout=120)
+        wait_for(lambda: _state(d) == "blocked", 60, "the session blocked on the question")
+        d.ctl("approve", "cc", check=True)
+        wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
+        assert (ws / "b.txt").read_text() == "x\n"
+        assert len(ep.requests) == 3
+        costs = [e["data"].get("cost_usd") for e in _events(d, "model.responded")]
+        assert costs[:2] == [None, None]  # the stream gives no cost per reply
+        # the stopped run's reply is counted in the next run's figure, not lost
+        everything = _price(1000, 500) + _price(2000, 100) + _price(3000, 50)
+        assert costs[2] == pytest.approx(everything)
+        assert _transcript_costs(d)[-1] == pytest.approx(everything)
+        assert d.json("show", "cc")["budget_used"]["cost_usd"] == pytest.approx(everything)
 
 
 def _run_processes(home: Path) -> list[int]:
