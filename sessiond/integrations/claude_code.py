@@ -316,7 +316,11 @@ class Driver:
             for raw in f:
                 self.asked.append(raw.strip())
                 if self.proc is not None and self.proc.poll() is None:
-                    os.killpg(self.proc.pid, signal.SIGTERM)
+                    # The CLI alone: its permission server (same process group) must
+                    # outlive it. A server gone first fails the pending call with
+                    # "Connection closed", and a CLI still shutting down asks the
+                    # model again with that error (seen on a loaded machine).
+                    os.kill(self.proc.pid, signal.SIGTERM)
 
     def cli(self, prompt: str, resume: str | None, cwd: str) -> int:
         threading.Thread(target=self.watch_notices, daemon=True).start()
@@ -338,6 +342,9 @@ class Driver:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             code = self.proc.wait()
+            # what the CLI left of its group: the permission server still waiting
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
             # the notice pipe's reader may still wait for a writer: let it end
             with contextlib.suppress(OSError):
                 os.close(os.open(self.rundir / "notice", os.O_WRONLY | os.O_NONBLOCK))
