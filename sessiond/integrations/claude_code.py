@@ -227,9 +227,12 @@ class Driver:
             # transcript's cost state); each run's events carry what that run cost.
             self.cost = total - self.cost_before if total >= self.cost_before else total
             self.reported = True
-            # Before the reply that carries it is recorded: a crash between the two
-            # loses this run's cost, never counts it twice.
-            self.record_cost(self.session_id, total)
+            if self.pending is not None:
+                # Before the reply that carries it is recorded: a crash between the
+                # two loses this run's cost, never counts it twice. With no reply
+                # left to carry it (the last one asked for a tool: max_turns), the
+                # next run's figure counts it.
+                self.record_cost(self.session_id, total)
             usage = event.get("usage") or {}
             tin = sum(int(usage.get(k) or 0) for k in ("input_tokens",
                       "cache_creation_input_tokens", "cache_read_input_tokens"))  # fmt: skip
