@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit agents faults faults-selftest bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ agents:
 $(AGENTS): tests/agents/package.json tests/agents/package-lock.json
 	cd tests/agents && npm ci --no-audit --no-fund --loglevel=error
 	touch $(AGENTS)
+
+# examples/claude-code offline: the real CLI and daemon, a scripted model on loopback.
+example-claude-code: $(STAMP) agents
+	$(BIN)/python examples/claude-code/offline.py
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
 # (tests/faults/faultfs.py, FUSE); about an hour on 2 shared cores. `make test` runs 6.

@@ -46,6 +46,7 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     "model.requested": lambda d: f"{d['model']} request {d['request_id']}",
     "model.responded": lambda d: (
         f"{d['model']} {d['status']} in={d['tokens_in']} out={d['tokens_out']}"
+        + (f" cost=${d['cost_usd']:.4f}" if d.get("cost_usd") is not None else "")
     ),
     "tool.intent": lambda d: f"{_tool(d)} {d['risk']['side_effect']}/{d['risk']['resume']}",
     "policy.decided": lambda d: f"{_tool(d)} {d['decision']} by {d['rule']}",

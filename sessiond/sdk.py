@@ -318,13 +318,16 @@ class Run:
         key: str | None = None,
         usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None,
+        cost: Callable[[Any], float | None] | None = None,
     ) -> Any:
         """Send a model request at most once for this place in the turn: ``fn()`` makes
         it and returns the response; a later run of the turn gets the recorded response
         and no request is sent. The request is kept as the call's context artifact;
         tokens come from the response's ``usage`` (OpenAI or Anthropic shape) unless
         ``usage`` says. A request that differs from the recorded one (a timestamp) is
-        recorded and answered from the log; with ``strict=True`` it is a divergence."""
+        recorded and answered from the log; with ``strict=True`` it is a divergence.
+        ``cost`` gives what the response was reported to cost in US dollars (None:
+        not known), recorded on ``model.responded``."""
         ordinal = self._place(key)
         answer = self._begin(
             kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
@@ -341,7 +344,7 @@ class Run:
         tin, tout = (usage or _usage)(value)
         self._call(
             "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
-            tokens_out=tout, text=(text or _text)(value),
+            tokens_out=tout, text=(text or _text)(value), cost_usd=cost(value) if cost else None,
             duration_ms=int((time.monotonic() - started) * 1000),
         )  # fmt: skip
         return value
@@ -462,17 +465,17 @@ class AsyncRun:
     def model_call(
         self, model: str, request: Any, fn: Callable[[], Any], *, strict: bool = False,
         key: str | None = None, usage: Callable[[Any], tuple[int, int]] | None = None,
-        text: Callable[[Any], str] | None = None,
+        text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
         ordinal = self.sync._place(key)
         return self._model_call(
-            ordinal, model, request, fn, strict=strict, key=key, usage=usage, text=text
+            ordinal, model, request, fn, strict=strict, key=key, usage=usage, text=text, cost=cost
         )
 
     async def _model_call(
         self, ordinal: int, model: str, request: Any, fn: Callable[[], Any], *, strict: bool,
         key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
-        text: Callable[[Any], str] | None = None,
+        text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
@@ -495,6 +498,7 @@ class AsyncRun:
             lambda: self.sync._call(
                 "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
                 tokens_out=tout, text=(text or _text)(value),
+                cost_usd=cost(value) if cost else None,
             )
         )  # fmt: skip
         return value

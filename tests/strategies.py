@@ -52,11 +52,15 @@ def for_type(tp: Any, meta: tuple[Any, ...] = ()) -> st.SearchStrategy[Any]:
             if isinstance(m, annotated_types.Le):
                 hi = int(m.le)  # type: ignore[call-overload]
         return st.integers(lo, hi)
+    if tp is float:  # finite (no field allows NaN or infinity), and at least its ge
+        ges = [m.ge for m in meta if isinstance(m, annotated_types.Ge)]
+        low = float(ges[0]) if ges else -1e9  # type: ignore[arg-type]
+        return st.floats(low, 1e9, allow_nan=False, allow_infinity=False)
     if tp is type(None):
         return st.none()
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        return st.one_of([for_type(a) for a in get_args(tp)])
+        return st.one_of([for_type(a, meta) for a in get_args(tp)])
     if origin is Literal:
         return st.sampled_from(get_args(tp))
     if origin is dict:

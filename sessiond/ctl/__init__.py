@@ -207,6 +207,10 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         lines.append(("children", ", ".join(d["children"])))
     if d.get("merged"):
         lines.append(("merged", ", ".join(d["merged"])))
+    used = d.get("budget_used") or {}
+    if used.get("tokens") or used.get("cost_usd"):
+        cost = f", cost ${used['cost_usd']:.4f}" if used.get("cost_usd") else ""
+        lines.append(("used", f"{used['tokens']} tokens{cost}"))
     last_run = d.get("last_run")
     if last_run:
         lines.append(

@@ -6,7 +6,9 @@ stream-json --verbose`` with a private ``HOME``/``CLAUDE_CONFIG_DIR`` (kept from
 run to run under the state dir), and reads the stream as it comes:
 
 - each assistant message is a model step: ``model.requested``/``model.responded``
-  with its tokens (the last one of a CLI run carries the run's totals and cost);
+  with its tokens; the last one of a CLI run carries the run's totals and its
+  cost (``cost_usd``: the result's ``total_cost_usd``, which counts the resumed
+  CLI session's earlier runs, less what the events already carry);
 - each tool call is a tool step. Calls the CLI asks about go through the
   permission tool (sessiond.integrations.claude_permission), which begins the
   step under the session's policy; calls it was told to allow up front
@@ -133,6 +135,8 @@ class Driver:
         self.proc: subprocess.Popen[bytes] | None = None
         self.session_id = ""
         self.cost = 0.0
+        self.reported = False  # the result line came: self.cost is this CLI run's
+        self.cost_before = 0.0  # of the CLI session's cost, what events already carry
         self.totals = (0, 0)
         self.recorded = [0, 0]
         self.flushed: set[Any] = set()  # ids of the responses recorded
@@ -160,9 +164,11 @@ class Driver:
         argv += ["--setting-sources", "user"]
         if resume:
             argv += ["--resume", resume]
+            self.cost_before = self.cost_recorded(resume)
         else:
             self.session_id = str(uuid.uuid4())
             argv += ["--session-id", self.session_id]
+            self.record_cost(self.session_id, 0.0)
         if s.get("model"):
             argv += ["--model", s["model"]]
         if s.get("max_turns"):
@@ -216,7 +222,17 @@ class Driver:
                 self.flush()
             return
         if kind == "result":
-            self.cost = float(event.get("total_cost_usd") or 0.0)
+            total = float(event.get("total_cost_usd") or 0.0)
+            # The CLI's total counts the resumed session's earlier runs (its
+            # transcript's cost state); each run's events carry what that run cost.
+            self.cost = total - self.cost_before if total >= self.cost_before else total
+            self.reported = True
+            if self.pending is not None:
+                # Before the reply that carries it is recorded: a crash between the
+                # two loses this run's cost, never counts it twice. With no reply
+                # left to carry it (the last one asked for a tool: max_turns), the
+                # next run's figure counts it.
+                self.record_cost(self.session_id, total)
             usage = event.get("usage") or {}
             tin = sum(int(usage.get(k) or 0) for k in ("input_tokens",
                       "cache_creation_input_tokens", "cache_read_input_tokens"))  # fmt: skip
@@ -245,8 +261,9 @@ class Driver:
         self.recorded[0] += tin
         self.recorded[1] += tout
         response = dict(message, session_id=self.session_id)
-        if last:
-            response["cost_usd"] = self.cost
+        cost = round(self.cost, 6) if last and self.reported else None
+        if cost is not None:
+            response["cost_usd"] = cost
         request = {"claude_session": self.session_id, "message": message.get("id")}
         self.run.model_call(
             str(message.get("model") or self.s.get("model") or "claude"),
@@ -255,6 +272,7 @@ class Driver:
             key=f"cc.{message.get('id') or uuid.uuid4()}",
             usage=lambda _r: (tin, tout),
             text=lambda _r: _text_of(message),
+            cost=lambda _r: cost,
         )
         # The permission tool waits for this before it asks about the response's
         # calls (claude_permission.Asker.wait_recorded).
@@ -301,7 +319,11 @@ class Driver:
             for raw in f:
                 self.asked.append(raw.strip())
                 if self.proc is not None and self.proc.poll() is None:
-                    os.killpg(self.proc.pid, signal.SIGTERM)
+                    # The CLI alone: its permission server (same process group) must
+                    # outlive it. A server gone first fails the pending call with
+                    # "Connection closed", and a CLI still shutting down asks the
+                    # model again with that error (seen on a loaded machine).
+                    os.kill(self.proc.pid, signal.SIGTERM)
 
     def cli(self, prompt: str, resume: str | None, cwd: str) -> int:
         threading.Thread(target=self.watch_notices, daemon=True).start()
@@ -323,19 +345,57 @@ class Driver:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             code = self.proc.wait()
+            # what the CLI left of its group: the permission server still waiting
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
             # the notice pipe's reader may still wait for a writer: let it end
             with contextlib.suppress(OSError):
                 os.close(os.open(self.rundir / "notice", os.O_WRONLY | os.O_NONBLOCK))
         return code
 
+    def transcript(self, session_id: str) -> Path | None:
+        found = list((self.home / ".claude" / "projects").glob(f"*/{session_id}.jsonl"))
+        return found[0] if found else None
+
+    def record_cost(self, session_id: str, total: float) -> None:
+        data = {"session": session_id, "total": total}
+        (self.home / "cost-recorded").write_bytes(orjson.dumps(data))
+
+    def cost_recorded(self, session_id: str) -> float:
+        """Of the CLI session's running total, what the session's events carry: the
+        total of its last reported run. A run stopped by a question reports none,
+        but the CLI saves its cost state when stopped: the next run's total counts
+        it, and its events carry it. A fork (or an import) has only the
+        transcript: its cost state, which the parent's events carried."""
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            data = orjson.loads((self.home / "cost-recorded").read_bytes())
+            if data["session"] == session_id:
+                return float(data["total"])
+        return self.cost_of(session_id)
+
+    def cost_of(self, session_id: str) -> float:
+        """What the CLI session had cost so far: its transcript's last cost state
+        (the figure a resumed CLI starts its ``total_cost_usd`` from)."""
+        path = self.transcript(session_id)
+        total = 0.0
+        if path is None:
+            return total
+        with path.open("rb") as f:
+            for raw in f:
+                if b'"cost-state"' not in raw:
+                    continue
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    total = float(orjson.loads(raw).get("totalCostUSD") or 0.0)
+        return total
+
     def store_transcript(self) -> None:
         """The CLI's transcript, as an artifact of the session: a fork or another
         machine can put it back in place and ``--resume``."""
-        found = list((self.home / ".claude" / "projects").glob(f"*/{self.session_id}.jsonl"))
-        if not found:
+        found = self.transcript(self.session_id)
+        if found is None:
             return
-        data = found[0].read_bytes()
-        path = found[0].relative_to(self.home / ".claude").as_posix()
+        data = found.read_bytes()
+        path = found.relative_to(self.home / ".claude").as_posix()
         self.run.step(
             "claude-code.transcript", lambda: data,
             args={"session_id": self.session_id, "path": path},

@@ -162,6 +162,7 @@ class SdkStepDoneParams(TokenParams):
     output: str = ""
     tokens_in: int = Field(default=0, ge=0)
     tokens_out: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)  # a model step's
     text: str = ""  # a model step: what the messages view shows of the response
     duration_ms: int = Field(default=0, ge=0)
 

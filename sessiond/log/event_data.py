@@ -366,6 +366,9 @@ class ModelResponded(EventData):
     status: Literal["ok", "error", "cancelled"] = "ok"
     tokens_in: int = Field(default=0, ge=0)
     tokens_out: int = Field(default=0, ge=0)
+    # what the caller was told the reply cost, in US dollars (an agent CLI's own
+    # figure: Claude Code's result); None where nobody said
+    cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     duration_ms: int = Field(default=0, ge=0)
     text: str = ""  # what the messages view shows
     response: ArtifactRef | None = None

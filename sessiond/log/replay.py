@@ -245,6 +245,7 @@ def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.model_replies += 1
     s.tokens_in += d["tokens_in"]
     s.tokens_out += d["tokens_out"]
+    s.cost_usd += d.get("cost_usd") or 0.0
     _ref(s, d["response"])
     if d["text"]:
         _say(s, r, "assistant", "model", d["text"], model=d["model"])

@@ -20,7 +20,8 @@ from typing import Any
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
 # 7: the transcript is the newest TRANSCRIPT_KEEP items only, beside the summaries
 # in force and the artifacts the view shows (the view is built from the log).
-REDUCER_VERSION = 7
+# 8: the replies' reported cost is summed (cost_usd).
+REDUCER_VERSION = 8
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
@@ -88,6 +89,7 @@ class State:
     seconds_used: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    cost_usd: float = 0.0  # the model replies' reported cost (model.responded cost_usd)
     tool_calls: int = 0
     tool_calls_this_run: int = 0
     budget_exhausted: dict[str, Any] | None = None

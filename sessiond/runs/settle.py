@@ -320,6 +320,8 @@ class Settler:
             if outcome.status == "ok"
             else outcome.status + (f" (exit {code})" if code is not None else "")
         )
+        if outcome.status != "ok" and outcome.error:
+            text += f": {outcome.error}"  # why, where the daemon knows it
         if outcome.status == "ok":
             if spec.has_triggers or s.j.state.pending_wakes:
                 await ctx.transition(s, "sleeping", why="sleep", reason=f"last run: {text}")

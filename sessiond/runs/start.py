@@ -23,6 +23,7 @@ import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ class Starter:
         self.tokens = tokens
         self.settler = settler
         self.supervisor = supervisor
+        self.unrecorded: dict[str, str] = {}  # run id -> why its run.started was not
 
     def _spec(self, s: Session) -> SessionSpec:
         """The spec as this run sees it: under the session's runner profile (its own
@@ -293,7 +295,7 @@ class Starter:
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
         if pid is None:
-            await settle(await program.wait())
+            await settle(await self._unrecorded(program, run_id))
             return
         self.ctx.fault("after-record")  # test only: on record, never let go
         program.go()
@@ -457,11 +459,23 @@ class Starter:
                 ),
                 causation=cause["id"] if cause else None,
             )
-        except Exception:
+        except Exception as exc:  # a full disk; an event that fails validation
             log.exception("run.start_unrecorded", session=s.name, run=run_id, pid=pid)
+            why = " ".join(str(exc).split())
+            self.unrecorded[run_id] = f"run.started could not be recorded: {why[:500]}"
             await program.stop("run.started could not be recorded")
             return False
         return True
+
+    async def _unrecorded(self, program: Program, run_id: str) -> Outcome:
+        """How a run whose run.started could not be recorded ended: failed, with
+        why. Its program was stopped by us, which reads as ``interrupted``: a stop
+        someone asked for, retried at once and counted against no retry, so an
+        event that always fails validation retried the session every 0.5 s forever
+        ("retry 0 of 0"). A failure follows ``retries``, then blocks."""
+        outcome = await program.wait()
+        why = self.unrecorded.pop(run_id, "run.started could not be recorded")
+        return replace(outcome, status="failed", error=why)
 
 
 def _turn_and_wakes(state: State, cause: Record | None) -> tuple[int, list[dict[str, Any]]]:

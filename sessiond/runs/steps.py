@@ -493,6 +493,7 @@ class Steps:
                 status="ok" if ok else "error",
                 tokens_in=p.tokens_in,
                 tokens_out=p.tokens_out,
+                cost_usd=p.cost_usd if ok else None,
                 duration_ms=p.duration_ms,
                 text=p.text if ok else "",  # masked as it is appended
                 response=response,

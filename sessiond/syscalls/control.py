@@ -63,7 +63,8 @@ class Control:
         self.check_spec(spec)
         if spec.name in self.ctx.table.sessions:
             raise AlreadyExists(
-                f"session {spec.name!r} exists already; pick another name or cancel it first"
+                f"session {spec.name!r} exists already (a session's log keeps its name, "
+                "also once it has terminated); give the spec another name"
             )
         text = spec_to_toml(spec)
         new_log = await self.ctx.store.create(

@@ -124,6 +124,7 @@ def detail(session: Session) -> dict[str, Any]:
             "runs_today": s.runs_by_day.get((s.last_ts or "")[:10], 0),
             "seconds": s.seconds_used,
             "tokens": s.tokens_in + s.tokens_out,
+            "cost_usd": round(s.cost_usd, 6),  # what the replies were reported to cost
             "tool_calls_this_run": s.tool_calls_this_run,
         },
         "budget_exhausted": s.budget_exhausted,

@@ -14,6 +14,7 @@ CLI, its stream, its tools and its resume are the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -40,16 +41,26 @@ def tool(name: str, **tool_input: Any) -> dict[str, Any]:
 
 @dataclass
 class Turn:
-    """One model response: its content blocks and the tokens it reports."""
+    """One model response: its content blocks and the tokens it reports. With
+    ``held``, the endpoint answers only once the event is set (the request stays
+    open meanwhile: a test can act while the CLI waits for the model)."""
 
     blocks: list[dict[str, Any]]
     input_tokens: int = 100
     output_tokens: int = 20
+    held: threading.Event | None = None
 
-    def __init__(self, *blocks: dict[str, Any], input_tokens: int = 100, output_tokens: int = 20):
+    def __init__(
+        self,
+        *blocks: dict[str, Any],
+        input_tokens: int = 100,
+        output_tokens: int = 20,
+        held: threading.Event | None = None,
+    ):
         self.blocks = list(blocks)
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
+        self.held = held
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
@@ -167,16 +178,20 @@ class Endpoint:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                chunks = _events(endpoint.script[n], str(body.get("model", "stub")), n + 1)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for chunk in chunks:
-                    self.wfile.write(chunk)
-                self.wfile.flush()
+                turn = endpoint.script[n]
+                if turn.held is not None:
+                    turn.held.wait(600)  # bounded: __exit__ sets it
+                chunks = _events(turn, str(body.get("model", "stub")), n + 1)
                 self.close_connection = True
+                with contextlib.suppress(OSError):  # the CLI may be gone (a held turn)
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for chunk in chunks:
+                        self.wfile.write(chunk)
+                    self.wfile.flush()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -188,6 +203,9 @@ class Endpoint:
         return self
 
     def __exit__(self, *_: Any) -> None:
+        for turn in self.script:
+            if turn.held is not None:
+                turn.held.set()
         self._server.shutdown()
         self._server.server_close()
 
