@@ -113,14 +113,19 @@ class BareGroupCommit:
     async def _commit(
         self, conn: psycopg.AsyncConnection[Any], rows: list[tuple[str, int, bytes, Any]]
     ) -> None:
-        await conn.execute(
-            INSERT_MANY,
-            (
-                TextArray.of([r[0] for r in rows]),
-                Int8Array.of([r[1] for r in rows]),
-                ByteaArray.of([r[2] for r in rows]),
-            ),
-        )
+        try:
+            await conn.execute(
+                INSERT_MANY,
+                (
+                    TextArray.of([r[0] for r in rows]),
+                    Int8Array.of([r[1] for r in rows]),
+                    ByteaArray.of([r[2] for r in rows]),
+                ),
+            )
+        except Exception as exc:
+            for *_, done in rows:
+                done.set_exception(exc)
+            return
         for *_, done in rows:
             done.set_result(None)
         self._free.append(conn)
@@ -167,6 +172,8 @@ async def worker(dsn: str, node: str, mode: str, seconds: float) -> int:
 
 def throughput(dsn: str, mode: str, round_: int, seconds: float) -> float:
     """Rows committed per second by three node processes running at once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BARE)
     procs = [
         subprocess.Popen(
             [
@@ -185,15 +192,21 @@ def throughput(dsn: str, mode: str, round_: int, seconds: float) -> float:
         )
         for i in range(3)
     ]
-    for p in procs:
-        assert p.stdout is not None
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"a {mode} worker did not start")
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    counts = [int(p.communicate(timeout=300)[0].strip()) for p in procs]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {mode} worker did not start")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        counts = [int(p.communicate(timeout=300)[0].strip()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
     return sum(counts) / seconds
 
 
