@@ -45,8 +45,9 @@ class Int8Array(PgArray):
         n = len(values)
         if not n:
             return cls(_empty(INT8))
-        body = struct.pack(f">{'iq' * n}", *(x for v in values for x in (8, v)))
-        return cls(_HEADER.pack(1, 0, INT8, n, 1) + body)
+        fields: list[int] = [8] * (2 * n)  # each element: its length (8), its value
+        fields[1::2] = values
+        return cls(_HEADER.pack(1, 0, INT8, n, 1) + struct.pack(f">{'iq' * n}", *fields))
 
 
 class TextArray(PgArray):
@@ -72,12 +73,10 @@ def _empty(element: int) -> bytes:
 def _varlena(element: int, values: Sequence[bytes]) -> bytes:
     if not values:
         return _empty(element)
-    pack = struct.Struct(">i").pack
-    parts = [_HEADER.pack(1, 0, element, len(values), 1)]
-    for value in values:
-        parts.append(pack(len(value)))
-        parts.append(value)
-    return b"".join(parts)
+    parts: list[bytes] = [b""] * (2 * len(values))  # each element: its length, its bytes
+    parts[0::2] = [len(v).to_bytes(4, "big") for v in values]
+    parts[1::2] = values
+    return _HEADER.pack(1, 0, element, len(values), 1) + b"".join(parts)
 
 
 class _ArrayDumper(Dumper):
