@@ -92,7 +92,7 @@ bench: $(STAMP)
 
 # The cluster backend's figures on a PostgreSQL of its own (see bench/README.md).
 bench-cluster: $(STAMP)
-	$(BIN)/python -m sessiond.bench.cluster
+	$(BIN)/python -m sessiond.bench.cluster --nodes
 
 # sessiond beside supervisord (installed into the venv for this), in one run.
 compare: $(STAMP)

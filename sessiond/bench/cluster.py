@@ -3,18 +3,23 @@
 Starts a PostgreSQL of its own (sessiond.localpg: fsync on, ``synchronous_commit
 = on``, a Unix socket), makes the schema, and measures in one run:
 
-- append latency: a fenced append (``PgEventLog.append``: the epoch and lease
-  check and the insert, one statement, one commit) beside a bare single-row
-  ``INSERT`` + commit on the same server;
-- appends/s from three node processes (each a ``PgStore`` with its own lease,
-  50 sessions, one writer each), beside a bare floor: the same three processes
-  inserting the same rows with plain single-row ``INSERT``s, same concurrency;
+- append latency, sample by sample in turn so both see the same machine: a
+  fenced append (``PgEventLog.append``: the record built, the epoch and lease
+  check and the insert in one statement, one commit) beside a bare single-row
+  ``INSERT`` + commit on the same server, and beside the fenced statement alone
+  sent on a connection of its own (what the database costs, without the node);
+- appends/s from three node processes at once (each a ``PgStore`` with its own
+  lease and incarnation, 50 sessions, one writer coroutine each; they start
+  together at a barrier), beside the floor: the same three processes, the same
+  50 writers each, committing plain rows through a bare group commit (one
+  multi-row ``INSERT`` per batch, two in flight per process, no fence, no
+  event). Rounds alternate the two; medians are quoted;
 - the database part of a cross-node wake: a message left for another node's
   session (the ``messages`` row and its NOTIFY, committed) until that node,
   LISTENing, has read it from the table.
 
-Failover time comes from the three-node tests (tests/cluster/test_failover.py
-prints it); see bench/README.md.
+``--nodes`` adds the figures of real ``sessiond`` nodes (cluster_nodes.py): a
+cross-node wake end to end, and failover over several rounds.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -37,11 +43,17 @@ from sessiond.bench import machine, run_async
 from sessiond.localpg import LocalPostgres, bindir
 from sessiond.log.event_data import MessageReceived
 from sessiond.log.store.pg import schema
+from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
+from sessiond.log.store.pg.committer import APPEND_MANY, Batch, params
 from sessiond.log.store.pg.pgstore import PgStore
 
-N = 2000  # appends (and bare inserts) for the latency figures
-SECONDS = 5.0  # of each throughput run
 SESSIONS = 50  # per node process
+BARE = "CREATE TABLE IF NOT EXISTS bare (session text, seq bigint, line bytea)"
+INSERT_ONE = "INSERT INTO bare (session, seq, line) VALUES (%s, %s, %s)"
+INSERT_MANY = (
+    "INSERT INTO bare (session, seq, line) "
+    "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bytea[])"
+)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -49,93 +61,163 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def bare_latency(dsn: str) -> list[float]:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS bare (session text, seq bigint, line bytea)")
-        line = b"x" * 200
-        out = []
-        for i in range(N):
-            t = time.perf_counter()
-            await conn.execute(
-                "INSERT INTO bare (session, seq, line) VALUES (%s, %s, %s)", ("b", i, line)
-            )
-            out.append(time.perf_counter() - t)
-        return out
-
-
-async def append_latency(store: PgStore) -> list[float]:
+async def latencies(dsn: str, store: PgStore, n: int) -> dict[str, list[float]]:
+    """Bare insert, fenced append and the fenced statement alone, in turn."""
     log = await store.create("latency")
-    out = []
+    raw = await store.create("statement")
+    await raw.close()
     event = MessageReceived(sender="bench", text="x" * 100)
-    for _ in range(N):
-        t = time.perf_counter()
-        await log.append(event)
-        out.append(time.perf_counter() - t)
+    line = b"x" * 200
+    out: dict[str, list[float]] = {"bare": [], "append": [], "statement": []}
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, prepare_threshold=0
+    ) as conn:
+        await conn.execute(BARE)
+        for i in range(n):
+            t = time.perf_counter()
+            await conn.execute(INSERT_ONE, ("b", i, line))
+            out["bare"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            await log.append(event)
+            out["append"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            batch = Batch("statement", raw.epoch, i, [i + 1], [f"s{i + 1}"], [line])
+            cur = await conn.execute(APPEND_MANY, params([batch], store.lease))
+            if not await cur.fetchall():
+                raise RuntimeError("the bench's own fenced statement was refused")
+            out["statement"].append(time.perf_counter() - t)
     await log.close()
     return out
 
 
+class BareGroupCommit:
+    """The floor's group commit: rows waiting are inserted in one statement, at
+    most ``parallel`` in flight; no fence, no event, no log."""
+
+    def __init__(self, conns: list[psycopg.AsyncConnection[Any]]) -> None:
+        self._free = list(conns)
+        self._queue: list[tuple[str, int, bytes, asyncio.Future[None]]] = []
+
+    async def insert(self, session: str, seq: int, line: bytes) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self._queue.append((session, seq, line, done))
+        if self._free:
+            asyncio.get_running_loop().call_soon(self._start)
+        await done
+
+    def _start(self) -> None:
+        if self._free and self._queue:
+            rows, self._queue = self._queue, []
+            asyncio.get_running_loop().create_task(self._commit(self._free.pop(), rows))
+
+    async def _commit(
+        self, conn: psycopg.AsyncConnection[Any], rows: list[tuple[str, int, bytes, Any]]
+    ) -> None:
+        try:
+            await conn.execute(
+                INSERT_MANY,
+                (
+                    TextArray.of([r[0] for r in rows]),
+                    Int8Array.of([r[1] for r in rows]),
+                    ByteaArray.of([r[2] for r in rows]),
+                ),
+            )
+        except Exception as exc:
+            for *_, done in rows:
+                done.set_exception(exc)
+            return
+        for *_, done in rows:
+            done.set_result(None)
+        self._free.append(conn)
+        self._start()
+
+
 async def worker(dsn: str, node: str, mode: str, seconds: float) -> int:
-    """One node process of the throughput run: appends (or bare inserts) done."""
-    store = PgStore(dsn, node=node, lease_ttl=60, pool_size=16)
-    await store.connect()
+    """One node process of the throughput run: appends (or bare rows) committed."""
     count = 0
-    stop = time.monotonic() + seconds
     event = MessageReceived(sender="bench", text="x" * 100)
+    line = b"x" * 200
+    store = PgStore(dsn, node=node, lease_ttl=600, pool_size=4)
+    await store.connect()
+    conns = []
     if mode == "append":
         logs = [await store.create(f"{node}-{i}") for i in range(SESSIONS)]
+    else:
+        conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(2)]
+        bare = BareGroupCommit(conns)
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # the barrier: all three start at once
+    stop = time.monotonic() + seconds
 
-        async def write(log: object) -> None:
-            nonlocal count
-            while time.monotonic() < stop:
-                await log.append(event)  # type: ignore[attr-defined]
-                count += 1
+    async def write(i: int) -> None:
+        nonlocal count
+        seq = 0
+        while time.monotonic() < stop:
+            if mode == "append":
+                await logs[i].append(event)
+            else:
+                seq += 1
+                await bare.insert(f"{node}-{i}", seq, line)
+            count += 1
 
-        await asyncio.gather(*(write(log) for log in logs))
+    await asyncio.gather(*(write(i) for i in range(SESSIONS)))
+    if mode == "append":
         for log in logs:
             await log.close()
-    else:
-        pool = await store.connect()
-        line = b"x" * 200
-
-        async def insert(i: int) -> None:
-            nonlocal count
-            seq = 0
-            while time.monotonic() < stop:
-                seq += 1
-                async with pool.connection() as conn:
-                    await conn.execute(
-                        "INSERT INTO bare (session, seq, line) VALUES (%s, %s, %s)",
-                        (f"{node}-{i}", seq, line),
-                    )
-                count += 1
-
-        await asyncio.gather(*(insert(i) for i in range(SESSIONS)))
+    for conn in conns:
+        await conn.close()
     await store.aclose()
     return count
 
 
-def throughput(dsn: str, mode: str) -> float:
+def throughput(dsn: str, mode: str, round_: int, seconds: float) -> float:
+    """Rows committed per second by three node processes running at once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BARE)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "sessiond.bench.cluster", "--worker", dsn, f"{mode}{i}", mode],
+            [
+                sys.executable,
+                "-m",
+                "sessiond.bench.cluster",
+                "--worker",
+                dsn,
+                f"{mode}{round_}x{i}",
+                mode,
+                str(seconds),
+            ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(3)
     ]
-    counts = [int(p.communicate(timeout=120)[0].strip()) for p in procs]
-    return sum(counts) / SECONDS
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {mode} worker did not start")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        counts = [int(p.communicate(timeout=300)[0].strip()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return sum(counts) / seconds
 
 
-async def wake_latency(dsn: str, store: PgStore) -> list[float]:
+async def wake_latency(dsn: str, store: PgStore, n: int) -> list[float]:
     """A message left for another node's session until that node has read it."""
     log = await store.create("wakee")
     await log.close()
     out = []
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("LISTEN sessiond_messages")
-        for _ in range(300):
+        for _ in range(n):
             t = time.perf_counter()
             await asyncio.to_thread(store.post_message, "wakee", "bench", "wake")
             async for _n in conn.notifies(timeout=5.0, stop_after=1):
@@ -147,59 +229,73 @@ async def wake_latency(dsn: str, store: PgStore) -> list[float]:
     return out
 
 
-def ms(v: float) -> str:
-    return f"{v * 1000:.2f} ms"
+def ms(values: list[float], q: float = 0.5) -> float:
+    return round((statistics.median(values) if q == 0.5 else pct(values, q)) * 1000, 3)
+
+
+def measure(dsn: str, quick: bool) -> dict[str, Any]:
+    n = 300 if quick else 2000
+    rounds, seconds = (1, 2.0) if quick else (3, 5.0)
+    store = PgStore(dsn, node="bench", lease_ttl=600)
+
+    async def latency_run() -> tuple[dict[str, list[float]], list[float]]:
+        lat = await latencies(dsn, store, n)
+        wakes = await wake_latency(dsn, store, n // 6)
+        await store.aclose()
+        return lat, wakes
+
+    lat, wakes = run_async(latency_run)
+    floors, rates = [], []
+    for r in range(rounds):  # alternated: both see the machine's same moods
+        floors.append(throughput(dsn, "bare", r, seconds))
+        rates.append(throughput(dsn, "append", r, seconds))
+    bare, append, statement = lat["bare"], lat["append"], lat["statement"]
+    return {
+        "bare_insert_commit_p50_ms": ms(bare),
+        "bare_insert_commit_p99_ms": ms(bare, 0.99),
+        "append_p50_ms": ms(append),
+        "append_p99_ms": ms(append, 0.99),
+        "append_p50_over_bare_p50": round(statistics.median(append) / statistics.median(bare), 2),
+        "fenced_statement_p50_ms": ms(statement),
+        "fenced_statement_p50_over_bare_p50": round(
+            statistics.median(statement) / statistics.median(bare), 2
+        ),
+        "appends_per_s_three_nodes": round(statistics.median(rates)),
+        "appends_per_s_rounds": [round(x) for x in rates],
+        "bare_batched_inserts_per_s_three_processes": round(statistics.median(floors)),
+        "bare_batched_rounds": [round(x) for x in floors],
+        "appends_over_bare_floor": round(statistics.median(rates) / statistics.median(floors), 2),
+        "cross_node_message_db_p50_ms": ms(wakes),
+        "cross_node_message_db_p99_ms": ms(wakes, 0.99),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m sessiond.bench.cluster")
-    parser.add_argument("--worker", nargs=3, metavar=("DSN", "NODE", "MODE"))
+    parser.add_argument("--worker", nargs=4, metavar=("DSN", "NODE", "MODE", "SECONDS"))
+    parser.add_argument("--quick", action="store_true", help="fewer samples, shorter rounds")
+    parser.add_argument(
+        "--nodes", action="store_true", help="also real nodes: wake end to end, failover rounds"
+    )
     args = parser.parse_args()
     if args.worker:
-        dsn, node, mode = args.worker
-        print(run_async(lambda: worker(dsn, node, mode, SECONDS)))
+        dsn, node, mode, seconds = args.worker
+        print(run_async(lambda: worker(dsn, node, mode, float(seconds))))
         return 0
     folder = Path(tempfile.mkdtemp(prefix="sessiond-bench-pg-"))
     server = LocalPostgres(folder, bindir())
+    started = time.monotonic()
     try:
         server.init()
         server.start()
         schema.migrate(server.dsn)
-        store = PgStore(server.dsn, node="bench", lease_ttl=60)
+        figures: dict[str, Any] = {"machine": machine(), **measure(server.dsn, args.quick)}
+        if args.nodes:
+            from sessiond.bench import cluster_nodes
 
-        async def latencies() -> tuple[list[float], list[float], list[float]]:
-            bare = await bare_latency(server.dsn)
-            appends = await append_latency(store)
-            wakes = await wake_latency(server.dsn, store)
-            await store.aclose()
-            return bare, appends, wakes
-
-        bare, appends, wakes = run_async(latencies)
-        floor = throughput(server.dsn, "bare")
-        rate = throughput(server.dsn, "append")
-        figures = {
-            "machine": machine(),
-            "bare_insert_commit_p50_ms": round(statistics.median(bare) * 1000, 3),
-            "bare_insert_commit_p99_ms": round(pct(bare, 0.99) * 1000, 3),
-            "append_p50_ms": round(statistics.median(appends) * 1000, 3),
-            "append_p99_ms": round(pct(appends, 0.99) * 1000, 3),
-            "append_p50_over_bare_p50": round(
-                statistics.median(appends) / statistics.median(bare), 2
-            ),
-            "appends_per_s_three_nodes": round(rate),
-            "bare_inserts_per_s_three_processes": round(floor),
-            "appends_over_bare_floor": round(rate / floor, 2),
-            "cross_node_message_p50_ms": round(statistics.median(wakes) * 1000, 3),
-            "cross_node_message_p99_ms": round(pct(wakes, 0.99) * 1000, 3),
-        }
+            figures.update(cluster_nodes.measure(server, folder, args.quick))
+        figures["seconds"] = round(time.monotonic() - started)
         print(json.dumps(figures, indent=2))
-        print(
-            f"append p50 {ms(statistics.median(appends))} (bare INSERT+COMMIT "
-            f"{ms(statistics.median(bare))}); {rate:.0f} appends/s from three nodes "
-            f"(bare floor {floor:.0f}/s); cross-node message p50 {ms(statistics.median(wakes))} "
-            f"p99 {ms(pct(wakes, 0.99))}",
-            file=sys.stderr,
-        )
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)

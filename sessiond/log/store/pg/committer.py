@@ -1,56 +1,75 @@
-"""Group commit across sessions: one fenced statement, one commit, for the appends
-of many sessions of a node.
+"""Group commit across sessions: one fenced statement, one commit, one round trip
+for the appends of many sessions of a node.
 
-Each open log has at most one batch of its own in flight (pglog.py); the
-committer gathers the batches of every log that are waiting and writes them in
-one statement. That statement is still the fence, per session: it updates each
-session's row only where the epoch is the one its log was opened under, the
-row's end is where the log thinks it is, and the owner is this node's
-incarnation with a lease unexpired by ``now()``; it inserts the events of the
-sessions whose update matched, from that update's ``RETURNING``. A session
-whose fence fails gets nothing inserted while the others commit: its log
-fails (:class:`~sessiond.errors.Fenced`).
+A log with appends waiting for durability tells the committer it has something
+(:meth:`Committer.want`); when a connection is free, the committer takes the
+waiting events of every such log (:meth:`Source.take`, at most one batch in
+flight per log) and writes them all in one statement. That statement is still
+the fence, per session: it updates each session's row only where the epoch is
+the one its log was opened under, the row's end is where the log thinks it is,
+and the owner is this node's incarnation with a lease unexpired by ``now()``;
+it inserts, for each session whose update matched, the events between the
+row's old end and its new one, from that update's ``RETURNING``. A session
+whose fence fails gets nothing inserted while the others commit: the statement
+returns each session that landed with its new end, and each log learns its
+own outcome
+(:meth:`Source.settle`).
+
+What this costs per commit, and why it is shaped so (bench/README.md has the
+figures):
+
+- the connections are the committer's own, taken from the pool once and kept:
+  no checkout per commit;
+- the arrays are packed in PostgreSQL's binary format (arrays.py), not dumped
+  element by element;
+- the statement returns one row per session that landed, not one per event;
+- a commit starts from a plain callback once the loop has run what was ready
+  (so the appends made in the same turn join it), not through a chain of tasks.
 
 A commit costs about one WAL flush whatever it carries, so on a disk whose
-flush takes milliseconds, many sessions' appends share it (DESIGN.md section
-10's appends/s from three nodes). At most ``parallel`` statements are in
-flight; what arrives meanwhile waits for the next.
+flush takes milliseconds, many sessions' appends share it. At most ``parallel``
+statements are in flight (one per connection); what arrives meanwhile waits
+for the first connection to come back, and goes then, all of it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
 from sessiond.log.store.pg.nodes import Lease
 
 APPEND_MANY = """
-WITH req AS (
-    SELECT * FROM unnest(%(sessions)s::text[], %(epochs)s::bigint[], %(afters)s::bigint[],
-                         %(lasts)s::bigint[], %(last_ids)s::text[])
+WITH fence AS (
+    UPDATE sessions AS s SET last_seq = r.last, last_id = r.last_id
+    FROM unnest(%(sessions)b::text[], %(epochs)b::bigint[], %(afters)b::bigint[],
+                %(lasts)b::bigint[], %(last_ids)b::text[])
         AS r(session, epoch, after, last, last_id)
-), fence AS (
-    UPDATE sessions AS s SET last_seq = req.last, last_id = req.last_id
-    FROM req, nodes AS n
-    WHERE s.name = req.session AND s.epoch = req.epoch AND s.last_seq = req.after
-      AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
-      AND n.lease_until > now()
-    RETURNING s.name
+    WHERE s.name = r.session AND s.epoch = r.epoch AND s.last_seq = r.after
+      AND s.owner = %(node)s
+      AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.name = %(node)s
+                  AND n.incarnation = %(inc)s AND n.lease_until > now())
+    RETURNING s.name, r.after, r.last
+), written AS (
+    INSERT INTO events (session, seq, id, line)
+    SELECT e.session, e.seq, e.id, e.line
+    FROM unnest(%(ev_sessions)b::text[], %(seqs)b::bigint[], %(ids)b::text[],
+                %(lines)b::bytea[]) AS e(session, seq, id, line)
+    JOIN fence AS f ON f.name = e.session AND e.seq > f.after AND e.seq <= f.last
 )
-INSERT INTO events (session, seq, id, line)
-SELECT e.session, e.seq, e.id, e.line
-FROM unnest(%(ev_sessions)s::text[], %(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[])
-    AS e(session, seq, id, line)
-JOIN fence ON fence.name = e.session
-RETURNING session
+SELECT name, last FROM fence
 """
 
 
 @dataclass
 class Batch:
-    """One log's events to commit: what its fence expects and what it adds."""
+    """One log's events to commit: what its fence expects and what it adds
+    (``seqs`` run on from ``after`` without a gap)."""
 
     session: str
     epoch: int
@@ -58,69 +77,104 @@ class Batch:
     seqs: list[int]
     ids: list[str]
     lines: list[bytes]
-    done: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+
+
+class Source(Protocol):
+    """An open log, as the committer sees it."""
+
+    def take(self) -> Batch | None:
+        """The events waiting to be committed (None: nothing, or a batch of this
+        log is in flight already; it asks again when that one settles)."""
+
+    def settle(self, batch: Batch, outcome: bool | BaseException) -> None:
+        """``batch`` committed (True), was refused by its fence (False), or its
+        fate is unknown (the error)."""
+
+
+def params(batches: list[Batch], lease: Lease) -> dict[str, Any]:
+    """The statement's parameters for ``batches`` (one per session)."""
+    return {
+        "sessions": TextArray.of([b.session for b in batches]),
+        "epochs": Int8Array.of([b.epoch for b in batches]),
+        "afters": Int8Array.of([b.after for b in batches]),
+        "lasts": Int8Array.of([b.seqs[-1] for b in batches]),
+        "last_ids": TextArray.of([b.ids[-1] for b in batches]),
+        "ev_sessions": TextArray.of([b.session for b in batches for _ in b.seqs]),
+        "seqs": Int8Array.of([s for b in batches for s in b.seqs]),
+        "ids": TextArray.of([i for b in batches for i in b.ids]),
+        "lines": ByteaArray.of([line for b in batches for line in b.lines]),
+        "node": lease.name,
+        "inc": lease.incarnation,
+    }
 
 
 class Committer:
-    """The node's group commit; ``await submit(batch)`` is True once the batch is
-    committed, False when its session's fence refused it."""
+    """The node's group commit over ``parallel`` connections of its own."""
 
     def __init__(self, pool: AsyncConnectionPool, lease: Lease, parallel: int = 2) -> None:
         self._pool = pool
         self._lease = lease
-        self._queue: list[Batch] = []
-        self._slots = asyncio.Semaphore(parallel)
-        self._runner: asyncio.Task[None] | None = None
+        self._conns: list[AsyncConnection[Any] | None] = [None] * parallel
+        self._free = list(range(parallel))
+        self._wanting: list[Source] = []
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.commits = 0  # statements that committed (the tests count them)
 
-    async def submit(self, batch: Batch) -> bool:
-        self._queue.append(batch)
-        if self._runner is None:
-            self._runner = asyncio.get_running_loop().create_task(self._run())
-        return await batch.done
+    def want(self, source: Source) -> None:
+        """``source`` has appends waiting; it is taken in the next commit that starts."""
+        self._wanting.append(source)
+        if not self._scheduled:
+            self._scheduled = True
+            # After the callbacks that are ready now: the logs appended to in this
+            # turn of the loop join the same commit.
+            asyncio.get_running_loop().call_soon(self._start)
 
-    async def _run(self) -> None:
+    def _start(self) -> None:
+        self._scheduled = False
+        if not self._free or not self._wanting:
+            return  # a commit in flight starts the next when it is done
+        wanting, self._wanting = self._wanting, []
+        taken = [(source, batch) for source in wanting if (batch := source.take()) is not None]
+        if not taken:
+            return
+        slot = self._free.pop()
+        task = asyncio.get_running_loop().create_task(self._commit(slot, taken))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _commit(self, slot: int, taken: list[tuple[Source, Batch]]) -> None:
+        batches = [batch for _, batch in taken]
         try:
-            while self._queue:
-                await self._slots.acquire()
-                await asyncio.sleep(0)  # let the logs that are ready join this commit
-                batches, self._queue = self._queue, []
-                if not batches:
-                    self._slots.release()
-                    continue
-                asyncio.get_running_loop().create_task(self._commit(batches))
-        finally:
-            self._runner = None
-
-    async def _commit(self, batches: list[Batch]) -> None:
-        try:
-            params = {
-                "sessions": [b.session for b in batches],
-                "epochs": [b.epoch for b in batches],
-                "afters": [b.after for b in batches],
-                "lasts": [b.seqs[-1] for b in batches],
-                "last_ids": [b.ids[-1] for b in batches],
-                "ev_sessions": [b.session for b in batches for _ in b.seqs],
-                "seqs": [s for b in batches for s in b.seqs],
-                "ids": [i for b in batches for i in b.ids],
-                "lines": [line for b in batches for line in b.lines],
-                "node": self._lease.name,
-                "inc": self._lease.incarnation,
-            }
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(APPEND_MANY, params)
-                landed: dict[str, int] = {}
-                for (session,) in await cur.fetchall():
-                    landed[session] = landed.get(session, 0) + 1
-            for b in batches:
-                if not b.done.done():
-                    b.done.set_result(landed.get(b.session, 0) == len(b.seqs))
-        except BaseException as exc:
-            for b in batches:
-                if not b.done.done():
-                    b.done.set_exception(exc)
-            if not isinstance(exc, Exception):
+            try:
+                conn = self._conns[slot]
+                if conn is None:
+                    conn = self._conns[slot] = await self._pool.getconn()
+                cur = await conn.execute(APPEND_MANY, params(batches, self._lease))
+                landed = {(name, last) for name, last in await cur.fetchall()}
+            except BaseException as exc:
+                for source, batch in taken:
+                    source.settle(batch, exc)
+                await self._give_back(slot)  # the pool discards it if it is broken
                 raise
+            self.commits += 1
+            for source, batch in taken:
+                source.settle(batch, (batch.session, batch.seqs[-1]) in landed)
+        except Exception:
+            pass  # each log has its error; the committer goes on for the others
         finally:
-            self._slots.release()
+            self._free.append(slot)
+            if self._wanting and not self._scheduled:
+                self._start()
+
+    async def _give_back(self, slot: int) -> None:
+        conn, self._conns[slot] = self._conns[slot], None
+        if conn is not None:
+            await self._pool.putconn(conn)
+
+    async def aclose(self) -> None:
+        """Wait for the commits in flight, then return the connections to the pool."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+        for slot in range(len(self._conns)):
+            await self._give_back(slot)

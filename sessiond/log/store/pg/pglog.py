@@ -105,6 +105,7 @@ class PgEventLog(EventLog):
         self._query = query
         self._on_close = on_close
         self._once = once  # a batch with a cron wake commits with its dedup keys (once.py)
+        self._once_tasks: set[asyncio.Task[None]] = set()
         self._builder = RecordBuilder(session, clock)
         self._builder.stamp = {"node": lease.name, "epoch": epoch}
         self._pos = START
@@ -112,7 +113,10 @@ class PgEventLog(EventLog):
         self._queue: list[Record] = []
         self._lines: list[bytes] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._wanted = False  # the committer will take() this log
+        self._inflight: Batch | None = None  # at most one batch in flight
+        self._idle = asyncio.Event()  # neither: close() may end
+        self._idle.set()
         self._recovered = False
         self._closed = False
         self._failed: str | None = None
@@ -168,42 +172,27 @@ class PgEventLog(EventLog):
             return
         if self._failed is not None:
             raise LogFailed(f"the log of session {self.session!r}: {self._failed}")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((pending.position.seq, done))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush_loop())
+        self._want()
         await done
 
-    async def _flush_loop(self) -> None:
-        """Group commit: one fenced statement for everything written so far."""
-        try:
-            while self._waiters:
-                await asyncio.sleep(0)  # let writers that are ready join this commit
-                records, lines = self._queue, self._lines
-                self._queue, self._lines = [], []
-                try:
-                    await self._commit(records, lines)
-                except BaseException as exc:
-                    self._fail(exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    return
-                last = records[-1]
-                self._durable = LogPosition(last["seq"], last["seq"], last["id"])
-                waiting = []
-                for target, waiter in self._waiters:
-                    if target <= self._durable.seq:
-                        if not waiter.done():
-                            waiter.set_result(None)
-                    else:
-                        waiting.append((target, waiter))
-                self._waiters = waiting
-        finally:
-            self._flusher = None
+    def _want(self) -> None:
+        """Group commit: the node's committer takes everything written so far
+        (with other logs' appends) in its next statement."""
+        if not self._wanted and self._inflight is None:
+            self._wanted = True
+            self._idle.clear()
+            self._committer.want(self)
 
-    async def _commit(self, records: list[Record], lines: list[bytes]) -> None:
-        batch = Batch(
+    def take(self) -> Batch | None:
+        self._wanted = False
+        if self._failed is not None or self._inflight is not None or not self._queue:
+            self._settled()
+            return None
+        records, lines = self._queue, self._lines
+        self._queue, self._lines = [], []
+        batch = self._inflight = Batch(
             self.session,
             self.epoch,
             self._durable.seq,
@@ -212,16 +201,53 @@ class PgEventLog(EventLog):
             lines,
         )
         fires = cron_fires(self.session, records) if self._once is not None else []
-        if fires and self._once is not None:
-            committed = await self._once(batch, fires)
-        else:
-            committed = await self._committer.submit(batch)
-        if not committed:
-            raise Fenced(
-                f"node {self._lease.name!r} may no longer write to session {self.session!r} "
-                f"(epoch {self.epoch}): its lease lapsed or another node claimed the session; "
-                "nothing was written"
+        if fires:
+            # not the group commit's: one transaction of its own with the fire's
+            # dedup keys (once.py); it settles this batch as the committer would
+            task = asyncio.get_running_loop().create_task(self._commit_once(batch, fires))
+            self._once_tasks.add(task)
+            task.add_done_callback(self._once_tasks.discard)
+            return None
+        return batch
+
+    async def _commit_once(self, batch: Batch, fires: list[tuple[str, str, str]]) -> None:
+        assert self._once is not None
+        outcome: bool | BaseException
+        try:
+            outcome = await self._once(batch, fires)
+        except Exception as exc:  # AlreadyFired (a Fenced), or the database's error
+            outcome = exc
+        self.settle(batch, outcome)
+
+    def settle(self, batch: Batch, outcome: bool | BaseException) -> None:
+        self._inflight = None
+        if outcome is True:
+            self._durable = LogPosition(batch.seqs[-1], batch.seqs[-1], batch.ids[-1])
+            waiting = []
+            for target, waiter in self._waiters:
+                if target <= self._durable.seq:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiting.append((target, waiter))
+            self._waiters = waiting
+            if waiting:
+                self._want()  # written while this batch was in flight
+        elif outcome is False:
+            self._fail(
+                Fenced(
+                    f"node {self._lease.name!r} may no longer write to session "
+                    f"{self.session!r} (epoch {self.epoch}): its lease lapsed or another "
+                    "node claimed the session; nothing was written"
+                )
             )
+        else:
+            self._fail(outcome)
+        self._settled()
+
+    def _settled(self) -> None:
+        if not self._wanted and self._inflight is None:
+            self._idle.set()
 
     def _fail(self, exc: BaseException) -> None:
         """Fail the log and every waiter: after a refused or lost commit the log's
@@ -242,6 +268,5 @@ class PgEventLog(EventLog):
         if self._closed:
             return
         self._closed = True
-        while self._flusher is not None:
-            await asyncio.wait([self._flusher])
+        await self._idle.wait()
         await self._on_close()

@@ -145,15 +145,21 @@ class PgStore(PlacementQueries, Store):
     async def _release(self, name: str) -> None:
         self._open.discard(name)
         if not self._held and not self._open and self._apool is not None:
-            pool, self._apool, self._apool_loop = self._apool, None, None
+            await self._close_pool()
+
+    async def _close_pool(self) -> None:
+        pool, self._apool, self._apool_loop = self._apool, None, None
+        committer, self._committer, self._committer_pool = self._committer, None, None
+        if committer is not None:
+            await committer.aclose()  # it holds connections of its own
+        if pool is not None:
             await pool.close()
 
     async def aclose(self) -> None:
         """Close both pools (open logs must be closed first)."""
         self._held = False
         if self._apool is not None:
-            pool, self._apool, self._apool_loop = self._apool, None, None
-            await pool.close()
+            await self._close_pool()
         self._sync.close()
 
     def close_sync(self) -> None:
