@@ -240,6 +240,11 @@ class Store(abc.ABC):
         """Remove what a crashed create left (nothing, where a create is one commit)."""
         return []
 
+    def copy_stamp(self, lines: Sequence[bytes]) -> dict[str, Any]:  # noqa: ARG002
+        """The envelope fields (node, epoch) of an event written by whoever creates a
+        session from ``lines`` (an import's arrival): none on files."""
+        return {}
+
     def cluster_nodes(self) -> list[dict[str, Any]] | None:
         """The nodes sharing this store (None: it is not a cluster's)."""
         return None

@@ -159,5 +159,10 @@ class PgSnapshots(SnapshotStore):
         )
         return self._decode(rows[0]) if rows else None
 
+    def drop(self, seq: int) -> None:
+        """Delete the snapshot at ``seq`` (fsck --repair: it disagrees with the log)."""
+        params = {"s": self.session, "q": seq}
+        self._execute([("DELETE FROM snapshots WHERE session = %(s)s AND seq = %(q)s", params)])
+
     def clear(self) -> None:
         self._execute([("DELETE FROM snapshots WHERE session = %(s)s", {"s": self.session})])
