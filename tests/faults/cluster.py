@@ -81,7 +81,8 @@ class ClusterCampaign(Campaign):
     def __init__(self, root: Path, rng: random.Random, dsn: str, *, nodes: int = 3) -> None:
         super().__init__(root, rng, power_cut=False)
         self.dsn = dsn
-        self.tally = ClusterTally(nodes=nodes)
+        self.cluster_tally = ClusterTally(nodes=nodes)
+        self.tally = self.cluster_tally  # the base campaign counts in it too
         self.tally.power_method = "none: the logs are in PostgreSQL; nodes are killed"
         for i in range(1, nodes + 1):
             (root / f"n{i}").mkdir()
@@ -168,7 +169,7 @@ class ClusterCampaign(Campaign):
         victim.start()
         self._settle(None)
         if owned and any(self._owner(name) != self._name(victim) for name in owned):
-            t.failovers += 1
+            self.cluster_tally.failovers += 1
         for i, node in enumerate(self.nodes):
             self.daemon = node
             self._check_after_restart(cut_off if i == 0 else {}, seqs)
@@ -184,7 +185,8 @@ class ClusterCampaign(Campaign):
         """The database's fsck: a stale epoch is a write past the fence; any other
         problem is a log unreadable."""
         for problem in check_db(self.dsn).problems:
-            where = self.tally.stale if problem.kind in STALE else self.tally.unreadable
+            t = self.cluster_tally
+            where = t.stale if problem.kind in STALE else t.unreadable
             where.append(f"round {self.tally.rounds}: {problem.line()}")
 
     def _settle(self, dead: Daemon | None) -> None:
@@ -275,8 +277,7 @@ def run_cluster_campaign(
         campaign.finish()
     finally:
         campaign.close()
-    tally = campaign.tally
-    assert isinstance(tally, ClusterTally)
+    tally = campaign.cluster_tally
     if tally.failed:
         print(f"ledger and node folders kept in {root}", file=sys.stderr)
     else:
