@@ -111,6 +111,10 @@ def test_a_bundle_crosses_from_the_cluster_to_files_and_back_in_one_format(
     assert records[-1]["node"] == "n1"  # the arrival names its writer, as every event
     _epochs_rise(records)
     assert node.json("replay", "home")["seq"] == len(records)
+    for view in ("messages", "trace", "audit"):  # every view, from the database
+        shown = node.ctl("replay", "home", "--view", view, check=True).stdout
+        assert shown.strip() or view == "messages", view
+    assert "session.imported" in node.ctl("replay", "home", "--view", "trace").stdout
     code, report = _fsck(pg_dsn)
     assert (code, report["ok"], report["problems"]) == (0, True, [])
     assert report["sessions"] == 2
@@ -193,3 +197,24 @@ def test_fsck_takes_a_state_dir_or_a_database_not_both() -> None:
     )
     assert both.returncode == 2
     assert "not allowed with argument" in both.stderr
+
+
+def test_gc_on_a_cluster_node_is_refused_with_what_to_do(pg_dsn: str) -> None:
+    root = short_dir()
+    config = (
+        f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n1"\nlease_ttl = "3s"\n'
+        '[retention]\nterminated = "1d"\n'
+    )
+    d = Daemon(root, config)
+    try:
+        d.start()
+        d.ctl("create", str(d.write_spec("job", DONE)), check=True)
+        for args in (("gc",), ("gc", "--dry-run")):
+            done = d.ctl(*args)
+            assert done.returncode != 0
+            assert "gc is not built for a cluster yet" in done.stderr
+            assert "leave [retention] unset on cluster nodes" in done.stderr
+        assert d.json("ps")[0]["name"] == "job"  # the node goes on
+    finally:
+        d.reap()
+        shutil.rmtree(root, ignore_errors=True)
