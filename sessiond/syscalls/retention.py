@@ -20,14 +20,12 @@ from typing import Any, Literal
 
 import structlog
 
-from sessiond.errors import Refused, SessiondError
+from sessiond.errors import SessiondError
 from sessiond.log.event_data import CollectedArtifact, GcCollected
 from sessiond.log.evidence import Evidence
 from sessiond.log.pace import Pacer
 from sessiond.log.retention import Plan, needed, plan, remove
 from sessiond.log.store.base import Record
-from sessiond.log.store.fileartifacts import FileArtifacts
-from sessiond.log.store.filesnapshots import FileSnapshots
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
@@ -55,13 +53,6 @@ class Retention:
         rules = self.ctx.config.retention
         plans: list[Plan] = []
         errors: list[str] = []
-        if self.ctx.config.cluster.dsn is not None and rules.rules():
-            # gc plans by the files' ages and sizes on disk; a cluster keeps its
-            # artifacts and snapshots in the database, where none of that exists yet
-            raise Refused(
-                "gc is not built for a cluster yet: its artifacts and snapshots live in "
-                "PostgreSQL; leave [retention] unset on cluster nodes"
-            )
         async with self._one:
             if rules.rules():
                 for s in list(self.ctx.table):
@@ -127,9 +118,6 @@ class Retention:
         rules = self.ctx.config.retention
         artifacts = store.artifacts(s.name)
         snapshots = store.snapshots(s.name)
-        # the plain-files store (gc refuses a cluster above)
-        assert isinstance(artifacts, FileArtifacts)
-        assert isinstance(snapshots, FileSnapshots)
         now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
         state = s.j.state
         keep = needed(state, evidence, artifacts)

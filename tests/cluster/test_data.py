@@ -199,22 +199,46 @@ def test_fsck_takes_a_state_dir_or_a_database_not_both() -> None:
     assert "not allowed with argument" in both.stderr
 
 
-def test_gc_on_a_cluster_node_is_refused_with_what_to_do(pg_dsn: str) -> None:
+def test_gc_on_a_cluster_node_removes_from_the_database_what_retention_says(
+    pg_dsn: str, tmp_path: Path
+) -> None:
     root = short_dir()
     config = (
         f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n1"\nlease_ttl = "3s"\n'
-        '[retention]\nterminated = "1d"\n'
+        '[retention]\nterminated = "0s"\nsnapshots = 1\n'
     )
     d = Daemon(root, config)
     try:
         d.start()
         d.ctl("create", str(d.write_spec("job", DONE)), check=True)
-        for args in (("gc",), ("gc", "--dry-run")):
-            done = d.ctl(*args)
-            assert done.returncode != 0
-            assert "gc is not built for a cluster yet" in done.stderr
-            assert "leave [retention] unset on cluster nodes" in done.stderr
-        assert d.json("ps")[0]["name"] == "job"  # the node goes on
+        _done(d, "job")
+        d.ctl("fork", "job", "--as", "child", check=True)  # shares the run's diff
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            (digest,) = conn.execute(
+                "SELECT digest FROM session_artifacts WHERE session = 'job'"
+            ).fetchone() or ("",)
+        planned = d.json("gc", "--dry-run")
+        assert planned["artifacts"] == 1
+        done = d.json("gc")
+        assert [(s["name"], len(s["artifacts"])) for s in done["sessions"]] == [("job", 1)]
+        assert done["sessions"][0]["artifacts"][0]["ref"] == f"sha256:{digest}"
+        assert done["bytes"] > 0
+        (collected,) = [r for r in d.json("log", "job") if r["type"] == "gc.collected"]
+        assert collected["node"] == "n1"
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            held = conn.execute("SELECT session FROM session_artifacts").fetchall()
+            assert held == [("child",)]  # the fork still holds it: the bytes stay
+            assert conn.execute("SELECT count(*) FROM artifacts").fetchone() == (1,)
+        assert d.json("gc")["artifacts"] == 0  # nothing more to do
+        code, report = _fsck(pg_dsn)
+        assert (code, report["problems"], report["collected"]) == (0, [], 1)
+        bundle = tmp_path / "job.bundle"
+        d.ctl("export", "job", "-o", str(bundle), check=True)
+        assert not [m for m in _members(bundle) if m.startswith("artifacts/")]
+        d.ctl("cancel", "child", check=True)  # terminated now: its artifacts go too
+        assert d.json("gc")["artifacts"] == 1
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM artifacts").fetchone() == (0,)
     finally:
         d.reap()
         shutil.rmtree(root, ignore_errors=True)

@@ -182,6 +182,15 @@ class ArtifactStore(abc.ABC):
     def digests(self) -> list[str]:
         """Hex digests of every stored artifact."""
 
+    def stats(self) -> dict[str, tuple[int, float]]:
+        """(size, when stored or last reused, in epoch seconds) of every stored
+        artifact, by reference: what a gc plans by."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no times for a gc")
+
+    def remove(self, refs: list[str]) -> None:
+        """Delete ``refs`` (a gc, already recorded), durably."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
+
     def verify(self, ref: str) -> str | None:
         """What is wrong with stored artifact ``ref`` (None: it is there with its
         hash), in a few words for the gate's "artifacts intact". This default reads
@@ -219,6 +228,14 @@ class SnapshotStore(abc.ABC):
     @abc.abstractmethod
     def clear(self) -> None:
         """Delete every snapshot (they are only an optimisation)."""
+
+    def sizes(self) -> dict[int, int]:
+        """Bytes of each snapshot present, by seq (what a gc frees)."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
+
+    def drop(self, seq: int) -> None:
+        """Delete the snapshot at ``seq`` (a gc, already recorded)."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
 
 
 class Store(abc.ABC):

@@ -86,6 +86,11 @@ STEPS: list[str] = [
         PRIMARY KEY (session, digest)
     );
     """,
+    # 2: when each session stored (or last reused) each artifact: gc's
+    # "unreferenced" and "fresh" rules, as a file's mtime on the files backend
+    """
+    ALTER TABLE session_artifacts ADD COLUMN stored_at timestamptz NOT NULL DEFAULT now();
+    """,
 ]
 
 VERSION = len(STEPS)
