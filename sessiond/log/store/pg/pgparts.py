@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import psycopg
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef
 from sessiond.log.event_data import SHA256_REF, ArtifactRef
@@ -60,7 +61,12 @@ class PgArtifacts(ArtifactStore):
     ) -> ArtifactRef:
         digest = hashlib.sha256(data).hexdigest()
         params = {"s": self.session, "d": digest, "data": bytes(data)}
-        self._execute([(sql, params) for sql in PUT])
+        try:
+            self._execute([(sql, params) for sql in PUT])
+        except psycopg.errors.ForeignKeyViolation:
+            # another session's gc removed the bytes between our two statements (we
+            # found them there, then held them): stored again, the second time whole
+            self._execute([(sql, params) for sql in PUT])
         return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)
 
     def get(self, ref: str) -> bytes:
