@@ -178,7 +178,10 @@ def _check_epoch(  # noqa: PLR0917 (one caller)
 def _compare_snapshot(
     store: PgStore, name: str, state: State, problems: list[Problem], repair: bool
 ) -> None:
-    snap = store.snapshots(name).load(state.seq)
+    snapshots = store.snapshots(name)
+    snap = snapshots.load(state.seq)
+    if snap is None and state.seq not in snapshots.seqs():
+        return  # a live node pruned it since it was listed (it keeps the newest few)
     if snap is None:
         problems.append(
             Problem(name, "snapshot-unreadable", f"snapshot at seq {state.seq}", repairable=True)
