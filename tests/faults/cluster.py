@@ -66,13 +66,12 @@ class ClusterTally(Tally):
         ]
 
     def table(self, seconds: float) -> str:
-        text = (
-            super()
-            .table(seconds)
-            .replace(
-                "kill -9 campaign,", f"kill -9 campaign on a cluster of {self.nodes} nodes,", 1
-            )
+        text = super().table(seconds)
+        text = text.replace(
+            "kill -9 campaign,", f"kill -9 campaign on a cluster of {self.nodes} nodes,", 1
         )
+        moved = f"failovers: {self.failovers} of {self.rounds} kills moved sessions to another node"
+        text = text.replace("\nkills at fault points: none", f"\n{moved}", 1)
         extra = [f"  stale epoch: {item}" for item in self.stale[:10]]
         return "\n".join([text, *extra])
 
