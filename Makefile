@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest faults-cluster bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ faults: $(STAMP)
 # unless each is caught, and names the invariant that caught it. `make test` runs a few.
 faults-selftest: $(STAMP)
 	$(BIN)/python -m tests.faults.selftest
+
+# The kill -9 campaign against a cluster (tests/faults/cluster.py): three nodes on a
+# PostgreSQL of its own, a random node killed each round. `make test` runs 4 rounds.
+CLUSTER_FAULT_ROUNDS ?= 30
+faults-cluster: $(STAMP)
+	$(BIN)/python -m tests.faults.cluster --iterations $(CLUSTER_FAULT_ROUNDS)
 
 # Not part of `make test`: figures, not pass/fail (see bench/README.md).
 bench: $(STAMP)

@@ -2,7 +2,8 @@
 
 * ``sessiond [--config FILE] [--state-dir DIR] [--socket PATH]`` runs the daemon in
   the foreground (systemd and ``make run`` run it so).
-* ``sessiond fsck --state-dir DIR [--repair] [--json]`` checks a state dir offline.
+* ``sessiond fsck --state-dir DIR [--repair] [--json]`` checks a state dir offline;
+  ``sessiond fsck --dsn DSN`` a cluster's database (pgfsck.py), nodes running or not.
 * ``sessiond db migrate --dsn DSN`` creates or upgrades a cluster's schema (clusterdb.py).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from sessiond import __version__
-from sessiond.log.fsck import check
+from sessiond.log.fsck import Report, check
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,12 +41,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     fsck = sub.add_parser(
         "fsck",
-        help="check the session logs, artifacts and snapshots of a state dir (offline)",
-        description="Check every session under DIR/sessions: line checksums, seq order, event "
-        "schemas, artifact hashes, snapshot consistency, permissions. Exit 0 when all is well, "
+        help="check the session logs, artifacts and snapshots of a state dir (offline) "
+        "or of a cluster's database",
+        description="Check every session under DIR/sessions (or in the cluster's database): "
+        "line checksums, seq order, event schemas, artifact hashes, snapshot consistency, "
+        "permissions (files), epochs along the seqs (database). Exit 0 when all is well, "
         "1 when problems were found (or remain after --repair).",
     )
-    fsck.add_argument("--state-dir", required=True, type=Path, metavar="DIR", dest="fsck_dir")
+    where = fsck.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state-dir", type=Path, metavar="DIR", dest="fsck_dir")
+    where.add_argument("--dsn", dest="fsck_dsn", help="postgresql://… of a cluster's database")
     fsck.add_argument(
         "--repair",
         action="store_true",
@@ -87,6 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fsck(args: argparse.Namespace) -> int:
+    if args.fsck_dsn is not None:
+        from sessiond.daemon.clusterdb import fsck_db
+
+        report = fsck_db(args.fsck_dsn, repair=args.repair)
+        if report is None:
+            return 2
+        return _report(report, args.json)
     state_dir: Path = args.fsck_dir
     if not state_dir.is_dir():
         print(
@@ -94,8 +106,11 @@ def _fsck(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    report = check(state_dir, repair=args.repair)
-    if args.json:
+    return _report(check(state_dir, repair=args.repair), args.json)
+
+
+def _report(report: Report, as_json: bool) -> int:
+    if as_json:
         sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
     else:
         for problem in report.problems:

@@ -10,6 +10,8 @@ import sys
 
 import orjson
 
+from sessiond.log.fsck import Report
+
 
 def migrate(dsn: str, *, as_json: bool = False) -> int:
     """Exit 0 when the schema is current (made or upgraded now, or already so);
@@ -47,3 +49,30 @@ def migrate(dsn: str, *, as_json: bool = False) -> int:
     else:
         print(f"schema migrated from version {before} to {after}")
     return 0
+
+
+def fsck_db(dsn: str, *, repair: bool = False) -> Report | None:
+    """``sessiond fsck --dsn``: the database's report, or None (said on stderr) when
+    psycopg is missing, the database cannot be reached or its schema is not ours."""
+    try:
+        import psycopg
+
+        from sessiond.log.pgfsck import check_db
+        from sessiond.log.store.pg.schema import SchemaMismatch
+    except ImportError:
+        print(
+            "sessiond fsck: psycopg is not installed; install sessiond with the "
+            "'cluster' extra (pip install 'sessiond[cluster]')",
+            file=sys.stderr,
+        )
+        return None
+    try:
+        return check_db(dsn, repair=repair)
+    except (psycopg.Error, SchemaMismatch) as exc:
+        print(f"sessiond fsck: cannot check the database: {exc}; check --dsn", file=sys.stderr)
+        return None
+    except Exception as exc:  # psycopg_pool's timeout when nothing answers
+        if type(exc).__module__.startswith("psycopg"):
+            print(f"sessiond fsck: cannot reach the database: {exc}", file=sys.stderr)
+            return None
+        raise

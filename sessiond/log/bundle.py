@@ -405,7 +405,9 @@ async def import_session(
     ]
     drafts += [Draft(data) for data in (then(bundle.lines) if then is not None else ())]
     clock = getattr(store, "clock", time.time_ns)  # the backends' clock (tests set one)
-    _, arrival = RecordBuilder(target, clock).build(len(bundle.lines), drafts)
+    builder = RecordBuilder(target, clock)
+    builder.stamp = store.copy_stamp(bundle.lines)  # a cluster's node and epoch
+    _, arrival = builder.build(len(bundle.lines), drafts)
     new_log = await store.create(
         target,
         spec=bundle.spec,

@@ -171,7 +171,7 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
             if repair:
                 (store.snapshots(name).folder / f"state-{seq}.json").unlink(missing_ok=True)
                 problems[-1].repaired = True
-    _check_artifacts(store, name, evidence, report, problems)
+    check_artifacts(store.artifacts(name), name, evidence, report, problems)
     _check_modes(store, name, problems, repair)
     if torn and repair:
         _repair_tail(store, name, problems)
@@ -204,10 +204,11 @@ def _compare_snapshot(
         problems[-1].repaired = True
 
 
-def _check_artifacts(
-    store: FileStore, name: str, evidence: Evidence, report: Report, problems: list[Problem]
+def check_artifacts(
+    artifacts: ArtifactStore, name: str, evidence: Evidence, report: Report, problems: list[Problem]
 ) -> None:
-    artifacts = store.artifacts(name)
+    """Stored artifacts match their hash; referenced ones are there (or a gc removed
+    them, recorded); a chunked context has its parts. On files and the database."""
     stored = artifacts.digests()
     report.artifacts += len(stored)
     for digest in stored:

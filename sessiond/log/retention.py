@@ -22,8 +22,6 @@ Never removed, whatever the rules say:
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,7 +30,7 @@ from sessiond.config import RetentionConfig
 from sessiond.log.event_data import GcRule
 from sessiond.log.evidence import Evidence, parts_of
 from sessiond.log.state import State
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, SnapshotStore
 from sessiond.log.store.durable import fsync_dir, real_dir
 from sessiond.log.store.fileartifacts import FileArtifacts
 from sessiond.log.store.filesnapshots import FileSnapshots
@@ -94,31 +92,24 @@ def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
     keep: set[str],
     live: bool,
     evidence: Evidence,
-    artifacts: FileArtifacts,
-    snapshots: FileSnapshots,
+    artifacts: ArtifactStore,
+    snapshots: SnapshotStore,
     rules: RetentionConfig,
     now: datetime,
     real_now: float,
 ) -> Plan:
     """What ``rules`` remove from session ``name`` now, never ``keep`` (:func:`needed`);
     ``live``: the session is not terminated. ``now``: the daemon's clock, for event
-    times; ``real_now``: the machine's, for file times. Only files are read: it may
+    times; ``real_now``: the machine's, for file times (on a cluster, the time each
+    artifact was stored, on the database's clock). Only the store is read: it may
     run in a thread."""
     out = Plan(name)
-    folder = artifacts.folder
-    files: dict[str, os.stat_result] = {}
-    for digest in artifacts.digests():
-        try:
-            st = os.lstat(folder / digest)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            files[f"sha256:{digest}"] = st
+    files = artifacts.stats()  # ref -> (size, stored or last reused)
     age = _age(evidence.terminated_at, now)
     going: dict[str, GcRule] = {}
 
     def fresh(ref: str) -> bool:
-        return live and real_now - files[ref].st_mtime < FRESH
+        return live and real_now - files[ref][1] < FRESH
 
     if not live and rules.terminated is not None and age is not None and age >= rules.terminated:
         going = {ref: "terminated" for ref in files if ref not in keep}
@@ -137,12 +128,12 @@ def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
             for manifest in evidence.manifests:
                 if manifest in files:
                     parts.update(parts_of(artifacts, manifest))
-            for ref, st in files.items():
+            for ref, (_size, stored) in files.items():
                 if (
                     ref not in evidence.referenced
                     and ref not in parts
                     and ref not in keep
-                    and real_now - st.st_mtime >= max(rules.unreferenced, FRESH if live else 0)
+                    and real_now - stored >= max(rules.unreferenced, FRESH if live else 0)
                 ):
                     going[ref] = "unreferenced"
         # the parts of a removed context go with it, unless a kept one shares them
@@ -163,25 +154,30 @@ def plan(  # noqa: PLR0917 (one caller; each input is a different thing)
                         and not fresh(part)
                     ):
                         going[part] = "chunk"
-    out.artifacts = [Removal(ref, files[ref].st_size, rule) for ref, rule in sorted(going.items())]
+    out.artifacts = [Removal(ref, files[ref][0], rule) for ref, rule in sorted(going.items())]
     if rules.snapshots is not None:
-        for seq in snapshots.seqs()[: -rules.snapshots]:
-            try:
-                out.snapshot_bytes += os.lstat(snapshots.path(seq)).st_size
-            except FileNotFoundError:
-                continue
+        sizes = snapshots.sizes()
+        for seq in sorted(sizes)[: -rules.snapshots]:
+            out.snapshot_bytes += sizes[seq]
             out.snapshots.append(seq)
     return out
 
 
 def remove(
-    artifacts: FileArtifacts,
-    snapshots: FileSnapshots,
+    artifacts: ArtifactStore,
+    snapshots: SnapshotStore,
     plan: Plan,
     each: Callable[[], None] | None = None,
 ) -> None:
     """Delete what ``plan`` names (already recorded), then make the deletions durable.
     ``each``, if given, is called after every file (the crash tests' hook)."""
+    if not isinstance(artifacts, FileArtifacts) or not isinstance(snapshots, FileSnapshots):
+        # a cluster's database: one transaction for the artifacts, one per snapshot
+        if plan.artifacts:
+            artifacts.remove([r.ref for r in plan.artifacts])
+        for seq in plan.snapshots:
+            snapshots.drop(seq)
+        return
     folder = real_dir(artifacts.folder)
     for removal in plan.artifacts:
         (folder / removal.ref[7:]).unlink(missing_ok=True)

@@ -23,15 +23,13 @@ from typing import Any, Literal
 
 import structlog
 
-from sessiond.errors import Refused, SessiondError
+from sessiond.errors import SessiondError
 from sessiond.log.event_data import CollectedArtifact, GcCollected
 from sessiond.log.evidence import Evidence
 from sessiond.log.pace import Pacer
 from sessiond.log.retention import Plan, needed, plan, remove
 from sessiond.log.store.base import START, LogPosition, PositionMismatch, Record
-from sessiond.log.store.fileartifacts import FileArtifacts
 from sessiond.log.store.files import FileStore
-from sessiond.log.store.filesnapshots import FileSnapshots
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
@@ -73,13 +71,6 @@ class Retention:
         plans: list[Plan] = []
         errors: list[str] = []
         read_before = self._events_read
-        if self.ctx.config.cluster.dsn is not None and rules.rules():
-            # gc plans by the files' ages and sizes on disk; a cluster keeps its
-            # artifacts and snapshots in the database, where none of that exists yet
-            raise Refused(
-                "gc is not built for a cluster yet: its artifacts and snapshots live in "
-                "PostgreSQL; leave [retention] unset on cluster nodes"
-            )
         async with self._one:
             for gone in self._read.keys() - {s.name for s in self.ctx.table}:
                 self._kept_refs -= _size(self._read.pop(gone)[0])
@@ -166,8 +157,11 @@ class Retention:
 
     def _records(self, name: str, after: LogPosition) -> Iterator[tuple[Record, LogPosition]]:
         store = self.ctx.store
-        assert isinstance(store, FileStore)  # gc refuses a cluster (gc() above)
-        return store.read_after(name, after)
+        if isinstance(store, FileStore):
+            yield from store.read_after(name, after)  # from the byte it stopped at
+            return
+        for record in store.read(name, since=after.seq + 1):  # the database: by seq
+            yield record, LogPosition(record["seq"], record["seq"], record["id"])
 
     async def _collect(
         self, s: Session, evidence: Evidence, dry_run: bool, who: dict[str, Any], trigger: Trigger
@@ -177,9 +171,6 @@ class Retention:
         rules = self.ctx.config.retention
         artifacts = store.artifacts(s.name)
         snapshots = store.snapshots(s.name)
-        # the plain-files store (gc refuses a cluster above)
-        assert isinstance(artifacts, FileArtifacts)
-        assert isinstance(snapshots, FileSnapshots)
         now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
         state = s.j.state
         keep = needed(state, evidence, artifacts)

@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from sessiond.config import DaemonConfig
 from sessiond.log.fsck import check
@@ -363,7 +363,7 @@ class Campaign:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # ours (its mark names our state dir)
         with Connection(d.socket, timeout=30) as conn:
-            rows = conn.call("ps", {})
+            rows = [r for r in conn.call("ps", {}) if self._mine(r)]
             suspects = {
                 r["name"]: r["pid"]
                 for r in rows
@@ -383,11 +383,21 @@ class Campaign:
             if not calls:
                 continue
             t.interrupted += len(calls)
-            verdict = checks.first_verdict(self._log(name), seqs[name])
+            verdict = self._verdict(name, seqs[name])
             outcome, wrong = checks.judge_verdict(calls, verdict)
             t.verdicts[outcome] += len(calls)
             if wrong is not None:
                 t.unhandled.append(f"round {t.rounds}: {name}: {wrong}")
+
+    # Hooks for the cluster's campaign (tests/faults/cluster.py), whose logs are in
+    # PostgreSQL and whose ps rows may name other nodes' sessions.
+
+    def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
+        return checks.first_verdict(self._log(name), after_seq)
+
+    def _mine(self, row: dict[str, Any]) -> bool:
+        """Whether this daemon runs the session of a ps row (all of them here)."""
+        return True
 
     def _check_ledger(self) -> None:
         t = self.tally
@@ -407,7 +417,7 @@ class Campaign:
                 for a in conn.call("show", {"name": "hostile"}).get("pending_approvals") or []:
                     conn.call("deny", {"name": "hostile", "call": a["call"], "by": "campaign"})
             for row in conn.call("ps", {}):
-                if row["state"] != "blocked":
+                if row["state"] != "blocked" or not self._mine(row):
                     continue
                 name = row["name"]
                 shown = conn.call("show", {"name": name})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -273,3 +274,32 @@ def test_lines_written_are_the_framed_records(store: Store) -> None:
 
 async def _create(store: Store, name: str) -> None:
     await (await store.create(name)).close()
+
+
+def test_a_gc_sees_each_artifact_and_snapshot_with_its_size_and_removes_them(
+    store: Store,
+) -> None:
+    if isinstance(store, MemoryStore):
+        pytest.skip("the memory store (tests only) has no gc")
+
+    async def go() -> None:
+        await (await store.create("alpha")).close()
+
+    arun(go())
+    artifacts = store.artifacts("alpha")
+    before = time.time()
+    kept, gone = artifacts.put(b"kept", "k").ref, artifacts.put(b"going", "g").ref
+    stats = artifacts.stats()
+    assert {ref: size for ref, (size, _at) in stats.items()} == {kept: 4, gone: 5}
+    assert all(abs(at - before) < 60 for _size, at in stats.values())  # when stored
+    artifacts.remove([gone])
+    assert artifacts.digests() == [kept[7:]]
+    assert not artifacts.has(gone)
+    snapshots = store.snapshots("alpha")
+    for seq in (3, 5):
+        snapshots.save(Snapshot(1, "alpha", LogPosition(seq, seq, f"id{seq}"), {"seq": seq}))
+    sizes = snapshots.sizes()
+    assert sorted(sizes) == [3, 5]
+    assert all(size > 0 for size in sizes.values())
+    snapshots.drop(3)
+    assert snapshots.seqs() == [5]

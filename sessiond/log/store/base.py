@@ -182,6 +182,15 @@ class ArtifactStore(abc.ABC):
     def digests(self) -> list[str]:
         """Hex digests of every stored artifact."""
 
+    def stats(self) -> dict[str, tuple[int, float]]:
+        """(size, when stored or last reused, in epoch seconds) of every stored
+        artifact, by reference: what a gc plans by."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no times for a gc")
+
+    def remove(self, refs: list[str]) -> None:
+        """Delete ``refs`` (a gc, already recorded), durably."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
+
     def verify(self, ref: str) -> str | None:
         """What is wrong with stored artifact ``ref`` (None: it is there with its
         hash), in a few words for the gate's "artifacts intact". This default reads
@@ -220,6 +229,14 @@ class SnapshotStore(abc.ABC):
     def clear(self) -> None:
         """Delete every snapshot (they are only an optimisation)."""
 
+    def sizes(self) -> dict[int, int]:
+        """Bytes of each snapshot present, by seq (what a gc frees)."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
+
+    def drop(self, seq: int) -> None:
+        """Delete the snapshot at ``seq`` (a gc, already recorded)."""
+        raise NotImplementedError(f"{type(self).__name__} has no gc")
+
 
 class Store(abc.ABC):
     """The sessions of one state dir (or, for a cluster, of one database)."""
@@ -239,6 +256,11 @@ class Store(abc.ABC):
     def remove_leftovers(self) -> list[str]:
         """Remove what a crashed create left (nothing, where a create is one commit)."""
         return []
+
+    def copy_stamp(self, lines: Sequence[bytes]) -> dict[str, Any]:  # noqa: ARG002
+        """The envelope fields (node, epoch) of an event written by whoever creates a
+        session from ``lines`` (an import's arrival): none on files."""
+        return {}
 
     def cluster_nodes(self) -> list[dict[str, Any]] | None:
         """The nodes sharing this store (None: it is not a cluster's)."""

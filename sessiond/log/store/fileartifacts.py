@@ -18,7 +18,14 @@ from pathlib import Path
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef, StorageError
 from sessiond.log.event_data import SHA256_HEX, SHA256_REF, ArtifactRef
 from sessiond.log.store.base import ArtifactStore
-from sessiond.log.store.durable import FILE_MODE, read_regular, real_dir, write_all, write_durable
+from sessiond.log.store.durable import (
+    FILE_MODE,
+    fsync_dir,
+    read_regular,
+    real_dir,
+    write_all,
+    write_durable,
+)
 from sessiond.log.store.hashcache import HashCache, NotRegularFile
 
 
@@ -187,3 +194,22 @@ class FileArtifacts(ArtifactStore):
             return sorted(n for n in os.listdir(real_dir(self.folder)) if SHA256_HEX.fullmatch(n))
         except FileNotFoundError:
             return []
+
+    def remove(self, refs: list[str]) -> None:
+        folder = real_dir(self.folder)
+        for ref in refs:
+            (folder / self._path(ref).name).unlink(missing_ok=True)
+        if refs:
+            fsync_dir(folder)
+
+    def stats(self) -> dict[str, tuple[int, float]]:
+        """Each regular file's size and mtime (a reuse touches it: see put)."""
+        out: dict[str, tuple[int, float]] = {}
+        for digest in self.digests():
+            try:
+                st = os.lstat(self.folder / digest)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[f"sha256:{digest}"] = (st.st_size, st.st_mtime)
+        return out

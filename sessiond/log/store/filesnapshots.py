@@ -7,6 +7,7 @@ few are kept.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -52,6 +53,20 @@ class FileSnapshots(SnapshotStore):
     def prune(self) -> None:
         for old in self.seqs()[: -self.keep]:
             (self.folder / f"state-{old}.json").unlink(missing_ok=True)
+
+    def sizes(self) -> dict[int, int]:
+        out = {}
+        for seq in self.seqs():
+            try:
+                out[seq] = os.lstat(self.path(seq)).st_size
+            except FileNotFoundError:
+                continue
+        return out
+
+    def drop(self, seq: int) -> None:
+        # a gc fsyncs the folder once for all it dropped (sessiond.log.retention)
+        with contextlib.suppress(FileNotFoundError):
+            (real_dir(self.folder) / f"state-{seq}.json").unlink()
 
     def seqs(self) -> list[int]:
         try:

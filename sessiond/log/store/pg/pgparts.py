@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import psycopg
 
 from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef
 from sessiond.log.event_data import SHA256_REF, ArtifactRef
@@ -26,7 +27,17 @@ Execute = Callable[[list[tuple[str, dict[str, Any]]]], None]
 
 PUT = [
     "INSERT INTO artifacts (digest, data) VALUES (%(d)s, %(data)s) ON CONFLICT DO NOTHING",
-    "INSERT INTO session_artifacts (session, digest) VALUES (%(s)s, %(d)s) ON CONFLICT DO NOTHING",
+    # reused: a gc leaves an artifact this fresh alone (sessiond.log.retention), as
+    # the event naming it again is on its way (the files backend touches the file)
+    "INSERT INTO session_artifacts (session, digest) VALUES (%(s)s, %(d)s) "
+    "ON CONFLICT (session, digest) DO UPDATE SET stored_at = now() "
+    "WHERE session_artifacts.stored_at < now() - interval '1 minute'",
+]
+# gc: the session lets go of them; the bytes go once no session holds them
+REMOVE = [
+    "DELETE FROM session_artifacts WHERE session = %(s)s AND digest = ANY(%(d)s)",
+    "DELETE FROM artifacts AS a WHERE a.digest = ANY(%(d)s) AND NOT EXISTS "
+    "(SELECT 1 FROM session_artifacts AS sa WHERE sa.digest = a.digest)",
 ]
 
 
@@ -50,7 +61,12 @@ class PgArtifacts(ArtifactStore):
     ) -> ArtifactRef:
         digest = hashlib.sha256(data).hexdigest()
         params = {"s": self.session, "d": digest, "data": bytes(data)}
-        self._execute([(sql, params) for sql in PUT])
+        try:
+            self._execute([(sql, params) for sql in PUT])
+        except psycopg.errors.ForeignKeyViolation:
+            # another session's gc removed the bytes between our two statements (we
+            # found them there, then held them): stored again, the second time whole
+            self._execute([(sql, params) for sql in PUT])
         return ArtifactRef(ref=f"sha256:{digest}", name=name, size=len(data), media_type=media_type)
 
     def get(self, ref: str) -> bytes:
@@ -83,6 +99,19 @@ class PgArtifacts(ArtifactStore):
             {"s": self.session},
         )
         return [r[0] for r in rows]
+
+    def stats(self) -> dict[str, tuple[int, float]]:
+        rows = self._query(
+            "SELECT sa.digest, octet_length(a.data), extract(epoch FROM sa.stored_at)::float8 "
+            "FROM session_artifacts AS sa JOIN artifacts AS a USING (digest) "
+            "WHERE sa.session = %(s)s",
+            {"s": self.session},
+        )
+        return {f"sha256:{d}": (int(size), float(at)) for d, size, at in rows}
+
+    def remove(self, refs: list[str]) -> None:
+        params = {"s": self.session, "d": [_digest(ref) for ref in refs]}
+        self._execute([(sql, params) for sql in REMOVE])
 
 
 class PgSnapshots(SnapshotStore):
@@ -158,6 +187,18 @@ class PgSnapshots(SnapshotStore):
             {"s": self.session, "seq": seq},
         )
         return self._decode(rows[0]) if rows else None
+
+    def sizes(self) -> dict[int, int]:
+        rows = self._query(
+            "SELECT seq, octet_length(state) FROM snapshots WHERE session = %(s)s",
+            {"s": self.session},
+        )
+        return {int(seq): int(size) for seq, size in rows}
+
+    def drop(self, seq: int) -> None:
+        """Delete the snapshot at ``seq`` (gc; fsck --repair: it disagrees with the log)."""
+        params = {"s": self.session, "q": seq}
+        self._execute([("DELETE FROM snapshots WHERE session = %(s)s AND seq = %(q)s", params)])
 
     def clear(self) -> None:
         self._execute([("DELETE FROM snapshots WHERE session = %(s)s", {"s": self.session})])

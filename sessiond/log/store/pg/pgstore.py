@@ -42,7 +42,7 @@ from sessiond.names import check_name
 
 CREATE = """
 INSERT INTO sessions (name, owner, epoch, last_seq, last_id, spec)
-SELECT %(session)s, n.name, 1, %(last)s, %(last_id)s, %(spec)s FROM nodes AS n
+SELECT %(session)s, n.name, %(epoch)s, %(last)s, %(last_id)s, %(spec)s FROM nodes AS n
 WHERE n.name = %(node)s AND n.incarnation = %(inc)s AND n.lease_until > now()
 ON CONFLICT (name) DO NOTHING
 RETURNING name
@@ -106,6 +106,10 @@ class PgStore(PlacementQueries, Store):
     def _query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._sync.connection() as conn:
             return conn.execute(sql.encode(), params).fetchall()
+
+    def select(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query (fsck's own checks)."""
+        return self._query(sql, params)
 
     def _execute(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
         with self._sync.connection() as conn, conn.transaction():
@@ -302,6 +306,7 @@ class PgStore(PlacementQueries, Store):
         seqs: list[int] = []
         ids: list[str] = []
         raws: list[bytes] = []
+        top = 1  # the epoch it starts at (below)
         for line in lines:
             raw = line.rstrip(b"\n")
             record = decode_line(raw)
@@ -310,7 +315,12 @@ class PgStore(PlacementQueries, Store):
             seqs.append(record["seq"])
             ids.append(record["id"])
             raws.append(raw)
+            if isinstance(got := record.get("epoch"), int):
+                top = max(top, got)
         blobs = list(artifacts)
+        # A copy (fork, import) starts at the highest epoch of what it copies, so
+        # the epoch never decreases along its seqs (the next claim goes above).
+        epoch = top
         self._open.add(name)  # held from here: nobody opens it while it is made
         try:
             pool = await self._pool()
@@ -320,6 +330,7 @@ class PgStore(PlacementQueries, Store):
                     {
                         "session": name,
                         "last": len(seqs),
+                        "epoch": epoch,
                         "last_id": ids[-1] if ids else None,
                         "spec": spec,
                         "node": self.lease.name,
@@ -351,9 +362,12 @@ class PgStore(PlacementQueries, Store):
         except BaseException:
             await self._release(name)
             raise
-        log = self._log(name, pool, epoch=1, durability=durability)
+        log = self._log(name, pool, epoch=epoch, durability=durability)
         log.adopt(LogPosition(len(seqs), len(seqs), ids[-1] if ids else None))
         return log
+
+    def copy_stamp(self, lines: Sequence[bytes]) -> dict[str, Any]:
+        return {"node": self.lease.name, "epoch": _first_epoch(lines)}
 
     def _log(
         self, name: str, pool: AsyncConnectionPool, *, epoch: int, durability: Durability
@@ -417,6 +431,12 @@ class PgStore(PlacementQueries, Store):
                 (PLACE, self.placement_for(text).params(name)),
             ]
         )
+
+
+def _first_epoch(lines: Iterable[bytes]) -> int:
+    """The epoch a session made of ``lines`` starts at: 1, or the highest they carry."""
+    epochs = (r.get("epoch") for line in lines if (r := decode_line(line.rstrip(b"\n"))))
+    return max([1, *(e for e in epochs if isinstance(e, int))])
 
 
 def _sha256(blob: bytes) -> str:

@@ -86,7 +86,7 @@ STEPS: list[str] = [
         PRIMARY KEY (session, digest)
     );
     """,
-    # placement (DESIGN.md section 10): the node a spec pins the session to, the
+    # 2: placement (DESIGN.md section 10): the node a spec pins the session to, the
     # labels it needs of its node, and the node its workspace lives on (NULL: it
     # has none, or it lies under [cluster] shared_paths, so it may fail over)
     """
@@ -95,6 +95,11 @@ STEPS: list[str] = [
         ADD COLUMN needs          jsonb NOT NULL DEFAULT '{}',
         ADD COLUMN workspace      text,
         ADD COLUMN workspace_node text;
+    """,
+    # 3: when each session stored (or last reused) each artifact: gc's
+    # "unreferenced" and "fresh" rules, as a file's mtime on the files backend
+    """
+    ALTER TABLE session_artifacts ADD COLUMN stored_at timestamptz NOT NULL DEFAULT now();
     """,
 ]
 

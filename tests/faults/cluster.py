@@ -1,0 +1,316 @@
+"""The kill -9 campaign against a cluster: two or three nodes on one real
+PostgreSQL, a random node killed with SIGKILL each round (most often the one the
+load talks to), restarted, and the same invariants checked, plus one of the
+cluster's own: no write under a stale epoch.
+
+    python -m tests.faults.cluster [--iterations 30] [--seed N] [--nodes 3]
+
+It is the campaign of campaign.py, not a copy: the same workload, load threads,
+ledger and checks. What differs is where the logs are (the database: each check
+reads a session's log from there) and what a round does (a node dies, the
+others take its sessions over within ``lease_ttl``, the node comes back under a
+new incarnation). There is no power cut: the logs live in PostgreSQL, whose
+durability is its own (``synchronous_commit``), and the fault points are the
+single daemon's campaign's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from sessiond.localpg import LocalPostgres, bindir
+from sessiond.log.pgfsck import check_db
+from sessiond.log.store.pg import schema
+from sessiond.log.store.pg.pgstore import PgStore
+from sessiond.runs.leftovers import marked
+from sessiond.wire import Connection, RemoteError
+from tests.e2e.harness import Daemon, short_dir
+from tests.faults import checks, workload
+from tests.faults.campaign import Campaign
+from tests.faults.tally import Tally
+
+TTL = 2.0
+STALE = ("epoch-decreased", "epoch-ahead")  # pgfsck's kinds for a write past its fence
+# sessions owned by no node, or by one whose lease lapsed: not yet taken over
+UNOWNED = (
+    "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
+    "WHERE s.owner IS NULL OR n.lease_until <= now()"
+)
+
+
+@dataclass
+class ClusterTally(Tally):
+    nodes: int = 3
+    failovers: int = 0  # rounds whose killed node owned sessions, taken over by others
+    stale: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, str, str, bool]]:
+        return [
+            *super().rows(),
+            ("writes under a stale epoch", str(len(self.stale)), "0", not self.stale),
+        ]
+
+    def table(self, seconds: float) -> str:
+        text = super().table(seconds)
+        text = text.replace(
+            "kill -9 campaign,", f"kill -9 campaign on a cluster of {self.nodes} nodes,", 1
+        )
+        moved = f"failovers: {self.failovers} of {self.rounds} kills moved sessions to another node"
+        text = text.replace("\nkills at fault points: none", f"\n{moved}", 1)
+        extra = [f"  stale epoch: {item}" for item in self.stale[:10]]
+        return "\n".join([text, *extra])
+
+
+class ClusterCampaign(Campaign):
+    def __init__(self, root: Path, rng: random.Random, dsn: str, *, nodes: int = 3) -> None:
+        super().__init__(root, rng, power_cut=False)
+        self.dsn = dsn
+        self.cluster_tally = ClusterTally(nodes=nodes)
+        self.tally = self.cluster_tally  # the base campaign counts in it too
+        self.tally.power_method = "none: the logs are in PostgreSQL; nodes are killed"
+        for i in range(1, nodes + 1):
+            (root / f"n{i}").mkdir()
+        self.nodes = [
+            Daemon(root / f"n{i}", env={"CAMPAIGN_SECRET": self.secret})
+            for i in range(1, nodes + 1)
+        ]
+        for i, node in enumerate(self.nodes, 1):
+            node.config.write_text(
+                f'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
+                f"max_running = 6\nsnapshot_every = 50\n"
+                f'[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
+            )
+        self.daemon = self.nodes[0]  # the node the load talks to (the mailbox's owner)
+        self.reader = PgStore(dsn, node="campaign")  # reads only: it holds no lease
+        self.logs = root / "pglogs"
+        self.logs.mkdir()
+
+    # --- where the logs are ---------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        return self.reader.names()
+
+    def _log(self, name: str) -> Path:
+        """The session's log as read from the database now, as a file the checks
+        read (one per call: the checks see it as it is at that moment)."""
+        path = self.logs / f"{name}.jsonl"
+        with path.open("wb") as f:
+            for _record, line in self.reader.read_lines(name):
+                f.write(line)
+        return path
+
+    def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
+        deadline = time.monotonic() + TTL + 30  # the take-over, then the gate
+        while time.monotonic() < deadline:
+            for r in checks.records(self._log(name), b"gate.evaluated"):
+                if r["seq"] > after_seq and not r["data"].get("dry_run"):
+                    return r
+            time.sleep(0.1)
+        return None
+
+    def _mine(self, row: dict[str, Any]) -> bool:
+        return row.get("node") in (None, self._name(self.daemon))
+
+    # --- set-up and one round -------------------------------------------------------
+
+    def setup(self) -> None:
+        workload.prepare(self.ws)
+        self.ledger.touch()
+        for node in self.nodes:
+            node.start()
+        for name, text in workload.specs(sys.executable, self.ledger, self.daemon.socket).items():
+            spec = self.ws / f"{name}.toml"
+            spec.write_text(text)
+            self.daemon.ctl("create", str(spec), check=True)
+
+    def round(self) -> None:
+        t = self.tally
+        n = t.rounds + 1
+        self.daemon = self._owner_of("mailbox")
+        victim = self.daemon if self.rng.random() < 0.6 else self.rng.choice(self.nodes)
+        stop = threading.Event()
+        workers = [
+            threading.Thread(target=self._sender, args=(stop,), daemon=True),
+            threading.Thread(target=self._poker, args=(stop,), daemon=True),
+        ]
+        for w in workers:
+            w.start()
+        time.sleep(self.rng.uniform(0.2, 2.0))
+        assert victim.proc is not None
+        os.kill(victim.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
+        victim.proc.wait(30)
+        killed_at = time.monotonic()
+        stop.set()
+        for w in workers:
+            w.join(30)
+        t.rounds = n
+        owned = self._owned_by(self._name(victim))
+        self._check_acknowledged(killed_at)
+        cut_off = {name: checks.cut_off_calls(self._log(name)) for name in owned}
+        seqs = {name: self._last_seq(name) for name in owned}
+        if self.rng.random() < 0.5:  # now, or once the others took its sessions over
+            self._settle(victim)
+        victim.start()
+        self._settle(None)
+        if owned and any(self._owner(name) != self._name(victim) for name in owned):
+            self.cluster_tally.failovers += 1
+        for i, node in enumerate(self.nodes):
+            self.daemon = node
+            self._check_after_restart(cut_off if i == 0 else {}, seqs)
+        self._check_ledger()
+        self._check_database()
+        for node in self.nodes:
+            self.daemon = node
+            self._answer_and_resolve()
+
+    # --- the cluster's own checks ---------------------------------------------------
+
+    def _check_database(self) -> None:
+        """The database's fsck: a stale epoch is a write past the fence; any other
+        problem is a log unreadable."""
+        for problem in check_db(self.dsn).problems:
+            t = self.cluster_tally
+            where = t.stale if problem.kind in STALE else t.unreadable
+            where.append(f"round {self.tally.rounds}: {problem.line()}")
+
+    def _settle(self, dead: Daemon | None) -> None:
+        """Until no session waits for a node whose lease lapsed (with ``dead``, that
+        node's lease has lapsed and the others took its sessions over)."""
+        deadline = time.monotonic() + TTL + 30
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                waiting = conn.execute(UNOWNED).fetchall()
+                lapsed = dead is None or bool(
+                    conn.execute(
+                        "SELECT 1 FROM nodes WHERE name = %s AND lease_until <= now()",
+                        (self._name(dead),),
+                    ).fetchall()
+                )
+            if lapsed and not waiting:
+                return
+            time.sleep(0.1)
+        self.tally.stuck.append(f"round {self.tally.rounds}: not taken over: {waiting}")
+
+    def _owner(self, name: str) -> str | None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT owner FROM sessions WHERE name = %s", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def _owned_by(self, node: str) -> list[str]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT name FROM sessions WHERE owner = %s", (node,)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def _owner_of(self, session: str) -> Daemon:
+        """The live node that runs ``session`` (its ps lists it)."""
+        deadline = time.monotonic() + TTL + 30
+        while time.monotonic() < deadline:
+            owner = self._owner(session)
+            for node in self.nodes:
+                if self._name(node) == owner and node.proc and node.proc.poll() is None:
+                    with contextlib.suppress(RemoteError), Connection(node.socket) as conn:
+                        rows = conn.call("ps", {})
+                        if any(r["name"] == session and self._local(node, r) for r in rows):
+                            return node
+            time.sleep(0.1)
+        raise AssertionError(f"no live node runs {session!r}")
+
+    def _name(self, node: Daemon) -> str:
+        return f"n{self.nodes.index(node) + 1}"
+
+    def _local(self, node: Daemon, row: dict[str, Any]) -> bool:
+        return row.get("node") in (None, self._name(node))
+
+    def finish(self) -> None:
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()
+        self.daemon = self.nodes[0]
+        super().finish()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT session, seq FROM events WHERE position(%(s)s IN line) > 0 UNION ALL "
+                "SELECT sa.session, 0 FROM session_artifacts AS sa JOIN artifacts AS a "
+                "USING (digest) WHERE position(%(s)s IN a.data) > 0",
+                {"s": self.secret.encode()},
+            ).fetchall()
+        self.tally.secrets += [f"the database: {s} seq {q}" for s, q in found]
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.reap()
+        for node in self.nodes:  # whatever a node's runs left
+            for pid in marked(node.state_dir):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        self.reader.close_sync()
+
+
+def run_cluster_campaign(
+    iterations: int, seed: int, dsn: str, *, nodes: int = 3
+) -> tuple[ClusterTally, float]:
+    """``iterations`` rounds against ``nodes`` nodes on the (migrated, empty) database
+    at ``dsn``."""
+    started = time.monotonic()
+    root = short_dir()
+    campaign = ClusterCampaign(root, random.Random(seed), dsn, nodes=nodes)
+    try:
+        campaign.setup()
+        for _ in range(iterations):
+            campaign.round()
+        campaign.finish()
+    finally:
+        campaign.close()
+    tally = campaign.cluster_tally
+    if tally.failed:
+        print(f"ledger and node folders kept in {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return tally, time.monotonic() - started
+
+
+@contextlib.contextmanager
+def database() -> Iterator[str]:
+    """A PostgreSQL of its own from the machine's binaries, migrated (the make target's)."""
+    folder = Path(tempfile.mkdtemp(prefix="sessiond-pg-"))
+    server = LocalPostgres(folder, bindir())
+    try:
+        server.init()
+        server.start()
+        schema.migrate(server.dsn)
+        yield server.dsn
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.cluster", description=__doc__)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--nodes", type=int, choices=[2, 3], default=3)
+    args = parser.parse_args(argv)
+    print(f"seed {args.seed} (repeat a campaign with --seed)", flush=True)
+    with database() as dsn:
+        tally, seconds = run_cluster_campaign(args.iterations, args.seed, dsn, nodes=args.nodes)
+    print(tally.table(seconds))
+    return 1 if tally.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
