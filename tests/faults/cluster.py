@@ -94,6 +94,8 @@ class ClusterCampaign(Campaign):
                 f'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
                 f"max_running = 6\nsnapshot_every = 50\n"
                 f'[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
+                # the nodes share this machine: every workspace may fail over
+                f'shared_paths = ["{root}"]\n'
             )
         self.daemon = self.nodes[0]  # the node the load talks to (the mailbox's owner)
         self.reader = PgStore(dsn, node="campaign")  # reads only: it holds no lease
