@@ -1,0 +1,288 @@
+"""Any node's socket serves the whole cluster (DESIGN.md section 10, "Transparency").
+
+A request on this node's control socket for a session another node owns is
+carried out by that owner: it is written to the ``requests`` table
+(sessiond.log.store.pg.requests) with the caller's identity, the owner is told by
+NOTIFY (and looks every second anyway), takes it, runs it through its own
+dispatch (the same params, the same checks, the same errors) and writes the
+reply, which this node hands back as if it had answered itself.
+
+Why carry, rather than answer reads from the database here: the owner's table
+holds what the log does not (a run's pid, the next wake, a held reason), and one
+path for reads and writes is one set of errors. ``ps`` is the exception: every
+live node is asked for its rows, and the sessions no live node answered for are
+listed from the process table (waiting for a dead node, or for a claim).
+
+The peer checks happen here, where the caller connected: a process of a run is
+refused before anything is written. A request is carried out at most once: it
+is taken once, and a request nobody took in time is withdrawn before this node
+says so; if its taker dies before answering, this node says that, naming the
+node, and does not ask again (whether it happened is in the session's log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+import structlog
+
+from sessiond.errors import InvalidInput, Refused, SessiondError
+from sessiond.ipc.dispatch import Dispatch
+from sessiond.ipc.forwarding import ROUTED, error_of
+from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
+from sessiond.syscalls.kernel import Kernel
+from sessiond.table.sessions import Table
+
+if TYPE_CHECKING:
+    from sessiond.daemon.cluster import LeaseKeeper
+
+log = structlog.get_logger("sessiond.forward")
+
+# How long a node asked about another node's rows for `ps` may take.
+PS_BOUND = 5.0
+# How long a taken request may take to be answered (a fork of a long log, a gate).
+ANSWER_BOUND = 120.0
+
+
+class NodeUnavailable(SessiondError):
+    """The node that owns a session did not answer a request carried to it."""
+
+    code = "node_unavailable"
+    exit_code = 3
+
+
+class Host(Protocol):
+    """What carrying requests needs of the daemon (service.py's Daemon)."""
+
+    table: Table
+    kernel: Kernel
+
+
+class Forward:
+    """This node's side of carried requests: it asks, and it answers."""
+
+    def __init__(self, keeper: LeaseKeeper, host: Host, dispatch: Dispatch) -> None:
+        store = keeper.store
+        self.lease = store.lease
+        self.dsn = store.dsn
+        self.host = host
+        self.dispatch = dispatch
+        prepared = host.kernel.config.cluster.prepared
+        self.requests = Requests(store.dsn, node=store.lease.name, prepared=prepared)
+        # A request nobody took within this is withdrawn: long enough for a dead
+        # owner's sessions to be taken over (lease_ttl and a few seconds).
+        self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._serve: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.dispatch.forward = self
+        # A program's run.send reaches a session on any node: the same send as
+        # `sessionctl send` here (carry_messages made it the cluster's).
+        kernel = self.host.kernel
+        kernel.sdk.send = kernel.send
+        kernel.sdk.sends.elsewhere = self._exists
+        self._serve = asyncio.ensure_future(self._serve_loop())
+
+    async def close(self) -> None:
+        self.dispatch.forward = None
+        for task in (self._serve, *self._tasks):
+            if task is not None:
+                task.cancel()
+        await asyncio.to_thread(self.requests.close)
+
+    async def _exists(self, name: str) -> bool:
+        try:
+            return await asyncio.to_thread(self.requests.owner, name) is not None
+        except InvalidInput:
+            return False
+
+    # --- asking -----------------------------------------------------------------
+
+    async def route(
+        self, method: str, params: dict[str, Any], who: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        if method == "ps":
+            return True, await self.ps(who)
+        key = ROUTED.get(method)
+        name = params.get(key) if key is not None else None
+        if not isinstance(name, str) or name in self.host.table.sessions:
+            return False, None
+        try:
+            owner = await asyncio.to_thread(self.requests.owner, name)
+        except InvalidInput:
+            return False, None  # a bad name: refused here, as on one machine
+        if owner is None:
+            return False, None  # no such session in the cluster: as on one machine
+        if method == "log" and params.get("follow"):
+            raise Refused(
+                f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
+                "on that node's socket (a carried log is read once, not followed)"
+            )
+        return True, await self.call(method, params, who, session=name, owner=owner)
+
+    async def call(
+        self,
+        method: str,
+        params: dict[str, Any],
+        who: dict[str, Any] | None,
+        *,
+        session: str | None = None,
+        owner: Owner | None = None,
+        node: str | None = None,
+        take_bound: float | None = None,
+    ) -> Any:
+        """Leave the request for the session's owner (or ``node``) and wait for the
+        reply: the owner's result, or its error raised here."""
+        whom = node or (owner.node if owner is not None else None) or "(no node yet)"
+        bound = self.take_bound if take_bound is None else take_bound
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {REPLIES}")  # before posting: no reply is missed
+            request = await asyncio.to_thread(
+                self.requests.post, method, params, who, session=session, node=node
+            )
+            asked = time.monotonic()
+            while True:
+                st = await asyncio.to_thread(self.requests.status, request)
+                if st.reply is not None:
+                    if st.reply.get("ok"):
+                        return st.reply.get("result")
+                    raise error_of(st.reply)
+                waited = time.monotonic() - asked
+                if st.taken_by is None and waited > bound:
+                    if await asyncio.to_thread(self.requests.abandon, request):
+                        raise NodeUnavailable(self._not_taken(session, whom, owner, waited))
+                    continue  # taken just now: wait for its reply
+                if st.taken_by is not None and not st.taker_alive:
+                    raise NodeUnavailable(
+                        f"node {st.taken_by!r} took the {method} request"
+                        + (f" for session {session!r}" if session else "")
+                        + " but its lease lapsed before it answered; whether it was carried "
+                        "out is in the session's log (`sessionctl log`); it is not retried"
+                    )
+                if waited > bound + ANSWER_BOUND:
+                    raise NodeUnavailable(
+                        f"node {st.taken_by!r} has not answered the {method} request in "
+                        f"{waited:.0f}s; see `sessionctl nodes`"
+                    )
+                # the reply's NOTIFY, or half a second: the table is the truth
+                async for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    pass
+
+    def _not_taken(self, session: str | None, whom: str, owner: Owner | None, waited: float) -> str:
+        what = f"session {session!r}" if session else f"node {whom!r}"
+        if owner is not None and owner.node is not None and not owner.alive:
+            why = f"its node {owner.node!r} is down and no node has taken the session over"
+        elif owner is not None and owner.node is None:
+            why = "no node owns it (it waits for a node that may run it)"
+        else:
+            why = f"node {whom!r} did not take the request"
+        return (
+            f"{what}: {why} in {waited:.0f}s; nothing was done. "
+            "`sessionctl nodes` shows the nodes; try again when its node is up"
+        )
+
+    async def ps(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every session of the cluster: this node's rows, each live node's own, and
+        the process table's for the sessions no live node answered for."""
+        rows: list[dict[str, Any]] = list(await self.host.kernel.ps())
+        others = await asyncio.to_thread(self.requests.live_nodes)
+        answers = await asyncio.gather(
+            *(self.call("ps", {}, who, node=n, take_bound=PS_BOUND) for n in others),
+            return_exceptions=True,
+        )
+        silent: set[str] = set()
+        for n, got in zip(others, answers, strict=True):
+            if isinstance(got, list):
+                rows.extend(got)
+            else:
+                silent.add(n)
+                log.warning("forward.ps_unanswered", node=n, error=repr(got))
+        seen = {r["name"] for r in rows}
+        for name, owner, alive, _state in await asyncio.to_thread(self.requests.sessions):
+            if name in seen:
+                continue
+            seen.add(name)
+            if owner is None:
+                state, reason = "unowned", "no node owns it yet: the next node to look claims it"
+            elif owner in silent:
+                state, reason = "unknown", f"node {owner} did not answer in {PS_BOUND:.0f}s"
+            elif not alive:
+                state, reason = "waiting", f"its node {owner} is down: it waits for a take-over"
+            else:
+                state, reason = "unknown", f"node {owner} has not opened it yet"
+            rows.append(_placeholder(name, state, reason, owner))
+        rows.sort(key=lambda r: str(r["name"]))
+        return rows
+
+    # --- answering --------------------------------------------------------------
+
+    async def _serve_loop(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.dsn, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {REQUESTS}")
+                    while True:
+                        await self._take_now()
+                        # a hint, or a second without one: the table is the truth
+                        async for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the lease keeper decides
+                log.warning("forward.serve_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def _take_now(self) -> None:
+        names = list(self.host.table.sessions)
+        taken = await asyncio.to_thread(self.requests.take, self.lease.incarnation, names)
+        for request, method, params, who in taken:
+            task = asyncio.ensure_future(self._carry(request, method, params, who))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _carry(
+        self, request: int, method: str, params: dict[str, Any], who: dict[str, Any] | None
+    ) -> None:
+        reply: dict[str, Any]
+        try:
+            result = await self.dispatch.execute(method, params, who or {})
+            reply = {"ok": True, "result": result}
+        except SessiondError as exc:
+            reply = {"ok": False, "error": {"code": exc.code, "message": str(exc), "exit": exc.exit_code}}
+        except Exception as exc:
+            log.exception("forward.request_failed", request=request, method=method)
+            reply = {
+                "ok": False,
+                "error": {
+                    "code": "internal",
+                    "message": f"internal error on node {self.lease.name}: "
+                    f"{type(exc).__name__}: {exc}; this is a bug in sessiond",
+                    "exit": 70,
+                },
+            }
+        log.info("forward.carried", request=request, method=method, ok=reply["ok"])
+        await asyncio.to_thread(self.requests.answer, request, reply)
+
+
+def _placeholder(name: str, state: str, reason: str, node: str | None) -> dict[str, Any]:
+    """A ``ps`` row for a session no live node answered for."""
+    return {
+        "name": name,
+        "state": state,
+        "reason": reason,
+        "agent": "",
+        "priority": 0,
+        "runs": 0,
+        "last_active": None,
+        "next_wake": None,
+        "pid": None,
+        "parent": None,
+        "outcome": None,
+        "node": node,
+    }
