@@ -146,11 +146,22 @@ def test_a_request_for_a_session_whose_node_is_down_fails_clearly(
     missing = n2.ctl("activate", "nobody")
     assert missing.returncode == 4  # no such session anywhere: as on one machine
     # n2 and n3 drain: they take nothing over, so n1's session waits for n1
-    for name in ("n2", "n3"):
-        n2.ctl("drain", name, check=True)
-    n1.kill9()
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # n1's lease lapses now
-        conn.execute("UPDATE nodes SET lease_until = now() WHERE name = 'n1'")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in ("n2", "n3"):
+            n2.ctl("drain", name, check=True)
+        row = conn.execute("SELECT now()").fetchone()  # after both drains committed
+        assert row is not None
+
+        def told() -> bool:  # each has renewed since, so it knows it is draining
+            got = conn.execute(
+                "SELECT count(*) FROM nodes WHERE name IN ('n2', 'n3') AND renewed_at > %s",
+                (row[0],),
+            ).fetchone()
+            return got is not None and got[0] == 2
+
+        wait_for(told, what="n2 and n3 renewing their leases as draining")
+        n1.kill9()
+        conn.execute("UPDATE nodes SET lease_until = now() WHERE name = 'n1'")  # lapsed now
     rows = {r["name"]: r for r in n3.json("ps")}
     assert rows["plain"]["node"] == "n1"
     assert rows["plain"]["state"] == "waiting"
