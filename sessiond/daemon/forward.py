@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 import structlog
 
-from sessiond.errors import InvalidInput, Refused, SessiondError
+from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError
 from sessiond.ipc.dispatch import Dispatch
 from sessiond.ipc.forwarding import ROUTED, error_of
 from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
@@ -45,13 +45,6 @@ log = structlog.get_logger("sessiond.forward")
 PS_BOUND = 5.0
 # How long a taken request may take to be answered (a fork of a long log, a gate).
 ANSWER_BOUND = 120.0
-
-
-class NodeUnavailable(SessiondError):
-    """The node that owns a session did not answer a request carried to it."""
-
-    code = "node_unavailable"
-    exit_code = 3
 
 
 class Host(Protocol):
@@ -223,9 +216,7 @@ class Forward:
     async def _serve_loop(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.dsn, autocommit=True
-                ) as conn:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {REQUESTS}")
                     while True:
                         await self._take_now()
@@ -254,7 +245,10 @@ class Forward:
             result = await self.dispatch.execute(method, params, who or {})
             reply = {"ok": True, "result": result}
         except SessiondError as exc:
-            reply = {"ok": False, "error": {"code": exc.code, "message": str(exc), "exit": exc.exit_code}}
+            reply = {
+                "ok": False,
+                "error": {"code": exc.code, "message": str(exc), "exit": exc.exit_code},
+            }
         except Exception as exc:
             log.exception("forward.request_failed", request=request, method=method)
             reply = {

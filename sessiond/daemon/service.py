@@ -44,6 +44,7 @@ from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.wake.triggers import Triggers, wall_clock
 
 if TYPE_CHECKING:
+    from sessiond.daemon.cluster import LeaseKeeper
     from sessiond.daemon.forward import Forward
 
 log = structlog.get_logger(__name__)
@@ -173,6 +174,13 @@ class Daemon:
                 f"{exc.strerror or exc}; change [web] listen or free the port"
             ) from exc
 
+    def _forward(self, lease: LeaseKeeper) -> Forward:
+        from sessiond.daemon.forward import Forward  # psycopg: the cluster extra
+
+        forward = Forward(lease, self, self.server.dispatch)
+        forward.start()
+        return forward
+
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
         clean = marker.exists()
@@ -230,10 +238,7 @@ class Daemon:
         if self.lease is not None:  # from now on, take over what dead nodes leave
             self.lease.take_over(self)
             self.lease.carry_messages(self)
-            from sessiond.daemon.forward import Forward  # psycopg: the cluster extra
-
-            self.forward = Forward(self.lease, self, self.server.dispatch)
-            self.forward.start()  # any node's socket serves the whole cluster
+            self.forward = self._forward(self.lease)  # any node serves the whole cluster
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)

@@ -209,7 +209,11 @@ class Dispatch:
             if p.follow or p.name is None:
                 raise BadRequest("a carried log request names one session and does not follow")
             lines = await self.kernel.inspection.log_encoded(
-                p.name, p.since, p.types, p.limit, grep=p.grep,
+                p.name,
+                p.since,
+                p.types,
+                p.limit,
+                grep=p.grep,
                 after=(p.after or {}).get(p.name, 0),
                 first=p.first,
             )

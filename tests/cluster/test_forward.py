@@ -68,7 +68,9 @@ def test_ps_on_any_node_lists_every_session_with_its_node(three: list[Daemon]) -
         assert rows["hello"]["state"] == "sleeping"  # its owner's own row, not a guess
         assert rows["plain"]["state"] == "created"
     table = n3.ctl("ps", check=True).stdout
-    assert "NODE" in table and "n1" in table and "n2" in table
+    assert "NODE" in table
+    assert "n1" in table
+    assert "n2" in table
 
 
 def test_read_only_syscalls_on_another_nodes_session_are_answered(three: list[Daemon]) -> None:
@@ -167,7 +169,8 @@ def test_a_request_for_a_session_whose_node_is_down_fails_clearly(
     assert rows["plain"]["state"] == "waiting"
     down = n2.ctl("activate", "plain", timeout=120)
     assert down.returncode == 3, down.stderr
-    assert "n1" in down.stderr and "nothing was done" in down.stderr
+    assert "n1" in down.stderr
+    assert "nothing was done" in down.stderr
     assert not (n1.root / "plain.txt").exists()
 
 
@@ -192,6 +195,10 @@ def test_a_runs_process_is_refused_on_a_node_that_does_not_own_its_session(
     wait_event(n1, "sneaky1", "lifecycle.changed", match=terminated)
     assert wait_for(lambda: _read(n1.root / "sneaky1.rc"), what="exit code") != "0"
     assert n2.json("show", "asks")["state"] == "blocked"  # still waiting for a person
+    assert n2.json("log", "asks", "--type", "approval.granted") == []
+    n1.ctl("approve", "asks", check=True)  # a person, through n1: carried to n2
+    wait_event(n2, "asks", "lifecycle.changed", match=terminated)
+    assert len(n2.json("log", "asks", "--type", "approval.granted")) == 1
 
 
 def _read(path: Path) -> str | None:

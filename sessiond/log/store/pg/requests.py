@@ -191,8 +191,7 @@ class Requests:
         """The nodes whose lease runs, but this one."""
         with self._pool.connection() as conn:
             rows = conn.execute(
-                "SELECT name FROM nodes WHERE lease_until > now() AND name <> %(me)s "
-                "ORDER BY name",
+                "SELECT name FROM nodes WHERE lease_until > now() AND name <> %(me)s ORDER BY name",
                 {"me": self.node},
             ).fetchall()
         return [str(r[0]) for r in rows]
