@@ -6,13 +6,15 @@ PostgreSQL."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from tests.cluster.conftest import HELLO
+from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from tests.cluster.conftest import HELLO, node_name, taken_over
 from tests.e2e.harness import SESSIONCTL, Daemon, wait_event, wait_for
 
 ASKS = """name = "asks"
@@ -203,3 +205,28 @@ def test_a_runs_process_is_refused_on_a_node_that_does_not_own_its_session(
 
 def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
+
+
+def test_an_approve_left_for_a_paused_owner_is_carried_out_once_by_its_new_owner(
+    three: list[Daemon],
+) -> None:
+    n1, n2, n3 = three
+    n2.ctl("create", str(n2.write_spec("asks", ASKS)), check=True)
+    n2.ctl("activate", "asks", check=True)
+    wait_event(n2, "asks", "approval.requested")
+    assert n2.proc is not None
+    os.kill(n2.proc.pid, signal.SIGSTOP)  # n2 owns it, and answers nothing now
+    try:
+        # left for n2; n2's lease lapses, n1 or n3 takes the session over and
+        # carries the request out there
+        n1.ctl("approve", "asks", "--by", "while n2 slept", check=True, timeout=120)
+        new = wait_for(lambda: taken_over([n1, n3], "asks"), what="a take-over")
+        granted = wait_event(new, "asks", "approval.granted")
+        assert granted["node"] == node_name(new)
+        assert granted["data"]["uid"] == os.getuid()
+        wait_event(new, "asks", "lifecycle.changed", match=terminated)
+        assert len(new.json("log", "asks", "--type", "approval.granted")) == 1
+    finally:
+        os.kill(n2.proc.pid, signal.SIGCONT)
+    assert n2.stop(signal.SIGCONT, timeout=60) == LEASE_LOST_EXIT  # its lease was gone
+    assert (n2.root / "asks.txt").read_text() == "ran\n"  # run once, by the new owner
