@@ -70,9 +70,14 @@ class Forward:
         self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
         self._tasks: set[asyncio.Task[None]] = set()
         self._serve: asyncio.Task[None] | None = None
+        self._dispatches: tuple[Dispatch, ...] = ()
 
-    def start(self) -> None:
-        self.dispatch.forward = self
+    def start(self, *also: Dispatch) -> None:
+        """Serve requests from other nodes; carry this node's (its control socket's
+        and ``also``'s: the program endpoint's, after its grants) to theirs."""
+        self._dispatches = (self.dispatch, *also)
+        for dispatch in self._dispatches:
+            dispatch.forward = self
         # A program's run.send reaches a session on any node: the same send as
         # `sessionctl send` here (carry_messages made it the cluster's).
         kernel = self.host.kernel
@@ -81,7 +86,8 @@ class Forward:
         self._serve = asyncio.ensure_future(self._serve_loop())
 
     async def close(self) -> None:
-        self.dispatch.forward = None
+        for dispatch in self._dispatches:
+            dispatch.forward = None
         for task in (self._serve, *self._tasks):
             if task is not None:
                 task.cancel()

@@ -178,7 +178,7 @@ class Daemon:
         from sessiond.daemon.forward import Forward  # psycopg: the cluster extra
 
         forward = Forward(lease, self, self.server.dispatch)
-        forward.start()
+        forward.start(self.program_server.dispatch)
         return forward
 
     async def start(self) -> None:

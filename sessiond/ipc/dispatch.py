@@ -251,7 +251,8 @@ class Dispatch:
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
             params = self._admit(caller, method, request, params)
-            if self.forward is not None and caller.endpoint == "control":
+            # after the peer checks, here: a program's only as its spec grants
+            if self.forward is not None and not method.startswith("sdk."):
                 routed, result = await self.forward.route(method, params, caller.who())
                 if routed:
                     await reply(writer, {"id": request_id, "ok": True, "result": result})

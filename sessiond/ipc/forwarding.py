@@ -2,11 +2,13 @@
 (DESIGN.md section 10: any node's socket serves the whole cluster).
 
 The dispatch asks its ``Forwarding`` (set by the daemon on a cluster node, None
-otherwise) before it serves a request on the control socket, after the peer
-checks: a process of a run is refused here, on the node it connected to, and
-never reaches another node. The forwarding itself (the database, the waiting)
-is the daemon's (sessiond.daemon.forward); this floor only names what is
-carried and how a reply turns back into the error it was.
+otherwise) before it serves a request, after the peer checks: a process of a
+run is refused on the control socket here, on the node it connected to, and
+never reaches another node; on the program endpoint a program gets only what
+its spec grants (never an operator action), checked here too. The forwarding
+itself (the database, the waiting) is the daemon's (sessiond.daemon.forward);
+this floor only names what is carried and how a reply turns back into the
+error it was.
 """
 
 from __future__ import annotations

@@ -54,6 +54,17 @@ side_effect = "read"
 """
 
 
+# A program on n1 whose spec grants it `activate`: sessionctl inside a run talks
+# to its node's program endpoint, which carries the request to the owner.
+WAKER = """name = "waker"
+[run]
+exec = ["sh", "-c", "{ctl} activate plain > waker.out 2>&1; echo $? > waker.rc"]
+cwd = "."
+side_effect = "read"
+grants = ["activate"]
+"""
+
+
 def terminated(r: dict[str, Any]) -> bool:
     return bool(r["data"]["to"] == "terminated")
 
@@ -125,6 +136,17 @@ def test_activate_and_cancel_through_another_node(three: list[Daemon]) -> None:
     refused = n1.ctl("activate", "plain")  # an illegal transition, refused by its owner
     assert refused.returncode == 1
     assert "terminated" in refused.stderr
+
+
+def test_a_programs_activate_reaches_a_session_on_another_node(three: list[Daemon]) -> None:
+    n1, n2, _ = three
+    n2.ctl("create", str(n2.write_spec("plain", PLAIN)), check=True)
+    n1.ctl("create", str(n1.write_spec("waker", WAKER.format(ctl=SESSIONCTL))), check=True)
+    n1.ctl("activate", "waker", check=True)
+    done = wait_event(n2, "plain", "lifecycle.changed", match=terminated)
+    assert done["node"] == "n2"
+    assert (n2.root / "plain.txt").read_text() == "ran\n"
+    assert wait_for(lambda: _read(n1.root / "waker.rc"), what="the program's exit") == "0"
 
 
 def test_a_programs_send_reaches_a_session_on_another_node(three: list[Daemon]) -> None:
