@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
@@ -146,6 +147,8 @@ class Forward:
             asked = time.monotonic()
             while True:
                 st = await asyncio.to_thread(self.requests.status, request)
+                if st.reply is not None or st.abandoned:
+                    self._later(self.requests.forget, request)  # the table stays small
                 if st.reply is not None:
                     if st.reply.get("ok"):
                         return st.reply.get("result")
@@ -153,6 +156,7 @@ class Forward:
                 waited = time.monotonic() - asked
                 if st.taken_by is None and waited > bound:
                     if await asyncio.to_thread(self.requests.abandon, request):
+                        self._later(self.requests.forget, request)
                         raise NodeUnavailable(self._not_taken(session, whom, owner, waited))
                     continue  # taken just now: wait for its reply
                 if st.taken_by is not None and not st.taker_alive:
@@ -170,6 +174,11 @@ class Forward:
                 # the reply's NOTIFY, or half a second: the table is the truth
                 async for _ in conn.notifies(timeout=0.5, stop_after=1):
                     pass
+
+    def _later(self, fn: Callable[[int], None], request: int) -> None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _not_taken(self, session: str | None, whom: str, owner: Owner | None, waited: float) -> str:
         what = f"session {session!r}" if session else f"node {whom!r}"

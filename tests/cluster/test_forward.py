@@ -86,7 +86,9 @@ def test_ps_on_any_node_lists_every_session_with_its_node(three: list[Daemon]) -
     assert "n2" in table
 
 
-def test_read_only_syscalls_on_another_nodes_session_are_answered(three: list[Daemon]) -> None:
+def test_read_only_syscalls_on_another_nodes_session_are_answered(
+    three: list[Daemon], pg_dsn: str
+) -> None:
     n1, n2, _ = three
     n1.ctl("create", str(n1.write_spec("hello", HELLO)), check=True)
     shown = n2.json("show", "hello")
@@ -101,6 +103,13 @@ def test_read_only_syscalls_on_another_nodes_session_are_answered(three: list[Da
     follow = n2.ctl("log", "hello", "--follow")
     assert follow.returncode == 1
     assert "node n1" in follow.stderr  # where to follow it
+
+    def left() -> bool:  # an answered request's row is dropped: the table stays small
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM requests").fetchone()
+        return row is not None and row[0] == 0
+
+    wait_for(left, what="the answered requests' rows to go")
 
 
 def test_approve_on_one_node_of_a_session_blocked_on_another_runs_it_once(

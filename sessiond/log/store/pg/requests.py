@@ -178,6 +178,14 @@ class Requests:
             ).fetchall()
         return bool(rows)
 
+    def forget(self, request: int) -> None:
+        """Drop a request its asker is done with (answered, or withdrawn untaken)."""
+        with self._pool.connection() as conn:
+            conn.execute(
+                "DELETE FROM requests WHERE id = %(i)s AND (reply IS NOT NULL OR abandoned)",
+                {"i": request},
+            )
+
     def sessions(self) -> list[tuple[str, str | None, bool, str | None]]:
         """Every session of the cluster: (name, owner, owner alive, owner's state)."""
         with self._pool.connection() as conn:
