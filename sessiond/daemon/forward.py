@@ -23,6 +23,7 @@ node, and does not ask again (whether it happened is in the session's log).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,6 +73,8 @@ class Forward:
         self._tasks: set[asyncio.Task[None]] = set()
         self._serve: asyncio.Task[None] | None = None
         self._dispatches: tuple[Dispatch, ...] = ()
+        self._waiting: dict[int, asyncio.Event] = {}  # request id -> its reply came
+        self._replies: asyncio.Task[None] | None = None
 
     def start(self, *also: Dispatch) -> None:
         """Serve requests from other nodes; carry this node's (its control socket's
@@ -85,11 +88,12 @@ class Forward:
         kernel.sdk.send = kernel.send
         kernel.sdk.sends.elsewhere = self._exists
         self._serve = asyncio.ensure_future(self._serve_loop())
+        self._replies = asyncio.ensure_future(self._listen_replies())
 
     async def close(self) -> None:
         for dispatch in self._dispatches:
             dispatch.forward = None
-        for task in (self._serve, *self._tasks):
+        for task in (self._serve, self._replies, *self._tasks):
             if task is not None:
                 task.cancel()
         await asyncio.to_thread(self.requests.close)
@@ -111,18 +115,21 @@ class Forward:
         name = params.get(key) if key is not None else None
         if not isinstance(name, str) or name in self.host.table.sessions:
             return False, None
-        try:
-            owner = await asyncio.to_thread(self.requests.owner, name)
-        except InvalidInput:
-            return False, None  # a bad name: refused here, as on one machine
-        if owner is None:
-            return False, None  # no such session in the cluster: as on one machine
         if method == "log" and params.get("follow"):
+            owner = await self._owner(name)
+            if owner is None:
+                return False, None  # no such session in the cluster: as on one machine
             raise Refused(
                 f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
                 "on that node's socket (a carried log is read once, not followed)"
             )
-        return True, await self.call(method, params, who, session=name, owner=owner)
+        return await self.call(method, params, who, session=name)
+
+    async def _owner(self, name: str) -> Owner | None:
+        try:
+            return await asyncio.to_thread(self.requests.owner, name)
+        except InvalidInput:
+            return None  # a bad name: refused here, as on one machine
 
     async def call(
         self,
@@ -131,33 +138,38 @@ class Forward:
         who: dict[str, Any] | None,
         *,
         session: str | None = None,
-        owner: Owner | None = None,
         node: str | None = None,
         take_bound: float | None = None,
-    ) -> Any:
+    ) -> tuple[bool, Any]:
         """Leave the request for the session's owner (or ``node``) and wait for the
-        reply: the owner's result, or its error raised here."""
-        whom = node or (owner.node if owner is not None else None) or "(no node yet)"
+        reply: (True, the owner's result), or its error raised here; (False, None)
+        when the cluster has no such session (this node answers, as on one machine)."""
         bound = self.take_bound if take_bound is None else take_bound
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            await conn.execute(f"LISTEN {REPLIES}")  # before posting: no reply is missed
+        try:
             request = await asyncio.to_thread(
                 self.requests.post, method, params, who, session=session, node=node
             )
-            asked = time.monotonic()
-            while True:
+        except InvalidInput:
+            return False, None  # a bad name: refused here, as on one machine
+        if request is None:
+            return False, None
+        answered = self._waiting[request] = asyncio.Event()
+        asked = time.monotonic()
+        try:
+            while True:  # registered before the first look: no reply is missed
                 st = await asyncio.to_thread(self.requests.status, request)
                 if st.reply is not None or st.abandoned:
                     self._later(self.requests.forget, request)  # the table stays small
                 if st.reply is not None:
                     if st.reply.get("ok"):
-                        return st.reply.get("result")
+                        return True, st.reply.get("result")
                     raise error_of(st.reply)
                 waited = time.monotonic() - asked
                 if st.taken_by is None and waited > bound:
                     if await asyncio.to_thread(self.requests.abandon, request):
                         self._later(self.requests.forget, request)
-                        raise NodeUnavailable(self._not_taken(session, whom, owner, waited))
+                        why = await self._not_taken(session, node, waited)
+                        raise NodeUnavailable(why)
                     continue  # taken just now: wait for its reply
                 if st.taken_by is not None and not st.taker_alive:
                     raise NodeUnavailable(
@@ -171,22 +183,45 @@ class Forward:
                         f"node {st.taken_by!r} has not answered the {method} request in "
                         f"{waited:.0f}s; see `sessionctl nodes`"
                     )
-                # the reply's NOTIFY, or half a second: the table is the truth
-                async for _ in conn.notifies(timeout=0.5, stop_after=1):
-                    pass
+                # the reply's NOTIFY (the listener sets it), or half a second: the
+                # table is the truth
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(answered.wait(), 0.5)
+                answered.clear()
+        finally:
+            self._waiting.pop(request, None)
+
+    async def _listen_replies(self) -> None:
+        """One connection LISTENs for every reply this node waits for."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {REPLIES}")
+                    async for note in conn.notifies():
+                        if note.payload.isdigit():
+                            event = self._waiting.get(int(note.payload))
+                            if event is not None:
+                                event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the waiters poll meanwhile
+                log.warning("forward.replies_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
 
     def _later(self, fn: Callable[[int], None], request: int) -> None:
         task = asyncio.ensure_future(asyncio.to_thread(fn, request))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _not_taken(self, session: str | None, whom: str, owner: Owner | None, waited: float) -> str:
-        what = f"session {session!r}" if session else f"node {whom!r}"
+    async def _not_taken(self, session: str | None, node: str | None, waited: float) -> str:
+        owner = await self._owner(session) if session is not None else None
+        what = f"session {session!r}" if session else f"node {node!r}"
         if owner is not None and owner.node is not None and not owner.alive:
             why = f"its node {owner.node!r} is down and no node has taken the session over"
         elif owner is not None and owner.node is None:
             why = "no node owns it (it waits for a node that may run it)"
         else:
+            whom = node or (owner.node if owner is not None else None)
             why = f"node {whom!r} did not take the request"
         return (
             f"{what}: {why} in {waited:.0f}s; nothing was done. "
@@ -199,7 +234,7 @@ class Forward:
         rows: list[dict[str, Any]] = list(await self.host.kernel.ps())
         others = await asyncio.to_thread(self.requests.live_nodes)
         answers = await asyncio.gather(
-            *(self.call("ps", {}, who, node=n, take_bound=PS_BOUND) for n in others),
+            *(self._rows_of(n, who) for n in others),
             return_exceptions=True,
         )
         silent: set[str] = set()
@@ -225,6 +260,10 @@ class Forward:
             rows.append(_placeholder(name, state, reason, owner))
         rows.sort(key=lambda r: str(r["name"]))
         return rows
+
+    async def _rows_of(self, node: str, who: dict[str, Any]) -> list[dict[str, Any]]:
+        _, rows = await self.call("ps", {}, who, node=node, take_bound=PS_BOUND)
+        return list(rows)
 
     # --- answering --------------------------------------------------------------
 

@@ -29,9 +29,11 @@ from sessiond.names import check_name
 REQUESTS = "sessiond_requests"
 REPLIES = "sessiond_replies"
 
+# A request for a session is written only if the session exists (one round trip).
 POST = """
 INSERT INTO requests (session, node, method, params, who, asker)
-VALUES (%(s)s, %(n)s, %(m)s, %(p)s, %(w)s, %(a)s)
+SELECT %(s)s, %(n)s, %(m)s, %(p)s, %(w)s, %(a)s
+WHERE %(s)s::text IS NULL OR EXISTS (SELECT 1 FROM sessions WHERE name = %(s)s)
 RETURNING id
 """
 
@@ -120,13 +122,14 @@ class Requests:
         *,
         session: str | None = None,
         node: str | None = None,
-    ) -> int:
-        """Leave a request for ``session``'s owner (or for ``node``); its id."""
+    ) -> int | None:
+        """Leave a request for ``session``'s owner (or for ``node``); its id, or
+        None when the cluster has no such session."""
         with self._pool.connection() as conn, conn.transaction():
             row = conn.execute(
                 POST,
                 {
-                    "s": session,
+                    "s": check_name(session) if session is not None else None,
                     "n": node,
                     "m": method,
                     "p": _jsonb(params),
@@ -134,7 +137,8 @@ class Requests:
                     "a": self.node,
                 },
             ).fetchone()
-            assert row is not None
+            if row is None:
+                return None
             # delivered at commit; one payload for everyone: the hint says "look"
             conn.execute("SELECT pg_notify(%s, '')", (REQUESTS,))
         return int(row[0])
