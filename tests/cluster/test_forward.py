@@ -135,7 +135,7 @@ def test_approve_on_one_node_of_a_session_blocked_on_another_runs_it_once(
     assert len(grants) == 1
 
 
-def test_activate_and_cancel_through_another_node(three: list[Daemon]) -> None:
+def test_activate_through_another_node_runs_the_session_on_its_owner(three: list[Daemon]) -> None:
     n1, n2, _ = three
     n2.ctl("create", str(n2.write_spec("plain", PLAIN)), check=True)
     n1.ctl("activate", "plain", check=True)
