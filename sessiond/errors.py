@@ -111,6 +111,17 @@ class NoSuchSession(SessiondError):
     exit_code = 4
 
 
+# --- not reachable (exit 3) -------------------------------------------------------
+
+
+class NodeUnavailable(SessiondError):
+    """A cluster: the node that owns a session did not answer a request carried to
+    it (down and not taken over, or died while carrying it out)."""
+
+    code = "node_unavailable"
+    exit_code = 3
+
+
 # --- storage ----------------------------------------------------------------------
 
 

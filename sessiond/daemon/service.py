@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvloop
@@ -42,6 +42,10 @@ from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.wake.triggers import Triggers, wall_clock
+
+if TYPE_CHECKING:
+    from sessiond.daemon.cluster import LeaseKeeper
+    from sessiond.daemon.forward import Forward
 
 log = structlog.get_logger(__name__)
 
@@ -137,6 +141,7 @@ class Daemon:
             hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
         # plain files, or a cluster node's database and its lease ([cluster] dsn)
         self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
+        self.forward: Forward | None = None  # a cluster node's carried requests
         self.table = Table(config, self.store)
         self.kernel = Kernel(config, self.table, env)
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
@@ -168,6 +173,13 @@ class Daemon:
                 f"the web console cannot listen on {self.config.web.listen}: "
                 f"{exc.strerror or exc}; change [web] listen or free the port"
             ) from exc
+
+    def _forward(self, lease: LeaseKeeper) -> Forward:
+        from sessiond.daemon.forward import Forward  # psycopg: the cluster extra
+
+        forward = Forward(lease, self, self.server.dispatch)
+        forward.start(self.program_server.dispatch)
+        return forward
 
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
@@ -226,6 +238,7 @@ class Daemon:
         if self.lease is not None:  # from now on, take over what dead nodes leave
             self.lease.take_over(self)
             self.lease.carry_messages(self)
+            self.forward = self._forward(self.lease)  # any node serves the whole cluster
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)
@@ -430,6 +443,8 @@ class Daemon:
         await self.server.close()
         await self.program_server.close()
         await self.table.close()
+        if self.forward is not None:
+            await self.forward.close()
         if self.lease is not None:
             await self.lease.close()
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")

@@ -22,6 +22,7 @@ import structlog
 from sessiond.errors import SessiondError
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
+from sessiond.ipc.forwarding import Forwarding
 from sessiond.ipc.frames import Frames, error, reply
 from sessiond.ipc.params import (
     ApplyParams,
@@ -180,6 +181,8 @@ class Dispatch:
         self.logs = LogStream(kernel)
         self.bundles = BundleStream(kernel)
         self.guard = ProgramGuard(kernel.table, kernel.tokens.session_for)
+        # a cluster node's: requests for sessions other nodes own go there
+        self.forward: Forwarding | None = None
 
     def _admit(self, caller: Caller, method: str, request: dict[str, Any], params: Any) -> Any:
         """The params to serve ``method`` with for ``caller``, or a refusal."""
@@ -192,6 +195,33 @@ class Dispatch:
         if method.startswith("sdk."):  # its run token is checked with its params
             return params
         return self.guard.admit(method, request.get("token"), params)
+
+    async def execute(self, method: str, params: dict[str, Any], who: dict[str, Any]) -> Any:
+        """Carry out a request another node of the cluster took in (its peer was
+        checked there): the same params models, the same calls, the same errors,
+        and ``who`` as the answer's identity. ``log`` here is one answer, never
+        a stream."""
+        if method in self.answers:
+            answer_model, answer = self.answers[method]
+            return await answer(parse(answer_model, params), who)
+        if method == "log":
+            p = parse(LogParams, params)
+            if p.follow or p.name is None:
+                raise BadRequest("a carried log request names one session and does not follow")
+            lines = await self.kernel.inspection.log_encoded(
+                p.name,
+                p.since,
+                p.types,
+                p.limit,
+                grep=p.grep,
+                after=(p.after or {}).get(p.name, 0),
+                first=p.first,
+            )
+            return [orjson.loads(line) for line in lines]
+        if method not in self.methods or method.startswith("sdk."):
+            raise BadRequest(f"method {method!r} is not carried between nodes")
+        model, handler = self.methods[method]
+        return await handler(parse(model, params))
 
     async def handle(
         self,
@@ -221,6 +251,12 @@ class Dispatch:
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
             params = self._admit(caller, method, request, params)
+            # after the peer checks, here: a program's only as its spec grants
+            if self.forward is not None and not method.startswith("sdk."):
+                routed, result = await self.forward.route(method, params, caller.who())
+                if routed:
+                    await reply(writer, {"id": request_id, "ok": True, "result": result})
+                    return
             if method in self.answers:
                 answer_model, answer = self.answers[method]
                 result = await answer(parse(answer_model, params), caller.who())

@@ -7,6 +7,7 @@ own durable append) comes next, and the end is one more.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sessiond.errors import Refused
@@ -30,6 +31,9 @@ class Sends:
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
         self.ctx = steps.ctx
+        # A cluster node's (daemon/forward.py): is a session this node does not
+        # have one of the cluster's? Then the message goes to its owner.
+        self.elsewhere: Callable[[str], Awaitable[bool]] | None = None
 
     async def send(
         self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer
@@ -65,7 +69,10 @@ class Sends:
             # A message to no session is refused before the step is recorded: as a
             # failed unsafe step it would block a later run of the turn for a person,
             # though nothing was sent.
-            self.ctx.table.get(p.to)
+            if p.to not in self.ctx.table.sessions and (
+                self.elsewhere is None or not await self.elsewhere(p.to)
+            ):
+                self.ctx.table.get(p.to)  # NoSuchSession, named as on one machine
             call = await self.steps._next_call(s, grant)
             if call is None:
                 return answer(s, status="stop", rule="budget: tool_calls_per_run")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 
@@ -40,6 +41,18 @@ def three(pg_dsn: str) -> Iterator[list[Daemon]]:
         for d in nodes:
             d.reap()
             shutil.rmtree(d.root, ignore_errors=True)
+
+
+def node_name(d: Daemon) -> str:
+    """The node a daemon of these tests is (its [cluster] node)."""
+    found = re.search(r'^node = "([^"]+)"', d.config.read_text(), re.MULTILINE)
+    assert found is not None
+    return found.group(1)
+
+
+def owned(d: Daemon) -> list[str]:
+    """The sessions node ``d`` runs (its ``ps`` lists the whole cluster's)."""
+    return [r["name"] for r in d.json("ps") if r.get("node") == node_name(d)]
 
 
 def taken_over(nodes: list[Daemon], session: str) -> Daemon | None:

@@ -15,7 +15,7 @@ from sessiond.log.event_data import LifecycleChanged, MessageReceived, WakeReque
 from sessiond.log.store.base import Draft
 from sessiond.log.store.pg.once import AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
-from tests.cluster.conftest import SHARED, TTL, taken_over
+from tests.cluster.conftest import SHARED, TTL, owned, taken_over
 from tests.cluster.test_fencing import lapse
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 from tests.helpers import arun
@@ -49,14 +49,14 @@ def test_a_missed_cron_fire_runs_once_for_the_cluster_when_all_three_restart(
         d.wait_ready()
 
     def owners() -> list[Daemon]:
-        return [d for d in three if any(r["name"] == "payroll" for r in d.json("ps"))]
+        return [d for d in three if "payroll" in owned(d)]
 
     (owner,) = wait_for(owners, timeout=30, what="the node that claimed payroll")
     finished = wait_event(owner, "payroll", "run.finished")
     assert finished["data"]["status"] == "ok"
     # the catch-up is decided as the triggers are armed; suspend waits for the lock
     owner.ctl("suspend", "payroll", check=True)
-    assert len(owners()) == 1  # the others do not list it (not even as blocked)
+    assert len(owners()) == 1  # no other node runs it (not even blocked)
     wakes = owner.json("log", "payroll", "--type", "wake.requested")
     assert [w["data"]["trigger"] for w in wakes] == ["cron"]
     assert (n1.root / "ran.txt").read_text() == "ran\n"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from tests.cluster.conftest import HELLO, taken_over
+from tests.cluster.conftest import HELLO, owned, taken_over
 from tests.e2e.harness import Daemon, wait_event, wait_for
 
 
 def owner_of(nodes: list[Daemon], session: str) -> Daemon:
     def find() -> Daemon | None:
         for d in nodes:
-            if any(row["name"] == session for row in d.json("ps")):
+            if session in owned(d):
                 return d
         return None
 
@@ -25,7 +25,8 @@ def test_migrate_node_hands_a_sleeping_session_over_and_it_runs_there(
     done = n1.ctl("migrate", "hello", "--node", "n2", check=True)
     assert "handed hello over to node n2" in done.stdout
     wait_for(lambda: taken_over([n2], "hello"), timeout=30, what="n2 to take it")
-    assert all(row["name"] != "hello" for row in n1.json("ps"))
+    assert "hello" not in owned(n1)
+    assert [r["node"] for r in n1.json("ps") if r["name"] == "hello"] == ["n2"]
     n3.ctl("send", "hello", "run on n2", check=True)
     finished = wait_event(n2, "hello", "run.finished")
     assert finished["node"] == "n2"
@@ -34,7 +35,7 @@ def test_migrate_node_hands_a_sleeping_session_over_and_it_runs_there(
     refused = n2.ctl("migrate", "hello", "--node", "nobody")
     assert refused.returncode == 1
     assert "not a live node" in refused.stderr
-    assert any(row["name"] == "hello" for row in n2.json("ps"))  # kept where it was
+    assert "hello" in owned(n2)  # kept where it was
 
 
 def test_drain_moves_every_session_off_a_node(three: list[Daemon]) -> None:
@@ -44,7 +45,7 @@ def test_drain_moves_every_session_off_a_node(three: list[Daemon]) -> None:
         n1.ctl("create", str(spec), check=True)
     drained = n3.json("drain", "n1")  # through another node's socket
     assert (drained["node"], drained["state"], drained["sessions"]) == ("n1", "draining", 3)
-    wait_for(lambda: not n1.json("ps"), timeout=60, what="n1 to be empty")
+    wait_for(lambda: not owned(n1), timeout=60, what="n1 to be empty")
     rows = {r["name"]: r for r in n3.json("nodes")}
     assert rows["n1"]["state"] == "draining"
     assert rows["n1"]["sessions"] == 0

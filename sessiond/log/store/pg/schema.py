@@ -101,6 +101,27 @@ STEPS: list[str] = [
     """
     ALTER TABLE session_artifacts ADD COLUMN stored_at timestamptz NOT NULL DEFAULT now();
     """,
+    # 4: a request carried to the node that owns its session (or to a named
+    # node, for its part of `ps`); taken once (taken_at), answered in `reply`
+    """
+    CREATE TABLE requests (
+        id            bigserial PRIMARY KEY,
+        session       text,
+        node          text,
+        method        text NOT NULL,
+        params        jsonb NOT NULL,
+        who           jsonb,
+        asker         text NOT NULL,
+        created_at    timestamptz NOT NULL DEFAULT now(),
+        taken_by      text,
+        taken_inc     bigint,
+        taken_at      timestamptz,
+        abandoned     boolean NOT NULL DEFAULT false,
+        reply         jsonb,
+        done_at       timestamptz
+    );
+    CREATE INDEX requests_open ON requests (id) WHERE taken_at IS NULL AND NOT abandoned;
+    """,
 ]
 
 VERSION = len(STEPS)

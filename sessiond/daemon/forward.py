@@ -1,0 +1,343 @@
+"""Any node's socket serves the whole cluster (DESIGN.md section 10, "Transparency").
+
+A request on this node's control socket for a session another node owns is
+carried out by that owner: it is written to the ``requests`` table
+(sessiond.log.store.pg.requests) with the caller's identity, the owner is told by
+NOTIFY (and looks every second anyway), takes it, runs it through its own
+dispatch (the same params, the same checks, the same errors) and writes the
+reply, which this node hands back as if it had answered itself.
+
+Why carry, rather than answer reads from the database here: the owner's table
+holds what the log does not (a run's pid, the next wake, a held reason), and one
+path for reads and writes is one set of errors. ``ps`` is the exception: every
+live node is asked for its rows, and the sessions no live node answered for are
+listed from the process table (waiting for a dead node, or for a claim).
+
+The peer checks happen here, where the caller connected: a process of a run is
+refused before anything is written. A request is carried out at most once: it
+is taken once, and a request nobody took in time is withdrawn before this node
+says so; if its taker dies before answering, this node says that, naming the
+node, and does not ask again (whether it happened is in the session's log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+import structlog
+
+from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError
+from sessiond.ipc.dispatch import Dispatch
+from sessiond.ipc.forwarding import ROUTED, error_of
+from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
+from sessiond.syscalls.kernel import Kernel
+from sessiond.table.sessions import Table
+
+if TYPE_CHECKING:
+    from sessiond.daemon.cluster import LeaseKeeper
+
+log = structlog.get_logger("sessiond.forward")
+
+# How long a node asked about another node's rows for `ps` may take.
+PS_BOUND = 5.0
+# How long a taken request may take to be answered (a fork of a long log, a gate).
+ANSWER_BOUND = 120.0
+
+
+class Host(Protocol):
+    """What carrying requests needs of the daemon (service.py's Daemon)."""
+
+    table: Table
+    kernel: Kernel
+
+
+class Forward:
+    """This node's side of carried requests: it asks, and it answers."""
+
+    def __init__(self, keeper: LeaseKeeper, host: Host, dispatch: Dispatch) -> None:
+        store = keeper.store
+        self.lease = store.lease
+        self.dsn = store.dsn
+        self.host = host
+        self.dispatch = dispatch
+        prepared = host.kernel.config.cluster.prepared
+        self.requests = Requests(store.dsn, node=store.lease.name, prepared=prepared)
+        # A request nobody took within this is withdrawn: long enough for a dead
+        # owner's sessions to be taken over (lease_ttl and a few seconds).
+        self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._serve: asyncio.Task[None] | None = None
+        self._dispatches: tuple[Dispatch, ...] = ()
+        self._waiting: dict[int, asyncio.Event] = {}  # request id -> its reply came
+        self._replies: asyncio.Task[None] | None = None
+
+    def start(self, *also: Dispatch) -> None:
+        """Serve requests from other nodes; carry this node's (its control socket's
+        and ``also``'s: the program endpoint's, after its grants) to theirs."""
+        self._dispatches = (self.dispatch, *also)
+        for dispatch in self._dispatches:
+            dispatch.forward = self
+        # A program's run.send reaches a session on any node: the same send as
+        # `sessionctl send` here (carry_messages made it the cluster's).
+        kernel = self.host.kernel
+        kernel.sdk.send = kernel.send
+        kernel.sdk.sends.elsewhere = self._exists
+        self._serve = asyncio.ensure_future(self._serve_loop())
+        self._replies = asyncio.ensure_future(self._listen_replies())
+
+    async def close(self) -> None:
+        for dispatch in self._dispatches:
+            dispatch.forward = None
+        for task in (self._serve, self._replies, *self._tasks):
+            if task is not None:
+                task.cancel()
+        await asyncio.to_thread(self.requests.close)
+
+    async def _exists(self, name: str) -> bool:
+        try:
+            return await asyncio.to_thread(self.requests.owner, name) is not None
+        except InvalidInput:
+            return False
+
+    # --- asking -----------------------------------------------------------------
+
+    async def route(
+        self, method: str, params: dict[str, Any], who: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        if method == "ps":
+            return True, await self.ps(who)
+        key = ROUTED.get(method)
+        name = params.get(key) if key is not None else None
+        if not isinstance(name, str) or name in self.host.table.sessions:
+            return False, None
+        if method == "log" and params.get("follow"):
+            owner = await self._owner(name)
+            if owner is None:
+                return False, None  # no such session in the cluster: as on one machine
+            raise Refused(
+                f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
+                "on that node's socket (a carried log is read once, not followed)"
+            )
+        return await self.call(method, params, who, session=name)
+
+    async def _owner(self, name: str) -> Owner | None:
+        try:
+            return await asyncio.to_thread(self.requests.owner, name)
+        except InvalidInput:
+            return None  # a bad name: refused here, as on one machine
+
+    async def call(
+        self,
+        method: str,
+        params: dict[str, Any],
+        who: dict[str, Any] | None,
+        *,
+        session: str | None = None,
+        node: str | None = None,
+        take_bound: float | None = None,
+    ) -> tuple[bool, Any]:
+        """Leave the request for the session's owner (or ``node``) and wait for the
+        reply: (True, the owner's result), or its error raised here; (False, None)
+        when the cluster has no such session (this node answers, as on one machine)."""
+        bound = self.take_bound if take_bound is None else take_bound
+        try:
+            request = await asyncio.to_thread(
+                self.requests.post, method, params, who, session=session, node=node
+            )
+        except InvalidInput:
+            return False, None  # a bad name: refused here, as on one machine
+        if request is None:
+            return False, None
+        answered = self._waiting[request] = asyncio.Event()
+        asked = time.monotonic()
+        try:
+            while True:  # registered before the first look: no reply is missed
+                st = await asyncio.to_thread(self.requests.status, request)
+                if st.reply is not None or st.abandoned:
+                    self._later(self.requests.forget, request)  # the table stays small
+                if st.reply is not None:
+                    if st.reply.get("ok"):
+                        return True, st.reply.get("result")
+                    raise error_of(st.reply)
+                waited = time.monotonic() - asked
+                if st.taken_by is None and waited > bound:
+                    if await asyncio.to_thread(self.requests.abandon, request):
+                        self._later(self.requests.forget, request)
+                        why = await self._not_taken(session, node, waited)
+                        raise NodeUnavailable(why)
+                    continue  # taken just now: wait for its reply
+                if st.taken_by is not None and not st.taker_alive:
+                    raise NodeUnavailable(
+                        f"node {st.taken_by!r} took the {method} request"
+                        + (f" for session {session!r}" if session else "")
+                        + " but its lease lapsed before it answered; whether it was carried "
+                        "out is in the session's log (`sessionctl log`); it is not retried"
+                    )
+                if waited > bound + ANSWER_BOUND:
+                    raise NodeUnavailable(
+                        f"node {st.taken_by!r} has not answered the {method} request in "
+                        f"{waited:.0f}s; see `sessionctl nodes`"
+                    )
+                # the reply's NOTIFY (the listener sets it), or half a second: the
+                # table is the truth
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(answered.wait(), 0.5)
+                answered.clear()
+        finally:
+            self._waiting.pop(request, None)
+
+    async def _listen_replies(self) -> None:
+        """One connection LISTENs for every reply this node waits for."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {REPLIES}")
+                    async for note in conn.notifies():
+                        if note.payload.isdigit():
+                            event = self._waiting.get(int(note.payload))
+                            if event is not None:
+                                event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the waiters poll meanwhile
+                log.warning("forward.replies_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    def _later(self, fn: Callable[[int], None], request: int) -> None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _not_taken(self, session: str | None, node: str | None, waited: float) -> str:
+        owner = await self._owner(session) if session is not None else None
+        what = f"session {session!r}" if session else f"node {node!r}"
+        if owner is not None and owner.node is not None and not owner.alive:
+            why = f"its node {owner.node!r} is down and no node has taken the session over"
+        elif owner is not None and owner.node is None:
+            why = "no node owns it (it waits for a node that may run it)"
+        else:
+            whom = node or (owner.node if owner is not None else None)
+            why = f"node {whom!r} did not take the request"
+        return (
+            f"{what}: {why} in {waited:.0f}s; nothing was done. "
+            "`sessionctl nodes` shows the nodes; try again when its node is up"
+        )
+
+    async def ps(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every session of the cluster: this node's rows, each live node's own, and
+        the process table's for the sessions no live node answered for."""
+        rows: list[dict[str, Any]] = list(await self.host.kernel.ps())
+        others = await asyncio.to_thread(self.requests.live_nodes)
+        answers = await asyncio.gather(
+            *(self._rows_of(n, who) for n in others),
+            return_exceptions=True,
+        )
+        silent: set[str] = set()
+        for n, got in zip(others, answers, strict=True):
+            if isinstance(got, list):
+                rows.extend(got)
+            else:
+                silent.add(n)
+                log.warning("forward.ps_unanswered", node=n, error=repr(got))
+        # Every node lists the sessions no live node runs (daemon/placement.py), so
+        # one name may come from several: the owner's own row first, then one of those.
+        rows.sort(key=lambda r: r.get("state") == "waiting")
+        unique: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            unique.setdefault(str(r["name"]), r)
+        rows = list(unique.values())
+        seen = set(unique)
+        for name, owner, alive, _state in await asyncio.to_thread(self.requests.sessions):
+            if name in seen:
+                continue
+            seen.add(name)
+            if owner is None:
+                state, reason = "unowned", "no node owns it yet: the next node to look claims it"
+            elif owner in silent:
+                state, reason = "unknown", f"node {owner} did not answer in {PS_BOUND:.0f}s"
+            elif not alive:
+                state, reason = "waiting", f"its node {owner} is down: it waits for a take-over"
+            else:
+                state, reason = "unknown", f"node {owner} has not opened it yet"
+            rows.append(_placeholder(name, state, reason, owner))
+        rows.sort(key=lambda r: str(r["name"]))
+        return rows
+
+    async def _rows_of(self, node: str, who: dict[str, Any]) -> list[dict[str, Any]]:
+        _, rows = await self.call("ps", {}, who, node=node, take_bound=PS_BOUND)
+        return list(rows)
+
+    # --- answering --------------------------------------------------------------
+
+    async def _serve_loop(self) -> None:
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {REQUESTS}")
+                    while True:
+                        await self._take_now()
+                        # a hint, or a second without one: the table is the truth
+                        async for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            pass
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the lease keeper decides
+                log.warning("forward.serve_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    async def _take_now(self) -> None:
+        names = list(self.host.table.sessions)
+        taken = await asyncio.to_thread(self.requests.take, self.lease.incarnation, names)
+        for request, method, params, who in taken:
+            task = asyncio.ensure_future(self._carry(request, method, params, who))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _carry(
+        self, request: int, method: str, params: dict[str, Any], who: dict[str, Any] | None
+    ) -> None:
+        reply: dict[str, Any]
+        try:
+            result = await self.dispatch.execute(method, params, who or {})
+            reply = {"ok": True, "result": result}
+        except SessiondError as exc:
+            reply = {
+                "ok": False,
+                "error": {"code": exc.code, "message": str(exc), "exit": exc.exit_code},
+            }
+        except Exception as exc:
+            log.exception("forward.request_failed", request=request, method=method)
+            reply = {
+                "ok": False,
+                "error": {
+                    "code": "internal",
+                    "message": f"internal error on node {self.lease.name}: "
+                    f"{type(exc).__name__}: {exc}; this is a bug in sessiond",
+                    "exit": 70,
+                },
+            }
+        log.info("forward.carried", request=request, method=method, ok=reply["ok"])
+        await asyncio.to_thread(self.requests.answer, request, reply)
+
+
+def _placeholder(name: str, state: str, reason: str, node: str | None) -> dict[str, Any]:
+    """A ``ps`` row for a session no live node answered for."""
+    return {
+        "name": name,
+        "state": state,
+        "reason": reason,
+        "agent": "",
+        "priority": 0,
+        "runs": 0,
+        "last_active": None,
+        "next_wake": None,
+        "pid": None,
+        "parent": None,
+        "outcome": None,
+        "node": node,
+    }
