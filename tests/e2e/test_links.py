@@ -224,3 +224,27 @@ def test_a_link_for_a_command_that_changed_since_it_was_sent_is_refused() -> Non
         assert d.json("show", "victim")["pending_approvals"]
         assert "approval.granted" not in states(d, "victim")
         assert not (ws / "f.txt").exists()
+
+
+def test_a_post_whose_form_never_arrives_or_is_refused_leaves_the_link_unused() -> None:
+    port = free_port()
+    with receiving() as receiver, running(config(receiver, port)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        parts = urllib.parse.urlsplit(approve)
+        client = Client(f"http://127.0.0.1:{port}")
+        target = f"{parts.path}?{parts.query}"
+        # a body over the listener's limit is refused before the link is used
+        big = client.request("POST", target, raw=b"note=" + b"x" * (2 << 20), headers=FORM)
+        assert big.status == 413
+        bad = client.request(
+            "POST", target, raw=b"garbage",
+            headers={"Content-Type": "multipart/form-data; boundary=x"},
+        )  # fmt: skip
+        assert bad.status == 400, bad.body[:300]
+        assert b"form cannot be read" in bad.body
+        assert d.json("show", "victim")["pending_approvals"]
+        done = use(approve, "POST", note="second try")
+        assert done.status == 200, done.body[:400]
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"
