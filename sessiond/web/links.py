@@ -223,7 +223,9 @@ class LinkPages:
         try:
             form = await request.post()
         except ValueError as exc:  # a malformed body (a bad multipart boundary)
-            raise LinkRefused(f"the form cannot be read ({exc}); nothing was answered", 400) from None
+            raise LinkRefused(
+                f"the form cannot be read ({exc}); nothing was answered", 400
+            ) from None
         return str(form.get("note", ""))[:2000]
 
 

@@ -7,6 +7,7 @@ page, the POST answers once, and every misuse is refused with its reason."""
 from __future__ import annotations
 
 import base64
+import shutil
 import socket
 import urllib.parse
 from typing import Any
@@ -248,3 +249,23 @@ def test_a_post_whose_form_never_arrives_or_is_refused_leaves_the_link_unused() 
         assert done.status == 200, done.body[:400]
         wait_event(d, "victim", "lifecycle.changed", match=ended)
         assert (ws / "f.txt").read_text() == "new\n"
+
+
+def test_a_link_does_not_answer_a_session_made_anew_under_the_name_asking_the_same() -> None:
+    port = free_port()
+    with receiving() as receiver, running(config(receiver, port)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        assert d.stop() == 0
+        shutil.rmtree(d.state_dir / "sessions" / "victim")  # the session is gone
+        d.start()
+        shutil.rmtree(ws)
+        blocked_victim(d)  # made anew: the same name, the same command, the same call id
+        assert "/approvals/victim/r1.command?" in approve  # the new one asks that call too
+        assert d.json("show", "victim")["pending_approvals"]
+        for method in ("GET", "POST"):
+            answer = use(approve, method)
+            assert answer.status == 409, answer.body[:300]
+            assert b"changed since this link was sent" in answer.body
+        assert "approval.granted" not in states(d, "victim")
+        assert not (ws / "f.txt").exists()
