@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import shutil
 import socket
+import sys
 import urllib.parse
 from typing import Any
 
 import orjson
 
-from tests.e2e.harness import Daemon, running, wait_event
+from tests.e2e.harness import Daemon, running, wait_event, wait_for
 from tests.e2e.receivers import Receiver, receiving
 from tests.e2e.test_web import blocked_victim
 from tests.e2e.webclient import Answer, Client
@@ -269,3 +270,45 @@ def test_a_link_does_not_answer_a_session_made_anew_under_the_name_asking_the_sa
             assert b"changed since this link was sent" in answer.body
         assert "approval.granted" not in states(d, "victim")
         assert not (ws / "f.txt").exists()
+
+
+THIEF = r"""
+import json, sys, urllib.error, urllib.request
+out = open("result.txt", "w")
+for line in open(sys.argv[1]):  # the notices file: a run of the daemon's user may read it
+    notice = json.loads(line)
+    if notice["session"] == "victim" and "approve_url" in notice:
+        for data in (None, b"note=me"):
+            try:
+                out.write(f"{urllib.request.urlopen(notice['approve_url'], data).status}\n")
+            except urllib.error.HTTPError as exc:
+                out.write(f"{exc.code} {exc.read().decode()}\n")
+out.close()
+"""
+
+
+def test_a_process_of_a_run_that_reads_a_link_cannot_use_it() -> None:
+    jsonl = '[[notify]]\nname = "file"\nurl = "jsonl://notices.jsonl"\nlinks = true\n'
+    with receiving() as receiver, running(config(receiver, free_port(), jsonl)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        notices = d.state_dir / "notices.jsonl"
+        wait_for(lambda: notices.exists() and "approve_url" in notices.read_text())
+        thief = d.root / "ws-thief"
+        thief.mkdir()
+        (thief / "thief.py").write_text(THIEF)
+        spec = (
+            f'name = "thief"\n[run]\nexec = ["{sys.executable}", "thief.py", "{notices}"]\n'
+            f'cwd = "{thief}"\n'
+        )
+        d.ctl("create", str(d.write_spec("thief", spec)), check=True)
+        d.ctl("activate", "thief", check=True)
+        wait_event(d, "thief", "run.finished")
+        tries = (thief / "result.txt").read_text().splitlines()
+        assert [t[:4] for t in tries if t[:1].isdigit()] == ["403 ", "403 "], tries
+        assert "process of a run" in (thief / "result.txt").read_text()
+        assert d.json("show", "victim")["pending_approvals"]
+        assert not (ws / "f.txt").exists()
+        assert use(approve, "POST").status == 200  # a person's use of the same link works
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"
