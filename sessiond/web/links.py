@@ -124,10 +124,7 @@ class LinkPages:
                 f"this link was already used: each approval's links answer it once. {_ELSEWHERE}",
                 409,
             )
-        now = self.kernel.store.clock() // 1_000_000_000
-        if now >= link.expires:
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.expires))
-            raise LinkRefused(f"this link expired at {when}. {_ELSEWHERE}", 410)
+        self.live(link)
         s = self.kernel.table.get(name)
         pending = s.journal.state.pending_approvals() if s.journal is not None else {}
         if call not in pending:
@@ -144,6 +141,12 @@ class LinkPages:
                 409,
             )
         return link
+
+    def live(self, link: Link) -> None:
+        """LinkRefused once ``link`` has expired."""
+        if self.kernel.store.clock() // 1_000_000_000 >= link.expires:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.expires))
+            raise LinkRefused(f"this link expired at {when}. {_ELSEWHERE}", 410)
 
     async def page(self, request: web.Request) -> web.Response:
         """GET: the confirm page. It shows the approval and one button; it acts on nothing."""
@@ -181,7 +184,9 @@ class LinkPages:
         s = self.kernel.table.get(link.session)
 
         def unchanged(_approval: dict[str, Any]) -> None:
-            # checked again under the session's lock: nothing changed since check()
+            # checked again under the session's lock: nothing changed since check(),
+            # and the link is still live (a body sent slowly, a wait for the lock)
+            self.live(link)
             if call_digest(s, link.call) != link.digest:
                 raise LinkRefused("what the call would run changed just now", 409)
 

@@ -10,6 +10,7 @@ import base64
 import shutil
 import socket
 import sys
+import time
 import urllib.parse
 from typing import Any
 
@@ -312,3 +313,37 @@ def test_a_process_of_a_run_that_reads_a_link_cannot_use_it() -> None:
         assert use(approve, "POST").status == 200  # a person's use of the same link works
         wait_event(d, "victim", "lifecycle.changed", match=ended)
         assert (ws / "f.txt").read_text() == "new\n"
+
+
+def test_a_post_begun_before_the_expiry_and_finished_after_it_answers_nothing() -> None:
+    port = free_port()
+    with (
+        receiving() as receiver,
+        running(config(receiver, port, 'link_ttl = "4s"')) as d,
+    ):
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        parts = urllib.parse.urlsplit(approve)
+        token = urllib.parse.parse_qs(parts.query)["link"][0]
+        payload = token.split(".")[0]
+        expires = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))[4]
+        body = b"note=slowly"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            head = (
+                f"POST {parts.path}?{parts.query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: application/x-www-form-urlencoded\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            conn.sendall(head.encode() + body[:4])  # the link is checked, the body trickles
+            # the rest of the body once the link has expired (the daemon's clock is the
+            # wall clock here: no offset)
+            wait_for(lambda: time.time() >= expires + 1, what="the link's expiry")
+            conn.sendall(body[4:])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 410"), answer[:300]
+        assert b"expired at" in answer
+        assert d.json("show", "victim")["pending_approvals"]
+        assert "approval.granted" not in states(d, "victim")
+        assert not (ws / "f.txt").exists()
