@@ -347,3 +347,21 @@ def test_a_post_begun_before_the_expiry_and_finished_after_it_answers_nothing() 
         assert d.json("show", "victim")["pending_approvals"]
         assert "approval.granted" not in states(d, "victim")
         assert not (ws / "f.txt").exists()
+
+
+def test_a_use_that_cannot_be_recorded_answers_nothing_and_the_link_still_works() -> None:
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        used = d.state_dir / "web" / "links-used"
+        elsewhere = d.root / "used-elsewhere"
+        elsewhere.touch()
+        used.symlink_to(elsewhere)  # readable, but never written through (O_NOFOLLOW)
+        refused = use(approve, "POST")
+        assert refused.status == 503, refused.body[:300]
+        assert b"cannot be recorded" in refused.body
+        assert d.json("show", "victim")["pending_approvals"]
+        used.unlink()
+        assert use(approve, "POST").status == 200
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"
