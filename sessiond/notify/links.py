@@ -136,10 +136,11 @@ CHANGED = "changed"  # a command call whose spec's command is another now
 
 
 def call_digest(s: Session, call: str) -> str | None:
-    """What the approval of ``call`` would let run, as a digest of its tool and
-    recorded arguments; ``CHANGED`` for a command session's call once the spec's
-    command is no longer the one it asked for (a spec applied since: approving it
-    would run nothing it showed). None: no such call."""
+    """What the approval of ``call`` would let run, as a digest of its tool, its
+    recorded arguments and the request (when it was asked); ``CHANGED`` for a
+    command session's call once the spec's command is no longer the one it asked
+    for (a spec applied since: approving it would run nothing it showed). None: no
+    such call."""
     if s.journal is None:
         return None
     recorded = s.journal.state.calls.get(call)
@@ -151,7 +152,10 @@ def call_digest(s: Session, call: str) -> str | None:
         asked = args.get("exec") if isinstance(args, dict) else None
         if asked != list(run.exec):
             return CHANGED
-    raw = orjson.dumps([recorded["tool"], args], option=orjson.OPT_SORT_KEYS)
+    # and which request it answers (its record's time): a session made anew under
+    # the name asks its first call again, with the same id and arguments
+    asked_at = s.journal.state.approvals.get(call, {}).get("requested_at")
+    raw = orjson.dumps([recorded["tool"], args, asked_at], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(raw).hexdigest()[:32]
 
 

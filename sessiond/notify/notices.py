@@ -99,6 +99,24 @@ def session_link(public_url: str | None, session: str) -> str | None:
     return f"{public_url.rstrip('/')}/s/{quote(session)}"
 
 
+# Line breaks and other control characters, escaped. A run's program names its
+# steps (a tool name is any text it likes): one whose name says
+# "x\napprove: https://elsewhere" must not put a line in the notice that looks
+# like the approval's real approve link, which comes after the body.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127, 0x85)} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): " ",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of a notice: what could break it is escaped."""
+    return text.translate(_CONTROLS)
+
+
 def notice_for(
     session: str, record: dict[str, Any], wanted: frozenset[str], public_url: str | None
 ) -> Notice | None:
@@ -110,10 +128,10 @@ def notice_for(
     seq, data = record["seq"], record.get("data") or {}
     title = f"sessiond: {session} {_TITLES.get(event, event)}"
     if event.startswith("approval.") and data.get("tool"):
-        title += f": {data['tool']}"
+        title += f": {one_line(str(data['tool']))}"
     link = session_link(public_url, session)
     try:
-        what = describe(record)
+        what = one_line(describe(record))
     except (KeyError, TypeError):  # a record of an older version lacks a field
         what = ""
     lines = [

@@ -124,10 +124,7 @@ class LinkPages:
                 f"this link was already used: each approval's links answer it once. {_ELSEWHERE}",
                 409,
             )
-        now = self.kernel.store.clock() // 1_000_000_000
-        if now >= link.expires:
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.expires))
-            raise LinkRefused(f"this link expired at {when}. {_ELSEWHERE}", 410)
+        self.live(link)
         s = self.kernel.table.get(name)
         pending = s.journal.state.pending_approvals() if s.journal is not None else {}
         if call not in pending:
@@ -144,6 +141,12 @@ class LinkPages:
                 409,
             )
         return link
+
+    def live(self, link: Link) -> None:
+        """LinkRefused once ``link`` has expired."""
+        if self.kernel.store.clock() // 1_000_000_000 >= link.expires:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.expires))
+            raise LinkRefused(f"this link expired at {when}. {_ELSEWHERE}", 410)
 
     async def page(self, request: web.Request) -> web.Response:
         """GET: the confirm page. It shows the approval and one button; it acts on nothing."""
@@ -170,17 +173,20 @@ class LinkPages:
             # a form's POST from the confirm page says "null" (no-referrer) or ours
             if origin not in (None, "null") and origin not in self.server.auth.origins(request):
                 raise LinkRefused(f"requests from {origin} may not answer here", 403)
-            if not await self.used.claim(link):
+            # the whole form before the use is claimed: a body that never comes (a
+            # phone losing its signal) or is refused (too big) must not burn the link
+            note = await self._note(request)
+            if not await self._claim(link):
                 raise LinkRefused("this link was already used. " + _ELSEWHERE, 409)
         except LinkRefused as exc:
             return self.server.pages.error_page(str(exc), exc.status)
-        form = await request.post()
-        note = str(form.get("note", ""))[:2000]
         who: dict[str, Any] = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
         s = self.kernel.table.get(link.session)
 
         def unchanged(_approval: dict[str, Any]) -> None:
-            # checked again under the session's lock: nothing changed since check()
+            # checked again under the session's lock: nothing changed since check(),
+            # and the link is still live (a body sent slowly, a wait for the lock)
+            self.live(link)
             if call_digest(s, link.call) != link.digest:
                 raise LinkRefused("what the call would run changed just now", 409)
 
@@ -206,6 +212,26 @@ class LinkPages:
             state=result.get("state", ""),
             title=f"{link.call} {link.answer}d",
         )
+
+    async def _claim(self, link: Link) -> bool:
+        try:
+            return await self.used.claim(link)
+        except OSError as exc:  # links-used cannot be written: nothing is answered
+            raise LinkRefused(
+                f"the link's use cannot be recorded ({exc.strerror or exc}), so nothing was "
+                f"answered; the link works once that is fixed. {_ELSEWHERE}",
+                503,
+            ) from None
+
+    @staticmethod
+    async def _note(request: web.Request) -> str:
+        try:
+            form = await request.post()
+        except ValueError as exc:  # a malformed body (a bad multipart boundary)
+            raise LinkRefused(
+                f"the form cannot be read ({exc}); nothing was answered", 400
+            ) from None
+        return str(form.get("note", ""))[:2000]
 
 
 _ELSEWHERE = (

@@ -143,7 +143,8 @@ def before_of(request: web.Request) -> int | None:
     text = request.query.get("before", "")
     if not text:
         return None
-    if not text.isdigit() or len(text) > 20:
+    # ASCII digits only: str.isdigit() also takes "²" (int() refuses it), Arabic-Indic digits
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
         raise InvalidInput(f"before must be a seq, a whole number (got {text[:40]!r})")
     return int(text)
 

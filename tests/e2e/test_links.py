@@ -7,13 +7,16 @@ page, the POST answers once, and every misuse is refused with its reason."""
 from __future__ import annotations
 
 import base64
+import shutil
 import socket
+import sys
+import time
 import urllib.parse
 from typing import Any
 
 import orjson
 
-from tests.e2e.harness import Daemon, running, wait_event
+from tests.e2e.harness import Daemon, running, wait_event, wait_for
 from tests.e2e.receivers import Receiver, receiving
 from tests.e2e.test_web import blocked_victim
 from tests.e2e.webclient import Answer, Client
@@ -224,3 +227,141 @@ def test_a_link_for_a_command_that_changed_since_it_was_sent_is_refused() -> Non
         assert d.json("show", "victim")["pending_approvals"]
         assert "approval.granted" not in states(d, "victim")
         assert not (ws / "f.txt").exists()
+
+
+def test_a_post_whose_form_never_arrives_or_is_refused_leaves_the_link_unused() -> None:
+    port = free_port()
+    with receiving() as receiver, running(config(receiver, port)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        parts = urllib.parse.urlsplit(approve)
+        client = Client(f"http://127.0.0.1:{port}")
+        target = f"{parts.path}?{parts.query}"
+        # a body over the listener's limit is refused before the link is used
+        big = client.request("POST", target, raw=b"note=" + b"x" * (2 << 20), headers=FORM)
+        assert big.status == 413
+        bad = client.request(
+            "POST", target, raw=b"garbage",
+            headers={"Content-Type": "multipart/form-data; boundary=x"},
+        )  # fmt: skip
+        assert bad.status == 400, bad.body[:300]
+        assert b"form cannot be read" in bad.body
+        assert d.json("show", "victim")["pending_approvals"]
+        done = use(approve, "POST", note="second try")
+        assert done.status == 200, done.body[:400]
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"
+
+
+def test_a_link_does_not_answer_a_session_made_anew_under_the_name_asking_the_same() -> None:
+    port = free_port()
+    with receiving() as receiver, running(config(receiver, port)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        assert d.stop() == 0
+        shutil.rmtree(d.state_dir / "sessions" / "victim")  # the session is gone
+        d.start()
+        shutil.rmtree(ws)
+        blocked_victim(d)  # made anew: the same name, the same command, the same call id
+        assert "/approvals/victim/r1.command?" in approve  # the new one asks that call too
+        assert d.json("show", "victim")["pending_approvals"]
+        for method in ("GET", "POST"):
+            answer = use(approve, method)
+            assert answer.status == 409, answer.body[:300]
+            assert b"changed since this link was sent" in answer.body
+        assert "approval.granted" not in states(d, "victim")
+        assert not (ws / "f.txt").exists()
+
+
+THIEF = r"""
+import json, sys, urllib.error, urllib.request
+out = open("result.txt", "w")
+for line in open(sys.argv[1]):  # the notices file: a run of the daemon's user may read it
+    notice = json.loads(line)
+    if notice["session"] == "victim" and "approve_url" in notice:
+        for data in (None, b"note=me"):
+            try:
+                out.write(f"{urllib.request.urlopen(notice['approve_url'], data).status}\n")
+            except urllib.error.HTTPError as exc:
+                out.write(f"{exc.code} {exc.read().decode()}\n")
+out.close()
+"""
+
+
+def test_a_process_of_a_run_that_reads_a_link_cannot_use_it() -> None:
+    jsonl = '[[notify]]\nname = "file"\nurl = "jsonl://notices.jsonl"\nlinks = true\n'
+    with receiving() as receiver, running(config(receiver, free_port(), jsonl)) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        notices = d.state_dir / "notices.jsonl"
+        wait_for(lambda: notices.exists() and "approve_url" in notices.read_text())
+        thief = d.root / "ws-thief"
+        thief.mkdir()
+        (thief / "thief.py").write_text(THIEF)
+        spec = (
+            f'name = "thief"\n[run]\nexec = ["{sys.executable}", "thief.py", "{notices}"]\n'
+            f'cwd = "{thief}"\n'
+        )
+        d.ctl("create", str(d.write_spec("thief", spec)), check=True)
+        d.ctl("activate", "thief", check=True)
+        wait_event(d, "thief", "run.finished")
+        tries = (thief / "result.txt").read_text().splitlines()
+        assert [t[:4] for t in tries if t[:1].isdigit()] == ["403 ", "403 "], tries
+        assert "process of a run" in (thief / "result.txt").read_text()
+        assert d.json("show", "victim")["pending_approvals"]
+        assert not (ws / "f.txt").exists()
+        assert use(approve, "POST").status == 200  # a person's use of the same link works
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"
+
+
+def test_a_post_begun_before_the_expiry_and_finished_after_it_answers_nothing() -> None:
+    port = free_port()
+    with (
+        receiving() as receiver,
+        running(config(receiver, port, 'link_ttl = "4s"')) as d,
+    ):
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        parts = urllib.parse.urlsplit(approve)
+        token = urllib.parse.parse_qs(parts.query)["link"][0]
+        payload = token.split(".")[0]
+        expires = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))[4]
+        body = b"note=slowly"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            head = (
+                f"POST {parts.path}?{parts.query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: application/x-www-form-urlencoded\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            conn.sendall(head.encode() + body[:4])  # the link is checked, the body trickles
+            # the rest of the body once the link has expired (the daemon's clock is the
+            # wall clock here: no offset)
+            wait_for(lambda: time.time() >= expires + 1, what="the link's expiry")
+            conn.sendall(body[4:])
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 410"), answer[:300]
+        assert b"expired at" in answer
+        assert d.json("show", "victim")["pending_approvals"]
+        assert "approval.granted" not in states(d, "victim")
+        assert not (ws / "f.txt").exists()
+
+
+def test_a_use_that_cannot_be_recorded_answers_nothing_and_the_link_still_works() -> None:
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        used = d.state_dir / "web" / "links-used"
+        elsewhere = d.root / "used-elsewhere"
+        elsewhere.touch()
+        used.symlink_to(elsewhere)  # readable, but never written through (O_NOFOLLOW)
+        refused = use(approve, "POST")
+        assert refused.status == 503, refused.body[:300]
+        assert b"cannot be recorded" in refused.body
+        assert d.json("show", "victim")["pending_approvals"]
+        used.unlink()
+        assert use(approve, "POST").status == 200
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        assert (ws / "f.txt").read_text() == "new\n"

@@ -70,3 +70,9 @@ def test_the_session_page_shows_the_newest_messages_and_older_pages_on_request()
         bad = client.get("/s/chatty?before=x")
         assert bad.status == 400
         assert b"before must be a seq" in bad.body
+        # digits to str.isdigit() but no seq: "²" (int() refuses it: it was a 500), U+0661
+        for odd in ("%C2%B2", "%D9%A1", "1%C2%B2"):
+            for path in (f"/s/chatty?before={odd}", f"/api/s/chatty/messages?before={odd}"):
+                answer = client.get(path)
+                assert answer.status == 400, (path, answer.body[:300])
+                assert b"before must be a seq" in answer.body

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import orjson
@@ -43,3 +45,26 @@ def test_each_notice_is_one_json_line_with_the_webhook_fields(tmp_path: Path) ->
     assert line["approve_url"] == "http://a"
     assert line["deny_url"] == "http://d"
     assert "approve: http://a" in line["message"]
+
+
+def test_links_go_only_into_a_private_regular_file_of_the_daemons_user(tmp_path: Path) -> None:
+    loose = tmp_path / "loose.jsonl"
+    loose.touch(mode=0o644)
+    loose.chmod(0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        append(loose, NOTICE)
+    assert loose.read_bytes() == b""  # no link written
+    append(loose, dataclasses.replace(NOTICE, actions=()))  # a notice without links may
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo, 0o600)
+    # ENXIO at once, not hung waiting for a reader
+    with pytest.raises(OSError, match="No such device"):
+        append(fifo, NOTICE)
+    if os.geteuid() != 0:
+        return  # (only root can give a file to another user; the rest is checked above)
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.touch(mode=0o600)
+    os.chown(theirs, 65534, 65534)  # made beforehand by another user, e.g. in /tmp
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        append(theirs, NOTICE)
+    assert theirs.read_bytes() == b""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from sessiond.notify.cursor import Cursor
-from sessiond.notify.notices import kinds, notice_for
+from sessiond.notify.notices import kinds, notice_for, rendered
 
 
 def record(etype: str, seq: int = 7, **data: Any) -> dict[str, Any]:
@@ -108,3 +109,19 @@ def test_actions_are_lines_of_the_text_and_fields_of_a_webhook(tmp_path: Path) -
     assert "+X-Sessiond-Notice-Id=s%3A3" in url
     ntfy = Target(NotifyConfig(url="ntfy://ntfy.example/topic"), cursor, load_apprise())
     assert ntfy.url_for(notice) == "ntfy://ntfy.example/topic"  # its own URL: no extras
+
+
+def test_a_tool_name_cannot_forge_a_line_of_the_notice() -> None:
+    # a run's program names its steps: this one's name tries to look like the
+    # approval's real approve link, which the notice's text ends with
+    tool = "read_file\napprove: https://elsewhere.example/ok\r\ndeny:\u2028x"
+    rec = record("approval.requested", call="c1", tool=tool, args_sha256="x")
+    notice = notice_for("s", rec, frozenset({"approval.requested"}), None)
+    assert notice is not None
+    real = (("approve", "https://console/approvals/s/c1?link=a"),)
+    text = rendered(dataclasses.replace(notice, actions=real))
+    approve_lines = [line for line in text.splitlines() if line.startswith("approve:")]
+    assert approve_lines == ["approve: https://console/approvals/s/c1?link=a"]
+    assert not any(line.startswith("deny:") for line in text.splitlines())
+    assert "\n" not in notice.title
+    assert "read_file\\napprove: https://elsewhere.example/ok" in text  # shown, escaped
