@@ -123,6 +123,12 @@ class Forward:
                 f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
                 "on that node's socket (a carried log is read once, not followed)"
             )
+        if method == "show":
+            owner = await self._owner(name)
+            if owner is not None and (owner.node is None or not owner.alive):
+                # nobody runs it: this node says what it waits for at once
+                # (daemon/placement.py), not after a request no node takes in time
+                return False, None
         return await self.call(method, params, who, session=name)
 
     async def _owner(self, name: str) -> Owner | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import HELLO, TTL, taken_over
+from tests.cluster.conftest import HELLO, TTL, node_name, taken_over
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 LABELS = {1: "{}", 2: '{ zone = "eu" }', 3: '{ zone = "eu", gpu = "a100" }'}
@@ -54,8 +54,9 @@ def row(d: Daemon, name: str) -> dict[str, Any] | None:
 
 
 def runs_on(d: Daemon, name: str) -> bool:
+    """``d`` runs ``name`` (its ``ps`` lists the whole cluster's: the row's node says)."""
     r = row(d, name)
-    return r is not None and r["state"] != "waiting"
+    return r is not None and r["state"] != "waiting" and r.get("node") == node_name(d)
 
 
 def test_sessions_that_belong_to_a_node_wait_for_it_and_a_shared_one_fails_over(
