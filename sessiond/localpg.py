@@ -141,6 +141,26 @@ def start(folder: Path) -> LocalPostgres:
     return server
 
 
+def _wait_ready(folder: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Until every node listens (its socket is there), so what is printed works at
+    once; a node that exits first is named with its log."""
+    import time
+
+    deadline = time.monotonic() + 120
+    for i, proc in enumerate(procs, 1):
+        sock = folder / f"node{i}" / "sessiond.sock"
+        while not sock.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"node{i} exited ({proc.returncode}): see {sock.parent}/sessiond.log"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"node{i} did not listen in 120 s: see {sock.parent}/sessiond.log"
+                )
+            time.sleep(0.1)  # a tool waiting for a process, not a test
+
+
 def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
     """``make cluster``: a server under ``folder`` and ``nodes`` sessiond nodes on it,
     in the foreground until Ctrl-C; prints what to try."""
@@ -182,16 +202,21 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
                     stderr=open(home / "sessiond.log", "ab"),  # noqa: SIM115 - the child keeps it
                 )
             )
+        _wait_ready(folder, procs)
         print(f"PostgreSQL: {server.dsn} (log: {folder}/postgres/server.log)")
         for i, proc in enumerate(procs, 1):
             print(f"node{i}: pid {proc.pid}, socket {folder}/node{i}/sessiond.sock")
-        print("Try (Ctrl-C stops the nodes and the database):")
+        other = f"{folder}/node2/sessiond.sock"
+        print("Try, in another terminal (Ctrl-C here stops the nodes and the database):")
+        print(f"  export PATH={Path(sys.executable).parent}:$PATH")
         print(f"  export SESSIOND_SOCKET={folder}/node1/sessiond.sock")
+        print("  sessionctl nodes                 # each node's incarnation, lease, sessions")
         print("  sessionctl create config/sessions/hello.toml && sessionctl activate hello")
         print("  sessionctl log --json hello      # every event names its node and epoch")
+        print(f"  SESSIOND_SOCKET={other} sessionctl ps   # any node lists the whole cluster")
         print(
-            f"  kill -9 {procs[0].pid}; SESSIOND_SOCKET={folder}/node1/sessiond.sock "
-            "sessionctl ps  # after a restart: a new epoch"
+            f"  kill -9 {procs[0].pid}; sleep 5; SESSIOND_SOCKET={other} sessionctl ps"
+            f"   # hello moves to another node within lease_ttl ({lease_ttl})"
         )
         # Blocked first (after the nodes started: they must not inherit the mask),
         # so that sigwait takes the signal instead of a handler.
