@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 import structlog
 
+from sessiond.daemon.placement import placeholder
 from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError
 from sessiond.ipc.dispatch import Dispatch
 from sessiond.ipc.forwarding import ROUTED, error_of
@@ -270,7 +271,7 @@ class Forward:
                 state, reason = "waiting", f"its node {owner} is down: it waits for a take-over"
             else:
                 state, reason = "unknown", f"node {owner} has not opened it yet"
-            rows.append(_placeholder(name, state, reason, owner))
+            rows.append(placeholder(name, state, reason, owner))
         rows.sort(key=lambda r: str(r["name"]))
         return rows
 
@@ -329,21 +330,3 @@ class Forward:
             }
         log.info("forward.carried", request=request, method=method, ok=reply["ok"])
         await asyncio.to_thread(self.requests.answer, request, reply)
-
-
-def _placeholder(name: str, state: str, reason: str, node: str | None) -> dict[str, Any]:
-    """A ``ps`` row for a session no live node answered for."""
-    return {
-        "name": name,
-        "state": state,
-        "reason": reason,
-        "agent": "",
-        "priority": 0,
-        "runs": 0,
-        "last_active": None,
-        "next_wake": None,
-        "pid": None,
-        "parent": None,
-        "outcome": None,
-        "node": node,
-    }

@@ -112,10 +112,16 @@ class Placer:
 
 def _row(w: dict[str, Any]) -> dict[str, Any]:
     """A ``ps`` row of a session no live node runs."""
+    return placeholder(w["name"], "waiting", w.get("reason"), w.get("node"))
+
+
+def placeholder(name: str, state: str, reason: str | None, node: str | None) -> dict[str, Any]:
+    """A ``ps`` row for a session no live node runs or answered for (here, and in
+    daemon/forward.py's ``ps`` of the whole cluster)."""
     return {
-        "name": w["name"],
-        "state": "waiting",
-        "reason": w.get("reason"),
+        "name": name,
+        "state": state,
+        "reason": reason,
         "agent": "",
         "priority": 0,
         "runs": 0,
@@ -124,7 +130,7 @@ def _row(w: dict[str, Any]) -> dict[str, Any]:
         "pid": None,
         "parent": None,
         "outcome": None,
-        "node": w.get("node"),
+        "node": node,
     }
 
 

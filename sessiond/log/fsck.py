@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from sessiond.log.evidence import Evidence
 from sessiond.log.journal import Journal
 from sessiond.log.replay import apply
 from sessiond.log.state import REDUCER_VERSION, State
-from sessiond.log.store.base import START, ArtifactStore
+from sessiond.log.store.base import START, ArtifactStore, Snapshot
 from sessiond.log.store.durable import DIR_MODE, FILE_MODE
 from sessiond.log.store.files import FileStore
 from sessiond.log.store.lines import ScanEnd, classify_tail, scan
@@ -181,7 +182,25 @@ def _check_session(store: FileStore, name: str, report: Report, repair: bool) ->
 def _compare_snapshot(
     store: FileStore, name: str, state: State, problems: list[Problem], repair: bool
 ) -> None:
-    snap = store.snapshots(name).load(state.seq)
+    folder = store.snapshots(name).folder
+    compare_snapshot(
+        name,
+        state,
+        store.snapshots(name).load(state.seq),
+        problems,
+        (lambda: (folder / f"state-{state.seq}.json").unlink(missing_ok=True)) if repair else None,
+    )
+
+
+def compare_snapshot(
+    name: str,
+    state: State,
+    snap: Snapshot | None,
+    problems: list[Problem],
+    drop: Callable[[], None] | None,
+) -> None:
+    """The snapshot at ``state.seq`` (``snap``; None: unreadable) against a replay of
+    the log, on either backend; ``drop`` (given with ``--repair``) removes it."""
     if snap is None:
         problems.append(
             Problem(name, "snapshot-unreadable", f"snapshot at seq {state.seq}", repairable=True)
@@ -199,8 +218,8 @@ def _compare_snapshot(
         )
     else:
         return
-    if repair:
-        (store.snapshots(name).folder / f"state-{state.seq}.json").unlink(missing_ok=True)
+    if drop is not None:
+        drop()
         problems[-1].repaired = True
 
 

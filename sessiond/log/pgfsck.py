@@ -15,15 +15,13 @@ events are committed together, so what it reads up to the row's end is whole.
 
 from __future__ import annotations
 
-import orjson
-
 from sessiond.codec import decode_line
 from sessiond.errors import InvalidInput
 from sessiond.log.events import decode
 from sessiond.log.evidence import Evidence
-from sessiond.log.fsck import Problem, Report, check_artifacts
+from sessiond.log.fsck import Problem, Report, check_artifacts, compare_snapshot
 from sessiond.log.replay import apply
-from sessiond.log.state import REDUCER_VERSION, State
+from sessiond.log.state import State
 from sessiond.log.store.pg.pglog import READ_BATCH
 from sessiond.log.store.pg.pgstore import PgStore
 
@@ -182,26 +180,8 @@ def _compare_snapshot(
     snap = snapshots.load(state.seq)
     if snap is None and state.seq not in snapshots.seqs():
         return  # a live node pruned it since it was listed (it keeps the newest few)
-    if snap is None:
-        problems.append(
-            Problem(name, "snapshot-unreadable", f"snapshot at seq {state.seq}", repairable=True)
-        )
-    elif snap.reducer != REDUCER_VERSION:
-        return  # another reducer version's: ignored at start-up, not a problem
-    elif snap.state != orjson.loads(orjson.dumps(state)):
-        problems.append(
-            Problem(
-                name,
-                "snapshot-mismatch",
-                f"snapshot at seq {state.seq} differs from a replay of the log; the log wins",
-                repairable=True,
-            )
-        )
-    else:
-        return
-    if repair:
-        _drop_snapshot(store, name, state.seq)
-        problems[-1].repaired = True
+    drop = (lambda: _drop_snapshot(store, name, state.seq)) if repair else None
+    compare_snapshot(name, state, snap, problems, drop)
 
 
 def _drop_snapshot(store: PgStore, name: str, seq: int) -> None:
