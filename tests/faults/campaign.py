@@ -7,8 +7,9 @@ The workload (tests/faults/workload.py) covers the product: an SDK agent on
 durable steps of every risk contract whose approvals are answered approve or
 deny at random, a command session of every risk contract woken by every, watch,
 git, cron and message, a hostile program that approves itself and leaves an
-orphan, a program that prints its secret, a mailbox sent to all the time, forked
-and merged. Each round runs it for a random 0.2 to 2 s and kills the daemon with
+orphan, the supervision issue's other hostile programs (tests/faults/contain.py,
+each checked contained), a program that prints its secret, a mailbox sent to all
+the time, forked and merged. Each round runs it for a random 0.2 to 2 s and kills the daemon with
 SIGKILL (every fourth round instead starts it with the next ``fault`` point, where
 it kills itself); every other round then cuts the power; repairs, restarts,
 resolves whatever was blocked with ``--accept``, ``--rerun`` or ``--discard`` at
