@@ -29,6 +29,7 @@ def test_kill_9_and_power_cuts_lose_nothing_and_repeat_nothing(
     assert tally.executions > 0
     assert tally.power_cuts == ROUNDS // 2
     assert sum(tally.fault_points.values()) > 0  # a named fault point was hit
+    assert tally.stops >= 2  # round 4's clean stop and the last: nothing left after either
     assert not tally.failed, table
 
 
