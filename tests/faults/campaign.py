@@ -546,6 +546,7 @@ def _run(
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        campaign.contain.power_off()  # and whatever of the hostile programs is left
     return campaign.tally
 
 
