@@ -7,8 +7,9 @@ The workload (tests/faults/workload.py) covers the product: an SDK agent on
 durable steps of every risk contract whose approvals are answered approve or
 deny at random, a command session of every risk contract woken by every, watch,
 git, cron and message, a hostile program that approves itself and leaves an
-orphan, a program that prints its secret, a mailbox sent to all the time, forked
-and merged. Each round runs it for a random 0.2 to 2 s and kills the daemon with
+orphan, the supervision issue's other hostile programs (tests/faults/contain.py,
+each checked contained), a program that prints its secret, a mailbox sent to all
+the time, forked and merged. Each round runs it for a random 0.2 to 2 s and kills the daemon with
 SIGKILL (every fourth round instead starts it with the next ``fault`` point, where
 it kills itself); every other round then cuts the power; repairs, restarts,
 resolves whatever was blocked with ``--accept``, ``--rerun`` or ``--discard`` at
@@ -43,7 +44,7 @@ from sessiond.log.fsck import check
 from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIOND, Daemon, short_dir
-from tests.faults import checks, faultfs, ledger, workload
+from tests.faults import checks, contain, faultfs, ledger, workload
 from tests.faults.broken import SPAWNER_DIR
 from tests.faults.faultfs import Mount
 from tests.faults.tally import Tally
@@ -87,7 +88,7 @@ class Campaign:
         self.secret = f"s3cr3t-{rng.getrandbits(64):016x}"
         self.config = (
             f'{BASE}record_synced = "{self.synced_file}"\nmax_running = 6\n'
-            f'snapshot_every = 50\ndurability = "{durability}"\n'
+            f'snapshot_every = 50\ndurability = "{durability}"\nmax_output_bytes = 262144\n'
         )
         self.daemon = Daemon(root, env={"CAMPAIGN_SECRET": self.secret})
         if command is not None:
@@ -95,6 +96,7 @@ class Campaign:
         if mount is not None:
             self.daemon.state_dir = mount.path / "state"
         self.tally = Tally(durability=durability)
+        self.contain = contain.Containment(self.ledger, self.tally)  # the hostile programs
         # (session, seq, text, monotonic time of the answer) of each answered send
         self.acked: list[tuple[str, int, str, float]] = []
         self.created: list[str] = []  # forks the daemon acknowledged
@@ -141,6 +143,7 @@ class Campaign:
         fault = FAULT_POINTS[(n // 4) % len(FAULT_POINTS)] if n % 4 == 0 else None
         if fault is not None:  # this round's daemon dies at the fault point by itself
             d.stop()  # a clean shutdown: the next kill is the fault point's
+            self.contain.after_stop(d.state_dir)
             if not self._start(fault):
                 self.tally.fault_points[fault] += 1
                 self._start()
@@ -149,6 +152,7 @@ class Campaign:
             threading.Thread(target=self._sender, args=(stop,), daemon=True),
             threading.Thread(target=self._poker, args=(stop,), daemon=True),
         ]
+        pinger = contain.Pinger(d.socket, self.tally).__enter__()
         for w in workers:
             w.start()
         if fault is not None:
@@ -161,7 +165,9 @@ class Campaign:
             os.kill(d.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
         d.proc.wait(30)
         killed_at = time.monotonic()
+        self.contain.stopping()
         stop.set()
+        pinger.__exit__()
         for w in workers:
             w.join(30)
         self.tally.rounds = n
@@ -178,6 +184,8 @@ class Campaign:
             self.tally.unreadable.append(f"round {n}: the daemon did not start: {exc}"[:300])
             raise Stop from exc
         self._check_after_restart(cut_off, seqs)
+        self.contain.orphans(d.proc.pid)  # what carries the marker, not the mark
+        self.contain.settled("the restart")
         self._check_ledger()
         secret = self.daemon.state_dir / "sessions" / "secret"  # all of it at the finish
         self.tally.secrets = checks.secret_files(secret, self.secret.encode())
@@ -262,6 +270,7 @@ class Campaign:
         for pid in checks.running_from(self.root / SPAWNER_DIR):  # a broken build's
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        self.contain.power_off()
         if self.mount is not None:
             self._wait_closed()
             self.mount.cut(self.rng.getrandbits(32))
@@ -440,6 +449,8 @@ class Campaign:
         d = self.daemon
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
+            self.contain.after_stop(d.state_dir)
+            self.contain.quiet()
         t = self.tally
         t.secrets = checks.secret_files(d.state_dir, self.secret.encode())
         wakes: Counter[str] = Counter()
@@ -545,6 +556,7 @@ def _run(
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        campaign.contain.power_off()  # and whatever of the hostile programs is left
     return campaign.tally
 
 

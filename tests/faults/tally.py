@@ -30,6 +30,12 @@ class Tally:
     answered: Counter[str] = field(default_factory=Counter)  # approve / deny
     self_answers: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
+    # the hostile programs' containment (tests/faults/contain.py)
+    left_after_stop: list[str] = field(default_factory=list)
+    late_work: list[str] = field(default_factory=list)
+    unresponsive: list[str] = field(default_factory=list)
+    slowest_ping: float = 0.0
+    stops: int = 0  # clean stops of the daemon checked
     loss_window: float = 0.0  # durability os: the longest an acknowledged event was lost
     lost_os: int = 0
     executions: int = 0
@@ -57,6 +63,12 @@ class Tally:
              not self.twice),
             ("orphan processes after restart", str(len(self.orphans)), "0", not self.orphans),
             ("sessions stuck in running", str(len(self.stuck)), "0", not self.stuck),
+            ("processes left after a clean stop", str(len(self.left_after_stop)), "0",
+             not self.left_after_stop),
+            ("work after its run was stopped (ledger ticks)", str(len(self.late_work)), "0",
+             not self.late_work),
+            ("pings answered after more than 10 s", str(len(self.unresponsive)), "0",
+             not self.unresponsive),
             ("interrupted work handled per its contract", f"{handled} of {self.interrupted}",
              "all", not self.unhandled),
             ("os-mode loss window (s), sync_interval "
@@ -94,6 +106,8 @@ class Tally:
             f"--discard {self.resolved['discard']}; approvals approved "
             f"{self.answered['approve']}, denied {self.answered['deny']}",
             f"wakes by trigger: {wakes}",
+            f"hostile programs: {self.stops} clean stops checked, slowest ping "
+            f"{self.slowest_ping:.2f} s",
             *self.notes,
             "",
             f"{'invariant':<52} {'measured':>12} {'must be':>8}  ok",
@@ -107,6 +121,9 @@ class Tally:
             ("executed twice", self.twice),
             ("orphan", self.orphans),
             ("stuck", self.stuck),
+            ("left after stop", self.left_after_stop),
+            ("worked after stop", self.late_work),
+            ("unresponsive", self.unresponsive),
             ("not per contract", self.unhandled),
             ("answered by its own run", self.self_answers),
             ("secret stored in", self.secrets),

@@ -8,6 +8,8 @@ does to the ledger (tests/faults/ledger.py) so the campaign can tell what ran.
   ``git``, ``cron`` and ``message``;
 - ``hostile``: a program that tries to approve its own step through the control
   socket, and leaves a ``setsid`` grandchild behind (an orphan to stop);
+- ``h-holder``, ``h-term``, ``h-escape``, ``h-bomb``, ``h-flood``: the rest of
+  the supervision issue's hostile programs (tests/faults/contain.py);
 - ``secret``: a program that prints its ``[run] secrets`` value (to be masked);
 - ``mailbox``: no program, sent to all the time, forked and merged.
 """
@@ -18,6 +20,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from tests.faults import contain
 
 # idempotency/resume/side_effect of each command session, and its trigger
 EVERY = 'type = "every"\ninterval = "1s"'
@@ -197,6 +201,7 @@ interval = "1s"
             name=name, contract=contract, ledger=ledger, idempotency=idempotency,
             resume=resume, side_effect=side_effect, trigger=trigger,
         )  # fmt: skip
+    out.update(contain.specs(ledger))
     return out
 
 
