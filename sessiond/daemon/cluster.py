@@ -343,6 +343,13 @@ class LeaseKeeper:
             # Delivered, then marked: a crash in between delivers it again (at least once).
             await asyncio.to_thread(self.store.message_taken, message)
 
+    def end_if_lapsed(self) -> None:
+        """End the node now (exit 75) if its lease may have lapsed: past its last
+        renewal + ``lease_ttl`` - the margin, on the monotonic clock."""
+        lease = self.store.lease
+        if time.monotonic() >= lease.deadline(margin(lease.ttl)):
+            self._lost("the lease could not be renewed before its deadline")
+
     def _lost(self, why: str) -> None:
         log.error("cluster.lease_lost", node=self.store.lease.name, why=why)
         # No graceful stop: every write would be refused anyway, and what matters

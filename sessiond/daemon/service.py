@@ -28,10 +28,10 @@ import uvloop
 
 from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
-from sessiond.daemon.cluster import make_store
+from sessiond.daemon.cluster import LEASE_LOST_EXIT, make_store
 from sessiond.daemon.faults import io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
-from sessiond.errors import SessiondError
+from sessiond.errors import Fenced, SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
@@ -413,6 +413,11 @@ class Daemon:
 
     async def stop(self) -> None:
         """Stop accepting, ask running programs to stop, record, close the logs."""
+        if self.lease is not None:
+            # A node that was paused past its lease (SIGSTOP, then SIGTERM) may write
+            # nothing more: it ends as a lost lease does (exit 75), not through a
+            # graceful stop whose every append the fence refuses.
+            self.lease.end_if_lapsed()
         self.notifier.stopping()
         self.kernel.stopping = True  # nothing new starts from here on
         if self._heartbeat is not None:
@@ -480,6 +485,9 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve(config, env))
+    except Fenced as exc:  # the lease lapsed while stopping: as a lost lease ends
+        print(f"sessiond: {exc}", file=sys.stderr)
+        return LEASE_LOST_EXIT
     except SessiondError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)
         return 1
