@@ -69,6 +69,7 @@ def test_one_statement_lands_the_fenced_sessions_and_refuses_only_the_others(
         ]
         for probe in probes:
             committer.want(probe)
+
         async def settled() -> None:
             while any(p.outcome is None for p in probes):
                 await asyncio.sleep(0.01)  # a poll of the outcomes, bounded below
