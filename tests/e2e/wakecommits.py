@@ -31,8 +31,9 @@ type = "message"
 def commits_until_exec(d: Daemon, session: str, since: int) -> list[list[str]]:
     """The commits the daemon awaited for ``session`` from log line ``since`` until
     its program was let go: each the types of the events it made durable."""
-    started = d.wait_line("run.started", match=lambda line: line.get("session") == session,
-                          since=since)
+    started = d.wait_line(
+        "run.started", match=lambda line: line.get("session") == session, since=since
+    )
     end = d.lines.index(started)
     return [
         list(line["types"])
