@@ -10,8 +10,6 @@ program was let go), so a test asserts the path's commits instead of guessing.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.e2e.harness import Daemon
 
 # Woken by a message, started once: a command whose contract lets it run again.
@@ -64,6 +62,3 @@ def activate_and_count(d: Daemon, session: str) -> list[list[str]]:
 
 def flat(commits: list[list[str]]) -> list[str]:
     return [t for c in commits for t in c]
-
-
-Lines = list[dict[str, Any]]
