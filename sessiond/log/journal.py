@@ -134,7 +134,8 @@ class Journal:
         pending = self.log.write_many(drafts)
         for record in pending.records:
             apply(self.state, record)
-            self._unsynced.append(record["type"])
+        if len(self._unsynced) < 64:  # bounded: a debug line's worth
+            self._unsynced.extend(r["type"] for r in pending.records[:64])
         if not durable:
             # Told to nobody yet (followers of the log included): published with
             # the durable append that covers them.
