@@ -42,13 +42,11 @@ def node(pg_dsn: str) -> Iterator[Daemon]:
 
 def test_a_message_wake_commits_once_before_the_program_runs(node: Daemon) -> None:
     commits = send_and_count(node, "m")
-    print(commits)
     assert len(commits) == 1, commits
 
 
 def test_an_activate_commits_once_before_the_program_runs(node: Daemon) -> None:
     commits = activate_and_count(node, "a")
-    print(commits)
     assert len(commits) == 1, commits
 
 

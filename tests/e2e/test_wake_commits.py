@@ -11,12 +11,10 @@ DEBUG = 'log_level = "debug"\n'
 def test_a_message_wake_waits_for_one_commit_before_the_program_runs() -> None:
     with running(DEBUG) as d:
         commits = send_and_count(d, "m")
-        print(commits)
         assert len(commits) == 1, commits
 
 
 def test_an_activate_waits_for_one_commit_before_the_program_runs() -> None:
     with running(DEBUG) as d:
         commits = activate_and_count(d, "a")
-        print(commits)
         assert len(commits) == 1, commits
