@@ -54,6 +54,9 @@ class Journal:
         # Called with each record once it is durable (followers of `sessionctl log -f`).
         self.listeners: list[Callable[[Record], None]] = []
         self._unpublished: list[Record] = []  # written with durable=False, not yet synced
+        # Types of the records written since the last sync this journal awaited: what
+        # the next one commits (the ``log.commit`` debug line counts a path's commits).
+        self._unsynced: list[str] = []
         # The session's redactor now (its spec's patterns, its secrets): the free text
         # of every event is masked before it is written (sessiond.log.masking). Set
         # by the table; None, or a redactor of None, masks nothing and costs nothing.
@@ -131,12 +134,14 @@ class Journal:
         pending = self.log.write_many(drafts)
         for record in pending.records:
             apply(self.state, record)
+        if len(self._unsynced) < 64:  # bounded: a debug line's worth
+            self._unsynced.extend(r["type"] for r in pending.records[:64])
         if not durable:
             # Told to nobody yet (followers of the log included): published with
             # the durable append that covers them.
             self._unpublished.extend(pending.records)
             return pending.records
-        await self.log.sync(pending)
+        await self._sync(pending)
         self._publish(pending.position.seq)
         for listener in self.listeners:
             for record in pending.records:
@@ -151,8 +156,17 @@ class Journal:
     async def flush(self) -> None:
         """Wait until everything written so far is durable."""
         position = self.log.position
-        await self.log.sync(Pending([], position))
+        await self._sync(Pending([], position))
         self._publish(position.seq)
+
+    async def _sync(self, pending: Pending) -> None:
+        """Wait until ``pending`` is durable. Each wait that has something to commit
+        is logged (debug): the awaited commits on a path (a wake's, say) are counted
+        from these lines, not guessed."""
+        types, self._unsynced = self._unsynced, []
+        if types:
+            log.debug("log.commit", session=self.session, seq=pending.position.seq, types=types)
+        await self.log.sync(pending)
 
     def _publish(self, durable_seq: int) -> None:
         """Tell the listeners of the records written without a flush, up to what is
@@ -170,7 +184,7 @@ class Journal:
         position = self.log.position
         if position.seq != self.state.seq or position.seq == self._snapshot_seq:
             return None
-        await self.log.sync(Pending([], position))
+        await self._sync(Pending([], position))
         # Serialised in the loop, a slice at a time, only to bytes (decoding them
         # again, three times the encoding's cost, stalled the loop for tens of ms on
         # a long session, and the file needs bytes). The state changes only by

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sessiond.codec import rfc3339
@@ -33,6 +34,27 @@ from sessiond.table.sessions import Session
 from sessiond.table.spec import SessionSpec, under_profile
 
 
+@contextlib.asynccontextmanager
+async def covered(s: Session, durable: bool = False) -> AsyncIterator[None]:
+    """What the block writes without a commit of its own (``durable=False``) is
+    durable when it ends: a wake's events go to disk with the first commit of the
+    start they lead to (the start waits for that one before its program runs), and
+    otherwise with this flush, which costs nothing when that commit covered them.
+    If the block fails, what it wrote is flushed all the same (best effort), as an
+    acknowledged write would have been. ``durable=True``: the block's own appends
+    waited already; nothing to do."""
+    if durable:
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await s.j.flush()
+        raise
+    await s.j.flush()
+
+
 class Continuation:
     """What decides that a run may start, and starts it when it may."""
 
@@ -42,25 +64,42 @@ class Continuation:
         self.starter = starter
 
     async def wake(
-        self, s: Session, trigger: str, details: dict[str, Any], paths: frozenset[str] = frozenset()
+        self,
+        s: Session,
+        trigger: str,
+        details: dict[str, Any],
+        paths: frozenset[str] = frozenset(),
+        *,
+        durable: bool = True,
     ) -> Record:
         """Record a wake; continue now if the session is idle and has a program.
 
         A session that runs, is suspended or blocked keeps the wake pending: it
         runs once when the session is free again (one follow-up carries them all).
+        ``durable=False`` (a ``send``'s message wake): the wake is written without a
+        commit of its own and made durable with the first one of what it starts (the
+        run's intent, DESIGN.md section 9) or, when nothing starts, before this
+        returns: the caller acknowledges it only then.
         """
-        async with s.lock:
-            record = await self.ctx.table.append(s, WakeRequested(trigger=trigger, details=details))
-            if trigger not in ("manual", "approval", "resolve", "restart"):
-                end = self.ctx.scheduler.rate_limited(s, self.ctx.store.clock() / 1e9)
-                if end is not None:
-                    await self._cool_down(s, end)
-                    return record
-            idle = s.state in ("created", "sleeping", "ready") and s.run is None
-            queued = s.name in self.ctx.scheduler.queue
-            if idle and not queued and s.spec is not None and s.spec.run is not None:
-                await self.proceed(s, record, paths)
+        async with s.lock, covered(s, durable):
+            record = await self.ctx.table.append(
+                s, WakeRequested(trigger=trigger, details=details), durable=durable
+            )
+            await self._continue(s, record, trigger, paths)
         return record
+
+    async def _continue(
+        self, s: Session, record: Record, trigger: str, paths: frozenset[str]
+    ) -> None:
+        if trigger not in ("manual", "approval", "resolve", "restart"):
+            end = self.ctx.scheduler.rate_limited(s, self.ctx.store.clock() / 1e9)
+            if end is not None:
+                await self._cool_down(s, end)
+                return
+        idle = s.state in ("created", "sleeping", "ready") and s.run is None
+        queued = s.name in self.ctx.scheduler.queue
+        if idle and not queued and s.spec is not None and s.spec.run is not None:
+            await self.proceed(s, record, paths)
 
     async def continue_turn(self, s: Session) -> None:
         """After a restart: a turn the crash cut off, or wakes that were waiting,

@@ -38,9 +38,11 @@ class Runs:
         trigger: str,
         details: dict[str, Any],
         paths: frozenset[str] = frozenset(),
+        *,
+        durable: bool = True,
     ) -> Record:
         """Record a wake; continue now if the session is idle and has a program."""
-        return await self.continuation.wake(s, trigger, details, paths)
+        return await self.continuation.wake(s, trigger, details, paths, durable=durable)
 
     async def proceed(
         self, s: Session, cause: Record | None, paths: frozenset[str] = frozenset()

@@ -16,6 +16,7 @@ import structlog
 from sessiond.errors import AlreadyExists, Refused
 from sessiond.log.event_data import BindingObserved, SessionCreated, WakeRequested
 from sessiond.runs.context import RunContext
+from sessiond.runs.continuation import covered
 from sessiond.runs.runs import Runs
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
@@ -114,8 +115,13 @@ class Control:
                     f"session {name!r} has no [run] program to start; it can still be sent "
                     "messages, forked, merged and compacted"
                 )
-            wake = await self.ctx.table.append(s, WakeRequested(trigger="manual"))
-            await self.runs.proceed(s, wake)
+            # The wake goes to disk with the start's first commit (or the flush at
+            # the block's end): activate answers only after either.
+            async with covered(s, durable=False):
+                wake = await self.ctx.table.append(
+                    s, WakeRequested(trigger="manual"), durable=False
+                )
+                await self.runs.proceed(s, wake)
         return detail(s)
 
     # --- lifecycle syscalls -----------------------------------------------------------------

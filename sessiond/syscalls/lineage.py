@@ -208,14 +208,25 @@ class Lineage:
         s = self.ctx.table.get(to)
         if s.state == "terminated":
             raise Refused(f"cannot send to session {to!r}: it is terminated")
+        woke = s.spec is not None and any(t.type == "message" for t in s.spec.trigger)
         async with s.lock:
-            record = await self.ctx.table.append(s, MessageReceived(sender=sender, text=text))
-        woke = False
-        if s.spec is not None and any(t.type == "message" for t in s.spec.trigger):
-            await self.runs.wake(
-                s, "message", {"sender": sender, "text": text[:1024], "seq": record["seq"]}
+            # A message that wakes the session is acknowledged only after its wake:
+            # it goes to disk with the wake's first commit, not in one of its own.
+            record = await self.ctx.table.append(
+                s, MessageReceived(sender=sender, text=text), durable=not woke
             )
-            woke = True
+        if woke:
+            try:  # the wake makes the message durable with its own first commit
+                await self.runs.wake(
+                    s,
+                    "message",
+                    {"sender": sender, "text": text[:1024], "seq": record["seq"]},
+                    durable=False,
+                )
+            except BaseException:
+                with contextlib.suppress(Exception):  # durable all the same, as before
+                    await s.j.flush()
+                raise
         return {"session": to, "seq": record["seq"], "woke": woke}
 
     async def migrate(
