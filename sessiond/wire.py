@@ -84,6 +84,8 @@ class Connection:
             raise _unreachable(path, exc) from exc
         self._buf = b""
         self._next_id = 0
+        # Applied to every decoded answer (sessionctl's human output: ctl/safeterm.py).
+        self.clean: Callable[[Any], Any] | None = None
 
     def close(self) -> None:
         self.sock.close()
@@ -129,6 +131,9 @@ class Connection:
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         message: dict[str, Any] = orjson.loads(line)
+        if self.clean is not None:
+            cleaned: dict[str, Any] = self.clean(message)
+            return cleaned
         return message
 
     def call(self, method: str, params: dict[str, Any]) -> Any:

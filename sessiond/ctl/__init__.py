@@ -24,6 +24,7 @@ from sessiond import __version__
 from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
+from sessiond.ctl.safeterm import terminal_safe
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -570,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout = None if args.command == "log" else 120
         # inside a run: its token, which the program endpoint asks of every request
         with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN")) as conn:
+            if not out.json:  # what a program wrote cannot steer the terminal
+                conn.clean = terminal_safe
             code: int = args.fn(conn, args, out)
             return code
     except RemoteError as exc:
