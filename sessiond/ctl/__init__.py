@@ -512,6 +512,11 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     mi.add_argument("--profile", metavar="P")
     mi.add_argument("--to", metavar="SOCKET")
     mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
+    mi.add_argument(
+        "--force",
+        action="store_true",
+        help="with --node: its node is down and its workspace is on N now; N takes it over",
+    )
     add("drain", _answer(cluster.drain), "a cluster: move every session off node N", "name")
     cp = add(
         "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"

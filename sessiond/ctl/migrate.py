@@ -22,8 +22,19 @@ def migrate(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
             2,
         )
     to = str(Path(args.to).resolve()) if args.to else None
+    if args.force and args.node is None:
+        raise RemoteError("usage", "--force goes with --node N (a cluster's node that is down)", 2)
     if args.node is not None:
-        d = conn.call("migrate", {"name": args.name, "node": args.node})
+        params: dict[str, Any] = {"name": args.name, "node": args.node}
+        if args.force:
+            params["force"] = True
+        d = conn.call("migrate", params)
+        if d.get("rehomed"):
+            return (
+                d,
+                f"re-homed {args.name} from node {d.get('was')} to node {args.node}: it "
+                "takes the session over now (replay, then the gate)",
+            )
         return (d, f"handed {args.name} over to node {args.node}")
     d = conn.call("migrate", {"name": args.name, "profile": args.profile, "to": to})
     where = f"profile {args.profile}" if args.profile else f"the daemon at {to}"

@@ -164,12 +164,22 @@ class LeaseKeeper:
         self._takeover = asyncio.ensure_future(self._take_over(node))
 
     async def migrate_node(
-        self, name: str, to: str, profile: str | None = None, socket: str | None = None
+        self,
+        name: str,
+        to: str,
+        profile: str | None = None,
+        socket: str | None = None,
+        *,
+        force: bool = False,
     ) -> dict[str, Any]:
-        """``sessionctl migrate S --node N``: hand a sleeping session to node N."""
+        """``sessionctl migrate S --node N``: hand a sleeping session to node N;
+        with ``force``, re-home one whose node is down (daemon/placement.py)."""
         if profile is not None or socket is not None:
             raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
         assert self._node is not None
+        assert self.placer is not None
+        if force:
+            return await self.placer.rehome(name, to)
         s = self._node.table.sessions.get(name)
         if s is None:
             self._node.table.get(name)  # NoSuchSession, named as on one machine

@@ -124,6 +124,19 @@ class Forward:
                 f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
                 "on that node's socket (a carried log is read once, not followed)"
             )
+        if method == "migrate" and isinstance(params.get("node"), str):
+            owner = await self._owner(name)
+            if owner is not None and (owner.node is None or not owner.alive):
+                if params.get("force"):
+                    return False, None  # nobody runs it: this node re-homes it
+                to = params["node"]
+                raise Refused(
+                    f"session {name!r}: its node {owner.node or '(none)'} is down, so nobody "
+                    f"can hand it over at a stable point. If its workspace is on node {to} "
+                    f"now (restored there, or on storage that node mounts), `sessionctl "
+                    f"migrate {name} --node {to} --force` moves it there (it continues "
+                    "through replay and the gate, as after a crash)"
+                )
         if method == "show":
             owner = await self._owner(name)
             if owner is not None and (owner.node is None or not owner.alive):

@@ -9,13 +9,17 @@ the node
   it fits, at a stable point, or lets go of it when no such node is up;
 - refuses ``migrate --node`` to a node the session does not fit, saying why;
 - lists, in ``ps`` and ``show``, the sessions no live node runs and what each
-  waits for ("waiting for node n2").
+  waits for ("waiting for node n2");
+- re-homes, on an operator's word (``migrate S --node N --force``), a session
+  whose node is down and whose workspace is on node N now (restored there, or
+  the disk moved): N takes it over as after a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -108,6 +112,52 @@ class Placer:
         if found is None or target is None:
             return None  # refused by the hand-over itself, with its own reason
         return found[0].refusal(to, target[2])
+
+    async def rehome(self, name: str, to: str) -> dict[str, Any]:
+        """``migrate S --node N --force``. Only for a session nobody runs: a live
+        owner hands it over at a stable point instead (without --force). Its pin
+        and labels still hold; only where its workspace is changes. The epoch goes
+        up with ``to``'s claim, so a node that comes back writes nothing of it."""
+        me = self.store.lease.name
+        if name in self.node.table.sessions:
+            raise Refused(
+                f"session {name!r} runs on node {me!r}, which is up: --force is for a "
+                f"session whose node is down; `sessionctl migrate {name} --node {to}` "
+                "hands it over at a stable point"
+            )
+        found, target = await asyncio.gather(
+            asyncio.to_thread(self.store.placement, name),
+            asyncio.to_thread(self.store.node_row, to),
+        )
+        if found is None:
+            raise NoSuchSession(name)
+        placed, owner, alive = found
+        if alive:
+            raise Refused(
+                f"session {name!r} runs on node {owner!r}, which is up: --force is for a "
+                f"session whose node is down; without it, migrate hands it over at a "
+                "stable point"
+            )
+        if target is None or not target[0] or target[1] != "up":
+            raise Refused(
+                f"node {to!r} is not a live node that takes sessions (up, not draining); "
+                "`sessionctl nodes` lists them"
+            )
+        why = replace(placed, workspace_node=None).refusal(to, target[2])
+        if why is not None:  # its pin or labels: the spec's word, not the workspace's
+            raise refused(name, to, why)
+        if placed.workspace_node is None:
+            raise Refused(
+                f"session {name!r} has no workspace tied to a node: a node it fits takes it "
+                f"over by itself (`sessionctl show {name}` says what it waits for)"
+            )
+        if not await asyncio.to_thread(self.store.rehome, name, to):
+            raise Refused(
+                f"session {name!r} was not re-homed: its node came back or {to!r} went "
+                "away meanwhile; `sessionctl ps` and `sessionctl nodes` say where things are"
+            )
+        log.warning("cluster.rehomed", session=name, node=to, was=placed.workspace_node)
+        return {"session": name, "node": to, "rehomed": True, "was": placed.workspace_node}
 
 
 def _row(w: dict[str, Any]) -> dict[str, Any]:

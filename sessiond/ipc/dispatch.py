@@ -125,7 +125,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
             lambda p: (
                 k.migrate(p.name, p.profile, p.to)
                 if p.node is None
-                else k.migrate_node(p.name, p.node, p.profile, p.to)
+                else k.migrate_node(p.name, p.node, p.profile, p.to, force=p.force)
             ),
         ),
         "drain": (NameParams, lambda p: k.drain(p.name)),

@@ -89,6 +89,8 @@ class MigrateParams(Params):
     profile: str | None = None
     to: str | None = None
     node: str | None = None  # a cluster: hand the session to this node
+    # a cluster: its node is down and its workspace is on ``node`` now (re-home it)
+    force: bool = False
 
 
 class CompactParams(Params):

@@ -150,7 +150,7 @@ class Kernel:
         return self.ctx.scheduler
 
 
-async def _not_a_node(*_args: object) -> dict[str, Any]:
+async def _not_a_node(*_args: object, **_kwargs: object) -> dict[str, Any]:
     raise Refused(
         "this sessiond is not a cluster node: it keeps its sessions in files; "
         "set [cluster] dsn in its configuration to make it one"

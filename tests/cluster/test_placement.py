@@ -146,3 +146,44 @@ def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
 
     n3.start()  # the node with gpu is back: it claims both
     wait_for(lambda: runs_on(n3, "train") and runs_on(n3, "train2"), timeout=30, what="n3")
+
+
+def test_an_operator_rehomes_a_session_whose_node_is_gone_and_only_then(
+    placed: list[Daemon], shared: Path
+) -> None:
+    n1, n2, n3 = placed
+    n1.ctl("create", str(spec_in(n1.root / "work", "local")), check=True)
+    n1.ctl("create", str(spec_in(shared / "p", "pinned", 'node = "n1"\n')), check=True)
+    up = n2.ctl("migrate", "local", "--node", "n2", "--force")
+    assert up.returncode == 1, up
+    assert "runs on node 'n1', which is up: --force is for a session whose node is down" in (
+        up.stderr
+    )
+    assert runs_on(n1, "local")  # nothing moved
+
+    n1.kill9()
+    wait_for(lambda: (row(n2, "local") or {}).get("state") == "waiting", timeout=TTL + 30)
+    plain = n2.ctl("migrate", "local", "--node", "n3")  # at once, not after a wait
+    assert plain.returncode == 1, plain
+    assert "its node n1 is down" in plain.stderr
+    assert "`sessionctl migrate local --node n3 --force`" in plain.stderr
+    pinned = n2.ctl("migrate", "pinned", "--node", "n3", "--force")
+    assert pinned.returncode == 1, pinned
+    assert "pinned to node 'n1'" in pinned.stderr  # the spec's word holds
+    nowhere = n2.ctl("migrate", "local", "--node", "n9", "--force")
+    assert nowhere.returncode == 1, nowhere
+    assert "node 'n9' is not a live node" in nowhere.stderr
+
+    # its workspace is on n3 now (these nodes share a disk: it is already there)
+    done = n2.ctl("migrate", "local", "--node", "n3", "--force", check=True)
+    assert "re-homed local from node n1 to node n3" in done.stdout
+    wait_for(lambda: taken_over([n3], "local"), timeout=30, what="n3 to take it over")
+    n2.ctl("send", "local", "you live here now", check=True)
+    finished = wait_event(n3, "local", "run.finished")
+    assert finished["node"] == "n3"
+    assert (row(n2, "local") or {}).get("node") == "n3"
+
+    n1.start()  # the old node is back: it claims what is still its own, not this one
+    wait_for(lambda: runs_on(n1, "pinned"), timeout=30, what="n1 to claim its pinned session")
+    assert runs_on(n3, "local")
+    assert taken_over([n1], "local") is None

@@ -141,6 +141,19 @@ def from_row(pinned: str | None, needs: Any, workspace: str | None, node: str | 
 
 Query = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
 
+# ``migrate S --node N --force``: the workspace moves to N, in one statement that
+# holds only while nobody runs the session (no owner, or its lease lapsed) and N is
+# up and may run it but for the workspace (its pin and labels still hold).
+REHOME = """
+UPDATE sessions AS s SET workspace_node = n.name
+FROM nodes AS n
+WHERE s.name = %(n)s AND n.name = %(to)s AND n.lease_until > now() AND n.state = 'up'
+  AND s.workspace_node IS NOT NULL
+  AND (s.pinned IS NULL OR s.pinned = n.name) AND s.needs <@ n.labels
+  AND NOT EXISTS (SELECT 1 FROM nodes AS o WHERE o.name = s.owner AND o.lease_until > now())
+RETURNING s.name
+"""
+
 
 class PlacementQueries:
     """PgStore's placement queries (a mixin: it has ``_query`` and ``lease``)."""
@@ -223,6 +236,13 @@ class PlacementQueries:
             {"n": name, "to": to, "me": self.lease.name},
         )
         return str(rows[0][0]) if rows else None
+
+    def rehome(self, name: str, to: str) -> bool:
+        """Say that the workspace of ``name``, whose node is down, is on ``to`` now;
+        ``to``'s take-over then claims it under a new epoch, through replay and the
+        gate, as after a crash. False: it runs again somewhere, or ``to`` may not
+        run it (the caller says why, from :meth:`placement` and :meth:`node_row`)."""
+        return bool(self._query(REHOME, {"n": name, "to": to}))
 
     def homed_on(self, node: str) -> int:
         """How many sessions run only on ``node`` (pinned there, or their workspace is)."""
