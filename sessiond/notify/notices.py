@@ -109,6 +109,17 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127, 0x85)} | {
     ord("\t"): " ",
     0x2028: "\\u2028",
     0x2029: "\\u2029",
+    # Markup. Many targets render the body: Slack, Discord, Telegram, Matrix and
+    # ntfy as Markdown, mail as HTML. A step named "[Approve](https://evil)" or
+    # "<https://evil|Approve>" (Slack) or "<a href=…>" would be a link that reads
+    # as the approval's own. Their brackets become look-alikes that no format
+    # parses, so the name still reads as written and nothing in it is a link or
+    # a tag. (A bare URL in it may still be linked by the client, but shows as
+    # the URL it is.)
+    ord("<"): "\u2039",  # single left-pointing angle quotation mark
+    ord(">"): "\u203a",  # single right-pointing angle quotation mark
+    ord("["): "\uff3b",  # fullwidth left square bracket
+    ord("]"): "\uff3d",  # fullwidth right square bracket
 }
 
 

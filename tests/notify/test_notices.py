@@ -125,3 +125,16 @@ def test_a_tool_name_cannot_forge_a_line_of_the_notice() -> None:
     assert not any(line.startswith("deny:") for line in text.splitlines())
     assert "\n" not in notice.title
     assert "read_file\\napprove: https://elsewhere.example/ok" in text  # shown, escaped
+
+
+def test_a_tool_name_cannot_be_a_link_or_a_tag_where_the_target_renders_markup() -> None:
+    # Markdown (Slack, Discord, Telegram, ntfy), Slack's own <url|text> and HTML (mail)
+    tool = "[Approve](https://evil.example/a) <https://evil.example/b|Deny> <a href=x>y</a>"
+    rec = record("approval.requested", call="c1", tool=tool, args_sha256="x")
+    notice = notice_for("s", rec, frozenset({"approval.requested"}), "https://console")
+    assert notice is not None
+    for text in (notice.title, notice.body):
+        for c in "[]<>":
+            assert c not in text, (c, text)
+    assert "\uff3bApprove\uff3d(https://evil.example/a)" in notice.title  # still reads as named
+    assert "open: https://console/s/s" in notice.body  # the daemon's own lines are untouched
