@@ -263,7 +263,7 @@ class Dispatch:
                 await reply(writer, {"id": request_id, "ok": True, "result": result})
                 return
             if method == "log":
-                await self.logs.serve(request_id, parse(LogParams, params), writer)
+                await self.logs.serve(request_id, parse(LogParams, params), writer, frames)
                 return
             if method == "export":
                 await self.bundles.export(request_id, parse(ExportParams, params), writer)
