@@ -49,15 +49,15 @@ class Follower:
             return next((line for line in self.lines if found(line)), None)
 
         with self._changed:
-            if (
-                not self._changed.wait_for(
-                    lambda: look() is not None or not self._reader.is_alive(), timeout
-                )
-                or (line := look()) is None
-            ):
-                err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
-                raise AssertionError(f"no {what} in {self.lines[-5:]} {err}")
-            return line
+            self._changed.wait_for(
+                lambda: look() is not None or not self._reader.is_alive(), timeout
+            )
+            line = look()
+        if line is None:
+            ended = self.proc.poll() is not None and self.proc.stderr is not None
+            err = self.proc.stderr.read().decode() if ended and self.proc.stderr else ""
+            raise AssertionError(f"no {what} in {self.lines[-5:]} {err}")
+        return line
 
     def close(self) -> None:
         self.proc.kill()
@@ -68,7 +68,7 @@ class Follower:
 
 
 def _text(record: dict[str, Any], text: str) -> bool:
-    return record["type"] == "message.received" and record["data"]["text"] == text
+    return bool(record["type"] == "message.received" and record["data"]["text"] == text)
 
 
 def test_follow_on_a_node_of_a_session_another_runs_goes_on_across_its_failover(
