@@ -243,22 +243,17 @@ class Forward:
             "`sessionctl nodes` shows the nodes; try again when its node is up"
         )
 
-    async def ps(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def ps(self, who: dict[str, Any], method: str = "ps") -> list[dict[str, Any]]:
         """Every session of the cluster: this node's rows, each live node's own, and
-        the process table's for the sessions no live node answered for."""
-        rows: list[dict[str, Any]] = list(await self.host.kernel.ps())
-        others = await asyncio.to_thread(self.requests.live_nodes)
-        answers = await asyncio.gather(
-            *(self._rows_of(n, who) for n in others),
-            return_exceptions=True,
-        )
+        the process table's for the sessions no live node answered for. ``method``:
+        ``ps``, or ``web.rows`` (the console's rows: labels, approvals)."""
+        rows: list[dict[str, Any]] = list(await self.dispatch.execute(method, {}, who))
         silent: set[str] = set()
-        for n, got in zip(others, answers, strict=True):
+        for n, got in await self._each_node(method, who):
             if isinstance(got, list):
                 rows.extend(got)
             else:
                 silent.add(n)
-                log.warning("forward.ps_unanswered", node=n, error=repr(got))
         # Every node lists the sessions no live node runs (daemon/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
@@ -283,8 +278,30 @@ class Forward:
         rows.sort(key=lambda r: str(r["name"]))
         return rows
 
-    async def _rows_of(self, node: str, who: dict[str, Any]) -> list[dict[str, Any]]:
-        _, rows = await self.call("ps", {}, who, node=node, take_bound=PS_BOUND)
+    async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every pending approval of the cluster (the console's inbox), oldest first."""
+        items: list[dict[str, Any]] = list(await self.dispatch.execute("web.approvals", {}, who))
+        for _, got in await self._each_node("web.approvals", who):
+            if isinstance(got, list):
+                items.extend(got)
+        items.sort(key=lambda i: (i.get("requested_at") or "", i["session"]))
+        return items
+
+    async def _each_node(
+        self, method: str, who: dict[str, Any]
+    ) -> list[tuple[str, list[dict[str, Any]] | BaseException]]:
+        """Each other live node's answer to ``method`` (its own sessions), or why not."""
+        others = await asyncio.to_thread(self.requests.live_nodes)
+        answers = await asyncio.gather(
+            *(self._rows_of(n, who, method) for n in others), return_exceptions=True
+        )
+        for n, got in zip(others, answers, strict=True):
+            if not isinstance(got, list):
+                log.warning("forward.node_unanswered", node=n, method=method, error=repr(got))
+        return list(zip(others, answers, strict=True))
+
+    async def _rows_of(self, node: str, who: dict[str, Any], method: str) -> list[dict[str, Any]]:
+        _, rows = await self.call(method, {}, who, node=node, take_bound=PS_BOUND)
         return list(rows)
 
     # --- answering --------------------------------------------------------------
