@@ -118,8 +118,13 @@ class FollowHints:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._kick.wait(), max(0.0, left))
                         self._kick.clear()
-                        if time.monotonic() >= announced + REFRESH:
-                            follows, announced = set(self._wakes), time.monotonic()
+                        now = time.monotonic()
+                        if now >= announced + REFRESH:
+                            follows, announced = set(self._wakes), now
+                            # forget the follows elsewhere that were not renewed
+                            for name, until in list(self._followed.items()):
+                                if until < now:
+                                    del self._followed[name]
                         else:
                             follows = self._new & set(self._wakes)
                         self._new.clear()

@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
 
+from sessiond.errors import SessiondError
 from sessiond.ipc.frames import Frames
 from sessiond.ipc.params import LogParams
 from sessiond.log.store.base import Record
@@ -36,6 +38,7 @@ from sessiond.wire import encode
 log = structlog.get_logger(__name__)
 
 POLL = 1.0  # seconds: the most a lost hint delays an event
+OUTAGE = 60.0  # seconds of failed reads (the database away) a follow waits out
 BATCH = 1000  # events read in one go
 
 
@@ -111,7 +114,11 @@ class Tail:
         return gone is not None and gone.done()
 
     async def _read(self, name: str, since: int) -> list[Record]:
-        """Up to BATCH events from seq ``since`` (NoSuchSession once it is gone)."""
+        """Up to BATCH events from seq ``since`` (NoSuchSession once it is gone).
+
+        The database away for a moment (a restart, a failover of its own) is
+        waited out, for up to ``OUTAGE``: the follow resumes where it was. A
+        SessiondError (no such session, a corrupt line) ends it with that error."""
         store = self.kernel.store
 
         def batch() -> list[Record]:
@@ -121,7 +128,19 @@ class Tail:
             finally:
                 getattr(events, "close", lambda: None)()
 
-        return await asyncio.to_thread(batch)
+        failing_since: float | None = None
+        while True:
+            try:
+                return await asyncio.to_thread(batch)
+            except SessiondError:
+                raise
+            except Exception as exc:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > OUTAGE:
+                    raise
+                log.warning("follow.read_failed", session=name, error=repr(exc))
+                await asyncio.sleep(self.poll)
 
 
 async def _until_eof(frames: Frames) -> None:
