@@ -85,8 +85,16 @@ class ClusterView:
         return await self.forward.approvals(who)
 
     async def show(self, name: str, who: dict[str, Any]) -> dict[str, Any]:
-        shown = await self.syscall("show", {"name": name}, who, lambda: self.kernel.show(name))
-        return dict(shown)
+        """``show``, with the node that runs it on a cluster (the page says where)."""
+        shown = dict(
+            await self.syscall("show", {"name": name}, who, lambda: self.kernel.show(name))
+        )
+        if self.forward is not None:
+            here = name in self.kernel.table.sessions
+            store = self.kernel.store
+            node = self.kernel.config.cluster.node if here else None
+            shown["node"] = node or await asyncio.to_thread(store.owner_of, name)
+        return shown
 
     async def gate(self, name: str, who: dict[str, Any]) -> dict[str, Any]:
         report = await self.syscall("gate", {"name": name}, who, lambda: self.kernel.gate(name))

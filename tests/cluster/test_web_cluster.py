@@ -93,6 +93,7 @@ def test_the_console_of_one_node_lists_and_answers_a_session_another_node_runs(
     page = web.get("/s/asks")
     assert page.status == 200, page.body[:400]
     assert b"Waiting for approval" in page.body  # its pending approval, with the buttons
+    assert b'<dd id="node">n2</dd>' in page.body  # where it runs
     assert web.get(f"/approvals/asks/{asked['data']['call']}").status == 200
     timeline = web.get("/api/s/asks/events?type=approval.requested").json()
     assert [r["seq"] for r in timeline] == [asked["seq"]]
