@@ -7,17 +7,20 @@ console over HTTP."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import pwd
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.cluster.conftest import HELLO, SHARED, TTL
 from tests.e2e.harness import Daemon, short_dir, wait_event
-from tests.e2e.webclient import WEB, logged_in
+from tests.e2e.webclient import WEB, Client, logged_in
 
 ASKS = """name = "asks"
 labels = { team = "red" }
@@ -50,6 +53,30 @@ def two(pg_dsn: str) -> Iterator[list[Daemon]]:
         for d in nodes:
             d.reap()
             shutil.rmtree(d.root, ignore_errors=True)
+
+
+class Stream:
+    """A console's server-sent events, read as a browser's EventSource would."""
+
+    def __init__(self, client: Client, path: str) -> None:
+        url = urllib.parse.urlsplit(client.base)
+        self.conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=30)
+        self.conn.request("GET", path, headers={"Cookie": f"sessiond_login={client.cookie}"})
+        self.res = self.conn.getresponse()
+        assert self.res.status == 200, self.res.read()
+
+    def next(self, name: str) -> Any:
+        """The next ``name`` event's data (a socket timeout bounds the wait)."""
+        event = ""
+        while line := self.res.readline():
+            if line.startswith(b"event: "):
+                event = line[7:].strip().decode()
+            elif line.startswith(b"data: ") and event == name:
+                return orjson.loads(line[6:])
+        raise AssertionError(f"the stream ended before a {name} event")
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def terminated(r: dict[str, Any]) -> bool:
@@ -99,6 +126,12 @@ def test_the_console_of_one_node_lists_and_answers_a_session_another_node_runs(
     assert [r["seq"] for r in timeline] == [asked["seq"]]
     assert web.get("/api/s/asks/messages").status == 200
 
+    table_stream = Stream(web, "/api/sessions/stream")
+    live = {r["name"]: r["node"] for r in table_stream.next("page")["rows"]}
+    table_stream.close()
+    assert live == {"asks": "n2", "hello": "n1", "plain": "n2"}
+    page_stream = Stream(web, "/api/s/asks/stream")  # the page follows n2's commits
+
     answer = web.act("/api/s/asks/approve", {"note": "from n1's console"})
     assert answer.status == 200, answer.body
     granted = wait_event(n2, "asks", "approval.granted")
@@ -106,7 +139,13 @@ def test_the_console_of_one_node_lists_and_answers_a_session_another_node_runs(
     assert granted["data"]["channel"] == "web"
     assert granted["data"]["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert granted["data"]["by"] == "from n1's console"
-    wait_event(n2, "asks", "lifecycle.changed", match=terminated)
+    end = wait_event(n2, "asks", "lifecycle.changed", match=terminated)
+    try:
+        while (changed := page_stream.next("changed"))["seq"] < end["seq"]:
+            pass
+    finally:
+        page_stream.close()
+    assert changed["state"] == "terminated"
     again = web.act("/api/s/asks/approve", {})  # the owner's refusal, as on its console
     assert again.status == 409, again.body
     assert (n2.root / "asks.txt").read_text() == "ran\n"  # run exactly once
