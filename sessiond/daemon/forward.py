@@ -11,7 +11,10 @@ Why carry, rather than answer reads from the database here: the owner's table
 holds what the log does not (a run's pid, the next wake, a held reason), and one
 path for reads and writes is one set of errors. ``ps`` is the exception: every
 live node is asked for its rows, and the sessions no live node answered for are
-listed from the process table (waiting for a dead node, or for a claim).
+listed from the process table (waiting for a dead node, or for a claim). So is
+``log S --follow``: a stream, not one answer, it is served here from the events
+table (sessiond.ipc.tail, woken by sessiond.daemon.follows), so that it goes on
+across a take-over.
 
 The peer checks happen here, where the caller connected: a process of a run is
 refused before anything is written. A request is carried out at most once: it
@@ -31,10 +34,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 import structlog
 
+from sessiond.daemon.follows import FollowHints
 from sessiond.daemon.placement import placeholder
 from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError
 from sessiond.ipc.dispatch import Dispatch
 from sessiond.ipc.forwarding import ROUTED, error_of
+from sessiond.ipc.tail import Tail
 from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Table
@@ -76,13 +81,18 @@ class Forward:
         self._dispatches: tuple[Dispatch, ...] = ()
         self._waiting: dict[int, asyncio.Event] = {}  # request id -> its reply came
         self._replies: asyncio.Task[None] | None = None
+        self.hints = FollowHints(store.dsn, host.table)
 
     def start(self, *also: Dispatch) -> None:
         """Serve requests from other nodes; carry this node's (its control socket's
         and ``also``'s: the program endpoint's, after its grants) to theirs."""
         self._dispatches = (self.dispatch, *also)
+        tail = Tail(self.host.kernel, self.hints)
         for dispatch in self._dispatches:
             dispatch.forward = self
+            # `log S --follow` reads S's events from the database, wherever S runs
+            dispatch.logs.tail = tail
+        self.hints.start()
         # A program's run.send reaches a session on any node: the same send as
         # `sessionctl send` here (carry_messages made it the cluster's).
         kernel = self.host.kernel
@@ -94,6 +104,8 @@ class Forward:
     async def close(self) -> None:
         for dispatch in self._dispatches:
             dispatch.forward = None
+            dispatch.logs.tail = None
+        await self.hints.close()
         for task in (self._serve, self._replies, *self._tasks):
             if task is not None:
                 task.cancel()
@@ -117,13 +129,9 @@ class Forward:
         if not isinstance(name, str) or name in self.host.table.sessions:
             return False, None
         if method == "log" and params.get("follow"):
-            owner = await self._owner(name)
-            if owner is None:
-                return False, None  # no such session in the cluster: as on one machine
-            raise Refused(
-                f"session {name!r} runs on node {owner.node or '(none yet)'}: follow its log "
-                "on that node's socket (a carried log is read once, not followed)"
-            )
+            # followed here, from the database (sessiond.ipc.tail): not carried, so a
+            # take-over does not end it
+            return False, None
         if method == "migrate" and isinstance(params.get("node"), str):
             owner = await self._owner(name)
             if owner is not None and (owner.node is None or not owner.alive):
@@ -248,22 +256,17 @@ class Forward:
             "`sessionctl nodes` shows the nodes; try again when its node is up"
         )
 
-    async def ps(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def ps(self, who: dict[str, Any], method: str = "ps") -> list[dict[str, Any]]:
         """Every session of the cluster: this node's rows, each live node's own, and
-        the process table's for the sessions no live node answered for."""
-        rows: list[dict[str, Any]] = list(await self.host.kernel.ps())
-        others = await asyncio.to_thread(self.requests.live_nodes)
-        answers = await asyncio.gather(
-            *(self._rows_of(n, who) for n in others),
-            return_exceptions=True,
-        )
+        the process table's for the sessions no live node answered for. ``method``:
+        ``ps``, or ``web.rows`` (the console's rows: labels, approvals)."""
+        rows: list[dict[str, Any]] = list(await self.dispatch.execute(method, {}, who))
         silent: set[str] = set()
-        for n, got in zip(others, answers, strict=True):
+        for n, got in await self._each_node(method, who):
             if isinstance(got, list):
                 rows.extend(got)
             else:
                 silent.add(n)
-                log.warning("forward.ps_unanswered", node=n, error=repr(got))
         # Every node lists the sessions no live node runs (daemon/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
@@ -288,8 +291,30 @@ class Forward:
         rows.sort(key=lambda r: str(r["name"]))
         return rows
 
-    async def _rows_of(self, node: str, who: dict[str, Any]) -> list[dict[str, Any]]:
-        _, rows = await self.call("ps", {}, who, node=node, take_bound=PS_BOUND)
+    async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every pending approval of the cluster (the console's inbox), oldest first."""
+        items: list[dict[str, Any]] = list(await self.dispatch.execute("web.approvals", {}, who))
+        for _, got in await self._each_node("web.approvals", who):
+            if isinstance(got, list):
+                items.extend(got)
+        items.sort(key=lambda i: (i.get("requested_at") or "", i["session"]))
+        return items
+
+    async def _each_node(
+        self, method: str, who: dict[str, Any]
+    ) -> list[tuple[str, list[dict[str, Any]] | BaseException]]:
+        """Each other live node's answer to ``method`` (its own sessions), or why not."""
+        others = await asyncio.to_thread(self.requests.live_nodes)
+        answers = await asyncio.gather(
+            *(self._rows_of(n, who, method) for n in others), return_exceptions=True
+        )
+        for n, got in zip(others, answers, strict=True):
+            if not isinstance(got, list):
+                log.warning("forward.node_unanswered", node=n, method=method, error=repr(got))
+        return list(zip(others, answers, strict=True))
+
+    async def _rows_of(self, node: str, who: dict[str, Any], method: str) -> list[dict[str, Any]]:
+        _, rows = await self.call(method, {}, who, node=node, take_bound=PS_BOUND)
         return list(rows)
 
     # --- answering --------------------------------------------------------------

@@ -179,6 +179,9 @@ class Daemon:
 
         forward = Forward(lease, self, self.server.dispatch)
         forward.start(self.program_server.dispatch)
+        if self.web is not None:  # its table, inbox and actions: the whole cluster's
+            self.web.cluster.forward = forward
+            self.web.cluster.hints = forward.hints
         return forward
 
     async def start(self) -> None:

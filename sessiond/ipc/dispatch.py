@@ -28,6 +28,7 @@ from sessiond.ipc.params import (
     ApplyParams,
     ApproveParams,
     CompactParams,
+    ConsoleParams,
     CreateParams,
     ExportParams,
     ForkParams,
@@ -53,6 +54,7 @@ from sessiond.ipc.params import (
     parse,
 )
 from sessiond.ipc.program import NotGranted, ProgramGuard
+from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 
 log = structlog.get_logger(__name__)
@@ -136,6 +138,14 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "handover.status": (HandoverParams, lambda p: k.handover_status(p.name, p.handover)),
         "reload": (NoParams, lambda _: reload()),
         "notify": (NoParams, lambda _: k.observe.notify_status()),
+        # the web console's lists, a node's own: any node's console lists the cluster's
+        "web.rows": (NoParams, lambda _: console.rows(k.table, console.node_of(k.config))),
+        "web.approvals": (
+            ConsoleParams,
+            lambda p: console.approvals(
+                k.table if p.name is None else [k.table.get(p.name)], console.node_of(k.config)
+            ),
+        ),
         "cat": (NameParams, lambda p: k.observe.cat(p.name)),
         "trace.export": (NameParams, lambda p: k.observe.trace_export(p.name)),
         "sdk.context": (SdkContextParams, lambda p: k.sdk_context(p.token, p.cursor, p.limit)),
@@ -263,7 +273,7 @@ class Dispatch:
                 await reply(writer, {"id": request_id, "ok": True, "result": result})
                 return
             if method == "log":
-                await self.logs.serve(request_id, parse(LogParams, params), writer)
+                await self.logs.serve(request_id, parse(LogParams, params), writer, frames)
                 return
             if method == "export":
                 await self.bundles.export(request_id, parse(ExportParams, params), writer)

@@ -25,8 +25,9 @@ from typing import Any
 import structlog
 
 from sessiond.errors import FellBehind, InvalidInput
-from sessiond.ipc.frames import error, reply, reply_encoded
+from sessiond.ipc.frames import Frames, error, reply, reply_encoded
 from sessiond.ipc.params import LogParams
+from sessiond.ipc.tail import Tail
 from sessiond.log.events import EVENT_TYPES
 from sessiond.log.store.base import Record
 from sessiond.syscalls.kernel import Kernel
@@ -77,8 +78,17 @@ class LogStream:
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
+        # a cluster node's: one session is followed from the database, wherever it
+        # runs, and across a take-over (sessiond.ipc.tail)
+        self.tail: Tail | None = None
 
-    async def serve(self, request_id: Any, p: LogParams, writer: asyncio.StreamWriter) -> None:
+    async def serve(
+        self,
+        request_id: Any,
+        p: LogParams,
+        writer: asyncio.StreamWriter,
+        frames: Frames | None = None,
+    ) -> None:
         unknown = set(p.types) - set(EVENT_TYPES)
         if unknown:
             raise InvalidInput(f"unknown event type(s) {', '.join(sorted(unknown))}")
@@ -93,6 +103,9 @@ class LogStream:
                 p.name, p.since, p.types, p.limit, grep=p.grep, after=after, first=p.first
             )
             await reply_encoded(writer, request_id, lines)
+            return
+        if self.tail is not None and p.name is not None:
+            await self.tail.serve(request_id, p, writer, frames)
             return
         await self._follow(request_id, p, writer)
 

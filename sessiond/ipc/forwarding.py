@@ -42,6 +42,7 @@ ROUTED: dict[str, str] = {
     "deny": "name",
     "resolve": "name",
     "apply": "name",
+    "web.approvals": "name",  # without a name: the node's own (sessiond.syscalls.console)
 }
 
 

@@ -33,6 +33,12 @@ class NameParams(Params):
     name: str
 
 
+class ConsoleParams(Params):
+    """``web.approvals``: one session's (carried to its owner), or the node's all."""
+
+    name: str | None = None
+
+
 class GcParams(Params):
     dry_run: bool = False
 

@@ -133,7 +133,7 @@ class Lineage:
                 f"session {child_name!r} has no parent; say which session to merge it into "
                 "with --into"
             )
-        parent = self.ctx.table.get(target)
+        parent = await self._merge_target(child.name, target)
         if parent.name == child.name:
             raise InvalidInput("a session cannot be merged into itself")
         lifecycle.check(child.name, child.state, "terminated", "merge")  # fail fast
@@ -172,6 +172,22 @@ class Lineage:
             )
         self._fill_slots()
         return {"parent": detail(parent), "child": detail(child)}
+
+    async def _merge_target(self, child: str, target: str) -> Session:
+        """The session to merge ``child`` into; on a cluster, one another node runs is
+        refused, saying where it is and what to do: a merge takes both sessions'
+        locks and writes to both logs at once, which only one node can do."""
+        if target in self.ctx.table.sessions:
+            return self.ctx.table.get(target)
+        owner = await asyncio.to_thread(self.ctx.store.owner_of, target)
+        if owner is None:
+            return self.ctx.table.get(target)  # no such session: as on one machine
+        here = self.ctx.config.cluster.node
+        raise Refused(
+            f"cannot merge {child!r} into {target!r}: {target!r} runs on node {owner} and "
+            f"{child!r} on node {here}, and a merge needs both on one node; move the child "
+            f"there first (`sessionctl migrate {child} --node {owner}`), then merge again"
+        )
 
     @contextlib.asynccontextmanager
     async def _without_run(self, s: Session, why: str, *others: Session) -> AsyncIterator[None]:

@@ -20,9 +20,10 @@ from sessiond.describe import describe
 from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
+from sessiond.web.cluster import REFRESH
 from sessiond.web.metrics import CONTENT_TYPE
 from sessiond.web.pages import before_of
-from sessiond.web.views import approvals, table_page
+from sessiond.web.views import approvals, rows_page, table_page
 
 if TYPE_CHECKING:
     from sessiond.web.server import WebServer
@@ -50,6 +51,7 @@ class Api:
     def __init__(self, server: WebServer) -> None:
         self.server = server
         self.kernel = server.kernel
+        self.cluster = server.cluster
 
     def routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/api/sessions", self.sessions)
@@ -67,6 +69,12 @@ class Api:
 
     async def _page(self, request: web.Request) -> dict[str, Any]:
         q = request.query
+        if self.cluster.clustered:  # every node's sessions, each with its node
+            return rows_page(
+                await self.cluster.rows(self.server.who(request)),
+                state=q.get("state", ""), agent=q.get("agent", ""), label=q.get("label", ""),
+                page=_int(q.get("page", "1"), "page"),
+            )  # fmt: skip
         return await table_page(
             self.kernel.table,
             state=q.get("state", ""),
@@ -81,12 +89,26 @@ class Api:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: the asked-for page now, and again after each change."""
         first = await self._page(request)  # a bad filter is refused before the stream starts
-        return await self._sse(request, "page", lambda: self._page(request), first)
+        # other nodes' changes are not this table's: their rows are asked for again
+        every = REFRESH if self.cluster.clustered else None
+        return await self._sse(request, "page", lambda: self._page(request), first, every=every)
 
     async def session_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events for one session's page: ``event: changed`` with its
         state and last seq whenever it records something."""
         name = request.match_info["name"]
+        if self.cluster.remote(name):  # another node's: its `show`, on its commits' hints
+            who = self.server.who(request)
+            await self.cluster.show(name, who)  # no_such_session before the stream
+
+            async def shown() -> dict[str, Any]:
+                d = await self.cluster.show(name, who)
+                return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason")}
+
+            hints = self.cluster.hints
+            watch = (lambda wake: hints.watch(name, wake)) if hints is not None else None
+            return await self._sse(request, "changed", shown, None, lambda _who: False,
+                                   every=REFRESH * 5, watch=watch)  # fmt: skip
         session = self.kernel.table.get(name)  # no_such_session before the stream
 
         async def changed() -> dict[str, Any]:
@@ -104,10 +126,14 @@ class Api:
         render: Callable[[], Awaitable[Any]],
         first: Any,
         wanted: Callable[[str], bool] = lambda _name: True,
+        *,
+        every: float | None = None,
+        watch: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
     ) -> web.StreamResponse:
         """``event`` with what ``render`` gives: ``first`` now (unless None), then
-        again after each change of a session ``wanted`` names. Coalesced, and the
-        rate bounded: at most 4 a second, and no more than a tenth of the time
+        again after each change of a session ``wanted`` names (and each ``watch``
+        wake, and every ``every`` seconds: what other nodes change). Coalesced, and
+        the rate bounded: at most 4 a second, and no more than a tenth of the time
         spent rendering. Ends when the client goes or the daemon stops."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -115,6 +141,7 @@ class Api:
         unlisten = self.kernel.table.listen(
             lambda who, _record: changed.set() if wanted(who) else None
         )
+        unwatch = watch(changed.set) if watch is not None else (lambda: None)
         closing = asyncio.ensure_future(self.server.closing.wait())
         head = f"event: {event}\ndata: ".encode()
         took = 0.0
@@ -124,12 +151,15 @@ class Api:
                 if data is not None:
                     await response.write(head + orjson.dumps(data) + b"\n\n")
                 woke = asyncio.ensure_future(changed.wait())
-                done, _ = await asyncio.wait({woke, closing}, timeout=KEEPALIVE,
+                done, _ = await asyncio.wait({woke, closing}, timeout=every or KEEPALIVE,
                                              return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
                 if closing in done:
                     woke.cancel()
                     break
-                if woke not in done:
+                if woke not in done and every is not None:
+                    woke.cancel()
+                    changed.set()  # time to ask the other nodes again
+                elif woke not in done:
                     woke.cancel()
                     await response.write(b": keepalive\n\n")  # finds a closed connection
                     data = None
@@ -143,12 +173,15 @@ class Api:
             pass
         finally:
             unlisten()
+            unwatch()
             closing.cancel()
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()
         return response
 
     async def inbox(self, request: web.Request) -> web.Response:
+        if self.cluster.clustered:
+            return _json(await self.cluster.approvals(self.server.who(request)))
         return _json(await approvals(self.kernel.table))
 
     async def events(self, request: web.Request) -> web.Response:
@@ -164,9 +197,10 @@ class Api:
         since: int | str = q.get("since") or 1
         if isinstance(since, str) and since.isdigit():
             since = _int(since, "since")
-        records = await self.kernel.log_(
-            name, since, types or None, 0 if until else limit, grep=q.get("grep") or None
-        )
+        records = await self.cluster.log(
+            name, self.server.who(request), since, types or None, 0 if until else limit,
+            grep=q.get("grep") or None,
+        )  # fmt: skip
         if until is not None:
             records = [r for r in records if not _after(r, until)][-limit:]
         return _json([_row(r) for r in records])
@@ -189,18 +223,23 @@ class Api:
 
     async def approve(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        result = await self.kernel.approve(
-            request.match_info["name"], _str(body, "call") or None, _str(body, "note"),
-            who=self.server.who(request),
+        name, note = request.match_info["name"], _str(body, "note")
+        call = _str(body, "call") or None
+        who = self.server.who(request)
+        result = await self.cluster.syscall(
+            "approve", {"name": name, "call": call, "by": note}, who,
+            lambda: self.kernel.approve(name, call, note, who=who),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 
     async def deny(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        note = _str(body, "note")
-        result = await self.kernel.deny(
-            request.match_info["name"], _str(body, "call") or None, "", note,
-            who=self.server.who(request),
+        name, note = request.match_info["name"], _str(body, "note")
+        call = _str(body, "call") or None
+        who = self.server.who(request)
+        result = await self.cluster.syscall(
+            "deny", {"name": name, "call": call, "by": "", "reason": note}, who,
+            lambda: self.kernel.deny(name, call, "", note, who=who),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 
@@ -210,14 +249,19 @@ class Api:
         if option not in ("rerun", "discard", "accept"):
             raise InvalidInput(f"no recovery option {option!r}; the options are rerun, "
                                "discard and accept")  # fmt: skip
-        result = await self.kernel.resolve(
-            request.match_info["name"], option, _str(body, "note"), who=self.server.who(request)
-        )
+        name, note, who = request.match_info["name"], _str(body, "note"), self.server.who(request)
+        result = await self.cluster.syscall(
+            "resolve", {"name": name, "option": option, "by": note}, who,
+            lambda: self.kernel.resolve(name, option, note, who=who),
+        )  # fmt: skip
         return _json({"ok": True, "result": result})
 
     async def lifecycle(self, request: web.Request) -> web.Response:
-        action = request.path.rsplit("/", 1)[1]
-        result = await getattr(self.kernel, action)(request.match_info["name"])
+        action, name = request.path.rsplit("/", 1)[1], request.match_info["name"]
+        result = await self.cluster.syscall(
+            action, {"name": name}, self.server.who(request),
+            lambda: getattr(self.kernel, action)(name),
+        )  # fmt: skip
         return _json({"ok": True, "result": result})
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -83,30 +83,42 @@ class Pages:
 
     async def table(self, request: web.Request) -> web.Response:
         return self.render(request, "table.html", states=STATES, title="sessions",
-                           total=len(self.kernel.table))  # fmt: skip
+                           total=len(self.kernel.table),
+                           clustered=self.server.cluster.clustered)  # fmt: skip
 
     async def inbox(self, request: web.Request) -> web.Response:
-        return self.render(request, "inbox.html", items=await approvals(self.kernel.table),
-                           title="approvals")  # fmt: skip
+        cluster = self.server.cluster
+        items = (
+            await cluster.approvals(self.server.who(request))
+            if cluster.clustered
+            else await approvals(self.kernel.table)
+        )
+        return self.render(request, "inbox.html", items=items, title="approvals")
 
     async def confirm(self, request: web.Request) -> web.Response:
         if "link" in request.query:  # a signed link from a notice (no login)
             return await self.server.links.page(request)
         name, call = request.match_info["name"], request.match_info["call"]
-        item = await find_approval(self.kernel.table, name, call)
+        if self.server.cluster.remote(name):
+            pending = await self.server.cluster.pending(name, self.server.who(request))
+            item = next((i for i in pending if i["call"] == call), None)
+        else:
+            item = await find_approval(self.kernel.table, name, call)
         return self.render(request, "confirm.html", item=item, name=name, call=call,
                            title=f"approve {call}?")  # fmt: skip
 
     async def session(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        detail = await self.kernel.show(name)
-        gate = await self.kernel.gate(name)
+        cluster, who = self.server.cluster, self.server.who(request)
+        # another node's session: the same syscalls, carried to it (sessiond.web.cluster)
+        detail = await cluster.show(name, who)
+        gate = await cluster.gate(name, who)
         before = before_of(request)
         messages, older = await self.messages(name, before)
         # the newest events that name artifacts, not the whole log (it may be long)
-        named = await self.kernel.log_(name, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
+        named = await cluster.log(name, who, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
         refs = artifact_refs(named)
-        pending = await approvals([self.kernel.table.get(name)])
+        pending = await cluster.pending(name, who)
         return self.render(
             request, "session.html", d=detail, gate=gate, messages=messages, older=older,
             before=before, artifacts=refs[:100], approvals=pending, title=name,
@@ -116,6 +128,9 @@ class Pages:
         self, name: str, before: int | None
     ) -> tuple[list[dict[str, Any]], int | None]:
         """A page of the session's messages view, newest first (``before``: older pages)."""
+        if self.server.cluster.remote(name):  # folded from the events table here
+            upto_here, folded = await self.server.cluster.folded(name, before)
+            return await messages_before(upto_here, folded, before, MESSAGES_PAGE)
         s = self.kernel.table.get(name)
         if s.journal is None:
             return [], None
@@ -126,8 +141,8 @@ class Pages:
 
     async def artifact(self, request: web.Request) -> web.Response:
         name, ref = request.match_info["name"], request.match_info["ref"]
-        self.kernel.table.get(name)  # NoSuchSession for a session that is not there
-        named = await self.kernel.log_(name, 1, ARTIFACT_TYPES)
+        # NoSuchSession for a session that is not there (on any node)
+        named = await self.server.cluster.log(name, self.server.who(request), 1, ARTIFACT_TYPES)
         refs = {a["ref"]: a for a in artifact_refs(named)}
         if ref not in refs:
             raise InvalidInput(f"session {name!r} names no artifact {ref!r}")

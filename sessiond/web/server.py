@@ -25,6 +25,7 @@ from aiohttp import web
 from sessiond.errors import SessiondError
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.auth import Auth, Handler, Login
+from sessiond.web.cluster import ClusterView
 from sessiond.web.metrics import Metrics
 from sessiond.web.peers import WebPeers
 from sessiond.webconfig import WebConfig, split_listen
@@ -80,6 +81,8 @@ class WebServer:
         peers = WebPeers(frozenset({run_user[0]}) if run_user is not None else frozenset())
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
+        # the whole cluster's sessions on a cluster node (its forward set by the daemon)
+        self.cluster = ClusterView(kernel)
         self.pages = Pages(self)
         self.api = Api(self)
         self.links = LinkPages(self)

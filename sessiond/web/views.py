@@ -6,19 +6,19 @@ browser never gets the whole table (10,000 sessions make 200 pages of 50).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
-
-import orjson
 
 from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
 from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
-from sessiond.table.sessions import Session, Table, summary
+from sessiond.syscalls.console import approvals, expires, row
+from sessiond.table.sessions import Session, Table
+
+__all__ = ["approvals", "expires"]  # the inbox's, from the node's own (syscalls.console)
 
 PAGE = 50
 MESSAGES_PAGE = 100
@@ -53,69 +53,41 @@ async def table_page(
     names.sort()
     pages = max(1, -(-len(names) // PAGE))
     page = min(max(1, page), pages)
-    fn = table.next_wake_fn
     out = []
     for name in names[(page - 1) * PAGE : page * PAGE]:
         shown = table.sessions.get(name)
         if shown is None:  # gone meanwhile (migrated away)
             continue
-        row = summary(shown, fn)
-        row["labels"] = dict(shown.spec.labels) if shown.spec else {}
-        row["pending_approvals"] = (
-            len(shown.journal.state.pending_approvals()) if shown.journal is not None else 0
-        )
-        out.append(row)
+        out.append(row(table, shown))
     return {"rows": out, "total": len(names), "page": page, "pages": pages, "size": PAGE,
             "sessions": len(table)}  # fmt: skip
 
 
+def rows_page(
+    rows: list[dict[str, Any]], state: str = "", agent: str = "", label: str = "", page: int = 1
+) -> dict[str, Any]:
+    """:func:`table_page` of rows already made (the whole cluster's, each with its node)."""
+    if state and state not in STATES:
+        raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
+    key, _, value = label.partition("=")
+    kept = []
+    for r in rows:
+        labels = r.get("labels") or {}
+        if state and r.get("state") != state:
+            continue
+        if agent and agent != r.get("agent"):
+            continue
+        if key and (key not in labels or (value and labels[key] != value)):
+            continue
+        kept.append(r)
+    pages = max(1, -(-len(kept) // PAGE))
+    page = min(max(1, page), pages)
+    return {"rows": kept[(page - 1) * PAGE : page * PAGE], "total": len(kept), "page": page,
+            "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True}  # fmt: skip
+
+
 def _agent(s: Session) -> str:
     return s.journal.state.agent if s.journal is not None else ""
-
-
-def expires(requested_at: str | None, ttl: float) -> str | None:
-    if not requested_at:
-        return None
-    try:
-        when = dt.datetime.fromisoformat(requested_at[:26].rstrip("Z") + "+00:00")
-    except ValueError:
-        return None
-    return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-async def approvals(sessions: Iterable[Session]) -> list[dict[str, Any]]:
-    """Every pending approval across sessions, oldest first: the inbox (paced)."""
-    items = []
-    pacer = Pacer()
-    for s in list(sessions):
-        if pacer.due():
-            await pacer.pause()
-        if s.journal is None or not s.journal.state.approvals:
-            continue
-        state = s.journal.state
-        ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
-        for a in state.pending_approvals().values():
-            call = state.calls.get(a["call"], {})
-            items.append(
-                {
-                    "session": s.name,
-                    "agent": (s.spec.agent if s.spec else "") or state.agent,
-                    "call": a["call"],
-                    "tool": a["tool"],
-                    "args": call.get("args", {}),
-                    "args_json": orjson.dumps(
-                        call.get("args", {}), option=orjson.OPT_INDENT_2
-                    ).decode(),
-                    "risk": call.get("risk", {}),
-                    "writes": call.get("writes", []),
-                    "rule": call.get("rule", ""),
-                    "requested_at": a.get("requested_at"),
-                    "expires_at": expires(a.get("requested_at"), ttl),
-                    "seq": a.get("seq"),
-                }
-            )
-    items.sort(key=lambda i: (i["requested_at"] or "", i["session"]))
-    return items
 
 
 async def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:

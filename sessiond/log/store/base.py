@@ -266,6 +266,10 @@ class Store(abc.ABC):
         """The nodes sharing this store (None: it is not a cluster's)."""
         return None
 
+    def owner_of(self, name: str) -> str | None:  # noqa: ARG002
+        """The node that owns session ``name`` (None: none, or not a cluster's store)."""
+        return None
+
     def save_snapshots(self, snapshots: list[Snapshot]) -> None:
         """Save many snapshots (at shutdown); a backend may do it in fewer syncs."""
         for snap in snapshots:

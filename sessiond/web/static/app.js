@@ -56,6 +56,7 @@ function liveTable() {
       a.textContent = r.name;
       cell(tr, "").appendChild(a);
       cell(tr, r.state, "state s-" + r.state);
+      if (p.clustered) cell(tr, r.node || "", "node");
       cell(tr, r.agent);
       cell(tr, r.runs);
       cell(tr, r.pending_approvals || "");

@@ -283,6 +283,10 @@ class PgStore(PlacementQueries, Store):
         )
         return [r[0] for r in rows]
 
+    def owner_of(self, name: str) -> str | None:
+        rows = self._query("SELECT owner FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
     def exists(self, name: str) -> bool:
         rows = self._query("SELECT 1 FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
         return bool(rows)

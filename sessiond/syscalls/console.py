@@ -1,0 +1,94 @@
+"""What the web console lists of one node's sessions: its process-table rows and
+its pending approvals (DESIGN.md section 11).
+
+Here, under the web floor, because on a cluster node the console lists the whole
+cluster (DESIGN.md section 10): each node answers ``web.rows`` and
+``web.approvals`` for its own sessions, carried to it like ``ps``
+(sessiond.daemon.forward), and the web floor merges the answers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from sessiond.config import DaemonConfig
+from sessiond.log.pace import Pacer
+from sessiond.table.sessions import Session, Table, summary
+
+
+def node_of(config: DaemonConfig) -> str | None:
+    """This daemon's node name on a cluster, None on plain files."""
+    return config.cluster.node if config.cluster.dsn is not None else None
+
+
+def row(table: Table, s: Session, node: str | None = None) -> dict[str, Any]:
+    """A ``ps`` row with what the console's table also shows: labels, approvals, node."""
+    out = summary(s, table.next_wake_fn)
+    out["labels"] = dict(s.spec.labels) if s.spec else {}
+    out["pending_approvals"] = (
+        len(s.journal.state.pending_approvals()) if s.journal is not None else 0
+    )
+    if node is not None:
+        out["node"] = node
+    return out
+
+
+async def rows(table: Table, node: str | None) -> list[dict[str, Any]]:
+    """Every session's row (paced: 10,000 sessions leave the loop free between slices)."""
+    out = []
+    pacer = Pacer()
+    for s in sorted(table, key=lambda s: s.name):
+        if pacer.due():
+            await pacer.pause()
+        out.append(row(table, s, node))
+    return out
+
+
+def expires(requested_at: str | None, ttl: float) -> str | None:
+    if not requested_at:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(requested_at[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return None
+    return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def approvals(sessions: Iterable[Session], node: str | None = None) -> list[dict[str, Any]]:
+    """Every pending approval across sessions, oldest first: the inbox (paced)."""
+    items = []
+    pacer = Pacer()
+    for s in list(sessions):
+        if pacer.due():
+            await pacer.pause()
+        if s.journal is None or not s.journal.state.approvals:
+            continue
+        state = s.journal.state
+        ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
+        for a in state.pending_approvals().values():
+            call = state.calls.get(a["call"], {})
+            items.append(
+                {
+                    "session": s.name,
+                    "agent": (s.spec.agent if s.spec else "") or state.agent,
+                    "call": a["call"],
+                    "tool": a["tool"],
+                    "args": call.get("args", {}),
+                    "args_json": orjson.dumps(
+                        call.get("args", {}), option=orjson.OPT_INDENT_2
+                    ).decode(),
+                    "risk": call.get("risk", {}),
+                    "writes": call.get("writes", []),
+                    "rule": call.get("rule", ""),
+                    "requested_at": a.get("requested_at"),
+                    "expires_at": expires(a.get("requested_at"), ttl),
+                    "seq": a.get("seq"),
+                    **({"node": node} if node is not None else {}),
+                }
+            )
+    items.sort(key=lambda i: (i["requested_at"] or "", i["session"]))
+    return items
