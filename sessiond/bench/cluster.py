@@ -44,7 +44,7 @@ from sessiond.localpg import LocalPostgres, bindir
 from sessiond.log.event_data import MessageReceived
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
-from sessiond.log.store.pg.committer import APPEND_MANY, Batch, params
+from sessiond.log.store.pg.committer import Batch, statement
 from sessiond.log.store.pg.pgstore import PgStore
 
 SESSIONS = 50  # per node process
@@ -82,7 +82,7 @@ async def latencies(dsn: str, store: PgStore, n: int) -> dict[str, list[float]]:
             out["append"].append(time.perf_counter() - t)
             t = time.perf_counter()
             batch = Batch("statement", raw.epoch, i, [i + 1], [f"s{i + 1}"], [line])
-            cur = await conn.execute(APPEND_MANY, params([batch], store.lease))
+            cur = await conn.execute(*statement([batch], store.lease))
             if not await cur.fetchall():
                 raise RuntimeError("the bench's own fenced statement was refused")
             out["statement"].append(time.perf_counter() - t)

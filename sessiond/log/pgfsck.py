@@ -46,9 +46,35 @@ def check_db(dsn: str, *, repair: bool = False) -> Report:
         for name in store.names():
             report.sessions += 1
             _check_session(store, name, report, repair)
+        _check_orphans(store, report)
         return report
     finally:
         store.close_sync()
+
+
+def _check_orphans(store: PgStore, report: Report) -> None:
+    """Events whose session has no row: no node wrote them through its fence (an
+    append needs the row; a delete of the row deletes its events), so they came
+    from outside sessiond, or the row was lost. Never repaired: nothing can say
+    which of the two it is."""
+    rows = store.select(
+        "SELECT e.session, count(*), min(e.seq), max(e.seq) FROM events AS e "
+        "WHERE NOT EXISTS (SELECT 1 FROM sessions AS s WHERE s.name = e.session) "
+        "GROUP BY e.session ORDER BY e.session",
+        {},
+    )
+    for session, count, first, last in rows:
+        quoted = str(session).replace("'", "''")
+        report.events += int(count)
+        report.problems.append(
+            Problem(
+                session,
+                "orphan-events",
+                f"{count} events (seqs {first}..{last}) belong to no session in the "
+                "process table; restore its row from a backup, or delete them "
+                f"(DELETE FROM events WHERE session = '{quoted}')",
+            )
+        )
 
 
 def _check_session(store: PgStore, name: str, report: Report, repair: bool) -> None:

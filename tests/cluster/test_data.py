@@ -256,3 +256,19 @@ def test_gc_on_a_cluster_node_removes_from_the_database_what_retention_says(
     finally:
         d.reap()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_fsck_of_the_database_reports_events_whose_session_row_is_missing(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        # no foreign key stops it (schema step 5): only the fence does, for nodes
+        conn.execute(
+            "INSERT INTO events (session, seq, id, line) VALUES "
+            "('ghost', 1, 'a', 'x'), ('ghost', 2, 'b', 'y')"
+        )
+    code, report = _fsck(pg_dsn)
+    assert (code, report["ok"], report["events"]) == (1, False, 2)
+    [problem] = report["problems"]
+    assert (problem["session"], problem["kind"], problem["repairable"]) == (
+        "ghost", "orphan-events", False
+    ), problem  # fmt: skip
+    assert problem["detail"].startswith("2 events (seqs 1..2) belong to no session")

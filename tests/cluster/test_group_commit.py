@@ -13,7 +13,7 @@ import pytest
 from sessiond.errors import Fenced, LogFailed
 from sessiond.log.event_data import LifecycleChanged, MessageReceived
 from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
-from sessiond.log.store.pg.committer import Batch, Committer
+from sessiond.log.store.pg.committer import APPEND_ONE, Batch, Committer, statement
 from sessiond.log.store.pg.pgstore import PgStore
 from tests.helpers import arun
 
@@ -89,6 +89,42 @@ def test_one_statement_lands_the_fenced_sessions_and_refuses_only_the_others(
         "gap": (0, []),
         "twice": (2, [1, 2]),  # the second batch's seq 3 did not land past the row's end
     }
+
+
+def test_a_lone_event_goes_by_the_scalar_statement_with_the_same_fence(
+    pg_dsn: str, store: PgStore
+) -> None:
+    """One event of one session (the commonest commit) is fenced exactly as the
+    arrays' statement fences: epoch, the row's end, owner, incarnation, lease."""
+
+    async def go() -> list[bool]:
+        for name in ("s", "other"):
+            await (await store.create(name)).close()  # owned by "a", epoch 1, empty
+        pool = await store.connect()
+        lease = store.lease
+        tries = [
+            (batch("s", 0, 0, 1), lease.incarnation),  # an older epoch
+            (batch("s", 1, 4, 1), lease.incarnation),  # the row's end is 0, not 4
+            (batch("s", 1, 0, 1), lease.incarnation - 1),  # an earlier incarnation
+            (batch("s", 1, 0, 1), lease.incarnation),  # lands
+            (batch("s", 1, 0, 1), lease.incarnation),  # the same seq again
+        ]
+        landed = []
+        async with pool.connection() as conn:
+            for one, inc in tries:
+                sql, params = statement([one], lease)
+                assert sql == APPEND_ONE
+                cur = await conn.execute(sql, {**params, "inc": inc})
+                landed.append(await cur.fetchall() == [("s", 1)])
+            await conn.execute("UPDATE nodes SET lease_until = now() WHERE name = 'a'")
+            sql, params = statement([batch("other", 1, 0, 1)], lease)
+            cur = await conn.execute(sql, params)  # a lapsed lease
+            landed.append(await cur.fetchall() != [])
+        await store.aclose()
+        return landed
+
+    assert arun(go()) == [False, False, False, True, False, False]
+    assert stored(pg_dsn) == {"s": (1, [1]), "other": (0, [])}
 
 
 def test_a_stale_log_among_many_fails_alone_and_its_callers_learn_it(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -50,3 +51,73 @@ def test_migrate_names_what_is_wrong_with_a_dsn(postgres: LocalPostgres) -> None
     _, err = run.communicate(timeout=60)
     assert run.returncode == 5
     assert "check --dsn" in err
+
+
+def _at_step(dsn: str, version: int) -> None:
+    """Make the schema as a sessiond of schema ``version`` did, with a session of
+    three events, so an upgrade runs over real rows."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE sessiond_schema (version integer NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for step in range(1, version + 1):
+            conn.execute(schema.STEPS[step - 1].encode())
+            conn.execute("INSERT INTO sessiond_schema (version) VALUES (%s)", (step,))
+        _session_with_events(conn, "old")
+
+
+def _session_with_events(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
+    conn.execute(
+        "INSERT INTO nodes (name, incarnation, lease_until) VALUES ('n1', 1, now()) "
+        "ON CONFLICT DO NOTHING"
+    )
+    conn.execute(
+        "INSERT INTO sessions (name, owner, epoch, last_seq) VALUES (%s, 'n1', 1, 3)", (name,)
+    )
+    for seq in (1, 2, 3):
+        conn.execute(
+            "INSERT INTO events (session, seq, id, line) VALUES (%s, %s, %s, 'x')",
+            (name, seq, f"id{seq}"),
+        )
+
+
+def _events_of(conn: psycopg.Connection[tuple[object, ...]], name: str) -> int:
+    row = conn.execute("SELECT count(*) FROM events WHERE session = %s", (name,)).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+def test_a_database_at_the_previous_step_upgrades_and_its_sessions_keep_their_events(
+    postgres: LocalPostgres,
+) -> None:
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE step4_migrate")
+    dsn = postgres.dsn_for("step4_migrate")
+    _at_step(dsn, 4)
+    run = sessiond("db", "migrate", "--dsn", dsn, "--json")
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert json.loads(out) == {"from": 4, "to": schema.VERSION}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # step 5: no foreign key from events to sessions (the fence is the check) ...
+        keys = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'events'::regclass "
+            "AND contype = 'f'"
+        ).fetchall()
+        assert keys == []
+        # ... room on the sessions' pages, so the fence's update stays HOT
+        options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'sessions'")
+        assert options.fetchone() == (["fillfactor=50"],)
+        assert _events_of(conn, "old") == 3
+        _session_with_events(conn, "new")
+        conn.execute("DELETE FROM sessions WHERE name = 'old'")
+        assert (_events_of(conn, "old"), _events_of(conn, "new")) == (0, 3)
+
+
+def test_deleting_a_session_row_deletes_its_events_without_a_foreign_key(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        _session_with_events(conn, "a")
+        _session_with_events(conn, "b")
+        conn.execute("DELETE FROM sessions WHERE name = 'a'")
+        assert (_events_of(conn, "a"), _events_of(conn, "b")) == (0, 3)
