@@ -213,6 +213,10 @@ class LeaseKeeper:
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
         async with s.lock:
+            if node.table.sessions.get(s.name) is not s:
+                # handed over meanwhile (placement's sweep and a create's own
+                # placement may both try): not again, and never claimed back here
+                return await asyncio.to_thread(self.store.owner_of, s.name)
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal is not None:

@@ -90,10 +90,14 @@ class Placer:
     async def place(self, name: str) -> str | None:
         """A session just made here that may not run here goes now: the node it
         went to, or None (it stays, or waits for a node it fits)."""
-        if name not in await asyncio.to_thread(self.store.misplaced):
+        if name in await asyncio.to_thread(self.store.misplaced):
+            s = self.node.table.sessions.get(name)
+            if s is not None:
+                return await self.hand_over(s, None)
+        if name in self.node.table.sessions:
             return None
-        s = self.node.table.sessions.get(name)
-        return None if s is None else await self.hand_over(s, None)
+        # the take-over's sweep handed it over first: say where it went
+        return await asyncio.to_thread(self.store.owner_of, name)
 
     async def sweep(self) -> None:
         """Each take-over tick: move on what this node holds and may not run."""

@@ -50,8 +50,9 @@ class Control:
 
     async def create(self, spec: str, base: str, source: str = "spec") -> dict[str, Any]:
         parsed = parse_spec(spec, base=Path(base), source=source)
-        await self.create_spec(parsed)
-        return detail(self.ctx.table.get(parsed.name))
+        # the session itself, not the table's: on a cluster node it may be handed
+        # to another node as soon as it is made (daemon/placement.py)
+        return detail(await self.create_spec(parsed))
 
     def check_spec(self, spec: SessionSpec) -> None:
         """What this daemon can run: ``check_environment`` with its own pids
@@ -73,28 +74,32 @@ class Control:
         )
         await new_log.close()
         s = await self.ctx.table.open_session(spec.name)
-        self.ctx.table.adopt(s)
-        await self.ctx.table.append(
-            s,
-            SessionCreated(
-                name=spec.name,
-                goal=spec.goal,
-                description=spec.description,
-                agent=spec.agent,
-                priority=spec.priority,
-                labels=spec.labels,
-                profile=spec.run.profile if spec.run else "default",
-                spec=spec.model_dump(mode="json"),
-            ),
-        )
-        await self._bind_hashes(s)
-        if spec.has_triggers:
-            await self.ctx.transition(
-                s, "sleeping", why="arm", reason="armed: waits for its triggers"
+        # Held until it is made and armed: once in the table, a cluster node's
+        # placement may hand it over (at a stable point, under this lock), and a
+        # hand-over that closed its log in the middle failed the create.
+        async with s.lock:
+            self.ctx.table.adopt(s)
+            await self.ctx.table.append(
+                s,
+                SessionCreated(
+                    name=spec.name,
+                    goal=spec.goal,
+                    description=spec.description,
+                    agent=spec.agent,
+                    priority=spec.priority,
+                    labels=spec.labels,
+                    profile=spec.run.profile if spec.run else "default",
+                    spec=spec.model_dump(mode="json"),
+                ),
             )
-        log.info("session.created", session=spec.name)
-        if self.ctx.triggers is not None:
-            self.ctx.triggers.rearm(s)
+            await self._bind_hashes(s)
+            if spec.has_triggers:
+                await self.ctx.transition(
+                    s, "sleeping", why="arm", reason="armed: waits for its triggers"
+                )
+            log.info("session.created", session=spec.name)
+            if self.ctx.triggers is not None:
+                self.ctx.triggers.rearm(s)
         return s
 
     # --- running ----------------------------------------------------------------------
