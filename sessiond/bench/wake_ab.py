@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -97,12 +98,19 @@ def on_cluster(trees: dict[str, Path], folder: Path, n: int, out: dict[str, list
             work.mkdir()
             spec = {"spec": _spec(work), "base": str(work), "source": "w"}
             call(nodes[1].socket, "create", spec)
+        order = random.Random(15)
         for i in range(n):
-            for tag, (nodes, work) in clusters.items():
+            # Each sample runs in the wake of the one before it (that node's last
+            # commits, the other cluster's marks): the order is drawn anew every
+            # round, so each kind follows each other kind about as often.
+            turn = [(tag, kind) for tag in clusters for kind in ("pg_local", "pg_cross")]
+            order.shuffle(turn)
+            for tag, kind in turn:
+                nodes, work = clusters[tag]
                 other, owner = nodes[0].socket, nodes[1].socket
                 send = {"to": "w", "text": f"x{i}", "sender": "bench"}
-                out[f"{tag}_pg_local"].append(_sample(owner, owner, "send", send, work))
-                out[f"{tag}_pg_cross"].append(_sample(other, owner, "send", send, work))
+                via = owner if kind == "pg_local" else other
+                out[f"{tag}_{kind}"].append(_sample(via, owner, "send", send, work))
     finally:
         os.environ.pop("PYTHONPATH", None)
         for nodes, _ in clusters.values():
