@@ -42,7 +42,7 @@ import psycopg
 from sessiond.bench import machine, run_async
 from sessiond.localpg import LocalPostgres, bindir
 from sessiond.log.event_data import MessageReceived
-from sessiond.log.store.pg import schema
+from sessiond.log.store.pg import mail, schema
 from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
 from sessiond.log.store.pg.committer import Batch, statement
 from sessiond.log.store.pg.pgstore import PgStore
@@ -211,21 +211,25 @@ def throughput(dsn: str, mode: str, round_: int, seconds: float) -> float:
 
 
 async def wake_latency(dsn: str, store: PgStore, n: int) -> list[float]:
-    """A message left for another node's session until that node has read it."""
+    """A message left for another node's session (mail.post: the row and its
+    NOTIFY, one statement) until a LISTENing connection has it from the
+    notification's payload; the sender's flush and the owner's mark follow."""
     log = await store.create("wakee")
     await log.close()
+    pool = await store.connect()
     out = []
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("LISTEN sessiond_messages")
+        await conn.execute(f"LISTEN {mail.CHANNEL}")
         for _ in range(n):
             t = time.perf_counter()
-            await asyncio.to_thread(store.post_message, "wakee", "bench", "wake")
-            async for _n in conn.notifies(timeout=5.0, stop_after=1):
-                pass
-            rows = await asyncio.to_thread(store.messages_for, ["wakee"])
+            posted = await mail.post(pool, "wakee", "bench", "wake")
+            assert posted is not None
+            got = [mail.parse(note.payload) async for note in conn.notifies(stop_after=1)]
             out.append(time.perf_counter() - t)
-            for message, *_ in rows:
-                await asyncio.to_thread(store.message_taken, message)
+            if not isinstance(got[0], mail.Message) or got[0].id != posted[0]:
+                raise RuntimeError(f"the notification did not carry message {posted[0]}")
+            await mail.flush(pool, posted[0])
+            await mail.taken(pool, posted[0])
     return out
 
 

@@ -11,13 +11,15 @@ instruction of ``bash -c 'echo $EPOCHREALTIME > ts'`` that its wake starts,
   (``pg_local``) and through the other node's (``pg_cross``), as
   ``cluster_nodes.wake`` measures it.
 
-Prints p50 and p99 (ms) of each, with the load average.
+Prints p50 and p99 (ms) of each, with the load average. ``--cluster`` measures
+the cluster's two only (``python -m sessiond.bench.wake_ab BASE N --cluster``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -96,12 +98,19 @@ def on_cluster(trees: dict[str, Path], folder: Path, n: int, out: dict[str, list
             work.mkdir()
             spec = {"spec": _spec(work), "base": str(work), "source": "w"}
             call(nodes[1].socket, "create", spec)
+        order = random.Random(15)
         for i in range(n):
-            for tag, (nodes, work) in clusters.items():
+            # Each sample runs in the wake of the one before it (that node's last
+            # commits, the other cluster's marks): the order is drawn anew every
+            # round, so each kind follows each other kind about as often.
+            turn = [(tag, kind) for tag in clusters for kind in ("pg_local", "pg_cross")]
+            order.shuffle(turn)
+            for tag, kind in turn:
+                nodes, work = clusters[tag]
                 other, owner = nodes[0].socket, nodes[1].socket
                 send = {"to": "w", "text": f"x{i}", "sender": "bench"}
-                out[f"{tag}_pg_local"].append(_sample(owner, owner, "send", send, work))
-                out[f"{tag}_pg_cross"].append(_sample(other, owner, "send", send, work))
+                via = owner if kind == "pg_local" else other
+                out[f"{tag}_{kind}"].append(_sample(via, owner, "send", send, work))
     finally:
         os.environ.pop("PYTHONPATH", None)
         for nodes, _ in clusters.values():
@@ -112,19 +121,26 @@ def on_cluster(trees: dict[str, Path], folder: Path, n: int, out: dict[str, list
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
-        print("usage: python -m sessiond.bench.wake_ab BASE_TREE [SAMPLES]", file=sys.stderr)
+    args = [a for a in sys.argv[1:] if a != "--cluster"]
+    cluster_only = len(args) < len(sys.argv) - 1
+    if not args:
+        print(
+            "usage: python -m sessiond.bench.wake_ab BASE_TREE [SAMPLES] [--cluster]",
+            file=sys.stderr,
+        )
         return 2
-    base = Path(sys.argv[1]).resolve()
+    base = Path(args[0]).resolve()
     if not (base / "sessiond" / "__init__.py").exists():
         print(f"{base} holds no sessiond package (git archive REV sessiond | tar -x -C it)")
         return 2
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    n = int(args[1]) if len(args) > 1 else 100
     trees = {"base": base, "this": Path(__file__).resolve().parents[2]}
-    out: dict[str, list[float]] = {f"{t}_{k}": [] for t in trees for k in KINDS}
+    kinds = KINDS[2:] if cluster_only else KINDS
+    out: dict[str, list[float]] = {f"{t}_{k}": [] for t in trees for k in kinds}
     folder = Path(tempfile.mkdtemp(prefix="sessiond-bench-wake-"))
     try:
-        on_files(trees, folder, n, out)
+        if not cluster_only:
+            on_files(trees, folder, n, out)
         on_cluster(trees, folder, n, out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

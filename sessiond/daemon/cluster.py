@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,6 +34,7 @@ from sessiond.table.sessions import Session, Table
 from sessiond.wake.triggers import Triggers
 
 if TYPE_CHECKING:
+    from sessiond.daemon.mailbox import Mailbox
     from sessiond.log.store.pg.pgstore import PgStore
 
 
@@ -109,7 +110,7 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self._takeover: asyncio.Task[None] | None = None
         self._fence: Callable[[float], None] | None = None
-        self._mailbox: asyncio.Task[None] | None = None
+        self._mailbox: Mailbox | None = None
         self._node: Node | None = None
         self.placer: Placer | None = None
 
@@ -304,58 +305,15 @@ class LeaseKeeper:
         log.warning("cluster.taken_over", session=name, node=self.store.lease.name)
 
     def carry_messages(self, node: Node) -> None:
-        """``send`` reaches a session wherever it runs: one this node does not have
-        is left in the database for its owner; the owner delivers what is left for
-        its sessions when told (NOTIFY) and at least every second anyway."""
-        local = node.kernel.send
+        """``send`` reaches a session wherever it runs (daemon/mailbox.py): one this
+        node does not have is left in the database for its owner, which delivers
+        what is left for its sessions when told (NOTIFY) and at least every second
+        anyway."""
+        from sessiond.daemon.mailbox import Mailbox
 
-        async def send(to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
-            if to in node.table.sessions:
-                return await local(to, text, sender)
-            posted = await asyncio.to_thread(self.store.post_message, to, sender, text)
-            if posted is None:
-                return await local(to, text, sender)  # refused there, as on one machine
-            log.info("cluster.message_posted", session=to, owner=posted["node"])
-            return {"session": to, "seq": None, "woke": None, "node": posted["node"]}
-
-        node.kernel.send = send
-        self._mailbox = asyncio.ensure_future(self._deliver(node, local))
-
-    async def _deliver(self, node: Node, local: Callable[..., Awaitable[dict[str, Any]]]) -> None:
-        import psycopg
-
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.store.dsn, autocommit=True
-                ) as conn:
-                    await conn.execute("LISTEN sessiond_messages")
-                    while True:
-                        await self._deliver_now(node, local)
-                        # a hint, or a second without one: the table is the truth
-                        async for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            pass
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database away: try again, the poll goes on
-                log.warning("cluster.mailbox_failed", error=repr(exc))
-                await asyncio.sleep(1.0)
-
-    async def _deliver_now(
-        self, node: Node, local: Callable[..., Awaitable[dict[str, Any]]]
-    ) -> None:
-        names = list(node.table.sessions)
-        if not names:
-            return
-        for message, to, sender, text in await asyncio.to_thread(self.store.messages_for, names):
-            if to not in node.table.sessions:
-                continue
-            try:
-                await local(to, text, sender)
-            except SessiondError as exc:  # a terminated session: dropped, with the reason
-                log.warning("cluster.message_refused", session=to, error=str(exc))
-            # Delivered, then marked: a crash in between delivers it again (at least once).
-            await asyncio.to_thread(self.store.message_taken, message)
+        self._mailbox = Mailbox(self.store, node, node.kernel.send)
+        node.kernel.send = self._mailbox.send
+        self._mailbox.start()
 
     def end_if_lapsed(self) -> None:
         """End the node now (exit 75) if its lease may have lapsed: past its last
@@ -372,9 +330,11 @@ class LeaseKeeper:
 
     async def close(self) -> None:
         """At a clean stop: let go of the lease, so others may take over at once."""
-        for task in (self._task, self._takeover, self._mailbox):
+        for task in (self._task, self._takeover):
             if task is not None:
                 task.cancel()
+        if self._mailbox is not None:
+            self._mailbox.close()
         pool = await self.store.connect()
         async with pool.connection() as conn:
             await conn.execute(

@@ -23,3 +23,18 @@ def test_the_latency_samples_are_taken_side_by_side(pg_dsn: str) -> None:
 def test_three_node_processes_append_and_the_floor_inserts(pg_dsn: str) -> None:
     assert cluster.throughput(pg_dsn, "append", 0, 0.2) > 0
     assert cluster.throughput(pg_dsn, "bare", 0, 0.2) > 0
+
+
+def test_the_crossing_samples_take_each_message_from_its_notification(pg_dsn: str) -> None:
+    store = PgStore(pg_dsn, node="bench", lease_ttl=60)
+
+    async def go() -> list[float]:
+        got = await cluster.wake_latency(pg_dsn, store, 3)
+        await store.aclose()
+        return got
+
+    assert len(arun(go())) == 3
+    rows = PgStore(pg_dsn, node="reader").select(
+        "SELECT count(*) FILTER (WHERE taken_at IS NOT NULL), count(*) FROM messages", {}
+    )
+    assert rows == [(3, 3)]

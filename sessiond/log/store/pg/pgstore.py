@@ -211,35 +211,6 @@ class PgStore(PlacementQueries, Store):
             for name, inc, state, alive, age, left, started, labels, count in rows
         ]
 
-    def post_message(self, to: str, sender: str, text: str) -> dict[str, Any] | None:
-        """Leave a message for a session another node owns: the ``messages`` table is
-        the truth, a NOTIFY to the owner the hint (its poll is the backstop).
-        None: there is no such session."""
-        with self._sync.connection() as conn, conn.transaction():
-            row = conn.execute(
-                "INSERT INTO messages (session, sender, body) SELECT name, %(f)s, %(t)s "
-                "FROM sessions WHERE name = %(n)s RETURNING id, "
-                "(SELECT owner FROM sessions WHERE name = %(n)s)",
-                {"n": check_name(to), "f": sender, "t": text},
-            ).fetchone()
-            if row is None:
-                return None
-            # delivered at commit, coalesced per payload within the transaction
-            conn.execute("SELECT pg_notify('sessiond_messages', %s)", (row[1] or "",))
-        return {"id": int(row[0]), "node": row[1]}
-
-    def messages_for(self, names: list[str], limit: int = 100) -> list[tuple[int, str, str, str]]:
-        """Messages not yet delivered to any of ``names``: (id, session, sender, text)."""
-        rows = self._query(
-            "SELECT id, session, sender, body FROM messages "
-            "WHERE taken_at IS NULL AND session = ANY(%(n)s) ORDER BY id LIMIT %(l)s",
-            {"n": names, "l": limit},
-        )
-        return [(int(i), s, f, t) for i, s, f, t in rows]
-
-    def message_taken(self, message: int) -> None:
-        self._execute([("UPDATE messages SET taken_at = now() WHERE id = %(i)s", {"i": message})])
-
     def hand_over(self, name: str, to: str | None) -> str | None:
         """Give ``name`` (ours) to node ``to``, or to the live node with the fewest
         sessions that is not draining; the epoch goes up, so nothing of ours lands

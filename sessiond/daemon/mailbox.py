@@ -1,0 +1,149 @@
+"""``send`` across the nodes of a cluster (DESIGN.md section 10): wiring of the
+``messages`` table (log/store/pg/mail.py) into a node.
+
+A send for a session this node does not have is left in the table for its owner
+(one statement, its NOTIFY with it), then flushed before it is acknowledged.
+The owner's listener has a connection of its own that does nothing but LISTEN,
+so a notification is read as soon as it comes, whatever a delivery waits for;
+a notification that carries the message is delivered from it, one that does not
+(a long message, or one from an older node) makes the owner read the table. The
+owner reads the table anyway at least every :data:`POLL` seconds, and whenever
+its listener (re)connects: NOTIFY is the hint, the table the truth.
+
+Delivery is the local ``send`` (the same wake as on one machine), then the row
+is marked taken: a crash in between delivers the message again (at least once).
+A message is delivered once by its node even when both its notification and a
+poll bring it (``_seen``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import structlog
+
+from sessiond.errors import SessiondError
+from sessiond.log.store.pg import mail
+from sessiond.log.store.pg.mail import Hint, Message
+from sessiond.log.store.pg.pgstore import PgStore
+from sessiond.table.sessions import Table
+
+log = structlog.get_logger("sessiond.cluster")
+
+# The backstop: the owner reads the table at least this often (seconds).
+POLL = 1.0
+# How many delivered ids a node remembers, to drop a message a poll and its
+# notification both brought (far more than can be in flight at once).
+SEEN = 4096
+
+Send = Callable[..., Awaitable[dict[str, Any]]]
+
+
+class Holder(Protocol):
+    """What delivering needs of the daemon: which sessions this node has."""
+
+    table: Table
+
+
+class Mailbox:
+    """This node's side of cross-node ``send``: it posts, and it delivers."""
+
+    def __init__(self, store: PgStore, node: Holder, local: Send) -> None:
+        self.store = store
+        self.node = node
+        self.local = local
+        self._queue: asyncio.Queue[Message | Hint] = asyncio.Queue()
+        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.ensure_future(self._listen()),
+            asyncio.ensure_future(self._deliver()),
+        ]
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+        """``send``, for a session on any node."""
+        if to in self.node.table.sessions:
+            return await self.local(to, text, sender)
+        pool = await self.store.connect()
+        posted = await mail.post(pool, to, sender, text)
+        if posted is None:
+            return await self.local(to, text, sender)  # refused there, as on one machine
+        await mail.flush(pool, posted[0])  # on disk before the user hears of it (mail.POST)
+        log.info("cluster.message_posted", session=to, owner=posted[1], message=posted[0])
+        return {"session": to, "seq": None, "woke": None, "node": posted[1]}
+
+    # --- the owner's side --------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Read notifications as they come, on a connection that does nothing else."""
+        import psycopg
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.store.dsn, autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {mail.CHANNEL}")
+                    # what was sent while nobody listened is in the table only
+                    self._queue.put_nowait(Hint(None, None))
+                    async for note in conn.notifies():
+                        self._queue.put_nowait(mail.parse(note.payload))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: again; the poll goes on
+                log.warning("cluster.mailbox_failed", error=repr(exc))
+                await asyncio.sleep(POLL)
+
+    async def _deliver(self) -> None:
+        polled = time.monotonic()
+        while True:
+            try:
+                got = await asyncio.wait_for(
+                    self._queue.get(), timeout=max(0.0, polled + POLL - time.monotonic())
+                )
+            except TimeoutError:
+                got = Hint(None, None)
+            try:
+                if isinstance(got, Message):
+                    await self._one(got)
+                if isinstance(got, Hint) or time.monotonic() >= polled + POLL:
+                    polled = time.monotonic()
+                    await self._poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database away: the next poll tries again
+                log.warning("cluster.mailbox_failed", error=repr(exc))
+                await asyncio.sleep(POLL)
+
+    async def _poll(self) -> None:
+        names = list(self.node.table.sessions)
+        if names:
+            pool = await self.store.connect()
+            for message in await mail.pending(pool, names):
+                await self._one(message)
+
+    async def _one(self, message: Message) -> None:
+        """Deliver a message to its session here, once; then mark it taken."""
+        if message.id in self._seen or message.session not in self.node.table.sessions:
+            return  # delivered already, or not ours (its owner's poll finds it)
+        self._seen[message.id] = None
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+        try:
+            await self.local(message.session, message.text, message.sender)
+        except SessiondError as exc:  # a terminated session: dropped, with the reason
+            log.warning("cluster.message_refused", session=message.session, error=str(exc))
+        except BaseException:
+            self._seen.pop(message.id, None)  # not delivered: a poll tries again
+            raise
+        await mail.taken(await self.store.connect(), message.id)
