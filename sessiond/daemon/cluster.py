@@ -95,6 +95,15 @@ def make_store(
     return store, LeaseKeeper(store)
 
 
+def _at_stable_point(s: Session) -> None:
+    """Refuse to hand ``s`` over while a run is on or about to start."""
+    if s.run is not None or s.state in ("running", "ready"):
+        raise Refused(
+            f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
+            "interrupt it, or try again when it sleeps"
+        )
+
+
 def margin(ttl: float) -> float:
     """How long before its lease may lapse a node gives up: a fifth of it, at most 2 s."""
     return min(2.0, ttl / 5)
@@ -194,15 +203,15 @@ class LeaseKeeper:
         for the node it fits to claim when that one is up."""
         assert self._node is not None
         node = self._node
-        if s.run is not None or s.state in ("running", "ready"):
-            raise Refused(
-                f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
-                f"interrupt it, or try again when it sleeps"
-            )
+        _at_stable_point(s)
         target = await asyncio.to_thread(self.store.target_for, s.name, to)
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
         async with s.lock:
+            # Again under the lock: a wake that held or queued for it before us may
+            # have started a run meanwhile, and its program must not run on here
+            # while the next owner runs the same turn.
+            _at_stable_point(s)
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal is not None:
