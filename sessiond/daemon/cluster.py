@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -121,6 +122,8 @@ class LeaseKeeper:
         self._mailbox: asyncio.Task[None] | None = None
         self._node: Node | None = None
         self.placer: Placer | None = None
+        self._closing = threading.Event()  # a clean stop lets go of the lease itself
+        self._watchdog: threading.Thread | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -131,6 +134,19 @@ class LeaseKeeper:
             lease_ttl=self.store.lease.ttl,
         )
         self._task = asyncio.ensure_future(self._keep())
+        # The deadline is kept by a thread too: the loop may be stuck in a query the
+        # database never answers (a synchronous read of a log, on a connection a
+        # partition left open), and then _keep never runs to see it.
+        self._watchdog = threading.Thread(target=self._watch, name="lease-deadline", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        lease = self.store.lease
+        while not self._closing.is_set():
+            left = lease.deadline(margin(lease.ttl)) - time.monotonic()
+            if left <= 0:
+                self._lost("the lease could not be renewed before its deadline (watchdog)")
+            self._closing.wait(min(left, 0.1))
 
     async def _keep(self) -> None:
         lease = self.store.lease
@@ -367,6 +383,7 @@ class LeaseKeeper:
 
     async def close(self) -> None:
         """At a clean stop: let go of the lease, so others may take over at once."""
+        self._closing.set()
         for task in (self._task, self._takeover, self._mailbox):
             if task is not None:
                 task.cancel()
