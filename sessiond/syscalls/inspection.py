@@ -7,10 +7,12 @@ run machinery: only the table, the store and the configuration.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import deque
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, TypeVar
 
 import orjson
 
@@ -22,6 +24,8 @@ from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
 from sessiond.syscalls.views import detail, gate_report, replay_view
+
+T = TypeVar("T")
 
 
 class Inspection:
@@ -116,7 +120,7 @@ class Inspection:
         pacer = Pacer()
         lines = self.ctx.store.read_lines(name, upto=end)
         try:
-            for record, line in lines:
+            async for record, line in _fetched(lines, self.ctx.store.reads_wait):
                 if record["seq"] >= start and q.match(record):
                     kept.append(line[: -TRAILER_LEN - 1])  # its JSON, without " crc32\n"
                     if first and len(kept) >= first:
@@ -158,3 +162,16 @@ class Inspection:
             artifacts=self.ctx.store.artifacts(name),
             profiles=self.ctx.config.profiles,
         )
+
+
+async def _fetched(items: Iterator[T], off_loop: bool, batch: int = 1000) -> AsyncIterator[T]:
+    """``items``, taken ``batch`` at a time in a worker thread when ``off_loop`` (a
+    database's reads: a query waiting on a lock or a silent server must not hold
+    the loop, whose lease would lapse), else as they come (a file's, paced)."""
+    if not off_loop:
+        for item in items:
+            yield item
+        return
+    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(items, batch))):
+        for item in chunk:
+            yield item

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
@@ -113,3 +114,46 @@ def test_a_node_reading_a_log_when_its_database_goes_silent_still_ends_by_its_de
         asker.wait()
     assert n1.stop() == code == LEASE_LOST_EXIT  # (stop: its log pipe closed)
     wait_for(lambda: taken_over([n2], "ledger"), timeout=TTL + 30, what="n2 to take it")
+
+
+def _renewed(dsn: str, node: str) -> float:
+    """The database's clock at the node's last renewal (epoch seconds)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM renewed_at)::float8 FROM nodes WHERE name = %s", (node,)
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewing(
+    proxied: tuple[Daemon, Daemon, FrozenProxy], pg_dsn: str
+) -> None:
+    n1, _n2, _proxy = proxied
+    spec = n1.write_spec("plain", 'name = "plain"\n[run]\nexec = ["true"]\ncwd = "."\n')
+    n1.ctl("create", str(spec), check=True)
+    with psycopg.connect(pg_dsn) as holder:
+        # what a schema upgrade's ALTER TABLE, or a VACUUM FULL, holds for a while
+        holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        now = holder.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert now is not None
+        reader = subprocess.Popen(
+            [SESSIONCTL, "log", "plain"], env=n1.env, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            # The read waits for the lock; the node meanwhile answers, and keeps its
+            # lease for longer than lease_ttl (it was ended by it before).
+            wait_for(
+                lambda: _renewed(pg_dsn, "n1") > float(now[0]) + 2 * TTL,
+                timeout=4 * TTL + 15,
+                what="n1 to keep renewing its lease while the read waits",
+            )
+            assert n1.ctl("ping", timeout=10).returncode == 0
+            assert reader.poll() is None  # still waiting for the table
+        finally:
+            holder.rollback()
+        out, _ = reader.communicate(timeout=30)
+    assert reader.returncode == 0
+    assert "session.created" in out
+    assert n1.proc is not None
+    assert n1.proc.poll() is None

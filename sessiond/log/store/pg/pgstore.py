@@ -58,6 +58,8 @@ FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, i
 class PgStore(PlacementQueries, Store):
     """Every session of the cluster; this node's lease; its open logs."""
 
+    reads_wait = True  # a read is a query: a lock or a silent server holds it
+
     def __init__(
         self,
         dsn: str,
