@@ -126,8 +126,22 @@ def _renewed(dsn: str, node: str) -> float:
     return float(row[0])
 
 
+@pytest.mark.parametrize(
+    "reader",
+    [
+        ["log", "plain"],
+        pytest.param(
+            ["replay", "plain"],
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="replay (and cat, gate, export, fork) still read the log in the "
+                "event loop on PostgreSQL; only log is fetched off it",
+            ),
+        ),
+    ],
+)
 def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewing(
-    proxied: tuple[Daemon, Daemon, FrozenProxy], pg_dsn: str
+    proxied: tuple[Daemon, Daemon, FrozenProxy], pg_dsn: str, reader: list[str]
 ) -> None:
     n1, _n2, _proxy = proxied
     spec = n1.write_spec("plain", 'name = "plain"\n[run]\nexec = ["true"]\ncwd = "."\n')
@@ -138,13 +152,19 @@ def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewi
         now = holder.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
         assert now is not None
         reader = subprocess.Popen(
-            [SESSIONCTL, "log", "plain"], env=n1.env, stdout=subprocess.PIPE, text=True
+            [SESSIONCTL, *reader], env=n1.env, stdout=subprocess.PIPE, text=True
         )
         try:
             # The read waits for the lock; the node meanwhile answers, and keeps its
             # lease for longer than lease_ttl (it was ended by it before).
+            def renewing() -> bool:
+                assert n1.proc is not None
+                if n1.proc.poll() is not None:
+                    raise AssertionError(f"n1 ended ({n1.proc.returncode}) while the read waited")
+                return _renewed(pg_dsn, "n1") > float(now[0]) + 2 * TTL
+
             wait_for(
-                lambda: _renewed(pg_dsn, "n1") > float(now[0]) + 2 * TTL,
+                renewing,
                 timeout=4 * TTL + 15,
                 what="n1 to keep renewing its lease while the read waits",
             )
@@ -154,6 +174,6 @@ def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewi
             holder.rollback()
         out, _ = reader.communicate(timeout=30)
     assert reader.returncode == 0
-    assert "session.created" in out
+    assert out.strip()
     assert n1.proc is not None
     assert n1.proc.poll() is None
