@@ -151,7 +151,7 @@ def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewi
         holder.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
         now = holder.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
         assert now is not None
-        reader = subprocess.Popen(
+        asker = subprocess.Popen(
             [SESSIONCTL, *reader], env=n1.env, stdout=subprocess.PIPE, text=True
         )
         try:
@@ -169,11 +169,11 @@ def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewi
                 what="n1 to keep renewing its lease while the read waits",
             )
             assert n1.ctl("ping", timeout=10).returncode == 0
-            assert reader.poll() is None  # still waiting for the table
+            assert asker.poll() is None  # still waiting for the table
         finally:
             holder.rollback()
-        out, _ = reader.communicate(timeout=30)
-    assert reader.returncode == 0
+        out, _ = asker.communicate(timeout=30)
+    assert asker.returncode == 0
     assert out.strip()
     assert n1.proc is not None
     assert n1.proc.poll() is None
