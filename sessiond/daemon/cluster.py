@@ -92,7 +92,8 @@ def make_store(
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
     except psycopg.Error as exc:
-        raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {exc}") from exc
+        why = " ".join(str(exc).split())  # one line: libpq's reasons span several
+        raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
     return store, LeaseKeeper(store)
 
 

@@ -21,11 +21,14 @@ import asyncio
 import functools
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sessiond.codec import Clock, decode_line
@@ -86,16 +89,16 @@ class PgStore(PlacementQueries, Store):
             "autocommit": True,
             "prepare_threshold": 5 if prepared else None,
         }
+        # One plain connection first: a DSN that cannot work (no such database, a
+        # typo, nothing listening) fails here at once with the database's reason,
+        # where a pool retries for its whole timeout and then says only
+        # "pool initialization incomplete".
+        with psycopg.connect(dsn, **self._kwargs, **_connect_timeout(dsn)) as conn:
+            schema.check(conn)
         self._sync = ConnectionPool(
             dsn, min_size=1, max_size=4, kwargs=self._kwargs, open=False, name="sessiond-read"
         )
         self._sync.open(wait=True, timeout=30)
-        try:
-            with self._sync.connection() as conn:
-                schema.check(conn)
-        except BaseException:
-            self._sync.close()
-            raise
         self._apool: AsyncConnectionPool | None = None
         self._apool_loop: asyncio.AbstractEventLoop | None = None
         self._held = False  # connect() was called: the async pool stays open
@@ -433,6 +436,14 @@ class PgStore(PlacementQueries, Store):
                 (PLACE, self.placement_for(text).params(name)),
             ]
         )
+
+
+def _connect_timeout(dsn: str) -> dict[str, Any]:
+    """A bound on the first connection unless the DSN (or PGCONNECT_TIMEOUT) sets one:
+    an address that drops packets would otherwise wait for the OS's TCP timeout."""
+    if "connect_timeout" in conninfo_to_dict(dsn) or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": 10}
 
 
 def _first_epoch(lines: Iterable[bytes]) -> int:
