@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +53,9 @@ log = structlog.get_logger("sessiond.cluster")
 
 # Sessions a draining node hands over per step of its take-over loop (~1 s).
 DRAIN_PER_STEP = 5
+
+# What [cluster] node accepts (config.py).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # What a node whose lease is lost exits with (EX_TEMPFAIL: start it again).
 LEASE_LOST_EXIT = 75
@@ -95,6 +99,17 @@ def make_store(
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
     return store, LeaseKeeper(store)
+
+
+def _check_node(name: str) -> None:
+    """A node name as ``[cluster] node`` takes it, or a refusal that says so (not a
+    search of the nodes for a name that cannot be one)."""
+    if not NODE_NAME.fullmatch(name):
+        shown = name if len(name) <= 64 else name[:64] + "…"
+        raise InvalidInput(
+            f"{shown!r} is not a node name (1-64 letters, digits, '.', '_' or '-'); "
+            "`sessionctl nodes` lists them"
+        )
 
 
 def _at_stable_point(s: Session) -> None:
@@ -195,7 +210,10 @@ class LeaseKeeper:
         """``sessionctl migrate S --node N``: hand a sleeping session to node N."""
         if profile is not None or socket is not None:
             raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
+        _check_node(to)
         assert self._node is not None
+        if to == self.store.lease.name and name in self._node.table.sessions:
+            raise Refused(f"session {name!r} runs on node {to!r} already; nothing to move")
         s = self._node.table.sessions.get(name)
         if s is None:
             self._node.table.get(name)  # NoSuchSession, named as on one machine
@@ -248,6 +266,7 @@ class LeaseKeeper:
 
     async def drain(self, name: str) -> dict[str, Any]:
         """``sessionctl drain N``: node N hands all its sessions to the others."""
+        _check_node(name)
         count = await asyncio.to_thread(self.store.drain, name)
         if count is None:
             raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
