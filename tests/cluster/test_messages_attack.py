@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -56,7 +57,7 @@ def test_a_send_to_a_terminated_session_on_another_node_is_refused_not_dropped(
     assert (there.returncode, "terminated" in there.stderr) == (1, True), there
 
 
-def _waiting_update(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def _waiting_update(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE messages SET taken_at%'"
