@@ -7,25 +7,21 @@ run machinery: only the table, the store and the configuration.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
 from sessiond import __version__
 from sessiond.codec import TRAILER_LEN
 from sessiond.errors import InvalidInput, Refused
-from sessiond.log.pace import Pacer
+from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
 from sessiond.syscalls.views import detail, gate_report, replay_view
-
-T = TypeVar("T")
 
 
 class Inspection:
@@ -120,7 +116,7 @@ class Inspection:
         pacer = Pacer()
         lines = self.ctx.store.read_lines(name, upto=end)
         try:
-            async for record, line in _fetched(lines, self.ctx.store.reads_wait):
+            async for record, line in fetched(lines):
                 if record["seq"] >= start and q.match(record):
                     kept.append(line[: -TRAILER_LEN - 1])  # its JSON, without " crc32\n"
                     if first and len(kept) >= first:
@@ -163,15 +159,3 @@ class Inspection:
             profiles=self.ctx.config.profiles,
         )
 
-
-async def _fetched(items: Iterator[T], off_loop: bool, batch: int = 1000) -> AsyncIterator[T]:
-    """``items``, taken ``batch`` at a time in a worker thread when ``off_loop`` (a
-    database's reads: a query waiting on a lock or a silent server must not hold
-    the loop, whose lease would lapse), else as they come (a file's, paced)."""
-    if not off_loop:
-        for item in items:
-            yield item
-        return
-    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(items, batch))):
-        for item in chunk:
-            yield item

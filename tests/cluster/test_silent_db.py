@@ -126,20 +126,7 @@ def _renewed(dsn: str, node: str) -> float:
     return float(row[0])
 
 
-@pytest.mark.parametrize(
-    "reader",
-    [
-        ["log", "plain"],
-        pytest.param(
-            ["replay", "plain"],
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="replay (and cat, gate, export, fork) still read the log in the "
-                "event loop on PostgreSQL; only log is fetched off it",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("reader", [["log", "plain"], ["replay", "plain"]])
 def test_a_log_read_waiting_on_a_locked_table_leaves_the_node_serving_and_renewing(
     proxied: tuple[Daemon, Daemon, FrozenProxy], pg_dsn: str, reader: list[str]
 ) -> None:

@@ -247,9 +247,6 @@ class Store(abc.ABC):
     sessions_dir: Path
     # Whether opening a log makes what a crashed writer left durable first.
     sync_on_recover: bool = True
-    # Whether a read may wait on another server (a database): a long read is then
-    # fetched off the event loop (a lock or a silent server would stall it).
-    reads_wait: bool = False
 
     def names_to_load(self) -> list[str]:
         """The sessions a starting daemon takes into its table: all of them, but on

@@ -28,6 +28,7 @@ import psycopg
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import Fenced, LogCorrupt, LogFailed
+from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import (
     START,
     Draft,
@@ -130,6 +131,10 @@ class PgEventLog(EventLog):
         return None  # a commit is whole or absent: nothing is ever torn
 
     def recover(self, after: LogPosition = START) -> Iterator[Record]:
+        # queries: read off the loop by those that can (sessiond.log.pace.OffLoop)
+        return OffLoop(self._recover(after))
+
+    def _recover(self, after: LogPosition) -> Iterator[Record]:
         if self._recovered:
             raise RuntimeError("recover() runs once per open log")
         if after.seq:

@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
+from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
@@ -60,8 +61,6 @@ FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, i
 
 class PgStore(PlacementQueries, Store):
     """Every session of the cluster; this node's lease; its open logs."""
-
-    reads_wait = True  # a read is a query: a lock or a silent server holds it
 
     def __init__(
         self,
@@ -403,12 +402,19 @@ class PgStore(PlacementQueries, Store):
         return self._log(name, pool, epoch=epoch, durability=durability)
 
     def read(self, name: str, *, since: int = 1, upto: int | None = None) -> Iterator[Record]:
+        # queries: read off the loop by those that can (sessiond.log.pace.OffLoop)
+        return OffLoop(self._read(name, since, upto))
+
+    def _read(self, name: str, since: int, upto: int | None) -> Iterator[Record]:
         check_name(name)
         self._must_exist(name)
         for record, _line in read_events(self._query, name, since, upto):
             yield record
 
     def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
+        return OffLoop(self._read_lines(name, upto))
+
+    def _read_lines(self, name: str, upto: int | None) -> Iterator[tuple[Record, bytes]]:
         check_name(name)
         self._must_exist(name)
         for record, line in read_events(self._query, name, 1, upto):
