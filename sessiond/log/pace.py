@@ -11,7 +11,9 @@ Why slices in the loop rather than a thread: reading and parsing a log is Python
 code, which holds the GIL; a thread doing it would take the GIL from the loop for
 the interpreter's switch interval (5 ms) at a time. Threads are used only for
 what releases the GIL for long (compression, hashing of large blobs, fsync, big
-writes): sessiond.log.bundle, sessiond.log.store.files.
+writes): sessiond.log.bundle, sessiond.log.store.files. And for reads that wait on
+another server (a PostgreSQL log, :class:`OffLoop`): a query a lock or a silent
+server holds would hold the loop, and a cluster node's lease with it.
 """
 
 from __future__ import annotations

@@ -158,4 +158,3 @@ class Inspection:
             artifacts=self.ctx.store.artifacts(name),
             profiles=self.ctx.config.profiles,
         )
-
