@@ -250,6 +250,12 @@ class LeaseKeeper:
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal is not None:
+                # requests queued on the lock behind us are told where it went
+                s.journal.log.closed_why = (
+                    f"was handed over to node {target!r}"
+                    if target is not None
+                    else "was let go for a node it may run on"
+                )
                 await s.journal.close()
         moved = (
             None

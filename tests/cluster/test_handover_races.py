@@ -114,3 +114,45 @@ def test_a_migrate_racing_a_wake_never_hands_over_a_running_session(
     assert [line.split()[0] for line in lines] == ["start", "end"], (lines, migrated, err)
     if migrated != 0:
         assert "stable point" in err, err
+
+
+def test_a_request_queued_behind_a_hand_over_is_told_to_ask_again(
+    logged: tuple[list[Daemon], Path], pg_dsn: str
+) -> None:
+    (n1, n2, n3), server_log = logged
+    ledger = n1.root / "ledger"
+    n1.ctl("create", str(n1.write_spec("slow", SLOW.format(ledger=ledger))), check=True)
+
+    with psycopg.connect(pg_dsn, autocommit=True) as watch, psycopg.connect(pg_dsn) as holder:
+        holder.execute("SELECT 1 FROM sessions WHERE name = 'slow' FOR UPDATE")
+        sender = _ctl(n1, "send", "slow", "held")  # holds the session's lock, waiting
+        wait_for(lambda: _blocked_on_lock(watch), what="the send's commit to wait")
+        # this time the migrate queues first, then an activate carried from n3
+        seen = server_log.stat().st_size
+        migrate = _ctl(n1, "migrate", "slow", "--node", "n2")
+        wait_for(
+            lambda: TARGET_QUERY in server_log.read_bytes()[seen:].decode(errors="replace"),
+            what="the migrate to choose its target (then it waits for the session's lock)",
+        )
+        activate = _ctl(n3, "activate", "slow")
+        wait_for(
+            lambda: watch.execute(
+                "SELECT 1 FROM requests WHERE method = 'activate' AND taken_by = 'n1'"
+            ).fetchone(),
+            what="n1 to take the activate",
+        )
+        holder.rollback()
+        for proc in (sender, migrate):
+            _, stderr = proc.communicate(timeout=60)
+            assert proc.returncode == 0, stderr
+        _, err = activate.communicate(timeout=60)
+
+    # Not an internal error about a closed log: where the session went, and to ask again.
+    assert activate.returncode == 1, err
+    assert "handed over to node 'n2'" in err
+    assert "Ask again" in err
+    assert not ledger.exists()  # nothing ran for it
+    n3.ctl("activate", "slow", check=True)  # asked again: it runs on n2, once
+    wait_event(n2, "slow", "run.finished", timeout=30)
+    assert [line.split()[0] for line in ledger.read_text().splitlines()] == ["start", "end"]
+    assert n1.ctl("ping").returncode == 0

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from sessiond.codec import Clock, decode_line
-from sessiond.errors import Fenced, LogCorrupt, LogFailed
+from sessiond.errors import Fenced, HandedOver, LogCorrupt, LogFailed
 from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import (
     START,
@@ -159,6 +159,11 @@ class PgEventLog(EventLog):
     def write_many(self, drafts: Sequence[Draft]) -> Pending:
         if not self._recovered:
             raise RuntimeError("recover() the log before appending to it")
+        if self._closed and self.closed_why is not None:
+            raise HandedOver(
+                f"session {self.session!r} {self.closed_why} while this request waited for "
+                "it; nothing was done. Ask again: any node's socket reaches it"
+            )
         if self._closed:
             raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
         if self._failed is not None:
