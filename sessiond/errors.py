@@ -164,6 +164,14 @@ class LogFailed(StorageError):
     code = "log_failed"
 
 
+class HandedOver(LogFailed):
+    """A cluster: the session went to another node while this request waited for
+    it; nothing was written here. Asking again reaches it (any node's socket)."""
+
+    code = "handed_over"
+    exit_code = 1
+
+
 class StorageFull(StorageError):
     """The file system is full (ENOSPC) or over quota; nothing partial was kept."""
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +54,9 @@ log = structlog.get_logger("sessiond.cluster")
 
 # Sessions a draining node hands over per step of its take-over loop (~1 s).
 DRAIN_PER_STEP = 5
+
+# What [cluster] node accepts (config.py).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # What a node whose lease is lost exits with (EX_TEMPFAIL: start it again).
 LEASE_LOST_EXIT = 75
@@ -92,8 +97,29 @@ def make_store(
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
     except psycopg.Error as exc:
-        raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {exc}") from exc
+        why = " ".join(str(exc).split())  # one line: libpq's reasons span several
+        raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
     return store, LeaseKeeper(store)
+
+
+def _check_node(name: str) -> None:
+    """A node name as ``[cluster] node`` takes it, or a refusal that says so (not a
+    search of the nodes for a name that cannot be one)."""
+    if not NODE_NAME.fullmatch(name):
+        shown = name if len(name) <= 64 else name[:64] + "…"
+        raise InvalidInput(
+            f"{shown!r} is not a node name (1-64 letters, digits, '.', '_' or '-'); "
+            "`sessionctl nodes` lists them"
+        )
+
+
+def _at_stable_point(s: Session) -> None:
+    """Refuse to hand ``s`` over while a run is on or about to start."""
+    if s.run is not None or s.state in ("running", "ready"):
+        raise Refused(
+            f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
+            "interrupt it, or try again when it sleeps"
+        )
 
 
 def margin(ttl: float) -> float:
@@ -113,6 +139,8 @@ class LeaseKeeper:
         self._mailbox: Mailbox | None = None
         self._node: Node | None = None
         self.placer: Placer | None = None
+        self._closing = threading.Event()  # a clean stop lets go of the lease itself
+        self._watchdog: threading.Thread | None = None
 
     async def start(self) -> None:
         await self.store.connect()  # registers: a new incarnation
@@ -123,6 +151,19 @@ class LeaseKeeper:
             lease_ttl=self.store.lease.ttl,
         )
         self._task = asyncio.ensure_future(self._keep())
+        # The deadline is kept by a thread too: the loop may be stuck in a query the
+        # database never answers (a synchronous read of a log, on a connection a
+        # partition left open), and then _keep never runs to see it.
+        self._watchdog = threading.Thread(target=self._watch, name="lease-deadline", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        lease = self.store.lease
+        while not self._closing.is_set():
+            left = lease.deadline(margin(lease.ttl)) - time.monotonic()
+            if left <= 0:
+                self._lost("the lease could not be renewed before its deadline (watchdog)")
+            self._closing.wait(min(left, 0.1))
 
     async def _keep(self) -> None:
         lease = self.store.lease
@@ -177,7 +218,10 @@ class LeaseKeeper:
         with ``force``, re-home one whose node is down (daemon/placement.py)."""
         if profile is not None or socket is not None:
             raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
+        _check_node(to)
         assert self._node is not None
+        if to == self.store.lease.name and name in self._node.table.sessions:
+            raise Refused(f"session {name!r} runs on node {to!r} already; nothing to move")
         assert self.placer is not None
         if force:
             return await self.placer.rehome(name, to)
@@ -205,11 +249,7 @@ class LeaseKeeper:
         for the node it fits to claim when that one is up."""
         assert self._node is not None
         node = self._node
-        if s.run is not None or s.state in ("running", "ready"):
-            raise Refused(
-                f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
-                f"interrupt it, or try again when it sleeps"
-            )
+        _at_stable_point(s)
         target = await asyncio.to_thread(self.store.target_for, s.name, to)
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
@@ -218,9 +258,19 @@ class LeaseKeeper:
                 # handed over meanwhile (placement's sweep and a create's own
                 # placement may both try): not again, and never claimed back here
                 return await asyncio.to_thread(self.store.owner_of, s.name)
+            # Again under the lock: a wake that held or queued for it before us may
+            # have started a run meanwhile, and its program must not run on here
+            # while the next owner runs the same turn.
+            _at_stable_point(s)
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal is not None:
+                # requests queued on the lock behind us are told where it went
+                s.journal.log.closed_why = (
+                    f"was handed over to node {target!r}"
+                    if target is not None
+                    else "was let go for a node it may run on"
+                )
                 await s.journal.close()
         moved = (
             None
@@ -237,6 +287,7 @@ class LeaseKeeper:
 
     async def drain(self, name: str) -> dict[str, Any]:
         """``sessionctl drain N``: node N hands all its sessions to the others."""
+        _check_node(name)
         count = await asyncio.to_thread(self.store.drain, name)
         if count is None:
             raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
@@ -330,6 +381,7 @@ class LeaseKeeper:
 
     async def close(self) -> None:
         """At a clean stop: let go of the lease, so others may take over at once."""
+        self._closing.set()
         for task in (self._task, self._takeover):
             if task is not None:
                 task.cancel()

@@ -69,7 +69,8 @@ def fsck_db(dsn: str, *, repair: bool = False) -> Report | None:
     try:
         return check_db(dsn, repair=repair)
     except (psycopg.Error, SchemaMismatch) as exc:
-        print(f"sessiond fsck: cannot check the database: {exc}; check --dsn", file=sys.stderr)
+        why = " ".join(str(exc).split())  # one line: libpq's reasons span several
+        print(f"sessiond fsck: cannot check the database: {why}; check --dsn", file=sys.stderr)
         return None
     except Exception as exc:  # psycopg_pool's timeout when nothing answers
         if type(exc).__module__.startswith("psycopg"):

@@ -11,7 +11,9 @@ Why slices in the loop rather than a thread: reading and parsing a log is Python
 code, which holds the GIL; a thread doing it would take the GIL from the loop for
 the interpreter's switch interval (5 ms) at a time. Threads are used only for
 what releases the GIL for long (compression, hashing of large blobs, fsync, big
-writes): sessiond.log.bundle, sessiond.log.store.files.
+writes): sessiond.log.bundle, sessiond.log.store.files. And for reads that wait on
+another server (a PostgreSQL log, :class:`OffLoop`): a query a lock or a silent
+server holds would hold the loop, and a cluster node's lease with it.
 """
 
 from __future__ import annotations
@@ -127,12 +129,53 @@ async def release(items: list[T], pacer: Pacer | None = None) -> None:
         await pacer.tick()
 
 
+class OffLoop(Iterator[T]):
+    """Items whose next one may wait on another server: a database's query, which a
+    lock or a silent server can hold for as long as it likes. :func:`batches` and
+    :func:`fetched` take them in a worker thread, a page at a time, so the loop
+    (and a cluster node's lease) is never held by such a wait; iterated plainly,
+    they are the items."""
+
+    def __init__(self, items: Iterator[T]) -> None:
+        self._items = items
+
+    def __iter__(self) -> OffLoop[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def close(self) -> None:
+        getattr(self._items, "close", lambda: None)()
+
+
+PAGE = 1000  # items an OffLoop gives a thread call (a database reader's page)
+
+
+async def fetched(items: Iterable[T]) -> AsyncIterator[T]:
+    """``items`` one by one; an :class:`OffLoop`'s taken a page at a time off the loop."""
+    if not isinstance(items, OffLoop):
+        for item in items:
+            yield item
+        return
+    async for page in _pages(items):
+        for item in page:
+            yield item
+
+
 async def batches(
     items: Iterable[T], size: int = BATCH, pacer: Pacer | None = None
 ) -> AsyncIterator[list[T]]:
     """``items`` in lists of at most ``size``; the loop gets a turn between slices
-    (while the items are made, and after each batch is used)."""
+    (while the items are made, and after each batch is used). An :class:`OffLoop`'s
+    are fetched in a worker thread."""
     pacer = pacer or Pacer()
+    if isinstance(items, OffLoop):
+        async for item_page in _pages(items):
+            for start in range(0, len(item_page), size):
+                yield item_page[start : start + size]
+                await pacer.tick()
+        return
     batch: list[T] = []
     for item in items:
         batch.append(item)
@@ -144,3 +187,8 @@ async def batches(
             await pacer.pause()
     if batch:
         yield batch
+
+
+async def _pages(items: OffLoop[T]) -> AsyncIterator[list[T]]:
+    while page := await asyncio.to_thread(lambda: list(itertools.islice(items, PAGE))):
+        yield page

@@ -17,7 +17,7 @@ import orjson
 from sessiond import __version__
 from sessiond.codec import TRAILER_LEN
 from sessiond.errors import InvalidInput, Refused
-from sessiond.log.pace import Pacer
+from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
@@ -116,7 +116,7 @@ class Inspection:
         pacer = Pacer()
         lines = self.ctx.store.read_lines(name, upto=end)
         try:
-            for record, line in lines:
+            async for record, line in fetched(lines):
                 if record["seq"] >= start and q.match(record):
                     kept.append(line[: -TRAILER_LEN - 1])  # its JSON, without " crc32\n"
                     if first and len(kept) >= first:

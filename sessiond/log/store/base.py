@@ -103,6 +103,9 @@ class EventLog(abc.ABC):
 
     session: str
     durability: Durability
+    # Why this node closed it for good while others may still hold the session
+    # (a cluster's hand-over): what an append after the close is told.
+    closed_why: str | None = None
 
     @property
     @abc.abstractmethod

@@ -27,7 +27,8 @@ from typing import Any
 import psycopg
 
 from sessiond.codec import Clock, decode_line
-from sessiond.errors import Fenced, LogCorrupt, LogFailed
+from sessiond.errors import Fenced, HandedOver, LogCorrupt, LogFailed
+from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import (
     START,
     Draft,
@@ -130,6 +131,10 @@ class PgEventLog(EventLog):
         return None  # a commit is whole or absent: nothing is ever torn
 
     def recover(self, after: LogPosition = START) -> Iterator[Record]:
+        # queries: read off the loop by those that can (sessiond.log.pace.OffLoop)
+        return OffLoop(self._recover(after))
+
+    def _recover(self, after: LogPosition) -> Iterator[Record]:
         if self._recovered:
             raise RuntimeError("recover() runs once per open log")
         if after.seq:
@@ -154,6 +159,11 @@ class PgEventLog(EventLog):
     def write_many(self, drafts: Sequence[Draft]) -> Pending:
         if not self._recovered:
             raise RuntimeError("recover() the log before appending to it")
+        if self._closed and self.closed_why is not None:
+            raise HandedOver(
+                f"session {self.session!r} {self.closed_why} while this request waited for "
+                "it; nothing was done. Ask again: any node's socket reaches it"
+            )
         if self._closed:
             raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
         if self._failed is not None:

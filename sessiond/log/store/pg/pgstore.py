@@ -21,15 +21,19 @@ import asyncio
 import functools
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
+from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
@@ -84,16 +88,16 @@ class PgStore(PlacementQueries, Store):
             "autocommit": True,
             "prepare_threshold": 5 if prepared else None,
         }
+        # One plain connection first: a DSN that cannot work (no such database, a
+        # typo, nothing listening) fails here at once with the database's reason,
+        # where a pool retries for its whole timeout and then says only
+        # "pool initialization incomplete".
+        with psycopg.connect(dsn, **self._kwargs, **_connect_timeout(dsn)) as conn:
+            schema.check(conn)
         self._sync = ConnectionPool(
             dsn, min_size=1, max_size=4, kwargs=self._kwargs, open=False, name="sessiond-read"
         )
         self._sync.open(wait=True, timeout=30)
-        try:
-            with self._sync.connection() as conn:
-                schema.check(conn)
-        except BaseException:
-            self._sync.close()
-            raise
         self._apool: AsyncConnectionPool | None = None
         self._apool_loop: asyncio.AbstractEventLoop | None = None
         self._held = False  # connect() was called: the async pool stays open
@@ -373,12 +377,19 @@ class PgStore(PlacementQueries, Store):
         return self._log(name, pool, epoch=epoch, durability=durability)
 
     def read(self, name: str, *, since: int = 1, upto: int | None = None) -> Iterator[Record]:
+        # queries: read off the loop by those that can (sessiond.log.pace.OffLoop)
+        return OffLoop(self._read(name, since, upto))
+
+    def _read(self, name: str, since: int, upto: int | None) -> Iterator[Record]:
         check_name(name)
         self._must_exist(name)
         for record, _line in read_events(self._query, name, since, upto):
             yield record
 
     def read_lines(self, name: str, *, upto: int | None = None) -> Iterator[tuple[Record, bytes]]:
+        return OffLoop(self._read_lines(name, upto))
+
+    def _read_lines(self, name: str, upto: int | None) -> Iterator[tuple[Record, bytes]]:
         check_name(name)
         self._must_exist(name)
         for record, line in read_events(self._query, name, 1, upto):
@@ -406,6 +417,14 @@ class PgStore(PlacementQueries, Store):
                 (PLACE, self.placement_for(text).params(name)),
             ]
         )
+
+
+def _connect_timeout(dsn: str) -> dict[str, Any]:
+    """A bound on the first connection unless the DSN (or PGCONNECT_TIMEOUT) sets one:
+    an address that drops packets would otherwise wait for the OS's TCP timeout."""
+    if "connect_timeout" in conninfo_to_dict(dsn) or os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": 10}
 
 
 def _first_epoch(lines: Iterable[bytes]) -> int:
