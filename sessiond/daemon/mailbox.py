@@ -10,8 +10,12 @@ a notification that carries the message is delivered from it, one that does not
 owner reads the table anyway at least every :data:`POLL` seconds, and whenever
 its listener (re)connects: NOTIFY is the hint, the table the truth.
 
-Delivery is the local ``send`` (the same wake as on one machine), then the row
-is marked taken: a crash in between delivers the message again (at least once).
+Delivery is the local ``send`` (the same wake as on one machine), whose
+``message.received`` names the row (``message_id``): the commit that makes the
+message durable marks the row taken in the same transaction (pg/once.py), so a
+crash after the delivery cannot deliver it again, and a crash before leaves it
+untaken for the next owner (exactly once). A message the session refuses (it
+terminated) is marked taken on its own.
 A message is delivered once by its node even when both its notification and a
 poll bring it (``_seen``).
 """
@@ -29,6 +33,7 @@ import structlog
 from sessiond.errors import SessiondError
 from sessiond.log.store.pg import mail
 from sessiond.log.store.pg.mail import Hint, Message
+from sessiond.log.store.pg.once import CARRIED, AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.table.sessions import Table
 
@@ -70,10 +75,12 @@ class Mailbox:
         for task in self._tasks:
             task.cancel()
 
-    async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+    async def send(
+        self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
+    ) -> dict[str, Any]:
         """``send``, for a session on any node."""
         if to in self.node.table.sessions:
-            return await self.local(to, text, sender)
+            return await self.local(to, text, sender, message_id)
         pool = await self.store.connect()
         posted = await mail.post(pool, to, sender, text)
         if posted is None:
@@ -140,7 +147,12 @@ class Mailbox:
         if len(self._seen) > SEEN:
             self._seen.popitem(last=False)
         try:
-            await self.local(message.session, message.text, message.sender)
+            await self.local(
+                message.session, message.text, message.sender, message_id=f"{CARRIED}{message.id}"
+            )
+            return  # taken with the message's commit
+        except AlreadyFired:  # in the log already (a poll raced its commit): done
+            return
         except SessiondError as exc:  # a terminated session: dropped, with the reason
             log.warning("cluster.message_refused", session=message.session, error=str(exc))
         except BaseException:

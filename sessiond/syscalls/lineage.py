@@ -220,7 +220,11 @@ class Lineage:
         if self.ctx.scheduler.queue:
             self.ctx.spawn(self.runs.dispatch())
 
-    async def send(self, to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+    async def send(
+        self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
+    ) -> dict[str, Any]:
+        """``message_id``: the row a message carried from another node came by
+        (log/store/pg/once.py takes that row with the message's commit)."""
         s = self.ctx.table.get(to)
         if s.state == "terminated":
             raise Refused(f"cannot send to session {to!r}: it is terminated")
@@ -229,7 +233,9 @@ class Lineage:
             # A message that wakes the session is acknowledged only after its wake:
             # it goes to disk with the wake's first commit, not in one of its own.
             record = await self.ctx.table.append(
-                s, MessageReceived(sender=sender, text=text), durable=not woke
+                s,
+                MessageReceived(sender=sender, text=text, message_id=message_id),
+                durable=not woke,
             )
         if woke:
             try:  # the wake makes the message durable with its own first commit

@@ -2,7 +2,8 @@
 "a node whose lease lapsed ... can write nothing, even before anyone else
 claims"). A statement's ``now()`` is when it started: an append that waited on
 a row lock past its node's lease must still be refused when it finally runs.
-Real PostgreSQL; the lapse is made on the database, as in test_fencing."""
+Real PostgreSQL; the lease lapses by the database's clock, as a real one does
+(no renewal), while the append waits."""
 
 from __future__ import annotations
 
@@ -14,8 +15,23 @@ import pytest
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import LifecycleChanged, MessageReceived
 from sessiond.log.store.pg.pgstore import PgStore
-from tests.cluster.test_fencing import lapse
 from tests.helpers import arun
+
+
+def renew(dsn: str, node: str, seconds: float) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE nodes SET lease_until = now() + make_interval(secs => %s) WHERE name = %s",
+            (seconds, node),
+        )
+
+
+def _lapsed(dsn: str, node: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT lease_until <= clock_timestamp() FROM nodes WHERE name = %s", (node,)
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def _waiting(dsn: str) -> bool:
@@ -27,22 +43,13 @@ def _waiting(dsn: str) -> bool:
     return bool(row and row[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fence compares lease_until with now(), the statement's start: an "
-    "append that waited on the session's row lock lands after its lease lapsed "
-    "(ordering stays safe: a claim queues on the same lock). Fix: bound the wait "
-    "below the margin (lock_timeout on the committer's connections; the orphans "
-    "scan then must not lock rows the node owns) or serialize the fence with the "
-    "lease (take the node's row FOR SHARE in the fence, which a renewal or a lapse "
-    "then waits for)",
-)
 def test_an_append_that_waited_on_a_lock_past_its_lease_is_refused(pg_dsn: str) -> None:
     a = PgStore(pg_dsn, node="a", lease_ttl=60)
 
     async def go() -> None:
         log = await a.create("alpha")
         await log.append(LifecycleChanged(to="ready"))
+        renew(pg_dsn, "a", seconds=2)  # from now, a lease that lapses by the clock
         with psycopg.connect(pg_dsn) as holder:
             holder.execute("SELECT 1 FROM sessions WHERE name = 'alpha' FOR UPDATE")
             late = asyncio.ensure_future(log.append(MessageReceived(sender="bob", text="late")))
@@ -52,7 +59,13 @@ def test_an_append_that_waited_on_a_lock_past_its_lease_is_refused(pg_dsn: str) 
                 await asyncio.sleep(0.01)
             else:
                 raise AssertionError("the append never waited on the row lock")
-            lapse(pg_dsn, "a")  # its lease runs out while it waits; nobody claims
+            # its lease runs out while it waits (no renewal here), and nobody claims
+            for _ in range(3000):  # bounded: the lease is 2 s
+                if await asyncio.to_thread(_lapsed, pg_dsn, "a"):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the lease never lapsed")
             holder.rollback()
         with pytest.raises(LogFailed):  # Fenced, or the wait bounded (both LogFailed)
             await late

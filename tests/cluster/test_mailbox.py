@@ -80,9 +80,15 @@ def test_a_message_a_poll_and_its_notification_both_bring_is_delivered_once(
     """The owner's side, with the daemon's wake replaced by a list: the poll takes
     the message first, then its notification comes."""
     delivered: list[tuple[str, str, str]] = []
+    takes: list[str | None] = []
 
-    async def local(to: str, text: str, sender: str = "sessionctl") -> dict[str, Any]:
+    async def local(
+        to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
+    ) -> dict[str, Any]:
+        # the daemon's send commits message.received, which takes the row it
+        # names in the same transaction (pg/once.py): here, the name is recorded
         delivered.append((to, text, sender))
+        takes.append(message_id)
         return {}
 
     async def run() -> list[tuple[Any, ...]]:
@@ -104,11 +110,12 @@ def test_a_message_a_poll_and_its_notification_both_bring_is_delivered_once(
             await box._one(got)  # the notification, afterwards
             await box._poll()
             async with pool.connection() as c:
-                cur = await c.execute("SELECT body, taken_at IS NOT NULL FROM messages")
+                cur = await c.execute("SELECT id, body FROM messages")
                 return await cur.fetchall()
         finally:
             await store.aclose()
 
     rows = asyncio.run(run())
     assert delivered == [("w", "once", "n1")]
-    assert rows == [("once", True)]
+    assert [body for _, body in rows] == ["once"]
+    assert takes == [f"cluster:{rows[0][0]}"]  # the row its commit takes

@@ -1,8 +1,8 @@
 """Messages across nodes, attacked (DESIGN.md section 10, "Wakes"): a ``send``
 acknowledged to its sender is delivered, once. Real nodes, real PostgreSQL.
 
-Both tests here show open defects (``xfail(strict=True)``), each with the fix it
-needs in its reason."""
+The first shows an open defect (``xfail(strict=True)``), with the fix it needs in
+its reason."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_a_send_to_a_terminated_session_on_another_node_is_refused_not_dropped(
 def _waiting_update(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE messages SET taken_at%'"
+        "AND wait_event_type = 'Lock' AND query LIKE '%UPDATE messages SET taken_at%'"
     ).fetchone()
     return int(row[0]) if row else 0
 
@@ -69,14 +69,6 @@ def _received(d: Daemon) -> int:
     return len(d.json("log", "pinned", "--type", "message.received"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a node delivers a carried message (its event committed), then marks it "
-    "taken in another statement; killed in between, the next owner delivers it "
-    "again: a second wake, a second run for one send. Fix: commit taken_at with "
-    "the message's event, as a cron fire's dedup key is (pg/once.py), or record "
-    "the message's id in message.received and skip one already in the log",
-)
 def test_a_message_delivered_by_a_node_killed_before_it_marked_it_is_not_delivered_twice(
     nodes: list[Daemon], pg_dsn: str
 ) -> None:
@@ -88,17 +80,52 @@ def test_a_message_delivered_by_a_node_killed_before_it_marked_it_is_not_deliver
     sent = n1.ctl("send", "pinned", "once")
     assert sent.returncode == 0, sent.stderr
     with psycopg.connect(pg_dsn, autocommit=True) as watch, psycopg.connect(pg_dsn) as holder:
-        # readers pass; the delivering node's "taken" waits
+        # readers pass; whatever marks the row taken waits: before the fix a
+        # statement of its own after the delivery's commit, now the delivery's
+        # commit itself
         holder.execute("LOCK TABLE messages IN SHARE MODE")
         n3.start()
         wait_for(lambda: _waiting_update(watch) == 1, timeout=60, what="n3 to deliver")
-        assert _received(n3) == 1
-        n3.kill9()  # after its delivery, before its mark
-        n3.start()  # a new incarnation claims the session again
+        n3.kill9()  # between its delivery and the row's mark (or inside their one commit)
+        # a new incarnation claims the session and reads the table again (not
+        # waited for: its claim may wait on the killed delivery's transaction)
+        n3.start(wait=False)
+        # Before the fix it delivers again at once and its mark waits too; now its
+        # claim waits for the killed delivery's transaction, which never commits.
         wait_for(
-            lambda: _waiting_update(watch) == 2 or _received(n3) > 1,
+            lambda: _lock_waits(watch) >= 2 or _in_log(watch) > 1,
             timeout=60,
-            what="n3 to look at the table again",
+            what="n3 to look at the session again",
         )
         holder.rollback()
-    assert _received(n3) == 1
+    n3.wait_ready()
+    wait_for(lambda: _taken(pg_dsn), timeout=60, what="the message to be taken")
+    wait_for(lambda: _received(n3) >= 1, timeout=60, what="the message in the log")
+    assert _received(n3) == 1  # once: the row is taken exactly when it is in the log
+
+
+def _lock_waits(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _in_log(conn: psycopg.Connection[tuple[Any, ...]]) -> int:
+    """How many ``message.received`` the database has for it (the daemon may not
+    answer yet)."""
+    row = conn.execute(
+        "SELECT count(*) FROM events WHERE session = 'pinned' "
+        "AND position('\"message.received\"'::bytea IN line) > 0"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _taken(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE taken_at IS NULL), count(*) FROM messages "
+            "WHERE session = 'pinned'"
+        ).fetchone()
+    return row is not None and (row[0], row[1]) == (0, 1)

@@ -38,14 +38,29 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.numeric import Int8
 from psycopg_pool import AsyncConnectionPool
 
+from sessiond.errors import Fenced
 from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
 from sessiond.log.store.pg.nodes import Lease
 
-APPEND_MANY = """
+# The fence's ``now()`` is when its statement started. A statement that then
+# waited on a session's row lock (another transaction holding it: a scan, a
+# claim, an operator's query) would land after its node's lease lapsed, which
+# the fence exists to refuse. RETURNING is computed after the row is updated,
+# so after any wait: there the lease is read again against the clock of that
+# moment, and a lapsed one ends the statement with an error (a division by
+# zero: plain SQL has no RAISE), so nothing of it is written. The lease read is
+# the statement's (a renewal during the wait is not seen): that only refuses an
+# append whose lease would have lapsed without the renewal, never the reverse.
+LIVE = """1 / (SELECT (n.lease_until > clock_timestamp())::int FROM nodes AS n
+      WHERE n.name = %(node)s AND n.incarnation = %(inc)s)"""
+
+APPEND_MANY = (
+    """
 WITH fence AS (
     UPDATE sessions AS s SET last_seq = r.last, last_id = r.last_id
     FROM unnest(%(sessions)b::text[], %(epochs)b::bigint[], %(afters)b::bigint[],
@@ -55,7 +70,9 @@ WITH fence AS (
       AND s.owner = %(node)s
       AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.name = %(node)s
                   AND n.incarnation = %(inc)s AND n.lease_until > now())
-    RETURNING s.name, r.after, r.last
+    RETURNING s.name, r.after, r.last, """
+    + LIVE
+    + """ AS live
 ), written AS (
     INSERT INTO events (session, seq, id, line)
     SELECT e.session, e.seq, e.id, e.line
@@ -65,24 +82,39 @@ WITH fence AS (
 )
 SELECT name, last FROM fence
 """
+)
 
 # The same fence for the commonest commit, one event of one session (a lone
 # writer; an idle cluster): scalars instead of arrays to unnest and join, which
 # costs the server about a third less CPU a commit (bench/README.md).
-APPEND_ONE = """
+APPEND_ONE = (
+    """
 WITH fence AS (
     UPDATE sessions AS s SET last_seq = %(seq)s, last_id = %(id)s
     WHERE s.name = %(session)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
       AND s.owner = %(node)s
       AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.name = %(node)s
                   AND n.incarnation = %(inc)s AND n.lease_until > now())
-    RETURNING s.name, s.last_seq
+    RETURNING s.name, s.last_seq, """
+    + LIVE
+    + """ AS live
 ), written AS (
     INSERT INTO events (session, seq, id, line)
     SELECT f.name, f.last_seq, %(id)s, %(line)b FROM fence AS f
 )
 SELECT name, last_seq FROM fence
 """
+)
+
+
+def lapsed_while_waiting(exc: BaseException, lease: Lease) -> BaseException:
+    """``exc`` as the log should hear it: LIVE's refusal is a fence's."""
+    if isinstance(exc, psycopg.errors.DivisionByZero):
+        return Fenced(
+            f"node {lease.name!r}'s lease lapsed while this append waited in the "
+            "database; nothing was written"
+        )
+    return exc
 
 
 @dataclass
@@ -190,6 +222,7 @@ class Committer:
                 cur = await conn.execute(*statement(batches, self._lease))
                 landed = {(name, last) for name, last in await cur.fetchall()}
             except BaseException as exc:
+                exc = lapsed_while_waiting(exc, self._lease)
                 for source, batch in taken:
                     source.settle(batch, exc)
                 await self._give_back(slot)  # the pool discards it if it is broken

@@ -11,7 +11,14 @@ one transaction of its own that
    (``dedup`` is UNIQUE);
 3. inserts the events.
 
-All or nothing: the key exists exactly when the wake is in the log. A node that
+All or nothing: the key exists exactly when the wake is in the log.
+
+A message carried from another node (daemon/mailbox.py) is taken the same way:
+its ``message.received`` names its row (``message_id`` ``cluster:<id>``), and
+the batch that holds it marks the row taken in the same transaction. A node
+killed after delivering it and before a separate mark would have left it to be
+delivered again (a second wake, a second run); now the row is taken exactly
+when the message is in the log, and a second delivery is refused whole. A node that
 fires a time already fired (a new owner whose clock is behind the old one's,
 catching up) has its write refused whole — :class:`AlreadyFired`, a
 :class:`~sessiond.errors.Fenced` — and nothing of it lands. The timers
@@ -23,21 +30,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from sessiond.errors import Fenced
 from sessiond.log.store.base import Record
-from sessiond.log.store.pg.committer import Batch
+from sessiond.log.store.pg.committer import LIVE, Batch, lapsed_while_waiting
 from sessiond.log.store.pg.nodes import Lease
 
-FENCE_ONE = """
+FENCE_ONE = (
+    """
 UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s
 FROM nodes AS n
 WHERE s.name = %(s)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
   AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
   AND n.lease_until > now()
-RETURNING s.name
+RETURNING s.name, """
+    + LIVE
+    + """
 """
+)
 
 # taken_at is set: a fired cron is no open wake for anyone to take
 TAKE_KEYS = """
@@ -50,6 +62,12 @@ FROM unnest(%(keys)s::text[], %(fires)s::text[], %(schedules)s::text[])
     AS k(dedup, fire, schedule)
 ON CONFLICT (dedup) DO NOTHING
 RETURNING dedup
+"""
+
+TAKE_MESSAGES = """
+UPDATE messages SET taken_at = now()
+WHERE session = %(s)s AND id = ANY(%(msgs)s::bigint[]) AND taken_at IS NULL
+RETURNING id
 """
 
 INSERT_EVENTS = """
@@ -76,13 +94,47 @@ def cron_fires(session: str, records: list[Record]) -> list[tuple[str, str, str]
     return out
 
 
+CARRIED = "cluster:"  # a carried message's message_id: this prefix, then its row's id
+
+
+def carried_messages(records: list[Record]) -> list[int]:
+    """The ``messages`` rows whose delivery ``records`` hold."""
+    out = []
+    for r in records:
+        if r.get("type") != "message.received":
+            continue
+        mid = (r.get("data") or {}).get("message_id")
+        if isinstance(mid, str) and mid.startswith(CARRIED) and mid[len(CARRIED) :].isdigit():
+            out.append(int(mid[len(CARRIED) :]))
+    return out
+
+
 async def commit_once(
-    pool: AsyncConnectionPool, lease: Lease, batch: Batch, fires: list[tuple[str, str, str]]
+    pool: AsyncConnectionPool,
+    lease: Lease,
+    batch: Batch,
+    fires: list[tuple[str, str, str]],
+    messages: list[int] | None = None,
 ) -> bool:
-    """Commit ``batch`` with the dedup keys of its cron ``fires``, in one transaction.
+    """Commit ``batch`` with the dedup keys of its cron ``fires`` and the take of
+    its carried ``messages``, in one transaction.
 
     False when the session's fence refused it (as the group commit says);
-    raises :class:`AlreadyFired` when a fire is on record already."""
+    raises :class:`AlreadyFired` when a fire is on record already or a message
+    was delivered already."""
+    try:
+        return await _commit_once(pool, lease, batch, fires, messages or [])
+    except psycopg.errors.DivisionByZero as exc:  # committer.LIVE: the lease lapsed
+        raise lapsed_while_waiting(exc, lease) from None
+
+
+async def _commit_once(
+    pool: AsyncConnectionPool,
+    lease: Lease,
+    batch: Batch,
+    fires: list[tuple[str, str, str]],
+    messages: list[int],
+) -> bool:
     params: dict[str, Any] = {
         "s": batch.session,
         "epoch": batch.epoch,
@@ -94,6 +146,7 @@ async def commit_once(
         "keys": [k for k, _, _ in fires],
         "fires": [f for _, f, _ in fires],
         "schedules": [sch for _, _, sch in fires],
+        "msgs": messages,
         "seqs": batch.seqs,
         "ids": batch.ids,
         "lines": batch.lines,
@@ -102,6 +155,18 @@ async def commit_once(
         cur = await conn.execute(FENCE_ONE, params)
         if await cur.fetchone() is None:
             return False  # nothing was changed: the transaction commits nothing
+        if messages:
+            cur = await conn.execute(TAKE_MESSAGES, params)
+            took = {int(row[0]) for row in await cur.fetchall()}
+            if len(took) < len(set(messages)):
+                again = ", ".join(str(m) for m in messages if m not in took)
+                raise AlreadyFired(
+                    f"session {batch.session!r} has message {again} delivered already "
+                    "(a carried message is delivered once); nothing was written"
+                )
+        if not fires:
+            await conn.execute(INSERT_EVENTS, params)
+            return True
         cur = await conn.execute(TAKE_KEYS, params)
         taken = {row[0] for row in await cur.fetchall()}
         if len(taken) < len(fires):
