@@ -1,8 +1,6 @@
 """Messages across nodes, attacked (DESIGN.md section 10, "Wakes"): a ``send``
-acknowledged to its sender is delivered, once. Real nodes, real PostgreSQL.
-
-The first shows an open defect (``xfail(strict=True)``), with the fix it needs in
-its reason."""
+acknowledged to its sender is delivered, once, and one its session cannot take
+is refused, as on its own node. Real nodes, real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -34,14 +32,6 @@ def nodes(pg_dsn: str) -> Iterator[list[Daemon]]:
             shutil.rmtree(d.root, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a send to a session on another node is posted to the messages table "
-    "after checking only that the session exists; its owner then drops it (a "
-    "warning in its own log) if the session is terminated. Fix: carry the send to "
-    "a live owner as a request (forward.py), so the sender gets the owner's answer, "
-    "and post to the table only when no live node owns the session",
-)
 def test_a_send_to_a_terminated_session_on_another_node_is_refused_not_dropped(
     nodes: list[Daemon],
 ) -> None:

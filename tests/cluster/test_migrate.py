@@ -65,6 +65,11 @@ def _at_step(dsn: str, version: int) -> None:
             conn.execute(schema.STEPS[step - 1].encode())
             conn.execute("INSERT INTO sessiond_schema (version) VALUES (%s)", (step,))
         _session_with_events(conn, "old")
+        _session_with_events(conn, "done")  # one that terminated before the upgrade
+        conn.execute(
+            "UPDATE events SET line = %s WHERE session = 'done' AND seq = 3",
+            (b'{"v":1,"type":"lifecycle.changed","data":{"from":"sleeping","to":"terminated"}}',),
+        )
 
 
 def _session_with_events(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
@@ -110,6 +115,9 @@ def test_a_database_at_the_previous_step_upgrades_and_its_sessions_keep_their_ev
         options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'sessions'")
         assert options.fetchone() == (["fillfactor=50"],)
         assert _events_of(conn, "old") == 3
+        # step 6: a session that terminated before says so in its row
+        ended = conn.execute("SELECT name FROM sessions WHERE ended ORDER BY name").fetchall()
+        assert ended == [("done",)]
         _session_with_events(conn, "new")
         conn.execute("DELETE FROM sessions WHERE name = 'old'")
         assert (_events_of(conn, "old"), _events_of(conn, "new")) == (0, 3)

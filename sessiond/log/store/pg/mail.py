@@ -25,6 +25,8 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from sessiond.errors import Refused
+
 CHANNEL = "sessiond_messages"
 
 # NOTIFY refuses a payload of 8,000 bytes or more; the rest is the id alone.
@@ -51,7 +53,8 @@ POST = """
 WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)),
 m AS (
     INSERT INTO messages (session, sender, body)
-    SELECT s.name, %(f)s, %(t)s FROM sessions AS s, quick WHERE s.name = %(n)s
+    SELECT s.name, %(f)s, %(t)s FROM sessions AS s, quick
+    WHERE s.name = %(n)s AND NOT s.ended
     RETURNING id, session, sender, body)
 SELECT m.id, s.owner, pg_notify(%(ch)s,
     CASE WHEN octet_length(p.whole) <= %(max)s THEN p.whole ELSE p.hint END)
@@ -103,13 +106,18 @@ async def post(
 ) -> tuple[int, str | None] | None:
     """Leave a message for ``to`` and tell its owner: (the message's id, the owner
     when it was left), or None when the cluster has no such session. Not durable
-    yet: :func:`flush` before saying so."""
+    yet: :func:`flush` before saying so. A terminated session (its row says so:
+    once.py) is refused here, as its own node refuses it."""
     params: dict[str, Any] = {"n": to, "f": sender, "t": text, "ch": CHANNEL, "max": PAYLOAD_MAX}
     async with pool.connection() as conn:
         cur = await conn.execute(POST, params)
         row = await cur.fetchone()
-    if row is None:
-        return None
+        if row is None:
+            cur = await conn.execute("SELECT ended FROM sessions WHERE name = %(n)s", params)
+            ended = await cur.fetchone()
+            if ended is not None and ended[0]:
+                raise Refused(f"cannot send to session {to!r}: it is terminated")
+            return None
     return int(row[0]), row[1]
 
 

@@ -18,7 +18,11 @@ its ``message.received`` names its row (``message_id`` ``cluster:<id>``), and
 the batch that holds it marks the row taken in the same transaction. A node
 killed after delivering it and before a separate mark would have left it to be
 delivered again (a second wake, a second run); now the row is taken exactly
-when the message is in the log, and a second delivery is refused whole. A node that
+when the message is in the log, and a second delivery is refused whole.
+
+A batch that terminates the session (``lifecycle.changed`` to ``terminated``)
+commits here too, setting the row's ``ended`` in its fence: a send from another
+node is then refused as on this one (mail.py). A node that
 fires a time already fired (a new owner whose clock is behind the old one's,
 catching up) has its write refused whole — :class:`AlreadyFired`, a
 :class:`~sessiond.errors.Fenced` — and nothing of it lands. The timers
@@ -28,6 +32,7 @@ database's guarantee behind theirs, whatever the clocks say.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -40,7 +45,8 @@ from sessiond.log.store.pg.nodes import Lease
 
 FENCE_ONE = (
     """
-UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s
+UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s,
+    ended = s.ended OR %(ended)s
 FROM nodes AS n
 WHERE s.name = %(s)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
   AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
@@ -97,6 +103,14 @@ def cron_fires(session: str, records: list[Record]) -> list[tuple[str, str, str]
 CARRIED = "cluster:"  # a carried message's message_id: this prefix, then its row's id
 
 
+def ends(records: list[Record]) -> bool:
+    """Does one of ``records`` terminate the session?"""
+    return any(
+        r.get("type") == "lifecycle.changed" and (r.get("data") or {}).get("to") == "terminated"
+        for r in records
+    )
+
+
 def carried_messages(records: list[Record]) -> list[int]:
     """The ``messages`` rows whose delivery ``records`` hold."""
     out = []
@@ -109,32 +123,37 @@ def carried_messages(records: list[Record]) -> list[int]:
     return out
 
 
-async def commit_once(
-    pool: AsyncConnectionPool,
-    lease: Lease,
-    batch: Batch,
-    fires: list[tuple[str, str, str]],
-    messages: list[int] | None = None,
-) -> bool:
-    """Commit ``batch`` with the dedup keys of its cron ``fires`` and the take of
-    its carried ``messages``, in one transaction.
+@dataclass(frozen=True)
+class Keys:
+    """What a batch commits besides its events, in the same transaction."""
+
+    fires: list[tuple[str, str, str]]  # its cron fires' (dedup key, fire, schedule)
+    messages: list[int]  # the rows of the carried messages it delivers
+    ended: bool  # it terminates the session
+
+    def __bool__(self) -> bool:
+        return bool(self.fires or self.messages or self.ended)
+
+
+def keys_of(session: str, records: list[Record]) -> Keys:
+    return Keys(cron_fires(session, records), carried_messages(records), ends(records))
+
+
+async def commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, keys: Keys) -> bool:
+    """Commit ``batch`` with its ``keys`` (its cron fires' dedup keys, the take of
+    its carried messages, the row's ``ended``), in one transaction.
 
     False when the session's fence refused it (as the group commit says);
     raises :class:`AlreadyFired` when a fire is on record already or a message
     was delivered already."""
     try:
-        return await _commit_once(pool, lease, batch, fires, messages or [])
+        return await _commit_once(pool, lease, batch, keys)
     except psycopg.errors.DivisionByZero as exc:  # committer.LIVE: the lease lapsed
         raise lapsed_while_waiting(exc, lease) from None
 
 
-async def _commit_once(
-    pool: AsyncConnectionPool,
-    lease: Lease,
-    batch: Batch,
-    fires: list[tuple[str, str, str]],
-    messages: list[int],
-) -> bool:
+async def _commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, keys: Keys) -> bool:
+    fires, messages = keys.fires, keys.messages
     params: dict[str, Any] = {
         "s": batch.session,
         "epoch": batch.epoch,
@@ -147,6 +166,7 @@ async def _commit_once(
         "fires": [f for _, f, _ in fires],
         "schedules": [sch for _, _, sch in fires],
         "msgs": messages,
+        "ended": keys.ended,
         "seqs": batch.seqs,
         "ids": batch.ids,
         "lines": batch.lines,

@@ -43,7 +43,7 @@ from sessiond.log.store.base import (
 from sessiond.log.store.lines import RecordBuilder
 from sessiond.log.store.pg.committer import Batch, Committer
 from sessiond.log.store.pg.nodes import Lease
-from sessiond.log.store.pg.once import carried_messages, cron_fires
+from sessiond.log.store.pg.once import Keys, keys_of
 
 READ_BATCH = 1000  # events a query of a reader fetches at most
 
@@ -94,8 +94,7 @@ class PgEventLog(EventLog):
         epoch: int,
         query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
         on_close: Callable[[], Awaitable[None]],
-        once: Callable[[Batch, list[tuple[str, str, str]], list[int]], Awaitable[bool]]
-        | None = None,
+        once: Callable[[Batch, Keys], Awaitable[bool]] | None = None,
     ) -> None:
         self.session = session
         # Durability is PostgreSQL's (synchronous_commit): an append is acknowledged
@@ -106,7 +105,8 @@ class PgEventLog(EventLog):
         self._lease = lease
         self._query = query
         self._on_close = on_close
-        # a batch with a cron wake or a carried message commits with its keys (once.py)
+        # a batch with a cron wake, a carried message or the session's end commits
+        # in a transaction of its own, with its keys (once.py)
         self._once = once
         self._once_tasks: set[asyncio.Task[None]] = set()
         self._builder = RecordBuilder(session, clock)
@@ -212,24 +212,21 @@ class PgEventLog(EventLog):
             [r["id"] for r in records],
             lines,
         )
-        fires = cron_fires(self.session, records) if self._once is not None else []
-        carried = carried_messages(records) if self._once is not None else []
-        if fires or carried:
+        keys = keys_of(self.session, records) if self._once is not None else None
+        if keys:
             # not the group commit's: one transaction of its own with the fire's
             # dedup keys (once.py); it settles this batch as the committer would
-            task = asyncio.get_running_loop().create_task(self._commit_once(batch, fires, carried))
+            task = asyncio.get_running_loop().create_task(self._commit_once(batch, keys))
             self._once_tasks.add(task)
             task.add_done_callback(self._once_tasks.discard)
             return None
         return batch
 
-    async def _commit_once(
-        self, batch: Batch, fires: list[tuple[str, str, str]], carried: list[int]
-    ) -> None:
+    async def _commit_once(self, batch: Batch, keys: Keys) -> None:
         assert self._once is not None
         outcome: bool | BaseException
         try:
-            outcome = await self._once(batch, fires, carried)
+            outcome = await self._once(batch, keys)
         except Exception as exc:  # AlreadyFired (a Fenced), or the database's error
             outcome = exc
         self.settle(batch, outcome)

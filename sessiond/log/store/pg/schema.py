@@ -144,6 +144,18 @@ STEPS: list[str] = [
         FOR EACH ROW EXECUTE FUNCTION sessiond_delete_events();
     ALTER TABLE sessions SET (fillfactor = 50);
     """,
+    # 6: a terminated session says so in its row (set in the transaction that
+    # commits its lifecycle.changed to terminated: pg/once.py), so a send from
+    # another node is refused there, as on its own node, instead of being left
+    # for an owner that drops it. Sessions that terminated before are found in
+    # their events once, here.
+    """
+    ALTER TABLE sessions ADD COLUMN ended boolean NOT NULL DEFAULT false;
+    UPDATE sessions AS s SET ended = true WHERE EXISTS (
+        SELECT 1 FROM events AS e WHERE e.session = s.name
+          AND position('"type":"lifecycle.changed"'::bytea IN e.line) > 0
+          AND position('"to":"terminated"'::bytea IN e.line) > 0);
+    """,
 ]
 
 VERSION = len(STEPS)
