@@ -115,9 +115,8 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(32), 127, 0x85)} | {
     # as the approval's own. Their brackets become look-alikes that no format
     # parses, so the name still reads as written and nothing in it is a link or
     # a tag. (A bare URL in it may still be linked by the client, but shows as
-    # the URL it is.)
+    # the URL it is.) A lone ">" opens nothing (and stays, in "ready -> blocked").
     ord("<"): "\u2039",  # single left-pointing angle quotation mark
-    ord(">"): "\u203a",  # single right-pointing angle quotation mark
     ord("["): "\uff3b",  # fullwidth left square bracket
     ord("]"): "\uff3d",  # fullwidth right square bracket
 }

@@ -134,7 +134,7 @@ def test_a_tool_name_cannot_be_a_link_or_a_tag_where_the_target_renders_markup()
     notice = notice_for("s", rec, frozenset({"approval.requested"}), "https://console")
     assert notice is not None
     for text in (notice.title, notice.body):
-        for c in "[]<>":
+        for c in "[]<":  # no link, no tag: a ">" alone opens neither
             assert c not in text, (c, text)
     assert "\uff3bApprove\uff3d(https://evil.example/a)" in notice.title  # still reads as named
     assert "open: https://console/s/s" in notice.body  # the daemon's own lines are untouched
