@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -29,18 +30,36 @@ type = "message"
 """
 
 
-@pytest.fixture
-def three(pg_dsn: str) -> Iterator[list[Daemon]]:
-    nodes: list[Daemon] = []
+def node(dsn: str, name: str, extra: str = SHARED) -> Daemon:
+    """A cluster node named ``name`` on ``dsn`` (not started), ``extra`` in its
+    ``[cluster]`` table."""
+    return Daemon(
+        short_dir(), f'[cluster]\ndsn = "{dsn}"\nnode = "{name}"\nlease_ttl = "{TTL}s"\n{extra}'
+    )
+
+
+@contextmanager
+def nodes_of(
+    dsn: str, count: int, *, extra: str = SHARED, start: bool = True
+) -> Iterator[list[Daemon]]:
+    """Nodes n1..n``count``, started unless not ``start``; each reaped and removed after."""
+    made: list[Daemon] = []
     try:
-        for i in (1, 2, 3):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
-            nodes.append(Daemon(short_dir(), config).start())
-        yield nodes
+        for i in range(1, count + 1):
+            made.append(node(dsn, f"n{i}", extra))
+            if start:
+                made[-1].start()
+        yield made
     finally:
-        for d in nodes:
+        for d in made:
             d.reap()
             shutil.rmtree(d.root, ignore_errors=True)
+
+
+@pytest.fixture
+def three(pg_dsn: str) -> Iterator[list[Daemon]]:
+    with nodes_of(pg_dsn, 3) as made:
+        yield made
 
 
 def node_name(d: Daemon) -> str:

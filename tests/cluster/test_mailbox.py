@@ -6,7 +6,6 @@ notification both bring is delivered once."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -17,22 +16,14 @@ import pytest
 from sessiond.daemon.mailbox import Mailbox
 from sessiond.log.store.pg import mail
 from sessiond.log.store.pg.pgstore import PgStore
-from tests.cluster.conftest import HELLO, TTL
-from tests.e2e.harness import Daemon, short_dir, wait_event
+from tests.cluster.conftest import HELLO, nodes_of
+from tests.e2e.harness import Daemon, wait_event
 
 
 @pytest.fixture
 def two(pg_dsn: str) -> Iterator[list[Daemon]]:
-    nodes: list[Daemon] = []
-    try:
-        for i in (1, 2):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
-            nodes.append(Daemon(short_dir(), config).start())
-        yield nodes
-    finally:
-        for d in nodes:
-            d.reap()
-            shutil.rmtree(d.root, ignore_errors=True)
+    with nodes_of(pg_dsn, 2, extra="") as made:
+        yield made
 
 
 def _texts(d: Daemon, session: str) -> list[str]:

@@ -4,32 +4,20 @@ is refused, as on its own node. Real nodes, real PostgreSQL."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.cluster.conftest import HELLO, SHARED, TTL
-from tests.e2e.harness import Daemon, short_dir, wait_for
-
-
-def _node(dsn: str, name: str) -> Daemon:
-    return Daemon(
-        short_dir(), f'[cluster]\ndsn = "{dsn}"\nnode = "{name}"\nlease_ttl = "{TTL}s"\n{SHARED}'
-    )
+from tests.cluster.conftest import HELLO, nodes_of
+from tests.e2e.harness import Daemon, wait_for
 
 
 @pytest.fixture
 def nodes(pg_dsn: str) -> Iterator[list[Daemon]]:
-    made = [_node(pg_dsn, "n1"), _node(pg_dsn, "n2"), _node(pg_dsn, "n3")]
-    try:
+    with nodes_of(pg_dsn, 3, start=False) as made:
         yield made
-    finally:
-        for d in made:
-            d.reap()
-            shutil.rmtree(d.root, ignore_errors=True)
 
 
 def test_a_send_to_a_terminated_session_on_another_node_is_refused_not_dropped(
