@@ -74,7 +74,7 @@ def _at_step(dsn: str, version: int) -> None:
         # its own start (terminated -> created, lineage.fork): it is live
         _session_with_events(conn, "forked")
         for seq, to in ((2, "terminated"), (3, "created")):
-            line = '{"v":1,"type":"lifecycle.changed","data":{"from":"x","to":"%s"}}' % to
+            line = '{"v":1,"type":"lifecycle.changed","data":{"from":"x","to":"' + to + '"}}'
             conn.execute(
                 "UPDATE events SET line = %s WHERE session = 'forked' AND seq = %s",
                 (line.encode(), seq),
