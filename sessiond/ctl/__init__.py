@@ -24,7 +24,7 @@ from sessiond import __version__
 from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
-from sessiond.ctl.safeterm import terminal_safe
+from sessiond.ctl.safeterm import safe_text, terminal_safe
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -588,7 +588,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     option=orjson.OPT_APPEND_NEWLINE,
                 )
             )
-        print(f"sessionctl: {exc.message}", file=sys.stderr)
+        # stderr is a person's, --json or not (the exact text is in the JSON above)
+        print(f"sessionctl: {safe_text(exc.message)}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:
         return 0

@@ -13,7 +13,8 @@ Newlines and tabs stay (messages have lines). sessionctl's own colours are added
 after, by ``Out.paint``, so they still work.
 
 ``--json`` output is not cleaned: orjson escapes every control character in a
-JSON string, and a program reading it gets the exact text the log holds.
+JSON string, and a program reading it gets the exact text the log holds. The
+error line on stderr is a person's even then: it is cleaned with or without it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Delivery is the local ``send`` (the same wake as on one machine), whose
 message durable marks the row taken in the same transaction (pg/once.py), so a
 crash after the delivery cannot deliver it again, and a crash before leaves it
 untaken for the next owner (exactly once). A message the session refuses (it
-terminated) is marked taken on its own.
+terminated) is marked taken on its own; one it could not take for another reason
+(handed over while the delivery waited for its lock) is left for its next owner.
 A message is delivered once by its node even when both its notification and a
 poll bring it (``_seen``).
 """
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from sessiond.errors import SessiondError
+from sessiond.errors import InvalidInput, Refused
 from sessiond.log.store.pg import mail
 from sessiond.log.store.pg.mail import Hint, Message
 from sessiond.log.store.pg.once import CARRIED, AlreadyFired
@@ -153,9 +154,12 @@ class Mailbox:
             return  # taken with the message's commit
         except AlreadyFired:  # in the log already (a poll raced its commit): done
             return
-        except SessiondError as exc:  # a terminated session: dropped, with the reason
+        except (Refused, InvalidInput) as exc:  # the session's word (it terminated): dropped
             log.warning("cluster.message_refused", session=message.session, error=str(exc))
         except BaseException:
+            # Not delivered and not refused (handed over or deleted meanwhile, the
+            # log fenced or failed): left untaken, for the next owner or a poll. A
+            # hand-over queued on the session's lock ahead of it closed the log.
             self._seen.pop(message.id, None)  # not delivered: a poll tries again
             raise
         await mail.taken(await self.store.connect(), message.id)

@@ -134,7 +134,9 @@ class Placer:
             asyncio.to_thread(self.store.node_row, to),
         )
         if found is None:
-            raise NoSuchSession(name)
+            raise NoSuchSession(
+                f"no session {name!r}; 'sessionctl ps' lists the sessions there are"
+            )
         placed, owner, alive = found
         if alive:
             raise Refused(

@@ -79,6 +79,10 @@ def test_migrate_and_drain_name_what_is_wrong_with_a_node(pg_dsn: str) -> None:
             assert bad.returncode == InvalidInput.exit_code, bad.stderr
             assert "is not a node name" in bad.stderr
             assert len(bad.stderr) < 300
+        # --force for a session no node has: said so, as everywhere else
+        none = node.ctl("migrate", "nope", "--node", "n1", "--force")
+        assert none.returncode == 4, none.stderr
+        assert "no session 'nope'" in none.stderr, none.stderr
         assert node.ctl("ping").returncode == 0
     finally:
         node.reap()

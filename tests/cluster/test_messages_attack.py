@@ -107,3 +107,44 @@ def _taken(dsn: str) -> bool:
             "WHERE session = 'pinned'"
         ).fetchone()
     return row is not None and (row[0], row[1]) == (0, 1)
+
+
+def test_a_send_to_an_imported_terminated_session_on_another_node_is_refused(
+    nodes: list[Daemon],
+) -> None:
+    """A bundle of a terminated session imports terminated: its row must say so
+    (``ended``) as a termination committed here does, or a send from another node
+    is acknowledged and then dropped by its owner."""
+    n1, n2, _ = nodes
+    n1.start()
+    n2.start()
+    n2.ctl("create", str(n2.write_spec("hello", HELLO)), check=True)
+    n2.ctl("cancel", "hello", check=True)
+    bundle = n2.root / "hello.bundle"
+    n2.ctl("export", "hello", "-o", str(bundle), check=True)
+    n2.ctl("import", str(bundle), "--as", "again", check=True)
+    assert n2.json("show", "again")["state"] == "terminated"
+    here = n2.ctl("send", "again", "lost?")
+    assert (here.returncode, "terminated" in here.stderr) == (1, True), here
+    there = n1.ctl("send", "again", "lost?")
+    assert (there.returncode, "terminated" in there.stderr) == (1, True), there
+
+
+def test_a_send_to_a_live_fork_of_a_terminated_session_on_another_node_is_delivered(
+    nodes: list[Daemon],
+) -> None:
+    """A fork copies its parent's end, then starts: its row is not ``ended``."""
+    n1, n2, _ = nodes
+    n1.start()
+    n2.start()
+    n2.ctl("create", str(n2.write_spec("hello", HELLO)), check=True)
+    n2.ctl("cancel", "hello", check=True)
+    n2.ctl("fork", "hello", "--as", "kid", check=True)
+    assert n2.json("show", "kid")["state"] != "terminated"
+    there = n1.ctl("send", "kid", "still here")
+    assert there.returncode == 0, there
+    wait_for(
+        lambda: len(n2.json("log", "kid", "--type", "message.received")) == 1,
+        timeout=60,
+        what="the message in the fork's log",
+    )

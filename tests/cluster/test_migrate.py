@@ -70,6 +70,15 @@ def _at_step(dsn: str, version: int) -> None:
             "UPDATE events SET line = %s WHERE session = 'done' AND seq = 3",
             (b'{"v":1,"type":"lifecycle.changed","data":{"from":"sleeping","to":"terminated"}}',),
         )
+        # a fork of a terminated session: its parent's end is in its history, then
+        # its own start (terminated -> created, lineage.fork): it is live
+        _session_with_events(conn, "forked")
+        for seq, to in ((2, "terminated"), (3, "created")):
+            line = '{"v":1,"type":"lifecycle.changed","data":{"from":"x","to":"' + to + '"}}'
+            conn.execute(
+                "UPDATE events SET line = %s WHERE session = 'forked' AND seq = %s",
+                (line.encode(), seq),
+            )
 
 
 def _session_with_events(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
@@ -115,7 +124,8 @@ def test_a_database_at_the_previous_step_upgrades_and_its_sessions_keep_their_ev
         options = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'sessions'")
         assert options.fetchone() == (["fillfactor=50"],)
         assert _events_of(conn, "old") == 3
-        # step 6: a session that terminated before says so in its row
+        # step 6: a session that terminated before says so in its row; one whose
+        # log goes on past a termination (a fork of a terminated session) does not
         ended = conn.execute("SELECT name FROM sessions WHERE ended ORDER BY name").fetchall()
         assert ended == [("done",)]
         _session_with_events(conn, "new")

@@ -20,14 +20,16 @@ from sessiond.log.store.files import FileStore
 from tests.helpers import arun
 
 
-def bundle_with_pending_approvals(folder: Path) -> Path:
+def bundle_with_pending_approvals(folder: Path, calls: tuple[str, str] = ("c1", "c2")) -> Path:
+    """A bundle of session ``asker``, blocked on two approvals (their call ids:
+    ``calls``; a bundle from elsewhere chooses them)."""
     store = FileStore(folder / "craft")
 
     async def go() -> None:
         await (await store.create("asker", spec='name = "asker"\n')).close()
         journal = await Journal.open(store, "asker")
         events: list[EventData] = [SessionCreated(name="asker", goal="ask twice")]
-        for call, tool in (("c1", "edit_file"), ("c2", "send_email")):
+        for call, tool in zip(calls, ("edit_file", "send_email"), strict=True):
             events += [
                 ToolIntent(call=call, tool=tool, risk=RiskContract(side_effect="external-write")),
                 PolicyDecided(call=call, tool=tool, decision="ask", rule=f"ask: {tool}"),

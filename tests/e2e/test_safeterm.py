@@ -41,3 +41,22 @@ def test_sessionctl_prints_a_hostile_message_escaped_and_json_keeps_it_exact() -
         records = orjson.loads(d.ctl("--json", "log", "s", check=True).stdout)
         texts = [r["data"]["text"] for r in records if r["type"] == "message.received"]
         assert texts == [HOSTILE]  # the log holds what was sent, byte for byte
+
+
+def test_an_error_naming_what_a_bundle_chose_reaches_stderr_escaped_with_json_too() -> None:
+    """An error's text reaches a person on stderr with or without --json (its
+    exact text is in the JSON on stdout): it is escaped there in both."""
+    from tests.e2e.crafted import bundle_with_pending_approvals
+
+    hostile = ("c1\x1b]0;pwned\x07", "c2\u202e\x1b[2J")
+    with running() as d:
+        d.ctl("import", str(bundle_with_pending_approvals(d.root, hostile)), check=True)
+        for args in (("approve", "asker"), ("--json", "approve", "asker")):
+            done = d.ctl(*args)
+            assert done.returncode != 0, done
+            assert "pending approvals" in done.stderr, done.stderr
+            for c in ("\x1b", "\x07", "\u202e"):
+                assert c not in done.stderr, (args, repr(done.stderr))
+            assert "\\x1b]0;pwned" in done.stderr, done.stderr
+        error = orjson.loads(d.ctl("--json", "approve", "asker").stdout)["error"]
+        assert all(call in error["message"] for call in hostile)  # exact, for a program

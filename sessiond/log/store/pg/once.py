@@ -22,7 +22,10 @@ when the message is in the log, and a second delivery is refused whole.
 
 A batch that terminates the session (``lifecycle.changed`` to ``terminated``)
 commits here too, setting the row's ``ended`` in its fence: a send from another
-node is then refused as on this one (mail.py). A node that
+node is then refused as on this one (mail.py); so does one that leaves
+``terminated`` (a fork of a terminated session starts), clearing it. A copy
+(fork, import) is made with ``ended`` as its copied events leave it
+(pgstore.create). A node that
 fires a time already fired (a new owner whose clock is behind the old one's,
 catching up) has its write refused whole — :class:`AlreadyFired`, a
 :class:`~sessiond.errors.Fenced` — and nothing of it lands. The timers
@@ -32,6 +35,7 @@ database's guarantee behind theirs, whatever the clocks say.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +50,7 @@ from sessiond.log.store.pg.nodes import Lease
 FENCE_ONE = (
     """
 UPDATE sessions AS s SET last_seq = %(last)s, last_id = %(last_id)s,
-    ended = s.ended OR %(ended)s
+    ended = coalesce(%(ended)s, s.ended)
 FROM nodes AS n
 WHERE s.name = %(s)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
   AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
@@ -103,12 +107,21 @@ def cron_fires(session: str, records: list[Record]) -> list[tuple[str, str, str]
 CARRIED = "cluster:"  # a carried message's message_id: this prefix, then its row's id
 
 
-def ends(records: list[Record]) -> bool:
-    """Does one of ``records`` terminate the session?"""
-    return any(
-        r.get("type") == "lifecycle.changed" and (r.get("data") or {}).get("to") == "terminated"
-        for r in records
-    )
+def ends(records: Iterable[Record]) -> bool | None:
+    """What ``records`` make of the row's ``ended``: True when their last lifecycle
+    change terminates the session, False when it leaves ``terminated`` (a fork of a
+    terminated session starts: log/lineage.py copies its parent's end first), None
+    when they change nothing of it."""
+    out: bool | None = None
+    for r in records:
+        if r.get("type") != "lifecycle.changed":
+            continue
+        data = r.get("data") or {}
+        if data.get("to") == "terminated":
+            out = True
+        elif data.get("from") == "terminated":
+            out = False
+    return out
 
 
 def carried_messages(records: list[Record]) -> list[int]:
@@ -129,10 +142,10 @@ class Keys:
 
     fires: list[tuple[str, str, str]]  # its cron fires' (dedup key, fire, schedule)
     messages: list[int]  # the rows of the carried messages it delivers
-    ended: bool  # it terminates the session
+    ended: bool | None  # it terminates the session (True), starts it again (False)
 
     def __bool__(self) -> bool:
-        return bool(self.fires or self.messages or self.ended)
+        return bool(self.fires or self.messages or self.ended is not None)
 
 
 def keys_of(session: str, records: list[Record]) -> Keys:

@@ -38,15 +38,16 @@ from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
 from sessiond.log.store.pg.nodes import Lease
-from sessiond.log.store.pg.once import commit_once
+from sessiond.log.store.pg.once import commit_once, ends
 from sessiond.log.store.pg.pglog import PgEventLog, read_events
 from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
 from sessiond.log.store.pg.placement import PLACE, PlacementQueries, fits
 from sessiond.names import check_name
 
 CREATE = """
-INSERT INTO sessions (name, owner, epoch, last_seq, last_id, spec)
-SELECT %(session)s, n.name, %(epoch)s, %(last)s, %(last_id)s, %(spec)s FROM nodes AS n
+INSERT INTO sessions (name, owner, epoch, last_seq, last_id, spec, ended)
+SELECT %(session)s, n.name, %(epoch)s, %(last)s, %(last_id)s, %(spec)s, %(ended)s
+FROM nodes AS n
 WHERE n.name = %(node)s AND n.incarnation = %(inc)s AND n.lease_until > now()
 ON CONFLICT (name) DO NOTHING
 RETURNING name
@@ -285,6 +286,7 @@ class PgStore(PlacementQueries, Store):
         seqs: list[int] = []
         ids: list[str] = []
         raws: list[bytes] = []
+        changes: list[Record] = []  # its lifecycle changes (what ``ended`` is made of)
         top = 1  # the epoch it starts at (below)
         for line in lines:
             raw = line.rstrip(b"\n")
@@ -294,6 +296,8 @@ class PgStore(PlacementQueries, Store):
             seqs.append(record["seq"])
             ids.append(record["id"])
             raws.append(raw)
+            if record.get("type") == "lifecycle.changed":
+                changes.append(record)
             if isinstance(got := record.get("epoch"), int):
                 top = max(top, got)
         blobs = list(artifacts)
@@ -314,6 +318,9 @@ class PgStore(PlacementQueries, Store):
                         "spec": spec,
                         "node": self.lease.name,
                         "inc": self.lease.incarnation,
+                        # an import of a terminated session arrives terminated: its
+                        # row says so, as a termination committed here does (once.py)
+                        "ended": bool(ends(changes)),
                     },
                 )
                 if await cur.fetchone() is None:

@@ -148,13 +148,15 @@ STEPS: list[str] = [
     # commits its lifecycle.changed to terminated: pg/once.py), so a send from
     # another node is refused there, as on its own node, instead of being left
     # for an owner that drops it. Sessions that terminated before are found in
-    # their events once, here.
+    # their events once, here: by their last lifecycle change, not any (a fork of
+    # a terminated session holds its parent's end, then its own start).
     """
     ALTER TABLE sessions ADD COLUMN ended boolean NOT NULL DEFAULT false;
-    UPDATE sessions AS s SET ended = true WHERE EXISTS (
-        SELECT 1 FROM events AS e WHERE e.session = s.name
+    UPDATE sessions AS s SET ended = true WHERE (
+        SELECT position('"to":"terminated"'::bytea IN e.line) > 0
+        FROM events AS e WHERE e.session = s.name
           AND position('"type":"lifecycle.changed"'::bytea IN e.line) > 0
-          AND position('"to":"terminated"'::bytea IN e.line) > 0);
+        ORDER BY e.seq DESC LIMIT 1);
     """,
 ]
 
