@@ -236,14 +236,6 @@ def _lease_until(conn: psycopg.Connection[tuple[object, ...]]) -> object:
     return row[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="committer.LIVE reads the lease in the statement's snapshot, so a renewal "
-    "committed while the append waited on the row lock is not seen: a healthy node's "
-    "append that waited longer than the lease's TTL is refused as 'lease lapsed'. "
-    "Fix: read the lease in a fresh snapshot after the wait (a VOLATILE SQL function "
-    "sees renewals committed meanwhile under READ COMMITTED: a schema step)",
-)
 def test_an_append_of_a_healthy_node_that_waited_past_its_ttl_is_not_refused(
     logged: tuple[list[Daemon], Path], pg_dsn: str
 ) -> None:

@@ -50,14 +50,14 @@ from sessiond.log.store.pg.nodes import Lease
 # The fence's ``now()`` is when its statement started. A statement that then
 # waited on a session's row lock (another transaction holding it: a scan, a
 # claim, an operator's query) would land after its node's lease lapsed, which
-# the fence exists to refuse. RETURNING is computed after the row is updated,
-# so after any wait: there the lease is read again against the clock of that
-# moment, and a lapsed one ends the statement with an error (a division by
-# zero: plain SQL has no RAISE), so nothing of it is written. The lease read is
-# the statement's (a renewal during the wait is not seen): that only refuses an
-# append whose lease would have lapsed without the renewal, never the reverse.
-LIVE = """1 / (SELECT (n.lease_until > clock_timestamp())::int FROM nodes AS n
-      WHERE n.name = %(node)s AND n.incarnation = %(inc)s)"""
+# the fence exists to refuse. So each statement ends by looking at the lease
+# again, once every row of the fence is updated (``waited`` counts them, so it
+# comes after any wait): ``sessiond_lease_live`` (schema step 6) reads it in a
+# snapshot of its own, sees a renewal committed meanwhile, compares it with the
+# clock of that moment, and raises (SQLSTATE SD001) when it lapsed, which ends
+# the statement with nothing of it written.
+LIVE = "sessiond_lease_live(%(node)s, %(inc)s, w.n)"
+LAPSED = "SD001"
 
 APPEND_MANY = (
     """
@@ -70,17 +70,17 @@ WITH fence AS (
       AND s.owner = %(node)s
       AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.name = %(node)s
                   AND n.incarnation = %(inc)s AND n.lease_until > now())
-    RETURNING s.name, r.after, r.last, """
-    + LIVE
-    + """ AS live
+    RETURNING s.name, r.after, r.last
 ), written AS (
     INSERT INTO events (session, seq, id, line)
     SELECT e.session, e.seq, e.id, e.line
     FROM unnest(%(ev_sessions)b::text[], %(seqs)b::bigint[], %(ids)b::text[],
                 %(lines)b::bytea[]) AS e(session, seq, id, line)
     JOIN fence AS f ON f.name = e.session AND e.seq > f.after AND e.seq <= f.last
-)
-SELECT name, last FROM fence
+), waited AS (SELECT count(*) AS n FROM fence)
+SELECT f.name, f.last FROM fence AS f, waited AS w WHERE """
+    + LIVE
+    + """
 """
 )
 
@@ -95,21 +95,21 @@ WITH fence AS (
       AND s.owner = %(node)s
       AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.name = %(node)s
                   AND n.incarnation = %(inc)s AND n.lease_until > now())
-    RETURNING s.name, s.last_seq, """
-    + LIVE
-    + """ AS live
+    RETURNING s.name, s.last_seq
 ), written AS (
     INSERT INTO events (session, seq, id, line)
     SELECT f.name, f.last_seq, %(id)s, %(line)b FROM fence AS f
-)
-SELECT name, last_seq FROM fence
+), waited AS (SELECT count(*) AS n FROM fence)
+SELECT f.name, f.last_seq FROM fence AS f, waited AS w WHERE """
+    + LIVE
+    + """
 """
 )
 
 
 def lapsed_while_waiting(exc: BaseException, lease: Lease) -> BaseException:
     """``exc`` as the log should hear it: LIVE's refusal is a fence's."""
-    if isinstance(exc, psycopg.errors.DivisionByZero):
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == LAPSED:
         return Fenced(
             f"node {lease.name!r}'s lease lapsed while this append waited in the "
             "database; nothing was written"

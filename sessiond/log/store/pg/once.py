@@ -44,7 +44,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sessiond.errors import Fenced
 from sessiond.log.store.base import Record
-from sessiond.log.store.pg.committer import LIVE, Batch, lapsed_while_waiting
+from sessiond.log.store.pg.committer import LAPSED, LIVE, Batch, lapsed_while_waiting
 from sessiond.log.store.pg.nodes import Lease
 
 FENCE_ONE = (
@@ -56,7 +56,7 @@ WHERE s.name = %(s)s AND s.epoch = %(epoch)s AND s.last_seq = %(after)s
   AND s.owner = %(node)s AND n.name = s.owner AND n.incarnation = %(inc)s
   AND n.lease_until > now()
 RETURNING s.name, """
-    + LIVE
+    + LIVE.replace("w.n", "s.last_seq")
     + """
 """
 )
@@ -161,7 +161,9 @@ async def commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, key
     was delivered already."""
     try:
         return await _commit_once(pool, lease, batch, keys)
-    except psycopg.errors.DivisionByZero as exc:  # committer.LIVE: the lease lapsed
+    except psycopg.Error as exc:  # committer.LIVE: the lease lapsed while it waited
+        if exc.sqlstate != LAPSED:
+            raise
         raise lapsed_while_waiting(exc, lease) from None
 
 

@@ -157,6 +157,21 @@ STEPS: list[str] = [
         FROM events AS e WHERE e.session = s.name
           AND position('"type":"lifecycle.changed"'::bytea IN e.line) > 0
         ORDER BY e.seq DESC LIMIT 1);
+    -- The append's second look at its node's lease, after any lock wait
+    -- (committer.py, LIVE). VOLATILE: under READ COMMITTED its query takes a
+    -- snapshot of its own, so a renewal committed while the append waited is seen
+    -- (a subquery of the append would see the lease as the append began).
+    CREATE FUNCTION sessiond_lease_live(p_node text, p_inc bigint, p_after bigint)
+    RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        IF NOT EXISTS (SELECT 1 FROM nodes WHERE name = p_node AND incarnation = p_inc
+                       AND lease_until > clock_timestamp()) THEN
+            RAISE EXCEPTION 'the lease of node % lapsed while its append waited', p_node
+                USING ERRCODE = 'SD001';
+        END IF;
+        RETURN true;
+    END
+    $$;
     """,
 ]
 
