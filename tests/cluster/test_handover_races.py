@@ -240,7 +240,8 @@ def _lease_until(conn: psycopg.Connection[tuple[object, ...]]) -> object:
     strict=True,
     reason="committer.LIVE reads the lease in the statement's snapshot, so a renewal "
     "committed while the append waited on the row lock is not seen: a healthy node's "
-    "append that waited longer than the lease's TTL is refused as 'lease lapsed'. "
+    "append that waited longer than the lease's TTL is refused as 'lease lapsed', and "
+    "the session's log there takes no appends after, though its node is up and owns it. "
     "Fix: read the lease in a fresh snapshot after the wait (a VOLATILE SQL function "
     "sees renewals committed meanwhile under READ COMMITTED: a schema step)",
 )
@@ -270,3 +271,6 @@ def test_an_append_of_a_healthy_node_that_waited_past_its_ttl_is_not_refused(
         holder.rollback()
         _, err = sender.communicate(timeout=60)
     assert sender.returncode == 0, err
+    # and the session goes on here (refused, its log took no appends at all after,
+    # on a node that is up and still owns it)
+    n1.ctl("send", "slow", "again", check=True)
