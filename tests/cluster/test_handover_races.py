@@ -262,3 +262,6 @@ def test_an_append_of_a_healthy_node_that_waited_past_its_ttl_is_not_refused(
         holder.rollback()
         _, err = sender.communicate(timeout=60)
     assert sender.returncode == 0, err
+    # and the session goes on here (refused, its log took no appends at all after,
+    # on a node that is up and still owns it)
+    n1.ctl("send", "slow", "again", check=True)
