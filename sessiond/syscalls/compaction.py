@@ -27,7 +27,7 @@ from sessiond.runs.start import Starter
 from sessiond.table.sessions import Session
 
 SUMMARY_LIMIT = 4000
-COMMAND_TIMEOUT = 60.0
+COMMAND_TIMEOUT = 60.0  # [compact] timeout's default
 OUTPUT_LIMIT = 64 * 1024  # bytes of stdout a compaction command may print; more: refused
 _SENTENCE = re.compile(r"^(.{1,200}?[.!?])(\s|$)", re.S)
 
@@ -45,20 +45,24 @@ def extractive_summary(items: list[dict[str, Any]]) -> str:
 
 
 async def run_compact_command(
-    starter: Starter, s: Session, argv: list[str], cwd: str, items: list[dict[str, Any]]
+    starter: Starter,
+    s: Session,
+    planned: Plan,
 ) -> str:
     """The summary ``[compact] exec`` prints for ``items``. It runs like the
     session's program, never as the daemon (sessiond.runs.commands): confined,
     bounded in time and output, and everything it started stops with it."""
+    argv, timeout = planned.command, planned.timeout
+    assert argv is not None
     try:
         result = await run_for_session(
             starter,
             s,
             argv,
             purpose="compact",
-            cwd=cwd,
-            stdin=orjson.dumps(items),
-            timeout=COMMAND_TIMEOUT,
+            cwd=planned.cwd,
+            stdin=orjson.dumps(planned.older),
+            timeout=timeout,
             max_output=OUTPUT_LIMIT,
         )
     except CommandNotStarted as exc:
@@ -71,8 +75,8 @@ async def run_compact_command(
         )
     if outcome.status == "timeout":
         raise Refused(
-            f"the compaction command {name} took more than {COMMAND_TIMEOUT:g}s; it was "
-            "stopped with everything it started"
+            f"the compaction command {name} took more than {timeout:g}s ([compact] "
+            "timeout); it was stopped with everything it started"
         )
     if outcome.status != "ok":
         how = (
@@ -109,7 +113,8 @@ class Plan:
 
     older: list[dict[str, Any]]
     command: list[str] | None  # the spec's [compact] exec (None: the built-in summary)
-    cwd: str
+    cwd: str  # the session's workspace ("/" for a session with no [run])
+    timeout: float = COMMAND_TIMEOUT
 
     def event(self, summary: str) -> ContextCompacted:
         return ContextCompacted(
@@ -135,8 +140,9 @@ async def plan(session: Session, *, keep: int) -> Plan:
         )
     spec = session.spec
     if spec is not None and spec.compact is not None:
-        return Plan(older, list(spec.compact.exec), str(spec.workspace))
-    return Plan(older, None, "")
+        cwd = str(spec.run.cwd) if spec.run is not None else "/"
+        return Plan(older, list(spec.compact.exec), cwd, spec.compact.timeout)
+    return Plan(older, None, "/")
 
 
 async def still_valid(session: Session, planned: Plan) -> None:

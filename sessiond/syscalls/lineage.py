@@ -300,9 +300,7 @@ class Lineage:
                 return detail(s)
         # The command runs without the lock: it may take a minute, and whatever it
         # does meanwhile (even a call back into this daemon) waits for nothing here.
-        summary = await run_compact_command(
-            self.runs.starter, s, planned.command, planned.cwd, planned.older
-        )
+        summary = await run_compact_command(self.runs.starter, s, planned)
         async with s.lock:
             if self.ctx.table.sessions.get(name) is not s:
                 raise Refused(

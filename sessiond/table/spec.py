@@ -251,6 +251,16 @@ class LimitsSpec(_Strict):
 
 class CompactSpec(_Strict):
     exec: list[str] = Field(min_length=1)
+    # The command runs like the session's program (confined, as [run] user) and is
+    # stopped with everything it started past this.
+    timeout: Duration = 60.0
+
+    @field_validator("timeout")
+    @classmethod
+    def _bounded_timeout(cls, value: float) -> float:
+        if not 0 < value <= 3600:
+            raise ValueError("the compaction timeout must be more than 0s and at most 1h")
+        return value
 
 
 class CronTriggerSpec(_Strict):
