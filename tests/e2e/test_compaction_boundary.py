@@ -225,12 +225,12 @@ def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) ->
         try:
             waiting = wait_for((ledger / "waiting.json").exists, what="the command")
             assert waiting
-            callback = read(ledger / "waiting.json")["callback"]
-            assert "only ping" in callback["stderr"], callback  # it is a run's process
             # the command still waits (nothing released it): the approve must not
             approved = d.ctl("approve", "n", timeout=20)
             assert approved.returncode == 0, approved.stderr
             assert compact.poll() is None  # the compaction really was under way
+            callback = read(ledger / "waiting.json")["callback"]
+            assert "only ping" in callback["stderr"], callback  # it is a run's process
             release.touch()
             _, err = compact.communicate(timeout=30)
             assert compact.returncode == 0, err
@@ -243,9 +243,9 @@ def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) ->
         assert compacted["data"]["summary"].startswith("summary by wait")
 
 
-def test_the_timeout_and_output_bound_give_clear_refusals(ledger: Path) -> None:
-    """(g) a command past its [compact] timeout, and one that prints more than the
-    bound, are stopped and refused saying so; nothing is recorded."""
+def test_a_command_past_its_timeout_is_stopped_and_refused(ledger: Path) -> None:
+    """(g) a command past its [compact] timeout is stopped with what it started, and
+    refused saying so; nothing is recorded."""
     with running() as d:
         hang = [PYTHON, "-I", str(COMPACTOR), str(ledger), "hang"]
         compacting(d, "slow", hang, 'timeout = "1s"\n')
@@ -256,6 +256,10 @@ def test_the_timeout_and_output_bound_give_clear_refusals(ledger: Path) -> None:
         assert not alive(read(ledger / "hanging.json")["pid"])
         assert not d.json("log", "slow", "--type", "context.compacted")
 
+
+def test_a_command_that_prints_past_the_bound_is_stopped_and_refused(ledger: Path) -> None:
+    """(g) more than the output bound on stdout: stopped, refused, nothing recorded."""
+    with running() as d:
         compacting(d, "loud", [PYTHON, "-I", str(COMPACTOR), str(ledger), "flood"])
         done = d.ctl("compact", "loud", "--keep", "0", timeout=40)
         assert done.returncode == 1, done
