@@ -36,6 +36,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
 from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
+from sessiond.table.compact_spec import CompactSpec
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -247,20 +248,6 @@ class LimitsSpec(_Strict):
     burst: int = Field(default=20, ge=1)
     interval: Duration = 10.0
     cool_down: Duration = 60.0
-
-
-class CompactSpec(_Strict):
-    exec: list[str] = Field(min_length=1)
-    # The command runs like the session's program (confined, as [run] user) and is
-    # stopped with everything it started past this.
-    timeout: Duration = 60.0
-
-    @field_validator("timeout")
-    @classmethod
-    def _bounded_timeout(cls, value: float) -> float:
-        if not 0 < value <= 3600:
-            raise ValueError("the compaction timeout must be more than 0s and at most 1h")
-        return value
 
 
 class CronTriggerSpec(_Strict):
