@@ -222,13 +222,12 @@ def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) ->
             text=True,
         )
         try:
-            waiting = wait_for((ledger / "waiting.json").exists, what="the command")
-            assert waiting
+            (waiting,) = wait_for(lambda: list(ledger.glob("waiting-*.json")), what="it")
             # the command still waits (nothing released it): the approve must not
             approved = d.ctl("approve", "n", timeout=20)
             assert approved.returncode == 0, approved.stderr
             assert compact.poll() is None  # the compaction really was under way
-            callback = read(ledger / "waiting.json")["callback"]
+            callback = read(waiting)["callback"]
             assert "only ping" in callback["stderr"], callback  # it is a run's process
             release.touch()
             _, err = compact.communicate(timeout=30)
@@ -264,3 +263,38 @@ def test_a_command_that_prints_past_the_bound_is_stopped_and_refused(ledger: Pat
         assert done.returncode == 1, done
         assert "printed more than 65536 bytes" in done.stderr, done.stderr
         assert not d.json("log", "loud", "--type", "context.compacted")
+
+
+def test_of_two_compactions_at_once_only_the_first_to_finish_is_recorded(ledger: Path) -> None:
+    """The lock is not held while a command runs, so two may run at once: the one
+    that finishes second summarised messages the first replaced, and is refused."""
+    release = ledger / "release"
+    with running() as d:
+        argv = [PYTHON, "-I", str(COMPACTOR), str(ledger), "wait"]
+        compacting(d, "n", [*argv, str(d.socket), SESSIONCTL, str(release)])
+        d.ctl("send", "n", "third note", check=True)
+        both = [
+            subprocess.Popen(
+                [SESSIONCTL, "compact", "n", "--keep", keep],
+                env=d.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for keep in ("0", "1")
+        ]
+        try:
+            wait_for(lambda: len(list(ledger.glob("waiting-*.json"))) == 2, what="both commands")
+            release.touch()
+            answers = [p.communicate(timeout=30) for p in both]
+        finally:
+            for p in both:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        codes = sorted(p.returncode for p in both)
+        assert codes == [0, 1], answers
+        refused = next(err for (_, err), p in zip(answers, both, strict=True) if p.returncode)
+        assert "context changed while its compaction command ran" in refused
+        assert "compact it again" in refused
+        assert len(d.json("log", "n", "--type", "context.compacted")) == 1

@@ -11,8 +11,8 @@ and prints a summary. Actions:
 - ``uid``: nothing more (the ledger records the uid it ran as);
 - ``leave``: start a double-forked ``setsid`` child that sleeps, and exit;
 - ``hold-stdout``: start a child that keeps stdout open, and exit;
-- ``wait CONTROL CTL RELEASE``: call back into the daemon, then wait for the
-  file RELEASE before it prints;
+- ``wait CONTROL CTL RELEASE``: call back into the daemon, say so in
+  ``waiting-<pid>.json``, then wait for the file RELEASE before it prints;
 - ``flood``: print far more than a summary;
 - ``hang``: never print, never exit.
 """
@@ -72,7 +72,7 @@ def main(ledger: str, action: str, args: list[str]) -> None:
     elif action == "wait":
         control, sessionctl, release = args
         data["callback"] = ctl(control, sessionctl, "ps")
-        record(ledger, "waiting", data)
+        record(ledger, f"waiting-{os.getpid()}", data)
         deadline = time.monotonic() + 50
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.05)
