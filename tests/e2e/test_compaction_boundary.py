@@ -298,3 +298,13 @@ def test_of_two_compactions_at_once_only_the_first_to_finish_is_recorded(ledger:
         assert "context changed while its compaction command ran" in refused
         assert "compact it again" in refused
         assert len(d.json("log", "n", "--type", "context.compacted")) == 1
+
+
+def test_a_command_that_cannot_start_is_refused_naming_it() -> None:
+    with running() as d:
+        compacting(d, "gone", ["/nonexistent/summarise"])
+        done = d.ctl("compact", "gone", "--keep", "0")
+        assert done.returncode == 1, done
+        assert "could not start '/nonexistent/summarise'" in done.stderr, done.stderr
+        assert "No such file or directory" in done.stderr
+        assert not d.json("log", "gone", "--type", "context.compacted")
