@@ -81,7 +81,7 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.campaign --iterations $(FAULT_ROUNDS)
 	$(BIN)/python -m tests.faults.campaign --iterations 20 --durability os
 
-# The campaign against seven deliberately broken builds (tests/faults/broken.py): fails
+# The campaign against eight deliberately broken builds (tests/faults/broken.py): fails
 # unless each is caught, and names the invariant that caught it. `make test` runs a few.
 faults-selftest: $(STAMP)
 	$(BIN)/python -m tests.faults.selftest

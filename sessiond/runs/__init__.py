@@ -9,4 +9,6 @@ them; ``context`` holds what they share, ``workspace`` the file helpers,
 ``tokens`` and ``sdk_calls`` the SDK's side, ``runner`` the processes,
 started and reaped by the ``spawner`` process (``spawn`` is the daemon's side of
 it; ``leftovers`` finds what a dead daemon and a dead spawner left).
+``commands`` runs a session's other commands (``[compact] exec``) the way its
+program runs.
 """

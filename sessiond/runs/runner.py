@@ -90,10 +90,13 @@ class Collect(asyncio.Protocol):
         self.total = 0
         self.done = done
         self.seen = asyncio.Event()  # the first byte came
+        self.over = asyncio.Event()  # more than ``limit`` bytes came
 
     def data_received(self, data: bytes) -> None:
         self.total += len(data)
         self.seen.set()
+        if self.total > self.limit:
+            self.over.set()
         if len(self.kept) < self.limit:
             self.kept += data[: self.limit - len(self.kept)]
 
@@ -142,6 +145,10 @@ class Program:
     program has not executed anything. ``go`` lets it exec, once ``run.started``
     is on record. The run ends when the holder is gone, which is when the
     program and every process it left are gone; the pipes never hold it open.
+
+    It is also how any other process is started on a session's behalf (a
+    ``[compact] exec`` command: ``argv``, ``cwd`` and ``stdin`` given, and the
+    spec may have no ``[run]``): the same holder, cgroup, user and mark as a run.
     """
 
     def __init__(
@@ -155,15 +162,23 @@ class Program:
         timeout: float | None = None,
         cgroup: RunCgroup | None = None,
         user: tuple[int, int] | None = None,
+        argv: list[str] | None = None,
+        cwd: str | None = None,
+        stdin: int | None = None,
     ) -> None:
-        assert spec.run is not None
+        if argv is None or cwd is None or timeout is None:
+            assert spec.run is not None, "a process that is not the session's run names its own"
+            argv = list(spec.run.exec) if argv is None else argv
+            cwd = str(spec.run.cwd) if cwd is None else cwd
+            timeout = spec.run.timeout if timeout is None else timeout
         self.spec = spec
-        self.run = spec.run
+        self.argv, self.cwd = argv, cwd
+        self.stdin = stdin  # a file the program reads as stdin (the caller closes it)
         self.env = env
         self.max_output = max_output
         self.grace = grace
         self.spawner = spawner
-        self.timeout = timeout if timeout is not None else spec.run.timeout
+        self.timeout = timeout
         self.cgroup = cgroup  # the run's own, made empty by the caller; removed here
         self.user = user  # [run] user: the program's uid and gid
         self.held: Held | None = None
@@ -178,7 +193,7 @@ class Program:
         """Ask the spawner for the program, held; the holder's pid and start time
         when they are known before the answer (``start`` awaits it). OSError or
         ValueError: it cannot start."""
-        argv, cwd = list(self.run.exec), str(self.run.cwd)
+        argv, cwd = self.argv, self.cwd
         try:
             check_startable(argv, cwd, self.env)
         except BaseException:
@@ -196,6 +211,7 @@ class Program:
                 stderr=err_w,
                 cgroup_procs=procs,
                 user=self.user,
+                stdin=self.stdin,
             )
         except BaseException:
             os.close(out_r)
@@ -258,6 +274,10 @@ class Program:
         """The run is on record: let the program exec."""
         assert self.held is not None
         self.spawner.go(self.held)
+
+    async def output_over(self) -> None:
+        """Returns once the program has printed more than ``max_output`` bytes on stdout."""
+        await self._outputs[0].over.wait()
 
     async def output_seen(self, timeout: float) -> None:
         """Test only (the ``during-work`` fault point): the program has begun to work."""
@@ -389,7 +409,7 @@ def program_env(
     wake_file: Path,
 ) -> dict[str, str]:
     """The environment of a run: the daemon's, the profile's, the spec's, then ours."""
-    env = {k: v for k, v in base.items() if not k.startswith("SESSIOND_") and k not in SYSTEMD_ENV}
+    env = scrubbed_env(base)
     env.update(profile_env)
     if spec.run is not None:
         env.update(spec.run.env)
@@ -403,3 +423,10 @@ def program_env(
         SESSIOND_WAKE_FILE=str(wake_file),
     )
     return env
+
+
+def scrubbed_env(base: dict[str, str]) -> dict[str, str]:
+    """The daemon's environment as any process of a session gets it: without the
+    daemon's own variables (``SESSIOND_*``: its control socket among them) and
+    systemd's."""
+    return {k: v for k, v in base.items() if not k.startswith("SESSIOND_") and k not in SYSTEMD_ENV}

@@ -194,6 +194,7 @@ class Spawner:
         stderr: int,
         cgroup_procs: list[str] | None = None,
         user: tuple[int, int] | None = None,
+        stdin: int | None = None,
     ) -> Request:
         """Ask for a held run of ``argv``; ``answer`` awaits it. ``cgroup_procs``:
         the run's cgroups' ``cgroup.procs`` files (one per hierarchy), which the
@@ -220,7 +221,8 @@ class Spawner:
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         self._pending[rid] = reply
         try:
-            self._send(request, [stdout, stderr, go_r])
+            fds = [stdout, stderr, go_r] + ([] if stdin is None else [stdin])
+            self._send(request, fds)
         except BaseException:
             self._pending.pop(rid, None)
             os.close(go_w)

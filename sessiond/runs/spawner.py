@@ -29,7 +29,8 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
 Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
 ``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files, optional
 ``holder``: the pid of the holder it was told of, which must take it; fds:
-stdout, stderr, the go pipe's read end: the daemon keeps the write end),
+stdout, stderr, the go pipe's read end: the daemon keeps the write end, and
+optionally the program's stdin: without it P reads /dev/null),
 ``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it),
 ``fence`` (at: a ``time.monotonic()`` deadline; past it the spawner kills
 everything and exits on its own: a cluster node's programs stop before its
@@ -152,18 +153,23 @@ def _exec_path(argv0: str, env: dict[str, str]) -> str:
     raise last
 
 
-def _launch(path: str, req: dict[str, Any], out: int, err: int) -> int:
+def _launch(path: str, req: dict[str, Any], out: int, err: int, stdin: int | None) -> int:
     """P, started by R once it may go: posix_spawn (vfork and exec, as subprocess
     does), so a start pays no fork of a Python process and no teardown of its
     copied memory. P's pid; raises OSError when exec fails."""
     if req.get("user"):
-        return _launch_as(path, req, out, err)
+        return _launch_as(path, req, out, err, stdin)
+    first: tuple[Any, ...] = (
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
+        if stdin is None
+        else (os.POSIX_SPAWN_DUP2, stdin, 0)
+    )
     return os.posix_spawn(
         path,
         req["argv"],
         req["env"],
         file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            first,
             (os.POSIX_SPAWN_DUP2, out, 1),
             (os.POSIX_SPAWN_DUP2, err, 2),
         ],
@@ -173,7 +179,7 @@ def _launch(path: str, req: dict[str, Any], out: int, err: int) -> int:
     )
 
 
-def _launch_as(path: str, req: dict[str, Any], out: int, err: int) -> int:
+def _launch_as(path: str, req: dict[str, Any], out: int, err: int, stdin: int | None) -> int:
     """P under ``[run] user``: posix_spawn cannot change the uid, so R forks and the
     child drops to the user's uid and gid (no supplementary groups) before exec; R
     stays the daemon's. An exec that fails is reported back through a close-on-exec
@@ -187,8 +193,7 @@ def _launch_as(path: str, req: dict[str, Any], out: int, err: int) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE):
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
+            os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin, 0)
             os.dup2(out, 1)
             os.dup2(err, 2)
             os.setgroups([])
@@ -237,10 +242,10 @@ def _idle(sock: socket.socket, spawner: int) -> None:
         data, fds, _, _ = socket.recv_fds(sock, PACKET, 8)
     except OSError:
         os._exit(126)
-    if not data or len(fds) != 3:  # the spawner is gone: nothing to hold
+    if not data or len(fds) not in (3, 4):  # the spawner is gone: nothing to hold
         os._exit(0)
     req = json.loads(data)
-    out, err, go = fds
+    out, err, go = fds[:3]  # and P's stdin, if given (else P reads /dev/null)
     for fd in fds:  # received fds are inheritable: only the dup2'd copies reach P
         os.set_inheritable(fd, False)
     joined = _join_cgroups(req.get("cgroup_procs") or [])
@@ -274,15 +279,15 @@ def _idle(sock: socket.socket, spawner: int) -> None:
     try:
         if failed is not None or path is None:
             raise failed or OSError(errno.ENOENT, "no program")
-        program = _launch(path, req, out, err)
+        program = _launch(path, req, out, err, fds[3] if len(fds) == 4 else None)
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         with contextlib.suppress(OSError):
             os.write(err, f"sessiond: could not start {req['argv'][0]!r}: {why}\n".encode())
         os._exit(127)
     # R holds no pipe of the run: the output reaches EOF once the subtree is gone.
-    os.close(out)
-    os.close(err)
+    for fd in fds[:2] + fds[3:]:
+        os.close(fd)
     _supervise(program, flags, wake_r)
 
 
@@ -403,10 +408,11 @@ class Spawner:
 
     def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
         rid = req["id"]
-        if len(fds) != 3:
+        if len(fds) not in (3, 4):
             for fd in fds:
                 os.close(fd)
-            self.send({"op": "refused", "id": rid, "error": "a spawn needs three fds"})
+            error = "a spawn needs three fds (stdout, stderr, go) and optionally stdin"
+            self.send({"op": "refused", "id": rid, "error": error})
             return
         want = req.get("holder")
         if want is not None and (self.idle is None or self.idle[0] != want):

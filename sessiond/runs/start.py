@@ -249,15 +249,7 @@ class Starter:
         env, unresolved = self._env(s, run_id, call_id, wakes, wake_file, turn=turn)
         # the budget's seconds per run, where it has one (0: no limit), bound the timeout
         timeout = min(spec.run.timeout, float(spec.budget.seconds_per_run or spec.run.timeout))
-        program = Program(
-            spec,
-            env=env,
-            max_output=self.ctx.config.max_output_bytes,
-            grace=self.ctx.config.stop_grace,
-            spawner=self.ctx.spawner,
-            timeout=timeout,
-            user=self.ctx.config.run.identity(),  # [run] user, where there is one
-        )
+        program = self.session_program(spec, env=env, timeout=timeout)
         running = lifecycle.change(s.name, s.state, "running", why="run", reason=trigger)
         # tool.started and the lifecycle change in one write, made durable by the
         # next one: run.started (or the end of a program that could not start). The
@@ -307,6 +299,35 @@ class Starter:
         )
         log.info("run.started", session=s.name, run=run_id, pid=pid)
 
+    def session_program(
+        self,
+        spec: SessionSpec,
+        *,
+        env: dict[str, str],
+        timeout: float,
+        max_output: int | None = None,
+        argv: list[str] | None = None,
+        cwd: str | None = None,
+        stdin: int | None = None,
+    ) -> Program:
+        """The one way a process is started on a session's behalf: its run's program
+        (``argv`` and ``cwd`` None: the spec's ``[run]``) or any other command for it
+        (a ``[compact] exec``, sessiond.runs.commands). Through the spawner, held,
+        as ``[run] user``; the caller gives it its cgroup (``cgroup_for``) and an
+        environment with the run mark. Whatever confines a run is set here."""
+        return Program(
+            spec,
+            env=env,
+            max_output=self.ctx.config.max_output_bytes if max_output is None else max_output,
+            grace=self.ctx.config.stop_grace,
+            spawner=self.ctx.spawner,
+            timeout=timeout,
+            user=self.ctx.config.run.identity(),  # [run] user, where there is one
+            argv=argv,
+            cwd=cwd,
+            stdin=stdin,
+        )
+
     async def _spawn_and_record(
         self,
         s: Session,
@@ -320,7 +341,7 @@ class Starter:
         if that was written meanwhile)."""
         recording: asyncio.Future[bool] | None = None
         try:
-            program.cgroup = self._cgroup(s, run_id)
+            program.cgroup = self.cgroup_for(s, run_id)
             holder = program.send()
             # Told the holder ahead: run.started (the start's one fsync) is written
             # while the spawner hands it the request. Not at a test's fault or hold
@@ -348,14 +369,14 @@ class Starter:
             return None
         return pid
 
-    def _cgroup(self, s: Session, run_id: str) -> RunCgroup | None:
+    def cgroup_for(self, s: Session, run_id: str) -> RunCgroup | None:
         """The run's own cgroup, made empty (None where the daemon has no cgroups:
         the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
         ``max_processes``, plus one for the holder, which is not the program's.
-        CgroupError: a run that needs a bound cannot have one here."""
+        CgroupError: a run that needs a bound cannot have one here. ``run_id`` may
+        name another process of the session (a compaction command's)."""
         assert s.spec is not None
-        assert s.spec.run is not None
-        limit = s.spec.run.max_processes
+        limit = s.spec.run.max_processes if s.spec.run is not None else None
         try:
             support, note = self.ctx.cgroups()
         except BadCgroupConfig as exc:

@@ -2,13 +2,18 @@
 
 The built-in summary is extractive: the first sentence of each replaced message,
 with its role. A spec's ``[compact] exec`` program gets the messages to
-compact as JSON on stdin and prints the summary on stdout instead.
+compact as JSON on stdin and prints the summary on stdout instead. That command
+is named by the session's spec and may be in its workspace, which its program
+writes: it runs like the program (sessiond.runs.commands), never as the daemon,
+and without the session's lock held (``plan``, then the command, then
+``still_valid`` and the record), so a command that calls back into the daemon
+holds up nothing of the session.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,10 +22,13 @@ from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import ContextCompacted
 from sessiond.log.pace import batches
 from sessiond.log.projections import ViewScan
+from sessiond.runs.commands import CommandNotStarted, run_for_session
+from sessiond.runs.start import Starter
 from sessiond.table.sessions import Session
 
 SUMMARY_LIMIT = 4000
-COMMAND_TIMEOUT = 60.0
+COMMAND_TIMEOUT = 60.0  # [compact] timeout's default
+OUTPUT_LIMIT = 64 * 1024  # bytes of stdout a compaction command may print; more: refused
 _SENTENCE = re.compile(r"^(.{1,200}?[.!?])(\s|$)", re.S)
 
 
@@ -36,31 +44,53 @@ def extractive_summary(items: list[dict[str, Any]]) -> str:
     return summary if len(summary) <= SUMMARY_LIMIT else summary[: SUMMARY_LIMIT - 1] + "…"
 
 
-async def run_compact_command(argv: list[str], cwd: str, items: list[dict[str, Any]]) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=cwd,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
+async def run_compact_command(
+    starter: Starter,
+    s: Session,
+    planned: Plan,
+) -> str:
+    """The summary ``[compact] exec`` prints for ``items``. It runs like the
+    session's program, never as the daemon (sessiond.runs.commands): confined,
+    bounded in time and output, and everything it started stops with it."""
+    argv, timeout = planned.command, planned.timeout
+    assert argv is not None
     try:
-        out, err = await asyncio.wait_for(proc.communicate(orjson.dumps(items)), COMMAND_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise Refused(
-            f"the compaction command {argv[0]!r} took more than {COMMAND_TIMEOUT:g}s"
-        ) from None
-    if proc.returncode != 0:
-        raise Refused(
-            f"the compaction command {argv[0]!r} failed (exit {proc.returncode}): "
-            f"{err.decode(errors='replace').strip()[:300]}"
+        result = await run_for_session(
+            starter,
+            s,
+            argv,
+            purpose="compact",
+            cwd=planned.cwd,
+            stdin=orjson.dumps(planned.older),
+            timeout=timeout,
+            max_output=OUTPUT_LIMIT,
         )
-    summary = out.decode(errors="replace").strip()
+    except CommandNotStarted as exc:
+        raise Refused(f"the compaction command {exc}") from None
+    outcome, name = result.outcome, repr(argv[0])
+    if result.over:
+        raise Refused(
+            f"the compaction command {name} printed more than {OUTPUT_LIMIT} bytes; it was "
+            f"stopped. A summary is at most {SUMMARY_LIMIT} characters: print only that"
+        )
+    if outcome.status == "timeout":
+        raise Refused(
+            f"the compaction command {name} took more than {timeout:g}s ([compact] "
+            "timeout); it was stopped with everything it started"
+        )
+    if outcome.status != "ok":
+        how = (
+            f"killed by signal {outcome.signal}"
+            if outcome.signal is not None
+            else f"exit {outcome.exit_code}"
+        )
+        raise Refused(
+            f"the compaction command {name} failed ({how}): "
+            f"{(outcome.error or outcome.stderr.decode(errors='replace')).strip()[:300]}"
+        )
+    summary = outcome.stdout.decode(errors="replace").strip()
     if not summary:
-        raise Refused(f"the compaction command {argv[0]!r} printed no summary")
+        raise Refused(f"the compaction command {name} printed no summary")
     return summary[:SUMMARY_LIMIT]
 
 
@@ -77,8 +107,27 @@ async def view_transcript(session: Session) -> list[dict[str, Any]]:
     return items + scan.finish()
 
 
-async def compact(session: Session, *, keep: int) -> ContextCompacted:
-    """The compaction event for all but the newest ``keep`` messages."""
+@dataclass(frozen=True)
+class Plan:
+    """A compaction as read from the log: the items it replaces."""
+
+    older: list[dict[str, Any]]
+    command: list[str] | None  # the spec's [compact] exec (None: the built-in summary)
+    cwd: str  # the session's workspace ("/" for a session with no [run])
+    timeout: float = COMMAND_TIMEOUT
+
+    def event(self, summary: str) -> ContextCompacted:
+        return ContextCompacted(
+            from_seq=self.older[0]["seq"],
+            to_seq=self.older[-1]["seq"],
+            summary=summary,
+            method="builtin" if self.command is None else "command",
+        )
+
+
+async def plan(session: Session, *, keep: int) -> Plan:
+    """What compacting all but the newest ``keep`` messages replaces (the caller
+    holds the session's lock)."""
     if keep < 0:
         raise InvalidInput("--keep must be 0 or more")
     transcript = await view_transcript(session)
@@ -91,14 +140,19 @@ async def compact(session: Session, *, keep: int) -> ContextCompacted:
         )
     spec = session.spec
     if spec is not None and spec.compact is not None:
-        summary = await run_compact_command(spec.compact.exec, str(spec.workspace), older)
-        method = "command"
-    else:
-        summary = extractive_summary(older)
-        method = "builtin"
-    return ContextCompacted(
-        from_seq=older[0]["seq"],
-        to_seq=older[-1]["seq"],
-        summary=summary,
-        method=method,
-    )
+        cwd = str(spec.run.cwd) if spec.run is not None else "/"
+        return Plan(older, list(spec.compact.exec), cwd, spec.compact.timeout)
+    return Plan(older, None, "/")
+
+
+async def still_valid(session: Session, planned: Plan) -> None:
+    """Refused unless the items ``planned`` summarises are still the front of the
+    session's context (the caller holds the lock again, after the command ran
+    without it). Messages that came meanwhile are after them and stay; another
+    compaction or anything that changed those items makes this summary wrong."""
+    transcript = await view_transcript(session)
+    if transcript[: len(planned.older)] != planned.older:
+        raise Refused(
+            f"session {session.name!r}'s context changed while its compaction command ran "
+            "(another compaction, most likely); nothing was recorded: compact it again"
+        )

@@ -285,12 +285,30 @@ class Lineage:
     # --- context -------------------------------------------------------------------
 
     async def compact(self, name: str, keep: int = 4) -> dict[str, Any]:
-        from sessiond.syscalls.compaction import compact
+        from sessiond.syscalls.compaction import (
+            extractive_summary,
+            plan,
+            run_compact_command,
+            still_valid,
+        )
 
         s = self.ctx.table.get(name)
         async with s.lock:
-            event = await compact(s, keep=keep)
-            await self.ctx.table.append(s, event)
+            planned = await plan(s, keep=keep)
+            if planned.command is None:
+                await self.ctx.table.append(s, planned.event(extractive_summary(planned.older)))
+                return detail(s)
+        # The command runs without the lock: it may take a minute, and whatever it
+        # does meanwhile (even a call back into this daemon) waits for nothing here.
+        summary = await run_compact_command(self.runs.starter, s, planned)
+        async with s.lock:
+            if self.ctx.table.sessions.get(name) is not s:
+                raise Refused(
+                    f"session {name!r} was removed or replaced while its compaction command "
+                    "ran; nothing was recorded"
+                )
+            await still_valid(s, planned)
+            await self.ctx.table.append(s, planned.event(summary))
         return detail(s)
 
     # --- bundles -------------------------------------------------------------------

@@ -51,6 +51,13 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     side-effect default on both). Its program may be granted no method the
     caller's is not (``[run] grants``), and a command run is a program too: a
     session with a ``[run]`` needs a caller that has one.
+
+    A ``[compact] exec`` command is a program as well: it is named by the spec,
+    its file may be in a workspace a program writes, and it runs when anyone
+    compacts the session. It runs confined like the session's program (as
+    ``[run] user``, in a holder and cgroup of its own, with no grants and no
+    token), so it can do no more than a program of the caller's own; but a caller
+    with no program of its own cannot bring one in through it.
     """
     mine, theirs = caller.policy, new.policy
     problems = []
@@ -65,6 +72,8 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
             f"its approvals last {theirs.approval_ttl:g}s, longer than {mine.approval_ttl:g}s"
         )
     granted = set(caller.run.grants) if caller.run is not None else set()
+    if new.compact is not None and caller.run is None:
+        problems.append("it has a [compact] exec command, a program too, and this session has none")
     if new.run is not None:
         if caller.run is None:
             problems.append("it has a program, and this session has none")

@@ -36,6 +36,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
 from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
+from sessiond.table.compact_spec import CompactSpec
 
 MAX_SPEC_BYTES = 1 << 20
 
@@ -247,10 +248,6 @@ class LimitsSpec(_Strict):
     burst: int = Field(default=20, ge=1)
     interval: Duration = 10.0
     cool_down: Duration = 60.0
-
-
-class CompactSpec(_Strict):
-    exec: list[str] = Field(min_length=1)
 
 
 class CronTriggerSpec(_Strict):

@@ -117,6 +117,28 @@ def _no_operator_check() -> None:
     patch(server, "examine", lambda *_a, **_k: None)
 
 
+def _compaction_as_daemon() -> None:
+    import asyncio
+
+    import orjson
+
+    from sessiond.syscalls import compaction
+
+    async def as_daemon(_starter: Any, _s: Any, planned: Any) -> str:
+        # the daemon's own child, as its uid, with its environment: outside the spawner
+        proc = await asyncio.create_subprocess_exec(
+            *planned.command,
+            cwd=planned.cwd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(orjson.dumps(planned.older)), 60)
+        return out.decode(errors="replace").strip()[: compaction.SUMMARY_LIMIT] or "none"
+
+    patch(compaction, "run_compact_command", as_daemon)
+
+
 def _no_redaction() -> None:
     from sessiond.redaction import Redactor
 
@@ -160,6 +182,11 @@ BREAKS: dict[str, tuple[str, str, Callable[[], None]]] = {
         _no_operator_check,
     ),
     "no-redaction": ("redaction is off", "secret bytes stored", _no_redaction),
+    "compaction-as-daemon": (
+        "compaction started as the daemon",
+        "answers given by a run's process",
+        _compaction_as_daemon,
+    ),
 }
 
 

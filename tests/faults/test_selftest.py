@@ -1,5 +1,5 @@
 """The campaign's self-test in its reduced form (``make faults-selftest`` tries all
-seven breaks): the campaign catches a broken build, and the invariant that
+eight breaks): the campaign catches a broken build, and the invariant that
 catches it is the one the break names. Each short campaign stops at the first
 round with a violation."""
 

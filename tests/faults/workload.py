@@ -7,7 +7,8 @@ does to the ledger (tests/faults/ledger.py) so the campaign can tell what ran.
 - a command session of every risk contract, woken by ``every``, ``watch``,
   ``git``, ``cron`` and ``message``;
 - ``hostile``: a program that tries to approve its own step through the control
-  socket, and leaves a ``setsid`` grandchild behind (an orphan to stop);
+  socket, and through ``h-compact``'s compaction command (it compacts that
+  session), and leaves a ``setsid`` grandchild behind (an orphan to stop);
 - ``h-holder``, ``h-term``, ``h-escape``, ``h-bomb``, ``h-flood``: the rest of
   the supervision issue's hostile programs (tests/faults/contain.py);
 - ``secret``: a program that prints its ``[run] secrets`` value (to be masked);
@@ -16,6 +17,7 @@ does to the ledger (tests/faults/ledger.py) so the campaign can tell what ran.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -142,6 +144,11 @@ if (asked.get("result") or {}).get("status") == "ask":
     for how, path, token in (("control", CONTROL, None), ("endpoint", ENDPOINT, TOKEN)):
         if call(path, "approve", {"name": SELF, "by": "operator"}, token).get("ok"):
             ledger(f"selfapproved {SELF} {how}")
+# Compacting a session whose [compact] exec approves this one: that command is a
+# process of a run too (it runs as the daemon in a broken build)
+for text in ("a note", "another note"):
+    call(ENDPOINT, "send", {"to": "h-compact", "text": text}, TOKEN)
+call(ENDPOINT, "compact", {"name": "h-compact", "keep": 0}, TOKEN)
 if os.fork() == 0:  # an orphan: the daemon must stop it with the run
     os.setsid()
     if os.fork() == 0:
@@ -149,6 +156,28 @@ if os.fork() == 0:  # an orphan: the daemon must stop it with the run
     os._exit(0)
 os.wait()
 '''
+
+
+# h-compact's [compact] exec: it tries to approve hostile's pending step through
+# the control socket, and says so in the ledger if that worked.
+SELF_COMPACT = """import json, os, socket, sys
+control, ledger = sys.argv[1], sys.argv[2]
+sys.stdin.read()
+frame = {"id": 1, "method": "approve", "params": {"name": "hostile", "by": "operator"}}
+try:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(20)
+        s.connect(control)
+        s.sendall(json.dumps(frame).encode() + b"\\n")
+        ok = json.loads(s.makefile("rb").readline() or b"{}").get("ok")
+except (OSError, ValueError):
+    ok = False
+if ok:
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, b"selfapproved hostile compaction\\n")
+    os.close(fd)
+print("a summary")
+"""
 
 
 def specs(python: str, ledger: Path, control: Path) -> dict[str, str]:
@@ -175,6 +204,7 @@ exec = ["/usr/bin/python3", "-I", "hostile.py"]
 cwd = "."
 env = {{ LEDGER = "{ledger}", CONTROL = "{control}" }}
 retries = 0
+grants = ["send", "compact"]
 [policy]
 ask = ["pay"]
 [[trigger]]
@@ -194,6 +224,9 @@ type = "every"
 interval = "1s"
 """,
         "mailbox": 'name = "mailbox"\n',
+        "h-compact": 'name = "h-compact"\n[compact]\nexec = '
+        + json.dumps(["/usr/bin/python3", "-I", "-c", SELF_COMPACT, str(control), str(ledger)])
+        + "\n",
     }
     for name, (contract, trigger) in COMMANDS.items():
         idempotency, resume, side_effect = contract.split("/")

@@ -59,6 +59,16 @@ def test_more_grants_or_a_program_where_the_caller_has_none_is_wider() -> None:
     assert any("has a program" in p for p in widening(child(policy), no_program))
 
 
+def test_a_compaction_command_is_a_program_where_the_caller_has_none() -> None:
+    policy = 'deny = ["rm_*"]\nask = ["pay", "edit_*"]\n'
+    compacting = child(policy, run='[compact]\nexec = ["/tmp/summarise.py"]\n')
+    no_program = spec('name = "caller"\n[policy]\ndeny = ["rm_*"]\nask = ["pay", "edit_*"]\n')
+    problems = widening(compacting, no_program)
+    assert any("[compact] exec command, a program too" in p for p in problems), problems
+    # a caller with a program of its own may: the command runs confined like its runs
+    assert widening(compacting, spec(CALLER)) == []
+
+
 def test_what_is_not_wider_decides_no_tool_more_leniently() -> None:
     """The rule is sound: for every tool and side effect, a new policy the check
     accepts decides at least as strictly as the caller's."""

@@ -1,0 +1,89 @@
+"""A ``[compact] exec`` command that does more than summarise, for the tests of
+tests/e2e/test_compaction_boundary.py. Standard library only (it runs as
+``nobody`` too, with the system's python3).
+
+``compactor.py LEDGER ACTION [ARGS...]``: it reads the items on stdin, writes
+what it saw and did to ``LEDGER/<action>.json`` (a file outside the daemon),
+and prints a summary. Actions:
+
+- ``approve CONTROL CTL TARGET``: ``sessionctl --socket CONTROL approve TARGET``,
+  as a hostile command would (its answer is recorded);
+- ``uid``: nothing more (the ledger records the uid it ran as);
+- ``leave``: start a double-forked ``setsid`` child that sleeps, and exit;
+- ``hold-stdout``: start a child that keeps stdout open, and exit;
+- ``wait CONTROL CTL RELEASE``: call back into the daemon, say so in
+  ``waiting-<pid>.json``, then wait for the file RELEASE before it prints;
+- ``flood``: print far more than a summary;
+- ``hang``: never print, never exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def record(ledger: str, action: str, data: dict[str, object]) -> None:
+    path = os.path.join(ledger, f"{action}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"uid": os.getuid(), "pid": os.getpid(), **data}, f)
+    os.rename(path + ".tmp", path)
+
+
+def ctl(control: str, sessionctl: str, *args: str) -> dict[str, object]:
+    try:
+        done = subprocess.run(
+            [sessionctl, "--socket", control, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"code": "timeout", "stderr": "no answer in 10s"}
+    except OSError as exc:
+        return {"code": "oserror", "stderr": str(exc)}
+    return {"code": done.returncode, "stderr": done.stderr.strip(), "stdout": done.stdout}
+
+
+def main(ledger: str, action: str, args: list[str]) -> None:
+    items = json.load(sys.stdin)
+    data: dict[str, object] = {"items": len(items), "env_socket": os.environ.get("SESSIOND_SOCKET")}
+    if action == "approve":
+        control, sessionctl, target = args
+        data["approve"] = ctl(control, sessionctl, "approve", target, "--by", "operator")
+    elif action == "leave":
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:  # holds no pipe of the command: only the holder stops it
+                os.closerange(0, 3)
+                record(ledger, "left", {})
+                time.sleep(600)
+            os._exit(0)
+        os.wait()
+        while not os.path.exists(os.path.join(ledger, "left.json")):
+            time.sleep(0.01)
+    elif action == "hold-stdout":
+        child = subprocess.Popen(["sleep", "600"], stdout=sys.stdout)
+        data["child"] = child.pid
+    elif action == "wait":
+        control, sessionctl, release = args
+        data["callback"] = ctl(control, sessionctl, "ps")
+        record(ledger, f"waiting-{os.getpid()}", data)
+        deadline = time.monotonic() + 50
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    elif action == "flood":
+        sys.stdout.write("x" * (1 << 20))
+    elif action == "hang":
+        record(ledger, "hanging", data)
+        time.sleep(600)
+    record(ledger, action, data)
+    print(f"summary by {action}: {len(items)} items")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
