@@ -67,3 +67,26 @@ def test_patterns_that_cannot_be_joined_still_mask() -> None:
     r = Redactor([r"(?i)secret", r"(?P<k>ab)c", r"(?P<k>xy)z"], ["lit"])
     assert r.text("SECRET abc xyz lit") == f"{MASK} {MASK} {MASK} {MASK}"
     assert r.text("nothing") == "nothing"
+
+
+def test_ident_masks_each_match_by_a_keyed_digest() -> None:
+    r = Redactor([r"sk-[A-Za-z0-9]{20,}"], ["hunter2"])
+    other = "sk-" + "B" * 24
+    a, b = r.ident(f"order-{KEY}"), r.ident(f"order-{other}")
+    assert KEY not in a and a.startswith("order-«redacted:") and a.endswith("»")
+    assert a != b  # two secrets stay two names
+    assert r.ident(f"order-{KEY}") == a  # the same secret, the same name
+    assert r.ident(a) == a  # a mask is never masked again
+    assert r.ident("plain") == "plain"
+    assert "hunter2" not in r.ident("x-hunter2-y")
+
+
+def test_walk_masks_keys_as_names() -> None:
+    r = Redactor([r"sk-[A-Za-z0-9]{20,}"])
+    value = {"a": 1, KEY: {"inner": KEY}, "z": [KEY]}
+    out = r.walk(value)
+    assert KEY not in str(out)
+    assert list(out)[0] == "a" and list(out)[2] == "z"  # order kept
+    assert out["z"] == [MASK]
+    plain = {"a": {"b": "c"}}
+    assert r.walk(plain) is plain

@@ -36,6 +36,7 @@ from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
 from sessiond.otel import Traces
+from sessiond.redaction import use_key_file
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.syscalls.kernel import Kernel
@@ -84,6 +85,15 @@ def check_writable(config: DaemonConfig) -> None:
             f"cannot write to the state dir {state_dir}: {why}; give the daemon a writable "
             "folder with --state-dir or SESSIOND_STATE_DIR"
         ) from exc
+
+
+def mask_key(config: DaemonConfig) -> None:
+    """The daemon's mask key (sessiond.redaction): masked step keys are found again
+    by it after a restart."""
+    try:
+        use_key_file(config.state_dir / "redact.key")
+    except OSError as exc:
+        raise StartupError(f"cannot use the mask key: {exc}") from exc
 
 
 def take_lock(state_dir: Path) -> int:
@@ -194,6 +204,7 @@ class Daemon:
         # thousands of sessions). After a clean stop there is nothing to sync.
         if not clean:
             os.sync()
+        mask_key(self.config)  # before anything is masked
         self.store.sync_on_recover = False
         # Loading makes millions of long-lived objects; the cyclic collector would
         # scan them again and again for nothing. Collect once after, then freeze

@@ -229,6 +229,10 @@ class Lineage:
         if s.state == "terminated":
             raise Refused(f"cannot send to session {to!r}: it is terminated")
         woke = s.spec is not None and any(t.type == "message" for t in s.spec.trigger)
+        # masked before the wake's copy is cut short: a secret cut in two would no
+        # longer match its pattern (the log masks both again as they are written)
+        r = s.redactor()
+        text = r.text(text) if r is not None else text
         async with s.lock:
             # A message that wakes the session is acknowledged only after its wake:
             # it goes to disk with the wake's first commit, not in one of its own.
