@@ -26,6 +26,7 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
+from sessiond.redaction import Redactor, redactor
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
@@ -313,7 +314,11 @@ class Lineage:
         if handover is not None:  # the first phase of a migrate --to from another daemon
             return await self.handover.arrive(path, name, handover)
         journal = await import_session(
-            self.ctx.store, Path(path), name=name, durability=self.ctx.config.durability
+            self.ctx.store,
+            Path(path),
+            name=name,
+            durability=self.ctx.config.durability,
+            masks=lambda text: _masks(text, path),
         )
         spec_text = self.ctx.store.read_spec(journal.session)
         spec = parse_spec(spec_text, base=Path("/"), source=path) if spec_text else None
@@ -344,6 +349,17 @@ class Lineage:
         if self.ctx.triggers is not None:
             self.ctx.triggers.rearm(s)
         return detail(s)
+
+
+def _masks(spec_text: str | None, source: str) -> Redactor | None:
+    """What a bundle's own spec masks: what its events and artifacts must not hold."""
+    if not spec_text:
+        return None
+    try:
+        spec = parse_spec(spec_text, base=Path("/"), source=source)
+    except (InvalidInput, ValueError):
+        return None  # refused as it is read next, as it always was
+    return redactor(spec.redact)
 
 
 def _last_said(transcript: list[dict[str, Any]]) -> str:

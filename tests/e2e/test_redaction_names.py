@@ -31,7 +31,7 @@ ask = ["pay"]
 ARGS_KEY = """from pathlib import Path
 from sessiond.sdk import connect
 
-key = Path("key.txt").read_text().strip()
+key = Path("key.txt").read_text().split()[0]
 with connect() as run:
     run.step("lookup", lambda: "found", args={"token:" + key: "v", "q": 1},
              side_effect="read", idempotency="safe", resume="replay-from-event")
