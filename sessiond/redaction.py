@@ -10,7 +10,7 @@ could not be replayed).
 
 What names a thing rather than says something (a step's key or name, a key of a
 step's arguments) is masked with ``ident`` instead: each match becomes
-``«redacted:<12 hex>»``, an HMAC-SHA256 of the matched text under the daemon's
+``redacted.<12 hex>``, an HMAC-SHA256 of the matched text under the daemon's
 mask key (``STATE_DIR/redact.key``, 32 random bytes, owner-only, made once).
 Two different secrets stay two different names and the same secret is always
 the same name, so a masked step key still tells steps apart and finds its step
@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 MASK = "[REDACTED]"
-IDENT = re.compile(r"«redacted:[0-9a-f]{12}»")
+# What a name's match becomes: in the alphabet of a step's key (letters, digits,
+# "._:/-"), so a masked key is still a key that can be named (``resolve``).
+IDENT = re.compile(r"redacted\.[0-9a-f]{12}")
 KEY_BYTES = 32
 
 # The daemon's mask key (``use_key_file``); until it is set (a library user, a unit
@@ -81,7 +83,7 @@ def ident_of(secret: str) -> str:
     mac = hmac.new(
         _mask_key[0], b"sessiond-mask\0" + secret.encode(errors="surrogateescape"), "sha256"
     )
-    return f"«redacted:{mac.hexdigest()[:12]}»"
+    return f"redacted.{mac.hexdigest()[:12]}"
 
 
 class Redactor:

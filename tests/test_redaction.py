@@ -73,7 +73,7 @@ def test_ident_masks_each_match_by_a_keyed_digest() -> None:
     r = Redactor([r"sk-[A-Za-z0-9]{20,}"], ["hunter2"])
     other = "sk-" + "B" * 24
     a, b = r.ident(f"order-{KEY}"), r.ident(f"order-{other}")
-    assert KEY not in a and a.startswith("order-«redacted:") and a.endswith("»")
+    assert KEY not in a and a.startswith("order-redacted.")
     assert a != b  # two secrets stay two names
     assert r.ident(f"order-{KEY}") == a  # the same secret, the same name
     assert r.ident(a) == a  # a mask is never masked again

@@ -450,7 +450,10 @@ class Steps:
         if ok:
             text = p.observation or f"{tool} done"
         else:
-            text = p.observation or f"{tool} failed: {(refused or p.error)[:500]}"
+            # masked whole, then cut: a secret cut in two would match nothing
+            error = refused or p.error
+            r = s.redactor()
+            text = p.observation or f"{tool} failed: {(r.text(error) if r else error)[:500]}"
         await self.ctx.table.append_many(
             s,
             [

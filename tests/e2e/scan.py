@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,7 +29,8 @@ def forms(secret: str) -> dict[str, bytes]:
     out = {
         "raw": raw,
         "json": orjson.dumps(secret)[1:-1],
-        "ascii-json": repr(secret).encode()[1:-1],
+        "ascii-json": json.dumps(secret)[1:-1].encode(),
+        "repr": repr(secret).encode()[1:-1],
         "percent": quote(secret, safe="").encode(),
         "hex": raw.hex().encode(),
     }

@@ -96,7 +96,7 @@ def test_a_secret_in_a_key_of_a_steps_args_is_stored_nowhere() -> None:
         args = intent["data"]["args"]
         assert len(args) == 2 and args.get("q") == 1
         (masked,) = (k for k in args if k != "q")
-        assert masked.startswith("token:«redacted:"), args
+        assert masked.startswith("token:redacted."), args
         assert_written_nowhere(d, [KEY])
 
 
@@ -112,7 +112,7 @@ def test_a_secret_in_a_step_key_is_stored_nowhere_and_the_step_is_still_found() 
         intents = d.json("log", "keyed", "--type", "tool.intent")
         keys = [i["data"]["key"] for i in intents if i["data"]["tool"] == "charge"]
         assert len(keys) == 2 and keys[0] != keys[1], keys
-        assert all(k.startswith("order-«redacted:") for k in keys), keys
+        assert all(k.startswith("order-redacted.") for k in keys), keys
         assert_written_nowhere(d, [KEY, OTHER])
 
 
