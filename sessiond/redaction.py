@@ -26,6 +26,7 @@ path pays nothing for a session with no pattern: it gets ``None``.
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import re
 import secrets
@@ -86,6 +87,16 @@ def ident_of(secret: str) -> str:
     return f"redacted.{mac.hexdigest()[:12]}"
 
 
+def _escaped(value: str) -> set[str]:
+    """A secret's value as it is written raw, in a JSON string (either way of
+    escaping) and in a Python ``repr`` (an SDK error is ``repr(exc)``): a value
+    holding a quote, a backslash or a control character reaches the daemon so."""
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    for quoted in (repr(value), repr(value + "'"), repr(value + '"')):
+        forms.add(quoted[1:-1].removesuffix("\\'").removesuffix("'").removesuffix('"'))
+    return {f for f in forms if f}
+
+
 class Redactor:
     """Compiled patterns plus literal values; every match is replaced by ``MASK``."""
 
@@ -95,7 +106,8 @@ class Redactor:
         # One regex per pattern, applied in order (as written): patterns joined into
         # one alternation would break on inline flags or repeated group names.
         self._patterns = [re.compile(p) for p in patterns]
-        values = sorted({v for v in literals if v}, key=len, reverse=True)  # longest first
+        forms = {form for v in literals if v for form in _escaped(v)}
+        values = sorted(forms, key=len, reverse=True)  # longest first
         literal = "|".join(map(re.escape, values))
         self._literals = re.compile(literal) if values else None
         # Most text holds no match: one search of everything at once says so, at

@@ -15,7 +15,6 @@ import gzip
 import json
 import zlib
 from collections.abc import Iterable
-from pathlib import Path
 from urllib.parse import quote
 
 import orjson

@@ -61,7 +61,8 @@ def test_keys_of_args_and_step_keys_are_masked_as_distinct_names() -> None:
     assert len(masked.args) == 3  # two secret keys stay two keys
     assert masked.args["plain"] == f"x {MASK}"
     assert all(IDENT.fullmatch(k) for k in masked.args if k != "plain")
-    assert masked.key is not None and masked.key.startswith("order-redacted.")
+    assert masked.key is not None
+    assert masked.key.startswith("order-redacted.")
     assert masked.tool.startswith("pay_redacted.")
     # the same secret, the same mask; the mask of a mask is itself
     assert mask(intent, R) == masked
