@@ -105,10 +105,14 @@ def test_a_secret_in_a_step_key_is_stored_nowhere_and_the_step_is_still_found() 
     with running("snapshot_every = 10\n") as d:
         _start(d, "keyed", STEP_KEY)
         wait_event(d, "keyed", "approval.requested")
+        # the masks outlive the daemon (its redact.key): a restart finds the steps
+        d.stop()
+        d.start()
+        assert (d.state_dir / "redact.key").stat().st_mode & 0o777 == 0o600
         d.ctl("approve", "keyed", check=True)
         _completed(d, "keyed")
         # each step ran once: the masked keys told the two apart, and the
-        # continuation found both again by them
+        # continuation (after a restart) found both again by them
         assert (d.root / "ledger.txt").read_text() == "a\nb\npay ab\n"
         intents = d.json("log", "keyed", "--type", "tool.intent")
         keys = [i["data"]["key"] for i in intents if i["data"]["tool"] == "charge"]
