@@ -39,6 +39,7 @@ from sessiond.otel import Traces
 from sessiond.redaction import use_key_file
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
+from sessiond.runs.secrets import known as known_secrets
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -153,6 +154,7 @@ class Daemon:
         self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
         self.forward: Forward | None = None  # a cluster node's carried requests
         self.table = Table(config, self.store)
+        self.table.secret_values = lambda spec: known_secrets(spec, env)
         self.kernel = Kernel(config, self.table, env)
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
         self.kernel.triggers = self.triggers

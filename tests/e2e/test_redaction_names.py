@@ -131,3 +131,29 @@ def test_a_message_a_program_sends_is_masked_by_the_senders_patterns() -> None:
         assert message["data"]["sender"] == "alice"
         assert KEY not in d.ctl("--json", "replay", "bob", "--view", "messages").stdout
         assert_written_nowhere(d, [KEY])
+
+
+VALUE = "payroll-" + "s3cr" * 5  # a [run] secrets value: it matches no pattern
+HOLDS = """name = "holds"
+[run]
+exec = ["true"]
+cwd = "{root}"
+secrets = {{ API_KEY = {{ file = "{file}" }} }}
+"""
+
+
+def test_a_secret_value_is_masked_before_the_sessions_first_run() -> None:
+    """Its value is known from the moment the session is in the table (at its
+    create, at each load), not only once a run read it."""
+    with running() as d:
+        (d.root / "api.key").write_text(VALUE + "\n")
+        spec = HOLDS.format(root=d.root, file=d.root / "api.key")
+        d.ctl("create", str(d.write_spec("holds", spec)), check=True)
+        d.ctl("send", "holds", f"here it is: {VALUE}", check=True)
+        d.stop()
+        d.start()  # loaded again: read again
+        d.ctl("send", "holds", f"again: {VALUE}", check=True)
+        texts = [m["data"]["text"] for m in d.json("log", "holds", "--type", "message.received")]
+        assert texts == ["here it is: [REDACTED]", "again: [REDACTED]"]
+        assert d.json("show", "holds")["state"] == "created"  # it never ran
+        assert_written_nowhere(d, [VALUE])
