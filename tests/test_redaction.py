@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sessiond.redaction import MASK, Redactor, matches, redactor
@@ -67,3 +68,36 @@ def test_patterns_that_cannot_be_joined_still_mask() -> None:
     r = Redactor([r"(?i)secret", r"(?P<k>ab)c", r"(?P<k>xy)z"], ["lit"])
     assert r.text("SECRET abc xyz lit") == f"{MASK} {MASK} {MASK} {MASK}"
     assert r.text("nothing") == "nothing"
+
+
+def test_ident_masks_each_match_by_a_keyed_digest() -> None:
+    r = Redactor([r"sk-[A-Za-z0-9]{20,}"], ["hunter2"])
+    other = "sk-" + "B" * 24
+    a, b = r.ident(f"order-{KEY}"), r.ident(f"order-{other}")
+    assert KEY not in a
+    assert a.startswith("order-redacted.")
+    assert a != b  # two secrets stay two names
+    assert r.ident(f"order-{KEY}") == a  # the same secret, the same name
+    assert r.ident(a) == a  # a mask is never masked again
+    assert r.ident("plain") == "plain"
+    assert "hunter2" not in r.ident("x-hunter2-y")
+
+
+def test_walk_masks_keys_as_names() -> None:
+    r = Redactor([r"sk-[A-Za-z0-9]{20,}"])
+    value = {"a": 1, KEY: {"inner": KEY}, "z": [KEY]}
+    out = r.walk(value)
+    assert KEY not in str(out)
+    assert list(out)[::2] == ["a", "z"]  # order kept
+    assert out["z"] == [MASK]
+    plain = {"a": {"b": "c"}}
+    assert r.walk(plain) is plain
+
+
+def test_a_secret_value_is_masked_in_its_escaped_forms_too() -> None:
+    value = "pa\"ss\\wo'rd\u00e9\n"
+    r = Redactor([], [value])
+    for form in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+        assert r.text(f"x {form} y") == f"x {MASK} y", form
+    assert value[:-1] not in r.text(repr(RuntimeError(f"boom {value}")))
+    assert r.text(repr(RuntimeError(f"boom {value}"))) == f"RuntimeError('boom {MASK}')"

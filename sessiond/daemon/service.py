@@ -36,8 +36,10 @@ from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
 from sessiond.otel import Traces
+from sessiond.redaction import use_key_file
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
+from sessiond.runs.secrets import known as known_secrets
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -84,6 +86,15 @@ def check_writable(config: DaemonConfig) -> None:
             f"cannot write to the state dir {state_dir}: {why}; give the daemon a writable "
             "folder with --state-dir or SESSIOND_STATE_DIR"
         ) from exc
+
+
+def mask_key(config: DaemonConfig) -> None:
+    """The daemon's mask key (sessiond.redaction): masked step keys are found again
+    by it after a restart."""
+    try:
+        use_key_file(config.state_dir / "redact.key")
+    except OSError as exc:
+        raise StartupError(f"cannot use the mask key: {exc}") from exc
 
 
 def take_lock(state_dir: Path) -> int:
@@ -143,6 +154,7 @@ class Daemon:
         self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
         self.forward: Forward | None = None  # a cluster node's carried requests
         self.table = Table(config, self.store)
+        self.table.secret_values = lambda spec: known_secrets(spec, env)
         self.kernel = Kernel(config, self.table, env)
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
         self.kernel.triggers = self.triggers
@@ -194,6 +206,7 @@ class Daemon:
         # thousands of sessions). After a clean stop there is nothing to sync.
         if not clean:
             os.sync()
+        mask_key(self.config)  # before anything is masked
         self.store.sync_on_recover = False
         # Loading makes millions of long-lived objects; the cyclic collector would
         # scan them again and again for nothing. Collect once after, then freeze

@@ -91,7 +91,9 @@ class ProgramGuard:
                     f"a program sends as its own session {s.name!r}; it cannot send as "
                     f"{sender!r} (drop --from, or pass --from {s.name})"
                 )
-            return {**params, "sender": s.name}
+            # The sender's patterns, secrets and token travel with its text: it
+            # leaves masked as its own log would keep it.
+            return {**params, "sender": s.name, **_masked(s, params, "text")}
         if method == "fork":
             source = self.table.get(str(params.get("name", "")))
             if source.spec is not None:
@@ -103,6 +105,7 @@ class ProgramGuard:
             new = parse_spec(text, base=Path(base), source=str(params.get("source", "spec")))
             self._no_wider(s, spec, new, f"session {new.name!r}")
         elif method == "merge":
+            params = {**params, **_masked(s, params, "summary")}  # as a message's text
             child = self.table.get(str(params.get("child", "")))
             into = params.get("into") or child.j.state.parent
             if into != s.name:
@@ -134,3 +137,9 @@ class ProgramGuard:
                 f"{'; '.join(problems)}. A program's create and fork cannot widen its own "
                 "policy; a person can create it on the control socket"
             )
+
+
+def _masked(s: Session, params: dict[str, Any], name: str) -> dict[str, Any]:
+    """``params[name]`` masked by the calling session's redactor, as an update."""
+    value, r = params.get(name), s.redactor()
+    return {name: r.text(value)} if r is not None and isinstance(value, str) else {}

@@ -41,11 +41,13 @@ from sessiond.log.events import decode
 from sessiond.log.evidence import Evidence
 from sessiond.log.journal import Journal
 from sessiond.log.lineage import artifact_refs
+from sessiond.log.masking import mask
 from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Draft, Durability, Store
 from sessiond.log.store.durable import FILE_MODE
 from sessiond.log.store.lines import RecordBuilder
 from sessiond.names import check_name
+from sessiond.redaction import Redactor
 
 BUNDLE_FORMAT = "sessiond-bundle"
 BUNDLE_VERSION = 1
@@ -379,6 +381,29 @@ def _verify_lines(
         raise BadBundle(f"{path}: event {number} references {ref}, which is not in the bundle")
 
 
+def _refuse_unmasked(path: Path, bundle: Bundle, r: Redactor) -> None:
+    """Refuse a bundle that holds what its own spec masks: a session never stores it,
+    and a bundle sessiond exported has it masked already (one made elsewhere may
+    not). Refused, not masked: an artifact is named by its hash, which a mask
+    would change under the events that reference it."""
+    for number, line in enumerate(bundle.lines, start=1):
+        record = decode_line(line[:-1])
+        data = decode(record).data if record is not None else None
+        if data is not None and mask(data, r) is not data:
+            raise BadBundle(
+                f"{path}: event {number} ({record and record['type']}) holds what the "
+                "session's redact patterns mask, which sessiond never stores; export it "
+                "from a daemon that masks it, or remove the secret from the bundle"
+            )
+    for digest, blob in bundle.artifacts.items():
+        if r.search(blob.decode(errors="surrogateescape")):
+            raise BadBundle(
+                f"{path}: artifact sha256:{digest} holds what the session's redact "
+                "patterns mask, which sessiond never stores; export it from a daemon that "
+                "masks it, or remove the secret from the bundle"
+            )
+
+
 async def import_session(
     store: Store,
     path: Path,
@@ -386,12 +411,15 @@ async def import_session(
     name: str | None = None,
     durability: Durability = "fsync",
     then: Callable[[list[bytes]], Sequence[EventData]] | None = None,
+    masks: Callable[[str | None], Redactor | None] | None = None,
 ) -> Journal:
     """Create a session from a verified bundle; it arrives with ``session.imported``,
     and the events ``then`` makes of the bundle's lines (a hand-over's
     ``migration.arriving``). They are written with the log, in the one rename that
     creates the session: a crash never leaves a copy without them."""
     bundle = await read_bundle_paced(path)  # verified whole before anything is created
+    if masks is not None and (redactor := masks(bundle.spec)) is not None:
+        await asyncio.to_thread(_refuse_unmasked, path, bundle, redactor)
     target = check_name(name if name is not None else bundle.manifest["session"])
     drafts = [
         Draft(

@@ -13,10 +13,11 @@ value: there is none to show).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 
-from sessiond.table.spec import SessionSpec
+from sessiond.table.spec import SecretRef, SessionSpec
 
 SECRET_FILE_LIMIT = 64 << 10  # a secret, not a data file
 
@@ -29,29 +30,42 @@ def resolve(spec: SessionSpec, daemon_env: Mapping[str, str]) -> dict[str, str]:
     """Every secret's value by its name in the program's environment."""
     if spec.run is None:
         return {}
-    values: dict[str, str] = {}
+    return {name: _one(name, ref, daemon_env) for name, ref in spec.run.secrets.items()}
+
+
+def known(spec: SessionSpec, daemon_env: Mapping[str, str]) -> frozenset[str]:
+    """The values of ``spec``'s secrets that can be read now: masked from the moment
+    the session is in the table, not only from its first run (a message may bring
+    one). One that cannot be read fails that run, with the reason, as ever."""
+    if spec.run is None:
+        return frozenset()
+    values = set()
     for name, ref in spec.run.secrets.items():
-        if ref.env is not None:
-            value = daemon_env.get(ref.env)
-            if value is None:
-                raise SecretMissing(
-                    f"secret {name}: the daemon's environment has no variable {ref.env}; "
-                    "set it where the daemon is started (e.g. its systemd unit) and restart it"
-                )
-            where = f"the daemon's variable {ref.env}"
-        else:
-            assert ref.file is not None
-            value = _read(name, ref.file)
-            where = f"the file {ref.file}"
-        if not value:
-            raise SecretMissing(f"secret {name}: {where} is empty")
-        if "\x00" in value:
+        with contextlib.suppress(SecretMissing):
+            values.add(_one(name, ref, daemon_env))
+    return frozenset(values)
+
+
+def _one(name: str, ref: SecretRef, daemon_env: Mapping[str, str]) -> str:
+    if ref.env is not None:
+        value = daemon_env.get(ref.env)
+        if value is None:
             raise SecretMissing(
-                f"secret {name}: {where} holds a NUL character, which no environment "
-                "variable can carry"
+                f"secret {name}: the daemon's environment has no variable {ref.env}; "
+                "set it where the daemon is started (e.g. its systemd unit) and restart it"
             )
-        values[name] = value
-    return values
+        where = f"the daemon's variable {ref.env}"
+    else:
+        assert ref.file is not None
+        value = _read(name, ref.file)
+        where = f"the file {ref.file}"
+    if not value:
+        raise SecretMissing(f"secret {name}: {where} is empty")
+    if "\x00" in value:
+        raise SecretMissing(
+            f"secret {name}: {where} holds a NUL character, which no environment variable can carry"
+        )
+    return value
 
 
 def _read(name: str, path: str) -> str:

@@ -19,7 +19,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import slot_of
-from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash
+from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash, stored
 from sessiond.runs.tokens import RunGrant
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Session
@@ -49,7 +49,7 @@ class Sends:
             turn = s.j.state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
-            slot = slot_of(p.ordinal, p.key)
+            slot = slot_of(p.ordinal, stored(s, p.key))
             recorded = turn["steps"].get(slot)
             if recorded is not None and recorded["status"] in ANSWERED:
                 asked = _SendAsk(p.ordinal, p.key, digest)
@@ -117,9 +117,14 @@ class Sends:
                 return answer(s, status="denied", rule=rule)
             drafts.append(self.steps._started_draft(s, grant, call, "send", []))
             await self.ctx.table.append_many(s, drafts)
-        # delivered outside this session's lock: the receiver's lock is taken there
+        # The sender's patterns, secrets and token travel with the text: it leaves
+        # masked as the sender's own log would keep it (the receiver masks with its
+        # own as well). Delivered outside this session's lock: the receiver's is
+        # taken there.
+        r = s.redactor()
+        text = r.text(p.text) if r is not None else p.text
         try:
-            result: dict[str, Any] = await deliver(p.to, p.text, sender=s.name)
+            result: dict[str, Any] = await deliver(p.to, text, sender=s.name)
             status, text = "ok", f"sent a message to {p.to}"
         except Exception as exc:
             result, status, text = {}, "error", f"send to {p.to} failed: {exc}"

@@ -28,7 +28,7 @@ from sessiond.redaction import Redactor
 from sessiond.runs.context import Continues, RunContext
 from sessiond.runs.runner import Outcome
 from sessiond.runs.tokens import Tokens
-from sessiond.runs.workspace import read_small, redact, text_diff, workspace_hasher
+from sessiond.runs.workspace import read_small, text_diff, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.gate import rerun_refusal
 from sessiond.table.sessions import Session
@@ -130,7 +130,7 @@ class Settler:
             await ctx.table.append(
                 s,
                 ObservationProjected(
-                    call=call_id, tool="command", text=_observation(outcome, before, spec)
+                    call=call_id, tool="command", text=_observation(outcome, before, spec, redactor)
                 ),
                 correlation=call_id,
             )
@@ -406,7 +406,9 @@ class Settler:
         ctx.retry_timers[s.name] = asyncio.get_running_loop().call_later(delay, fire)
 
 
-def _observation(outcome: Outcome, before: dict[str, bytes | None], spec: SessionSpec) -> str:
+def _observation(
+    outcome: Outcome, before: dict[str, bytes | None], spec: SessionSpec, redactor: Redactor
+) -> str:
     """What the messages view says about a command run (never its raw output)."""
     code = outcome.exit_code
     parts = [f"exit {code}" if code is not None else outcome.status]
@@ -415,9 +417,8 @@ def _observation(outcome: Outcome, before: dict[str, bytes | None], spec: Sessio
         parts.append("changed " + ", ".join(changed))
     first = outcome.stdout.decode(errors="replace").strip().splitlines()[:1]
     if first:
-        parts.append(
-            "stdout: " + redact(first[0][:200].encode(), spec.redact).decode(errors="replace")
-        )
+        # masked whole, then cut: a secret cut in two would match nothing
+        parts.append("stdout: " + redactor.text(first[0])[:200])
     return "; ".join(parts)
 
 

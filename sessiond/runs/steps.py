@@ -93,6 +93,13 @@ def _mask(s: Session, data: bytes) -> bytes:
     return r.data(data) if r is not None else data
 
 
+def stored(s: Session, value: str | None) -> str | None:
+    """A step's key or name as the log keeps it: masked as a name (log.masking), so
+    the step is looked up, compared and shown as recorded."""
+    r = s.redactor()
+    return r.ident(value) if r is not None and value else value
+
+
 def step_key(session: str, turn: int, slot: str) -> str:
     """The stable key a program may use for its own idempotency keys (a payment API's)."""
     return f"{session}.t{turn}.{slot}"
@@ -130,12 +137,12 @@ class Steps:
             turn = state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
-            slot = slot_of(p.ordinal, p.key)
+            slot = slot_of(p.ordinal, stored(s, p.key))
             key = step_key(s.name, turn["n"], slot)
             digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
             recorded = turn["steps"].get(slot)
             if recorded is not None and recorded["status"] in ANSWERED:
-                same = recorded["kind"] == p.kind and recorded["name"] == p.name
+                same = recorded["kind"] == p.kind and recorded["name"] == stored(s, p.name)
                 if same and p.kind == "tool":
                     same = recorded["digest"] == digest
                 if same and p.kind == "model" and p.strict:
@@ -178,7 +185,7 @@ class Steps:
             return {"status": "denied", "call": call, "rule": recorded.get("rule", "denied")}
         if status == "approval":
             if s.run is not None and s.run.stop_requested is None:
-                s.run.stop_requested = f"approval pending for {p.name} [{call}]"
+                s.run.stop_requested = f"approval pending for {stored(s, p.name)} [{call}]"
             return {"status": "ask", "call": call, "rule": "approval pending"}
         if s.run is not None and s.run.stop_requested is not None:
             # approved, but the run was asked to stop: it starts in a later run
@@ -282,7 +289,7 @@ class Steps:
                 )
             )
             if s.run is not None and s.run.stop_requested is None:
-                s.run.stop_requested = f"approval pending for {p.name} [{call_id}]"
+                s.run.stop_requested = f"approval pending for {stored(s, p.name)} [{call_id}]"
         else:
             drafts.append(self._started_draft(s, grant, call_id, p.name, list(p.writes)))
         # intent, decision and start (or the question) in one durable write
@@ -344,7 +351,9 @@ class Steps:
         context = await asyncio.to_thread(
             put_context,
             self.ctx.store.artifacts(s.name),
-            _mask(s, orjson.dumps(p.request)),
+            # masked as a value, then encoded: a secret holding a quote or a
+            # backslash is escaped in the JSON, where its raw form is not found
+            orjson.dumps(r.walk(p.request) if (r := s.redactor()) is not None else p.request),
             "context.json",
         )
         await self.ctx.table.append(
@@ -443,7 +452,10 @@ class Steps:
         if ok:
             text = p.observation or f"{tool} done"
         else:
-            text = p.observation or f"{tool} failed: {(refused or p.error)[:500]}"
+            # masked whole, then cut: a secret cut in two would match nothing
+            error = refused or p.error
+            r = s.redactor()
+            text = p.observation or f"{tool} failed: {(r.text(error) if r else error)[:500]}"
         await self.ctx.table.append_many(
             s,
             [

@@ -26,6 +26,7 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
+from sessiond.redaction import Redactor, redactor
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
@@ -229,6 +230,10 @@ class Lineage:
         if s.state == "terminated":
             raise Refused(f"cannot send to session {to!r}: it is terminated")
         woke = s.spec is not None and any(t.type == "message" for t in s.spec.trigger)
+        # masked before the wake's copy is cut short: a secret cut in two would no
+        # longer match its pattern (the log masks both again as they are written)
+        r = s.redactor()
+        text = r.text(text) if r is not None else text
         async with s.lock:
             # A message that wakes the session is acknowledged only after its wake:
             # it goes to disk with the wake's first commit, not in one of its own.
@@ -327,7 +332,11 @@ class Lineage:
         if handover is not None:  # the first phase of a migrate --to from another daemon
             return await self.handover.arrive(path, name, handover)
         journal = await import_session(
-            self.ctx.store, Path(path), name=name, durability=self.ctx.config.durability
+            self.ctx.store,
+            Path(path),
+            name=name,
+            durability=self.ctx.config.durability,
+            masks=lambda text: _masks(text, path),
         )
         spec_text = self.ctx.store.read_spec(journal.session)
         spec = parse_spec(spec_text, base=Path("/"), source=path) if spec_text else None
@@ -358,6 +367,17 @@ class Lineage:
         if self.ctx.triggers is not None:
             self.ctx.triggers.rearm(s)
         return detail(s)
+
+
+def _masks(spec_text: str | None, source: str) -> Redactor | None:
+    """What a bundle's own spec masks: what its events and artifacts must not hold."""
+    if not spec_text:
+        return None
+    try:
+        spec = parse_spec(spec_text, base=Path("/"), source=source)
+    except (InvalidInput, ValueError):
+        return None  # refused as it is read next, as it always was
+    return redactor(spec.redact)
 
 
 def _last_said(transcript: list[dict[str, Any]]) -> str:

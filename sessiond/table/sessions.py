@@ -132,6 +132,10 @@ class Table:
         self.started = time.time()
         # set by the daemon to its triggers' view (next fire times); else the spec's
         self.next_wake_fn: Callable[[Session], str | None] = next_wake
+        # The values of a spec's [run] secrets, where they can be read now (set by
+        # the daemon: sessiond.runs.secrets): masked from the moment a session is
+        # in the table, not only from its first run (a message may bring one).
+        self.secret_values: Callable[[SessionSpec], frozenset[str]] | None = None
 
     def __iter__(self) -> Iterator[Session]:
         return iter(self.sessions.values())
@@ -201,6 +205,8 @@ class Table:
             session.journal.listeners.append(lambda record: self._broadcast(name, record))
             session.journal.redaction = session.redactor
         session.wake_fn = self.next_wake_fn
+        if self.secret_values is not None and session.spec is not None and not session.masked:
+            session.masked = self.secret_values(session.spec)
         self.sessions[session.name] = session
         return session
 

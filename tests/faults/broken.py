@@ -148,6 +148,7 @@ def _no_redaction() -> None:
     patch(Redactor, "text", same)
     patch(Redactor, "data", same)
     patch(Redactor, "walk", same)
+    patch(Redactor, "ident", same)
 
 
 # name -> (what is broken, the invariant that must catch it ("a | b": either), the patch)

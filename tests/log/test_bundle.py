@@ -197,3 +197,40 @@ def test_names_and_refs_with_a_trailing_newline_are_refused() -> None:
         check_name("abc\n")
     with pytest.raises(ValueError, match="sha256"):
         ArtifactRef(ref="sha256:" + "a" * 64 + "\n", name="x", size=1)
+
+
+def test_an_import_refuses_what_the_bundles_own_spec_masks(tmp_path: Path) -> None:
+    """A bundle made elsewhere, holding in the clear what its spec masks (in an
+    event, or only in an artifact): refused whole, naming where, nothing created."""
+    from sessiond.redaction import Redactor
+
+    secret = "sk-" + "Z" * 24
+    made = FileStore(tmp_path / "made")
+
+    async def craft(name: str, in_event: bool) -> Path:
+        await (await made.create(name, spec=f"name = '{name}'\n")).close()
+        journal = await Journal.open(made, name)
+        ref = made.artifacts(name).put(f"out {secret}".encode(), "stdout", "text/plain")
+        error = secret if in_event else ""
+        await journal.append(RunFinished(run="r1", status="ok", stdout=ref, error=error))
+        await journal.close()
+        out = tmp_path / f"{name}.bundle"
+        export_session(made, name, out)
+        return out
+
+    def masks(_spec: str | None) -> Redactor:
+        return Redactor([r"sk-[A-Za-z0-9]{20,}"])
+
+    target = FileStore(tmp_path / "target")
+    for name, in_event, where in (
+        ("ev", True, "event 1 (run.finished)"),
+        ("art", False, "artifact"),
+    ):
+        bundle = arun(craft(name, in_event))
+        with pytest.raises(BadBundle, match=r"redact patterns mask") as refused:
+            arun(import_session(target, bundle, masks=masks))
+        assert where in str(refused.value)
+        assert secret not in str(refused.value)
+        assert name not in target.names()
+    # a bundle that holds none of it is imported as ever
+    arun(import_session(target, arun(craft("clean", False)), masks=lambda _s: None))
