@@ -102,6 +102,23 @@ _current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+class _Frame:
+    """Where the steps taken now go: the run itself, or the ``fn`` of a step under way
+    (its steps are nested in it, their ordinals counted from 1 within it)."""
+
+    __slots__ = ("call", "ordinal", "took")
+
+    def __init__(self, call: str | None) -> None:
+        self.call = call
+        self.ordinal = 0
+        self.took = False
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "sessiond_step_frame", default=None
+)
+
+
 def _env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
@@ -188,7 +205,7 @@ class Run:
         # are given under their own lock, at the call, in call order.
         self._wire = threading.Lock()
         self._count = threading.Lock()
-        self._ordinal = 0
+        self._root = _Frame(None)
 
     def _call(self, method: str, **params: Any) -> Any:
         with self._wire:
@@ -202,14 +219,30 @@ class Run:
     def _on_sigterm(self, *_: Any) -> None:
         self.stop_requested = True  # finish the current step, stop before the next
 
-    def _place(self, key: str | None) -> int:
-        """This step's ordinal. A keyed step (from a thread) takes none of its own, so
-        the order of threads cannot shift the ordinals of the steps after it."""
+    def _place(self, key: str | None) -> dict[str, Any]:
+        """This step's place: its ordinal, and the step it is taken in (a step taken
+        inside another step's ``fn``). A keyed step (from a thread) takes no ordinal
+        of its own, so the order of threads cannot shift the ordinals of the steps
+        after it."""
+        frame = _frame.get() or self._root
         with self._count:
+            frame.took = True
             if key is None:
-                self._ordinal += 1
-                return self._ordinal
-            return self._ordinal + 1
+                frame.ordinal += 1
+            ordinal = frame.ordinal if key is None else frame.ordinal + 1
+        return {"ordinal": ordinal, **({"parent": frame.call} if frame.call else {})}
+
+    def _stopped(self, call: str, exc: BaseException, frame: _Frame) -> None:
+        """A ``StopRun`` left a step's ``fn``: where a step inside it stopped the run,
+        the step ends ``stopped`` (a later run enters it again and replays what
+        finished inside it); otherwise it failed."""
+        if frame.took:
+            try:
+                self._call("sdk.step_done", call=call, status="stopped")
+                return
+            except RemoteError:
+                pass
+        self._fail(call, exc)
 
     @staticmethod
     def key() -> str:
@@ -272,11 +305,11 @@ class Run:
         """Run ``fn()`` at most once for this place in the turn; return its result (the
         recorded one when a later run of the turn gets here). ``observe(result)`` is
         what the messages view says of it (default: the name and the result, short)."""
-        ordinal = self._place(key)
+        place = self._place(key)
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = self._begin(
-            kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
-            writes=list(writes), risk=risk,
+            kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
+            **place,
         )  # fmt: skip
         if answer["status"] == "replayed":
             return _from_answer(answer)
@@ -292,13 +325,19 @@ class Run:
         call = answer["call"]
         started = time.monotonic()
         token = _current_key.set(answer.get("key"))
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             result = fn()
             value, b64 = _to_json(result)
+        except StopRun as exc:
+            self._stopped(call, exc, frame)
+            raise
         except BaseException as exc:
             self._fail(call, exc)
             raise
         finally:
+            _frame.reset(inside)
             _current_key.reset(token)
         took = int((time.monotonic() - started) * 1000)
         result = base64.b64decode(b64) if b64 is not None else value
@@ -328,19 +367,26 @@ class Run:
         recorded and answered from the log; with ``strict=True`` it is a divergence.
         ``cost`` gives what the response was reported to cost in US dollars (None:
         not known), recorded on ``model.responded``."""
-        ordinal = self._place(key)
+        place = self._place(key)
         answer = self._begin(
-            kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
+            kind="model", name=model, key=key, request=request, strict=strict, **place
         )
         if answer["status"] == "replayed":
             return _from_answer(answer)
         call = answer["call"]
         started = time.monotonic()
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             value, _ = _to_json(fn())
+        except StopRun as exc:
+            self._stopped(call, exc, frame)
+            raise
         except BaseException as exc:
             self._fail(call, exc)
             raise
+        finally:
+            _frame.reset(inside)
         tin, tout = (usage or _usage)(value)
         self._call(
             "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
@@ -352,7 +398,7 @@ class Run:
     def send(self, to: str, text: str, *, key: str | None = None) -> None:
         """A message to another session: a step, so it is sent once per turn."""
         answer: dict[str, Any] = self._call(
-            "sdk.send", to=to, text=text, ordinal=self._place(key), key=key
+            "sdk.send", to=to, text=text, key=key, **self._place(key)
         )
         if answer["status"] == "denied":
             raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
@@ -405,12 +451,12 @@ class AsyncRun:
         return await asyncio.to_thread(self.sync.context)
 
     def step(self, name: str, fn: Callable[[], Any], **kw: Any) -> Any:
-        ordinal = self.sync._place(kw.get("key"))  # at the call, before any await
-        return self._step(ordinal, name, fn, **kw)
+        place = self.sync._place(kw.get("key"))  # at the call, before any await
+        return self._step(place, name, fn, **kw)
 
     async def _step(
         self,
-        ordinal: int,
+        place: dict[str, Any],
         name: str,
         fn: Callable[[], Any],
         *,
@@ -425,8 +471,8 @@ class AsyncRun:
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
-                kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
-                writes=list(writes), risk=risk,
+                kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
+                **place,
             )
         )  # fmt: skip
         if answer["status"] == "replayed":
@@ -442,15 +488,21 @@ class AsyncRun:
     ) -> Any:
         call = answer["call"]
         token = _current_key.set(answer.get("key"))
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             result = fn()
             if inspect.isawaitable(result):
                 result = await result
             value, b64 = _to_json(result)
+        except StopRun as exc:
+            await asyncio.to_thread(self.sync._stopped, call, exc, frame)
+            raise
         except BaseException as exc:
             await asyncio.to_thread(self.sync._fail, call, exc)
             raise
         finally:
+            _frame.reset(inside)
             _current_key.reset(token)
         result = base64.b64decode(b64) if b64 is not None else value
         text = _observation(name, result, observe)
@@ -467,32 +519,39 @@ class AsyncRun:
         key: str | None = None, usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
-        ordinal = self.sync._place(key)
+        place = self.sync._place(key)
         return self._model_call(
-            ordinal, model, request, fn, strict=strict, key=key, usage=usage, text=text, cost=cost
+            place, model, request, fn, strict=strict, key=key, usage=usage, text=text, cost=cost
         )
 
     async def _model_call(
-        self, ordinal: int, model: str, request: Any, fn: Callable[[], Any], *, strict: bool,
-        key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
+        self, place: dict[str, Any], model: str, request: Any, fn: Callable[[], Any], *,
+        strict: bool, key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
-                kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
+                kind="model", name=model, key=key, request=request, strict=strict, **place
             )
         )
         if answer["status"] == "replayed":
             return _from_answer(answer)
         call = answer["call"]
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             response = fn()
             if inspect.isawaitable(response):
                 response = await response
             value, _ = _to_json(response)
+        except StopRun as exc:
+            await asyncio.to_thread(self.sync._stopped, call, exc, frame)
+            raise
         except BaseException as exc:
             await asyncio.to_thread(self.sync._fail, call, exc)
             raise
+        finally:
+            _frame.reset(inside)
         tin, tout = (usage or _usage)(value)
         await asyncio.to_thread(
             lambda: self.sync._call(
@@ -504,12 +563,10 @@ class AsyncRun:
         return value
 
     async def send(self, to: str, text: str, *, key: str | None = None) -> None:
-        ordinal = self.sync._place(key)
+        place = self.sync._place(key)
 
         def go() -> None:
-            answer: dict[str, Any] = self.sync._call(
-                "sdk.send", to=to, text=text, ordinal=ordinal, key=key
-            )
+            answer: dict[str, Any] = self.sync._call("sdk.send", to=to, text=text, key=key, **place)
             if answer["status"] == "denied":
                 raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
             if answer["status"] == "stop":

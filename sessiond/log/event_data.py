@@ -259,11 +259,13 @@ class WakeRequested(EventData):
 
 
 class StepRef(Record):
-    """One step of a turn as the divergence check saw it: kind, name, args digest."""
+    """One step of a turn as the divergence check saw it: kind, name, args digest
+    and key (absent in events written before keys were part of a step's identity)."""
 
     kind: Literal["tool", "model"]
     name: str
     digest: FileHash = None
+    key: str | None = None
 
 
 class StepDivergence(Record):
@@ -273,6 +275,12 @@ class StepDivergence(Record):
     key: str | None = None
     recorded: StepRef
     asked: StepRef
+    # Absent in events written before nested steps: the asked step's slot and its
+    # parent's (a nested step), and the slot of the recorded step it differs from
+    # where that is not its own (the same step under another key, say).
+    slot: str | None = None
+    parent: str | None = None
+    recorded_slot: str | None = None
 
 
 class GateEvaluated(EventData):
@@ -354,6 +362,7 @@ class ModelRequested(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     request_sha256: FileHash = None
+    parent: str | None = None  # a nested step: the parent's slot in the turn
     # asked again by a later run of the turn with another request digest: answered
     # from the log (the recorded response), recorded here to be seen
     replayed: bool = False
@@ -390,6 +399,8 @@ class ToolIntent(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     args_sha256: FileHash = None
+    # a nested step (taken inside another step's fn): the parent's slot in the turn
+    parent: str | None = None
 
 
 class PolicyDecided(EventData):

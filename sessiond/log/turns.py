@@ -26,7 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessiond.log.places import after, asked_place, place_of, slot_of
 from sessiond.log.state import State
+
+__all__ = ["slot_of"]  # (where the daemon's step code has always found it)
 
 # Wakes that only continue the open turn: they are not work of their own, so a
 # run that continues a turn takes them; other wakes wait for the next turn. An
@@ -36,11 +39,6 @@ CONTINUATION_TRIGGERS = TURN_ONLY_TRIGGERS | {"manual"}
 
 # Steps that were asked for but never started: a later run asks again afresh.
 NOT_STARTED = frozenset({"intent", "decided", "approval", "approved"})
-
-
-def slot_of(ordinal: int | None, key: str | None) -> str:
-    """The step table's key for a step: its own key where it names one, else its ordinal."""
-    return f"k:{key}" if key else str(ordinal)
 
 
 def begin_run(s: State, seq: int) -> None:
@@ -124,6 +122,7 @@ def tool_intent(s: State, d: dict[str, Any]) -> None:
         name=d["tool"],
         digest=d.get("args_sha256"),
         call=d["call"],
+        parent=d.get("parent"),
     )
     step.update(status="intent", risk=d["risk"], writes=d["writes"])
 
@@ -137,10 +136,13 @@ def _new_step(
     name: str,
     digest: str | None,
     call: str,
+    parent: str | None = None,
 ) -> dict[str, Any]:
     """A step asked for at its slot; one recorded there before (not replayed: it did
-    not finish ok) gives way, its events stay in the log."""
-    slot = slot_of(ordinal, key)
+    not finish ok) gives way, its events stay in the log. A nested step keeps its
+    parent's slot and its whole place (steps at the top level carry neither: their
+    ordinal and key are their place, as in logs written before nesting)."""
+    slot = slot_of(ordinal, key, parent)
     old = turn["steps"].get(slot)
     if old is not None:
         turn["calls"].pop(old["call"], None)
@@ -154,6 +156,9 @@ def _new_step(
         "call": call,
         "status": "started",
     }
+    if parent:
+        place = asked_place(turn["steps"], ordinal, key, parent)
+        step.update(parent=parent, place=[list(p) for p in place])
     turn["calls"][call] = slot
     return step
 
@@ -205,6 +210,7 @@ def model_requested(s: State, d: dict[str, Any]) -> None:
         name=d["model"],
         digest=d.get("request_sha256"),
         call=d["request_id"],
+        parent=d.get("parent"),
     )
 
 
@@ -235,14 +241,17 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     if d.get("ends_turn"):
         end_turn(s)
         return
-    at = (turn["divergence"] or {}).get("key")
+    at = turn["divergence"] or {}
     turn["divergence"] = None
     start = d.get("from_ordinal")
     if start is not None:
-        # the new path from here on: the steps recorded from this ordinal stay in
-        # the log but are no longer answered from it
+        # the new path from here on: the steps recorded from the divergent place on
+        # stay in the log but are no longer answered from it
+        key, parent = at.get("key"), at.get("parent")
+        here = asked_place(turn["steps"], start, key, parent)
+        gone = {slot_of(start, key, parent), at.get("recorded_slot")}
         for slot, step in list(turn["steps"].items()):
-            if _on_new_path(step, start, at):
+            if slot in gone or after(place_of(step), here):
                 del turn["steps"][slot]
                 turn["calls"].pop(step["call"], None)
         return
@@ -257,17 +266,6 @@ def resolved(s: State, d: dict[str, Any]) -> None:
         step.update(status="ok", result_kind="json", result=None, result_ref=None)
 
 
-def _on_new_path(step: dict[str, Any], start: int, key: str | None) -> bool:
-    """Whether ``step`` comes at or after the divergent step (ordinal ``start``, and
-    ``key`` where it was a keyed one). A keyed step carries the ordinal of the next
-    unkeyed step (the SDK places it after the steps before it), so a keyed step at
-    ``start`` was taken *before* unkeyed step ``start``: it is not on the new path,
-    unless it is the very step that diverged."""
-    if step["ordinal"] != start:
-        return bool(step["ordinal"] > start)
-    return step["key"] is None or step["key"] == key
-
-
 def bad_steps(s: State) -> list[dict[str, Any]]:
     """Steps of the open turn that finished with an error and were not resolved: the
     gate judges them by their risk contract before a later run may reach them again.
@@ -277,7 +275,8 @@ def bad_steps(s: State) -> list[dict[str, Any]]:
     steps = s.turn["steps"].values()
     # A command stopped part way (interrupt, shutdown, timeout) did not finish its work
     # either: it is judged like a failed step. (An sdk step is only ever closed as
-    # ``interrupted`` by the gate itself, once judged safe to run again.)
+    # ``interrupted`` by the gate itself, once judged safe to run again, or as a
+    # parent a step inside which stopped the run: its own code runs again.)
     return [
         st
         for st in steps

@@ -234,13 +234,20 @@ def describe_divergence(d: dict[str, Any]) -> str:
 
     def one(ref: dict[str, Any]) -> str:
         digest = ref.get("digest")
-        return f"{ref['kind']} {ref['name']!r}" + (
-            f" (args sha256 {digest[:12]})" if digest else ""
+        key = ref.get("key")
+        return (
+            f"{ref['kind']} {ref['name']!r}"
+            + (f" under key {key!r}" if key else "")
+            + (f" (args sha256 {digest[:12]})" if digest else "")
         )
 
+    at = d.get("slot") or d["ordinal"]
+    where = "there"
+    if d.get("recorded_slot"):
+        where = f"at step {d['recorded_slot']} in its stead"
     return (
-        f"the program asked at step {d['ordinal']} for {one(d['asked'])}, but the turn "
-        f"recorded {one(d['recorded'])} there; 'sessionctl resolve --accept' continues on "
+        f"the program asked at step {at} for {one(d['asked'])}, but the turn "
+        f"recorded {one(d['recorded'])} {where}; 'sessionctl resolve --accept' continues on "
         "the new path, '--discard' ends the turn"
     )
 
