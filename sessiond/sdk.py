@@ -232,11 +232,11 @@ class Run:
             ordinal = frame.ordinal if key is None else frame.ordinal + 1
         return {"ordinal": ordinal, **({"parent": frame.call} if frame.call else {})}
 
-    def _stopped(self, call: str, exc: BaseException, frame: _Frame) -> None:
-        """A ``StopRun`` left a step's ``fn``: where a step inside it stopped the run,
-        the step ends ``stopped`` (a later run enters it again and replays what
-        finished inside it); otherwise it failed."""
-        if frame.took:
+    def _end(self, call: str, exc: BaseException, frame: _Frame) -> None:
+        """A step's ``fn`` raised: the step failed, unless a step inside it stopped the
+        run (a ``StopRun`` out of a step that took steps). Then it ends ``stopped``: a
+        later run enters it again and replays the steps that finished inside it."""
+        if isinstance(exc, StopRun) and frame.took:
             try:
                 self._call("sdk.step_done", call=call, status="stopped")
                 return
@@ -330,11 +330,8 @@ class Run:
         try:
             result = fn()
             value, b64 = _to_json(result)
-        except StopRun as exc:
-            self._stopped(call, exc, frame)
-            raise
         except BaseException as exc:
-            self._fail(call, exc)
+            self._end(call, exc, frame)
             raise
         finally:
             _frame.reset(inside)
@@ -379,11 +376,8 @@ class Run:
         inside = _frame.set(frame)
         try:
             value, _ = _to_json(fn())
-        except StopRun as exc:
-            self._stopped(call, exc, frame)
-            raise
         except BaseException as exc:
-            self._fail(call, exc)
+            self._end(call, exc, frame)
             raise
         finally:
             _frame.reset(inside)
@@ -495,11 +489,8 @@ class AsyncRun:
             if inspect.isawaitable(result):
                 result = await result
             value, b64 = _to_json(result)
-        except StopRun as exc:
-            await asyncio.to_thread(self.sync._stopped, call, exc, frame)
-            raise
         except BaseException as exc:
-            await asyncio.to_thread(self.sync._fail, call, exc)
+            await asyncio.to_thread(self.sync._end, call, exc, frame)
             raise
         finally:
             _frame.reset(inside)
@@ -544,11 +535,8 @@ class AsyncRun:
             if inspect.isawaitable(response):
                 response = await response
             value, _ = _to_json(response)
-        except StopRun as exc:
-            await asyncio.to_thread(self.sync._stopped, call, exc, frame)
-            raise
         except BaseException as exc:
-            await asyncio.to_thread(self.sync._fail, call, exc)
+            await asyncio.to_thread(self.sync._end, call, exc, frame)
             raise
         finally:
             _frame.reset(inside)

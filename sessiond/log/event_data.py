@@ -259,13 +259,12 @@ class WakeRequested(EventData):
 
 
 class StepRef(Record):
-    """One step of a turn as the divergence check saw it: kind, name, args digest
-    and key (absent in events written before keys were part of a step's identity)."""
+    """One step of a turn as the divergence check saw it: kind, name, args digest."""
 
     kind: Literal["tool", "model"]
     name: str
     digest: FileHash = None
-    key: str | None = None
+    slot: str | None = None  # its place, key and parent's (absent in older events)
 
 
 class StepDivergence(Record):
@@ -275,12 +274,6 @@ class StepDivergence(Record):
     key: str | None = None
     recorded: StepRef
     asked: StepRef
-    # Absent in events written before nested steps: the asked step's slot and its
-    # parent's (a nested step), and the slot of the recorded step it differs from
-    # where that is not its own (the same step under another key, say).
-    slot: str | None = None
-    parent: str | None = None
-    recorded_slot: str | None = None
 
 
 class GateEvaluated(EventData):
@@ -290,8 +283,7 @@ class GateEvaluated(EventData):
     options: tuple[RecoveryOption, ...] = ()
     outcome: Literal["ok", "blocked", "suspended"] = "ok"
     dry_run: bool = False
-    # set when a step of the open turn diverged from the recorded one (DESIGN.md section 8)
-    divergence: StepDivergence | None = None
+    divergence: StepDivergence | None = None  # a step diverged (DESIGN.md section 8)
 
 
 class RecoveryResolved(EventData):
@@ -303,8 +295,7 @@ class RecoveryResolved(EventData):
     # True where this resolution ends the open turn (a discarded step or divergence):
     # no later run of that turn may reach the discarded step again
     ends_turn: bool = False
-    # a divergence accepted at this ordinal: steps from it on are no longer replayed
-    from_ordinal: int | None = Field(default=None, ge=1)
+    from_ordinal: int | None = Field(default=None, ge=1)  # a divergence accepted here
     # Who answered, from the peer's credentials (never the request); "by" is the
     # answerer's own free-text note. Absent in events written before they existed.
     uid: int | None = None
@@ -362,7 +353,7 @@ class ModelRequested(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     request_sha256: FileHash = None
-    parent: str | None = None  # a nested step: the parent's slot in the turn
+    parent: str | None = None  # a nested step: the parent's slot
     # asked again by a later run of the turn with another request digest: answered
     # from the log (the recorded response), recorded here to be seen
     replayed: bool = False
@@ -399,8 +390,7 @@ class ToolIntent(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     args_sha256: FileHash = None
-    # a nested step (taken inside another step's fn): the parent's slot in the turn
-    parent: str | None = None
+    parent: str | None = None  # a nested step (in another's fn): the parent's slot
 
 
 class PolicyDecided(EventData):

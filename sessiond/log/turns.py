@@ -247,9 +247,11 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     if start is not None:
         # the new path from here on: the steps recorded from the divergent place on
         # stay in the log but are no longer answered from it
-        key, parent = at.get("key"), at.get("parent")
-        here = asked_place(turn["steps"], start, key, parent)
-        gone = {slot_of(start, key, parent), at.get("recorded_slot")}
+        # (divergences recorded before nesting name no slots: a step at the top level)
+        slot = (at.get("asked") or {}).get("slot") or slot_of(start, at.get("key"))
+        parent = slot.rpartition(">")[0] or None  # a key holds no '>'
+        here = asked_place(turn["steps"], start, at.get("key"), parent)
+        gone = {slot, (at.get("recorded") or {}).get("slot")}
         for slot, step in list(turn["steps"].items()):
             if slot in gone or after(place_of(step), here):
                 del turn["steps"][slot]

@@ -49,12 +49,9 @@ def divergence(asked: Asked, recorded: dict[str, Any]) -> tuple[GateEvaluated, s
             kind=recorded["kind"],
             name=recorded["name"],
             digest=recorded.get("digest"),
-            key=recorded.get("key"),
+            slot=recorded.get("slot"),
         ),
-        asked=StepRef(kind=asked.kind, name=asked.name, digest=asked.digest, key=asked.key),
-        slot=slot,
-        parent=asked.parent,
-        recorded_slot=recorded.get("slot") if recorded.get("slot") != slot else None,
+        asked=StepRef(kind=asked.kind, name=asked.name, digest=asked.digest, slot=slot),
     )
     reason = describe_divergence(found.model_dump(mode="json"))
     gate = GateEvaluated(

@@ -234,17 +234,16 @@ def describe_divergence(d: dict[str, Any]) -> str:
 
     def one(ref: dict[str, Any]) -> str:
         digest = ref.get("digest")
-        key = ref.get("key")
-        return (
-            f"{ref['kind']} {ref['name']!r}"
-            + (f" under key {key!r}" if key else "")
-            + (f" (args sha256 {digest[:12]})" if digest else "")
+        return f"{ref['kind']} {ref['name']!r}" + (
+            f" (args sha256 {digest[:12]})" if digest else ""
         )
 
-    at = d.get("slot") or d["ordinal"]
+    # (divergences recorded before nesting and keys name no slots)
+    at = d["asked"].get("slot") or d["ordinal"]
+    recorded_at = d["recorded"].get("slot")
     where = "there"
-    if d.get("recorded_slot"):
-        where = f"at step {d['recorded_slot']} in its stead"
+    if recorded_at and recorded_at != at:
+        where = f"at step {recorded_at} in its stead"
     return (
         f"the program asked at step {at} for {one(d['asked'])}, but the turn "
         f"recorded {one(d['recorded'])} {where}; 'sessionctl resolve --accept' continues on "
