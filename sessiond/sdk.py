@@ -16,14 +16,14 @@
         run.complete(summary="done")            # or run.sleep()
 
 A **turn** is the work one wake starts; it may take several runs of the program
-(after an approval, a crash, a stop, a retry), and each run starts the program
-from the top. Every step — ``run.step``, ``run.model_call``, ``run.send`` — has
-its ordinal in the turn, given in call order at the call. When a later run of
-the turn reaches a step the daemon recorded as finished ``ok``, the recorded
-result is returned and **the work is not done again**: no second charge, no
-second model request. So a program must reach its steps in the same order with
-the same arguments on every run; ``context()`` and the wake cause are the same
-in every run of a turn to make that easy.
+(after an approval, a crash, a stop, a retry), each from the top. Every step
+(``run.step``, ``run.model_call``, ``run.send``) has its place in the turn: its
+ordinal, given in call order at the call, or its group of keyed steps; a step
+taken inside another step's ``fn`` has its place inside that step's. When a later
+run reaches a step recorded as finished ``ok``, the recorded result is returned
+and **the work is not done again**. A step is the same only in kind, name, args
+digest and key: any difference at a recorded place is ``Diverged``, before the
+work. ``context()`` and the wake cause are the same in every run of a turn.
 
 - ``Denied``: the policy or a person said no (in every run of the turn).
 - ``ApprovalPending``: a person must approve this step. A program that does not
@@ -36,11 +36,10 @@ in every run of a turn to make that easy.
   decides (``sessionctl resolve --accept | --discard``).
 
 A step's ``fn`` takes no arguments; its result must be JSON-serialisable (or
-bytes), and it is returned in its JSON form (tuples become lists) on the first
-run as on every replay, so every run sees the same value. Steps started from
-threads pass ``key=`` (a name unique in the turn) instead of relying on call
-order. ``run.key()`` inside a step's ``fn`` is the step's stable key (the same
-in every run of the turn) for idempotency keys of your own.
+bytes), returned in its JSON form (tuples become lists) on every run. Steps
+started from threads pass ``key=`` (a name unique in the turn; join the threads
+before the next unkeyed step). ``run.key()`` inside a step's ``fn`` is the step's
+stable key for idempotency keys of your own.
 
 It reads ``SESSIOND_SOCKET`` (the program endpoint), ``SESSIOND_SESSION``,
 ``SESSIOND_RUN``, ``SESSIOND_TURN`` and ``SESSIOND_TOKEN`` from the environment
@@ -300,6 +299,7 @@ class Run:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        key_is_id: bool = False,
         observe: Callable[[Any], str] | None = None,
     ) -> Any:
         """Run ``fn()`` at most once for this place in the turn; return its result (the
@@ -309,7 +309,7 @@ class Run:
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = self._begin(
             kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
-            **place,
+            key_is_id=key_is_id, **place,
         )  # fmt: skip
         if answer["status"] == "replayed":
             return _from_answer(answer)
@@ -460,13 +460,14 @@ class AsyncRun:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        key_is_id: bool = False,
         observe: Callable[[Any], str] | None = None,
     ) -> Any:
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
                 kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
-                **place,
+                key_is_id=key_is_id, **place,
             )
         )  # fmt: skip
         if answer["status"] == "replayed":

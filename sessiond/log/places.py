@@ -87,6 +87,9 @@ class Asked:
     key: str | None
     parent: str | None  # the parent's slot, for a nested step
     strict: bool = False  # a model step whose request digest is part of its identity
+    # the key is an id the turn recorded (an agent's tool call id): steps the same but
+    # for such keys are distinct, and the key cannot change unless the record does
+    key_is_id: bool = False
 
     @property
     def slot(self) -> str:
@@ -129,7 +132,7 @@ def judge(steps: dict[str, Any], asked: Asked, run: str) -> Judgement:
     mine = f"{run}."
     # The same step at the same place under another key (or with a key where it had
     # none, or none where it had one): its key changed.
-    if asked.kind == "tool":
+    if asked.kind == "tool" and not asked.key_is_id:
         twins = [st for st in steps.values() if _twin(st, asked)]
         for st in twins:
             if not str(st["call"]).startswith(mine):

@@ -135,6 +135,7 @@ class Steps:
                 key=p.key,
                 parent=self.parent(turn, grant, p.parent),
                 strict=p.strict,
+                key_is_id=p.key_is_id,
             )
             slot = asked.slot
             key = step_key(s.name, turn["n"], slot)

@@ -221,3 +221,12 @@ def test_accepting_a_changed_key_drops_the_step_under_the_old_key() -> None:
     }
     turns.resolved(s, {"option": "accept", "from_ordinal": 1})
     assert s.turn["steps"] == {}
+
+
+def test_keys_that_are_recorded_ids_tell_twin_steps_apart() -> None:
+    """An agent's tool calls are keyed by the ids in its recorded model responses:
+    the same tool with the same args twice is two calls, in one run or two."""
+    steps = table(step(1, "Read", key="cc.a", call="r1.1"))
+    by_id = Asked("tool", "Read", "d", 1, "cc.b", None, key_is_id=True)
+    assert judge(steps, by_id, "r1").verdict == "new"
+    assert judge(steps, by_id, "r2").verdict == "new"
