@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import contextvars
 import inspect
 import os
@@ -232,16 +233,21 @@ class Run:
         return {"ordinal": ordinal, **({"parent": frame.call} if frame.call else {})}
 
     def _end(self, call: str, exc: BaseException, frame: _Frame) -> None:
-        """A step's ``fn`` raised: the step failed, unless a step inside it stopped the
-        run (a ``StopRun`` out of a step that took steps). Then it ends ``stopped``: a
-        later run enters it again and replays the steps that finished inside it."""
-        if isinstance(exc, StopRun) and frame.took:
+        """A step's ``fn`` raised. Where a step inside it stopped the run or failed (that
+        one is judged on its own), it ends ``stopped``: a later run enters it again and
+        replays the steps that finished inside it. Otherwise the step failed."""
+        if frame.took and (isinstance(exc, StopRun) or hasattr(exc, "_sessiond_failed")):
             try:
                 self._call("sdk.step_done", call=call, status="stopped")
                 return
             except RemoteError:
                 pass
-        self._fail(call, exc)
+        self._call(
+            "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
+            error_class="validation" if isinstance(exc, StepFailed) else "execution",
+        )  # fmt: skip
+        with contextlib.suppress(AttributeError, TypeError):  # a parent's step sees it
+            exc._sessiond_failed = call  # type: ignore[attr-defined]
 
     @staticmethod
     def key() -> str:
@@ -281,12 +287,6 @@ class Run:
         if status == "diverged":
             raise Diverged(answer.get("rule", f"{name} diverged from the recorded turn"))
         return answer
-
-    def _fail(self, call: str, exc: BaseException) -> None:
-        self._call(
-            "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
-            error_class="validation" if isinstance(exc, StepFailed) else "execution",
-        )  # fmt: skip
 
     def step(
         self,

@@ -64,17 +64,28 @@ def divergence(asked: Asked, recorded: dict[str, Any]) -> tuple[GateEvaluated, s
     return gate, reason
 
 
-def stopped(s: Session, grant: RunGrant, call: str, step: dict[str, Any]) -> list[Draft]:
-    """A step inside this one stopped the run (an approval, a stop, a divergence):
-    nothing of its own failed. It is recorded cut off and safe to enter again, so a
-    later run takes it anew and replays the steps inside it that finished (a model
-    step is left waiting: it is asked again). Only for a step that took steps in
-    this run, while the run is being stopped: a program cannot clear its own
-    half-done step that way."""
-    if call not in grant.frames or s.run is None or s.run.stop_requested is None:
+def stopped(
+    s: Session, grant: RunGrant, call: str, step: dict[str, Any], turn: dict[str, Any]
+) -> list[Draft]:
+    """A step inside this one stopped the run (an approval, a stop, a divergence) or
+    failed (the gate judges that one on its own): nothing of this step's own failed.
+    It is recorded cut off and safe to enter again, so a later run takes it anew and
+    replays the steps inside it that finished (a model step is left waiting: it is
+    asked again). Only for a step that took steps in this run, while the run is
+    being stopped or one of them failed: a program cannot clear its own half-done
+    step that way."""
+    inside = f"{step['slot']}>"
+    failed = any(
+        st["status"] == "error"
+        and st["slot"].startswith(inside)
+        and st["call"].startswith(f"{grant.run}.")
+        for st in turn["steps"].values()
+    )
+    stopping = s.run is not None and s.run.stop_requested is not None
+    if call not in grant.frames or not (stopping or failed):
         raise Refused(
             f"step call {call!r} cannot end 'stopped': that is for a step a step inside "
-            "which stopped the run"
+            "which stopped the run or failed"
         )
     if step["kind"] == "model":
         return []

@@ -405,7 +405,7 @@ class Steps:
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
                 )
             if p.status == "stopped":
-                await self.ctx.table.append_many(s, stopped(s, grant, p.call, step))
+                await self.ctx.table.append_many(s, stopped(s, grant, p.call, step, turn))
                 return {}
             refused = None
             if p.status == "ok":

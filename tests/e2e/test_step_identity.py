@@ -236,6 +236,38 @@ def test_a_divergence_inside_a_nested_step_is_found_before_the_work(d: Daemon) -
     assert [lines(d, n) for n in ("inner_pay", "edit_file", "inner_wipe", "after")] == [1, 0, 1, 1]
 
 
+NESTED_FAILS = """
+def outer():
+    count("outer")
+    run.step("inner_pay", lambda: count("inner_pay"), **SAFE)
+    def ship():
+        count("ship")
+        if not Path("fixed").exists():
+            raise RuntimeError("the carrier said 503")
+        return "shipped"
+    return run.step("inner_ship", ship)             # unsafe: a person decides
+with connect() as run:
+    run.step("outer", outer)
+    run.complete()
+"""
+
+
+def test_a_failed_nested_step_is_judged_alone_and_rerun_once(d: Daemon) -> None:
+    """The step inside fails: it alone blocks (its parent ended 'stopped', not
+    failed), one --rerun runs it once more, and the step before it is replayed."""
+    program(d, NESTED_FAILS, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    assert settled(d) == "blocked"
+    reason = d.json("show", "agent")["reason"]
+    assert "inner_ship" in reason
+    assert "outer" not in reason.replace("inner_ship", "")
+    (d.root / "fixed").write_text("")
+    d.ctl("resolve", "agent", "--rerun", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert [lines(d, n) for n in ("outer", "inner_pay", "ship")] == [2, 1, 2]
+    assert divergences(d) == []
+
+
 # --- resolve --rerun reruns exactly the step it names ------------------------------
 
 FAILS_ONCE = """
