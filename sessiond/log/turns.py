@@ -9,9 +9,10 @@ finished ``ok`` is answered from the log; nothing runs twice.
 
 The step table lives in ``State.turn["steps"]``, keyed by slot: the ordinal as
 a string, or ``"k:" + key`` for a step that names its own key (steps started
-from threads), after ``parent + ">"`` for a nested step (log/places.py). ``State.turn["calls"]`` maps a call id (a tool call's ``call``,
-a model step's ``request_id``) to its slot, so the events of a call find their
-step. Everything here is plain data, like the rest of the state.
+from threads), after ``parent + ">"`` for a nested step (log/places.py).
+``State.turn["calls"]`` maps a call id (a tool call's ``call``, a model step's
+``request_id``) to its slot, so the events of a call find their step.
+Everything here is plain data, like the rest of the state.
 
 Statuses a step moves through::
 
