@@ -129,10 +129,14 @@ def judge(steps: dict[str, Any], asked: Asked, run: str) -> Judgement:
         if identical(recorded, asked):
             return Judgement("same", recorded)
         return Judgement("diverged", recorded)
+    if asked.key_is_id:
+        # its key comes from the record (a replayed model response): it cannot change
+        # unless the record does, and such keys tell twin steps apart
+        return Judgement("new")
     mine = f"{run}."
     # The same step at the same place under another key (or with a key where it had
     # none, or none where it had one): its key changed.
-    if asked.kind == "tool" and not asked.key_is_id:
+    if asked.kind == "tool":
         twins = [st for st in steps.values() if _twin(st, asked)]
         for st in twins:
             if not str(st["call"]).startswith(mine):

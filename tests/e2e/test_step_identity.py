@@ -188,6 +188,35 @@ def test_nested_steps_replay_with_no_false_divergence(d: Daemon) -> None:
     assert parents == {"outer": None, "inner_a": "1", "inner_b": "1", "edit_file": None}
 
 
+NESTED_ASYNC = """
+import asyncio
+async def main():
+    async with connect_async() as run:
+        async def outer():
+            a = await run.step("inner_a", lambda: count("inner_a", "A"), **SAFE)
+            said = await run.model_call("m-1", {"q": a}, lambda: count("model") and {"say": "B"})
+            return a + said["say"]
+        both = await run.step("outer", outer, **SAFE)
+        Path("both.txt").write_text(both)
+        await run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+        await run.complete()
+asyncio.run(main())
+"""
+
+
+def test_nested_steps_and_model_calls_in_an_async_program(d: Daemon) -> None:
+    program(d, NESTED_ASYNC, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
+    d.ctl("approve", "agent", check=True)
+    wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
+    assert divergences(d) == []
+    assert [lines(d, n) for n in ("inner_a", "model", "edits")] == [1, 1, 1]
+    assert (d.root / "both.txt").read_text() == "AB"
+    [requested] = d.json("log", "agent", "--type", "model.requested")
+    assert requested["data"]["parent"] == "1"
+
+
 NESTED_ASKS = """
 def outer():
     count("outer")
