@@ -340,3 +340,35 @@ def test_rerun_of_a_failed_step_runs_that_step_once_more(d: Daemon) -> None:
     wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
     assert lines(d, "charge_card") == 2
     assert divergences(d) == []
+
+
+# --- what a program may not claim -------------------------------------------------
+
+CLAIMS = """
+from sessiond.sdk import RemoteError
+with connect() as run:
+    began = run._begin(kind="tool", name="charge_card", ordinal=1, args={"cents": 500})
+    count("charge")
+    try:   # no step inside it, no stop: 'stopped' would make it safe to run again
+        run._call("sdk.step_done", call=began["call"], status="stopped")
+    except RemoteError as exc:
+        Path("refused-stopped.txt").write_text(str(exc))
+    try:   # a parent that is not a step under way in this run
+        run._begin(kind="tool", name="inner_x", ordinal=1, parent="r9.9", args={})
+    except RemoteError as exc:
+        Path("refused-parent.txt").write_text(str(exc))
+    raise SystemExit(3)
+"""
+
+
+def test_a_program_cannot_end_its_own_step_stopped_nor_invent_a_parent(d: Daemon) -> None:
+    """A step ends 'stopped' (safe to enter again) only where a step inside it stopped
+    the run or failed: a program cannot so clear its own half-done unsafe step."""
+    program(d, CLAIMS, policy=POLICY)
+    d.ctl("activate", "agent", check=True)
+    assert settled(d) == "blocked"
+    assert "cannot end 'stopped'" in (d.root / "refused-stopped.txt").read_text()
+    assert "not a step under way" in (d.root / "refused-parent.txt").read_text()
+    assert "charge_card" in d.json("show", "agent")["reason"]
+    assert lines(d, "charge") == 1
+    assert d.json("log", "agent", "--type", "tool.finished") == []
