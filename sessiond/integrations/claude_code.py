@@ -400,7 +400,7 @@ class Driver:
             "claude-code.transcript", lambda: data,
             args={"session_id": self.session_id, "path": path},
             side_effect="none", idempotency="safe", resume="replay-from-event",
-            key=f"cc.transcript.{self.run.run_id}",
+            key=f"cc.transcript.{self.run.run_id}", key_is_id=True,  # one per run
             observe=lambda _r: f"Claude Code transcript {self.session_id} ({len(data)} bytes)",
         )  # fmt: skip
 

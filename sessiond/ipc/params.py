@@ -157,8 +157,8 @@ class SdkStepParams(TokenParams):
     strict: bool = False  # a model step: a changed request digest is a divergence
     # a nested step: the call id of the step whose fn takes it (under way in this run)
     parent: str | None = Field(default=None, min_length=1, max_length=300)
-    # the key is an id the turn recorded (a tool call's id in a recorded model
-    # response, a per-call counter): steps that differ only by such keys are distinct
+    # the key is an id (a tool call's id in a recorded model response, a run's id):
+    # steps that differ only by such keys are distinct
     key_is_id: bool = False
 
 

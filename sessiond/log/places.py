@@ -149,7 +149,8 @@ def judge(steps: dict[str, Any], asked: Asked, run: str) -> Judgement:
                     f"step {asked.name!r} under key {asked.key!r} has the same args as the "
                     f"step under key {st['key']!r} at the same place in the turn: steps told "
                     "apart only by their keys could not be told from a key that changed; put "
-                    "what tells them apart in args",
+                    "what tells them apart in args (or pass key_is_id=True where the key is an "
+                    "id the turn recorded)",
                 )
     if asked.key is not None:
         # A keyed step new to a group the recorded turn went past: the group's
