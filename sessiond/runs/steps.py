@@ -1,8 +1,9 @@
 """Durable steps, the daemon's side (DESIGN.md section 8).
 
 An ``sdk`` program is a sequence of steps: tool calls and model calls. The SDK
-asks ``sdk.step`` before each one's work, with the step's slot in the turn (its
-ordinal, or a key) and what it is (kind, name, args digest). The answer is one of
+asks ``sdk.step`` before each one's work, with the step's place in the turn (its
+ordinal or key, inside its parent's for a nested step) and what it is (kind, name,
+args digest, key: its identity, judged by log/places.py). The answer is one of
 
 ``replayed``  the turn recorded this step finished ``ok``: here is its result;
               the work is not done again (no fsync, nothing appended)
@@ -11,8 +12,9 @@ ordinal, or a key) and what it is (kind, name, args digest). The answer is one o
 ``ask``       a person must approve; the run stops here (``ApprovalPending``)
 ``denied``    the policy or a person said no, in every run of the turn
 ``stop``      the daemon wants the program to stop at this stable point
-``diverged``  another step is recorded at this slot: nothing runs, the session
-              is blocked for a person (``resolve --accept | --discard``)
+``diverged``  another step is recorded at this place (whatever its status): nothing
+              runs, the session is blocked for a person (``resolve --accept |
+              --discard``)
 
 ``sdk.step_done`` records the end (``tool.finished`` with the result, and the
 observation; or ``model.responded``) in one durable write. So a step costs two
