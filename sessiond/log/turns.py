@@ -253,9 +253,9 @@ def resolved(s: State, d: dict[str, Any]) -> None:
         parent = slot.rpartition(">")[0] or None  # a key holds no '>'
         here = asked_place(turn["steps"], start, at.get("key"), parent)
         gone = {slot, (at.get("recorded") or {}).get("slot")}
-        for slot, step in list(turn["steps"].items()):
-            if slot in gone or after(place_of(step), here):
-                del turn["steps"][slot]
+        for each, step in list(turn["steps"].items()):
+            if each in gone or after(place_of(step), here):
+                del turn["steps"][each]
                 turn["calls"].pop(step["call"], None)
         return
     call = d.get("call")
