@@ -30,8 +30,6 @@ from typing import Any
 from sessiond.log.places import after, asked_place, place_of, slot_of
 from sessiond.log.state import State
 
-__all__ = ["slot_of"]  # (where the daemon's step code has always found it)
-
 # Wakes that only continue the open turn: they are not work of their own, so a
 # run that continues a turn takes them; other wakes wait for the next turn. An
 # `activate` ("run now") continues an open turn rather than start another.
