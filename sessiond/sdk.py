@@ -16,14 +16,14 @@
         run.complete(summary="done")            # or run.sleep()
 
 A **turn** is the work one wake starts; it may take several runs of the program
-(after an approval, a crash, a stop, a retry), and each run starts the program
-from the top. Every step — ``run.step``, ``run.model_call``, ``run.send`` — has
-its ordinal in the turn, given in call order at the call. When a later run of
-the turn reaches a step the daemon recorded as finished ``ok``, the recorded
-result is returned and **the work is not done again**: no second charge, no
-second model request. So a program must reach its steps in the same order with
-the same arguments on every run; ``context()`` and the wake cause are the same
-in every run of a turn to make that easy.
+(after an approval, a crash, a stop, a retry), each from the top. Every step
+(``run.step``, ``run.model_call``, ``run.send``) has its place in the turn: its
+ordinal, given in call order at the call, or its group of keyed steps; a step
+taken inside another step's ``fn`` has its place inside that step's. When a later
+run reaches a step recorded as finished ``ok``, the recorded result is returned
+and **the work is not done again**. A step is the same only in kind, name, args
+digest and key: any difference at a recorded place is ``Diverged``, before the
+work. ``context()`` and the wake cause are the same in every run of a turn.
 
 - ``Denied``: the policy or a person said no (in every run of the turn).
 - ``ApprovalPending``: a person must approve this step. A program that does not
@@ -36,11 +36,10 @@ in every run of a turn to make that easy.
   decides (``sessionctl resolve --accept | --discard``).
 
 A step's ``fn`` takes no arguments; its result must be JSON-serialisable (or
-bytes), and it is returned in its JSON form (tuples become lists) on the first
-run as on every replay, so every run sees the same value. Steps started from
-threads pass ``key=`` (a name unique in the turn) instead of relying on call
-order. ``run.key()`` inside a step's ``fn`` is the step's stable key (the same
-in every run of the turn) for idempotency keys of your own.
+bytes), returned in its JSON form (tuples become lists) on every run. Steps
+started from threads pass ``key=`` (a name unique in the turn; join the threads
+before the next unkeyed step). ``run.key()`` inside a step's ``fn`` is the step's
+stable key for idempotency keys of your own.
 
 It reads ``SESSIOND_SOCKET`` (the program endpoint), ``SESSIOND_SESSION``,
 ``SESSIOND_RUN``, ``SESSIOND_TURN`` and ``SESSIOND_TOKEN`` from the environment
@@ -51,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import contextvars
 import inspect
 import os
@@ -99,6 +99,23 @@ class StepFailed(SdkError):
 
 _current_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "sessiond_step_key", default=None
+)
+
+
+class _Frame:
+    """Where the steps taken now go: the run itself, or the ``fn`` of a step under way
+    (its steps are nested in it, their ordinals counted from 1 within it)."""
+
+    __slots__ = ("call", "ordinal", "took")
+
+    def __init__(self, call: str | None) -> None:
+        self.call = call
+        self.ordinal = 0
+        self.took = False
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "sessiond_step_frame", default=None
 )
 
 
@@ -188,7 +205,7 @@ class Run:
         # are given under their own lock, at the call, in call order.
         self._wire = threading.Lock()
         self._count = threading.Lock()
-        self._ordinal = 0
+        self._root = _Frame(None)
 
     def _call(self, method: str, **params: Any) -> Any:
         with self._wire:
@@ -202,14 +219,35 @@ class Run:
     def _on_sigterm(self, *_: Any) -> None:
         self.stop_requested = True  # finish the current step, stop before the next
 
-    def _place(self, key: str | None) -> int:
-        """This step's ordinal. A keyed step (from a thread) takes none of its own, so
-        the order of threads cannot shift the ordinals of the steps after it."""
+    def _place(self, key: str | None) -> dict[str, Any]:
+        """This step's place: its ordinal, and the step it is taken in (a step taken
+        inside another step's ``fn``). A keyed step (from a thread) takes no ordinal
+        of its own, so the order of threads cannot shift the ordinals of the steps
+        after it."""
+        frame = _frame.get() or self._root
         with self._count:
+            frame.took = True
             if key is None:
-                self._ordinal += 1
-                return self._ordinal
-            return self._ordinal + 1
+                frame.ordinal += 1
+            ordinal = frame.ordinal if key is None else frame.ordinal + 1
+        return {"ordinal": ordinal, **({"parent": frame.call} if frame.call else {})}
+
+    def _end(self, call: str, exc: BaseException, frame: _Frame) -> None:
+        """A step's ``fn`` raised. Where a step inside it stopped the run or failed (that
+        one is judged on its own), it ends ``stopped``: a later run enters it again and
+        replays the steps that finished inside it. Otherwise the step failed."""
+        if frame.took and (isinstance(exc, StopRun) or hasattr(exc, "_sessiond_failed")):
+            try:
+                self._call("sdk.step_done", call=call, status="stopped")
+                return
+            except RemoteError:
+                pass
+        self._call(
+            "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
+            error_class="validation" if isinstance(exc, StepFailed) else "execution",
+        )  # fmt: skip
+        with contextlib.suppress(AttributeError, TypeError):  # a parent's step sees it
+            exc._sessiond_failed = call  # type: ignore[attr-defined]
 
     @staticmethod
     def key() -> str:
@@ -250,12 +288,6 @@ class Run:
             raise Diverged(answer.get("rule", f"{name} diverged from the recorded turn"))
         return answer
 
-    def _fail(self, call: str, exc: BaseException) -> None:
-        self._call(
-            "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
-            error_class="validation" if isinstance(exc, StepFailed) else "execution",
-        )  # fmt: skip
-
     def step(
         self,
         name: str,
@@ -267,16 +299,17 @@ class Run:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        key_is_id: bool = False,
         observe: Callable[[Any], str] | None = None,
     ) -> Any:
         """Run ``fn()`` at most once for this place in the turn; return its result (the
         recorded one when a later run of the turn gets here). ``observe(result)`` is
         what the messages view says of it (default: the name and the result, short)."""
-        ordinal = self._place(key)
+        place = self._place(key)
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = self._begin(
-            kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
-            writes=list(writes), risk=risk,
+            kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
+            key_is_id=key_is_id, **place,
         )  # fmt: skip
         if answer["status"] == "replayed":
             return _from_answer(answer)
@@ -292,13 +325,16 @@ class Run:
         call = answer["call"]
         started = time.monotonic()
         token = _current_key.set(answer.get("key"))
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             result = fn()
             value, b64 = _to_json(result)
         except BaseException as exc:
-            self._fail(call, exc)
+            self._end(call, exc, frame)
             raise
         finally:
+            _frame.reset(inside)
             _current_key.reset(token)
         took = int((time.monotonic() - started) * 1000)
         result = base64.b64decode(b64) if b64 is not None else value
@@ -328,19 +364,23 @@ class Run:
         recorded and answered from the log; with ``strict=True`` it is a divergence.
         ``cost`` gives what the response was reported to cost in US dollars (None:
         not known), recorded on ``model.responded``."""
-        ordinal = self._place(key)
+        place = self._place(key)
         answer = self._begin(
-            kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
+            kind="model", name=model, key=key, request=request, strict=strict, **place
         )
         if answer["status"] == "replayed":
             return _from_answer(answer)
         call = answer["call"]
         started = time.monotonic()
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             value, _ = _to_json(fn())
         except BaseException as exc:
-            self._fail(call, exc)
+            self._end(call, exc, frame)
             raise
+        finally:
+            _frame.reset(inside)
         tin, tout = (usage or _usage)(value)
         self._call(
             "sdk.step_done", call=call, status="ok", result=value, tokens_in=tin,
@@ -352,7 +392,7 @@ class Run:
     def send(self, to: str, text: str, *, key: str | None = None) -> None:
         """A message to another session: a step, so it is sent once per turn."""
         answer: dict[str, Any] = self._call(
-            "sdk.send", to=to, text=text, ordinal=self._place(key), key=key
+            "sdk.send", to=to, text=text, key=key, **self._place(key)
         )
         if answer["status"] == "denied":
             raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
@@ -405,12 +445,12 @@ class AsyncRun:
         return await asyncio.to_thread(self.sync.context)
 
     def step(self, name: str, fn: Callable[[], Any], **kw: Any) -> Any:
-        ordinal = self.sync._place(kw.get("key"))  # at the call, before any await
-        return self._step(ordinal, name, fn, **kw)
+        place = self.sync._place(kw.get("key"))  # at the call, before any await
+        return self._step(place, name, fn, **kw)
 
     async def _step(
         self,
-        ordinal: int,
+        place: dict[str, Any],
         name: str,
         fn: Callable[[], Any],
         *,
@@ -420,13 +460,14 @@ class AsyncRun:
         resume: str = "never-rerun",
         writes: list[str] | tuple[str, ...] = (),
         key: str | None = None,
+        key_is_id: bool = False,
         observe: Callable[[Any], str] | None = None,
     ) -> Any:
         risk = {"side_effect": side_effect, "idempotency": idempotency, "resume": resume}
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
-                kind="tool", name=name, ordinal=ordinal, key=key, args=args or {},
-                writes=list(writes), risk=risk,
+                kind="tool", name=name, key=key, args=args or {}, writes=list(writes), risk=risk,
+                key_is_id=key_is_id, **place,
             )
         )  # fmt: skip
         if answer["status"] == "replayed":
@@ -442,15 +483,18 @@ class AsyncRun:
     ) -> Any:
         call = answer["call"]
         token = _current_key.set(answer.get("key"))
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             result = fn()
             if inspect.isawaitable(result):
                 result = await result
             value, b64 = _to_json(result)
         except BaseException as exc:
-            await asyncio.to_thread(self.sync._fail, call, exc)
+            await asyncio.to_thread(self.sync._end, call, exc, frame)
             raise
         finally:
+            _frame.reset(inside)
             _current_key.reset(token)
         result = base64.b64decode(b64) if b64 is not None else value
         text = _observation(name, result, observe)
@@ -467,32 +511,36 @@ class AsyncRun:
         key: str | None = None, usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
-        ordinal = self.sync._place(key)
+        place = self.sync._place(key)
         return self._model_call(
-            ordinal, model, request, fn, strict=strict, key=key, usage=usage, text=text, cost=cost
+            place, model, request, fn, strict=strict, key=key, usage=usage, text=text, cost=cost
         )
 
     async def _model_call(
-        self, ordinal: int, model: str, request: Any, fn: Callable[[], Any], *, strict: bool,
-        key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
+        self, place: dict[str, Any], model: str, request: Any, fn: Callable[[], Any], *,
+        strict: bool, key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
         answer = await asyncio.to_thread(
             lambda: self.sync._begin(
-                kind="model", name=model, ordinal=ordinal, key=key, request=request, strict=strict
+                kind="model", name=model, key=key, request=request, strict=strict, **place
             )
         )
         if answer["status"] == "replayed":
             return _from_answer(answer)
         call = answer["call"]
+        frame = _Frame(call)
+        inside = _frame.set(frame)
         try:
             response = fn()
             if inspect.isawaitable(response):
                 response = await response
             value, _ = _to_json(response)
         except BaseException as exc:
-            await asyncio.to_thread(self.sync._fail, call, exc)
+            await asyncio.to_thread(self.sync._end, call, exc, frame)
             raise
+        finally:
+            _frame.reset(inside)
         tin, tout = (usage or _usage)(value)
         await asyncio.to_thread(
             lambda: self.sync._call(
@@ -504,12 +552,10 @@ class AsyncRun:
         return value
 
     async def send(self, to: str, text: str, *, key: str | None = None) -> None:
-        ordinal = self.sync._place(key)
+        place = self.sync._place(key)
 
         def go() -> None:
-            answer: dict[str, Any] = self.sync._call(
-                "sdk.send", to=to, text=text, ordinal=ordinal, key=key
-            )
+            answer: dict[str, Any] = self.sync._call("sdk.send", to=to, text=text, key=key, **place)
             if answer["status"] == "denied":
                 raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
             if answer["status"] == "stop":

@@ -297,7 +297,7 @@ class Driver:
         else:  # allowed up front, or refused by --disallowedTools: never asked
             answer = self.run._call(
                 "sdk.step", kind="tool", name=name, ordinal=1, key=f"cc.{use_id}",
-                args=tool_input, risk=risk_of(name),
+                key_is_id=True, args=tool_input, risk=risk_of(name),
             )  # fmt: skip
             if answer.get("status") != "run":
                 return  # denied (recorded with the policy's rule), or the run stops
@@ -400,7 +400,7 @@ class Driver:
             "claude-code.transcript", lambda: data,
             args={"session_id": self.session_id, "path": path},
             side_effect="none", idempotency="safe", resume="replay-from-event",
-            key=f"cc.transcript.{self.run.run_id}",
+            key=f"cc.transcript.{self.run.run_id}", key_is_id=True,  # one per run
             observe=lambda _r: f"Claude Code transcript {self.session_id} ({len(data)} bytes)",
         )  # fmt: skip
 

@@ -105,7 +105,8 @@ class Asker:
         key = self.key(tool, tool_input)
         params = {
             "token": self.token, "session": self.session, "kind": "tool", "name": tool,
-            "ordinal": 1, "key": key, "args": tool_input, "risk": risk_of(tool),
+            "ordinal": 1, "key": key, "key_is_id": True, "args": tool_input,
+            "risk": risk_of(tool),
         }  # fmt: skip
         try:
             with Connection(self.socket, 60) as conn:

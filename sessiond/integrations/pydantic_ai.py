@@ -245,7 +245,7 @@ class SessiondDurability(AbstractCapability[AgentDepsT]):
         try:
             return await run.step(
                 tool_def.name, work, args=to_jsonable_python(args, fallback=repr),
-                key=_key(call), **_contract(tool_def),
+                key=_key(call), key_is_id=True, **_contract(tool_def),
             )  # fmt: skip
         except ApprovalPending as exc:
             # A deferred tool call: the agent's run ends with DeferredToolRequests.

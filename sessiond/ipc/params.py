@@ -155,13 +155,20 @@ class SdkStepParams(TokenParams):
     writes: list[str] = Field(default_factory=list)
     risk: dict[str, str] = Field(default_factory=dict)
     strict: bool = False  # a model step: a changed request digest is a divergence
+    # a nested step: the call id of the step whose fn takes it (under way in this run)
+    parent: str | None = Field(default=None, min_length=1, max_length=300)
+    # the key is an id (a tool call's id in a recorded model response, a run's id):
+    # steps that differ only by such keys are distinct
+    key_is_id: bool = False
 
 
 class SdkStepDoneParams(TokenParams):
     """The end of a step's work: its result (JSON, or bytes as base64) or its error."""
 
     call: str = Field(min_length=1, max_length=300)
-    status: Literal["ok", "error"] = "ok"
+    # stopped: a step inside this one stopped the run (an approval, a stop, a
+    # divergence): nothing of its own failed, it is entered again in a later run
+    status: Literal["ok", "error", "stopped"] = "ok"
     result: Any = None
     result_b64: str | None = None  # a bytes result
     error: str = Field(default="", max_length=64 * 1024)
@@ -186,6 +193,7 @@ class SdkSendParams(TokenParams):
     text: str = Field(max_length=256 * 1024)
     ordinal: int = Field(ge=1, le=10_000_000)  # a send is a step: never sent twice
     key: StepKey | None = None
+    parent: str | None = Field(default=None, min_length=1, max_length=300)
 
 
 class SdkEndParams(TokenParams):

@@ -264,6 +264,7 @@ class StepRef(Record):
     kind: Literal["tool", "model"]
     name: str
     digest: FileHash = None
+    slot: str | None = None  # its place, key and parent's (absent in older events)
 
 
 class StepDivergence(Record):
@@ -282,8 +283,7 @@ class GateEvaluated(EventData):
     options: tuple[RecoveryOption, ...] = ()
     outcome: Literal["ok", "blocked", "suspended"] = "ok"
     dry_run: bool = False
-    # set when a step of the open turn diverged from the recorded one (DESIGN.md section 8)
-    divergence: StepDivergence | None = None
+    divergence: StepDivergence | None = None  # a step diverged (DESIGN.md section 8)
 
 
 class RecoveryResolved(EventData):
@@ -295,8 +295,7 @@ class RecoveryResolved(EventData):
     # True where this resolution ends the open turn (a discarded step or divergence):
     # no later run of that turn may reach the discarded step again
     ends_turn: bool = False
-    # a divergence accepted at this ordinal: steps from it on are no longer replayed
-    from_ordinal: int | None = Field(default=None, ge=1)
+    from_ordinal: int | None = Field(default=None, ge=1)  # a divergence accepted here
     # Who answered, from the peer's credentials (never the request); "by" is the
     # answerer's own free-text note. Absent in events written before they existed.
     uid: int | None = None
@@ -354,6 +353,7 @@ class ModelRequested(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     request_sha256: FileHash = None
+    parent: str | None = None  # a nested step: the parent's slot
     # asked again by a later run of the turn with another request digest: answered
     # from the log (the recorded response), recorded here to be seen
     replayed: bool = False
@@ -390,6 +390,7 @@ class ToolIntent(EventData):
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
     args_sha256: FileHash = None
+    parent: str | None = None  # a nested step (in another's fn): the parent's slot
 
 
 class PolicyDecided(EventData):

@@ -9,9 +9,10 @@ finished ``ok`` is answered from the log; nothing runs twice.
 
 The step table lives in ``State.turn["steps"]``, keyed by slot: the ordinal as
 a string, or ``"k:" + key`` for a step that names its own key (steps started
-from threads). ``State.turn["calls"]`` maps a call id (a tool call's ``call``,
-a model step's ``request_id``) to its slot, so the events of a call find their
-step. Everything here is plain data, like the rest of the state.
+from threads), after ``parent + ">"`` for a nested step (log/places.py).
+``State.turn["calls"]`` maps a call id (a tool call's ``call``, a model step's
+``request_id``) to its slot, so the events of a call find their step.
+Everything here is plain data, like the rest of the state.
 
 Statuses a step moves through::
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessiond.log.places import after, asked_place, place_of, slot_of
 from sessiond.log.state import State
 
 # Wakes that only continue the open turn: they are not work of their own, so a
@@ -36,11 +38,6 @@ CONTINUATION_TRIGGERS = TURN_ONLY_TRIGGERS | {"manual"}
 
 # Steps that were asked for but never started: a later run asks again afresh.
 NOT_STARTED = frozenset({"intent", "decided", "approval", "approved"})
-
-
-def slot_of(ordinal: int | None, key: str | None) -> str:
-    """The step table's key for a step: its own key where it names one, else its ordinal."""
-    return f"k:{key}" if key else str(ordinal)
 
 
 def begin_run(s: State, seq: int) -> None:
@@ -124,6 +121,7 @@ def tool_intent(s: State, d: dict[str, Any]) -> None:
         name=d["tool"],
         digest=d.get("args_sha256"),
         call=d["call"],
+        parent=d.get("parent"),
     )
     step.update(status="intent", risk=d["risk"], writes=d["writes"])
 
@@ -137,10 +135,13 @@ def _new_step(
     name: str,
     digest: str | None,
     call: str,
+    parent: str | None = None,
 ) -> dict[str, Any]:
     """A step asked for at its slot; one recorded there before (not replayed: it did
-    not finish ok) gives way, its events stay in the log."""
-    slot = slot_of(ordinal, key)
+    not finish ok) gives way, its events stay in the log. A nested step keeps its
+    parent's slot and its whole place (steps at the top level carry neither: their
+    ordinal and key are their place, as in logs written before nesting)."""
+    slot = slot_of(ordinal, key, parent)
     old = turn["steps"].get(slot)
     if old is not None:
         turn["calls"].pop(old["call"], None)
@@ -154,6 +155,9 @@ def _new_step(
         "call": call,
         "status": "started",
     }
+    if parent:
+        place = asked_place(turn["steps"], ordinal, key, parent)
+        step.update(parent=parent, place=[list(p) for p in place])
     turn["calls"][call] = slot
     return step
 
@@ -205,6 +209,7 @@ def model_requested(s: State, d: dict[str, Any]) -> None:
         name=d["model"],
         digest=d.get("request_sha256"),
         call=d["request_id"],
+        parent=d.get("parent"),
     )
 
 
@@ -235,15 +240,20 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     if d.get("ends_turn"):
         end_turn(s)
         return
-    at = (turn["divergence"] or {}).get("key")
+    at = turn["divergence"] or {}
     turn["divergence"] = None
     start = d.get("from_ordinal")
     if start is not None:
-        # the new path from here on: the steps recorded from this ordinal stay in
-        # the log but are no longer answered from it
-        for slot, step in list(turn["steps"].items()):
-            if _on_new_path(step, start, at):
-                del turn["steps"][slot]
+        # the new path from here on: the steps recorded from the divergent place on
+        # stay in the log but are no longer answered from it
+        # (divergences recorded before nesting name no slots: a step at the top level)
+        slot = (at.get("asked") or {}).get("slot") or slot_of(start, at.get("key"))
+        parent = slot.rpartition(">")[0] or None  # a key holds no '>'
+        here = asked_place(turn["steps"], start, at.get("key"), parent)
+        gone = {slot, (at.get("recorded") or {}).get("slot")}
+        for each, step in list(turn["steps"].items()):
+            if each in gone or after(place_of(step), here):
+                del turn["steps"][each]
                 turn["calls"].pop(step["call"], None)
         return
     call = d.get("call")
@@ -257,17 +267,6 @@ def resolved(s: State, d: dict[str, Any]) -> None:
         step.update(status="ok", result_kind="json", result=None, result_ref=None)
 
 
-def _on_new_path(step: dict[str, Any], start: int, key: str | None) -> bool:
-    """Whether ``step`` comes at or after the divergent step (ordinal ``start``, and
-    ``key`` where it was a keyed one). A keyed step carries the ordinal of the next
-    unkeyed step (the SDK places it after the steps before it), so a keyed step at
-    ``start`` was taken *before* unkeyed step ``start``: it is not on the new path,
-    unless it is the very step that diverged."""
-    if step["ordinal"] != start:
-        return bool(step["ordinal"] > start)
-    return step["key"] is None or step["key"] == key
-
-
 def bad_steps(s: State) -> list[dict[str, Any]]:
     """Steps of the open turn that finished with an error and were not resolved: the
     gate judges them by their risk contract before a later run may reach them again.
@@ -277,7 +276,8 @@ def bad_steps(s: State) -> list[dict[str, Any]]:
     steps = s.turn["steps"].values()
     # A command stopped part way (interrupt, shutdown, timeout) did not finish its work
     # either: it is judged like a failed step. (An sdk step is only ever closed as
-    # ``interrupted`` by the gate itself, once judged safe to run again.)
+    # ``interrupted`` by the gate itself, once judged safe to run again, or as a
+    # parent a step inside which stopped the run: its own code runs again.)
     return [
         st
         for st in steps

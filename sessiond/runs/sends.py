@@ -10,15 +10,15 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sessiond.errors import Refused
+from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
     ObservationProjected,
     PolicyDecided,
     ToolFinished,
     ToolIntent,
 )
+from sessiond.log.places import Asked, judge
 from sessiond.log.store.base import Draft
-from sessiond.log.turns import slot_of
 from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash, stored
 from sessiond.runs.tokens import RunGrant
 from sessiond.table.policy import decide
@@ -49,16 +49,22 @@ class Sends:
             turn = s.j.state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
-            slot = slot_of(p.ordinal, stored(s, p.key))
-            recorded = turn["steps"].get(slot)
+            asked = Asked(
+                kind="tool",
+                name="send",
+                digest=digest,
+                ordinal=p.ordinal,
+                key=stored(s, p.key),  # as the log keeps it (masked where it matches)
+                parent=self.steps.parent(turn, grant, p.parent),
+            )
+            judged = judge(turn["steps"], asked, grant.run)
+            if judged.verdict == "refused":
+                raise InvalidInput(judged.why)
+            if judged.verdict == "diverged":
+                assert judged.recorded is not None
+                return answer(s, **await self.steps._diverge(s, asked, judged.recorded))
+            recorded = judged.recorded
             if recorded is not None and recorded["status"] in ANSWERED:
-                asked = _SendAsk(p.ordinal, p.key, digest)
-                if (
-                    recorded["kind"] != "tool"
-                    or recorded["name"] != "send"
-                    or (recorded["digest"] != digest)
-                ):
-                    return answer(s, **await self.steps._diverge(s, asked, slot, recorded, digest))
                 if recorded["status"] == "ok":
                     return answer(s, status="replayed", call=recorded["call"])
                 if recorded["status"] == "denied":
@@ -92,6 +98,7 @@ class Sends:
                         ordinal=p.ordinal,
                         key=p.key,
                         args_sha256=digest,
+                        parent=asked.parent,
                     ),
                     correlation=call,
                 ),
@@ -151,15 +158,3 @@ class Sends:
         if status != "ok":
             raise Refused(text)
         return answer(s, status="run", call=call, **result)
-
-
-class _SendAsk:
-    """What a send step asks, in the shape the divergence check reads."""
-
-    kind = "tool"
-    name = "send"
-
-    def __init__(self, ordinal: int, key: str | None, digest: str) -> None:
-        self.ordinal = ordinal
-        self.key = key
-        self.digest = digest

@@ -1,8 +1,9 @@
 """Durable steps, the daemon's side (DESIGN.md section 8).
 
 An ``sdk`` program is a sequence of steps: tool calls and model calls. The SDK
-asks ``sdk.step`` before each one's work, with the step's slot in the turn (its
-ordinal, or a key) and what it is (kind, name, args digest). The answer is one of
+asks ``sdk.step`` before each one's work, with the step's place in the turn (its
+ordinal or key, inside its parent's for a nested step) and what it is (kind, name,
+args digest, key: its identity, judged by log/places.py). The answer is one of
 
 ``replayed``  the turn recorded this step finished ``ok``: here is its result;
               the work is not done again (no fsync, nothing appended)
@@ -11,8 +12,9 @@ ordinal, or a key) and what it is (kind, name, args digest). The answer is one o
 ``ask``       a person must approve; the run stops here (``ApprovalPending``)
 ``denied``    the policy or a person said no, in every run of the turn
 ``stop``      the daemon wants the program to stop at this stable point
-``diverged``  another step is recorded at this slot: nothing runs, the session
-              is blocked for a person (``resolve --accept | --discard``)
+``diverged``  another step is recorded at this place (whatever its status): nothing
+              runs, the session is blocked for a person (``resolve --accept |
+              --discard``)
 
 ``sdk.step_done`` records the end (``tool.finished`` with the result, and the
 observation; or ``model.responded``) in one durable write. So a step costs two
@@ -38,26 +40,22 @@ from sessiond.log.event_data import (
     ApprovalRequested,
     ArtifactRef,
     BudgetExhausted,
-    GateCheck,
-    GateEvaluated,
     ModelRequested,
     ModelResponded,
     ObservationProjected,
     PolicyDecided,
     RiskContract,
-    StepDivergence,
-    StepRef,
     ToolFinished,
     ToolIntent,
     ToolStarted,
 )
+from sessiond.log.places import Asked, judge
 from sessiond.log.store.base import Draft
-from sessiond.log.turns import slot_of
 from sessiond.redaction import matches
 from sessiond.runs.context import RunContext
+from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
 from sessiond.runs.workspace import git_head, read_small, text_diff, workspace_hasher
-from sessiond.table.gate import describe_divergence
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Session
 from sessiond.table.spec import under_profile
@@ -137,21 +135,22 @@ class Steps:
             turn = state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
-            slot = slot_of(p.ordinal, stored(s, p.key))
-            key = step_key(s.name, turn["n"], slot)
             digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
+            # name and key as the log keeps them (masked where they match a secret), so
+            # the step is found and judged against its record
+            asked = Asked(
+                kind=p.kind,
+                name=stored(s, p.name) or p.name,
+                digest=digest,
+                ordinal=p.ordinal,
+                key=stored(s, p.key),
+                parent=self.parent(turn, grant, p.parent),
+                strict=p.strict,
+                key_is_id=p.key_is_id,
+            )
+            slot = asked.slot
+            key = step_key(s.name, turn["n"], slot)
             recorded = turn["steps"].get(slot)
-            if recorded is not None and recorded["status"] in ANSWERED:
-                same = recorded["kind"] == p.kind and recorded["name"] == stored(s, p.name)
-                if same and p.kind == "tool":
-                    same = recorded["digest"] == digest
-                if same and p.kind == "model" and p.strict:
-                    same = recorded["digest"] == digest
-                if not same:
-                    return answer(s, **await self._diverge(s, p, slot, recorded, digest))
-                return answer(
-                    s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
-                )
             if (
                 recorded is not None
                 and recorded["status"] in ("intent", "decided", "started")
@@ -164,11 +163,25 @@ class Steps:
                     f"step {slot} is already under way in this run: each step needs its own "
                     "ordinal or key (pass key= for steps started from threads)"
                 )
+            # its identity at its place, judged before anything runs
+            judged = judge(turn["steps"], asked, grant.run)
+            if judged.verdict == "refused":
+                raise InvalidInput(judged.why)
+            if judged.verdict == "diverged":
+                assert judged.recorded is not None
+                return answer(s, **await self._diverge(s, asked, judged.recorded))
+            if recorded is not None and judged.verdict == "same" and recorded["status"] in ANSWERED:
+                return answer(
+                    s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
+                )
             if s.run.stop_requested is not None:
                 return answer(s, status="stop", key=key, reason=s.run.stop_requested)
+            parent = asked.parent
             if p.kind == "model":
-                return answer(s, key=key, **await self._begin_model(s, grant, p, turn, digest))
-            return answer(s, key=key, **await self._begin_tool(s, grant, p, turn, digest))
+                began = await self._begin_model(s, grant, p, turn, digest, parent=parent)
+            else:
+                began = await self._begin_tool(s, grant, p, turn, digest, parent=parent)
+            return answer(s, key=key, **began)
 
     async def _answer_recorded(
         self, s: Session, grant: RunGrant, p: Any, recorded: dict[str, Any], digest: str
@@ -205,34 +218,27 @@ class Steps:
             return {"result": orjson.loads(data)}
         return {"result": recorded.get("result")}
 
-    async def _diverge(
-        self, s: Session, p: Any, slot: str, recorded: dict[str, Any], digest: str
-    ) -> dict[str, Any]:
-        divergence = StepDivergence(
-            ordinal=p.ordinal,
-            key=p.key,
-            recorded=StepRef(
-                kind=recorded["kind"], name=recorded["name"], digest=recorded.get("digest")
-            ),
-            asked=StepRef(kind=p.kind, name=p.name, digest=digest),
-        )
-        reason = describe_divergence(divergence.model_dump(mode="json"))
-        await self.ctx.table.append(
-            s,
-            GateEvaluated(
-                ok=False,
-                checks=(GateCheck(name="steps match", ok=False, detail=reason),),
-                options=("accept", "discard"),
-                outcome="blocked",
-                divergence=divergence,
-            ),
-        )
+    def parent(self, turn: dict[str, Any], grant: RunGrant, call: str | None) -> str | None:
+        return parent_slot(turn, grant, call)
+
+    async def _diverge(self, s: Session, asked: Asked, recorded: dict[str, Any]) -> dict[str, Any]:
+        """Nothing runs: the session blocks with both steps, recorded and asked."""
+        gate, reason = divergence(asked, recorded)
+        await self.ctx.table.append(s, gate)
+        slot = asked.slot
         if s.run is not None:
             s.run.stop_requested = f"divergence at step {slot}"
         return {"status": "diverged", "call": recorded["call"], "rule": reason}
 
     async def _begin_tool(
-        self, s: Session, grant: RunGrant, p: Any, turn: dict[str, Any], digest: str
+        self,
+        s: Session,
+        grant: RunGrant,
+        p: Any,
+        turn: dict[str, Any],
+        digest: str,
+        *,
+        parent: str | None,
     ) -> dict[str, Any]:
         spec = s.spec
         assert spec is not None
@@ -260,6 +266,7 @@ class Steps:
                     ordinal=p.ordinal,
                     key=p.key,
                     args_sha256=digest,
+                    parent=parent,
                 ),
                 correlation=call_id,
             ),
@@ -329,17 +336,32 @@ class Steps:
         )
 
     async def _begin_model(
-        self, s: Session, grant: RunGrant, p: Any, turn: dict[str, Any], digest: str
+        self,
+        s: Session,
+        grant: RunGrant,
+        p: Any,
+        turn: dict[str, Any],
+        digest: str,
+        *,
+        parent: str | None,
     ) -> dict[str, Any]:
         spec = s.spec
         assert spec is not None
         grant.calls_model += 1
         call_id = f"{grant.run}.m{grant.calls_model}"
-        await self._request(s, p, call_id, digest, turn=turn["n"], replayed=False)
+        await self._request(s, p, call_id, digest, turn=turn["n"], replayed=False, parent=parent)
         return {"status": "run", "call": call_id, "rule": "a model call"}
 
     async def _request(
-        self, s: Session, p: Any, call: str, digest: str, *, turn: int | None, replayed: bool
+        self,
+        s: Session,
+        p: Any,
+        call: str,
+        digest: str,
+        *,
+        turn: int | None,
+        replayed: bool,
+        parent: str | None = None,
     ) -> None:
         """Record a model step's request: the exact context as an artifact (hashing and
         two fsyncs: in a thread, off the loop), and ``model.requested``. Not made
@@ -367,6 +389,7 @@ class Steps:
                 key=p.key,
                 request_sha256=digest,
                 replayed=replayed,
+                parent=parent,
             ),
             durable=False,
         )
@@ -394,6 +417,9 @@ class Steps:
                     f"step call {p.call!r} is not under way in this run (it is "
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
                 )
+            if p.status == "stopped":
+                await self.ctx.table.append_many(s, stopped(s, grant, p.call, step, turn))
+                return {}
             refused = None
             if p.status == "ok":
                 value = encoded if kind == "bytes" else p.result

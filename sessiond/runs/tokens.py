@@ -32,6 +32,7 @@ class RunGrant:
     calls: int = 0  # tool calls started (the budget's tool_calls_per_run)
     calls_model: int = 0
     before: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
+    frames: set[str] = field(default_factory=set)  # calls that took nested steps
     exit_intent: str | None = None  # sleep | complete
     summary: str = ""
 

@@ -238,9 +238,15 @@ def describe_divergence(d: dict[str, Any]) -> str:
             f" (args sha256 {digest[:12]})" if digest else ""
         )
 
+    # (divergences recorded before nesting and keys name no slots)
+    at = d["asked"].get("slot") or d["ordinal"]
+    recorded_at = d["recorded"].get("slot")
+    where = "there"
+    if recorded_at and recorded_at != at:
+        where = f"at step {recorded_at} in its stead"
     return (
-        f"the program asked at step {d['ordinal']} for {one(d['asked'])}, but the turn "
-        f"recorded {one(d['recorded'])} there; 'sessionctl resolve --accept' continues on "
+        f"the program asked at step {at} for {one(d['asked'])}, but the turn "
+        f"recorded {one(d['recorded'])} {where}; 'sessionctl resolve --accept' continues on "
         "the new path, '--discard' ends the turn"
     )
 
