@@ -52,8 +52,9 @@ def charge(tag):
 
 with connect() as run:
     kw = dict(side_effect="read", idempotency="safe", resume="replay-from-event")
-    first = run.step("charge", lambda: charge("a"), key="order-" + key, **kw)
-    second = run.step("charge", lambda: charge("b"), key="order-" + other, **kw)
+    # what tells the two charges apart is in args too (twin keyed steps are refused)
+    first = run.step("charge", lambda: charge("a"), key="order-" + key, args={"n": 1}, **kw)
+    second = run.step("charge", lambda: charge("b"), key="order-" + other, args={"n": 2}, **kw)
     run.step("pay", lambda: charge("pay " + first + second))
     run.complete()
 """
