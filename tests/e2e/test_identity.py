@@ -1,0 +1,176 @@
+"""Identity is proven (README.md, "Who may approve"): the control socket and the
+web console take a peer for an operator only when its credentials prove it,
+and refuse, with the reason, every peer they cannot prove: a run's process, a
+TCP peer gone from the kernel's tables, a process that exited, a process in
+another pid namespace, a uid runs are given. Real daemon, real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.harness import SESSIONCTL, Daemon, running, wait_event
+from tests.e2e.receivers import receiving
+from tests.e2e.test_links import config, ended, free_port, links_of, use
+from tests.e2e.test_web import blocked_victim
+from tests.e2e.webclient import WEB, login
+
+IMPOSTOR = Path(__file__).parent / "programs" / "impostor.py"
+GONE = "could not be identified (it closed before it could be examined); try again"
+
+
+def run_program(d: Daemon, name: str, argv: list[str]) -> Path:
+    """Run ``argv`` as session ``name``'s program to its end; its workspace."""
+    ws = d.root / f"ws-{name}"
+    ws.mkdir()
+    exec_ = ", ".join(f'"{a}"' for a in argv)
+    spec = f'name = "{name}"\n[run]\nexec = [{exec_}]\ncwd = "{ws}"\nretries = 0\n'
+    d.ctl("create", str(d.write_spec(name, spec)), check=True)
+    d.ctl("activate", name, check=True)
+    finished = wait_event(d, name, "run.finished")
+    assert finished["data"].get("exit_code") == 0, finished
+    return ws
+
+
+def refusals(d: Daemon, count: int) -> list[str]:
+    """The reasons of the first ``count`` requests the web listener refused (the
+    daemon's log says each: a reset peer never reads its answer)."""
+
+    def enough(_line: dict[str, Any]) -> bool:
+        return len([x for x in d.lines if x.get("event") == "web.refused"]) >= count
+
+    d.wait_line("web.refused", match=enough)
+    return [x["why"] for x in d.lines if x.get("event") == "web.refused"][:count]
+
+
+def nothing_granted(d: Daemon, ws: Path) -> None:
+    assert [a["tool"] for a in d.json("show", "victim")["pending_approvals"]] == ["command"]
+    assert not d.json("log", "victim", "--type", "approval.granted")
+    assert not (ws / "f.txt").exists()
+
+
+def test_a_run_that_posts_its_approve_link_and_resets_the_connection_answers_nothing() -> None:
+    """Before: the peer's socket was gone from /proc/net/tcp by the time it was
+    looked up, which counted as "on another machine": approved, 3 times of 3."""
+    with receiving() as receiver, running(config(receiver, free_port())) as d:
+        ws = blocked_victim(d)
+        approve = links_of(receiver, "victim")["approve_url"]
+        out = d.root / "impostor.json"
+        run_program(d, "impostor", [sys.executable, str(IMPOSTOR), "link-reset", approve,
+                                    "-", str(out)])  # fmt: skip
+        assert orjson.loads(out.read_bytes()) == ["reset"] * 3
+        for why in refusals(d, 3):
+            # gone before it was examined, or examined in time: a run's process
+            assert GONE in why or "process of run" in why, why
+        nothing_granted(d, ws)
+        # nothing burned the link: a person's use of it answers
+        assert use(approve, "POST").status == 200
+        wait_event(d, "victim", "lifecycle.changed", match=ended)
+        (granted,) = d.json("log", "victim", "--type", "approval.granted")
+        assert granted["data"]["channel"] == "link"
+
+
+@pytest.mark.parametrize("mode", ["api-reset", "api"])
+def test_a_run_with_a_stolen_login_approves_nothing_on_the_console(mode: str) -> None:
+    with running(WEB) as d:
+        ws = blocked_victim(d)
+        base, token = login(d)  # the login a person minted, which the program stole
+        out = d.root / "impostor.json"
+        run_program(d, "impostor", [sys.executable, str(IMPOSTOR), mode, base, token, str(out)])
+        answers = orjson.loads(out.read_bytes())
+        if mode == "api":
+            (answer,) = answers
+            assert answer.startswith("HTTP/1.1 403"), answer
+            assert "process of run r1 of session 'impostor'" in answer, answer
+            assert "web console is for people" in answer
+        else:
+            for why in refusals(d, 3):
+                assert GONE in why or "process of run" in why, why
+        nothing_granted(d, ws)
+
+
+HANDOFF = r"""
+import json, os, socket, sys
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(sys.argv[1])
+f = sock.makefile("rwb")
+def call(method, params):
+    f.write(json.dumps({"id": 1, "method": method, "params": params}).encode() + b"\n")
+    f.flush()
+    return f.readline()
+assert json.loads(call("ping", {}))["ok"]  # accepted, examined: an operator's process
+if os.fork() == 0:
+    sys.stdin.readline()  # "go": the process that connected is gone
+    sys.stdout.buffer.write(call("approve", {"name": "victim", "by": "handed on"}))
+    sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_request_on_a_connection_whose_process_is_gone_is_refused() -> None:
+    """A process connects (and is examined, a clean one), hands its socket to a
+    child and exits: the child's request is refused, the approval waits. Before:
+    the verdict was taken once at accept, and the approval was recorded."""
+    with running() as d:
+        ws = blocked_victim(d)
+        client = subprocess.Popen(
+            [sys.executable, "-c", HANDOFF, str(d.socket)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert client.wait(60) == 0  # the connecting process exited and is reaped
+        assert client.stdin is not None and client.stdout is not None
+        client.stdin.write(b"go\n")
+        client.stdin.close()
+        answer = orjson.loads(client.stdout.read())
+        client.stdout.close()
+        assert answer["ok"] is False, answer
+        message = answer["error"]["message"]
+        assert "may only ping: its process cannot be examined (it is gone)" in message
+        nothing_granted(d, ws)
+        d.ctl("approve", "victim", check=True)  # a person, connected, still may
+
+
+def root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to make a pid namespace, or to take another uid)")
+
+
+def test_a_process_in_another_pid_namespace_is_refused() -> None:
+    """A sandboxed run lives in a pid namespace of its own: whatever is in one is
+    no operator. Before: its pid was visible, its ancestry clean: approved."""
+    root_only()
+    with running() as d:
+        ws = blocked_victim(d)
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", SESSIONCTL, "approve", "victim"],
+            env=d.env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done
+        assert "runs in another pid namespace than the daemon's" in done.stderr, done.stderr
+        nothing_granted(d, ws)
+
+
+def test_a_uid_of_the_range_runs_are_given_is_refused_even_when_access_allows_it() -> None:
+    """Any uid in the dynamic range (458752-524287) is a run's. Before: let in by
+    its group under [access], it approved."""
+    root_only()
+    with running('[access]\ngroups = ["nogroup"]\n') as d:
+        ws = blocked_victim(d)
+        done = subprocess.run(
+            ["setpriv", "--reuid=460000", "--regid=65534", "--clear-groups",
+             SESSIONCTL, "approve", "victim"],
+            env=d.env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done
+        assert "uid 460000 is the [run] user programs run as, or a uid runs are given" in (
+            done.stderr
+        )
+        nothing_granted(d, ws)
