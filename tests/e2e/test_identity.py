@@ -126,7 +126,8 @@ def test_a_request_on_a_connection_whose_process_is_gone_is_refused() -> None:
             stdout=subprocess.PIPE,
         )
         assert client.wait(60) == 0  # the connecting process exited and is reaped
-        assert client.stdin is not None and client.stdout is not None
+        assert client.stdin is not None
+        assert client.stdout is not None
         client.stdin.write(b"go\n")
         client.stdin.close()
         answer = orjson.loads(client.stdout.read())
