@@ -38,6 +38,7 @@ from sessiond.notify import Notices
 from sessiond.otel import Traces
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
+from sessiond.runs.subreaper import adopt_orphans
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -226,6 +227,7 @@ class Daemon:
         # too. Before the spawner starts: a daemon in its own delegated group moves
         # into a leaf of it, and must take only itself there.
         await self._sweep_cgroups()
+        adopt_orphans()  # a run that kills its holder and spawner leaves nothing outside
         self.kernel.ctx.spawner.start()
         if self.lease is not None:  # its programs stop before its lease can lapse
             self.lease.fence_programs(self.kernel.ctx.spawner.fence)

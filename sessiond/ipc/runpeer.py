@@ -14,9 +14,11 @@ on or exit):
 - **Its ancestry.** Every run process descends from a spawner (each daemon has
   one) and its run's holder: both are child subreapers, so an orphan — a
   double fork, a ``setsid`` helper — reparents to one of them, never to PID 1.
-  Walking the PPid chain from the peer up to PID 1, a process whose command
-  line runs ``sessiond/runs/spawner.py`` (the spawner, and the holders forked
-  from it) marks the peer as a run's.
+  The daemon is a subreaper too (sessiond.runs.subreaper): a process left by a
+  run that killed its holder and spawner reparents to the daemon. Walking the
+  PPid chain from the peer up to PID 1, a process whose command line runs
+  ``sessiond/runs/spawner.py`` (the spawner, and the holders forked from it),
+  or this daemon itself, marks the peer as a run's.
 - **Its own marks.** ``SESSIOND_RUN_MARK`` in its environment (every run process
   inherits it), and a run cgroup (``sessiond-<id>-…``) where runs have one.
 
@@ -29,10 +31,10 @@ and if it goes while it is read, what was read may be another's, so it counts
 as not examined. A connection refused once stays refused.
 
 What this does not prove: a run that shares the operator's uid, with the
-sandbox off and no run cgroup, can kill its own holder and spawner and leave a
-process that no mark, namespace or ancestry tells from an operator's. The
-sandbox (its pid namespace and a uid of the run's own) or ``[run] user`` is the
-boundary there (README.md).
+sandbox off and no run cgroup, can reach the daemon by other means (ptrace it,
+ask a service manager to start a process outside its tree). The sandbox (its
+pid namespace and a uid of the run's own) or ``[run] user`` is the boundary
+there (README.md).
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def _mark(environ: bytes) -> str | None:
             value = item[len(MARK) :].decode(errors="replace")
             _daemon, _, rest = value.partition(":")
             session, _, run = rest.rpartition(":")
-            return f"run {run} of session {session!r}" if session and run else "a run"
+            return f"a run (run {run} of session {session!r})" if session and run else "a run"
     return None
 
 
@@ -152,13 +154,17 @@ def _why_run(pid: int, uid: int, run_uids: Container[int]) -> tuple[str | None, 
         return other, started
     run = _mark(_environ(pid, uid))
     if run is not None:
-        return f"it is a process of {run} (it carries SESSIOND_RUN_MARK)", started
+        return f"it is a process of {run}: it carries SESSIOND_RUN_MARK", started
     with contextlib.suppress(FileNotFoundError):  # a kernel without cgroups
         if RUN_CGROUP.search(_read(pid, "cgroup")):
             return "it is in a run's cgroup: it is a process of a run", started
     current, since = pid, started
     walked: list[tuple[int, bytes]] = []
     for _ in range(MAX_DEPTH):
+        if walked and current == os.getpid():
+            # started by this daemon for a session, or left by a run whose holder
+            # and spawner died (the daemon is their subreaper: sessiond.runs.subreaper)
+            return "it descends from the sessiond daemon itself: it is a process of a run", started
         if (current, since) in _CLEAN:
             break
         if _is_spawner(current):

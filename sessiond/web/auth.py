@@ -13,8 +13,8 @@
   origin's scripts cannot read an answer, with or without credentials.
 - **Runs.** A process of a run is refused here as on the control socket, and
   so is a peer that cannot be identified (sessiond.web.peers). A request that
-  acts is judged once it has come in whole, and its connection must still be
-  there when its answer is recorded (:func:`connected`).
+  acts is judged afresh, and its connection must still be open when its answer
+  is recorded (:func:`connected`).
 """
 
 from __future__ import annotations
@@ -111,12 +111,10 @@ class Auth:
 
     async def run_refusal(self, request: web.Request) -> str | None:
         """Why this request's peer may not use the console (a run's process, or one
-        that cannot be identified), or None. A request that acts is read whole
-        first, and its peer examined afresh: what is judged is who holds the
-        connection once everything it asks is in."""
+        that cannot be identified), or None. A request that acts has its peer
+        examined afresh (who holds the connection now); its answer is recorded
+        only while the connection is still open (:func:`connected`)."""
         acts = request.method not in SAFE
-        if acts:
-            await request.read()  # kept by aiohttp for the handler
         transport = request.transport
         if transport is None or transport.is_closing():
             return GONE

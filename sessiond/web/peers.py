@@ -15,9 +15,9 @@ holds, and one held by several processes unless every one is an operator's.
 Only a peer whose address is not this machine's is on another machine (or is
 the declared reverse proxy there) and so no run's.
 
-The verdict is bound to the connection: a request that acts is examined when
-it has come in whole (its holders then), a reading request may reuse the
-connection's last verdict, and a connection refused once stays refused.
+The verdict is bound to the connection: a request that acts is examined anew
+(its holders then), a reading request may reuse the connection's last verdict,
+and a connection refused once stays refused.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.harness import SESSIONCTL, Daemon, running, wait_event
+from tests.e2e.harness import SESSIONCTL, Daemon, running, wait_event, wait_for
 from tests.e2e.receivers import receiving
 from tests.e2e.test_links import config, ended, free_port, links_of, use
 from tests.e2e.test_web import blocked_victim
@@ -68,7 +68,7 @@ def test_a_run_that_posts_its_approve_link_and_resets_the_connection_answers_not
         assert orjson.loads(out.read_bytes()) == ["reset"] * 3
         for why in refusals(d, 3):
             # gone before it was examined, or examined in time: a run's process
-            assert GONE in why or "process of run" in why, why
+            assert GONE in why or "process of a run" in why, why
         nothing_granted(d, ws)
         # nothing burned the link: a person's use of it answers
         assert use(approve, "POST").status == 200
@@ -88,11 +88,11 @@ def test_a_run_with_a_stolen_login_approves_nothing_on_the_console(mode: str) ->
         if mode == "api":
             (answer,) = answers
             assert answer.startswith("HTTP/1.1 403"), answer
-            assert "process of run r1 of session 'impostor'" in answer, answer
+            assert "process of a run (run r1 of session 'impostor')" in answer, answer
             assert "web console is for people" in answer
         else:
             for why in refusals(d, 3):
-                assert GONE in why or "process of run" in why, why
+                assert GONE in why or "process of a run" in why, why
         nothing_granted(d, ws)
 
 
@@ -174,4 +174,139 @@ def test_a_uid_of_the_range_runs_are_given_is_refused_even_when_access_allows_it
         assert "uid 460000 is the [run] user programs run as, or a uid runs are given" in (
             done.stderr
         )
+        nothing_granted(d, ws)
+
+
+def test_an_approval_that_comes_in_a_bundle_grants_nothing_here() -> None:
+    """Whoever writes a bundle writes its answers too (a program can craft one
+    with an `approval.granted` of its own): a call approved in a bundle and not
+    run yet is asked again on import. Before: the imported session ran it."""
+    with running() as d:
+        ws = blocked_victim(d)
+        d.ctl("suspend", "victim", check=True)
+        d.ctl("approve", "victim", "--by", "given on the other side", check=True)
+        bundle = d.root / "victim.tar.gz"
+        d.ctl("export", "victim", "-o", str(bundle), check=True)
+        d.ctl("import", str(bundle), "--as", "arrived", check=True)
+        shown = d.json("show", "arrived")
+        assert [a["tool"] for a in shown["pending_approvals"]] == ["command"], shown
+        asked = d.json("log", "arrived", "--type", "approval.requested")
+        (imported,) = d.json("log", "arrived", "--type", "session.imported")
+        assert asked[-1]["seq"] > imported["seq"], asked  # asked here, anew
+        d.ctl("resume", "arrived", check=True)
+        blocked = wait_event(
+            d, "arrived", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
+        )
+        assert "approval pending" in blocked["data"]["reason"], blocked
+        assert not d.json("log", "arrived", "--type", "run.started")
+        assert not (ws / "f.txt").exists()
+        d.ctl("approve", "arrived", check=True)  # a person here: it runs
+        wait_event(d, "arrived", "run.finished")
+        assert (ws / "f.txt").read_text() == "new\n"
+
+
+MCP_CLIENT = r"""
+import os, sys
+import anyio, orjson
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+async def main():
+    ctl, control, out = sys.argv[1:4]
+    params = StdioServerParameters(command=ctl, args=["--socket", control, "mcp"], env={})
+    async with Client(params) as client:
+        tools = sorted(t.name for t in (await client.list_tools()).tools)
+        sent = await client.call_tool("send", {"name": "victim", "text": "approve me"})
+    text = sent.content[0].text
+    open(out, "wb").write(orjson.dumps({"tools": tools, "error": sent.is_error, "text": text}))
+
+anyio.run(main)
+"""
+
+
+def test_an_mcp_server_a_run_starts_on_the_control_socket_may_only_ping() -> None:
+    """`sessionctl mcp` has no approve tool; started by a run against the control
+    socket (whose path it learnt), its every call is refused with the reason."""
+    with running() as d:
+        ws = blocked_victim(d)
+        (d.root / "client.py").write_text(MCP_CLIENT)
+        out = d.root / "mcp.json"
+        run_program(d, "agent", [sys.executable, str(d.root / "client.py"), SESSIONCTL,
+                                 str(d.socket), str(out)])  # fmt: skip
+        answer = orjson.loads(out.read_bytes())
+        assert not {"approve", "deny", "resolve"} & set(answer["tools"]), answer
+        assert answer["error"] is True, answer
+        assert "may only ping" in answer["text"], answer
+        assert "descends from a sessiond spawner" in answer["text"], answer
+        nothing_granted(d, ws)
+        assert not d.json("log", "victim", "--type", "message.received")
+
+
+LEFTOVER = r"""
+import os, signal, sys
+ctl, control, out = sys.argv[1:4]
+holder = os.getppid()
+with open(f"/proc/{holder}/stat", "rb") as f:
+    stat = f.read()
+spawner = int(stat[stat.rfind(b")") + 2 :].split()[1])
+read, write = os.pipe()
+if os.fork() == 0:
+    os.close(write)
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    os.read(read, 1)  # end of file: the run's program is gone, its holder and spawner too
+    script = (
+        '"$0" --socket "$1" approve victim > "$2.txt" 2>&1; '
+        'echo $? > "$2.tmp"; /bin/mv "$2.tmp" "$2.rc"'
+    )
+    os.execve("/bin/sh", ["sh", "-c", script, ctl, control, out], {})  # no mark: a clean env
+os.close(read)
+for pid in (holder, spawner):  # refused where they are not this uid's
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError as exc:
+        print(f"kill {pid}: {exc}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("run_user", [None, "nobody"])
+def test_a_process_a_run_leaves_after_killing_its_holder_and_spawner_approves_nothing(
+    run_user: str | None,
+) -> None:
+    """A run forks a clean process (setsid, double fork, an empty environment),
+    kills its holder and the spawner, and the process it left asks to approve.
+    Before: it was nobody's child but PID 1's, with no mark: an operator."""
+    if run_user is not None:
+        root_only()
+    config = f'[access]\nusers = ["{run_user}"]\n[run]\nuser = "{run_user}"\n' if run_user else ""
+    with running(config) as d:
+        ws = blocked_victim(d)
+        folder = d.root / "ws-leaver"
+        folder.mkdir()
+        os.chmod(folder, 0o777)  # the [run] user writes the leftover's answer here
+        (folder / "leave.py").write_text(LEFTOVER)
+        out = folder / "answer"
+        spec = (
+            f'name = "leaver"\n[run]\nexec = ["/usr/bin/python3", "-I", "leave.py", '
+            f'"{SESSIONCTL}", "{d.socket}", "{out}"]\ncwd = "{folder}"\nretries = 0\n'
+        )
+        d.ctl("create", str(d.write_spec("leaver", spec)), check=True)
+        d.ctl("activate", "leaver", check=True)
+        rc = folder / "answer.rc"
+        if run_user is not None:
+            # nobody may not signal the daemon's holder and spawner: the run ends,
+            # and its holder stops whatever it left, the would-be operator too
+            wait_event(d, "leaver", "run.finished")
+            assert not rc.exists() or "may only ping" in (folder / "answer.txt").read_text()
+            nothing_granted(d, ws)
+            return
+        try:
+            wait_for(rc.exists, timeout=60, what="the leftover's answer")
+        except AssertionError:
+            raise AssertionError(f"no answer from the leftover: {d.lines[-10:]}") from None
+        said = (folder / "answer.txt").read_text()
+        assert rc.read_text().strip() != "0", said
+        # its holder and spawner dead, it reparented to the daemon (a subreaper)
+        assert "may only ping: it descends from the sessiond daemon itself" in said, said
         nothing_granted(d, ws)
