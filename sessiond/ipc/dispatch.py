@@ -93,7 +93,8 @@ class Caller:
         if self.refusal is not None or self.examiner is None:
             return self.refusal
         why = self.examiner.refusal()
-        if why is not None:
+        if why is not None and not self.examiner.said:
+            self.examiner.said = True  # once a connection: a refusal sticks to it
             log.info("peer.only_ping", pid=self.pid, uid=self.uid, why=why)
         return why
 

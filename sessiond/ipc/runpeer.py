@@ -214,6 +214,7 @@ class Examiner:
         self.pidfd = -1
         self.started: bytes | None = None
         self.refused: str | None = None
+        self.said = False  # the refusal was logged
         if pid <= 0:
             self.refused = ONLY_PING.format(
                 why="its process cannot be examined (it is in another pid namespace)"

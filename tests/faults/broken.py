@@ -114,6 +114,8 @@ def _no_orphan_stop() -> None:
 class _Trusting:
     """An examiner that takes every peer on the control socket for an operator."""
 
+    said = False
+
     def __init__(self, *_args: Any) -> None:
         pass
 
