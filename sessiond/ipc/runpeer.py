@@ -32,7 +32,8 @@ as not examined. A connection refused once stays refused.
 
 What this does not prove: a run that shares the operator's uid, with the
 sandbox off and no run cgroup, can reach the daemon by other means (ptrace it,
-ask a service manager to start a process outside its tree). The sandbox (its
+ask a service manager to start a process outside its tree, kill the daemon too
+so that what it left is outside every tree after the restart). The sandbox (its
 pid namespace and a uid of the run's own) or ``[run] user`` is the boundary
 there (README.md).
 """
