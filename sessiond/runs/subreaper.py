@@ -7,6 +7,13 @@ PID 1 and look like anybody's processes. With the daemon a subreaper too, they
 reparent to the daemon instead: still in its tree, where the control socket's
 check (sessiond.ipc.runpeer) finds them and refuses them as it refuses every
 process the daemon started. Linux only (``PR_SET_CHILD_SUBREAPER``, 3.4+).
+
+What the daemon adopts is not reaped when it exits: the daemon cannot tell an
+adopted zombie from a child of its own that another part of it (subprocess,
+the event loop) is about to wait for, and reaping that one would lose its exit
+status. So it stays a zombie until the daemon exits. Only what outlived its
+spawner is adopted (the processes of runs whose spawner died, the holders that
+died with it), and a zombie is never an operator either.
 """
 
 from __future__ import annotations
