@@ -11,9 +11,10 @@ process the daemon started. Linux only (``PR_SET_CHILD_SUBREAPER``, 3.4+).
 What the daemon adopts is not reaped when it exits: the daemon cannot tell an
 adopted zombie from a child of its own that another part of it (subprocess,
 the event loop) is about to wait for, and reaping that one would lose its exit
-status. So it stays a zombie until the daemon exits. Only what outlived its
-spawner is adopted (the processes of runs whose spawner died, the holders that
-died with it), and a zombie is never an operator either.
+status. So it stays a zombie until the daemon exits. Adopted are only the
+orphans of processes the daemon started outside the spawner's care: a dead
+spawner's runs and holders, and what a command the daemon runs itself leaves
+behind. A zombie is never an operator either.
 """
 
 from __future__ import annotations
