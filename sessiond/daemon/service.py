@@ -40,6 +40,7 @@ from sessiond.redaction import use_key_file
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.runs.secrets import known as known_secrets
+from sessiond.runs.subreaper import adopt_orphans
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
@@ -229,16 +230,7 @@ class Daemon:
         # queued, then every append reaches the targets
         self.notices.start()
         self.traces.start()
-        # A dead daemon's spawner kills its runs itself; what is left carries the
-        # run marker because that spawner died too. Nothing of it may go on.
-        run_user = self.config.run.identity()
-        run_uid = run_user[0] if run_user is not None else None
-        for pid, mark in kill_marked(self.config.state_dir, run_uid).items():
-            log.warning("leftover.killed", pid=pid, run=mark)
-        # The run cgroups a dead daemon left (whatever is in them, marked or not) go
-        # too. Before the spawner starts: a daemon in its own delegated group moves
-        # into a leaf of it, and must take only itself there.
-        await self._sweep_cgroups()
+        await self._clear_leftovers()
         self.kernel.ctx.spawner.start()
         if self.lease is not None:  # its programs stop before its lease can lapse
             self.lease.fence_programs(self.kernel.ctx.spawner.fence)
@@ -271,6 +263,20 @@ class Daemon:
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
         self.kernel.retention.start()  # a gc every [retention] interval, if set
+
+    async def _clear_leftovers(self) -> None:
+        """What a dead daemon's runs left goes before any new run starts."""
+        # A dead daemon's spawner kills its runs itself; what is left carries the
+        # run marker because that spawner died too. Nothing of it may go on.
+        run_user = self.config.run.identity()
+        run_uid = run_user[0] if run_user is not None else None
+        for pid, mark in kill_marked(self.config.state_dir, run_uid).items():
+            log.warning("leftover.killed", pid=pid, run=mark)
+        # The run cgroups a dead daemon left (whatever is in them, marked or not) go
+        # too. Before the spawner starts: a daemon in its own delegated group moves
+        # into a leaf of it, and must take only itself there.
+        await self._sweep_cgroups()
+        adopt_orphans()  # a run that kills its holder and spawner leaves nothing outside
 
     async def _sweep_cgroups(self) -> None:
         try:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import pwd
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -54,6 +54,7 @@ from sessiond.ipc.params import (
     parse,
 )
 from sessiond.ipc.program import NotGranted, ProgramGuard
+from sessiond.ipc.runpeer import Examiner
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 
@@ -78,11 +79,31 @@ class Caller:
 
     ``endpoint``: the control socket (people) or the program endpoint (runs).
     ``refusal``: on the control socket, why this peer may only ping (it is a
-    process of a run, or could not be examined: sessiond.ipc.runpeer)."""
+    process of a run, or could not be examined: sessiond.ipc.runpeer);
+    ``examiner`` says it anew at each request (:meth:`refused`)."""
 
     endpoint: Literal["control", "program"]
     uid: int
     refusal: str | None = None
+    examiner: Examiner | None = field(default=None, compare=False, repr=False)
+    pid: int = 0
+
+    def refused(self) -> str | None:
+        """Why this peer may only ping, now (None: it is an operator)."""
+        if self.refusal is not None or self.examiner is None:
+            return self.refusal
+        why = self.examiner.refusal()
+        if why is not None and not self.examiner.said:
+            self.examiner.said = True  # once a connection: a refusal sticks to it
+            log.info("peer.only_ping", pid=self.pid, uid=self.uid, why=why)
+        return why
+
+    def still(self, _approval: Any = None) -> None:
+        """Raise if this peer may not act now: checked again under the session's
+        lock, just before an answer is recorded (its process may be gone since)."""
+        why = self.refused()
+        if why is not None:
+            raise NotGranted(why)
 
     def who(self) -> dict[str, Any]:
         """Who answered (approve, deny, resolve, apply): uid, user name, channel."""
@@ -162,22 +183,27 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     }
 
 
-AnswerHandler = Callable[[Any, dict[str, Any]], Awaitable[Any]]
+Still = Callable[[Any], None] | None
+AnswerHandler = Callable[[Any, dict[str, Any], Still], Awaitable[Any]]
 
 
 def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
     """The operator's answers: each records who gave it, from the peer's credentials
-    (``by`` in the request is a free-text note beside it, never the identity)."""
+    (``by`` in the request is a free-text note beside it, never the identity).
+    ``c`` (approve, deny): the peer is checked again under the session's lock."""
     return {
-        "approve": (ApproveParams, lambda p, w: k.approve(p.name, p.call, p.by, who=w)),
-        "deny": (ApproveParams, lambda p, w: k.deny(p.name, p.call, p.by, p.reason, who=w)),
-        "resolve": (ResolveParams, lambda p, w: k.resolve(p.name, p.option, p.by, who=w)),
-        "web.login": (NoParams, lambda _, w: k.web_login(w)),
+        "approve": (ApproveParams, lambda p, w, c: k.approve(p.name, p.call, p.by, who=w, check=c)),
+        "deny": (
+            ApproveParams,
+            lambda p, w, c: k.deny(p.name, p.call, p.by, p.reason, who=w, check=c),
+        ),
+        "resolve": (ResolveParams, lambda p, w, _c: k.resolve(p.name, p.option, p.by, who=w)),
+        "web.login": (NoParams, lambda _, w, _c: k.web_login(w)),
         "apply": (
             ApplyParams,
-            lambda p, w: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
+            lambda p, w, _c: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
         ),
-        "gc": (GcParams, lambda p, w: k.gc(p.dry_run, who=w)),
+        "gc": (GcParams, lambda p, w, _c: k.gc(p.dry_run, who=w)),
     }
 
 
@@ -199,8 +225,9 @@ class Dispatch:
         if method == "ping":
             return params
         if caller.endpoint == "control":
-            if caller.refusal is not None:
-                raise NotGranted(caller.refusal)
+            why = caller.refused()
+            if why is not None:
+                raise NotGranted(why)
             return params
         if method.startswith("sdk."):  # its run token is checked with its params
             return params
@@ -213,7 +240,7 @@ class Dispatch:
         a stream."""
         if method in self.answers:
             answer_model, answer = self.answers[method]
-            return await answer(parse(answer_model, params), who)
+            return await answer(parse(answer_model, params), who, None)
         if method == "log":
             p = parse(LogParams, params)
             if p.follow or p.name is None:
@@ -269,7 +296,8 @@ class Dispatch:
                     return
             if method in self.answers:
                 answer_model, answer = self.answers[method]
-                result = await answer(parse(answer_model, params), caller.who())
+                still = caller.still if caller.examiner is not None else None
+                result = await answer(parse(answer_model, params), caller.who(), still)
                 await reply(writer, {"id": request_id, "ok": True, "result": result})
                 return
             if method == "log":

@@ -26,7 +26,7 @@ from sessiond.ipc.dispatch import Caller, Dispatch
 from sessiond.ipc.fence import EXECUTE, READ, WRITE, check_folder, grant
 from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
-from sessiond.ipc.runpeer import examine
+from sessiond.ipc.runpeer import Examiner
 from sessiond.paths import program_socket
 from sessiond.syscalls.kernel import Kernel
 
@@ -163,7 +163,12 @@ class Server:
                     ),
                 )
                 return
-            await self._requests(reader, writer, self._caller(peer, writer))
+            caller = self._caller(peer, writer)
+            try:
+                await self._requests(reader, writer, caller)
+            finally:
+                if caller.examiner is not None:
+                    caller.examiner.close()
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception:  # never let one connection take the daemon down
@@ -177,10 +182,11 @@ class Server:
     def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
         if self.endpoint == "program":
             return Caller("program", peer.uid)
-        refusal = examine(writer.get_extra_info("socket"), peer.pid, peer.uid, self.peers.run_uids)
-        if refusal is not None:
-            log.info("peer.only_ping", pid=peer.pid, uid=peer.uid)
-        return Caller("control", peer.uid, refusal)
+        # judged at each request (Caller.refused), pinned to the process that
+        # connected: see sessiond.ipc.runpeer
+        examiner = Examiner(writer.get_extra_info("socket"), peer.pid, peer.uid,
+                            self.peers.run_uids)  # fmt: skip
+        return Caller("control", peer.uid, examiner=examiner, pid=peer.pid)
 
     async def _requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller

@@ -18,6 +18,7 @@ import structlog
 from sessiond.errors import AlreadyExists, InvalidInput, Refused
 from sessiond.log.bundle import export_paced, import_session
 from sessiond.log.event_data import (
+    ApprovalRequested,
     ArtifactRef,
     LifecycleChanged,
     MessageReceived,
@@ -350,8 +351,14 @@ class Lineage:
             )
         s = Session(journal.session, journal, spec, spec_text)
         self.ctx.table.adopt(s)
+        asked = await self._ask_again(s)
         state = journal.state.state
-        if state in ("running", "ready"):
+        if asked and state in ("created", "ready", "running", "sleeping"):
+            await self.ctx.table.append(
+                s,
+                LifecycleChanged.model_validate({"from": state, "to": "blocked", "reason": asked}),
+            )
+        elif state in ("running", "ready"):
             # It arrives not running: it runs here only after a wake and the gate.
             to = "sleeping" if spec is not None and spec.has_triggers else "created"
             await self.ctx.table.append(
@@ -367,6 +374,30 @@ class Lineage:
         if self.ctx.triggers is not None:
             self.ctx.triggers.rearm(s)
         return detail(s)
+
+    async def _ask_again(self, s: Session) -> str | None:
+        """An approval in a bundle was not given here: whoever wrote the bundle
+        wrote its answers too (a program can craft one). Each call approved there
+        and not run yet is asked again; the reason to block on, if one was."""
+        asked: list[str] = []
+        for call_id, approval in sorted(s.j.state.approvals.items()):
+            call = s.j.state.calls.get(call_id)
+            if approval.get("status") != "granted" or (call and call["stage"] != "approved"):
+                continue
+            await self.ctx.table.append(
+                s,
+                ApprovalRequested(
+                    call=call_id, tool=approval["tool"], args_sha256=approval.get("args_sha256")
+                ),
+                correlation=call_id,
+            )
+            asked.append(f"{approval['tool']} [{call_id}]")
+        if not asked:
+            return None
+        return (
+            f"approval pending for {', '.join(asked)}: an approval that came with an "
+            "imported bundle was not given here, so it is asked again"
+        )
 
 
 def _masks(spec_text: str | None, source: str) -> Redactor | None:

@@ -20,6 +20,7 @@ from sessiond.describe import describe
 from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
+from sessiond.web.auth import connected
 from sessiond.web.cluster import REFRESH
 from sessiond.web.metrics import CONTENT_TYPE
 from sessiond.web.pages import before_of
@@ -228,7 +229,9 @@ class Api:
         who = self.server.who(request)
         result = await self.cluster.syscall(
             "approve", {"name": name, "call": call, "by": note}, who,
-            lambda: self.kernel.approve(name, call, note, who=who),
+            lambda: self.kernel.approve(
+                name, call, note, who=who, check=lambda _a: connected(request)
+            ),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 
@@ -239,7 +242,9 @@ class Api:
         who = self.server.who(request)
         result = await self.cluster.syscall(
             "deny", {"name": name, "call": call, "by": "", "reason": note}, who,
-            lambda: self.kernel.deny(name, call, "", note, who=who),
+            lambda: self.kernel.deny(
+                name, call, "", note, who=who, check=lambda _a: connected(request)
+            ),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 

@@ -11,13 +11,16 @@
   neither read nor guess it. Its ``Origin``, when sent, must be the console's.
 - **No CORS.** Nothing here answers with Access-Control-Allow-*: another
   origin's scripts cannot read an answer, with or without credentials.
-- **Runs.** A process of a run is refused here as on the control socket
-  (sessiond.web.peers).
+- **Runs.** A process of a run is refused here as on the control socket, and
+  so is a peer that cannot be identified (sessiond.web.peers). A request that
+  acts is judged afresh, and its connection must still be open when its answer
+  is recorded (:func:`connected`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import secrets
@@ -27,8 +30,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from sessiond.ipc.program import NotGranted
 from sessiond.syscalls.logins import Logins
-from sessiond.web.peers import WebPeers
+from sessiond.web.peers import GONE, WebPeers
 from sessiond.webconfig import WebConfig, is_loopback
 
 COOKIE = "sessiond_login"
@@ -106,10 +110,25 @@ class Auth:
         return f"this console answers to loopback names only, not {request.host!r}"
 
     async def run_refusal(self, request: web.Request) -> str | None:
+        """Why this request's peer may not use the console (a run's process, or one
+        that cannot be identified), or None. A request that acts has its peer
+        examined afresh (who holds the connection now); its answer is recorded
+        only while the connection is still open (:func:`connected`)."""
+        acts = request.method not in SAFE
         transport = request.transport
-        if transport is None:
-            return "the connection is gone"
+        if transport is None or transport.is_closing():
+            return GONE
         peer, us = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
         if not isinstance(peer, tuple) or not isinstance(us, tuple):
             return None  # not TCP (a test's Unix socket): there is no peer to map
-        return await asyncio.to_thread(self.peers.refusal, peer[:2], us[:2])
+        return await asyncio.to_thread(
+            functools.partial(self.peers.refusal, peer[:2], us[:2], fresh=acts)
+        )
+
+
+def connected(request: web.Request) -> None:
+    """Raise unless the request's connection is still open: checked just before an
+    answer is recorded, so a request whose peer has gone changes nothing."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise NotGranted(f"refused: {GONE}; nothing was done")

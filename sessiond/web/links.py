@@ -30,6 +30,7 @@ from aiohttp import web
 from sessiond.errors import SessiondError
 from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
+from sessiond.web.auth import connected
 from sessiond.web.views import find_approval
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ class LinkPages:
             # the whole form before the use is claimed: a body that never comes (a
             # phone losing its signal) or is refused (too big) must not burn the link
             note = await self._note(request)
+            self._connected(request)  # a peer gone burns nothing and answers nothing
             if not await self._claim(link):
                 raise LinkRefused("this link was already used. " + _ELSEWHERE, 409)
         except LinkRefused as exc:
@@ -189,6 +191,7 @@ class LinkPages:
             self.live(link)
             if call_digest(s, link.call) != link.digest:
                 raise LinkRefused("what the call would run changed just now", 409)
+            self._connected(request)
 
         try:
             if link.answer == "approve":
@@ -212,6 +215,14 @@ class LinkPages:
             state=result.get("state", ""),
             title=f"{link.call} {link.answer}d",
         )
+
+    @staticmethod
+    def _connected(request: web.Request) -> None:
+        """LinkRefused once the request's connection is gone (sessiond.web.auth)."""
+        try:
+            connected(request)
+        except SessiondError as exc:
+            raise LinkRefused(str(exc), 403) from None
 
     async def _claim(self, link: Link) -> bool:
         try:

@@ -5,21 +5,39 @@ machine is in the kernel's socket tables (/proc/net/tcp, /proc/net/tcp6) as
 the peer's socket, local address = the address we see it from; its line gives
 its uid and inode, and the process holding that inode has it among its
 /proc/PID/fd links. That process is then judged as on the control socket
-(sessiond.ipc.runpeer): a run's process is refused. A peer not in the tables
-is on another machine (or behind the declared reverse proxy) and is no run's.
+(sessiond.ipc.runpeer): a run's process is refused.
+
+It fails closed. A peer whose address is this machine's (loopback, or an
+address a socket here can bind) must be in the tables: if its socket is gone
+(it reset or closed the connection before it was examined), nothing proves who
+it was, and the request is refused ("try again"); so is a socket no process
+holds, and one held by several processes unless every one is an operator's.
+Only a peer whose address is not this machine's is on another machine (or is
+the declared reverse proxy there) and so no run's.
+
+The verdict is bound to the connection: a request that acts is examined anew
+(its holders then), a reading request may reuse the connection's last verdict,
+and a connection refused once stays refused.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import socket
 import sys
+from collections.abc import Container
 from dataclasses import dataclass
 
 from sessiond.ipc.runpeer import examine_process
 
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-KEEP = 4096  # verdicts kept, by socket inode (one per connection)
+KEEP = 4096  # verdicts kept, one per connection
+GONE = (
+    "the connection's peer could not be identified (it closed before it could be "
+    "examined); try again"
+)
 
 
 @dataclass(frozen=True)
@@ -76,19 +94,47 @@ def find_socket(peer: tuple[str, int], us: tuple[str, int]) -> TcpSocket | None:
     return None
 
 
-def holder(sock: TcpSocket, skip: frozenset[int] = frozenset()) -> int | None:
-    """The pid of a process holding the socket (of its uid), or None.
-
-    Newest pids first (a client that just connected is likely among them), and
+def holders(sock: TcpSocket, skip: frozenset[int] = frozenset()) -> list[int]:
+    """The pids of every process holding the socket (of its uid), newest first;
     none in ``skip`` (the daemon itself, whose descriptors are every session's
-    open log: thousands of links to read for nothing)."""
+    open log: thousands of links to read for nothing). Every one: a socket can be
+    shared (inherited, or passed on), and each holder may write on it."""
     with os.scandir("/proc") as procs:
         entries = [e for e in procs if e.name.isdigit()]
     link = f"socket:[{sock.inode}]"
-    for entry in sorted(entries, key=lambda e: -int(e.name)):
-        if int(entry.name) not in skip and _holds(entry, sock.uid, link):
-            return int(entry.name)
-    return None
+    return [
+        int(entry.name)
+        for entry in sorted(entries, key=lambda e: -int(e.name))
+        if int(entry.name) not in skip and _holds(entry, sock.uid, link)
+    ]
+
+
+def holder(sock: TcpSocket, skip: frozenset[int] = frozenset()) -> int | None:
+    """The newest process holding the socket, or None."""
+    found = holders(sock, skip)
+    return found[0] if found else None
+
+
+def is_local(host: str) -> bool:
+    """Is ``host`` one of this machine's addresses (so a peer from it must be in
+    the socket tables)? Loopback always; otherwise: can a socket here bind it?
+    In doubt (an error other than "not an address of this machine"), yes."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+        host = str(address)
+    if address.is_loopback or address.is_unspecified:
+        return True
+    family = socket.AF_INET if isinstance(address, ipaddress.IPv4Address) else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+    except OSError as exc:
+        return exc.errno != errno.EADDRNOTAVAIL
+    return True
 
 
 def _holds(proc: os.DirEntry[str], uid: int, link: str) -> bool:
@@ -109,30 +155,45 @@ def _link(path: str) -> str:
 
 
 class WebPeers:
-    """Refuses the processes of runs on the web listener; verdicts kept per socket."""
+    """Refuses the processes of runs on the web listener, and the peers it cannot
+    identify; verdicts kept per connection."""
 
     def __init__(
-        self, run_uids: frozenset[int] = frozenset(), skip: frozenset[int] | None = None
+        self, run_uids: Container[int] = frozenset(), skip: frozenset[int] | None = None
     ) -> None:
         self.run_uids = run_uids
         self.skip = frozenset({os.getpid()}) if skip is None else skip
-        self._verdicts: dict[int, str | None] = {}
+        # (peer, us) -> (the peer socket's inode, the verdict)
+        self._verdicts: dict[tuple[tuple[str, int], tuple[str, int]], tuple[int, str | None]] = {}
 
-    def refusal(self, peer: tuple[str, int], us: tuple[str, int]) -> str | None:
-        """Why the peer at ``peer`` (connected to ``us``) may not use the console."""
+    def refusal(
+        self, peer: tuple[str, int], us: tuple[str, int], *, fresh: bool = True
+    ) -> str | None:
+        """Why the peer at ``peer`` (connected to ``us``) may not use the console.
+        ``fresh``: examine its holders now (a request that acts); else the
+        connection's last verdict may do."""
         sock = find_socket(peer, us)
         if sock is None:
-            return None  # not a socket of this machine: nobody's run
-        if sock.inode in self._verdicts:
-            return self._verdicts[sock.inode]
-        if sock.inode == 0:
-            return "its process cannot be examined (its socket has no inode)"
-        pid = holder(sock, self.skip)
-        if pid is None:
-            why: str | None = "its process cannot be examined (no process holds its socket)"
-        else:
-            why = examine_process(pid, sock.uid, self.run_uids)
+            # not in this machine's tables: gone (refused), or on another machine
+            return GONE if is_local(peer[0]) else None
+        if sock.inode == 0:  # closed on its side, left to the kernel (TIME_WAIT…)
+            return GONE
+        key = (peer, us)
+        kept = self._verdicts.get(key)
+        if kept is not None and kept[0] == sock.inode and (kept[1] is not None or not fresh):
+            return kept[1]  # a refusal sticks to its connection
+        why = self._examine(sock)
         if len(self._verdicts) >= KEEP:
             self._verdicts.clear()
-        self._verdicts[sock.inode] = why
+        self._verdicts[key] = (sock.inode, why)
         return why
+
+    def _examine(self, sock: TcpSocket) -> str | None:
+        pids = holders(sock, self.skip)
+        if not pids:
+            return "its process cannot be examined (no process holds its socket)"
+        for pid in pids:
+            why = examine_process(pid, sock.uid, self.run_uids)
+            if why is not None:
+                return why
+        return None

@@ -23,8 +23,9 @@ import structlog
 from aiohttp import web
 
 from sessiond.errors import SessiondError
+from sessiond.ipc.peers import RunUids
 from sessiond.syscalls.kernel import Kernel
-from sessiond.web.auth import Auth, Handler, Login
+from sessiond.web.auth import Auth, Handler, Login, connected
 from sessiond.web.cluster import ClusterView
 from sessiond.web.metrics import Metrics
 from sessiond.web.peers import WebPeers
@@ -78,7 +79,8 @@ class WebServer:
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
         run_user = kernel.config.run.identity()
-        peers = WebPeers(frozenset({run_user[0]}) if run_user is not None else frozenset())
+        # the same uids as the control socket's: the [run] user, the dynamic range
+        peers = WebPeers(RunUids({run_user[0]} if run_user is not None else ()))
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
         # the whole cluster's sessions on a cluster node (its forward set by the daemon)
@@ -103,6 +105,7 @@ class WebServer:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         why = await self.auth.run_refusal(request)
         if why is not None:
+            log.info("web.refused", path=request.path, method=request.method, why=why)
             return self._refuse(
                 request, "permission_denied",
                 f"refused: {why}. The web console is for people; a session's program "
@@ -151,7 +154,9 @@ class WebServer:
         return error_json(code, message, status)
 
     def who(self, request: web.Request) -> dict[str, Any]:
-        """Who acts, as the syscalls record it: the login's user on the web channel."""
+        """Who acts, as the syscalls record it: the login's user on the web channel.
+        Only while the request's connection is open (a peer gone acts on nothing)."""
+        connected(request)
         login = request[LOGIN]
         return {"uid": login.uid, "user": login.user, "channel": "web"}
 

@@ -4,11 +4,15 @@ processes: a peer that cannot be examined, or that is a run's, may only ping."""
 from __future__ import annotations
 
 import os
+import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
-from sessiond.ipc.runpeer import examine
+from sessiond.ipc.peers import DYNAMIC_UIDS, RunUids
+from sessiond.ipc.runpeer import ONLY_PING, Examiner, examine, examine_process
 
 
 def test_this_process_is_an_operator() -> None:
@@ -44,3 +48,82 @@ def test_a_process_carrying_a_run_mark_or_of_the_run_user_may_only_ping() -> Non
             marked.communicate(b"\n", timeout=30)
         by_uid = examine(a, os.getpid(), 65534, frozenset({65534})) or ""
         assert "uid 65534 is the [run] user" in by_uid
+
+
+def test_an_exited_process_not_yet_reaped_cannot_be_examined() -> None:
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # exited, not reaped: its /proc entry stays, with no environment to read
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)
+        why = examine_process(zombie.pid, os.getuid(), frozenset()) or ""
+        assert why == "its process cannot be examined (it has exited)"
+    finally:
+        zombie.wait()
+
+
+def test_a_uid_of_the_dynamic_range_is_a_run_s_whatever_else() -> None:
+    uids = RunUids()
+    assert 458752 in uids
+    assert 524287 in uids
+    assert 524288 not in uids
+    assert 0 not in uids
+    assert os.getuid() not in uids or os.getuid() in DYNAMIC_UIDS
+    a, b = socket.socketpair()
+    with a, b:
+        why = examine(a, os.getpid(), 460000, uids) or ""
+        assert "uid 460000 is the [run] user programs run as, or a uid runs are given" in why
+
+
+def test_a_connection_whose_process_is_gone_is_refused_at_its_next_request() -> None:
+    """The verdict is taken at each request, pinned to the process that connected.
+    (The peer is no child of this process, which stands for the daemon here: a
+    shell starts it in the background and exits, so it is PID 1's.)"""
+    folder = tempfile.mkdtemp(prefix="sd-", dir="/tmp")  # a socket path AF_UNIX takes
+    path = os.path.join(folder, "s.sock")
+    code = (
+        "import os, socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+        "print(os.getpid(), flush=True); sys.stdin.readline()"
+    )
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        background = 'exec 3<&0; "$0" -c "$1" "$2" <&3 3<&- &'  # its stdin: our pipe
+        with subprocess.Popen(["sh", "-c", background, sys.executable, code, path],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) as shell:  # fmt: skip
+            assert shell.stdout is not None
+            assert shell.stdin is not None
+            pid = int(shell.stdout.readline())
+            shell.wait(30)
+            conn, _ = listener.accept()
+            examiner = Examiner(conn, pid, os.getuid(), frozenset())
+            pidfd = os.pidfd_open(pid)
+            try:
+                assert examiner.refusal() is None  # alive, and clean: an operator's
+                shell.stdin.write(b"\n")
+                shell.stdin.close()
+                select.select([pidfd], [], [], 30)  # readable once it has exited
+                # exited (a zombie until PID 1 reaps it) or gone: either way refused
+                assert "its process cannot be examined (it " in (examiner.refusal() or "")
+            finally:
+                os.close(pidfd)
+                examiner.close()
+                conn.close()
+    shutil.rmtree(folder)
+
+
+def test_a_child_of_the_daemon_is_no_operator() -> None:
+    """What the daemon starts (or adopts: it is a subreaper) is a run's."""
+    code = "import sys; print('ready', flush=True); sys.stdin.readline()"
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE) as child:  # fmt: skip
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
+        a, b = socket.socketpair()
+        try:
+            assert examine(a, child.pid, os.getuid(), frozenset()) == ONLY_PING.format(
+                why="it descends from the sessiond daemon itself: it is a process of a run"
+            )
+        finally:
+            a.close()
+            b.close()
+            child.communicate(b"\n", timeout=30)
