@@ -28,7 +28,14 @@ import structlog
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
 from sessiond.daemon.placement import Placer, refused
-from sessiond.errors import InvalidInput, LogLocked, Refused, SessiondError, StorageError
+from sessiond.errors import (
+    InvalidInput,
+    LogLocked,
+    Refused,
+    SessiondError,
+    StorageError,
+    recognise,
+)
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.syscalls.kernel import Kernel
@@ -83,6 +90,9 @@ def make_store(
             "[cluster] dsn is set but psycopg is not installed: install sessiond with the "
             "'cluster' extra (pip install 'sessiond[cluster]')"
         ) from exc
+    from sessiond.log.store.pg.reach import is_gone, recogniser, unavailable
+
+    recognise(recogniser(cluster.dsn, cluster.node))  # its errors, said as such
     try:
         store = PgStore(
             cluster.dsn,
@@ -97,6 +107,8 @@ def make_store(
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
     except psycopg.Error as exc:
+        if is_gone(exc):  # a temporary failure: the node exits 75, to be started again
+            raise unavailable(cluster.dsn, cluster.node, exc) from exc
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
     return store, LeaseKeeper(store)
