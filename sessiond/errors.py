@@ -186,6 +186,15 @@ class HandedOver(LogFailed):
     exit_code = 1
 
 
+class CommitLost(LogFailed):
+    """A cluster: the database went away during a commit (stopped, restarting,
+    unreachable). Whether it was written is known only when the log is opened
+    again (a new claim and a replay); sessionctl exits 6, as for the database away."""
+
+    code = "commit_lost"
+    exit_code = 6
+
+
 class StorageFull(StorageError):
     """The file system is full (ENOSPC) or over quota; nothing partial was kept."""
 
