@@ -123,6 +123,9 @@ install:
 	    -e 's|/etc/sessiond/sessiond.toml|$(CONFDIR)/sessiond.toml|' \
 	    systemd/sessiond.service > $(UNITDIR)/sessiond.service
 	install -m 0644 systemd/sessiond.socket $(UNITDIR)/sessiond.socket
+	sed -e 's|/usr/local/bin/sessiond|$(PREFIX)/bin/sessiond|' \
+	    -e 's|/etc/sessiond/%i.toml|$(CONFDIR)/%i.toml|' \
+	    'systemd/sessiond@.service' > '$(UNITDIR)/sessiond@.service'
 	test -f $(CONFDIR)/sessiond.toml || sed \
 	    -e 's|^state_dir = .*|# state_dir: /var/lib/sessiond (the default as a service)|' \
 	    -e 's|^socket = .*|# socket: /run/sessiond/sessiond.sock (the default as a service)|' \
