@@ -44,6 +44,7 @@ from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.wake.triggers import Triggers, wall_clock
+from sessiond.wire import leave_last_word
 
 if TYPE_CHECKING:
     from sessiond.daemon.cluster import LeaseKeeper
@@ -506,6 +507,8 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
         return LEASE_LOST_EXIT
     except DatabaseUnavailable as exc:  # a temporary failure (75): start it again later
         print(f"sessiond: {exc}", file=sys.stderr)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        leave_last_word(config.socket, f"at {stamp} the node could not start: {exc}")
         return LEASE_LOST_EXIT
     except SessiondError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)

@@ -90,6 +90,42 @@ def test_a_node_that_cannot_reach_its_database_at_start_exits_75_naming_it() -> 
         text = " ".join(str(line.get("text", "")) for line in daemon.lines)
         assert "the cluster's database is not reachable from node 'n1'" in text, daemon.lines
         assert f"database 'sessiond' at {nowhere}" in text
+        # While it is down, sessionctl says why it ended, not only "not reachable".
+        done = daemon.ctl("ps")
+        assert done.returncode == 3
+        assert "the daemon is not reachable" in done.stderr
+        assert "Its last word: at " in done.stderr
+        assert "the node could not start: the cluster's database is not reachable" in done.stderr
     finally:
         daemon.reap()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_that_ended_for_its_database_says_so_while_it_is_down(
+    pg_dsn: str, postgres: LocalPostgres
+) -> None:
+    """The database stops under a node with a short lease: it ends (75), and until
+    it is back `sessionctl` names the database, not only "not reachable"; once the
+    node answers again, the note is gone."""
+    daemon = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n1"\nlease_ttl = "2s"\n')
+    try:
+        daemon.start()
+        assert daemon.proc is not None
+        postgres.stop()
+        try:
+            assert daemon.proc.wait(30) == LEASE_LOST_EXIT
+            done = daemon.ctl("ps")
+            assert done.returncode == 3
+            assert "Its last word: at " in done.stderr
+            assert "node 'n1' ended (exit 75)" in done.stderr
+            assert "Is the cluster's database (database 't" in done.stderr
+            assert f" at {postgres.sock}) up?" in done.stderr
+        finally:
+            postgres.start()
+        daemon.start()  # as its supervisor would
+        done = daemon.ctl("ps")
+        assert done.returncode == 0, done.stderr
+        assert not (daemon.root / "s.sock.ended").exists()
+    finally:
+        daemon.reap()
+        shutil.rmtree(daemon.root, ignore_errors=True)
