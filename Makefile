@@ -37,7 +37,8 @@ run: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
 # A local cluster: a PostgreSQL from the machine's binaries (initdb into
-# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it.
+# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it,
+# each started again when it exits (after a PostgreSQL restart too).
 cluster: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sessiond.localpg state/cluster
 

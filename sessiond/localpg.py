@@ -318,8 +318,8 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
         print(f"  SESSIOND_SOCKET={other} sessionctl ps   # any node lists the whole cluster")
         print(
             f"  kill -9 {first.pid}; sleep 5; SESSIOND_SOCKET={other} sessionctl ps"
-            f"   # hello moves to another node within lease_ttl ({lease_ttl});"
-            " node1 is started again here"
+            f"   # hello moves to another node within lease_ttl ({lease_ttl}),"
+            " or node1, started again here, claims it back"
         )
         print("Nodes that exit are started again (and it says so here), after a PostgreSQL")
         print(f"restart too: {server.restart_command()}", flush=True)
