@@ -9,11 +9,14 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
+import psycopg
+import psycopg_pool
 import pytest
 
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
 from sessiond.errors import DatabaseUnavailable
 from sessiond.localpg import LocalPostgres
+from sessiond.log.store.pg.reach import is_gone, where
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 JOB = """name = "job"
@@ -129,3 +132,25 @@ def test_a_node_that_ended_for_its_database_says_so_while_it_is_down(
     finally:
         daemon.reap()
         shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("exc", "gone"),
+    [
+        (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),
+        (psycopg.OperationalError("connection failed: No such file or directory"), True),
+        (psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"), True),
+        (psycopg.errors.QueryCanceled("canceling statement"), False),  # it answered
+        (psycopg.errors.UniqueViolation("duplicate key"), False),
+        (ValueError("not a database error"), False),
+    ],
+)
+def test_which_errors_mean_the_database_is_away(exc: Exception, gone: bool) -> None:
+    assert is_gone(exc) is gone
+
+
+def test_the_database_is_named_without_its_password() -> None:
+    said = where("postgresql://ann:s3cret@db.example:5433/app")
+    assert said == "database 'app' at db.example:5433"
+    assert where("host=/run/pg dbname=x password=p") == "database 'x' at /run/pg"
