@@ -37,7 +37,8 @@ run: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
 # A local cluster: a PostgreSQL from the machine's binaries (initdb into
-# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it.
+# state/cluster/postgres, Unix socket only, fsync on) and three nodes on it,
+# each started again when it exits (after a PostgreSQL restart too).
 cluster: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m sessiond.localpg state/cluster
 
@@ -123,6 +124,9 @@ install:
 	    -e 's|/etc/sessiond/sessiond.toml|$(CONFDIR)/sessiond.toml|' \
 	    systemd/sessiond.service > $(UNITDIR)/sessiond.service
 	install -m 0644 systemd/sessiond.socket $(UNITDIR)/sessiond.socket
+	sed -e 's|/usr/local/bin/sessiond|$(PREFIX)/bin/sessiond|' \
+	    -e 's|/etc/sessiond/%i.toml|$(CONFDIR)/%i.toml|' \
+	    'systemd/sessiond@.service' > '$(UNITDIR)/sessiond@.service'
 	test -f $(CONFDIR)/sessiond.toml || sed \
 	    -e 's|^state_dir = .*|# state_dir: /var/lib/sessiond (the default as a service)|' \
 	    -e 's|^socket = .*|# socket: /run/sessiond/sessiond.sock (the default as a service)|' \

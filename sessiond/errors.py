@@ -7,6 +7,7 @@ the thing that was wrong and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 
@@ -122,6 +123,19 @@ class NodeUnavailable(SessiondError):
     exit_code = 3
 
 
+# --- the cluster's database is not reachable (exit 6) -----------------------------
+
+
+class DatabaseUnavailable(SessiondError):
+    """A cluster: the PostgreSQL database the nodes share does not answer (stopped,
+    restarting, unreachable). Nothing was done; the same request works again once
+    it is back. A node ends (exit 75) when it cannot renew its lease meanwhile, and
+    its supervisor starts it again."""
+
+    code = "database_unavailable"
+    exit_code = 6
+
+
 # --- storage ----------------------------------------------------------------------
 
 
@@ -172,6 +186,15 @@ class HandedOver(LogFailed):
     exit_code = 1
 
 
+class CommitLost(LogFailed):
+    """A cluster: the database went away during a commit (stopped, restarting,
+    unreachable). Whether it was written is known only when the log is opened
+    again (a new claim and a replay); sessionctl exits 6, as for the database away."""
+
+    code = "commit_lost"
+    exit_code = 6
+
+
 class StorageFull(StorageError):
     """The file system is full (ENOSPC) or over quota; nothing partial was kept."""
 
@@ -195,3 +218,25 @@ class Fenced(LogFailed):
     another node claimed the session (a newer epoch). Nothing was written."""
 
     code = "fenced"
+
+
+# --- errors of optional parts, recognised ------------------------------------------
+
+# How the optional parts' own exceptions become ours: a cluster node registers how
+# to recognise its database's connection errors (psycopg is imported only there),
+# and every catch-all asks here before it calls an exception a bug.
+_recognisers: list[Callable[[BaseException], SessiondError | None]] = []
+
+
+def recognise(how: Callable[[BaseException], SessiondError | None]) -> None:
+    """Register ``how``: an exception it knows becomes the error it returns."""
+    _recognisers.append(how)
+
+
+def recognised(exc: BaseException) -> SessiondError | None:
+    """The SessiondError ``exc`` stands for, if a registered part knows it."""
+    for how in _recognisers:
+        found = how(exc)
+        if found is not None:
+            return found
+    return None

@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -128,6 +129,11 @@ class LocalPostgres:
         if done.returncode != 0 and "already exists" not in done.stderr:
             raise RuntimeError(f"createdb {name} failed: {done.stderr.strip()}")
 
+    def restart_command(self) -> str:
+        """What a person types to restart the server (its options are kept)."""
+        as_user = "runuser -u postgres -- " if os.geteuid() == 0 else ""
+        return f"{as_user}{self.bin / 'pg_ctl'} restart -D {self.data} -m fast"
+
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
             self._run(str(self.bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast")
@@ -141,31 +147,143 @@ def start(folder: Path) -> LocalPostgres:
     return server
 
 
-def _wait_ready(folder: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-    """Until every node listens (its socket is there), so what is printed works at
+def _answers(sock: Path) -> bool:
+    """A daemon listens on ``sock`` (a file left by a killed one refuses)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+# Why a node ended, by its exit code (sessiond's: daemon/service.py, daemon/cluster.py).
+ENDINGS = {
+    1: "it could not start",
+    2: "its configuration was refused",
+    75: "its lease lapsed or the database was away",
+}
+# A node that keeps ending is started again after 1 s, 2 s, 4 s… at most this long.
+BACKOFF_MAX = 10.0
+
+
+class Node:
+    """One node of ``make cluster``: its process, started again whenever it fails."""
+
+    def __init__(self, folder: Path, index: int, dsn: str, lease_ttl: str) -> None:
+        import sys
+
+        self.name = f"node{index}"
+        self.home = folder / self.name
+        self.sock = self.home / "sessiond.sock"
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.home / "sessiond.toml").write_text(
+            f'[cluster]\ndsn = "{dsn}"\nnode = "{self.name}"\nlease_ttl = "{lease_ttl}"\n'
+            # one machine: every workspace is on every node's disk, so all fail over
+            'shared_paths = ["/"]\n'
+        )
+        self.argv = [
+            sys.executable,
+            "-m",
+            "sessiond.daemon.cli",
+            "--config",
+            str(self.home / "sessiond.toml"),
+            "--state-dir",
+            str(self.home / "state"),
+            "--socket",
+            str(self.sock),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.failures = 0  # in a row, since it last answered: the backoff
+        self.again_at: float | None = None  # when to start it again
+        self.answering = False
+
+    def start(self) -> None:
+        with open(self.home / "sessiond.log", "ab") as log:  # the child keeps its own
+            self.proc = subprocess.Popen(self.argv, stderr=log, stdin=subprocess.DEVNULL)
+        self.answering = False
+
+    def ending(self, code: int) -> str:
+        import signal
+
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        why = ENDINGS.get(code, f"see {self.home}/sessiond.log")
+        if code == 75:  # its last words say which
+            tail = (self.home / "sessiond.log").read_bytes()[-4000:]
+            last = tail.rstrip().rsplit(b"\n", 1)[-1]
+            if b"database is not reachable" in last:
+                why = "the database is not reachable"
+            elif b"lease_lost" in last:
+                why = "its lease lapsed"
+        return f"{code}: {why}"
+
+    def step(self, now: float, say: Callable[[str], None]) -> None:
+        """Look at the node once: say when it ended or is back; start it again when due."""
+        if self.proc is None:
+            if self.again_at is not None and now >= self.again_at:
+                self.again_at = None
+                self.start()
+            return
+        code = self.proc.poll()
+        if code is None:
+            if not self.answering and _answers(self.sock):
+                self.answering = True
+                if self.failures:
+                    say(f"node {self.name} is back (pid {self.proc.pid})")
+                self.failures = 0
+            return
+        self.proc = None
+        if code == 0:  # stopped on purpose (SIGTERM, Ctrl-C): as Restart=on-failure
+            say(f"node {self.name} stopped (exit 0); not restarting it")
+            return
+        delay = min(BACKOFF_MAX, 2.0**self.failures)
+        self.failures += 1
+        self.again_at = now + delay
+        say(f"node {self.name} exited ({self.ending(code)}); restarting in {delay:g} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def reap(self) -> None:
+        if self.proc is not None:
+            self.proc.wait(30)
+
+
+def _wait_ready(nodes: list[Node]) -> None:
+    """Until every node listens (its socket answers), so what is printed works at
     once; a node that exits first is named with its log."""
     import time
 
     deadline = time.monotonic() + 120
-    for i, proc in enumerate(procs, 1):
-        sock = folder / f"node{i}" / "sessiond.sock"
-        while not sock.exists():
-            if proc.poll() is not None:
+    for node in nodes:
+        assert node.proc is not None
+        while not _answers(node.sock):
+            if node.proc.poll() is not None:
                 raise RuntimeError(
-                    f"node{i} exited ({proc.returncode}): see {sock.parent}/sessiond.log"
+                    f"{node.name} exited ({node.proc.returncode}): see {node.home}/sessiond.log"
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"node{i} did not listen in 120 s: see {sock.parent}/sessiond.log"
+                    f"{node.name} did not listen in 120 s: see {node.home}/sessiond.log"
                 )
             time.sleep(0.1)  # a tool waiting for a process, not a test
+        node.answering = True
 
 
 def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
     """``make cluster``: a server under ``folder`` and ``nodes`` sessiond nodes on it,
-    in the foreground until Ctrl-C; prints what to try."""
+    in the foreground until Ctrl-C; prints what to try. It supervises the nodes:
+    one that fails (a lapsed lease, the database away, killed) is started again,
+    after a backoff of at most BACKOFF_MAX, and it says so."""
     import signal
     import sys
+    import threading
+    import time
 
     from sessiond.log.store.pg import schema
 
@@ -175,38 +293,22 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
         for path in (folder.parent, folder):
             os.chmod(path, os.stat(path).st_mode | 0o111)
     server = start(folder / "postgres")
-    procs: list[subprocess.Popen[bytes]] = []
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # reset to the default in the nodes (exec)
+        signal.signal(sig, lambda *_: stop.set())
+    members = [Node(folder, i, server.dsn, lease_ttl) for i in range(1, nodes + 1)]
     try:
         schema.migrate(server.dsn)
-        for i in range(1, nodes + 1):
-            home = folder / f"node{i}"
-            home.mkdir(mode=0o700, parents=True, exist_ok=True)
-            (home / "sessiond.toml").write_text(
-                f'[cluster]\ndsn = "{server.dsn}"\nnode = "node{i}"\nlease_ttl = "{lease_ttl}"\n'
-                # one machine: every workspace is on every node's disk, so all fail over
-                'shared_paths = ["/"]\n'
-            )
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "sessiond.daemon.cli",
-                        "--config",
-                        str(home / "sessiond.toml"),
-                        "--state-dir",
-                        str(home / "state"),
-                        "--socket",
-                        str(home / "sessiond.sock"),
-                    ],
-                    stderr=open(home / "sessiond.log", "ab"),  # noqa: SIM115 - the child keeps it
-                )
-            )
-        _wait_ready(folder, procs)
+        for node in members:
+            node.start()
+        _wait_ready(members)
         print(f"PostgreSQL: {server.dsn} (log: {folder}/postgres/server.log)")
-        for i, proc in enumerate(procs, 1):
-            print(f"node{i}: pid {proc.pid}, socket {folder}/node{i}/sessiond.sock")
+        for node in members:
+            assert node.proc is not None
+            print(f"{node.name}: pid {node.proc.pid}, socket {node.sock}")
         other = f"{folder}/node2/sessiond.sock"
+        first = members[0].proc
+        assert first is not None
         print("Try, in another terminal (Ctrl-C here stops the nodes and the database):")
         print(f"  export PATH={Path(sys.executable).parent}:$PATH")
         print(f"  export SESSIOND_SOCKET={folder}/node1/sessiond.sock")
@@ -215,22 +317,26 @@ def cluster(folder: Path, nodes: int = 3, lease_ttl: str = "3s") -> int:
         print("  sessionctl log --json hello      # every event names its node and epoch")
         print(f"  SESSIOND_SOCKET={other} sessionctl ps   # any node lists the whole cluster")
         print(
-            f"  kill -9 {procs[0].pid}; sleep 5; SESSIOND_SOCKET={other} sessionctl ps"
-            f"   # hello moves to another node within lease_ttl ({lease_ttl})"
+            f"  kill -9 {first.pid}; sleep 5; SESSIOND_SOCKET={other} sessionctl ps"
+            f"   # hello moves to another node within lease_ttl ({lease_ttl}),"
+            " or node1, started again here, claims it back"
         )
-        # Blocked first (after the nodes started: they must not inherit the mask),
-        # so that sigwait takes the signal instead of a handler.
-        stops = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-        signal.sigwait(stops)
-    except KeyboardInterrupt:
-        pass
+        print("Nodes that exit are started again (and it says so here), after a PostgreSQL")
+        print(f"restart too: {server.restart_command()}", flush=True)
+
+        def say(line: str) -> None:
+            print(line, flush=True)
+
+        while not stop.is_set():
+            now = time.monotonic()
+            for node in members:
+                node.step(now, say)
+            stop.wait(0.2)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            proc.wait(30)
+        for node in members:
+            node.stop()
+        for node in members:
+            node.reap()
         server.stop()
     return 0
 

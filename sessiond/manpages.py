@@ -26,6 +26,7 @@ EXIT_CODES = [
     ("3", "daemon not reachable"),
     ("4", "no such session"),
     ("5", "invalid input (bad spec, bad bundle, bad value)"),
+    ("6", "a cluster's database not reachable (the message names it)"),
     ("70", "internal error"),
 ]
 ENVIRONMENT = [

@@ -55,12 +55,41 @@ def encode(message: dict[str, Any]) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
 
 
+def last_word_path(socket: Path) -> Path:
+    """Where a daemon that ends on purpose (a cluster node whose lease lapsed or
+    whose database is away) leaves why, beside its socket, for sessionctl to show
+    while it is down; removed when it listens again."""
+    return socket.with_name(socket.name + ".ended")
+
+
+def leave_last_word(socket: Path, text: str) -> None:
+    """Write :func:`last_word_path` (whole or not at all; best effort: the daemon
+    is ending, and a note it cannot write must not stop that)."""
+    note = last_word_path(socket)
+    tmp = note.with_name(note.name + ".tmp")
+    try:
+        tmp.write_text(text[:2000] + "\n")
+        tmp.chmod(0o644)  # as readable as the folder lets the socket's users
+        tmp.replace(note)
+    except OSError:
+        pass
+
+
+def _last_word(path: Path) -> str:
+    try:
+        text = last_word_path(path).read_text(errors="replace")[:2000]
+    except OSError:
+        return ""
+    text = "".join(c if c.isprintable() else " " for c in text).strip()
+    return f". Its last word: {text}" if text else ""
+
+
 def _unreachable(path: Path, exc: OSError) -> RemoteError:
     return RemoteError(
         "unreachable",
         f"the daemon is not reachable at {path} ({exc.strerror or exc}); start it with "
         "'sessiond' (or 'systemctl start sessiond'), or point --socket / SESSIOND_SOCKET "
-        "at the socket it listens on",
+        f"at the socket it listens on{_last_word(path)}",
         3,
     )
 

@@ -4,7 +4,7 @@ Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is
 run by scripts and people all day; start-up time matters).
 
 Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
-session; 5 invalid input; 70 internal error.
+session; 5 invalid input; 6 a cluster's database not reachable; 70 internal error.
 """
 
 from __future__ import annotations

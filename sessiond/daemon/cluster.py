@@ -28,12 +28,20 @@ import structlog
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
 from sessiond.daemon.placement import Placer, refused
-from sessiond.errors import InvalidInput, LogLocked, Refused, SessiondError, StorageError
+from sessiond.errors import (
+    InvalidInput,
+    LogLocked,
+    Refused,
+    SessiondError,
+    StorageError,
+    recognise,
+)
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.wake.triggers import Triggers
+from sessiond.wire import leave_last_word
 
 if TYPE_CHECKING:
     from sessiond.daemon.mailbox import Mailbox
@@ -83,6 +91,9 @@ def make_store(
             "[cluster] dsn is set but psycopg is not installed: install sessiond with the "
             "'cluster' extra (pip install 'sessiond[cluster]')"
         ) from exc
+    from sessiond.log.store.pg.reach import is_gone, recogniser, unavailable, where
+
+    recognise(recogniser(cluster.dsn, cluster.node))  # its errors, said as such
     try:
         store = PgStore(
             cluster.dsn,
@@ -97,9 +108,11 @@ def make_store(
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
     except psycopg.Error as exc:
+        if is_gone(exc):  # a temporary failure: the node exits 75, to be started again
+            raise unavailable(cluster.dsn, cluster.node, exc) from exc
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
-    return store, LeaseKeeper(store)
+    return store, LeaseKeeper(store, socket=config.socket, database=where(cluster.dsn))
 
 
 def _check_node(name: str) -> None:
@@ -131,8 +144,11 @@ class LeaseKeeper:
     """Renews the node's lease every third of ``lease_ttl``; ends the node when it
     cannot."""
 
-    def __init__(self, store: PgStore) -> None:
+    def __init__(self, store: PgStore, *, socket: Path | None = None, database: str = "") -> None:
         self.store = store
+        self.socket = socket  # beside it, the last word when the lease is lost
+        self.database = database  # named in that last word
+        self.last_error = ""  # why the last renewal failed, if it did
         self._task: asyncio.Task[None] | None = None
         self._takeover: asyncio.Task[None] | None = None
         self._fence: Callable[[float], None] | None = None
@@ -177,6 +193,7 @@ class LeaseKeeper:
                 renewed = await asyncio.wait_for(lease.renew(pool), timeout=step)
             except Exception as exc:  # unreachable, slow: try again until the deadline
                 log.warning("cluster.renew_failed", error=repr(exc))
+                self.last_error = " ".join(str(exc).split()) or type(exc).__name__
                 renewed = None
             if renewed:
                 self._tell_fence()
@@ -375,6 +392,15 @@ class LeaseKeeper:
 
     def _lost(self, why: str) -> None:
         log.error("cluster.lease_lost", node=self.store.lease.name, why=why)
+        if self.socket is not None:  # what sessionctl says while the node is down
+            said = f"; the last renewal failed: {self.last_error}" if self.last_error else ""
+            leave_last_word(
+                self.socket,
+                f"at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} node "
+                f"{self.store.lease.name!r} ended (exit {LEASE_LOST_EXIT}): {why}{said}. Is "
+                f"the cluster's database ({self.database}) up? Its supervisor (systemd, "
+                "make cluster) starts the node again; it answers once the database does",
+            )
         # No graceful stop: every write would be refused anyway, and what matters
         # is that this node's programs stop before another node runs their sessions.
         os._exit(LEASE_LOST_EXIT)

@@ -36,7 +36,7 @@ import structlog
 
 from sessiond.daemon.follows import FollowHints
 from sessiond.daemon.placement import placeholder
-from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError
+from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError, recognised
 from sessiond.ipc.dispatch import Dispatch
 from sessiond.ipc.forwarding import ROUTED, error_of
 from sessiond.ipc.tail import Tail
@@ -356,15 +356,19 @@ class Forward:
                 "error": {"code": exc.code, "message": str(exc), "exit": exc.exit_code},
             }
         except Exception as exc:
-            log.exception("forward.request_failed", request=request, method=method)
-            reply = {
-                "ok": False,
-                "error": {
+            known = recognised(exc)  # the cluster's database away, not a bug
+            if known is None:
+                log.exception("forward.request_failed", request=request, method=method)
+            error = (
+                {"code": known.code, "message": str(known), "exit": known.exit_code}
+                if known is not None
+                else {
                     "code": "internal",
                     "message": f"internal error on node {self.lease.name}: "
                     f"{type(exc).__name__}: {exc}; this is a bug in sessiond",
                     "exit": 70,
-                },
-            }
+                }
+            )
+            reply = {"ok": False, "error": error}
         log.info("forward.carried", request=request, method=method, ok=reply["ok"])
         await asyncio.to_thread(self.requests.answer, request, reply)

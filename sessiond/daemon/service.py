@@ -31,7 +31,7 @@ from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.daemon.cluster import LEASE_LOST_EXIT, make_store
 from sessiond.daemon.faults import io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
-from sessiond.errors import Fenced, SessiondError
+from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
@@ -45,6 +45,7 @@ from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.wake.triggers import Triggers, wall_clock
+from sessiond.wire import leave_last_word
 
 if TYPE_CHECKING:
     from sessiond.daemon.cluster import LeaseKeeper
@@ -509,6 +510,11 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
             runner.run(serve(config, env))
     except Fenced as exc:  # the lease lapsed while stopping: as a lost lease ends
         print(f"sessiond: {exc}", file=sys.stderr)
+        return LEASE_LOST_EXIT
+    except DatabaseUnavailable as exc:  # a temporary failure (75): start it again later
+        print(f"sessiond: {exc}", file=sys.stderr)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        leave_last_word(config.socket, f"at {stamp} the node could not start: {exc}")
         return LEASE_LOST_EXIT
     except SessiondError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 import structlog
 
-from sessiond.errors import SessiondError
+from sessiond.errors import SessiondError, recognised
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.forwarding import Forwarding
@@ -207,6 +207,23 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
     }
 
 
+def failed(request_id: Any, exc: Exception) -> dict[str, Any]:
+    """The answer to a request that raised what is not a SessiondError: one a part
+    recognises (the cluster's database away), else a bug, logged."""
+    known = recognised(exc)
+    if known is not None:
+        log.warning("request.failed", error=str(known))
+        return error(request_id, known.code, str(known), known.exit_code)
+    log.exception("request.failed")
+    return error(
+        request_id,
+        "internal",
+        f"internal error: {type(exc).__name__}: {exc}; "
+        "this is a bug in sessiond, the daemon log has the details",
+        70,
+    )
+
+
 class Dispatch:
     """Answers one request frame on a connection: decode, check, call, reply."""
 
@@ -321,14 +338,4 @@ class Dispatch:
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            log.exception("request.failed")
-            await reply(
-                writer,
-                error(
-                    request_id,
-                    "internal",
-                    f"internal error: {type(exc).__name__}: {exc}; "
-                    "this is a bug in sessiond, the daemon log has the details",
-                    70,
-                ),
-            )
+            await reply(writer, failed(request_id, exc))

@@ -29,6 +29,7 @@ from sessiond.ipc.peers import Peer, Peers
 from sessiond.ipc.runpeer import Examiner
 from sessiond.paths import program_socket
 from sessiond.syscalls.kernel import Kernel
+from sessiond.wire import last_word_path
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +68,8 @@ class Server:
     async def start(self, activated: socket.socket | None = None) -> None:
         if self.endpoint == "control":
             self.dispatch.bundles.prepare()
+            # why an earlier run of it ended: stale from now on (wire.py)
+            last_word_path(self.path).unlink(missing_ok=True)
         if activated is not None:
             # Socket activation: systemd made the socket (and its mode); we serve it.
             self.activated = True

@@ -425,6 +425,8 @@ class Starter:
         env["SESSIOND_MODEL"] = profile.model
         env.update(secrets)
         env["SESSIOND_TURN"] = str(turn)  # the same in every run of the turn
+        if self.ctx.config.cluster.dsn is not None:  # a cluster: which node runs it
+            env["SESSIOND_NODE"] = self.ctx.config.cluster.node
         env.update(agent_env(spec, self.ctx.config.state_dir, s.name))
         masked = set(secrets.values())
         user = self.ctx.config.run.identity()

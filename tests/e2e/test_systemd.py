@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sessiond.daemon.cluster import LEASE_LOST_EXIT
 from tests.e2e.harness import SESSIONCTL, SESSIOND, Daemon, short_dir
 
 ROOT = Path(__file__).parents[2]
@@ -112,8 +113,8 @@ def test_socket_activation_serves_the_socket_systemd_passes() -> None:
 )
 @pytest.mark.parametrize(
     "units",
-    [["sessiond.service", "sessiond.socket"], ["user/sessiond.service"]],
-    ids=["system", "user"],
+    [["sessiond.service", "sessiond.socket"], ["user/sessiond.service"], ["sessiond@.service"]],
+    ids=["system", "user", "cluster-node"],
 )
 def test_the_unit_files_pass_systemd_analyze_verify(units: list[str], tmp_path: Path) -> None:
     paths = []
@@ -122,7 +123,8 @@ def test_the_unit_files_pass_systemd_analyze_verify(units: list[str], tmp_path: 
         # As `make install` writes them: the real path of the installed sessiond.
         text = text.replace("/usr/local/bin/sessiond", SESSIOND)
         text = text.replace("%h/.local/bin/sessiond", SESSIOND)
-        target = tmp_path / Path(unit).name
+        # A template is checked as an instance of it, its %i filled in.
+        target = tmp_path / Path(unit).name.replace("@.", "@node1.")
         target.write_text(text)
         paths.append(str(target))
     done = subprocess.run(
@@ -136,7 +138,7 @@ def test_the_unit_files_pass_systemd_analyze_verify(units: list[str], tmp_path: 
     assert "sessiond" not in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("unit", ["sessiond.service", "user/sessiond.service"])
+@pytest.mark.parametrize("unit", ["sessiond.service", "user/sessiond.service", "sessiond@.service"])
 def test_the_units_delegate_a_cgroup_the_daemon_can_write(unit: str) -> None:
     """Delegate=yes gives each run a cgroup only if /sys/fs/cgroup stays writable:
     ProtectControlGroups=yes (or strict) would mount it read-only."""
@@ -145,3 +147,19 @@ def test_the_units_delegate_a_cgroup_the_daemon_can_write(unit: str) -> None:
     assert "Delegate=yes" in settings
     protect = [x for x in settings if x.startswith("ProtectControlGroups=")]
     assert protect in ([], ["ProtectControlGroups=no"]), protect
+
+
+def test_the_cluster_node_template_starts_a_node_again_when_it_exits_75() -> None:
+    """A node ends with 75 when its lease lapses or its database is away
+    (daemon/cluster.py): the template restarts it for that, without a start limit
+    that would give up while the database is down, and not for a refused config."""
+    lines = [x.strip() for x in (ROOT / "systemd" / "sessiond@.service").read_text().splitlines()]
+    settings = [x for x in lines if x and not x.startswith("#")]
+    assert LEASE_LOST_EXIT == 75
+    assert "Restart=on-failure" in settings
+    assert f"RestartForceExitStatus={LEASE_LOST_EXIT}" in settings
+    assert "StartLimitIntervalSec=0" in settings
+    assert "RestartPreventExitStatus=2" in settings
+    start = next(x for x in settings if x.startswith("ExecStart="))
+    assert "--config /etc/sessiond/%i.toml" in start
+    assert "--socket /run/sessiond/%i/sessiond.sock" in start

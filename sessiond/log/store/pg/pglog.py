@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 
 from sessiond.codec import Clock, decode_line
-from sessiond.errors import Fenced, HandedOver, LogCorrupt, LogFailed
+from sessiond.errors import CommitLost, Fenced, HandedOver, LogCorrupt, LogFailed
 from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import (
     START,
@@ -44,6 +44,7 @@ from sessiond.log.store.lines import RecordBuilder
 from sessiond.log.store.pg.committer import Batch, Committer
 from sessiond.log.store.pg.nodes import Lease
 from sessiond.log.store.pg.once import Keys, keys_of
+from sessiond.log.store.pg.reach import is_gone
 
 READ_BATCH = 1000  # events a query of a reader fetches at most
 
@@ -123,6 +124,7 @@ class PgEventLog(EventLog):
         self._recovered = False
         self._closed = False
         self._failed: str | None = None
+        self._failed_as: type[LogFailed] = LogFailed  # CommitLost: the database went away
 
     @property
     def position(self) -> LogPosition:
@@ -169,7 +171,9 @@ class PgEventLog(EventLog):
         if self._closed:
             raise LogFailed(f"the log of session {self.session!r} is closed; nothing was written")
         if self._failed is not None:
-            raise LogFailed(f"the log of session {self.session!r} takes no appends: {self._failed}")
+            raise self._failed_as(
+                f"the log of session {self.session!r} takes no appends: {self._failed}"
+            )
         records, buf = self._builder.build(self._pos.seq, drafts)
         if not records:
             return Pending([], self._pos)
@@ -183,7 +187,7 @@ class PgEventLog(EventLog):
         if self._durable.seq >= pending.position.seq:
             return
         if self._failed is not None:
-            raise LogFailed(f"the log of session {self.session!r}: {self._failed}")
+            raise self._failed_as(f"the log of session {self.session!r}: {self._failed}")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((pending.position.seq, done))
         self._want()
@@ -267,6 +271,14 @@ class PgEventLog(EventLog):
         if isinstance(exc, Fenced):
             self._failed = str(exc)
             error: LogFailed = exc
+        elif is_gone(exc):
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            self._failed = (
+                f"the cluster's database went away during a commit ({why}); whether it was "
+                "written is known when the log is opened again (the node's next start does)"
+            )
+            error = CommitLost(f"the log of session {self.session!r}: {self._failed}")
+            self._failed_as = CommitLost  # and every later append: the database went away
         else:
             why = "a database error" if isinstance(exc, psycopg.Error) else "an error"
             self._failed = f"{why} during a commit ({exc!r}); reopen the log to know its end"

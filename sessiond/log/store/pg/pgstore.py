@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
@@ -42,6 +42,7 @@ from sessiond.log.store.pg.once import commit_once, ends
 from sessiond.log.store.pg.pglog import PgEventLog, read_events
 from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
 from sessiond.log.store.pg.placement import PLACE, PlacementQueries, fits
+from sessiond.log.store.pg.reach import AsyncPool, Pool
 from sessiond.names import check_name
 
 CREATE = """
@@ -95,7 +96,7 @@ class PgStore(PlacementQueries, Store):
         # "pool initialization incomplete".
         with psycopg.connect(dsn, **self._kwargs, **_connect_timeout(dsn)) as conn:
             schema.check(conn)
-        self._sync = ConnectionPool(
+        self._sync = Pool(
             dsn, min_size=1, max_size=4, kwargs=self._kwargs, open=False, name="sessiond-read"
         )
         self._sync.open(wait=True, timeout=30)
@@ -132,7 +133,7 @@ class PgStore(PlacementQueries, Store):
         if self._apool is not None and self._apool_loop is not loop:
             raise RuntimeError("the store's connections belong to another event loop")
         if self._apool is None:
-            pool = AsyncConnectionPool(
+            pool = AsyncPool(
                 self.dsn,
                 min_size=1,
                 max_size=self.pool_size,

@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
+from sessiond.log.store.pg.reach import Pool
 from sessiond.names import check_name
 
 REQUESTS = "sessiond_requests"
@@ -93,7 +93,7 @@ class Requests:
 
     def __init__(self, dsn: str, *, node: str, prepared: bool = True) -> None:
         self.node = node
-        self._pool = ConnectionPool(
+        self._pool = Pool(
             dsn,
             min_size=1,
             max_size=4,
