@@ -77,7 +77,8 @@ example-claude-code: $(STAMP) agents
 	$(BIN)/python examples/claude-code/offline.py
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
-# (tests/faults/faultfs.py, FUSE); about an hour on 2 shared cores. `make test` runs 6.
+# (tests/faults/faultfs.py, FUSE), then 20 rounds with durability os: about 75 minutes
+# on 2 shared cores (last measured: 4,189 s + 234 s; bench/README.md). `make test` runs 6 + 2.
 # Prints the invariant table; fails if one does not hold.
 FAULT_ROUNDS ?= 200
 faults: $(STAMP)
