@@ -191,8 +191,15 @@ def test_handoff_forks_a_child_that_reports_back_and_is_merged() -> None:
         parent = settled(d, "handoff", since=merged["seq"])
         assert (parent["state"], parent["reason"]) == ("sleeping", "last run: exit 0")
         assert [(r["run"], r["status"]) for r in runs(d, "handoff")] == [("r1", "ok"), ("r2", "ok")]
-        forked = d.json("log", "handoff-side", "--type", "session.forked")[0]["seq"]
+        fork = d.json("log", "handoff-side", "--type", "session.forked")[0]
+        forked, at = fork["seq"], fork["data"]["at_seq"]
         assert len(runs(d, "handoff-side", since=forked)) == 1  # its one run after the fork
+        # the parent's command, open at the fork, is not called interrupted in the child
+        closed = d.json("log", "handoff-side", "--type", "observation.projected")[0]["data"]
+        assert closed["text"] == (
+            f"command had not finished in handoff when this session was forked from it at "
+            f"seq {at}; this session goes on with that turn, and it is safe to run again"
+        )
         reports = [
             r["data"]["text"]
             for r in d.json("log", "handoff", "--type", "message.received")
