@@ -33,7 +33,7 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl activate deploy    # blocked: approval pending"
 	@echo "  grep -o '\"approve_url\":\"[^\"]*' state/notices.jsonl | tail -n1 | cut -d'\"' -f4"
 	@echo "  $(BIN)/sessionctl notify    # the notify target's state: delivered, pending"
-	@echo "Open that link in a browser and confirm: deploy runs once (or: sessionctl approve deploy)."
+	@echo "Open that link in a browser and confirm: deploy runs once (or: $(BIN)/sessionctl approve deploy)."
 	@echo "Traces: each session's OpenTelemetry spans, from its log, as OTLP JSON:"
 	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
 	@echo
