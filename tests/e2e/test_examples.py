@@ -109,12 +109,12 @@ def test_payroll_reruns_on_new_rates_and_catches_up_a_missed_month() -> None:
         d.stop()
         d.config.write_text('log_format = "json"\nclock_offset = 3456000\n')  # 40 days on
         d.start()
-        wait_event(d, "payroll", "run.finished", since=finished["seq"] + 1)
+        caught_up = wait_event(d, "payroll", "run.finished", since=finished["seq"] + 1)
         assert (example / "payroll.log").read_text().split() == ["dependency", "cron"]
         cron = d.json("log", "payroll", "--type", "wake.requested")[-1]["data"]
         assert cron["details"]["catch_up"] is True
         # caught up once, then asleep until the next 1st
-        assert settled(d, "payroll", since=finished["seq"] + 1)["state"] == "sleeping"
+        assert settled(d, "payroll", since=caught_up["seq"])["state"] == "sleeping"
         assert [r["status"] for r in runs(d, "payroll")] == ["ok", "ok"]
         d.stop()
     finally:
