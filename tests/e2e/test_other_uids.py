@@ -52,14 +52,18 @@ def test_a_program_in_a_closed_folder_is_run_by_another_uid_from_its_copy() -> N
         shutil.rmtree(closed, ignore_errors=True)
 
 
-def test_closed_to_others_names_the_first_folder_others_cannot_search(tmp_path: Path) -> None:
-    outer = tmp_path / "outer"
-    inner = outer / "inner"
-    inner.mkdir(parents=True)
-    os.chmod(tmp_path, 0o755)
-    os.chmod(outer, 0o700)
-    os.chmod(inner, 0o755)
-    expected = closed_to_others(tmp_path)  # whatever pytest's own folders are
-    assert closed_to_others(inner / "f.py") == (expected or outer)
-    os.chmod(outer, 0o711)  # searchable is enough
-    assert closed_to_others(inner) == expected
+def test_closed_to_others_names_the_first_folder_others_cannot_search() -> None:
+    top = short_dir()  # under /tmp, which others may search
+    try:
+        inner = top / "outer" / "inner"
+        inner.mkdir(parents=True)
+        os.chmod(top, 0o755)
+        os.chmod(top / "outer", 0o700)
+        assert closed_to_others(inner / "f.py") == top / "outer"
+        assert closed_to_others(top / "outer") == top / "outer"  # a folder: itself too
+        os.chmod(top / "outer", 0o711)  # searchable is enough
+        assert closed_to_others(inner / "f.py") is None
+        os.chmod(inner, 0o700)
+        assert closed_to_others(inner) == inner
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
