@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	@echo "Starting sessiond in the foreground with config/sessiond.toml (Ctrl-C stops it)."
 	@echo "Sessions from config/sessions/ are loaded; the state is in $(CURDIR)/state."
-	@echo "In another terminal, try:"
-	@echo "  export SESSIOND_SOCKET=$(CURDIR)/state/sessiond.sock"
+	@echo "In another terminal, try (each line as written; tests/e2e/test_make_run.py runs them):"
+	@echo "  cd '$(CURDIR)' && export SESSIOND_SOCKET='$(CURDIR)/state/sessiond.sock'"
 	@echo "  $(BIN)/sessionctl ps"
 	@echo "  $(BIN)/sessionctl activate hello && $(BIN)/sessionctl log hello"
 	@echo "  $(BIN)/sessionctl send hello 'wake up' && $(BIN)/sessionctl show hello"
@@ -26,11 +26,14 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl replay notes --view messages"
 	@echo "  $(BIN)/sessionctl fork notes --as side && $(BIN)/sessionctl merge side --summary done"
 	@echo "The web console listens on http://127.0.0.1:8765 ([web] in config/sessiond.toml):"
-	@echo "  $(BIN)/sessionctl web    prints a URL that logs you in"
-	@echo "  curl -s http://127.0.0.1:8765/metrics | grep ^sessiond_    Prometheus metrics"
-	@echo "Notifications are appended to state/notices.jsonl ([[notify]] jsonl://); an approval's carry links:"
-	@echo "  $(BIN)/sessionctl activate deploy && tail -n1 state/notices.jsonl    open its approve_url"
-	@echo "  $(BIN)/sessionctl notify                                             the target's state"
+	@echo "  $(BIN)/sessionctl web    # prints a URL that logs you in"
+	@echo "  curl -s http://127.0.0.1:8765/metrics | grep ^sessiond_    # Prometheus metrics"
+	@echo "Notices go to state/notices.jsonl ([[notify]] jsonl://); an approval's notice"
+	@echo "carries signed approve and deny links. The deploy session asks before it runs:"
+	@echo "  $(BIN)/sessionctl activate deploy    # blocked: approval pending"
+	@echo "  grep -o '\"approve_url\":\"[^\"]*' state/notices.jsonl | tail -n1 | cut -d'\"' -f4"
+	@echo "  $(BIN)/sessionctl notify    # the notify target's state: delivered, pending"
+	@echo "Open that link in a browser and confirm: deploy runs once (or: $(BIN)/sessionctl approve deploy)."
 	@echo "Traces: each session's OpenTelemetry spans, from its log, as OTLP JSON:"
 	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
 	@echo
@@ -75,7 +78,8 @@ example-claude-code: $(STAMP) agents
 	$(BIN)/python examples/claude-code/offline.py
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
-# (tests/faults/faultfs.py, FUSE); about an hour on 2 shared cores. `make test` runs 6.
+# (tests/faults/faultfs.py, FUSE), then 20 rounds with durability os: about 75 minutes
+# on 2 shared cores (last measured: 4,189 s + 234 s; bench/README.md). `make test` runs 6 + 2.
 # Prints the invariant table; fails if one does not hold.
 FAULT_ROUNDS ?= 200
 faults: $(STAMP)

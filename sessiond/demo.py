@@ -40,6 +40,7 @@ from sessiond.log.lineage import fork
 from sessiond.log.projections import messages, trace
 from sessiond.log.store.base import Draft
 from sessiond.log.store.files import FileStore
+from sessiond.logs import configure
 
 SPEC = """name = "payroll"
 goal = "Compute payroll/2026-11.csv from employees.csv and rates.csv"
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         "--state-dir", type=Path, default=Path(".demo-state"), help="(emptied first)"
     )
     args = parser.parse_args(argv)
+    # The tour says in its own words what the log does (a commit, a repair); the
+    # store's log lines would repeat it as noise. Only an error is worth a line.
+    configure(level="error")
     shutil.rmtree(args.state_dir, ignore_errors=True)
     asyncio.run(demo(args.state_dir))
     return 0

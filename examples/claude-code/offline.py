@@ -127,6 +127,7 @@ def main() -> int:
             tour.ctl("approve", "claude-code")
             tour.wait_state("sleeping")
             print(f"$ cat workspace/summary.txt\n{(workspace / 'summary.txt').read_text()}")
+            tour.ctl("show", "claude-code")  # sleeping after its 2 runs, for the next message
             tour.ctl("log", "claude-code", "--type", "policy.decided")
             tour.ctl("log", "claude-code", "--type", "model.responded")
             tour.ctl("replay", "claude-code", "--view", "messages")

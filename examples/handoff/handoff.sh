@@ -11,9 +11,15 @@ if [ "$SESSIOND_SESSION" = "handoff" ]; then
         ctl merge handoff-side --summary "side quest: $(cat side-result.txt)"
         echo "merged the side quest" ;;
     *)
-        # start a side quest in a child session that begins with this one's history
+        # Start a side quest in a child session that begins with this one's
+        # history. Forked in the middle of this turn, the child goes on with it, as
+        # a forked process goes on from where its parent was: once woken, it runs
+        # this program again, as handoff-side (the branch below). `activate` wakes
+        # it, and that one run is its whole part. (A message would wake it too, but
+        # as work of its own: a second run, after the one that goes on with this
+        # turn, and a second "done".)
         ctl fork handoff --as handoff-side --with-triggers
-        ctl send handoff-side "check the links in docs/" --from handoff
+        ctl activate handoff-side
         echo "forked handoff-side" ;;
     esac
 else

@@ -3,7 +3,8 @@
 A run is a span (``invoke_agent``) from its ``run.started`` to its
 ``run.finished``; its tool steps (``execute_tool``, ``tool.started`` to
 ``tool.finished``) and model steps (``chat``, ``model.requested`` to
-``model.responded``) are its children. Attributes follow the OpenTelemetry
+``model.responded``) are its children; so is a command run's one call, the tool
+``command``, though it starts just before its run. Attributes follow the OpenTelemetry
 semantic conventions for generative AI at **version 1.37.0** (``SCHEMA_URL``):
 ``gen_ai.operation.name``, ``gen_ai.conversation.id`` (the session),
 ``gen_ai.agent.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
@@ -79,6 +80,7 @@ class SpanBuilder:
                     "sessiond.profile": data.get("profile") or "",
                 }
             )
+            self._adopt(data["run"])
         elif etype == "run.finished" and self.run is not None:
             span, self.run = self.run, None
             span.attributes["sessiond.run.status"] = data.get("status") or ""
@@ -131,6 +133,17 @@ class SpanBuilder:
                 span.attributes["error.type"] = span.error
             return [self._close(span, record)]
         return []
+
+    def _adopt(self, run_id: str) -> None:
+        """A command run's one call (``rN.command``) starts just before its
+        ``run.started``: once the run is open, that call is its child, in its trace,
+        as an SDK run's steps are (a step is sent only when it ends, so nothing went
+        out under the trace it had for a moment)."""
+        assert self.run is not None
+        for span in self.steps.values():
+            call = str(span.attributes.get("gen_ai.tool.call.id", ""))
+            if span.parent_id is None and call.startswith(run_id + "."):
+                span.trace_id, span.parent_id = self.run.trace_id, self.run.span_id
 
     def _open(self, record: dict[str, Any], name: str, kind: str, key: str) -> Span:
         """A span beginning at ``record``; a step's parent is the open run, if any."""

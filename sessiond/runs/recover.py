@@ -89,6 +89,14 @@ class Recovery:
             tool = call["tool"]
             if action == CLOSE_INTERRUPTED:
                 text = f"{tool} was interrupted before it finished; it is safe to run again"
+                if state.fork_seq is not None and call.get("started_seq", 0) <= state.fork_seq:
+                    # The parent's call, open at the fork (its own run may well finish
+                    # it): nothing interrupted it here; the fork goes on with the turn.
+                    text = (
+                        f"{tool} had not finished in {state.parent} when this session was "
+                        f"forked from it at seq {state.fork_seq}; this session goes on with "
+                        "that turn, and it is safe to run again"
+                    )
                 drafts += close_cut_off(call_id, call, hasher, text)
             elif action == REBUILD_OBSERVATION:
                 drafts.append(Draft(rebuilt_observation(call_id, call), correlation=call_id))

@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,45 @@ LIVE: set[Daemon] = set()  # started and not yet reaped: see conftest.py
 def short_dir() -> Path:
     """A folder whose socket path fits AF_UNIX's 108 bytes (pytest's tmp_path may not)."""
     return Path(tempfile.mkdtemp(prefix="sd-", dir="/tmp"))
+
+
+def closed_to_others(path: Path) -> Path | None:
+    """The first folder on the way to ``path`` (``path`` itself, if a folder) that
+    other users cannot search, or None: what a program run as another uid (``[run]
+    user``) would stop at."""
+    path = path.absolute()
+    for folder in [*reversed(path.parents), *([path] if path.is_dir() else [])]:
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+@contextmanager
+def readable_by_others(*programs: Path) -> Iterator[list[Path]]:
+    """Copies of ``programs`` that any uid can read, in a folder of their own under
+    /tmp, removed at the end.
+
+    A test that runs a program as another user (``[run] user``) must not run it
+    from the checkout: a clone in a folder closed to others (mode 0700, as
+    ``mktemp -d`` makes, and as many home folders are) is unreadable to that user,
+    and the run fails with "Permission denied" instead of testing anything. The
+    copies must not need the checkout either: run them with the system's
+    interpreter (``/usr/bin/python3 -I``), not the virtualenv's, which lives in the
+    checkout too."""
+    folder = Path(tempfile.mkdtemp(prefix="sd-prog-", dir="/tmp"))
+    try:
+        os.chmod(folder, 0o755)
+        copies = []
+        for program in programs:
+            copy = folder / program.name
+            shutil.copyfile(program, copy)
+            os.chmod(copy, 0o755 if os.access(program, os.X_OK) else 0o644)
+            copies.append(copy)
+        closed = closed_to_others(folder)
+        assert closed is None, f"{closed} is closed to others: no other uid can read {folder}"
+        yield copies
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Daemon:

@@ -13,14 +13,21 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from tests.e2e.harness import SESSIONCTL, Daemon, running, short_dir, wait_event
+from tests.e2e.harness import (
+    SESSIONCTL,
+    Daemon,
+    closed_to_others,
+    readable_by_others,
+    running,
+    short_dir,
+    wait_event,
+)
 
 HOSTILE = Path(__file__).parent / "programs" / "hostile.py"
 VICTIM = """name = "victim"
@@ -49,13 +56,13 @@ def workspace() -> Path:
     return ws
 
 
-def attack(d: Daemon, ws: Path) -> dict[str, Any]:
+def attack(d: Daemon, ws: Path, program: Path = HOSTILE) -> dict[str, Any]:
     """Start the victim (blocked on an approval) and the hostile program; what it got."""
     d.ctl("create", str(d.write_spec("victim", VICTIM.format(ws=ws))), check=True)
     d.ctl("activate", "victim", check=True)
     wait_event(d, "victim", "approval.requested")
     out = ws / "results.json"
-    spec = HOSTILE_SPEC.format(program=HOSTILE, ws=ws, control=d.socket, out=out, ctl=SESSIONCTL)
+    spec = HOSTILE_SPEC.format(program=program, ws=ws, control=d.socket, out=out, ctl=SESSIONCTL)
     d.ctl("create", str(d.write_spec("hostile", spec)), check=True)
     d.ctl("activate", "hostile", check=True)
     wait_event(d, "hostile", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
@@ -129,20 +136,24 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
     if os.geteuid() != 0:
         pytest.skip("[run] user needs a daemon running as root")
     ws = workspace()
-    try:
-        # nobody may also use the daemon ([access]): still no process of the [run]
-        # user is an operator, so it reaches the control socket and may only ping
-        with running('[access]\nusers = ["nobody"]\n[run]\nuser = "nobody"\n') as d:
-            closed = [p for p in d.root.parents if not os.stat(p).st_mode & stat.S_IXOTH]
-            if closed:
-                pytest.skip(f"nobody cannot reach {d.root}: {closed[0]} is closed to others")
-            results = attack(d, ws)
-            assert (ws / "results.json").stat().st_uid == 65534  # it did run as nobody
-            check_refused(d, results)
-            helper = results["approve-self-helper"]["error"]["message"]
-            assert "uid 65534 is the [run] user" in helper
-    finally:
-        shutil.rmtree(ws, ignore_errors=True)
+    # nobody runs a copy it can read: the checkout may be in a folder closed to others
+    with readable_by_others(HOSTILE) as (hostile,):
+        try:
+            # nobody may also use the daemon ([access]): still no process of the [run]
+            # user is an operator, so it reaches the control socket and may only ping
+            with running('[access]\nusers = ["nobody"]\n[run]\nuser = "nobody"\n') as d:
+                # what nobody must reach besides its program: its workspace, and the
+                # program endpoint's folder (the daemon opens the folder itself to it)
+                for needed in (ws, d.root.parent):
+                    if (closed := closed_to_others(needed)) is not None:
+                        pytest.skip(f"nobody cannot reach {needed}: {closed} is closed to others")
+                results = attack(d, ws, hostile)
+                assert (ws / "results.json").stat().st_uid == 65534  # it did run as nobody
+                check_refused(d, results)
+                helper = results["approve-self-helper"]["error"]["message"]
+                assert "uid 65534 is the [run] user" in helper
+        finally:
+            shutil.rmtree(ws, ignore_errors=True)
 
 
 def test_apply_gives_a_live_session_a_new_policy_recorded_with_who_applied_it() -> None:

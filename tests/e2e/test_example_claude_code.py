@@ -29,3 +29,7 @@ def test_the_offline_tour_asks_before_writing_and_writes_once() -> None:
     assert "Read [r1.1] allow by allow: Read" in out
     assert "cost=$" in out
     assert "The model answered 4 requests." in out  # nothing asked twice
+    # the end state the README shows: asleep for the next message, after two runs
+    end = out.split("$ sessionctl show claude-code")[-1]
+    assert "state: sleeping" in end
+    assert "runs: 2" in end

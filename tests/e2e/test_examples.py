@@ -33,6 +33,22 @@ def types(d: Daemon, name: str) -> list[str]:
     return [r["type"] for r in d.json("log", name)]
 
 
+def settled(d: Daemon, name: str, since: int = 1) -> dict[str, Any]:
+    """Wait until ``name`` rests (sleeping, blocked or terminated, from ``since`` on)
+    and return its ``show``: the end state its README promises."""
+    wait_event(
+        d, name, "lifecycle.changed", since=since,
+        match=lambda r: r["data"]["to"] in ("sleeping", "blocked", "terminated"),
+    )  # fmt: skip
+    shown: dict[str, Any] = d.json("show", name)
+    return shown
+
+
+def runs(d: Daemon, name: str, since: int = 1) -> list[dict[str, Any]]:
+    """The runs of ``name`` that finished, from ``since`` on (a fork's own: after its fork)."""
+    return [r["data"] for r in d.json("log", name, "--type", "run.finished") if r["seq"] >= since]
+
+
 def test_api_docs_regenerates_on_a_commit_to_src_only() -> None:
     with running() as d:
         example = copy(d, "api-docs")
@@ -63,6 +79,15 @@ def test_api_docs_regenerates_on_a_commit_to_src_only() -> None:
         intent = d.json("log", "api-docs", "--type", "tool.intent")[0]["data"]
         assert intent["risk"]["resume"] == "rerun-after-check"
         assert intent["writes"] == ["docs/api.md"]
+        # the end state: armed again, one run (the src/ commit's), which went well
+        shown = settled(d, "api-docs", since=finished_seq(d, "api-docs"))
+        assert (shown["state"], shown["next_wake"]) == ("sleeping", "on commit to src/**")
+        assert [r["status"] for r in runs(d, "api-docs")] == ["ok"]
+
+
+def finished_seq(d: Daemon, name: str) -> int:
+    seq: int = d.json("log", name, "--type", "run.finished")[-1]["seq"]
+    return seq
 
 
 def test_payroll_reruns_on_new_rates_and_catches_up_a_missed_month() -> None:
@@ -77,13 +102,20 @@ def test_payroll_reruns_on_new_rates_and_catches_up_a_missed_month() -> None:
         finished = wait_event(d, "payroll", "run.finished")
         assert finished["data"]["status"] == "ok"
         assert "ann,7600.00" in (example / "payroll.csv").read_text()
+        assert (example / "payroll.log").read_text().split() == ["dependency"]
+        shown = settled(d, "payroll", since=finished["seq"])
+        assert shown["state"] == "sleeping"
+        assert [r["status"] for r in runs(d, "payroll")] == ["ok"]  # one run, the new rates'
         d.stop()
         d.config.write_text('log_format = "json"\nclock_offset = 3456000\n')  # 40 days on
         d.start()
-        wait_event(d, "payroll", "run.finished", since=finished["seq"] + 1)
+        caught_up = wait_event(d, "payroll", "run.finished", since=finished["seq"] + 1)
         assert (example / "payroll.log").read_text().split() == ["dependency", "cron"]
         cron = d.json("log", "payroll", "--type", "wake.requested")[-1]["data"]
         assert cron["details"]["catch_up"] is True
+        # caught up once, then asleep until the next 1st
+        assert settled(d, "payroll", since=caught_up["seq"])["state"] == "sleeping"
+        assert [r["status"] for r in runs(d, "payroll")] == ["ok", "ok"]
         d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -109,6 +141,7 @@ def test_fix_tests_asks_before_its_edit_then_fixes_and_verifies() -> None:
             d, "fix-tests", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
         )
         assert done["data"]["outcome"] == "completed"
+        assert d.json("show", "fix-tests")["state"] == "terminated"
         assert "a + b" in (example / "project" / "calc.py").read_text()
         log: list[dict[str, Any]] = d.json("log", "fix-tests")
         wake = next(r for r in log if r["type"] == "wake.requested")
@@ -138,10 +171,14 @@ def test_fix_tests_asks_before_its_edit_then_fixes_and_verifies() -> None:
 
 
 def test_handoff_forks_a_child_that_reports_back_and_is_merged() -> None:
+    """As its README runs it: the child runs once, reports once, is merged; the
+    parent ends asleep, both its runs ok (it ended blocked after 4 failed runs: the
+    child also ran for a message after going on with the forked turn, and sent
+    "done" twice; the second merge failed)."""
     with running() as d:
         example = copy(d, "handoff")
         d.ctl("create", str(example / "handoff.toml"), check=True)
-        d.ctl("send", "handoff", "start the side quest", check=True)
+        d.ctl("activate", "handoff", check=True)
         merged = wait_event(d, "handoff", "session.merged", timeout=60)
         assert merged["data"]["child"] == "handoff-side"
         child = d.json("show", "handoff-side")
@@ -150,6 +187,26 @@ def test_handoff_forks_a_child_that_reports_back_and_is_merged() -> None:
             "merged",
             "handoff",
         )
+        # the parent's run that merged ends, and it rests: asleep, waiting for messages
+        parent = settled(d, "handoff", since=merged["seq"])
+        assert (parent["state"], parent["reason"]) == ("sleeping", "last run: exit 0")
+        assert [(r["run"], r["status"]) for r in runs(d, "handoff")] == [("r1", "ok"), ("r2", "ok")]
+        fork = d.json("log", "handoff-side", "--type", "session.forked")[0]
+        forked, at = fork["seq"], fork["data"]["at_seq"]
+        assert len(runs(d, "handoff-side", since=forked)) == 1  # its one run after the fork
+        # the parent's command, open at the fork, is not called interrupted in the child
+        closed = d.json("log", "handoff-side", "--type", "observation.projected")[0]["data"]
+        assert closed["text"] == (
+            f"command had not finished in handoff when this session was forked from it at "
+            f"seq {at}; this session goes on with that turn, and it is safe to run again"
+        )
+        reports = [
+            r["data"]["text"]
+            for r in d.json("log", "handoff", "--type", "message.received")
+            if r["data"]["sender"] == "handoff-side"
+        ]
+        assert reports == ["done: 2 links checked"]
+        assert (example / "side-result.txt").read_text() == "2 links checked\n"
         view = d.json("replay", "handoff", "--view", "messages")
         assert any(
             m["content"] == "[merged from handoff-side] side quest: 2 links checked" for m in view

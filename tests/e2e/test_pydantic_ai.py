@@ -73,6 +73,9 @@ def test_an_approval_round_trip_runs_the_write_once_and_sends_no_request_twice()
         assert final["data"]["text"] == "I answered the mail in outbox.txt."
         tools = [r["data"]["tool"] for r in log if r["type"] == "tool.started"]
         assert tools == ["read_inbox", "write_outbox"]  # each ran once across two runs
+        # the end state the README shows: two runs of one turn, asleep for the next mail
+        assert [r["data"]["turn"] for r in log if r["type"] == "run.started"] == [1, 1]
+        assert d.json("show", NAME)["state"] == "sleeping"
         (intent,) = [
             r for r in log if r["type"] == "tool.intent" and r["data"]["tool"] == "read_inbox"
         ]

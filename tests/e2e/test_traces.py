@@ -128,3 +128,31 @@ def test_a_run_and_its_steps_are_exported_live_and_by_trace_export(tmp_path: Pat
     assert run_json["name"] == run.name
     assert int(run_json["startTimeUnixNano"]) == run.start_time_unix_nano
     assert json_spans[model.span_id.hex()]["parentSpanId"] == run.span_id.hex()
+
+
+def test_a_command_runs_call_nests_under_its_run_live_and_by_trace_export() -> None:
+    """A command session's `execute_tool command` span is its run's child, in the
+    run's trace, as the README says (it was the root of a trace of its own)."""
+    with receiving() as receiver:
+        config = f'[otel]\nendpoint = "http://{receiver.url}/v1/traces"\n'
+        with running(config) as d:
+            spec = 'name = "nightly"\nagent = "ops"\n[run]\nexec = ["sh", "-c", "echo hi"]\n'
+            d.ctl("create", str(d.write_spec("nightly", spec)), check=True)
+            d.ctl("activate", "nightly", check=True)
+            wait_event(d, "nightly", "lifecycle.changed",
+                       match=lambda r: r["data"]["to"] == "terminated")  # fmt: skip
+            live = receiver.wait(
+                lambda reqs: (
+                    (s := decoded(reqs)) and any(x.name.startswith("invoke_agent") for x in s) and s
+                )
+            )
+            exported = orjson.loads(d.ctl("trace", "export", "nightly", check=True).stdout)
+
+    [run] = [s for s in live if s.name == "invoke_agent ops"]
+    [tool] = [s for s in live if s.name == "execute_tool command"]
+    assert (tool.parent_span_id, tool.trace_id) == (run.span_id, run.trace_id)
+    assert attrs(tool)["gen_ai.tool.call.id"] == attrs(run)["sessiond.run.id"] + ".command"
+    spans = {s["name"]: s for s in exported["resourceSpans"][0]["scopeSpans"][0]["spans"]}
+    assert spans["execute_tool command"]["parentSpanId"] == spans["invoke_agent ops"]["spanId"]
+    assert spans["execute_tool command"]["traceId"] == spans["invoke_agent ops"]["traceId"]
+    assert spans["invoke_agent ops"]["spanId"] == run.span_id.hex()

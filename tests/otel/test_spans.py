@@ -78,3 +78,24 @@ def test_otlp_json_has_hex_ids_and_integer_enums() -> None:
     assert run["status"] == {"code": 2, "message": "cut off"}
     assert run["kind"] == 1  # SPAN_KIND_INTERNAL
     assert scope_spans["spans"][1]["kind"] == 3  # a model call is a client span
+
+
+def test_a_command_runs_call_is_a_child_of_its_run() -> None:
+    """A command run's one call starts just before its run.started (the order the
+    daemon writes them in): it nests under the run all the same, in its trace."""
+    command = log(
+        ("session.created", {"agent": "bot"}),
+        ("tool.started", {"call": "r1.command", "tool": "command", "attempt": 1}),
+        ("run.started", {"run": "r1", "kind": "command", "profile": "default"}),
+        ("tool.finished", {"call": "r1.command", "tool": "command", "status": "ok"}),
+        ("run.finished", {"run": "r1", "status": "ok", "exit_code": 0}),
+        # the next run's call is that run's, not the first one's
+        ("tool.started", {"call": "r2.command", "tool": "command", "attempt": 1}),
+        ("run.started", {"run": "r2", "kind": "command", "profile": "default"}),
+        ("run.finished", {"run": "r2", "status": "ok", "exit_code": 0}),
+    )
+    tool, run, tool2, run2 = spans_of("s", command)
+    assert (tool.name, run.name) == ("execute_tool command", "invoke_agent bot")
+    assert (tool.parent_id, tool.trace_id) == (run.span_id, run.trace_id)
+    assert (tool2.parent_id, tool2.trace_id) == (run2.span_id, run2.trace_id)
+    assert run.trace_id != run2.trace_id
