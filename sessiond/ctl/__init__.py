@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
+from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, recover
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
 from sessiond.ctl.safeterm import safe_text, terminal_safe
@@ -160,6 +160,9 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         out.emit_json(d)
         return 0
     print_detail(d, out)
+    if d["state"] == "blocked":  # why, and exactly the answers that change it
+        for key, value in recover.recover_lines(conn.call("gate", {"name": args.name})):
+            print(f"{key.rjust(11)}: {value}")
     return 0
 
 
@@ -309,17 +312,7 @@ def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(report)
     else:
-        for check in report["checks"]:
-            mark = out.paint("ok  ", "32") if check["ok"] else out.paint("FAIL", "31;1")
-            print(f"{mark} {check['name']}: {check['detail']}")
-        options = ", ".join(f"--{o}" for o in report["options"])
-        verdict = (
-            "ok: the session may continue"
-            if report["ok"]
-            # A damaged log has no resolve option: the check's detail says what to do.
-            else (f"not ok: recovery options {options}" if options else "not ok")
-        )
-        print(verdict)
+        print("\n".join(recover.gate_text(report, out.paint)))
     return 0 if report["ok"] else 1
 
 
