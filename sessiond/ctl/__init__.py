@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, recover
+from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, recover, runout
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
 from sessiond.ctl.safeterm import safe_text, terminal_safe
@@ -528,6 +528,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
+    runout.add_parsers(add)  # output, status
     add(
         "mcp",
         lambda _c, args, _o: access.serve_mcp(args),
