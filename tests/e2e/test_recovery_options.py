@@ -7,6 +7,7 @@ in tests/table/test_recovery.py.)"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 import pytest
 
 from tests.e2e.harness import Daemon, running, wait_event
+from tests.e2e.webclient import WEB, logged_in
 
 ALL = ("rerun", "discard", "accept")
 
@@ -70,7 +72,7 @@ def _where(shown: dict[str, Any]) -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.kind)
 def test_each_block_offers_exactly_what_changes_it(case: Case) -> None:
-    with running() as d:
+    with running(WEB) as d:
         probe = _blocked(d, "probe", case)
         gate = d.ctl("--json", "gate", "probe")
         assert gate.returncode == 1, gate.stdout  # blocked is never "ok"
@@ -84,7 +86,13 @@ def test_each_block_offers_exactly_what_changes_it(case: Case) -> None:
         for option in case.options:
             assert f"--{option}" in text, text
         shown = d.ctl("show", "probe").stdout
-        assert "recover" in shown, shown
+        assert f"blocked by: {case.kind}" in shown, shown
+        assert "recover:" in shown, shown
+        # the console: its gate is not "ok", and its buttons are exactly the options
+        page = logged_in(d).get("/s/probe").body.decode()
+        assert '<span class="bad">blocked</span>' in page
+        buttons = re.findall(r'class="resolve"[^>]*data-body=\'\{"option": "(\w+)"\}\'', page)
+        assert tuple(buttons) == case.options, buttons
         for option in set(ALL) - set(case.options):
             refused = d.ctl("resolve", "probe", f"--{option}")
             assert refused.returncode == 1, (option, refused.stdout, refused.stderr)
