@@ -148,6 +148,11 @@ def evaluate(
         causes.append(cause("artifacts", checks[-1].detail))
     budget = _budget(state, spec, now)
     checks.append(Check("budget left", budget is None, budget or "within budget"))
+    if state.state == "blocked" and not causes and budget is None:
+        # (only a dry run sees a blocked session: gate, show, resolve; proceed never)
+        drop = () if state.turn is not None else ("discard",)
+        checks.insert(1, Check("last block", False, state.reason or "blocked"))
+        causes.append(cause("blocked", state.reason or "blocked", drop=drop))
     if all(c.ok for c in checks):
         return Verdict(tuple(checks), "ok", actions=actions)
     if budget is not None and all(c.ok for c in checks if c.name != "budget left"):

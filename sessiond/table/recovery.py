@@ -71,6 +71,9 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         "'sessionctl apply' a spec whose policy allows the command, then 'resolve --rerun'; "
         "or 'sessionctl cancel' it",
     ),
+    # blocked for a reason none of the above names any more (the end of a run the
+    # log could not take; a gate's failure since put right): a way out stays
+    "blocked": (("rerun", "discard"), (), ""),
     "arriving": (("accept", "discard"), (), ""),
     "held": ((), (), "free space for the log; the daemon records the block by itself"),
 }
@@ -101,8 +104,9 @@ def refusal(name: str, option: str, causes: tuple[Cause, ...] | list[Cause]) -> 
     if option in options_of(causes):
         return None
     why = "; ".join(c.detail for c in causes) or "nothing holds it"
-    return f"resolve --{option} would change nothing for session {name!r}: {why}; " + what_to_do(
-        name, causes
+    return (
+        f"resolve --{option} would change nothing: session {name!r} is blocked: {why}; "
+        + what_to_do(name, causes)
     )
 
 

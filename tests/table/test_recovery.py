@@ -96,6 +96,18 @@ CASES: dict[str, tuple[Callable[[], Verdict], tuple[str, ...], tuple[str, ...]]]
         ("rerun", "discard"),
         (),
     ),
+    "blocked": (
+        lambda: _verdict(
+            "",
+            state={
+                "state": "blocked",
+                "reason": "the end of run r1 could not be recorded: x",
+                "turn": _turn(),
+            },
+        ),
+        ("rerun", "discard"),
+        (),
+    ),
     "policy-denied": (
         lambda: _verdict(
             "",
@@ -123,7 +135,7 @@ def test_every_block_reason_offers_exactly_the_options_that_change_it(kind: str)
             assert why is None
             continue
         assert why is not None
-        assert f"resolve --{option} would change nothing for session 's'" in why
+        assert f"resolve --{option} would change nothing: session 's' is blocked: " in why
         assert verdict.causes[0].detail in why  # why it is blocked
         for other in options:  # and what would change it
             assert f"'sessionctl resolve s --{other}'" in why
