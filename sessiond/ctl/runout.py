@@ -49,7 +49,7 @@ def cmd_output(conn: Connection, args: argparse.Namespace, out: Any) -> int:
         raise RemoteError("usage", f"-n/--lines {args.lines}: give a count of 0 or more", 2)
     base = _params(args)
     if not args.follow:
-        r = conn.call("output", {**base, "run": args.run})
+        r = _whole(conn, {**base, "run": args.run})
         if out.json:
             out.emit_json({**r, "data": tail(r["data"], args.lines)})
             return 0
@@ -64,6 +64,20 @@ def cmd_output(conn: Connection, args: argparse.Namespace, out: Any) -> int:
         return 0
 
 
+def _whole(
+    conn: Connection, params: dict[str, Any], first: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One run's text as it is now, asked for a chunk at a time (``more``);
+    ``first``: the answer already in hand."""
+    r: dict[str, Any] = first if first is not None else conn.call("output", params)
+    start, parts = r["offset"], [r["data"]]
+    while r.get("more"):
+        ask = {**params, "run": r["run"], "offset": r["next_offset"], "wait": 0.0}
+        r = conn.call("output", ask)
+        parts.append(r["data"])
+    return {**r, "data": "".join(parts), "offset": start}
+
+
 def _nothing(conn: Connection, base: dict[str, Any], r: dict[str, Any]) -> None:
     """Say why nothing was printed (on stderr: stdout stays the run's own)."""
     stream = base["stream"]
@@ -72,7 +86,7 @@ def _nothing(conn: Connection, base: dict[str, Any], r: dict[str, Any]) -> None:
     else:
         note = f"run {r['run']} printed nothing on {stream}"
         other = "stderr" if stream == "stdout" else "stdout"
-        o = conn.call("output", {**base, "stream": other, "run": r["run"]})
+        o = _whole(conn, {**base, "stream": other, "run": r["run"]})
         if o["data"]:
             flag = "--stderr" if other == "stderr" else "without --stderr"
             note += f"; its {other} has {len(o['data'].splitlines())} line(s) ({flag})"
@@ -91,6 +105,7 @@ def _follow(conn: Connection, base: dict[str, Any], args: argparse.Namespace, ou
         if r["run"] is None:  # no run yet: wait on
             first = False
             continue
+        r = _whole(conn, base, r)
         data = tail(r["data"], args.lines) if first and r["offset"] == 0 else r["data"]
         first = False
         _emit(out, r, data)
@@ -99,12 +114,10 @@ def _follow(conn: Connection, base: dict[str, Any], args: argparse.Namespace, ou
             continue
         if args.run is not None:  # that run has ended: nothing more of it will come
             return 0
-        nxt = _next_run(conn, base, run)
+        nxt = _whole(conn, base, _next_run(conn, base, run))
         print(f"sessionctl: run {nxt['run']} started", file=sys.stderr, flush=True)
         _emit(out, nxt, nxt["data"])
         run, offset = nxt["run"], nxt["next_offset"]
-        if not nxt["running"]:
-            continue
 
 
 def _next_run(conn: Connection, base: dict[str, Any], after: str) -> dict[str, Any]:
@@ -152,7 +165,7 @@ def cmd_status(conn: Connection, args: argparse.Namespace, out: Any) -> int:
 
 def _newest(conn: Connection, name: str) -> dict[str, Any] | None:
     try:
-        r: dict[str, Any] = conn.call("output", {"name": name, "stream": "stdout"})
+        r = _whole(conn, {"name": name, "stream": "stdout"})
     except RemoteError as exc:
         if "has not run yet" in exc.message:
             return None

@@ -33,6 +33,7 @@ from sessiond.table.sessions import Session
 RUN_ID = re.compile(r"r[1-9][0-9]{0,9}")
 WAIT_MAX = 30.0
 STREAMS = ("stdout", "stderr")
+CHUNK = 1 << 20  # characters per answer; ``more`` says there is more to ask for
 
 
 def _number(run: str | None) -> int:
@@ -118,12 +119,14 @@ class RunOutput:
             )
         text, facts = await self._text(s, target, stream)
         offset = min(max(offset, 0), len(text))
+        end = min(len(text), offset + CHUNK)  # one answer stays well under a frame
         return {
             **nothing,
             "run": target,
-            "data": text[offset:],
+            "data": text[offset:end],
             "offset": offset,
-            "next_offset": len(text),
+            "next_offset": end,
+            "more": end < len(text),
             **facts,
         }
 

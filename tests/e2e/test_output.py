@@ -153,3 +153,24 @@ def test_follow_reads_a_run_as_it_prints_and_goes_on_to_the_next() -> None:
                     pipe.close()
         assert code == 0
         d.stop()
+
+
+def test_an_output_larger_than_one_answer_comes_whole_in_chunks() -> None:
+    with running() as d:
+        d.write_spec(
+            "big",
+            'name = "big"\n[run]\nexec = ["sh", "-c", "yes 0123456789 | head -n 200000"]\n'
+            "retries = 0\n",
+        )
+        d.ctl("create", str(d.root / "big.toml"), check=True)
+        d.ctl("activate", "big", check=True)
+        wait_event(d, "big", "run.finished")
+        # 2.2 MB: more than one answer carries (1 Mi characters), so asked in chunks
+        shown = d.json("output", "big")
+        assert shown["more"] is False
+        assert shown["next_offset"] == len(shown["data"]) == 11 * 200000
+        whole = d.ctl("output", "big")
+        assert whole.returncode == 0, whole.stderr
+        assert whole.stdout == "0123456789\n" * 200000  # every chunk, in order
+        assert d.ctl("output", "big", "-n", "2").stdout == "0123456789\n" * 2
+        d.stop()
