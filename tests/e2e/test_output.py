@@ -70,6 +70,10 @@ def test_output_of_a_running_run_then_of_finished_runs() -> None:
         wait_event(d, "job", "run.finished", match=lambda r: r["data"]["run"] == "r2")
         assert _out(d, "job", "-n", "1").stdout == "run r2 line 3\n"
         assert _out(d, "job", "--run", "r1", "-n", "1").stdout == "run r1 line 3\n"
+        # -f of a run that has ended: all of it, then it returns (nothing more will come)
+        ended = d.ctl("output", "job", "-f", "--run", "r1", "-n", "2", timeout=30)
+        assert ended.returncode == 0, ended.stderr
+        assert ended.stdout == "secret [REDACTED]\nrun r1 line 3\n"
         d.stop()
 
 
@@ -173,4 +177,9 @@ def test_an_output_larger_than_one_answer_comes_whole_in_chunks() -> None:
         assert whole.returncode == 0, whole.stderr
         assert whole.stdout == "0123456789\n" * 200000  # every chunk, in order
         assert d.ctl("output", "big", "-n", "2").stdout == "0123456789\n" * 2
+        quiet = d.ctl("output", "big", "--stderr")  # a run with nothing there: it says so
+        assert quiet.returncode == 0
+        assert quiet.stdout == ""
+        assert "run r1 printed nothing on stderr" in quiet.stderr
+        assert "its stdout has 200000 line(s)" in quiet.stderr
         d.stop()
