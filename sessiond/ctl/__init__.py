@@ -187,7 +187,9 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     gate = d.get("last_gate")
     if gate:
         verdict = "ok" if gate.get("ok") else "NOT ok"
-        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')})"))
+        # a gate passed before the session was blocked since (a run failed): say so
+        before = ", before the block" if gate.get("ok") and d["state"] == "blocked" else ""
+        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')}{before})"))
     turn = d.get("turn")
     if turn:
         steps = ", ".join(f"{n} {status}" for status, n in sorted(turn["steps"].items()))

@@ -88,6 +88,7 @@ def test_each_block_offers_exactly_what_changes_it(case: Case) -> None:
         shown = d.ctl("show", "probe").stdout
         assert f"blocked by: {case.kind}" in shown, shown
         assert "recover:" in shown, shown
+        assert "last gate: ok (seq" not in shown or "before the block" in shown, shown
         # the console: its gate is not "ok", and its buttons are exactly the options
         page = logged_in(d).get("/s/probe").body.decode()
         assert '<span class="bad">blocked</span>' in page
