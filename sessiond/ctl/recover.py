@@ -16,8 +16,10 @@ def recover_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, value) lines: each cause, then what would change it."""
     name = report["session"]
     lines: list[tuple[str, str]] = []
+    # (a spent budget suspends: it renews, or a larger one is applied)
+    key = "blocked by" if report.get("outcome", "blocked") == "blocked" else "waits on"
     for cause in report.get("causes") or []:
-        lines.append(("blocked by", f"{cause['kind']}: {cause['detail']}"))
+        lines.append((key, f"{cause['kind']}: {cause['detail']}"))
         doing = _commands(name, cause)
         todo = cause.get("todo") or ""
         if doing:
