@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
+from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, recover, runout
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
 from sessiond.ctl.safeterm import safe_text, terminal_safe
@@ -160,6 +160,9 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         out.emit_json(d)
         return 0
     print_detail(d, out)
+    if d["state"] == "blocked":  # why, and exactly the answers that change it
+        for key, value in recover.recover_lines(conn.call("gate", {"name": args.name})):
+            print(f"{key.rjust(11)}: {value}")
     return 0
 
 
@@ -184,7 +187,9 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     gate = d.get("last_gate")
     if gate:
         verdict = "ok" if gate.get("ok") else "NOT ok"
-        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')})"))
+        # a gate passed before the session was blocked since (a run failed): say so
+        before = ", before the block" if gate.get("ok") and d["state"] == "blocked" else ""
+        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')}{before})"))
     turn = d.get("turn")
     if turn:
         steps = ", ".join(f"{n} {status}" for status, n in sorted(turn["steps"].items()))
@@ -309,17 +314,7 @@ def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(report)
     else:
-        for check in report["checks"]:
-            mark = out.paint("ok  ", "32") if check["ok"] else out.paint("FAIL", "31;1")
-            print(f"{mark} {check['name']}: {check['detail']}")
-        options = ", ".join(f"--{o}" for o in report["options"])
-        verdict = (
-            "ok: the session may continue"
-            if report["ok"]
-            # A damaged log has no resolve option: the check's detail says what to do.
-            else (f"not ok: recovery options {options}" if options else "not ok")
-        )
-        print(verdict)
+        print("\n".join(recover.gate_text(report, out.paint)))
     return 0 if report["ok"] else 1
 
 
@@ -535,6 +530,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
+    runout.add_parsers(add)  # output, status
     add(
         "mcp",
         lambda _c, args, _o: access.serve_mcp(args),

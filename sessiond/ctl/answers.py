@@ -65,8 +65,9 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     dn.add_argument("--call", metavar="CALL")
     dn.add_argument("--by", metavar="NOTE", help=NOTE)
     dn.add_argument("--reason", default="", metavar="TEXT")
-    rs = add("resolve", resolve, "apply a recovery option to a blocked session, then gate again",
-             "name")  # fmt: skip
+    rs = add("resolve", resolve, "apply a recovery option to a blocked session, then gate again "
+             "(one that would change nothing is refused: 'sessionctl gate' lists those that "
+             "would)", "name")  # fmt: skip
     option = rs.add_mutually_exclusive_group(required=True)
     for name, help_text in (
         ("rerun", "run the half-finished step again"),

@@ -40,6 +40,7 @@ from sessiond.ipc.params import (
     MigrateParams,
     NameParams,
     NoParams,
+    OutputParams,
     Params,
     ReplayParams,
     ResolveParams,
@@ -169,6 +170,12 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         ),
         "cat": (NameParams, lambda p: k.observe.cat(p.name)),
         "trace.export": (NameParams, lambda p: k.observe.trace_export(p.name)),
+        "output": (
+            OutputParams,
+            lambda p: k.output(
+                p.name, p.run, p.stream, offset=p.offset, wait=p.wait, after=p.after
+            ),
+        ),
         "sdk.context": (SdkContextParams, lambda p: k.sdk_context(p.token, p.cursor, p.limit)),
         # lambdas, not bound methods: the table is built before (and in the hostile
         # tests, without) a kernel; nothing is looked up until a request comes

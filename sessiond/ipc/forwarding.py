@@ -37,6 +37,7 @@ ROUTED: dict[str, str] = {
     "migrate": "name",
     "compact": "name",
     "cat": "name",
+    "output": "name",
     "trace.export": "name",
     "approve": "name",
     "deny": "name",

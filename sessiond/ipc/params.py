@@ -117,6 +117,17 @@ class ResolveParams(Params):
     by: str = ""
 
 
+class OutputParams(Params):
+    """``output``: a run's stdout or stderr (sessiond.syscalls.output)."""
+
+    name: str
+    run: str | None = None
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = Field(default=0, ge=0)
+    wait: float = Field(default=0.0, ge=0.0, le=30.0)
+    after: str | None = None
+
+
 class ApplyParams(Params):
     name: str
     spec: str

@@ -91,6 +91,8 @@ class Collect(asyncio.Protocol):
         self.done = done
         self.seen = asyncio.Event()  # the first byte came
         self.over = asyncio.Event()  # more than ``limit`` bytes came
+        # readers of the output as it comes (sessionctl output -f): woken on data or EOF
+        self.waiters: list[asyncio.Future[None]] = []
 
     def data_received(self, data: bytes) -> None:
         self.total += len(data)
@@ -99,6 +101,13 @@ class Collect(asyncio.Protocol):
             self.over.set()
         if len(self.kept) < self.limit:
             self.kept += data[: self.limit - len(self.kept)]
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def eof_received(self) -> bool:
         self._finish()
@@ -110,6 +119,7 @@ class Collect(asyncio.Protocol):
     def _finish(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+        self._wake()
 
 
 def _same(collect: Collect) -> Collect:
@@ -278,6 +288,17 @@ class Program:
     async def output_over(self) -> None:
         """Returns once the program has printed more than ``max_output`` bytes on stdout."""
         await self._outputs[0].over.wait()
+
+    def output_so_far(self, stream: int) -> bytes:
+        """What the program has printed so far on stdout (0) or stderr (1), as kept."""
+        return bytes(self._outputs[stream].kept) if len(self._outputs) > stream else b""
+
+    def output_changed(self) -> asyncio.Future[None]:
+        """Done once either pipe gets more output or ends."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for collect in self._outputs:
+            collect.waiters.append(waiter)
+        return waiter
 
     async def output_seen(self, timeout: float) -> None:
         """Test only (the ``during-work`` fault point): the program has begun to work."""

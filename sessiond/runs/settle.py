@@ -31,6 +31,7 @@ from sessiond.runs.tokens import Tokens
 from sessiond.runs.workspace import read_small, text_diff, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.gate import rerun_refusal
+from sessiond.table.recovery import RUN_FAILED
 from sessiond.table.sessions import Session
 from sessiond.table.spec import SessionSpec
 
@@ -371,7 +372,7 @@ class Settler:
                 s,
                 "blocked",
                 why="block",
-                reason=f"run failed ({text}); not retried: {refusal}; "
+                reason=f"{RUN_FAILED} ({text}); not retried: {refusal}; "
                 f"'sessionctl resolve {s.name} --rerun' runs it again, '--discard' drops it",
             )
             return
@@ -389,8 +390,8 @@ class Settler:
             s,
             "blocked",
             why="block",
-            reason=f"run failed {failures} times in a row (last: {text}); fix it, then "
-            f"'sessionctl resolve {s.name} --rerun'",
+            reason=f"{RUN_FAILED} {failures} times in a row (last: {text}); fix it, then "
+            f"'sessionctl resolve {s.name} --rerun' (or '--discard' to give the turn up)",
         )
 
     def _schedule_retry(self, s: Session, delay: float, attempt: int) -> None:

@@ -56,6 +56,7 @@ from sessiond.runs.workspace import git_head, read_small, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.policy import Verdict as PolicyVerdict
 from sessiond.table.policy import decide
+from sessiond.table.recovery import POLICY_DENIES
 from sessiond.table.sessions import Run, Session, file_hash
 from sessiond.table.spec import SessionSpec, under_profile
 
@@ -182,7 +183,7 @@ class Starter:
                         s,
                         "blocked",
                         why="deny",
-                        reason=f"policy denies the command ({verdict.rule})",
+                        reason=f"{POLICY_DENIES} ({verdict.rule})",
                     )
                     return
                 if verdict.decision == "ask":

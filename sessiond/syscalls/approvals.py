@@ -31,7 +31,8 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.recover import close_cut_off
 from sessiond.runs.runs import Runs
 from sessiond.runs.workspace import workspace_hasher
-from sessiond.syscalls.views import detail
+from sessiond.syscalls.views import causes_of, detail, gate_verdict
+from sessiond.table.recovery import refusal
 from sessiond.table.sessions import Session
 from sessiond.table.spec import parse_spec, spec_to_toml
 
@@ -139,6 +140,17 @@ class Approvals:
                     f"{divergence['ordinal']}: nothing half-finished is there to run again; "
                     "use --accept (continue on the new path) or --discard (end the turn)"
                 )
+            # Only an option that changes something is taken: one that would leave the
+            # session blocked as it is must not say "resolved" (table.recovery).
+            verdict = gate_verdict(
+                s,
+                self.ctx.now(),
+                artifacts=self.ctx.store.artifacts(name),
+                profiles=self.ctx.config.profiles,
+            )
+            why = refusal(name, option, causes_of(s, verdict))
+            if why is not None:
+                raise Refused(why)
             hasher = workspace_hasher(s.spec)
             drafts: list[Draft] = []
             # --discard also drops calls that never started (an expired or revoked

@@ -29,6 +29,7 @@ from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.logins import Logins
 from sessiond.syscalls.observe import Observe
+from sessiond.syscalls.output import RunOutput
 from sessiond.syscalls.retention import Retention
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
@@ -92,6 +93,7 @@ class Kernel:
         self.apply = self.approvals.apply
         # notifications, traces, the stored spec (section 11)
         self.observe = Observe(ctx)
+        self.output = RunOutput(ctx, self.tokens).output  # a run's stdout/stderr
         self.gc = self.retention.gc  # [retention] (DESIGN.md section 6)
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check

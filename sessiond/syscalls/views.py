@@ -15,6 +15,8 @@ from sessiond.log.projections import PAGE_DEFAULT, messages_page, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
+from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.recovery import Cause, answers_of, cause, options_of
 from sessiond.table.sessions import Session, next_wake
 from sessiond.table.spec import under_profile
 
@@ -141,6 +143,49 @@ def detail(session: Session) -> dict[str, Any]:
     }
 
 
+def gate_verdict(
+    session: Session,
+    now: str,
+    has_artifact: Any = None,
+    *,
+    artifacts: ArtifactStore | None = None,
+    profiles: dict[str, ProfileConfig] | None = None,
+) -> Verdict:
+    """The resume gate evaluated now on a session that has its log; records nothing.
+    The log is checked by its writer (``verify``), the artifacts continuing needs by
+    ``artifacts.verify_many`` (``has_artifact``, the older form: only whether they
+    are there)."""
+    from sessiond.runs.workspace import workspace_hasher
+
+    state = session.j.state
+    damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
+    spec = session.spec
+    if spec is not None and profiles is not None:  # the budget under the runner profile
+        spec = under_profile(spec, state.profile, profiles)
+    return evaluate(
+        state,
+        spec,
+        now=now,
+        hash_file=workspace_hasher(spec),
+        has_artifact=has_artifact,
+        log_error=session.j.log.verify(),
+        check_artifact=damaged.get if damaged is not None else None,
+    )
+
+
+def causes_of(session: Session, verdict: Verdict | None) -> tuple[Cause, ...]:
+    """Why the session may not go on now, each with the answers that change it: the
+    gate's causes, or what holds it outside the gate (no log, a hand-over, a block
+    the disk did not take). A session that is not blocked has none to resolve."""
+    if session.journal is None:
+        return (cause("log", session.broken or "its log cannot be read"),)
+    if session.held is not None:
+        return (cause("held", session.held),)
+    if session.state == "arriving":
+        return (cause("arriving", "it is arriving from another daemon (a hand-over)"),)
+    return verdict.causes if verdict is not None else ()
+
+
 def gate_report(
     session: Session,
     now: str,
@@ -150,39 +195,32 @@ def gate_report(
     profiles: dict[str, ProfileConfig] | None = None,
 ) -> dict[str, Any]:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
-    recovery options. Records nothing. The log is checked by its writer
-    (``verify``), the artifacts continuing needs by ``artifacts.verify_many``
-    (``has_artifact``, the older form: only whether they are there)."""
-    from sessiond.runs.workspace import workspace_hasher
-    from sessiond.table.gate import evaluate
-
+    recovery options (exactly those that would change something: table.recovery)
+    and why. Records nothing."""
     if session.journal is None:
         check = {"name": "log intact", "ok": False, "detail": session.broken or ""}
+        broken = [_cause(c) for c in causes_of(session, None)]
         return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],
-                "options": [], "dry_run": True}  # fmt: skip
-    state = session.journal.state
-    damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
-    spec = session.spec
-    if spec is not None and profiles is not None:  # the budget under the runner profile
-        spec = under_profile(spec, state.profile, profiles)
-    verdict = evaluate(
-        state,
-        spec,
-        now=now,
-        hash_file=workspace_hasher(spec),
-        has_artifact=has_artifact,
-        log_error=session.journal.log.verify(),
-        check_artifact=damaged.get if damaged is not None else None,
-    )
+                "options": [], "answers": [], "causes": broken, "dry_run": True}  # fmt: skip
+    verdict = gate_verdict(session, now, has_artifact, artifacts=artifacts, profiles=profiles)
+    causes = causes_of(session, verdict)
+    held = session.held is not None or session.state == "arriving"
     return {
         "session": session.name,
-        "ok": verdict.ok,
-        "outcome": verdict.outcome,
+        "ok": verdict.ok and not held,
+        "outcome": "blocked" if held else verdict.outcome,
         "checks": [c.as_dict() for c in verdict.checks],
-        "options": list(verdict.options),
+        "options": list(options_of(causes)),
+        "answers": list(answers_of(causes)),
+        "causes": [_cause(c) for c in causes],
         "actions": verdict.actions,
         "dry_run": True,
     }
+
+
+def _cause(c: Cause) -> dict[str, Any]:
+    return {"kind": c.kind, "detail": c.detail, "options": list(c.options),
+            "answers": list(c.answers), "todo": c.todo}  # fmt: skip
 
 
 async def replay_view(

@@ -46,6 +46,7 @@ from typing import Any
 from sessiond.log.state import State
 from sessiond.log.turns import bad_steps
 from sessiond.table.policy import decide
+from sessiond.table.recovery import POLICY_DENIES, RUN_FAILED, Cause, cause, options_of
 from sessiond.table.spec import SessionSpec
 
 # What the daemon does for a call before continuing (see Verdict.actions).
@@ -71,6 +72,8 @@ class Verdict:
     outcome: str  # ok | blocked | suspended
     options: tuple[str, ...] = ()
     actions: dict[str, str] = field(default_factory=dict)  # call -> action
+    # why it may not go on, each with the answers that change it (table.recovery)
+    causes: tuple[Cause, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -103,17 +106,28 @@ def evaluate(
     what is wrong with an artifact (``has_artifact``, the older form, only says
     whether it is there)."""
     if log_error is not None:
-        return Verdict((Check("log intact", False, log_error),), "blocked")
+        return Verdict(
+            (Check("log intact", False, log_error),), "blocked", causes=(cause("log", log_error),)
+        )
     checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
     actions: dict[str, str] = {}
     divergence = (state.turn or {}).get("divergence")
     if divergence is not None:
         # Nothing else matters until a person picks the path: the recorded one is
         # gone from the program's, and the new one was never checked.
-        checks.append(Check("steps match", False, describe_divergence(divergence)))
-        return Verdict(tuple(checks), "blocked", ("accept", "discard"))
-    call_problems = _calls(state, spec, now, hash_file, actions)
-    call_problems += _failed_steps(state, hash_file)
+        why = describe_divergence(divergence)
+        checks.append(Check("steps match", False, why))
+        diverged = (cause("divergence", why),)
+        return Verdict(tuple(checks), "blocked", options_of(diverged), causes=diverged)
+    causes: list[Cause] = []
+    blocked = _blocked_by(state, spec)
+    if blocked is not None:
+        checks.append(Check("last block", False, blocked.detail))
+        causes.append(blocked)
+    call_causes = _calls(state, spec, now, hash_file, actions)
+    call_causes += _failed_steps(state, hash_file)
+    causes += call_causes
+    call_problems = [c.detail for c in call_causes]
     checks.append(
         Check("tool calls", not call_problems, "; ".join(call_problems) or _calls_summary(actions))
     )
@@ -127,14 +141,49 @@ def evaluate(
             else f"{len(state.bound) + len(state.file_hashes)} path(s) match",
         )
     )
+    if changed:
+        causes.append(cause("workspace", checks[-1].detail))
     checks.append(_artifacts(state, check_artifact, has_artifact))
+    if not checks[-1].ok:
+        causes.append(cause("artifacts", checks[-1].detail))
     budget = _budget(state, spec, now)
     checks.append(Check("budget left", budget is None, budget or "within budget"))
+    if state.state == "blocked" and not causes and budget is None:
+        # (only a dry run sees a blocked session: gate, show, resolve; proceed never)
+        drop = () if state.turn is not None else ("discard",)
+        checks.insert(1, Check("last block", False, state.reason or "blocked"))
+        causes.append(cause("blocked", state.reason or "blocked", drop=drop))
     if all(c.ok for c in checks):
         return Verdict(tuple(checks), "ok", actions=actions)
     if budget is not None and all(c.ok for c in checks if c.name != "budget left"):
-        return Verdict(tuple(checks), "suspended", actions=actions)
-    return Verdict(tuple(checks), "blocked", ("rerun", "discard", "accept"), actions)
+        return Verdict(
+            tuple(checks), "suspended", actions=actions, causes=(cause("budget", budget),)
+        )
+    if budget is not None:
+        causes.append(cause("budget", budget))
+    return Verdict(tuple(checks), "blocked", options_of(causes), actions, tuple(causes))
+
+
+def _blocked_by(state: State, spec: SessionSpec | None) -> Cause | None:
+    """A block the daemon recorded outside the gate (a run that failed for good, a
+    command the policy denied): while the session is blocked, it stands, so the gate
+    says not ok for the same reason ``show`` gives (a resolve moves it on first)."""
+    if state.state != "blocked":
+        return None
+    reason = state.reason
+    if reason.startswith(RUN_FAILED):
+        # --accept takes a failed step's work as done; with none, it is --rerun again
+        extra = ("accept",) if bad_steps(state) else ()
+        drop = () if state.turn is not None else ("discard",)
+        return cause("run-failed", reason, extra=extra, drop=drop)
+    if reason.startswith(POLICY_DENIES):
+        allowed = (
+            spec is not None
+            and spec.run is not None
+            and decide(spec.policy, "command", spec.run.side_effect).decision != "deny"
+        )
+        return cause("policy-denied", reason, extra=("rerun",) if allowed else ())
+    return None
 
 
 def _calls(
@@ -143,8 +192,8 @@ def _calls(
     now: str,
     hash_file: HashFile,
     actions: dict[str, str],
-) -> list[str]:
-    problems: list[str] = []
+) -> list[Cause]:
+    problems: list[Cause] = []
     policy = spec.policy if spec is not None else None
     for call_id, call in sorted(state.calls.items()):
         stage = call["stage"]
@@ -158,25 +207,38 @@ def _calls(
                 policy is not None
                 and decide(policy, tool, risk.get("side_effect", "")).decision == "deny"
             ):
-                problems.append(f"{label} is denied by the policy in force now")
+                problems.append(
+                    cause("denied-now", f"{label} is denied by the policy in force now")
+                )
                 continue
             if stage == "approved":
                 approval = state.approvals.get(call_id, {})
                 expires = approval.get("expires_at")
                 if expires is not None and expires <= now:
-                    problems.append(f"the approval of {label} expired at {expires}")
+                    problems.append(
+                        cause("expired", f"the approval of {label} expired at {expires}")
+                    )
                     continue
                 actions[call_id] = KEEP_APPROVED
             else:
                 actions[call_id] = DROP_UNSTARTED
         elif stage == "approval":
-            problems.append(f"{label} waits for approval (sessionctl approve / deny)")
+            # A command run's own question: its wake is still pending, so a discarded
+            # call is asked again by the next turn at once: only an answer changes it.
+            again = tool == "command" and bool(state.pending_wakes)
+            problems.append(
+                cause(
+                    "approval",
+                    f"{label} waits for approval (sessionctl approve / deny)",
+                    drop=("discard",) if again else (),
+                )
+            )
         elif stage == "started":
             problem = _started(call, hash_file)
             if problem is None:
                 actions[call_id] = CLOSE_INTERRUPTED
             else:
-                problems.append(f"{label} {problem}")
+                problems.append(cause("cut-off", f"{label} {problem}"))
         elif stage in ("finished", "denied"):
             actions[call_id] = REBUILD_OBSERVATION
     return problems
@@ -208,10 +270,10 @@ def rerun_refusal(
     return None
 
 
-def _failed_steps(state: State, hash_file: HashFile) -> list[str]:
+def _failed_steps(state: State, hash_file: HashFile) -> list[Cause]:
     """Steps of the open turn that finished with an error: a later run would reach
     them again, so they may run again only where their risk contract allows it."""
-    problems = []
+    problems: list[Cause] = []
     for step in bad_steps(state):
         stopped = step["status"] == "interrupted"
         why = rerun_refusal(
@@ -223,9 +285,10 @@ def _failed_steps(state: State, hash_file: HashFile) -> list[str]:
         if why is None:
             continue
         if step.get("slot") == "command":
-            problems.append(f"the command [{step['call']}] {why}")
+            problems.append(cause("failed-step", f"the command [{step['call']}] {why}"))
         else:
-            problems.append(f"step {step['ordinal']} {step['name']} [{step['call']}] {why}")
+            what = f"step {step['ordinal']} {step['name']} [{step['call']}] {why}"
+            problems.append(cause("failed-step", what))
     return problems
 
 
