@@ -13,6 +13,7 @@ import os
 import pwd
 import socket
 import struct
+from collections.abc import Container
 from dataclasses import dataclass
 
 from sessiond.config import AccessConfig
@@ -39,19 +40,20 @@ class Peer:
 class Peers:
     """The allowed uids and gids, and the check against them."""
 
-    def __init__(self, access: AccessConfig, run_user: tuple[int, int] | None = None) -> None:
+    def __init__(self, access: AccessConfig, runs: Container[int] = frozenset()) -> None:
         self.uids: set[int] = set()
         self.gids: set[int] = set()
-        # the [run] user's uid: its processes are programs, never operators
-        self.run_uids: frozenset[int] = frozenset()
-        self.allow(access, run_user)
+        # the uids runs have ([run] user's, the dynamic range: sessiond.sandboxconfig):
+        # their processes are programs, never operators
+        self.run_uids: Container[int] = frozenset()
+        self.allow(access, runs)
 
-    def allow(self, access: AccessConfig, run_user: tuple[int, int] | None = None) -> None:
+    def allow(self, access: AccessConfig, runs: Container[int] = frozenset()) -> None:
         """Who may connect: the daemon's user, root, and the configured users and groups.
         (A reload applies a new list to the next connections.)"""
         self.uids = {os.getuid(), 0} | access.uids()
         self.gids = access.gids()
-        self.run_uids = frozenset({run_user[0]}) if run_user is not None else frozenset()
+        self.run_uids = runs
 
     def allowed(self, peer: Peer, *, programs: bool = False) -> bool:
         """``programs``: the program endpoint, where the [run] user connects too."""

@@ -35,6 +35,7 @@ import re
 import signal
 import socket
 import sys
+from collections.abc import Container
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Python 3.11 lacks the constant
 SPAWNER_FILE = b"sessiond/runs/spawner.py"
@@ -82,7 +83,7 @@ def _is_spawner(pid: int) -> bool:
     return any(arg.endswith(SPAWNER_FILE) for arg in argv[1:4])
 
 
-def _why_run(pid: int, uid: int, run_uids: frozenset[int]) -> tuple[str | None, bytes]:
+def _why_run(pid: int, uid: int, run_uids: Container[int]) -> tuple[str | None, bytes]:
     """Why ``pid`` (of ``uid``) counts as a run's process (None: it does not), and
     its start time. OSError: it cannot be examined."""
     if uid in run_uids:
@@ -121,7 +122,7 @@ def _why_run(pid: int, uid: int, run_uids: frozenset[int]) -> tuple[str | None, 
     return None, started
 
 
-def examine(sock: socket.socket, pid: int, uid: int, run_uids: frozenset[int]) -> str | None:
+def examine(sock: socket.socket, pid: int, uid: int, run_uids: Container[int]) -> str | None:
     """None if the peer at ``sock`` (``pid`` and ``uid`` as SO_PEERCRED reports
     them) is an operator; else the refusal to answer every method but ``ping`` with."""
     if pid <= 0:
@@ -146,7 +147,7 @@ def examine(sock: socket.socket, pid: int, uid: int, run_uids: frozenset[int]) -
     return None if why is None else ONLY_PING.format(why=why)
 
 
-def examine_process(pid: int, uid: int, run_uids: frozenset[int]) -> str | None:
+def examine_process(pid: int, uid: int, run_uids: Container[int]) -> str | None:
     """:func:`examine` for a process found by other means than a Unix socket's
     credentials (the web listener's TCP peers, sessiond.web.peers): why it may
     not act (it is a run's, or it cannot be examined), or None. Pinned by its

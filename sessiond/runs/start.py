@@ -288,6 +288,9 @@ class Starter:
         try:
             if unresolved is not None:
                 raise unresolved
+            # Confined by the kernel (runs/sandbox.py); SandboxUnavailable (an
+            # OSError) says why it cannot be, and the run does not start.
+            program.plan = await self.ctx.confinement(s, spec, wake_file)
             pid = await self._spawn_and_record(s, program, run_id, record)
         except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from collections.abc import Container
 from dataclasses import dataclass
 
 from sessiond.ipc.runpeer import examine_process
@@ -112,7 +113,7 @@ class WebPeers:
     """Refuses the processes of runs on the web listener; verdicts kept per socket."""
 
     def __init__(
-        self, run_uids: frozenset[int] = frozenset(), skip: frozenset[int] | None = None
+        self, run_uids: Container[int] = frozenset(), skip: frozenset[int] | None = None
     ) -> None:
         self.run_uids = run_uids
         self.skip = frozenset({os.getpid()}) if skip is None else skip

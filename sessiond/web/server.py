@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from sessiond.errors import SessiondError
+from sessiond.sandboxconfig import run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.auth import Auth, Handler, Login
 from sessiond.web.cluster import ClusterView
@@ -77,8 +78,7 @@ class WebServer:
         metrics.notify_failed = lambda: sum(
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
-        run_user = kernel.config.run.identity()
-        peers = WebPeers(frozenset({run_user[0]}) if run_user is not None else frozenset())
+        peers = WebPeers(run_uids(kernel.config))  # a run's uid is never an operator's
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
         # the whole cluster's sessions on a cluster node (its forward set by the daemon)
