@@ -91,7 +91,7 @@ class Daemon:
                 "--state-dir",
                 str(self.state_dir),
                 "--socket",
-                str(self.socket.relative_to(self.root)) if self.relative_socket else str(self.socket),
+                str(self.socket.relative_to(self.root) if self.relative_socket else self.socket),
             ],
             env=env,
             cwd=self.root if self.relative_socket else None,
