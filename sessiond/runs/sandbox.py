@@ -89,7 +89,10 @@ def confine(argv: list[str], plan: MountPlan) -> list[str]:
     out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     out += ["--perms", "1777", "--tmpfs", "/tmp"]
     for option, source, target in plan.mounts:
-        out += [option, target] if option == "--tmpfs" else [option, source, target]
+        if option == "--dir":
+            out += ["--perms", "0755", option, target]
+        else:
+            out += [option, target] if option == "--tmpfs" else [option, source, target]
     for name, value in plan.env:
         out += ["--setenv", name, value]
     out += ["--chdir", plan.cwd, "--"]
@@ -147,6 +150,35 @@ def _writes(workspace: str, writes: Iterable[str]) -> list[str]:
             path = os.path.dirname(path)
         out.append(path if _under(path, workspace) else workspace)
     return out
+
+
+def _needed(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
+    """Without the hides already under a hidden folder (and under no bind back):
+    their mount points would only show names in the empty folder."""
+    hidden = [t for _, order, o, _, t in ops if order == 0 and o == "--tmpfs"]
+    shown = [t for _, order, _, _, t in ops if order == 1]
+
+    def redundant(target: str) -> bool:
+        above = any(target != h and _under(target, h) for h in hidden)
+        return above and not any(_under(target, b) for b in shown)
+
+    return [op for op in ops if op[1] != 0 or not redundant(op[4])]
+
+
+def _folders(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
+    """The folders bubblewrap must make for the binds that land on a tmpfs (the
+    private /tmp, a hidden folder), searchable by the run's uid: made by bwrap
+    itself they would follow the daemon's umask (0700, a root-only path)."""
+    tmpfs = ["/tmp"] + [t for _, _, o, _, t in ops if o == "--tmpfs"]
+    made: dict[str, None] = {}
+    for _, _, option, _, target in ops:
+        if option == "--tmpfs" or target in tmpfs:
+            continue
+        for parent in reversed(Path(target).parents):
+            folder = str(parent)
+            if any(folder != t and _under(folder, t) for t in tmpfs):
+                made[folder] = None
+    return [(_depth(f), 0, "--dir", "", f) for f in made]
 
 
 def _exe(name: str, workspace: str) -> str:
@@ -251,6 +283,8 @@ class Boundary:
             ops.append((_depth(path), 1, "--ro-bind-try", path, path))
         endpoint = str(program_socket(config.socket))
         ops.append((_depth(endpoint), 1, "--bind", endpoint, endpoint))
+        ops = _needed(ops)
+        ops += _folders(ops)
         ops.sort(key=lambda op: (op[0], op[1]))
         env_given = {**config.profiles[run.profile].env, **run.env}
         env = () if "HOME" in env_given else (("HOME", str(home)),)

@@ -60,6 +60,13 @@ class DynamicUids:
             self._table = {str(k): int(v) for k, v in dict(loaded).items()}
         return self._table
 
+    def peek(self, session: str) -> int | None:
+        """The session's uid if it has one (for ``show``); None if not, or unreadable."""
+        try:
+            return self._load().get(session)
+        except UidError:
+            return None
+
     def uid_of(self, session: str, span: range, refused: set[int]) -> int:
         """The session's uid (given now if it has none): the first free one from a
         place its name picks, so most sessions keep the same uid on every node."""

@@ -78,6 +78,7 @@ class WebServer:
         metrics.notify_failed = lambda: sum(
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
+        metrics.sandbox = lambda: kernel.config.run.sandbox == "on"  # the current config
         peers = WebPeers(run_uids(kernel.config))  # a run's uid is never an operator's
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
