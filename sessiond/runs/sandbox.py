@@ -152,6 +152,13 @@ def _writes(workspace: str, writes: Iterable[str]) -> list[str]:
     return out
 
 
+def _hidden_home(workspace: str) -> list[tuple[int, int, str, str, str]]:
+    home = os.path.expanduser("~")
+    if home in ("/", "") or not os.path.isdir(home) or _under(workspace, home):
+        return []
+    return [(_depth(home), 0, "--tmpfs", "", home)]
+
+
 def _needed(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
     """Without the hides already under a hidden folder (and under no bind back):
     their mount points would only show names in the empty folder."""
@@ -271,6 +278,11 @@ class Boundary:
             option = "--bind" if path in (workspace, str(home)) else "--bind-try"
             ops.append((_depth(path), 1, option, path, path))
         ro = [*config.run.readable, *run.readable]
+        if drop is not None:
+            # The daemon's home (root's) is not the run's to read; the Python the
+            # daemon runs on (its SDK, sessionctl) is, wherever it is installed.
+            ops += _hidden_home(workspace)
+            ro += [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
         # the program and files the command names by path under the private /tmp
         exe = _exe(run.exec[0], workspace)
         ro += [a for a in (exe, *run.exec[1:]) if a.startswith("/tmp/") and os.path.exists(a)]

@@ -34,7 +34,7 @@ ACCESS = "system.posix_acl_access"
 DEFAULT = "system.posix_acl_default"
 _HEADER = struct.Struct("<I")
 _ENTRY = struct.Struct("<HHI")
-USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 _NO_ID = 0xFFFFFFFF
 
 
@@ -98,18 +98,33 @@ def _account(uid: int) -> bool:
     return True
 
 
-def _acl(mode: int, uid: int, perm: int) -> bytes:
-    """An access ACL: the mode's own bits plus ``uid`` with ``perm`` (and a mask
-    that lets it through)."""
-    group = (mode >> 3) & 7
-    entries = [
-        (USER_OBJ, (mode >> 6) & 7, _NO_ID),
-        (USER, perm, uid),
-        (GROUP_OBJ, group, _NO_ID),
-        (MASK, group | perm, _NO_ID),
-        (OTHER, mode & 7, _NO_ID),
-    ]
-    return _HEADER.pack(2) + b"".join(_ENTRY.pack(*e) for e in entries)
+def _acl(mode: int, uid: int, perm: int, blob: bytes | None = None) -> bytes:
+    """An access ACL: the file's own (``blob``, else the mode's bits) with ``uid``
+    given ``perm`` besides, and a mask that lets every named entry through."""
+    entries: dict[tuple[int, int], int] = {}
+    if blob is not None and len(blob) > _HEADER.size:
+        for at in range(_HEADER.size, len(blob) - _ENTRY.size + 1, _ENTRY.size):
+            tag, bits, ident = _ENTRY.unpack_from(blob, at)
+            entries[(tag, ident)] = bits
+    else:
+        entries[(USER_OBJ, _NO_ID)] = (mode >> 6) & 7
+        entries[(GROUP_OBJ, _NO_ID)] = (mode >> 3) & 7
+        entries[(OTHER, _NO_ID)] = mode & 7
+    entries[(USER, uid)] = entries.get((USER, uid), 0) | perm
+    mask = entries.get((GROUP_OBJ, _NO_ID), 0)
+    for (tag, _), bits in entries.items():
+        if tag in (USER, GROUP):
+            mask |= bits
+    entries[(MASK, _NO_ID)] = mask
+    ordered = sorted(entries.items(), key=lambda e: (e[0][0], e[0][1]))
+    return _HEADER.pack(2) + b"".join(_ENTRY.pack(t, b, i) for (t, i), b in ordered)
+
+
+def _own_acl(path: str, attr: str) -> bytes | None:
+    try:
+        return os.getxattr(path, attr, follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def _has(path: str, uid: int, attr: str) -> bool:
@@ -129,11 +144,27 @@ def _open_one(path: str, uid: int) -> None:
         return  # a symlink has no ACL of its own; its target is opened where it lies
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISDIR(st.st_mode):
-        os.setxattr(path, ACCESS, _acl(mode, uid, 7), follow_symlinks=False)
-        os.setxattr(path, DEFAULT, _acl(0o770, uid, 7), follow_symlinks=False)
+        given = _acl(mode, uid, 7, _own_acl(path, ACCESS))
+        os.setxattr(path, ACCESS, given, follow_symlinks=False)
+        made = _acl(0o770, uid, 7, _own_acl(path, DEFAULT))
+        os.setxattr(path, DEFAULT, made, follow_symlinks=False)
     elif stat.S_ISREG(st.st_mode):
         perm = 6 | (1 if mode & 0o100 else 0)
-        os.setxattr(path, ACCESS, _acl(mode, uid, perm), follow_symlinks=False)
+        given = _acl(mode, uid, perm, _own_acl(path, ACCESS))
+        os.setxattr(path, ACCESS, given, follow_symlinks=False)
+
+
+def _searchable(folder: Path, uid: int) -> None:
+    """The folders above a workspace that others may not search get a search-only
+    entry for ``uid`` (nothing in them becomes readable): without it the run could
+    not reach its own workspace (a project under ``/root``, say)."""
+    for parent in folder.parents:
+        path = str(parent)
+        st = os.stat(path)
+        if st.st_mode & stat.S_IXOTH or _has(path, uid, ACCESS):
+            continue
+        given = _acl(stat.S_IMODE(st.st_mode), uid, 1, _own_acl(path, ACCESS))
+        os.setxattr(path, ACCESS, given)
 
 
 def open_to(folder: Path, uid: int, *, never: set[str], only_inside: set[str]) -> None:
@@ -146,6 +177,7 @@ def open_to(folder: Path, uid: int, *, never: set[str], only_inside: set[str]) -
     if _has(top, uid, ACCESS) and _has(top, uid, DEFAULT):
         return
     try:
+        _searchable(folder, uid)
         for root, dirs, files in os.walk(top):
             dirs[:] = [d for d in dirs if os.path.join(root, d) not in never]
             for name in dirs + files:

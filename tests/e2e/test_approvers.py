@@ -103,10 +103,16 @@ def check_refused(d: Daemon, results: dict[str, Any]) -> None:
     assert (message["data"]["sender"], message["data"]["text"]) == ("hostile", "hello")
 
 
+# These two check the control socket's own refusal of a run's processes, the layer
+# beneath the sandbox: with the sandbox on, a run cannot even reach the control
+# socket (tests/e2e/test_sandbox.py), so here it is off, as an operator may set it.
+UNCONFINED = '[run]\nsandbox = "off"\n'
+
+
 def test_a_program_cannot_approve_itself_as_the_daemons_uid() -> None:
     ws = workspace()
     try:
-        with running() as d:
+        with running(UNCONFINED) as d:
             results = attack(d, ws)
             # as this uid the real sessionctl runs: both ways were tried, and refused
             assert "sessionctl-approve-self" in results
@@ -132,7 +138,9 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
     try:
         # nobody may also use the daemon ([access]): still no process of the [run]
         # user is an operator, so it reaches the control socket and may only ping
-        with running('[access]\nusers = ["nobody"]\n[run]\nuser = "nobody"\n') as d:
+        with running(
+            '[access]\nusers = ["nobody"]\n[run]\nuser = "nobody"\nsandbox = "off"\n'
+        ) as d:
             closed = [p for p in d.root.parents if not os.stat(p).st_mode & stat.S_IXOTH]
             if closed:
                 pytest.skip(f"nobody cannot reach {d.root}: {closed[0]} is closed to others")
