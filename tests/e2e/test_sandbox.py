@@ -27,6 +27,7 @@ import pytest
 from sessiond.sandboxconfig import parse_uid_range
 from tests.e2e.harness import Daemon, running, wait_event, wait_for
 from tests.e2e.test_links import free_port
+from tests.e2e.webclient import logged_in
 
 PROGRAMS = Path(__file__).parent / "programs"
 ROOT = os.geteuid() == 0
@@ -229,6 +230,9 @@ def test_the_boundary_off_is_said_by_ps_show_and_metrics() -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as answer:
             metrics = answer.read().decode()
         assert "sessiond_boundary_sandbox 0.0" in metrics
+        page = logged_in(d).get("/")  # the console says it on every page
+        assert page.status == 200
+        assert b"The boundary is off" in page.body
     with running(f'[web]\nlisten = "127.0.0.1:{port}"\n') as d:
         assert d.json("ping")  # the default: on
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as answer:
@@ -239,6 +243,7 @@ def test_the_boundary_off_is_said_by_ps_show_and_metrics() -> None:
         [row] = d.json("ps")
         assert row["boundary"] == "sandbox"
         assert "the boundary is off" not in d.ctl("ps").stderr
+        assert b"The boundary is off" not in logged_in(d).get("/").body
 
 
 def test_a_spec_cannot_lift_the_boundary_nor_ask_for_the_gateway_yet() -> None:
