@@ -283,9 +283,18 @@ class Boundary:
             # daemon runs on (its SDK, sessionctl) is, wherever it is installed.
             ops += _hidden_home(workspace)
             ro += [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
-        # the program and files the command names by path under the private /tmp
-        exe = _exe(run.exec[0], workspace)
-        ro += [a for a in (exe, *run.exec[1:]) if a.startswith("/tmp/") and os.path.exists(a)]
+        # the program and the files its command names, where the private /tmp hides them
+        # (never one the boundary hides: the daemon's, another session's)
+        named = [os.path.normpath(os.path.join(workspace, a)) for a in run.exec[1:]]
+        hidden = [t for _, order, _, _, t in ops if order == 0]
+        for path in (_exe(run.exec[0], workspace), *named):
+            if (
+                _under(path, "/tmp")
+                and not _under(path, workspace)
+                and not any(_under(path, h) for h in hidden)
+                and os.path.isfile(path)
+            ):
+                ro.append(path)
         if wake_file is not None:
             ro.append(str(wake_file))
             if uid is not None and drop is not None:  # the run's own to read
