@@ -1,8 +1,7 @@
 """``sessionctl``: the command-line client of sessiond.
 
-Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is
-run by scripts and people all day; start-up time matters).
-
+Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is run
+by scripts and people all day; start-up time matters).
 Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
 session; 5 invalid input; 70 internal error.
 """
@@ -109,8 +108,7 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if not rows:
         print("no sessions; create one with 'sessionctl create SPEC.toml'")
         return 0
-    if any(r.get("boundary") == "off" for r in rows):
-        print(BOUNDARY_OFF, file=sys.stderr)
+    answers.say_unconfined(rows)  # on stderr, where the sandbox is off
     table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
     nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
     table[0][1:1] = ["NODE"] if nodes else []
@@ -165,20 +163,6 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-BOUNDARY_OFF = (
-    'sessionctl: the boundary is off ([run] sandbox = "off" in the daemon\'s configuration): '
-    "runs are not confined"
-)
-
-
-def _boundary(d: dict[str, Any]) -> str:
-    b = d.get("boundary") or {}
-    if b.get("sandbox") == "off":
-        return 'off: runs are not confined ([run] sandbox = "off")'
-    uid = f", uid {b['uid']}" if b.get("uid") is not None else ""
-    return f"sandbox (network {b.get('network') or 'host'}{uid})" if b else "-"
-
-
 def print_detail(d: dict[str, Any], out: Out) -> None:
     state = d["state"] + (f" ({d['outcome']})" if d.get("outcome") else "")
     lines = [
@@ -193,7 +177,7 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("next wake", when(d.get("next_wake"))),
         ("runs", str(d.get("runs", 0))),
         ("pid", str(d["pid"]) if d.get("pid") else "-"),
-        ("boundary", _boundary(d)),
+        ("boundary", answers.boundary(d)),
         ("created", ago(d.get("created_at"))),
         ("last active", ago(d.get("last_active"))),
         ("events", str(d.get("seq"))),
