@@ -49,6 +49,7 @@ class Daemon:
         # in a folder of its own, as /run/sessiond is: never the workspace of a
         # session (a run's uid is let write its workspace, never the socket's folder)
         self.socket = root / "sock" / "s.sock"
+        os.chmod(root, 0o711)  # searchable: the socket's folder lets in whom its ACL names
         self.config = root / "sessiond.toml"
         self.config.write_text(
             'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n' + config
