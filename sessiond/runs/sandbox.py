@@ -160,9 +160,10 @@ def _hidden_home(workspace: str) -> list[tuple[int, int, str, str, str]]:
 
 
 def _needed(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
-    """Without the hides already under a hidden folder (and under no bind back):
-    their mount points would only show names in the empty folder."""
-    hidden = [t for _, order, o, _, t in ops if order == 0 and o == "--tmpfs"]
+    """Without the hides already under a hidden folder or the private /tmp (and
+    under no bind back): their mount points would only show names in the empty
+    folder, and a daemon of many sessions would give each run a mount apiece."""
+    hidden = ["/tmp"] + [t for _, order, o, _, t in ops if order == 0 and o == "--tmpfs"]
     shown = [t for _, order, _, _, t in ops if order == 1]
 
     def redundant(target: str) -> bool:

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,23 @@ def test_a_hostile_program_is_refused_everything_outside_its_sandbox() -> None:
         '[[notify]]\nname = "file"\nurl = "jsonl://notices.jsonl"\nlinks = true\n'
         'events = ["approval.requested"]\n'
     )
+    others = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))
+    try:
+        attack(config, others)
+    finally:
+        shutil.rmtree(others)
+
+
+def attack(config: str, others: Path) -> None:
     with running(config) as d:
         # another session: a secret in its workspace, an approval pending (a notice
         # with signed links: the link key), and a console login minted
-        other = d.root / "other"
+        # (outside /tmp, of which a run has a private one: hidden by the boundary itself)
+        other = others / "other"
         other.mkdir()
         (other / "secret.txt").write_text("the other session's secret")
+        for path in (others, other, other / "secret.txt"):  # readable by all: only the
+            os.chmod(path, 0o755)  # boundary stands between it and the run
         start(d, "other", spec("other", other, ["true"], '[policy]\nask = ["command"]\n'))
         wait_event(d, "other", "approval.requested")
         notices = d.state_dir / "notices.jsonl"
@@ -132,6 +144,7 @@ def test_a_hostile_program_is_refused_everything_outside_its_sandbox() -> None:
         }  # fmt: skip
         let_through = {k: v for k, v in attempts.items() if not v["refused"]}
         assert not let_through, let_through
+        assert "No such file" in attempts["other workspace"]["detail"]  # hidden, not denied
         # nothing it wrote reached the outside, and everything it aimed at lives on
         assert not Path("/etc/escaped").exists()
         assert not (d.state_dir / "escaped").exists()
