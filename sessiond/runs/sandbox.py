@@ -152,6 +152,20 @@ def _writes(workspace: str, writes: Iterable[str]) -> list[str]:
     return out
 
 
+def _env(given: dict[str, str], home: Path, *, dropped: bool) -> tuple[tuple[str, str], ...]:
+    """What the sandbox sets in the run's environment (what the spec sets wins)."""
+    env: tuple[tuple[str, str], ...] = () if "HOME" in given else (("HOME", str(home)),)
+    if dropped and "GIT_CONFIG_COUNT" not in given:
+        # git refuses a repository another uid owns (the workspace is the
+        # operator's): the run's own git trusts what its sandbox shows it
+        env += (
+            ("GIT_CONFIG_COUNT", "1"),
+            ("GIT_CONFIG_KEY_0", "safe.directory"),
+            ("GIT_CONFIG_VALUE_0", "*"),
+        )
+    return env
+
+
 def _hidden_home(workspace: str) -> list[tuple[int, int, str, str, str]]:
     home = os.path.expanduser("~")
     if home in ("/", "") or not os.path.isdir(home) or _under(workspace, home):
@@ -308,8 +322,7 @@ class Boundary:
         ops = _needed(ops)
         ops += _folders(ops)
         ops.sort(key=lambda op: (op[0], op[1]))
-        env_given = {**config.profiles[run.profile].env, **run.env}
-        env = () if "HOME" in env_given else (("HOME", str(home)),)
+        env = _env({**config.profiles[run.profile].env, **run.env}, home, dropped=drop is not None)
         return MountPlan(
             bwrap=bwrap,
             cwd=str(run.cwd),

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -172,9 +173,11 @@ def test_a_run_of_a_root_daemon_has_a_dynamic_uid_kept_across_runs_and_restarts(
         ws = d.root / "ws"
         ws.mkdir()
         (ws / "given.txt").write_text("written by the operator")
+        subprocess.run(["git", "init", "-q", str(ws)], check=True)  # the operator's repository
         prog = (
             'import os; open("uids", "a").write(f"{os.getuid()} {os.getgid()} {os.getgroups()}\\n")'
-            '; open("given.txt", "a").write("+run")'
+            '; open("given.txt", "a").write("+run"); import subprocess as s'
+            '; open("git", "w").write(str(s.run(["git", "status"]).returncode))'
         )
         armed = '[[trigger]]\ntype = "message"\n'
         start(d, "uid", spec("uid", ws, [sys.executable, "-c", prog]) + armed)
@@ -192,6 +195,7 @@ def test_a_run_of_a_root_daemon_has_a_dynamic_uid_kept_across_runs_and_restarts(
         assert groups == "[]"
         assert (ws / "given.txt").read_text() == "written by the operator+run+run"
         assert os.stat(ws / "given.txt").st_uid == os.getuid()  # still the operator's file
+        assert (ws / "git").read_text() == "0"  # git works in the operator's repository
         assert d.json("show", "uid")["boundary"]["uid"] == int(uid)
 
 
