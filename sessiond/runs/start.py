@@ -323,7 +323,7 @@ class Starter:
         if that was written meanwhile)."""
         recording: asyncio.Future[bool] | None = None
         try:
-            program.cgroup = self._cgroup(s, run_id)
+            program.cgroup = self._cgroup(s, run_id, sandboxed=program.plan is not None)
             holder = program.send()
             # Told the holder ahead: run.started (the start's one fsync) is written
             # while the spawner hands it the request. Not at a test's fault or hold
@@ -351,10 +351,11 @@ class Starter:
             return None
         return pid
 
-    def _cgroup(self, s: Session, run_id: str) -> RunCgroup | None:
+    def _cgroup(self, s: Session, run_id: str, *, sandboxed: bool) -> RunCgroup | None:
         """The run's own cgroup, made empty (None where the daemon has no cgroups:
         the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
-        ``max_processes``, plus one for the holder, which is not the program's.
+        ``max_processes``, plus one for the holder, which is not the program's,
+        and two for bubblewrap's (its own and its pid namespace's init).
         CgroupError: a run that needs a bound cannot have one here."""
         assert s.spec is not None
         assert s.spec.run is not None
@@ -371,7 +372,8 @@ class Starter:
             return None
         name = f"{run_prefix(self.ctx.config.state_dir)}{s.name}.{run_id}"
         try:
-            return RunCgroup.create(support, name, None if limit is None else limit + 1)
+            extra = 3 if sandboxed else 1
+            return RunCgroup.create(support, name, None if limit is None else limit + extra)
         except CgroupError as exc:
             if limit is not None:
                 raise
