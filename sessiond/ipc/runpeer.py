@@ -87,7 +87,7 @@ def _why_run(pid: int, uid: int, run_uids: Container[int]) -> tuple[str | None, 
     """Why ``pid`` (of ``uid``) counts as a run's process (None: it does not), and
     its start time. OSError: it cannot be examined."""
     if uid in run_uids:
-        return f"uid {uid} is the [run] user programs run as", b""
+        return f"uid {uid} is a run's uid (the [run] user, or one a session's runs get)", b""
     ppid, started = _stat(pid)
     try:
         environ = _read(pid, "environ")

@@ -110,9 +110,10 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def signal_tree(root: int, sig: int) -> int:
-    """Send ``sig`` to every live descendant of ``root``; how many there were."""
-    pids = descendants(root)
+def signal_tree(root: int, sig: int, skip: int | None = None) -> int:
+    """Send ``sig`` to every live descendant of ``root`` but ``skip``; how many
+    there were."""
+    pids = [p for p in descendants(root) if p != skip]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
@@ -368,7 +369,9 @@ def _supervise(program: int, flags: dict[str, bool], wake_r: int, sandboxed: boo
             mirror(status if status is not None else signal.SIGKILL)
         if flags["term"]:
             flags["term"] = False
-            signal_tree(os.getpid(), signal.SIGTERM)
+            # Not bubblewrap itself: it would die of it, and its sandbox with it,
+            # before the program could finish what it is doing (it ends with it).
+            signal_tree(os.getpid(), signal.SIGTERM, skip=program if sandboxed else None)
         with contextlib.suppress(InterruptedError, BlockingIOError):
             select.select([wake_r], [], [])
             os.read(wake_r, 64)
