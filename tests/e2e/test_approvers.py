@@ -148,7 +148,7 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
             assert (ws / "results.json").stat().st_uid == 65534  # it did run as nobody
             check_refused(d, results)
             helper = results["approve-self-helper"]["error"]["message"]
-            assert "uid 65534 is the [run] user" in helper
+            assert "uid 65534 is a run's uid" in helper
     finally:
         shutil.rmtree(ws, ignore_errors=True)
 

@@ -43,4 +43,4 @@ def test_a_process_carrying_a_run_mark_or_of_the_run_user_may_only_ping() -> Non
         finally:
             marked.communicate(b"\n", timeout=30)
         by_uid = examine(a, os.getpid(), 65534, frozenset({65534})) or ""
-        assert "uid 65534 is the [run] user" in by_uid
+        assert "uid 65534 is a run's uid" in by_uid
