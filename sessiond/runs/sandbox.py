@@ -274,10 +274,12 @@ class Boundary:
         home = config.state_dir / "homes" / session
         drop = self._identity(config, session, home)
         uid = drop[1] if drop is not None else None
-        if uid is not None:
+        if uid is not None:  # what it may write, its uid may write (POSIX ACLs)
             never = set(protected(config)) - {str(config.socket.parent)}
             inside = {str(config.socket.parent)}
-            open_to(Path(workspace), uid, never=never, only_inside=inside)
+            for path in dict.fromkeys([workspace, *config.run.writable, *run.writable]):
+                if os.path.isdir(path):
+                    open_to(Path(path), uid, never=never, only_inside=inside)
         else:
             home.mkdir(mode=0o700, parents=True, exist_ok=True)
         rw = [workspace] if not run.writes else _writes(workspace, run.writes)
