@@ -216,12 +216,18 @@ class Boundary:
         self.uids = DynamicUids(state_dir)
         self._lock = threading.Lock()  # plans are made in threads; the uid table is one
         self._probed: RunConfig | None = None  # the [run] table bubblewrap worked with
+        self._found: dict[str, tuple[RunConfig | None, str]] = {}  # name -> (for, path)
 
     @staticmethod
     def on(config: DaemonConfig) -> bool:
         return config.run.sandbox == "on"
 
     def _find(self, name: str, what: str, package: str) -> str:
+        """The program's absolute path (found once per configuration: a start pays
+        no walk of PATH), or SandboxUnavailable naming the package to install."""
+        found = self._found.get(name)
+        if found is not None and found[0] is self._probed:
+            return found[1]
         path = name if "/" in name else shutil.which(name)
         if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
             raise SandboxUnavailable(
@@ -229,6 +235,7 @@ class Boundary:
                 f"runs are confined with {what} and {name!r} is not there: install "
                 f"{package} (Debian: apt install {package}), {OFF_HINT}",
             )
+        self._found[name] = (self._probed, os.path.abspath(path))
         return os.path.abspath(path)
 
     def _probe(self, config: DaemonConfig, bwrap: str) -> None:
