@@ -38,6 +38,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -203,6 +204,44 @@ def _folders(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, 
     return [(_depth(f), 0, "--dir", "", f) for f in made]
 
 
+def _prepare(
+    config: DaemonConfig, spec: SessionSpec, workspace: str, home: Path, uid: int | None
+) -> None:
+    """What the run's uid needs of the host: to run its program, and to write what
+    it may write (POSIX ACLs); or only its home, where it has the daemon's uid."""
+    assert spec.run is not None
+    run = spec.run
+    if uid is None:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return
+    _reachable(_exe(run.exec[0], workspace), workspace, uid)
+    never = set(protected(config)) - {str(config.socket.parent)}
+    inside = {str(config.socket.parent)}
+    for path in dict.fromkeys([workspace, *config.run.writable, *run.writable]):
+        if os.path.isdir(path):
+            open_to(Path(path), uid, never=never, only_inside=inside)
+
+
+def _reachable(exe: str, workspace: str, uid: int) -> None:
+    """The program a run starts must be one its uid may run: world-searchable folders
+    and a world-executable file, where the sandbox does not lay the path out itself
+    (the workspace, the private /tmp, the daemon's home). SandboxUnavailable naming
+    the first that is not, and the two ways on."""
+    home = os.path.expanduser("~")
+    if not os.path.exists(exe) or any(_under(exe, f) for f in (workspace, "/tmp", home)):
+        return  # (missing: the start says so itself)
+    for path in [*reversed(Path(exe).parents), Path(exe)]:
+        mode = os.stat(path).st_mode
+        if not mode & stat.S_IXOTH:
+            raise SandboxUnavailable(
+                errno.EACCES,
+                f"the session's uid {uid} cannot run {exe}: {path} is not "
+                f"{'searchable' if path != Path(exe) else 'executable'} by others (mode "
+                f"{stat.S_IMODE(mode):04o}); make it so (chmod o+x), put the program in "
+                "the workspace, or name an account in the daemon's [run] user",
+            )
+
+
 def _exe(name: str, workspace: str) -> str:
     """The file the command starts, as the daemon finds it."""
     found = shutil.which(name, path=os.environ.get("PATH")) if "/" not in name else name
@@ -281,14 +320,7 @@ class Boundary:
         home = config.state_dir / "homes" / session
         drop = self._identity(config, session, home)
         uid = drop[1] if drop is not None else None
-        if uid is not None:  # what it may write, its uid may write (POSIX ACLs)
-            never = set(protected(config)) - {str(config.socket.parent)}
-            inside = {str(config.socket.parent)}
-            for path in dict.fromkeys([workspace, *config.run.writable, *run.writable]):
-                if os.path.isdir(path):
-                    open_to(Path(path), uid, never=never, only_inside=inside)
-        else:
-            home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _prepare(config, spec, workspace, home, uid)
         rw = [workspace] if not run.writes else _writes(workspace, run.writes)
         if run.writes:
             ops.append((_depth(workspace), 1, "--ro-bind", workspace, workspace))

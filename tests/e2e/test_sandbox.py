@@ -283,3 +283,24 @@ def test_a_spec_cannot_lift_the_boundary_nor_ask_for_the_gateway_yet() -> None:
         assert done.returncode != 0
         assert "writable: 'cache' is not an absolute path" in done.stderr
         assert d.json("ps") == []
+
+
+@needs_root
+def test_a_program_its_uid_cannot_reach_is_refused_naming_the_folder() -> None:
+    hidden = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))  # 0700: the operator's only
+    try:
+        program = hidden / "prog.sh"
+        program.write_text("#!/bin/sh\ntouch ran\n")
+        os.chmod(program, 0o755)
+        with running() as d:
+            ws = d.root / "ws"
+            ws.mkdir()
+            start(d, "locked", spec("locked", ws, [str(program)]))
+            finished = wait_event(d, "locked", "run.finished")["data"]
+            assert finished["status"] == "failed"
+            why = f"cannot run {program}: {hidden} is not searchable by others"
+            assert why in finished["error"]
+            assert "chmod o+x" in finished["error"]
+            assert not (ws / "ran").exists()
+    finally:
+        shutil.rmtree(hidden)
