@@ -31,6 +31,7 @@ from pydantic import (
 from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
 from sessiond.paths import default_socket, default_state_dir
+from sessiond.sandboxconfig import DaemonSandboxKeys
 from sessiond.webconfig import WebConfig
 
 
@@ -117,8 +118,9 @@ class ProfileConfig(_Strict):
         return env
 
 
-class RunConfig(_Strict):
-    """Where runs' processes are grouped (DESIGN.md section 9; sessiond.runs.cgroups).
+class RunConfig(_Strict, DaemonSandboxKeys):
+    """Where runs' processes are grouped (DESIGN.md section 9; sessiond.runs.cgroups)
+    and how they are confined (sessiond.sandboxconfig, sessiond.runs.sandbox).
 
     ``cgroup``: ``"auto"`` uses the daemon's own cgroup2 group when it is delegated
     to it (systemd ``Delegate=yes``), ``"off"`` uses none, and an absolute path names

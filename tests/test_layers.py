@@ -31,6 +31,7 @@ GROUND = {
     "names",
     "paths",
     "redaction",
+    "sandboxconfig",
     "webconfig",
     "wire",
 }

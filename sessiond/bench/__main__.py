@@ -28,6 +28,7 @@ from sessiond.bench import (
     machine,
     memory,
     run_async,
+    sandbox,
     steps,
     storage,
     wakes,
@@ -47,6 +48,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
+    "sandbox_wake_overhead_ms": ("<=", 5.0, "ms (wake_to_exec with the sandbox minus without)"),
     "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
     "sdk_step_floor_ratio": ("<=", 1.5, "sdk_step_roundtrip_p50_ms / sdk_step_floor_p50_ms"),
     "sdk_replay_step_p50_ms": ("<=", 1.0, "ms (answered from the log: no fsync)"),
@@ -138,6 +140,8 @@ def measure(
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
+        say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms (the sandbox's floor) ...")
+        results.update(sandbox.floor(quick))
         results.update(wakes.measure(work, quick, say))
         say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
         results.update(steps.measure(work, quick))
@@ -183,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         "session vs none (writes about 4 GB of logs)",
     )
     parser.add_argument(
+        "--sandbox-only",
+        action="store_true",
+        help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         default=None,
@@ -199,15 +208,18 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     try:
-        results = measure(
-            work,
-            args.quick,
-            say,
-            skip_daemon=args.storage_only,
-            loop_only=args.loop_only,
-            memory_only=args.memory_only,
-            baseline=args.baseline,
-        )
+        if args.sandbox_only:
+            results = sandbox.measure(work, args.quick, say)
+        else:
+            results = measure(
+                work,
+                args.quick,
+                say,
+                skip_daemon=args.storage_only,
+                loop_only=args.loop_only,
+                memory_only=args.memory_only,
+                baseline=args.baseline,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = {

@@ -97,13 +97,14 @@ def write_sessions(state_dir: Path, count: int, events: int) -> None:
 
 
 class BenchDaemon:
-    def __init__(self, root: Path, source: Path | None = None) -> None:
+    def __init__(self, root: Path, source: Path | None = None, config: str = "") -> None:
         self.root = root
         self.source = source  # another source tree's daemon (a baseline), else this one
         self.state_dir = root / "state"
-        self.socket = root / "s.sock"
+        # in a folder of its own: never a session's workspace (the runs' uid may write that)
+        self.socket = root / "sock" / "s.sock"
         self.config = root / "sessiond.toml"
-        self.config.write_text('log_format = "json"\nlog_level = "info"\n')
+        self.config.write_text('log_format = "json"\nlog_level = "info"\n' + config)
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready = threading.Event()
 
@@ -272,10 +273,24 @@ def _wait_file(path: Path, timeout: float = 30.0) -> str:
 
 def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
     """``wake_to_exec_p50_ms``: from the activate request to the first instruction of
-    a shell one-liner probe (gate included); ``sdk_tool_roundtrip_p50_ms``: one
-    ``run.step`` with an empty body, its events durable (sessiond.bench.steps has the
-    step figures beside their floor)."""
-    root = (work / "wake").resolve()
+    a shell one-liner probe (gate included), its run confined by the sandbox as by
+    default, and ``wake_to_exec_unconfined_p50_ms`` the same with ``[run] sandbox =
+    "off"``; ``sdk_tool_roundtrip_p50_ms``: one ``run.step`` with an empty body, its
+    events durable (sessiond.bench.steps has the step figures beside their floor)."""
+    n = 20 if quick else 100
+    confined, sdk_ms = _wake(work / "wake", n, sdk=200 if quick else 1000)
+    unconfined, _ = _wake(work / "wake-off", n, config='[run]\nsandbox = "off"\n')
+    return {
+        "wake_to_exec_p50_ms": confined,
+        "wake_to_exec_unconfined_p50_ms": unconfined,
+        "sandbox_wake_overhead_ms": round(confined - unconfined, 2),
+        "sdk_tool_roundtrip_p50_ms": round(sdk_ms, 2),
+    }
+
+
+def _wake(root: Path, n: int, *, sdk: int = 0, config: str = "") -> tuple[float, float]:
+    """The median wake-to-exec of ``n`` wakes (ms), and of ``sdk`` steps, if any."""
+    root = root.resolve()
     root.mkdir()
     probe = root / "ts"
     spec = (
@@ -283,20 +298,21 @@ def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
         f'cwd = "{root}"\n[[trigger]]\ntype = "message"\n'
     )
     sdk_script = root / "sdk_probe.py"
-    sdk_script.write_text(SDK_PROBE.format(n=200 if quick else 1000))
+    sdk_script.write_text(SDK_PROBE.format(n=sdk))
     pythonpath = str(Path(__file__).parents[2])
     sdk_spec = (
         f'name = "sdkprobe"\n[run]\nkind = "sdk"\nexec = ["{sys.executable}", "{sdk_script}"]\n'
         f'cwd = "{root}"\nenv = {{ PYTHONPATH = "{pythonpath}" }}\n'
     )
-    d = BenchDaemon(root)
+    d = BenchDaemon(root, config=config)
     d.state_dir.mkdir(parents=True)
+    sdk_ms = 0.0
     try:
         d.start()
         for name, text in (("probe", spec), ("sdkprobe", sdk_spec)):
             call(d.socket, "create", {"spec": text, "base": str(root), "source": name})
         delays = []
-        for _ in range(20 if quick else 100):
+        for _ in range(n):
             probe.unlink(missing_ok=True)
             start = time.time()
             call(d.socket, "activate", {"name": "probe"})
@@ -306,15 +322,13 @@ def wake_and_sdk(work: Path, quick: bool) -> dict[str, float]:
                     break
                 time.sleep(0.001)
             delays.append((stamp - start) * 1000)
-        call(d.socket, "activate", {"name": "sdkprobe"})
-        sdk_ms = float(_wait_file(root / "sdk.ms", timeout=300))
+        if sdk:
+            call(d.socket, "activate", {"name": "sdkprobe"})
+            sdk_ms = float(_wait_file(root / "sdk.ms", timeout=300))
     finally:
         d.stop()
     shutil.rmtree(root)
-    return {
-        "wake_to_exec_p50_ms": round(statistics.median(delays), 2),
-        "sdk_tool_roundtrip_p50_ms": round(sdk_ms, 2),
-    }
+    return round(statistics.median(delays), 2), sdk_ms
 
 
 def call(path: Path, method: str, params: dict[str, Any]) -> Any:

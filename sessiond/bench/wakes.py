@@ -150,6 +150,7 @@ def git_wake(root: Path, samples: int) -> float:
     ts = root / "git-ts"
     spec = (
         f'name = "g"\n[run]\nexec = ["bash", "-c", "{PROBE.format(ts=ts)}"]\ncwd = "{repo}"\n'
+        f'writable = ["{root}"]\n'  # its stamp lies beside the repository, not in it
         '[limits]\nburst = 10000\n[[trigger]]\ntype = "git"\npaths = ["src/**"]\n'
     )
     (root / "gitd").mkdir()

@@ -1,8 +1,7 @@
 """``sessionctl``: the command-line client of sessiond.
 
-Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is
-run by scripts and people all day; start-up time matters).
-
+Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is run
+by scripts and people all day; start-up time matters).
 Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
 session; 5 invalid input; 6 a cluster's database not reachable; 70 internal error.
 """
@@ -109,6 +108,7 @@ def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if not rows:
         print("no sessions; create one with 'sessionctl create SPEC.toml'")
         return 0
+    answers.say_unconfined(rows)  # on stderr, where the sandbox is off
     table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
     nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
     table[0][1:1] = ["NODE"] if nodes else []
@@ -180,6 +180,7 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("next wake", when(d.get("next_wake"))),
         ("runs", str(d.get("runs", 0))),
         ("pid", str(d["pid"]) if d.get("pid") else "-"),
+        ("boundary", answers.boundary(d)),
         ("created", ago(d.get("created_at"))),
         ("last active", ago(d.get("last_active"))),
         ("events", str(d.get("seq"))),

@@ -10,6 +10,7 @@ processes nothing but ``ping``, and the program endpoint never serves them.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,23 @@ def who(answer: dict[str, Any]) -> str:
         else "by an unrecorded person"
     )
     return who + (f", note: {answer['by']}" if answer.get("by") else "")
+
+
+BOUNDARY_OFF = (
+    'sessionctl: the boundary is off ([run] sandbox = "off" in the daemon\'s configuration): '
+    "runs are not confined"
+)
+
+
+def say_unconfined(rows: list[dict[str, Any]]) -> None:
+    if any(r.get("boundary") == "off" for r in rows):
+        print(BOUNDARY_OFF, file=sys.stderr)
+
+
+def boundary(d: dict[str, Any]) -> str:
+    """``show``'s boundary line: the sandbox (its network, the session's uid) or off."""
+    b = d.get("boundary") or {}
+    if b.get("sandbox") == "off":
+        return 'off: runs are not confined ([run] sandbox = "off")'
+    uid = f", uid {b['uid']}" if b.get("uid") is not None else ""
+    return f"sandbox (network {b.get('network') or 'host'}{uid})" if b else "-"

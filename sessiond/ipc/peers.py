@@ -13,44 +13,12 @@ import os
 import pwd
 import socket
 import struct
-from collections.abc import Container, Iterable
+from collections.abc import Container
 from dataclasses import dataclass
 
 from sessiond.config import AccessConfig
 
 _CREDS = struct.Struct("3i")
-# The uids the daemon gives sessions' runs, one per session, when it runs as
-# root (the default of the sandbox's `[run] dynamic_uids`): a uid in this range
-# is always a run's, never an operator's, whatever [access] says. Defined here
-# alone: the configured range is passed to Peers as ``run_uids``.
-DYNAMIC_UIDS = range(458752, 524288)
-
-
-class RunUids(Container[int]):
-    """The uids that are runs': the [run] user's and ranges of dynamic ones."""
-
-    def __init__(self, uids: Iterable[int] = (), ranges: Iterable[range] = (DYNAMIC_UIDS,)) -> None:
-        self.uids = frozenset(uids)
-        self.ranges = tuple(ranges)
-
-    def __contains__(self, uid: object) -> bool:
-        return uid in self.uids or any(uid in r for r in self.ranges)
-
-    def union(self, other: Container[int]) -> Container[int]:
-        """These uids or ``other``'s."""
-        return _Either(self, other)
-
-    def __repr__(self) -> str:
-        return f"RunUids({sorted(self.uids)}, {list(self.ranges)})"
-
-
-@dataclass(frozen=True)
-class _Either(Container[int]):
-    first: Container[int]
-    second: Container[int]
-
-    def __contains__(self, uid: object) -> bool:
-        return uid in self.first or uid in self.second
 
 
 @dataclass(frozen=True)
@@ -72,34 +40,21 @@ class Peer:
 class Peers:
     """The allowed uids and gids, and the check against them."""
 
-    def __init__(
-        self,
-        access: AccessConfig,
-        run_user: tuple[int, int] | None = None,
-        run_uids: Container[int] | None = None,
-    ) -> None:
+    def __init__(self, access: AccessConfig, runs: Container[int] = frozenset()) -> None:
         self.uids: set[int] = set()
         self.gids: set[int] = set()
-        # runs' uids ([run] user, the dynamic ones): their processes are programs,
-        # never operators
-        self.run_uids: Container[int] = RunUids()
-        self._given = run_uids  # kept across reloads that do not name them
-        self.allow(access, run_user, run_uids)
+        # the uids runs have ([run] user's, the dynamic range: sessiond.sandboxconfig):
+        # their processes are programs, never operators
+        self.run_uids: Container[int] = frozenset()
+        self.allow(access, runs)
 
-    def allow(
-        self,
-        access: AccessConfig,
-        run_user: tuple[int, int] | None = None,
-        run_uids: Container[int] | None = None,
-    ) -> None:
+    def allow(self, access: AccessConfig, runs: Container[int] = frozenset()) -> None:
         """Who may connect: the daemon's user, root, and the configured users and groups.
         ``run_uids``: the uids runs are given (default: the [run] user's and
         :data:`DYNAMIC_UIDS`). (A reload applies a new list to the next connections.)"""
         self.uids = {os.getuid(), 0} | access.uids()
         self.gids = access.gids()
-        self._given = run_uids if run_uids is not None else self._given
-        given = self._given if self._given is not None else RunUids()
-        self.run_uids = RunUids({run_user[0]}, ()).union(given) if run_user is not None else given
+        self.run_uids = runs
 
     def allowed(self, peer: Peer, *, programs: bool = False) -> bool:
         """``programs``: the program endpoint, where the [run] user connects too."""

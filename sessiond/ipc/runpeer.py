@@ -146,7 +146,7 @@ def _why_run(pid: int, uid: int, run_uids: Container[int]) -> tuple[str | None, 
     """Why ``pid`` (of ``uid``) is no operator (None: nothing says so), and its
     start time. OSError: it cannot be examined (ProcessLookupError: it is gone)."""
     if uid in run_uids:
-        return f"uid {uid} is the [run] user programs run as, or a uid runs are given", b""
+        return f"uid {uid} is a run's uid (the [run] user, or one a session's runs get)", b""
     state, ppid, started = _stat(pid)
     if state in (b"Z", b"X"):
         raise ProcessLookupError("it has exited")

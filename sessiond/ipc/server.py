@@ -28,6 +28,7 @@ from sessiond.ipc.frames import TOO_LARGE, Frames, error, reply
 from sessiond.ipc.peers import Peer, Peers
 from sessiond.ipc.runpeer import Examiner
 from sessiond.paths import program_socket
+from sessiond.sandboxconfig import dynamic_uids_on, run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.wire import last_word_path
 
@@ -56,12 +57,12 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.activated = False
-        self.peers = Peers(config.access, config.run.identity())
+        self.peers = Peers(config.access, run_uids(config))
         self.dispatch = Dispatch(kernel, reload)
 
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""
-        self.peers.allow(access, self.config.run.identity())
+        self.peers.allow(access, run_uids(self.config))
 
     # --- the socket -----------------------------------------------------------------
 
@@ -102,6 +103,12 @@ class Server:
             grant(folder, EXECUTE, others | runs, access.gids())
         if self.endpoint == "program" and runs:
             grant(self.path, READ | WRITE, runs, set())
+        elif self.endpoint == "program" and dynamic_uids_on(self.config):
+            # Runs with a dynamic uid reach the socket only through their sandbox's
+            # bind of it (its 0700 folder stays the fence for everyone else); too
+            # many uids for an ACL, so the file's mode lets them connect, and the
+            # peer check admits only those uids and the operators.
+            os.chmod(self.path, 0o666)
         elif self.endpoint == "control" and shared:
             grant(self.path, READ | WRITE, others, access.gids())
         log.info("server.listening", socket=str(self.path), shared=shared, endpoint=self.endpoint)

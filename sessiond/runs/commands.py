@@ -20,12 +20,14 @@ import contextlib
 import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 from sessiond.runs.cgroups import CgroupError
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.runner import Outcome, scrubbed_env
 from sessiond.runs.start import Starter
 from sessiond.table.sessions import Session
+from sessiond.table.spec import RunSpec, SessionSpec
 
 
 class CommandNotStarted(Exception):
@@ -58,23 +60,31 @@ async def run_for_session(
     env = scrubbed_env(ctx.env)
     env["SESSIOND_SESSION"] = s.name
     env[MARK] = mark(ctx.config.state_dir, s.name, proc_id)
+    spec = _as_run(s.spec, argv, cwd, ctx.config.state_dir / "homes" / s.name)
+    try:
+        # confined as the session's runs are: the same sandbox, uid and hidden paths
+        plan = await ctx.confinement(s, spec)
+    except OSError as exc:  # SandboxUnavailable: it must not start
+        raise CommandNotStarted(f"could not start {argv[0]!r}: {exc}") from None
     # A file, not a pipe: whatever its size, the command reads it at its pace and
     # the daemon never waits on a command that does not read.
     items = os.memfd_create(f"sessiond-{purpose}-stdin", os.MFD_CLOEXEC)
     try:
         _write_all(items, stdin)
         os.lseek(items, 0, os.SEEK_SET)
+        assert spec.run is not None
         program = starter.session_program(
             s.spec,
             env=env,
             timeout=timeout,
             max_output=max_output,
             argv=argv,
-            cwd=cwd,
+            cwd=spec.run.cwd,
             stdin=items,
         )
+        program.plan = plan
         try:
-            program.cgroup = starter.cgroup_for(s, proc_id)
+            program.cgroup = starter.cgroup_for(s, proc_id, sandboxed=plan is not None)
             program.send()
         except (OSError, ValueError, CgroupError) as exc:
             why = getattr(exc, "strerror", None) or exc
@@ -104,6 +114,18 @@ async def run_for_session(
         with contextlib.suppress(asyncio.CancelledError):
             await over
     return CommandResult(outcome, outcome.stdout_total > max_output)
+
+
+def _as_run(spec: SessionSpec, argv: list[str], cwd: str, private: Path) -> SessionSpec:
+    """``spec`` as if ``argv`` were its program, for the sandbox's plan: its run's
+    declarations (writes, writable, network...) stand. A session with no ``[run]``
+    has no workspace: its command works in a private folder (the session's run home),
+    never in the daemon's own or the root of the file system."""
+    if spec.run is not None:
+        run = spec.run.model_copy(update={"exec": argv, "cwd": cwd})
+        return spec.model_copy(update={"run": run})
+    private.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return spec.model_copy(update={"run": RunSpec(exec=argv, cwd=str(private))})
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -26,10 +26,12 @@ from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
+from sessiond.runs.sandbox import Boundary, MountPlan
 from sessiond.runs.spawn import Spawner
 from sessiond.table import lifecycle
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
+from sessiond.table.spec import SessionSpec
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +84,23 @@ class RunContext:
         self._cgroups: tuple[RunConfig, CgroupSupport | None, str] | None = None
         # every run's processes are started, held and reaped by it (runs/spawner.py)
         self.spawner = Spawner()
+        self.boundary = Boundary(config.state_dir)  # runs/sandbox.py
+
+    async def confinement(
+        self, s: Session, spec: SessionSpec, wake_file: Path | None = None
+    ) -> MountPlan | None:
+        """The sandbox every process started on ``s``'s behalf runs in (its program,
+        and any other command for it: wrap it with ``runs.sandbox.confine`` and spawn
+        it through the spawner); None when the operator turned the sandbox off.
+        SandboxUnavailable (an OSError): the process must not start."""
+        others = [
+            o.spec.workspace
+            for o in self.table
+            if o is not s and o.spec is not None and o.spec.run is not None
+        ]
+        return await self.boundary.plan(
+            self.config, spec, s.name, others=others, wake_file=wake_file
+        )
 
     def cgroups(self) -> tuple[CgroupSupport | None, str]:
         """The cgroups runs may use (sessiond.runs.cgroups) and, without any, why;

@@ -26,6 +26,7 @@ import orjson
 import structlog
 
 from sessiond.runs.cgroups import CgroupError, RunCgroup
+from sessiond.runs.sandbox import MountPlan, confine
 from sessiond.runs.spawn import Held, Request, Spawner
 from sessiond.table.spec import SessionSpec
 
@@ -191,6 +192,8 @@ class Program:
         self.timeout = timeout
         self.cgroup = cgroup  # the run's own, made empty by the caller; removed here
         self.user = user  # [run] user: the program's uid and gid
+        # the session's sandbox (RunContext.confinement); None: the operator turned it off
+        self.plan: MountPlan | None = None
         self.held: Held | None = None
         self._request: Request | None = None  # sent, its answer not awaited yet
         self._pipes: tuple[int, int] = (-1, -1)  # our ends of stdout and stderr
@@ -203,12 +206,14 @@ class Program:
         """Ask the spawner for the program, held; the holder's pid and start time
         when they are known before the answer (``start`` awaits it). OSError or
         ValueError: it cannot start."""
-        argv, cwd = self.argv, self.cwd
+        argv, cwd, user = self.argv, self.cwd, self.user
         try:
             check_startable(argv, cwd, self.env)
         except BaseException:
             self._remove_cgroup()
             raise
+        if self.plan is not None:  # bubblewrap starts as the daemon, drops inside
+            argv, user = confine(argv, self.plan), None
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         procs = [str(f / "cgroup.procs") for f in self.cgroup.folders] if self.cgroup else None
@@ -220,8 +225,9 @@ class Program:
                 stdout=out_w,
                 stderr=err_w,
                 cgroup_procs=procs,
-                user=self.user,
+                user=user,
                 stdin=self.stdin,
+                sandboxed=self.plan is not None,
             )
         except BaseException:
             os.close(out_r)

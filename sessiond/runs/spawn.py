@@ -171,6 +171,7 @@ class Spawner:
         stderr: int,
         cgroup_procs: list[str] | None = None,
         user: tuple[int, int] | None = None,
+        sandboxed: bool = False,
     ) -> Held:
         """A held run of ``argv`` (``send`` and ``answer`` in one)."""
         request = self.send(
@@ -181,6 +182,7 @@ class Spawner:
             stderr=stderr,
             cgroup_procs=cgroup_procs,
             user=user,
+            sandboxed=sandboxed,
         )
         return await self.answer(request)
 
@@ -195,6 +197,7 @@ class Spawner:
         cgroup_procs: list[str] | None = None,
         user: tuple[int, int] | None = None,
         stdin: int | None = None,
+        sandboxed: bool = False,
     ) -> Request:
         """Ask for a held run of ``argv``; ``answer`` awaits it. ``cgroup_procs``:
         the run's cgroups' ``cgroup.procs`` files (one per hierarchy), which the
@@ -202,7 +205,8 @@ class Spawner:
 
         ``Request.holder`` is the holder's pid and start time when the spawner
         told them ahead (it must use that holder, or refuse): the caller may
-        record them while the request is on its way."""
+        record them while the request is on its way. ``sandboxed``: ``argv`` starts
+        bubblewrap, which ends with 128+N when its program was killed by signal N."""
         self.start()
         assert self._loop is not None
         rid = self._next
@@ -213,6 +217,8 @@ class Spawner:
             request["cgroup_procs"] = cgroup_procs
         if user is not None:  # the program's uid and gid ([run] user)
             request["user"] = list(user)
+        if sandboxed:  # argv is bubblewrap's (runs/sandbox.py): its exit is the program's
+            request["sandboxed"] = True
         holder, self.idle = self.idle, None
         if holder is not None:
             request["holder"] = holder[0]

@@ -28,7 +28,8 @@ Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
 
 Messages, daemon → spawner: ``spawn`` (id, argv, cwd, env, optional
 ``cgroup_procs``: the run's cgroups' ``cgroup.procs`` files, optional
-``holder``: the pid of the holder it was told of, which must take it; fds:
+``holder``: the pid of the holder it was told of, which must take it; optional
+``sandboxed``: argv is bubblewrap's, whose 128+N exit is mirrored as signal N; fds:
 stdout, stderr, the go pipe's read end: the daemon keeps the write end, and
 optionally the program's stdin: without it P reads /dev/null),
 ``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it),
@@ -110,9 +111,10 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def signal_tree(root: int, sig: int) -> int:
-    """Send ``sig`` to every live descendant of ``root``; how many there were."""
-    pids = descendants(root)
+def signal_tree(root: int, sig: int, skip: int | None = None) -> int:
+    """Send ``sig`` to every live descendant of ``root`` but ``skip``; how many
+    there were."""
+    pids = [p for p in descendants(root) if p != skip]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
@@ -288,7 +290,7 @@ def _idle(sock: socket.socket, spawner: int) -> None:
     # R holds no pipe of the run: the output reaches EOF once the subtree is gone.
     for fd in fds[:2] + fds[3:]:
         os.close(fd)
-    _supervise(program, flags, wake_r)
+    _supervise(program, flags, wake_r, bool(req.get("sandboxed")))
 
 
 def _wait_go(go: int, flags: dict[str, bool], wake_r: int) -> bool:
@@ -344,7 +346,15 @@ def _arm() -> tuple[dict[str, bool], int]:
     return flags, wake_r
 
 
-def _supervise(program: int, flags: dict[str, bool], wake_r: int) -> None:
+def _unwrap(status: int) -> int:
+    """P is bubblewrap: it exits with 128+N when its program died of signal N; the
+    status a bare program would have had (the daemon tells a kill from a failure)."""
+    if os.WIFEXITED(status) and 128 < os.WEXITSTATUS(status) <= 128 + 64:
+        return os.WEXITSTATUS(status) - 128  # a raw wait status "killed by signal N"
+    return status
+
+
+def _supervise(program: int, flags: dict[str, bool], wake_r: int, sandboxed: bool) -> None:
     """R's loop: forward a stop, kill all on request or once P is gone. Never returns."""
     status: int | None = None
     while True:
@@ -357,14 +367,16 @@ def _supervise(program: int, flags: dict[str, bool], wake_r: int) -> None:
             if pid == 0:
                 break
             if pid == program:
-                status = st
+                status = _unwrap(st) if sandboxed else st
         if status is not None or flags["kill"]:
             kill_tree_and_reap()
             # killed on request before P's end was seen: a raw status 9, SIGKILL
             mirror(status if status is not None else signal.SIGKILL)
         if flags["term"]:
             flags["term"] = False
-            signal_tree(os.getpid(), signal.SIGTERM)
+            # Not bubblewrap itself: it would die of it, and its sandbox with it,
+            # before the program could finish what it is doing (it ends with it).
+            signal_tree(os.getpid(), signal.SIGTERM, skip=program if sandboxed else None)
         with contextlib.suppress(InterruptedError, BlockingIOError):
             select.select([wake_r], [], [])
             os.read(wake_r, 64)

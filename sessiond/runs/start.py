@@ -281,6 +281,9 @@ class Starter:
         try:
             if unresolved is not None:
                 raise unresolved
+            # Confined by the kernel (runs/sandbox.py); SandboxUnavailable (an
+            # OSError) says why it cannot be, and the run does not start.
+            program.plan = await self.ctx.confinement(s, spec, wake_file)
             pid = await self._spawn_and_record(s, program, run_id, record)
         except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
@@ -342,7 +345,7 @@ class Starter:
         if that was written meanwhile)."""
         recording: asyncio.Future[bool] | None = None
         try:
-            program.cgroup = self.cgroup_for(s, run_id)
+            program.cgroup = self.cgroup_for(s, run_id, sandboxed=program.plan is not None)
             holder = program.send()
             # Told the holder ahead: run.started (the start's one fsync) is written
             # while the spawner hands it the request. Not at a test's fault or hold
@@ -370,10 +373,11 @@ class Starter:
             return None
         return pid
 
-    def cgroup_for(self, s: Session, run_id: str) -> RunCgroup | None:
+    def cgroup_for(self, s: Session, run_id: str, *, sandboxed: bool) -> RunCgroup | None:
         """The run's own cgroup, made empty (None where the daemon has no cgroups:
         the spawner's subreapers alone stop the run). Its ``pids.max`` bounds
-        ``max_processes``, plus one for the holder, which is not the program's.
+        ``max_processes``, plus one for the holder, which is not the program's,
+        and two for bubblewrap's (its own and its pid namespace's init).
         CgroupError: a run that needs a bound cannot have one here. ``run_id`` may
         name another process of the session (a compaction command's)."""
         assert s.spec is not None
@@ -390,7 +394,8 @@ class Starter:
             return None
         name = f"{run_prefix(self.ctx.config.state_dir)}{s.name}.{run_id}"
         try:
-            return RunCgroup.create(support, name, None if limit is None else limit + 1)
+            extra = 3 if sandboxed else 1
+            return RunCgroup.create(support, name, None if limit is None else limit + extra)
         except CgroupError as exc:
             if limit is not None:
                 raise

@@ -18,10 +18,11 @@ from sessiond.log.event_data import BindingObserved, SessionCreated, WakeRequest
 from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import covered
 from sessiond.runs.runs import Runs
+from sessiond.runs.sandbox import spec_refusal
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
 from sessiond.table.sessions import Session, file_hash
-from sessiond.table.spec import SessionSpec, parse_spec, spec_to_toml
+from sessiond.table.spec import BadSpec, SessionSpec, parse_spec, spec_to_toml
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +60,9 @@ class Control:
         controller (a new spec at ``create``, and a changed one at ``reload``)."""
         needs_pids = spec.run is not None and spec.run.max_processes is not None
         check_environment(spec, pids_refusal=self.ctx.pids_refusal() if needs_pids else None)
+        refusal = spec_refusal(self.ctx.config, spec)
+        if refusal is not None:
+            raise BadSpec(f"{spec.name}: {refusal}")
 
     async def create_spec(self, spec: SessionSpec) -> Session:
         """A new session from a parsed spec (``create``, and the daemon's spec folder)."""

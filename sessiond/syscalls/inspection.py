@@ -21,6 +21,7 @@ from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
+from sessiond.sandboxconfig import dynamic_uids_on
 from sessiond.syscalls.views import detail, gate_report, replay_view
 
 
@@ -49,6 +50,9 @@ class Inspection:
         if cluster.dsn is not None:  # a cluster node's rows say which node runs them
             for row in rows:
                 row["node"] = cluster.node
+        boundary = "sandbox" if self.ctx.config.run.sandbox == "on" else "off"
+        for row in rows:  # where runs are confined, or that they are not
+            row["boundary"] = boundary
         return rows
 
     async def nodes(self) -> list[dict[str, Any]]:
@@ -62,7 +66,16 @@ class Inspection:
         return rows
 
     async def show(self, name: str) -> dict[str, Any]:
-        return detail(self.ctx.table.get(name))
+        s = self.ctx.table.get(name)
+        shown = detail(s)
+        run = s.spec.run if s.spec is not None else None
+        config = self.ctx.config.run
+        shown["boundary"] = {
+            "sandbox": config.sandbox,
+            "network": (run.network if run is not None else None) or config.network,
+            "uid": self.ctx.boundary.uids.peek(name) if dynamic_uids_on(self.ctx.config) else None,
+        }
+        return shown
 
     def query(self, since: int | str, types: list[str] | None, grep: str | None) -> LogQuery:
         """The filter a ``log`` request asks for, or ``invalid_input`` naming what is wrong."""

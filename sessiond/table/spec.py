@@ -1,8 +1,7 @@
 """Session specs: one TOML file a session (DESIGN.md section 7).
 
-Every key is documented in ``docs/spec.md``; unknown keys are refused, and every
-refusal names the file, the key and what is allowed.
-
+Every key is documented in ``docs/spec.md``; unknown keys are refused, and every refusal
+names the file, the key and what is allowed.
 Paths: ``run.cwd`` (the workspace), a git trigger's ``repo`` and relative
 ``compact.exec``/``run.exec`` programs are taken from the spec file's folder.
 Paths *inside* the workspace — ``run.writes``, ``bind.files``, a watch
@@ -35,6 +34,7 @@ from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
+from sessiond.sandboxconfig import SandboxKeys
 from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
 from sessiond.table.compact_spec import CompactSpec
 
@@ -117,7 +117,7 @@ class SecretRef(_Strict):
         return self
 
 
-class RunSpec(_Strict):
+class RunSpec(_Strict, SandboxKeys):  # sandbox, network, writable, readable, hide
     # "claude-code": the Claude Code CLI headless, see the [claude_code] table
     kind: Literal["command", "sdk", "claude-code"] = "command"
     exec: list[str] = Field(min_length=1)

@@ -75,6 +75,20 @@ class _Read(Collector):
         yield CounterMetricFamily(self.name, self.doc, value=self.read())
 
 
+class _Boundary(Collector):
+    """1 while runs are confined by the sandbox, 0 when the operator turned it off."""
+
+    def __init__(self, read: Callable[[], bool]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "sessiond_boundary_sandbox",
+            "1: runs are confined by the sandbox; 0: [run] sandbox is off",
+            value=1 if self.read() else 0,
+        )
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -103,8 +117,13 @@ class Metrics:
         self.notify_failed: Callable[[], int] = lambda: 0
         r.register(_Read("sessiond_notify_failures", "Notices that failed to be delivered",
                          self._notify_failed))  # fmt: skip
+        self.sandbox: Callable[[], bool] = lambda: True  # set by the web server
+        r.register(_Boundary(self._sandbox))
         self.table_counts: TableCollector | None = None
         self._woken: dict[str, float] = {}  # session -> when its oldest waiting wake came
+
+    def _sandbox(self) -> bool:
+        return self.sandbox()  # read late, as notify_failed
 
     def _notify_failed(self) -> int:
         return self.notify_failed()  # read late: the server sets it after this is made

@@ -57,6 +57,7 @@ class Pages:
             csrf=self.server.csrf(request) if request is not None else "",
             user=self.server.user_of(request),
             version=__version__,
+            unconfined=self.kernel.config.run.sandbox == "off",  # said on every page
             **context,
         )
         return web.Response(text=html, status=status, content_type="text/html")

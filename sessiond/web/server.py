@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 
 from sessiond.errors import SessiondError
-from sessiond.ipc.peers import RunUids
+from sessiond.sandboxconfig import run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.auth import Auth, Handler, Login, connected
 from sessiond.web.cluster import ClusterView
@@ -78,9 +78,8 @@ class WebServer:
         metrics.notify_failed = lambda: sum(
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
-        run_user = kernel.config.run.identity()
-        # the same uids as the control socket's: the [run] user, the dynamic range
-        peers = WebPeers(RunUids({run_user[0]} if run_user is not None else ()))
+        metrics.sandbox = lambda: kernel.config.run.sandbox == "on"  # the current config
+        peers = WebPeers(run_uids(kernel.config))  # a run's uid is never an operator's
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
         # the whole cluster's sessions on a cluster node (its forward set by the daemon)

@@ -86,7 +86,10 @@ class Daemon:
         # may type it; sessionctl here still gets the absolute path
         self.relative_socket = relative_socket
         self.state_dir = root / "state"
-        self.socket = root / "s.sock"
+        # in a folder of its own, as /run/sessiond is: never the workspace of a
+        # session (a run's uid is let write its workspace, never the socket's folder)
+        self.socket = root / "sock" / "s.sock"
+        os.chmod(root, 0o711)  # searchable: the socket's folder lets in whom its ACL names
         self.config = root / "sessiond.toml"
         self.config.write_text(
             'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n' + config
@@ -129,7 +132,7 @@ class Daemon:
                 "--state-dir",
                 str(self.state_dir),
                 "--socket",
-                self.socket.name if self.relative_socket else str(self.socket),
+                str(self.socket.relative_to(self.root) if self.relative_socket else self.socket),
             ],
             env=env,
             cwd=self.root if self.relative_socket else None,

@@ -203,7 +203,9 @@ def own_group(folders: cgroup_env.Folders, layout: str, tmp_path: Path) -> None:
     with running(daemon_config(folders, layout)) as d:
         seen = tmp_path / "cgroup"
         argv = ["sh", "-c", f"cat /proc/self/cgroup > {seen}.tmp && mv {seen}.tmp {seen}"]
-        d.ctl("create", str(d.write_spec("job", job(argv))), check=True)
+        # (outside its workspace: declared, or the sandbox keeps the run from it)
+        extra = f"writable = [{json.dumps(str(tmp_path))}]\n"
+        d.ctl("create", str(d.write_spec("job", job(argv, extra))), check=True)
         d.ctl("activate", "job", check=True)
         assert wait_event(d, "job", "run.finished")["data"]["status"] == "ok"
         name = f"{run_prefix(d.state_dir)}job.r1"

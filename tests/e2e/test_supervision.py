@@ -214,7 +214,10 @@ def test_a_restart_kills_what_a_dead_daemon_and_a_dead_spawner_left(mark: str) -
     environment, and the next start finds them by it."""
     root = short_dir()
     try:
-        d = Daemon(root)
+        # Unconfined: in the sandbox the run's pid namespace dies with bubblewrap,
+        # which dies with the holder, so nothing is left for this fallback to find
+        # (test_a_sandboxed_run_dies_with_its_holder_whatever_else_dies below).
+        d = Daemon(root, '[run]\nsandbox = "off"\n')
         d.start()
         start(d, programs(mark, leader_waits=True)["double-fork"])
         holder = wait_for(lambda: d.json("show", "job")["pid"], what="the run's holder")
@@ -295,5 +298,32 @@ def test_a_crash_in_the_spawn_window_never_runs_the_program_twice(
             assert final["data"]["to"] == "terminated", final["data"]
             assert lines
         d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_sandboxed_run_dies_with_its_holder_whatever_else_dies(mark: str) -> None:
+    """The daemon, its spawner and the run's holder all die at once (SIGKILL), the
+    spawner stopped first so that it cleans up nothing: the run's processes, a
+    double-forked ``setsid`` one included, die with bubblewrap's pid namespace."""
+    root = short_dir()
+    try:
+        d = Daemon(root)
+        d.start()
+        start(d, programs(mark, leader_waits=True)["double-fork"])
+        holder = wait_for(lambda: d.json("show", "job")["pid"], what="the run's holder")
+
+        def grandchild() -> bool:  # the setsid'd one: its parent has exited
+            return any(_cmdline(p).startswith("python3") for p in marked(mark))
+
+        wait_for(grandchild, what="the program's setsid'd grandchild")
+        spawner = next(line["pid"] for line in d.lines if line.get("event") == "spawner.started")
+        assert d.proc is not None
+        os.kill(spawner, signal.SIGSTOP)
+        os.kill(holder, signal.SIGKILL)
+        os.kill(d.proc.pid, signal.SIGKILL)
+        os.kill(spawner, signal.SIGKILL)
+        d.stop()
+        wait_gone(mark)  # no restart needed: the kernel ended them
     finally:
         shutil.rmtree(root, ignore_errors=True)

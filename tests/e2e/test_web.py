@@ -241,7 +241,9 @@ def test_a_process_of_a_run_is_refused_on_the_web_listener_even_with_a_login() -
         wait_event(d, "prober", "run.finished")
         result = (ws / "result.txt").read_text()
         assert result.startswith("403 "), result
-        assert "SESSIOND_RUN_MARK" in result or "process of a run" in result
+        assert any(
+            why in result for why in ("SESSIOND_RUN_MARK", "process of a run", "a run's uid")
+        )
         assert Client(base, cookie=token).get("/api/sessions").status == 200  # a person may
         # nor may it mint a login: an operator action, on either socket
         endpoint = (ws / "endpoint.txt").read_text()
@@ -249,7 +251,8 @@ def test_a_process_of_a_run_is_refused_on_the_web_listener_even_with_a_login() -
         assert "operator action" in endpoint
         control = (ws / "control.txt").read_text()
         assert not control.startswith("0 "), control
-        assert "may only ping" in control
+        # the sandbox hides the control socket from runs; unconfined, it answers only ping
+        assert "may only ping" in control or "daemon is not reachable" in control, control
         assert Client(base, cookie=token).get("/api/sessions").status == 200  # not replaced
 
 

@@ -41,7 +41,7 @@ from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir
 from tests.faults import checks, workload
-from tests.faults.campaign import Campaign
+from tests.faults.campaign import UNCONFINED, Campaign
 from tests.faults.tally import Tally
 
 TTL = 2.0
@@ -95,7 +95,7 @@ class ClusterCampaign(Campaign):
                 f"max_running = 6\nsnapshot_every = 50\n"
                 f'[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
                 # the nodes share this machine: every workspace may fail over
-                f'shared_paths = ["{root}"]\n'
+                f'shared_paths = ["{root}"]\n' + UNCONFINED  # (why: tests/faults/campaign.py)
             )
         self.daemon = self.nodes[0]  # the node the load talks to (the mailbox's owner)
         self.reader = PgStore(dsn, node="campaign")  # reads only: it holds no lease

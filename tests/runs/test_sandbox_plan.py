@@ -1,0 +1,131 @@
+"""The sandbox's plan and its settings, as logic (the real bubblewrap runs in
+tests/e2e/test_sandbox.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from sessiond.config import BadConfig, load_config
+from sessiond.runs.sandbox import Boundary, MountPlan, SandboxUnavailable, _writes, confine
+from sessiond.runs.uids import ACCESS, DEFAULT, DynamicUids, _has, open_to
+from sessiond.sandboxconfig import parse_uid_range, run_uids
+from sessiond.table.spec import BadSpec, parse_spec
+
+
+def config(tmp_path: Path, text: str = "") -> object:
+    path = tmp_path / "sessiond.toml"
+    path.write_text(text)
+    return load_config(path, env={}, state_dir=tmp_path / "state", socket=tmp_path / "s" / "s.sock")
+
+
+def test_the_daemons_run_table_refuses_bad_boundary_values(tmp_path: Path) -> None:
+    for text, why in [
+        ('[run]\nsandbox = "maybe"\n', "run.sandbox: Input should be 'on' or 'off'"),
+        ('[run]\nnetwork = "gateway"\n', "comes with the model gateway"),
+        ('[run]\nnetwork = "lan"\n', 'network is "host" (the default) or "none"'),
+        ('[run]\ndynamic_uids = "0-10"\n', "write dynamic_uids as FIRST-LAST"),
+        ('[run]\ndynamic_uids = "60000-70000"\n', "overlaps systemd's DynamicUser range"),
+        ('[run]\nwritable = ["rel/path"]\n', "is not an absolute path"),
+    ]:
+        with pytest.raises(BadConfig, match=why.replace("(", r"\(").replace(")", r"\)")):
+            config(tmp_path, text)
+    assert parse_uid_range("458752-524287") == range(458752, 524288)
+
+
+def test_a_spec_takes_the_boundary_keys_and_refuses_bad_ones(tmp_path: Path) -> None:
+    spec = parse_spec(
+        'name = "s"\n[run]\nexec = ["true"]\nnetwork = "none"\nwritable = ["/var/cache/x/"]\n',
+        base=tmp_path,
+    )
+    assert spec.run is not None
+    assert (spec.run.network, spec.run.writable, spec.run.sandbox) == (
+        "none",
+        ["/var/cache/x"],
+        "on",
+    )
+    with pytest.raises(BadSpec, match="comes with the model gateway"):
+        parse_spec('name = "s"\n[run]\nexec = ["true"]\nnetwork = "gateway"\n', base=tmp_path)
+
+
+def test_run_uids_covers_the_dynamic_range_only_for_a_root_daemon(tmp_path: Path) -> None:
+    uids = run_uids(config(tmp_path))  # type: ignore[arg-type]
+    assert (458752 in uids) == (os.geteuid() == 0)
+    assert 0 not in uids
+    off = run_uids(config(tmp_path, '[run]\nsandbox = "off"\n'))  # type: ignore[arg-type]
+    assert 458752 not in off
+
+
+def test_confine_puts_the_mounts_in_order_and_drops_last() -> None:
+    plan = MountPlan(
+        bwrap="/usr/bin/bwrap",
+        cwd="/w",
+        network="none",
+        mounts=(("--tmpfs", "", "/state"), ("--bind", "/w", "/w")),
+        env=(("HOME", "/h"),),
+        drop=("/usr/bin/setpriv", 458800, 458800),
+        home="/h",
+    )
+    argv = confine(["prog", "a"], plan)
+    assert argv[0] == "/usr/bin/bwrap"
+    assert "--unshare-net" in argv
+    assert argv.index("--tmpfs", argv.index("/tmp")) < argv.index("--bind")
+    tail = argv[argv.index("--") + 1 :]
+    assert tail[:4] == ["/usr/bin/setpriv", "--reuid=458800", "--regid=458800", "--clear-groups"]
+    assert tail[-2:] == ["prog", "a"]
+
+
+def test_declared_writes_open_their_path_or_nearest_existing_folder(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "api.md").write_text("x")
+    ws = str(tmp_path)
+    assert _writes(ws, ["docs/api.md", "docs/new.md", "out/*.csv", "gone/deep/file"]) == [
+        f"{ws}/docs/api.md",
+        f"{ws}/docs",
+        ws,
+        ws,
+    ]
+
+
+def test_a_session_keeps_its_uid_and_no_two_share_one(tmp_path: Path) -> None:
+    uids = DynamicUids(tmp_path)
+    span = range(458752, 458755)
+    a = uids.uid_of("a", span, set())
+    b = uids.uid_of("b", span, {a + 100})
+    assert a != b
+    assert DynamicUids(tmp_path).uid_of("a", span, set()) == a  # from the file
+    c = uids.uid_of("c", span, set())
+    assert len({a, b, c}) == 3
+    with pytest.raises(OSError, match="every uid of \\[run\\] dynamic_uids"):
+        uids.uid_of("d", span, set())
+
+
+def test_a_spec_path_of_the_daemons_own_is_refused(tmp_path: Path) -> None:
+    cfg = config(tmp_path, '[run]\nbwrap = "/bin/true"\n')
+    spec = parse_spec(
+        f'name = "s"\n[run]\nexec = ["true"]\nreadable = ["{tmp_path}/state/web"]\n',
+        base=tmp_path,
+    )
+    boundary = Boundary(tmp_path / "state")
+    with pytest.raises(SandboxUnavailable, match="which no run may see"):
+        boundary.plan_sync(cfg, spec, "s", others=[], wake_file=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ACLs for another uid: root")
+def test_the_workspace_is_opened_to_the_uid_by_acl_and_stays_the_operators(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "f").write_text("x")
+    (ws / "state").mkdir()
+    open_to(ws, 458800, never={str(ws / "state")}, only_inside=set())
+    assert _has(str(ws), 458800, ACCESS)
+    assert _has(str(ws), 458800, DEFAULT)
+    assert _has(str(ws / "sub" / "f"), 458800, ACCESS)
+    assert not _has(str(ws / "state"), 458800, ACCESS)
+    assert os.stat(ws / "sub" / "f").st_uid == os.getuid()
+    assert stat.S_IMODE(os.stat(ws / "sub" / "f").st_mode) & 0o060 == 0o060  # the mask
