@@ -21,6 +21,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
 from sessiond.web.cluster import REFRESH
+from sessiond.web.humane import actions_for
 from sessiond.web.metrics import CONTENT_TYPE
 from sessiond.web.pages import before_of
 from sessiond.web.views import approvals, rows_page, table_page
@@ -32,6 +33,7 @@ MIN_INTERVAL = 0.25  # the table stream sends at most 4 pages a second, whatever
 KEEPALIVE = 15.0
 TIMELINE_LIMIT = 500
 LIFECYCLE = ("activate", "suspend", "resume", "interrupt", "cancel")
+MESSAGE_LIMIT = 256 << 10  # as `sessionctl send` (sessiond.ipc.params.SendParams)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -63,6 +65,7 @@ class Api:
         router.add_post("/api/s/{name}/approve", self.approve)
         router.add_post("/api/s/{name}/deny", self.deny)
         router.add_post("/api/s/{name}/resolve", self.resolve)
+        router.add_post("/api/s/{name}/send", self.send)
         for action in LIFECYCLE:
             router.add_post(f"/api/s/{{name}}/{action}", self.lifecycle)
         router.add_get("/metrics", self.metrics)
@@ -103,7 +106,8 @@ class Api:
 
             async def shown() -> dict[str, Any]:
                 d = await self.cluster.show(name, who)
-                return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason")}
+                return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason"),
+                        "actions": actions_for(d["state"])}  # fmt: skip
 
             hints = self.cluster.hints
             watch = (lambda wake: hints.watch(name, wake)) if hints is not None else None
@@ -115,7 +119,12 @@ class Api:
             journal = session.journal
             reason = session.held or (journal.state.reason if journal is not None else "")
             seq = journal.state.seq if journal is not None else None
-            return {"state": session.state, "seq": seq, "reason": reason}
+            return {
+                "state": session.state,
+                "seq": seq,
+                "reason": reason,
+                "actions": actions_for(session.state),
+            }  # the page's buttons follow
 
         return await self._sse(request, "changed", changed, None, lambda who: who == name)
 
@@ -253,6 +262,23 @@ class Api:
         result = await self.cluster.syscall(
             "resolve", {"name": name, "option": option, "by": note}, who,
             lambda: self.kernel.resolve(name, option, note, who=who),
+        )  # fmt: skip
+        return _json({"ok": True, "result": result})
+
+    async def send(self, request: web.Request) -> web.Response:
+        """A message to the session's mailbox from the web user (the inbox's answer with
+        words: `sessionctl send`'s syscall, its sender the login's user)."""
+        body = await self._body(request)
+        text = _str(body, "text")
+        if not text.strip():
+            raise InvalidInput("the message is empty: write what the session should read")
+        if len(text.encode()) > MESSAGE_LIMIT:
+            raise InvalidInput(f"the message is over {MESSAGE_LIMIT >> 10} KiB: send less")
+        name, who = request.match_info["name"], self.server.who(request)
+        sender = str(who["user"])
+        result = await self.cluster.syscall(
+            "send", {"to": name, "text": text, "sender": sender}, who,
+            lambda: self.kernel.send(name, text, sender),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 
