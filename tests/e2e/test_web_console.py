@@ -83,9 +83,17 @@ def test_the_history_is_grouped_by_turn_and_run_with_durations_and_a_compact_vie
             assert turn.locator("> summary").inner_text().startswith(f"turn {i + 1}")
             (run,) = turn.locator("details.run").all()
             summary = run.locator("> summary").inner_text()
-            assert re.search(r"^run \S+ ok · [\d.]+ s · ", summary), summary
+            assert re.search(r"^run \S+ ok · [\d.]+ m?s · ", summary), summary
             types = run.locator(".ev").evaluate_all("rows => rows.map(r => r.dataset.type)")
             assert (types[0], types[-1]) == ("run.started", "run.finished"), types
+            # the turn holds its lead-up (from the wake) and its end (leaving running)
+            own = turn.locator("> .ev").evaluate_all("rows => rows.map(r => r.dataset.type)")
+            assert (own[0], own[-1]) == ("wake.requested", "lifecycle.changed"), own
+        # what woke the second turn is between the turns, not in either
+        between = page.locator("#timeline > .ev").evaluate_all(
+            "rows => rows.map(r => r.dataset.type)"
+        )
+        assert "message.received" in between
         # relative times, the exact one on hover; no raw RFC 3339 anywhere
         times = page.locator("#timeline time.rel")
         assert times.count() > 4

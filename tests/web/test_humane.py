@@ -46,7 +46,8 @@ def test_times_read_relative_to_now() -> None:
     assert relative(NOW, NOW) == "just now"
     assert relative(NOW - dt.timedelta(hours=2, minutes=5), NOW) == "2 h 5 min ago"
     assert relative(NOW - dt.timedelta(days=3), NOW) == "3 d ago"
-    assert duration(0.42) == "0.4 s"
+    assert duration(0.042) == "42 ms"
+    assert duration(2.5) == "2.5 s"
     assert duration(12.9) == "12 s"
 
 

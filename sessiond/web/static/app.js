@@ -29,6 +29,7 @@ async function post(url, body) {
 
 function span(seconds) {
   seconds = Math.abs(seconds);
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
   if (seconds < 10) return `${Number(seconds.toFixed(1))} s`;
   if (seconds < 60) return `${Math.floor(seconds)} s`;
   let minutes = Math.floor(seconds / 60);
@@ -180,16 +181,31 @@ function liveTable() {
 // --- a session's history: grouped by turn and run ----------------------------------------
 
 // Turns hold runs (and what happened between a turn's runs); runs hold their events.
+// A turn starts with the wake that began it (what led to its first run: the gate,
+// the tool's intent) and ends with the session leaving `running` after its last run.
 function group(rows) {
   const top = [];
-  let turn = null, run = null;
+  let turn = null, run = null, ended = null;
   for (const r of rows) {
     const d = r.data || {};
+    if (ended && r.type === "lifecycle.changed" && d.from === "running") {
+      ended.items.push(r);
+      ended.last = r;
+      ended = null;
+      continue;
+    }
+    ended = null;
     if (r.type === "run.started") {
       const number = d.turn == null ? null : d.turn;
       if (turn && turn.turn !== number) turn = null;
       if (number != null && !turn) {
         turn = {kind: "turn", turn: number, items: [], first: r, last: r};
+        // the lead-up: the events since the last wake that are not in a group yet
+        let from = top.length;
+        while (from > 0 && !top[from - 1].kind && top[from - 1].type !== "wake.requested") from -= 1;
+        if (from > 0 && !top[from - 1].kind) from -= 1; else from = top.length;
+        turn.items = top.splice(from);
+        if (turn.items.length) turn.first = turn.items[0];
         top.push(turn);
       }
       run = {kind: "run", run: d.run, items: [r], first: r, last: r, finished: null};
@@ -203,7 +219,7 @@ function group(rows) {
       run.finished = r;
       if (turn) turn.last = r;
       run = null;
-      if (d.ends_turn !== false) turn = null;  // the turn is over (or logs before turns)
+      if (d.ends_turn !== false) { ended = turn; turn = null; }  // the turn is over
       continue;
     }
     if (run) { run.items.push(r); run.last = r; }
@@ -245,10 +261,14 @@ function turnBlock(g, compact) {
   const box = el("details", "turn");
   box.dataset.key = "turn:" + g.turn;
   box.open = !compact;
-  const runs = g.items.filter((i) => i.kind === "run").length;
+  const runs = g.items.filter((i) => i.kind === "run");
+  const last = runs.length ? runs[runs.length - 1].finished : null;
+  const status = last ? last.data.status : "running";
   const sum = el("summary");
-  sum.append(el("b", "", `turn ${g.turn}`), " · ", el("span", "took", span(seconds(g.first, g.last))),
-             " · ", timeTag(g.first.ts), el("span", "meta", ` · ${runs} run${runs === 1 ? "" : "s"}`));
+  sum.append(el("b", "", `turn ${g.turn}`), " ",
+             el("span", "status " + (last ? (status === "ok" ? "ok" : "bad") : "live"), status),
+             " · ", el("span", "took", span(seconds(g.first, g.last))),
+             " · ", timeTag(g.first.ts), el("span", "meta", ` · ${runs.length} run${runs.length === 1 ? "" : "s"}`));
   box.appendChild(sum);
   for (const i of g.items) box.appendChild(i.kind === "run" ? runBlock(i, compact) : eventRow(i));
   return box;
