@@ -188,8 +188,9 @@ ERRORS: dict[int, tuple[str, str]] = {
           "Nothing was changed. The message above says what was wrong; fix the address or "
           "the form and try again."),
     401: ("Sign in first",
-          "This console needs a login. On the daemon's machine run `sessionctl web` and open "
-          "the URL it prints (each run replaces your earlier login)."),
+          "Each run of `sessionctl web` prints a fresh login URL and replaces your earlier "
+          "login, so an old URL, or a browser signed in before it, lands here. Run it again "
+          "on the daemon's machine and open the URL it prints."),
     403: ("Refused",
           "Nothing was changed. Open the console through the URL `sessionctl web` prints, "
           "as a person, not from a session's program."),

@@ -17,7 +17,15 @@ from pathlib import Path
 import orjson
 from playwright.sync_api import Browser
 
-from tests.e2e.browsing import WAIT_MS, browser_fixture, open_console, shoot, shots_fixture
+from tests.e2e.browsing import (
+    PHONE,
+    WAIT_MS,
+    browser_fixture,
+    open_console,
+    overflow,
+    shoot,
+    shots_fixture,
+)
 from tests.e2e.harness import Daemon, running, short_dir, wait_event
 from tests.e2e.test_web import blocked_victim
 from tests.e2e.webclient import WEB
@@ -209,13 +217,14 @@ def test_an_approve_link_from_a_notice_works_once_in_the_browser(
     with receiving() as receiver, running(config(receiver, free_port())) as d:
         ws = blocked_victim(d, "deploy", line="deployed")
         approve = links_of(receiver, "deploy")["approve_url"]
-        context = browser.new_context(viewport={"width": 420, "height": 800})  # a phone
+        context = browser.new_context(viewport={"width": PHONE, "height": 800})
         context.set_default_timeout(WAIT_MS)
         page = context.new_page()
         page.goto(approve)
         page.wait_for_selector("#confirm")
         assert d.json("show", "deploy")["pending_approvals"]  # opening it answered nothing
         shoot(page, shots, "link")
+        assert overflow(page) == 0  # nothing runs off the phone's screen
         page.fill("input[name=note]", "lgtm")
         page.click("#confirm")
         page.wait_for_selector("#done")
@@ -229,5 +238,10 @@ def test_an_approve_link_from_a_notice_works_once_in_the_browser(
         assert again is not None
         assert again.status == 409
         assert "already used" in page.locator("#error").inner_text()
+        # its own heading and what to do (not the 401's "Not here"), and no raw backticks
+        assert page.locator("#heading").inner_text().startswith("Not possible now")
+        assert "`" not in page.locator("main").inner_text()
+        shoot(page, shots, "error-409")
+        assert overflow(page) == 0
         assert [r["type"] for r in d.json("log", "deploy")].count("tool.started") == 1
         context.close()
