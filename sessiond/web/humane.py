@@ -62,7 +62,7 @@ def exact(when: dt.datetime) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``40 ms``, ``2.5 s``, ``12 s``, ``3 min``, ``2 h 5 min``, ``3 d``: to the unit that matters."""
+    """``40 ms``, ``2.5 s``, ``12 s``, ``3 min``, ``2 h 5 min``, ``3 d``: the unit that matters."""
     seconds = abs(seconds)
     if seconds < 1:
         return f"{round(seconds * 1000)} ms"
