@@ -106,8 +106,9 @@ class Api:
 
             async def shown() -> dict[str, Any]:
                 d = await self.cluster.show(name, who)
+                runnable = d.get("program") is not None  # its buttons, as its page draws them
                 return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason"),
-                        "actions": actions_for(d["state"])}  # fmt: skip
+                        "actions": actions_for(d["state"], runnable)}  # fmt: skip
 
             hints = self.cluster.hints
             watch = (lambda wake: hints.watch(name, wake)) if hints is not None else None
@@ -116,6 +117,7 @@ class Api:
         session = self.kernel.table.get(name)  # no_such_session before the stream
 
         async def changed() -> dict[str, Any]:
+            runnable = session.spec is not None and session.spec.run is not None
             journal = session.journal
             reason = session.held or (journal.state.reason if journal is not None else "")
             seq = journal.state.seq if journal is not None else None
@@ -123,7 +125,7 @@ class Api:
                 "state": session.state,
                 "seq": seq,
                 "reason": reason,
-                "actions": actions_for(session.state),
+                "actions": actions_for(session.state, runnable),
             }  # the page's buttons follow
 
         return await self._sse(request, "changed", changed, None, lambda who: who == name)

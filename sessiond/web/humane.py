@@ -21,18 +21,19 @@ from sessiond.table.lifecycle import ONLY_BY, TRANSITIONS
 LIFECYCLE = ("activate", "suspend", "resume", "interrupt", "cancel")
 
 
-def actions_for(state: str) -> list[str]:
+def actions_for(state: str, runnable: bool = True) -> list[str]:
     """The lifecycle actions that would change a session in ``state`` (in LIFECYCLE's order).
 
     activate makes a session ready, but refuses a running, suspended or blocked
-    one (resume, approve or resolve it instead); resume takes only a suspended
+    one (resume, approve or resolve it instead) and one with no ``[run]``
+    program (``runnable`` False: nothing to start); resume takes only a suspended
     session, interrupt only a running one; a state only one cause may leave
     (an arriving copy) offers nothing."""
     allowed = TRANSITIONS.get(state, frozenset())
     if state in ONLY_BY or not allowed:
         return []
     out = []
-    if "ready" in allowed and state not in ("running", "suspended", "blocked"):
+    if runnable and "ready" in allowed and state not in ("running", "suspended", "blocked"):
         out.append("activate")
     if "suspended" in allowed:
         out.append("suspend")

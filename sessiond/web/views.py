@@ -90,7 +90,7 @@ def rows_page(
 
 def with_actions(r: dict[str, Any]) -> dict[str, Any]:
     """A row with the lifecycle buttons its state offers (the table's per-row actions)."""
-    r["actions"] = actions_for(str(r.get("state", "")))
+    r["actions"] = actions_for(str(r.get("state", "")), bool(r.get("runnable", True)))
     return r
 
 

@@ -172,7 +172,8 @@ def test_the_tables_filters_and_page_are_in_the_address_and_paged_as_sorted(
 def test_row_and_page_actions_follow_the_transition_table(browser: Browser) -> None:
     with running(WEB) as d:
         blocked_victim(d, "asks")
-        plain(d, "idle")
+        plain(d, "idle")  # no [run] program: nothing to activate
+        plain(d, "startable", f'[run]\nexec = ["true"]\ncwd = "{d.root}"\n')
         plain(d, "gone")
         d.ctl("cancel", "gone", check=True)
         page, base = open_console(browser, d)
@@ -180,7 +181,8 @@ def test_row_and_page_actions_follow_the_transition_table(browser: Browser) -> N
         page.wait_for_selector('tr[data-name="gone"]')
         acts = 'tr[data-name="{}"] td.actions button'
         assert texts(page, acts.format("gone")) == []
-        assert texts(page, acts.format("idle")) == ["activate", "suspend", "cancel"]
+        assert texts(page, acts.format("idle")) == ["suspend", "cancel"]
+        assert texts(page, acts.format("startable")) == ["activate", "suspend", "cancel"]
         assert texts(page, acts.format("asks")) == ["suspend", "cancel"]
         page.locator(acts.format("idle")).filter(has_text="suspend").click()
         page.wait_for_selector('tr[data-name="idle"][data-state="suspended"]')
@@ -200,7 +202,7 @@ def test_row_and_page_actions_follow_the_transition_table(browser: Browser) -> N
         assert "terminated" in page.locator("#actions").inner_text()
         plain(d, "later")
         page.goto(base + "/s/later")
-        assert texts(page, "#actions button") == ["activate", "suspend", "cancel"]
+        assert texts(page, "#actions button") == ["suspend", "cancel"]
         page.click("#actions button:text('suspend')")
         page.wait_for_function(
             "() => [...document.querySelectorAll('#actions button')].map(b => b.textContent)"

@@ -38,6 +38,9 @@ def test_each_state_offers_exactly_what_would_change_it() -> None:
     assert actions_for("suspended") == ["resume", "cancel"]
     assert actions_for("blocked") == ["suspend", "cancel"]  # recovery is the gate's
     assert set(TRANSITIONS) == set(STATES)
+    # a session with no [run] program has nothing to activate (the syscall refuses it)
+    assert actions_for("created", runnable=False) == ["suspend", "cancel"]
+    assert actions_for("sleeping", runnable=False) == ["suspend", "cancel"]
 
 
 def test_times_read_relative_to_now() -> None:
