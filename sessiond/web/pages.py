@@ -109,6 +109,8 @@ class Pages:
 
     async def table(self, request: web.Request) -> web.Response:
         q = request.query
+        if q.get("state") and q["state"] not in STATES:  # a bad address: said, not a dead stream
+            raise InvalidInput(f"no state {q['state']!r}; the states are {', '.join(STATES)}")
         shown = {k: q.get(k, "") for k in ("state", "agent", "label")}
         shown["page"] = q.get("page", "1") if q.get("page", "1").isdigit() else "1"
         return await self.show(request, "table.html", states=STATES, title="sessions", q=shown,

@@ -37,10 +37,13 @@ async def table_page(
         raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
     key, _, value = label.partition("=")
     names: list[str] = []
+    waiting = 0  # the approvals tab's count, from the same walk
     pacer = Pacer()
     for s in list(table):  # a copy: sessions may be created while this yields
         if pacer.due():
             await pacer.pause()
+        if s.journal is not None and s.journal.state.approvals:
+            waiting += len(s.journal.state.pending_approvals())
         if state and s.state != state:
             continue
         spec = s.spec
@@ -61,7 +64,7 @@ async def table_page(
             continue
         out.append(with_actions(row(table, shown)))
     return {"rows": out, "total": len(names), "page": page, "pages": pages, "size": PAGE,
-            "sessions": len(table)}  # fmt: skip
+            "sessions": len(table), "approvals": waiting}  # fmt: skip
 
 
 def rows_page(
@@ -85,7 +88,8 @@ def rows_page(
     page = min(max(1, page), pages)
     shown = [with_actions(dict(r)) for r in kept[(page - 1) * PAGE : page * PAGE]]
     return {"rows": shown, "total": len(kept), "page": page,
-            "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True}  # fmt: skip
+            "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True,
+            "approvals": sum(int(r.get("pending_approvals") or 0) for r in rows)}  # fmt: skip
 
 
 def with_actions(r: dict[str, Any]) -> dict[str, Any]:

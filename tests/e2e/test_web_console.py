@@ -218,6 +218,8 @@ def test_the_approvals_tab_counts_and_the_inbox_answers_with_a_message(
         blocked_victim(d, "two")
         page, base = open_console(browser, d)
         assert page.locator("#pending").inner_text() == "2"
+        blocked_victim(d, "three")  # the tab's count follows, live
+        page.wait_for_selector("#pending:text('3')")
         page.goto(base + "/inbox")
         expires = page.locator('article[data-session="one"] .expires time')
         assert re.fullmatch(r"in (59|60) min", expires.inner_text()), expires.inner_text()
@@ -241,7 +243,7 @@ def test_the_approvals_tab_counts_and_the_inbox_answers_with_a_message(
         page.locator('article[data-session="two"] button.approve').click()
         wait_event(d, "two", "approval.granted")
         page.goto(base + "/")
-        assert page.locator("#pending").inner_text() == "1"
+        assert page.locator("#pending").inner_text() == "2"
 
 
 def test_error_pages_say_what_happened_and_what_to_do(browser: Browser) -> None:
@@ -260,6 +262,11 @@ def test_error_pages_say_what_happened_and_what_to_do(browser: Browser) -> None:
         assert missing.status == 404
         assert page.locator("#heading").inner_text().startswith("Not found")
         assert "nosuch" in page.locator("#error").inner_text()
+        bad = page.goto(base + "/?state=bogus")  # a shared address with a typo
+        assert bad is not None
+        assert bad.status == 400
+        assert page.locator("#heading").inner_text().startswith("That request is not right")
+        assert "no state 'bogus'" in page.locator("#error").inner_text()
 
 
 PAGES = [

@@ -161,6 +161,12 @@ function liveTable() {
       body.appendChild(tr);
     }
     document.getElementById("count").textContent = `${p.total} of ${p.sessions}`;
+    const waiting = document.getElementById("pending");
+    if (waiting && p.approvals != null) {  // the approvals tab's count, live
+      waiting.textContent = String(p.approvals);
+      waiting.title = `${p.approvals} waiting for an answer`;
+      waiting.classList.toggle("none", !p.approvals);
+    }
     document.getElementById("pageinfo").textContent = `page ${p.page} of ${p.pages}`;
     document.getElementById("prev").disabled = p.page <= 1;
     document.getElementById("next").disabled = p.page >= p.pages;
