@@ -11,6 +11,7 @@ Screenshots of the main pages are written to tests/output/screenshots/
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -224,6 +225,7 @@ def test_an_approve_link_from_a_notice_works_once_in_the_browser(
         page.wait_for_selector("#confirm")
         assert d.json("show", "deploy")["pending_approvals"]  # opening it answered nothing
         shoot(page, shots, "link")
+        assert re.fullmatch(r"in \d+ min", page.locator(".expires time").inner_text())
         assert overflow(page) == 0  # nothing runs off the phone's screen
         page.fill("input[name=note]", "lgtm")
         page.click("#confirm")
