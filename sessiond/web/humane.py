@@ -97,3 +97,14 @@ def time_tag(ts: str | None, now: dt.datetime | None = None, empty: str = "—")
     return Markup('<time class="rel" datetime="{}" title="{}">{}</time>').format(
         when.isoformat().replace("+00:00", "Z"), exact(when), relative(when, now)
     )
+
+
+def wake_tag(text: str | None, now: dt.datetime | None = None) -> Markup:
+    """A next wake as ``ps`` gives it (``2026-12-06T08:00:00Z; on message``): its
+    time, if it starts with one, as :func:`time_tag`, the rest as it is."""
+    if not text:
+        return Markup("—")
+    first, sep, rest = text.partition("; ")
+    if parse(first) is None:
+        return Markup(escape(text))
+    return time_tag(first, now) + escape(sep + rest)

@@ -16,7 +16,7 @@ from markupsafe import Markup, escape
 
 from sessiond import __version__
 from sessiond.errors import InvalidInput, SessiondError
-from sessiond.web.humane import actions_for, time_tag
+from sessiond.web.humane import actions_for, time_tag, wake_tag
 from sessiond.web.views import (
     ARTIFACT_TYPES,
     MESSAGES_PAGE,
@@ -43,6 +43,7 @@ class Pages:
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters["when"] = time_tag
+        self.env.filters["wake"] = wake_tag
         self.env.globals["actions_for"] = actions_for
 
     def routes(self, router: web.UrlDispatcher) -> None:

@@ -288,11 +288,14 @@ def test_no_page_runs_off_a_phone_or_a_desktop_screen(browser: Browser, shots: P
         two_turns(d)
         long = "/a/path/" + "without-any-space-" * 12
         plain(d, "wordy", f'goal = "{long}"\nagent = "an-agent-with-a-long-name"\n')
+        timer = '[[trigger]]\ntype = "every"\ninterval = "1h"\n'
+        plain(d, "ticker", f'[run]\nexec = ["true"]\ncwd = "{d.root}"\n{timer}')
         diff = d.json("log", "done", "--type", "tool.finished")[0]["data"]["diff"]["ref"]
         call = d.json("show", "one-with-a-rather-long-name-that-goes-on")["pending_approvals"][0]
         pages = [
             *PAGES,
             ("session-wordy", "/s/wordy"),
+            ("session-ticker", "/s/ticker"),
             ("diff", f"/s/done/artifact/{diff}"),
             ("confirm", f"/approvals/one-with-a-rather-long-name-that-goes-on/{call['call']}"),
         ]
@@ -302,11 +305,18 @@ def test_no_page_runs_off_a_phone_or_a_desktop_screen(browser: Browser, shots: P
                 page.goto(base + path)
                 if name == "table":
                     page.wait_for_selector('tr[data-name="wordy"]')
+                    # a timer's next wake reads relative, as everywhere
+                    wakes = page.locator('tr[data-name="ticker"] time.rel').first.inner_text()
+                    assert re.fullmatch(r"in (59|60) min", wakes), wakes
                 if name.startswith(("session", "history")):
                     page.wait_for_function(
                         "() => document.querySelector('#timeline-filter').dataset.loaded"
                     )
+                if name == "session-ticker":
+                    assert re.fullmatch(r"in (59|60) min", page.inner_text("#next-wake time"))
                 shoot(page, shots, f"{name}-{width}")
+                body = page.locator("body").inner_text()
+                assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", body), f"a raw time on {path}"
                 assert overflow(page) == 0, f"{path} is {overflow(page)} px too wide at {width} px"
             stranger = browser.new_context(viewport={"width": width, "height": 800}).new_page()
             stranger.goto(base + "/")

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from sessiond.table.lifecycle import STATES, TRANSITIONS, IllegalTransition, check
-from sessiond.web.humane import actions_for, duration, relative, time_tag
+from sessiond.web.humane import actions_for, duration, relative, time_tag, wake_tag
 from sessiond.web.pages import ERRORS, ticks
 
 NOW = dt.datetime(2026, 12, 6, 7, 34, 18, tzinfo=dt.UTC)
@@ -69,3 +69,11 @@ def test_error_pages_have_their_own_heading_and_no_raw_backticks() -> None:
     shown = str(ticks("run `sessionctl web` & open <it>"))
     assert shown == "run <code>sessionctl web</code> &amp; open &lt;it&gt;"
     assert "`" not in str(ticks(ERRORS[401][1]))
+
+
+def test_a_next_wake_reads_its_time_relative_and_keeps_the_rest() -> None:
+    tag = str(wake_tag("2026-12-06T08:00:00Z; on message", NOW))
+    assert tag.startswith('<time class="rel"')
+    assert ">in 25 min</time>; on message" in tag
+    assert str(wake_tag("on change of a.txt", NOW)) == "on change of a.txt"
+    assert str(wake_tag(None, NOW)) == "—"

@@ -61,6 +61,17 @@ function timeTag(iso, empty) {
   return t;
 }
 
+// A next wake as ps gives it ("2026-12-06T08:00:00Z; on message"): its time relative.
+function wakeTag(text) {
+  const frag = document.createDocumentFragment();
+  if (!text) { frag.append("—"); return frag; }
+  const cut = text.indexOf("; ");
+  const first = cut < 0 ? text : text.slice(0, cut);
+  if (!/^\d{4}-\d\d-\d\dT/.test(first) || isNaN(new Date(first))) { frag.append(text); return frag; }
+  frag.append(timeTag(first), cut < 0 ? "" : text.slice(cut));
+  return frag;
+}
+
 function refreshTimes() {
   for (const t of document.querySelectorAll("time.rel")) {
     const date = new Date(t.dateTime);
@@ -153,7 +164,7 @@ function liveTable() {
       cell(tr, r.agent, "", "agent");
       cell(tr, r.runs, "", "runs");
       cell(tr, r.pending_approvals || "", "", "approvals");
-      cell(tr, timeTag(r.next_wake), "", "next wake");
+      cell(tr, wakeTag(r.next_wake), "", "next wake");
       cell(tr, timeTag(r.last_active), "", "last active");
       cell(tr, r.reason, "reason", "reason");
       const acts = cell(tr, "", "actions", "actions");
