@@ -125,7 +125,9 @@ class Pages:
             if cluster.clustered
             else await approvals(self.kernel.table)
         )
-        return await self.show(request, "inbox.html", items=items, title="approvals")
+        # the tab's count is the list's length: the nodes are not asked twice
+        return self.render(request, "inbox.html", items=items, pending=len(items),
+                           title="approvals")  # fmt: skip
 
     async def confirm(self, request: web.Request) -> web.Response:
         if "link" in request.query:  # a signed link from a notice (no login)
@@ -203,6 +205,9 @@ ERRORS: dict[int, tuple[str, str]] = {
     409: ("Not possible now",
           "Nothing was changed: the session (or the link) is not in a state where this can "
           "happen. Open the session's page to see what it offers now."),
+    410: ("This link has expired",
+          "Nothing was changed. If the approval still waits, answer it in the console's "
+          "approvals tab (run `sessionctl web` for a login), or with `sessionctl approve`."),
     500: ("Something broke",
           "This is a bug in sessiond; the daemon log has the details. The daemon goes on."),
 }  # fmt: skip

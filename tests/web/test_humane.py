@@ -65,6 +65,7 @@ def test_a_time_tag_has_the_exact_time_on_hover_and_no_microseconds() -> None:
 
 def test_error_pages_have_their_own_heading_and_no_raw_backticks() -> None:
     assert ERRORS[401][0] != ERRORS[409][0]
+    assert len({heading for heading, _ in ERRORS.values()}) == len(ERRORS)  # each its own
     assert "Not here" not in {heading for heading, _ in ERRORS.values()}
     shown = str(ticks("run `sessionctl web` & open <it>"))
     assert shown == "run <code>sessionctl web</code> &amp; open &lt;it&gt;"
