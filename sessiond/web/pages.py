@@ -85,9 +85,12 @@ class Pages:
                 count += len(s.journal.state.pending_approvals())
         return count
 
-    def error_page(self, message: str, status: int) -> web.Response:
+    def error_page(
+        self, message: str, status: int, request: web.Request | None = None
+    ) -> web.Response:
+        """The page of a refusal (``request``: who is signed in, for the header)."""
         heading, todo = ERRORS.get(status, ERRORS[400 if status < 500 else 500])
-        return self.render(None, "error.html", status=status, message=ticks(message),
+        return self.render(request, "error.html", status=status, message=ticks(message),
                            heading=heading, todo=ticks(todo), code=status,
                            title=heading.lower())  # fmt: skip
 

@@ -262,6 +262,7 @@ def test_error_pages_say_what_happened_and_what_to_do(browser: Browser) -> None:
         assert missing.status == 404
         assert page.locator("#heading").inner_text().startswith("Not found")
         assert "nosuch" in page.locator("#error").inner_text()
+        assert page.locator("#user").is_visible()  # still signed in, and it says so
         bad = page.goto(base + "/?state=bogus")  # a shared address with a typo
         assert bad is not None
         assert bad.status == 400
