@@ -29,6 +29,7 @@ def row(table: Table, s: Session, node: str | None = None) -> dict[str, Any]:
     """A ``ps`` row with what the console's table also shows: labels, approvals, node."""
     out = summary(s, table.next_wake_fn)
     out["labels"] = dict(s.spec.labels) if s.spec else {}
+    out["runnable"] = s.spec is not None and s.spec.run is not None  # activate has a program
     out["pending_approvals"] = (
         len(s.journal.state.pending_approvals()) if s.journal is not None else 0
     )

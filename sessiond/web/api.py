@@ -22,6 +22,7 @@ from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
 from sessiond.web.auth import connected
 from sessiond.web.cluster import REFRESH
+from sessiond.web.humane import actions_for
 from sessiond.web.metrics import CONTENT_TYPE
 from sessiond.web.pages import before_of
 from sessiond.web.views import approvals, rows_page, table_page
@@ -33,6 +34,7 @@ MIN_INTERVAL = 0.25  # the table stream sends at most 4 pages a second, whatever
 KEEPALIVE = 15.0
 TIMELINE_LIMIT = 500
 LIFECYCLE = ("activate", "suspend", "resume", "interrupt", "cancel")
+MESSAGE_LIMIT = 256 << 10  # as `sessionctl send` (sessiond.ipc.params.SendParams)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -64,6 +66,7 @@ class Api:
         router.add_post("/api/s/{name}/approve", self.approve)
         router.add_post("/api/s/{name}/deny", self.deny)
         router.add_post("/api/s/{name}/resolve", self.resolve)
+        router.add_post("/api/s/{name}/send", self.send)
         for action in LIFECYCLE:
             router.add_post(f"/api/s/{{name}}/{action}", self.lifecycle)
         router.add_get("/metrics", self.metrics)
@@ -104,7 +107,9 @@ class Api:
 
             async def shown() -> dict[str, Any]:
                 d = await self.cluster.show(name, who)
-                return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason")}
+                runnable = d.get("program") is not None  # its buttons, as its page draws them
+                return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason"),
+                        "actions": actions_for(d["state"], runnable)}  # fmt: skip
 
             hints = self.cluster.hints
             watch = (lambda wake: hints.watch(name, wake)) if hints is not None else None
@@ -113,10 +118,16 @@ class Api:
         session = self.kernel.table.get(name)  # no_such_session before the stream
 
         async def changed() -> dict[str, Any]:
+            runnable = session.spec is not None and session.spec.run is not None
             journal = session.journal
             reason = session.held or (journal.state.reason if journal is not None else "")
             seq = journal.state.seq if journal is not None else None
-            return {"state": session.state, "seq": seq, "reason": reason}
+            return {
+                "state": session.state,
+                "seq": seq,
+                "reason": reason,
+                "actions": actions_for(session.state, runnable),
+            }  # the page's buttons follow
 
         return await self._sse(request, "changed", changed, None, lambda who: who == name)
 
@@ -258,6 +269,23 @@ class Api:
         result = await self.cluster.syscall(
             "resolve", {"name": name, "option": option, "by": note}, who,
             lambda: self.kernel.resolve(name, option, note, who=who),
+        )  # fmt: skip
+        return _json({"ok": True, "result": result})
+
+    async def send(self, request: web.Request) -> web.Response:
+        """A message to the session's mailbox from the web user (the inbox's answer with
+        words: `sessionctl send`'s syscall, its sender the login's user)."""
+        body = await self._body(request)
+        text = _str(body, "text")
+        if not text.strip():
+            raise InvalidInput("the message is empty: write what the session should read")
+        if len(text.encode()) > MESSAGE_LIMIT:
+            raise InvalidInput(f"the message is over {MESSAGE_LIMIT >> 10} KiB: send less")
+        name, who = request.match_info["name"], self.server.who(request)
+        sender = str(who["user"])
+        result = await self.cluster.syscall(
+            "send", {"to": name, "text": text, "sender": sender}, who,
+            lambda: self.kernel.send(name, text, sender),
         )  # fmt: skip
         return _json({"ok": True, "result": result})
 

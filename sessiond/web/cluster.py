@@ -70,7 +70,8 @@ class ClusterView:
         """``method`` for the session ``params["name"]``: carried to the node that runs
         it, or ``here`` (this node's, or a session the cluster does not have: the
         same error as on one machine)."""
-        if self.forward is not None and self.remote(str(params.get("name"))):
+        target = params.get("name", params.get("to"))  # `send` names its session `to`
+        if self.forward is not None and self.remote(str(target)):
             routed, result = await self.forward.route(method, params, who)
             if routed:
                 return result

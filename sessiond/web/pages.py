@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 from aiohttp import web
+from markupsafe import Markup, escape
 
 from sessiond import __version__
-from sessiond.errors import InvalidInput
+from sessiond.errors import InvalidInput, SessiondError
+from sessiond.web.humane import actions_for, time_tag, wake_tag
 from sessiond.web.views import (
     ARTIFACT_TYPES,
     MESSAGES_PAGE,
@@ -40,6 +42,9 @@ class Pages:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
+        self.env.filters["when"] = time_tag
+        self.env.filters["wake"] = wake_tag
+        self.env.globals["actions_for"] = actions_for
 
     def routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/login", self.login)
@@ -53,6 +58,7 @@ class Pages:
 
     def render(self, request: web.Request | None, template: str, status: int = 200,
                **context: Any) -> web.Response:  # fmt: skip
+        context.setdefault("pending", None)
         html = self.env.get_template(template).render(
             csrf=self.server.csrf(request) if request is not None else "",
             user=self.server.user_of(request),
@@ -62,8 +68,32 @@ class Pages:
         )
         return web.Response(text=html, status=status, content_type="text/html")
 
-    def error_page(self, message: str, status: int) -> web.Response:
-        return self.render(None, "error.html", status=status, message=message, title="error")
+    async def show(self, request: web.Request, template: str, **context: Any) -> web.Response:
+        """A logged-in page: :meth:`render` with the approvals tab's pending count."""
+        return self.render(request, template, pending=await self.pending(request), **context)
+
+    async def pending(self, request: web.Request) -> int | None:
+        """How many approvals wait (the whole cluster's on a cluster node); None when
+        the other nodes do not answer (the tab then shows no number rather than a wrong one)."""
+        if self.server.cluster.clustered:
+            try:
+                return len(await self.server.cluster.approvals(self.server.who(request)))
+            except (SessiondError, OSError, TimeoutError):  # a node down: the page renders
+                return None
+        count = 0
+        for s in list(self.kernel.table):
+            if s.journal is not None and s.journal.state.approvals:
+                count += len(s.journal.state.pending_approvals())
+        return count
+
+    def error_page(
+        self, message: str, status: int, request: web.Request | None = None
+    ) -> web.Response:
+        """The page of a refusal (``request``: who is signed in, for the header)."""
+        heading, todo = ERRORS.get(status, ERRORS[400 if status < 500 else 500])
+        return self.render(request, "error.html", status=status, message=ticks(message),
+                           heading=heading, todo=ticks(todo), code=status,
+                           title=heading.lower())  # fmt: skip
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         token = request.query.get("token", "")
@@ -83,7 +113,12 @@ class Pages:
         return response
 
     async def table(self, request: web.Request) -> web.Response:
-        return self.render(request, "table.html", states=STATES, title="sessions",
+        q = request.query
+        if q.get("state") and q["state"] not in STATES:  # a bad address: said, not a dead stream
+            raise InvalidInput(f"no state {q['state']!r}; the states are {', '.join(STATES)}")
+        shown = {k: q.get(k, "") for k in ("state", "agent", "label")}
+        shown["page"] = q.get("page", "1") if q.get("page", "1").isdigit() else "1"
+        return await self.show(request, "table.html", states=STATES, title="sessions", q=shown,
                            total=len(self.kernel.table),
                            clustered=self.server.cluster.clustered)  # fmt: skip
 
@@ -94,7 +129,9 @@ class Pages:
             if cluster.clustered
             else await approvals(self.kernel.table)
         )
-        return self.render(request, "inbox.html", items=items, title="approvals")
+        # the tab's count is the list's length: the nodes are not asked twice
+        return self.render(request, "inbox.html", items=items, pending=len(items),
+                           title="approvals")  # fmt: skip
 
     async def confirm(self, request: web.Request) -> web.Response:
         if "link" in request.query:  # a signed link from a notice (no login)
@@ -105,7 +142,7 @@ class Pages:
             item = next((i for i in pending if i["call"] == call), None)
         else:
             item = await find_approval(self.kernel.table, name, call)
-        return self.render(request, "confirm.html", item=item, name=name, call=call,
+        return await self.show(request, "confirm.html", item=item, name=name, call=call,
                            title=f"approve {call}?")  # fmt: skip
 
     async def session(self, request: web.Request) -> web.Response:
@@ -120,7 +157,7 @@ class Pages:
         named = await cluster.log(name, who, 1, ARTIFACT_TYPES, 200) if detail["seq"] else []
         refs = artifact_refs(named)
         pending = await cluster.pending(name, who)
-        return self.render(
+        return await self.show(
             request, "session.html", d=detail, gate=gate, messages=messages, older=older,
             before=before, artifacts=refs[:100], approvals=pending, title=name,
         )  # fmt: skip
@@ -150,8 +187,42 @@ class Pages:
         text, cut = artifact_text(self.kernel.store.artifacts(name), ref)
         meta = refs[ref]
         lines = diff_lines(text) if meta["diff"] else None
-        return self.render(request, "artifact.html", name=name, a=meta, text=text, cut=cut,
+        return await self.show(request, "artifact.html", name=name, a=meta, text=text, cut=cut,
                            lines=lines, title=meta["name"])  # fmt: skip
+
+
+# Each error page's heading, and what a person can do about it.
+ERRORS: dict[int, tuple[str, str]] = {
+    400: ("That request is not right",
+          "Nothing was changed. The message above says what was wrong; fix the address or "
+          "the form and try again."),
+    401: ("Sign in first",
+          "Each run of `sessionctl web` prints a fresh login URL and replaces your earlier "
+          "login, so an old URL, or a browser signed in before it, lands here. Run it again "
+          "on the daemon's machine and open the URL it prints."),
+    403: ("Refused",
+          "Nothing was changed. Open the console through the URL `sessionctl web` prints, "
+          "as a person, not from a session's program."),
+    404: ("Not found",
+          "The name may be mistyped, or the session was removed. The sessions list shows "
+          "every session there is."),
+    409: ("Not possible now",
+          "Nothing was changed: the session (or the link) is not in a state where this can "
+          "happen. Open the session's page to see what it offers now."),
+    410: ("This link has expired",
+          "Nothing was changed. If the approval still waits, answer it in the console's "
+          "approvals tab (run `sessionctl web` for a login), or with `sessionctl approve`."),
+    500: ("Something broke",
+          "This is a bug in sessiond; the daemon log has the details. The daemon goes on."),
+}  # fmt: skip
+
+
+def ticks(text: str) -> Markup:
+    """Escaped text with its `quoted commands` as <code> (messages are written for a terminal)."""
+    parts = str(escape(text)).split("`")
+    if len(parts) % 2 == 0:  # an odd backtick: leave the text as it is
+        return Markup(escape(text))
+    return Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
 
 
 def before_of(request: web.Request) -> int | None:

@@ -149,7 +149,7 @@ class WebServer:
 
     def _refuse(self, request: web.Request, code: str, message: str, status: int) -> web.Response:
         if wants_html(request) and request.method in ("GET", "HEAD"):
-            return self.pages.error_page(message, status)
+            return self.pages.error_page(message, status, request)
         return error_json(code, message, status)
 
     def who(self, request: web.Request) -> dict[str, Any]:

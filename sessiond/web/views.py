@@ -17,6 +17,7 @@ from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
+from sessiond.web.humane import actions_for
 
 __all__ = ["approvals", "expires"]  # the inbox's, from the node's own (syscalls.console)
 
@@ -36,10 +37,13 @@ async def table_page(
         raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
     key, _, value = label.partition("=")
     names: list[str] = []
+    waiting = 0  # the approvals tab's count, from the same walk
     pacer = Pacer()
     for s in list(table):  # a copy: sessions may be created while this yields
         if pacer.due():
             await pacer.pause()
+        if s.journal is not None and s.journal.state.approvals:
+            waiting += len(s.journal.state.pending_approvals())
         if state and s.state != state:
             continue
         spec = s.spec
@@ -58,9 +62,9 @@ async def table_page(
         shown = table.sessions.get(name)
         if shown is None:  # gone meanwhile (migrated away)
             continue
-        out.append(row(table, shown))
+        out.append(with_actions(row(table, shown)))
     return {"rows": out, "total": len(names), "page": page, "pages": pages, "size": PAGE,
-            "sessions": len(table)}  # fmt: skip
+            "sessions": len(table), "approvals": waiting}  # fmt: skip
 
 
 def rows_page(
@@ -82,8 +86,16 @@ def rows_page(
         kept.append(r)
     pages = max(1, -(-len(kept) // PAGE))
     page = min(max(1, page), pages)
-    return {"rows": kept[(page - 1) * PAGE : page * PAGE], "total": len(kept), "page": page,
-            "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True}  # fmt: skip
+    shown = [with_actions(dict(r)) for r in kept[(page - 1) * PAGE : page * PAGE]]
+    return {"rows": shown, "total": len(kept), "page": page,
+            "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True,
+            "approvals": sum(int(r.get("pending_approvals") or 0) for r in rows)}  # fmt: skip
+
+
+def with_actions(r: dict[str, Any]) -> dict[str, Any]:
+    """A row with the lifecycle buttons its state offers (the table's per-row actions)."""
+    r["actions"] = actions_for(str(r.get("state", "")), bool(r.get("runnable", True)))
+    return r
 
 
 def _agent(s: Session) -> str:

@@ -4,75 +4,34 @@ the token, watch the table update live, filter a timeline, open a diff,
 approve and deny from the inbox, resolve a blocked session, and be refused
 without a login or with a bad CSRF token.
 
-Screenshots of the main pages are kept in pytest's temporary folder
-(``web-screenshots``); with SESSIOND_SCREENSHOTS=DIR they are written there too
+Screenshots of the main pages are written to tests/output/screenshots/
+(tests.e2e.browsing); with SESSIOND_SCREENSHOTS=DIR they are copied there too
 (that is how docs/img/ was made).
 """
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser
 
+from tests.e2e.browsing import (
+    PHONE,
+    WAIT_MS,
+    browser_fixture,
+    open_console,
+    overflow,
+    shoot,
+    shots_fixture,
+)
 from tests.e2e.harness import Daemon, running, short_dir, wait_event
 from tests.e2e.test_web import blocked_victim
 from tests.e2e.webclient import WEB
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WAIT_MS = 30_000  # a bound on every wait in the page; under load, not a sleep
-
-if not os.path.exists(CHROMIUM) and os.environ.get("CI") != "true":
-    pytest.skip(f"no {CHROMIUM}: apt-get install chromium (.ci/run does)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("web-screenshots")
-
-
-def shoot(page: Page, shots: Path, name: str) -> None:
-    path = shots / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    extra = os.environ.get("SESSIOND_SCREENSHOTS")
-    if extra:
-        shutil.copy(path, Path(extra) / path.name)
-
-
-def open_console(browser: Browser, d: Daemon) -> tuple[Page, str]:
-    """A fresh browser context logged in through the URL `sessionctl web` prints."""
-    minted = d.json("web")
-    context = browser.new_context(viewport={"width": 1200, "height": 800})
-    context.set_default_timeout(WAIT_MS)
-    page = context.new_page()
-    page.goto(minted["url"])
-    assert page.url == minted["console"] + "/"  # the token left the address bar
-    assert page.locator("#user").inner_text() == minted["user"]
-    return page, minted["console"]
+__all__ = ["browser_fixture", "shots_fixture"]  # the module's fixtures (tests.e2e.browsing)
 
 
 def test_log_in_with_the_token_and_see_a_session_appear_live(browser: Browser, shots: Path) -> None:
@@ -107,23 +66,23 @@ def test_filter_a_timeline_and_open_a_diff(browser: Browser, shots: Path) -> Non
         blocked_victim(d)
         page, _ = open_console(browser, d)
         page.goto(page.url + "s/victim")
-        page.wait_for_selector("#timeline tr.ev")
+        page.wait_for_selector("#timeline .ev")
         assert page.locator("#state").inner_text() == "blocked"
         page.evaluate("window.notReloaded = true")
         d.ctl("approve", "victim", check=True)  # the page follows the session live
-        page.wait_for_selector('#timeline tr.ev[data-type="run.finished"]')
+        page.wait_for_selector('#timeline .ev[data-type="run.finished"]')
         page.wait_for_selector("#state:text('terminated')")
         assert page.evaluate("window.notReloaded") is True
         wait_event(
             d, "victim", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
         )
         page.reload()  # the artifacts list is drawn with the page
-        page.wait_for_selector("#timeline tr.ev")
-        every = page.locator("#timeline tr.ev").count()
+        page.wait_for_selector("#timeline .ev")
+        every = page.locator("#timeline .ev").count()
         page.fill("input[name=type]", "tool.finished,run.finished")
         page.click("#timeline-filter button[type=submit]")
         page.wait_for_function(
-            "() => { const rows = [...document.querySelectorAll('#timeline tr.ev')];"
+            "() => { const rows = [...document.querySelectorAll('#timeline .ev')];"
             " return rows.length === 2 && rows.every(r =>"
             " ['tool.finished', 'run.finished'].includes(r.dataset.type)); }"
         )
@@ -131,7 +90,7 @@ def test_filter_a_timeline_and_open_a_diff(browser: Browser, shots: Path) -> Non
         page.fill("input[name=grep]", "f\\.txt=absent")
         page.click("#timeline-filter button[type=submit]")
         page.wait_for_function(
-            "() => { const rows = [...document.querySelectorAll('#timeline tr.ev')];"
+            "() => { const rows = [...document.querySelectorAll('#timeline .ev')];"
             " return rows.length === 1 && rows[0].dataset.type === 'tool.started'; }"
         )
         assert every > 2
@@ -259,13 +218,15 @@ def test_an_approve_link_from_a_notice_works_once_in_the_browser(
     with receiving() as receiver, running(config(receiver, free_port())) as d:
         ws = blocked_victim(d, "deploy", line="deployed")
         approve = links_of(receiver, "deploy")["approve_url"]
-        context = browser.new_context(viewport={"width": 420, "height": 800})  # a phone
+        context = browser.new_context(viewport={"width": PHONE, "height": 800})
         context.set_default_timeout(WAIT_MS)
         page = context.new_page()
         page.goto(approve)
         page.wait_for_selector("#confirm")
         assert d.json("show", "deploy")["pending_approvals"]  # opening it answered nothing
         shoot(page, shots, "link")
+        assert re.fullmatch(r"in \d+ min", page.locator(".expires time").inner_text())
+        assert overflow(page) == 0  # nothing runs off the phone's screen
         page.fill("input[name=note]", "lgtm")
         page.click("#confirm")
         page.wait_for_selector("#done")
@@ -279,5 +240,10 @@ def test_an_approve_link_from_a_notice_works_once_in_the_browser(
         assert again is not None
         assert again.status == 409
         assert "already used" in page.locator("#error").inner_text()
+        # its own heading and what to do (not the 401's "Not here"), and no raw backticks
+        assert page.locator("#heading").inner_text().startswith("Not possible now")
+        assert "`" not in page.locator("main").inner_text()
+        shoot(page, shots, "error-409")
+        assert overflow(page) == 0
         assert [r["type"] for r in d.json("log", "deploy")].count("tool.started") == 1
         context.close()
