@@ -14,144 +14,21 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops
+from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, ps
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
+from sessiond.ctl.render import STATE_COLOURS, Out, ago, table, when
 from sessiond.ctl.safeterm import safe_text, terminal_safe
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
-STATE_COLOURS = {
-    "running": "32",  # green
-    "ready": "36",  # cyan
-    "sleeping": "34",  # blue
-    "suspended": "33",  # yellow
-    "blocked": "31;1",  # bold red
-    "arriving": "35",  # magenta: held until its hand-over ends
-    "terminated": "90",  # grey
-    "created": "0",
-}
-
-
-class Out:
-    """Where and how to print: colour on a terminal only, JSON when asked."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.json = as_json
-        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-    def paint(self, text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.colour and code != "0" else text
-
-    def emit_json(self, value: Any) -> None:
-        sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE))
-
-
-def ago(ts: str | None, now: float | None = None) -> str:
-    """ "3 min ago", "in 2 h" from an RFC 3339 time."""
-    if not ts:
-        return "-"
-    try:
-        then = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return ts
-    delta = (now or time.time()) - then
-    future = delta < 0
-    delta = abs(delta)
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if delta >= size or unit == "s":
-            text = f"{int(delta // size)} {unit}"
-            return f"in {text}" if future else f"{text} ago"
-    return ts
-
-
-def when(next_wake: str | None) -> str:
-    """A next-wake text with its time made relative: "in 2 h; on message"."""
-    if not next_wake:
-        return "-"
-    first, _, rest = next_wake.partition("; ")
-    if first[:4].isdigit():
-        first = ago(first)
-    return f"{first}; {rest}" if rest else first
-
-
-def _table(rows: list[list[str]], out: Out, colour_col: int | None = None) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        cells = []
-        for i, cell in enumerate(row):
-            text = cell.ljust(widths[i]) if i < len(row) - 1 else cell
-            if n == 0:
-                text = out.paint(text, "1")
-            elif i == colour_col:
-                text = out.paint(text, STATE_COLOURS.get(cell.strip(), "0"))
-            cells.append(text)
-        print("  ".join(cells).rstrip())
-
-
 # --- commands ---------------------------------------------------------------------
-
-
-def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    if getattr(args, "watch", None):
-        return _watch_ps(conn, args, out)
-    rows = conn.call("ps", {})
-    if out.json:
-        out.emit_json(rows)
-        return 0
-    if not rows:
-        print("no sessions; create one with 'sessionctl create SPEC.toml'")
-        return 0
-    table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
-    nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
-    table[0][1:1] = ["NODE"] if nodes else []
-    for r in rows:
-        state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
-        table.append(
-            [
-                r["name"],
-                *([r.get("node") or "-"] if nodes else []),
-                state,
-                r["agent"] or "-",
-                str(r["priority"]),
-                ago(r["last_active"]),
-                when(r["next_wake"])[:40],
-                str(r["runs"]),
-                (r["reason"] or "")[:60],
-            ]
-        )
-    _table(table, out, colour_col=None)
-    return 0
-
-
-def _watch_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    """`ps --watch` / `top`: the table, refreshed, with each session's latest wake."""
-    interval = float(args.watch)
-    try:
-        while True:
-            rows = conn.call("ps", {})
-            lines = [f"sessiond: {len(rows)} sessions — {time.strftime('%H:%M:%S')} "
-                     f"(every {interval:g}s, Ctrl-C quits)", ""]  # fmt: skip
-            table = [["NAME", "STATE", "AGENT", "RUNS", "LAST ACTIVE", "NEXT WAKE", "REASON"]]
-            for r in rows:
-                table.append([r["name"], r["state"], r["agent"] or "-", str(r["runs"]),
-                              ago(r["last_active"]), when(r["next_wake"])[:30],
-                              (r["reason"] or "")[:50]])  # fmt: skip
-            if out.colour:
-                sys.stdout.write("\033[H\033[2J")
-            print("\n".join(lines))
-            _table(table, out, colour_col=1)
-            sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
 
 
 def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -420,7 +297,7 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(rows)
         return 0
-    _table(cluster.nodes_table(rows), out, colour_col=None)
+    table(cluster.nodes_table(rows), out, colour_col=None)
     return 0
 
 
@@ -454,17 +331,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
 
     add("ping", cmd_ping, "is the daemon there, which version")
     add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
-    ps = add("ps", cmd_ps, "the process table: every session, its state and next wake")
-    ps.add_argument(
-        "--watch",
-        nargs="?",
-        const=2.0,
-        type=float,
-        metavar="SECONDS",
-        help="refresh the table every SECONDS (default 2) until Ctrl-C",
-    )
-    top = add("top", cmd_ps, "ps --watch: a refreshing table of sessions")
-    top.set_defaults(watch=2.0)
+    ps.add_parsers(add)
     add("show", cmd_show, "one session in detail", "name")
     lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
     lg.add_argument("name", nargs="?")

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 import structlog
 
-from sessiond.errors import SessiondError
+from sessiond.errors import InvalidInput, SessiondError
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.forwarding import Forwarding
@@ -41,6 +41,7 @@ from sessiond.ipc.params import (
     NameParams,
     NoParams,
     Params,
+    PsParams,
     ReplayParams,
     ResolveParams,
     SdkContextParams,
@@ -54,6 +55,7 @@ from sessiond.ipc.params import (
     parse,
 )
 from sessiond.ipc.program import NotGranted, ProgramGuard
+from sessiond.listing import Listing
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 
@@ -102,13 +104,21 @@ class BadRequest(SessiondError):
     exit_code = 2
 
 
+def listing_of(p: PsParams) -> Listing:
+    """The listing a ``ps`` asks for, or ``invalid_input`` naming what is wrong."""
+    try:
+        return Listing.of(p.state, p.agent, p.label, p.all, p.sort)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     """Every one-answer method: its params model and the Kernel call it makes.
     (``log`` streams, so LogStream answers it.) Building the table only wires
     lambdas: nothing is called until a request comes."""
     return {
         "ping": (NoParams, lambda _: k.ping()),
-        "ps": (NoParams, lambda _: k.ps()),
+        "ps": (PsParams, lambda p: k.ps_listed(listing_of(p), p.footer)),
         "nodes": (NoParams, lambda _: k.nodes()),
         "show": (NameParams, lambda p: k.show(p.name)),
         "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),

@@ -29,6 +29,19 @@ class NoParams(Params):
     pass
 
 
+class PsParams(Params):
+    """``ps``: filters, order (sessiond.listing); ``footer`` answers ``{"rows",
+    "hidden", "known"}`` (how many terminated rows hid, every name it knows) instead
+    of the rows alone."""
+
+    state: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+    agent: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+    label: list[Annotated[str, Field(max_length=400)]] = Field(default_factory=list, max_length=64)
+    all: bool = False
+    sort: str = Field(default="agent", max_length=32)
+    footer: bool = False
+
+
 class NameParams(Params):
     name: str
 
