@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,13 @@ from typing import Any
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, ps
+from sessiond.ctl import access, aliases, answers, cluster, gc, logcmd, migrate, offline, ops, ps
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
+from sessiond.ctl.parsing import Parser
 from sessiond.ctl.render import STATE_COLOURS, Out, ago, table, when
 from sessiond.ctl.safeterm import safe_text, terminal_safe
+from sessiond.listing import suggest
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
@@ -97,73 +98,6 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key.rjust(width)}: {value}")
-
-
-def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> str:
-    from sessiond.describe import describe
-
-    who = f"{record['session']:<16} " if with_session else ""
-    kind = out.paint(f"{record['type']:<22}", "1")
-    return f"{who}{record['seq']:>6}  {record['ts']}  {kind} {describe(record)}".rstrip()
-
-
-def _log_params(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``log`` request of the command line; a bad --since, --grep or -n is a
-    usage error here (exit 2), before anything is sent."""
-    from sessiond.logquery import compile_grep, parse_since
-
-    if args.all and not args.follow:
-        raise RemoteError("usage", "--all goes with --follow (one stream of every session)", 2)
-    if not args.all and not args.name:
-        raise RemoteError("usage", "name a session, or use --all --follow", 2)
-    if args.limit < 0:
-        raise RemoteError("usage", f"-n/--lines {args.limit}: give a count of 0 or more", 2)
-    text = args.since.strip()
-    since: int | str = int(text) if text.isdigit() else text  # digits: a seq; else a time
-    if isinstance(since, int) and since >= 1 << 63:
-        raise RemoteError("usage", f"--since {text}: no log has that many events", 2)
-    try:
-        parse_since(since, time.time_ns())
-    except ValueError as exc:
-        raise RemoteError("usage", f"--{exc}", 2) from None  # "since 'x' is not …"
-    try:
-        compile_grep(args.grep)
-    except ValueError as exc:
-        raise RemoteError("usage", str(exc), 2) from None
-    return {
-        "name": None if args.all else args.name,
-        "since": since,
-        "types": args.type or [],
-        "limit": args.limit,
-        "grep": args.grep,
-        "follow": args.follow,
-    }
-
-
-def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    from sessiond.logquery import follow
-
-    params = _log_params(args)
-    if not args.follow:
-        records = conn.call("log", params)
-        if out.json:
-            out.emit_json(records)
-        else:
-            for r in records:
-                print(_event_line(r, out))
-        return 0
-    conn.sock.settimeout(None)
-    try:
-        # follow() catches up from the log when the daemon says this reader fell behind
-        for record in follow(conn, params):
-            if out.json:
-                out.emit_json(record)
-                sys.stdout.flush()
-            else:
-                print(_event_line(record, out, with_session=args.all), flush=True)
-    except KeyboardInterrupt:
-        return 0
-    return 0
 
 
 def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -307,18 +241,20 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
 
 
-def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
-    p = argparse.ArgumentParser(prog="sessionctl", description="Control the sessiond daemon.")
+def parser() -> Parser:  # noqa: PLR0915 - one statement per option
+    p = Parser(prog="sessionctl", description="Control the sessiond daemon.")
     p.add_argument("--version", action="version", version=f"sessionctl {__version__}")
     p.add_argument(
         "--socket", type=Path, help="the daemon's socket (else SESSIOND_SOCKET, then the default)"
     )
-    p.add_argument("--json", action="store_true", help="stable machine-readable output")
+    p.add_argument("--json", action="store_true", help="stable machine-readable output (JSON)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # --json and --socket also work after the command: `sessionctl ps --json`.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS)
+    common = Parser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="stable machine-readable output (JSON)")  # fmt: skip
+    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS,
+                        help="the daemon's socket (else SESSIOND_SOCKET)")  # fmt: skip
 
     def add(
         name: str, fn: Callable[..., int], help_text: str, *names: str
@@ -333,17 +269,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
     add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
     ps.add_parsers(add)
     add("show", cmd_show, "one session in detail", "name")
-    lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
-    lg.add_argument("name", nargs="?")
-    lg.add_argument("--since", default="1", metavar="SEQ|TIME", help="a seq, 10m, 2h or RFC 3339")
-    lg.add_argument(
-        "--type", action="append", metavar="TYPE", help="only this event type (repeatable)"
-    )
-    lg.add_argument("--grep", metavar="REGEX", help="only events whose line or data match")
-    lg.add_argument("-n", "--lines", "--limit", dest="limit", type=int, default=0, metavar="N",
-                    help="only the last N (with -f: then follow)")  # fmt: skip
-    lg.add_argument("-f", "--follow", action="store_true")
-    lg.add_argument("--all", action="store_true", help="with --follow: every session")
+    logcmd.add_parser(add)
     rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
     rp.add_argument("--upto", type=int, metavar="SEQ")
     rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
@@ -359,6 +285,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         "name",
     )
     add("cancel", _simple("cancel", "cancelled"), "terminate the session (and its program)", "name")
+    aliases.add_parsers(add)
     fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
     fk.add_argument("--as", dest="new", required=True, metavar="NEW")
     fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
@@ -426,8 +353,9 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    out = Out(args.json)
+    top = parser()
+    args = top.parse_command_line(argv)
+    out = Out(args.json or getattr(args, "output", None) in ("json", "json-lines"))
     path = args.socket or default_socket()
     try:
         if args.command == "completion":
@@ -438,16 +366,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             return done
         if args.command == "mcp":  # a server: it connects per tool call, not here
             return access.serve_mcp(args)
-        if args.command == "log":
-            _log_params(args)  # a usage error needs no daemon
+        if args.command == "log":  # a usage error needs no daemon
+            logcmd.params(args)
+        if args.command in ("ps", "top"):
+            ps.params(args)
         timeout = None if args.command == "log" else 120
         # inside a run: its token, which the program endpoint asks of every request
         with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN")) as conn:
             if not out.json:  # what a program wrote cannot steer the terminal
                 conn.clean = terminal_safe
-            code: int = args.fn(conn, args, out)
+            try:
+                code: int = args.fn(conn, args, out)
+            except RemoteError as exc:
+                if exc.exit_code == 4:  # no such session: the names it may have meant
+                    exc.message += _close_names(conn, exc.message)
+                raise
             return code
     except RemoteError as exc:
+        if exc.code == "usage":  # the usage of the command it is about
+            top.commands().get(args.command, top).print_usage(sys.stderr)
         if out.json:
             sys.stdout.buffer.write(
                 orjson.dumps(
@@ -460,6 +397,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+
+
+def _close_names(conn: Connection, message: str) -> str:
+    """ "; did you mean 'x'?" from the sessions the caller may list, or ""."""
+    import re
+
+    found = re.search(r"no session '([^']+)'", message)
+    if not found:
+        return ""
+    try:
+        rows = conn.call("ps", {"all": True, "sort": "name"})
+    except (RemoteError, OSError):
+        return ""  # a program not granted ps, say: no names to offer
+    return suggest(found.group(1), [r["name"] for r in rows])
 
 
 if __name__ == "__main__":

@@ -236,6 +236,7 @@ class Dispatch:
                 grep=p.grep,
                 after=(p.after or {}).get(p.name, 0),
                 first=p.first,
+                until=p.until,
             )
             return [orjson.loads(line) for line in lines]
         if method not in self.methods or method.startswith("sdk."):

@@ -66,6 +66,7 @@ class LogParams(Params):
     name: str | None = None  # None: every session (only with follow)
     # An integer is a seq (as before); text is a time, "10m" or RFC 3339 (sessiond.logquery).
     since: Annotated[int, Field(ge=1)] | Annotated[str, Field(max_length=64)] = 1
+    until: str | None = Field(default=None, max_length=64)  # a time (sessiond.logquery)
     types: list[str] = Field(default_factory=list)
     limit: int = Field(default=0, ge=0)  # the last N matching (sessionctl -n N)
     first: int = Field(default=0, ge=0)  # the first N matching: a page (sessionctl mcp)
