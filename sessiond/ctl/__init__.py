@@ -25,6 +25,7 @@ from sessiond.ctl.pages import replay_messages
 from sessiond.ctl.parsing import Parser
 from sessiond.ctl.render import STATE_COLOURS, Out, ago, table, when
 from sessiond.ctl.safeterm import safe_text, terminal_safe
+from sessiond.describe import exited
 from sessiond.listing import suggest
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
@@ -93,7 +94,10 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     last_run = d.get("last_run")
     if last_run:
         lines.append(
-            ("last run", f"{last_run['run']} {last_run['status']} exit={last_run.get('exit_code')}")
+            (
+                "last run",
+                f"{last_run['run']} {last_run['status']}{exited(last_run.get('exit_code'))}",
+            )
         )
     width = max(len(k) for k, _ in lines)
     for key, value in lines:

@@ -1,0 +1,107 @@
+"""`sessionctl ps` for many sessions and the conventions of systemctl and journalctl
+(issue 26): filters and order applied by the daemon, terminated sessions hidden
+after an hour with a footer saying so, one "last active", did-you-mean, the
+command's own usage, log --all without -f, --until, -o, start/stop/restart."""
+
+from __future__ import annotations
+
+import orjson
+
+from tests.e2e.harness import Daemon, running, short_dir
+
+SPEC = (
+    'name = "{name}"\nagent = "{agent}"\nlabels = {{ team = "{team}" }}\n'
+    '[run]\nexec = ["true"]\ncwd = "{ws}"\n'
+)
+
+
+def _make(d: Daemon, name: str, agent: str, team: str) -> None:
+    spec = d.write_spec(name, SPEC.format(name=name, agent=agent, team=team, ws=d.root))
+    d.ctl("create", str(spec), check=True)
+
+
+def _names(d: Daemon, *args: str) -> list[str]:
+    return [r["name"] for r in d.json(*args)]
+
+
+def test_ps_filters_sorts_and_hides_old_terminated_sessions() -> None:
+    root = short_dir()
+    d = Daemon(root).start()
+    try:
+        _make(d, "zeta", "alpha", "red")
+        _make(d, "beta", "omega", "blue")
+        _make(d, "gamma", "alpha", "blue")
+        _make(d, "old", "alpha", "red")
+        d.ctl("suspend", "beta", check=True)
+        d.ctl("cancel", "old", check=True)
+        # grouped by owning agent (docs/spec.md), then by name
+        assert _names(d, "ps") == ["gamma", "old", "zeta", "beta"]
+        assert _names(d, "ps", "--sort", "name") == ["beta", "gamma", "old", "zeta"]
+        assert _names(d, "ps", "--state", "suspended") == ["beta"]
+        assert _names(d, "ps", "--state", "suspended,terminated") == ["old", "beta"]
+        assert _names(d, "ps", "--state", "suspended", "--state", "terminated") == ["old", "beta"]
+        assert _names(d, "ps", "--agent", "alpha", "--label", "team=red") == ["old", "zeta"]
+        assert _names(d, "ps", "--label", "team=blue", "--sort", "state") == ["beta", "gamma"]
+        bad = d.ctl("ps", "--state", "blokced")
+        assert bad.returncode == 2
+        assert "did you mean 'blocked'" in bad.stderr
+        assert bad.stderr.startswith("usage: sessionctl ps")
+        # ps and show: one "last active"
+        row = next(r for r in d.json("ps") if r["name"] == "zeta")
+        assert row["last_active"] == d.json("show", "zeta")["last_active"] is not None
+        d.stop()
+        # Two hours on: "old" was terminated more than an hour ago.
+        d.config.write_text(d.config.read_text() + "clock_offset = 7200.0\n")
+        d.start()
+        assert "old" not in _names(d, "ps")
+        table = d.ctl("ps", check=True).stdout
+        assert "old" not in table.split()
+        assert "1 terminated session hidden" in table
+        assert "--all shows them" in table
+        assert "old" in _names(d, "ps", "--all")
+        assert "old" in _names(d, "ps", "--state", "terminated")  # asked for by name
+    finally:
+        d.stop()
+
+
+def test_did_you_mean_usage_start_stop_restart_and_log_forms() -> None:
+    with running() as d:
+        _make(d, "worker", "ops", "red")
+        _make(d, "helper", "ops", "red")
+        typo = d.ctl("shw", "worker")
+        assert typo.returncode == 2
+        assert "did you mean 'show'" in typo.stderr
+        assert "activate" not in typo.stderr  # not the list of every command
+        usage = d.ctl("ps", "--bogus")
+        assert usage.returncode == 2
+        assert usage.stderr.startswith("usage: sessionctl ps ")
+        missing = d.ctl("show", "worke")
+        assert missing.returncode == 4
+        assert "did you mean 'worker'" in missing.stderr
+        # start = (resume and) activate; stop = suspend; restart = interrupt + activate
+        assert d.ctl("stop", "worker", check=True).stdout.startswith("stopped worker: suspended")
+        assert "stopped already" in d.ctl("stop", "worker", check=True).stdout
+        started = d.ctl("start", "worker", check=True).stdout
+        assert started.startswith("started worker: ")
+        assert d.json("show", "worker")["state"] != "suspended"
+        assert d.json("show", "worker")["runs"] >= 1
+        assert d.ctl("restart", "helper", check=True).stdout.startswith("restarted helper: ")
+        # log --all without -f: every session's events, merged in time order
+        every = d.ctl("log", "--all", "-o", "json-lines", check=True).stdout.splitlines()
+        records = [orjson.loads(line) for line in every]
+        assert {r["session"] for r in records} == {"worker", "helper"}
+        assert [r["ts"] for r in records] == sorted(r["ts"] for r in records)
+        # --since today / -1h, --until: a window; -o cat: the text alone; --json: an array
+        today = d.json("log", "worker", "--since", "today")
+        assert today and today == d.json("log", "worker", "--since=-1h")
+        assert d.json("log", "worker", "--until", "yesterday") == []
+        assert d.json("log", "worker", "-o", "json") == today
+        cat = d.ctl("log", "worker", "-o", "cat", check=True).stdout
+        assert "session.created" not in cat
+        assert "worker" in cat.splitlines()[0]
+        follow_json = d.ctl("log", "worker", "-f", "-o", "json")
+        assert follow_json.returncode == 2
+        assert "json-lines" in follow_json.stderr
+        for line in d.ctl("log", "--all", check=True).stdout.splitlines():
+            assert "None" not in line
+            assert "by -" not in line
