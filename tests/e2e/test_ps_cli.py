@@ -93,7 +93,8 @@ def test_did_you_mean_usage_start_stop_restart_and_log_forms() -> None:
         assert [r["ts"] for r in records] == sorted(r["ts"] for r in records)
         # --since today / -1h, --until: a window; -o cat: the text alone; --json: an array
         today = d.json("log", "worker", "--since", "today")
-        assert today and today == d.json("log", "worker", "--since=-1h")
+        assert today
+        assert today == d.json("log", "worker", "--since=-1h")
         assert d.json("log", "worker", "--until", "yesterday") == []
         assert d.json("log", "worker", "-o", "json") == today
         cat = d.ctl("log", "worker", "-o", "cat", check=True).stdout
