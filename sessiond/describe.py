@@ -98,7 +98,7 @@ def _rule(rule: str) -> str:
     if found:
         return f"the default for a tool with side effect {found.group(1)!r}"
     if rule.startswith("default: "):
-        return "by default (" + rule.removeprefix("default: ") + ")"
+        return "the default: " + rule.removeprefix("default: ")
     kind, colon, pattern = rule.partition(": ")
     return f"rule {kind} {pattern!r}" if colon else f"rule {rule!r}"
 
