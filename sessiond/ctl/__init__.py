@@ -58,7 +58,8 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("pid", str(d["pid"]) if d.get("pid") else "-"),
         ("created", ago(d.get("created_at"))),
         ("last active", ago(d.get("last_active"))),
-        ("events", str(d.get("seq"))),
+        # a cluster's session no live node runs: its log is not read here
+        ("events", "not known here" if d.get("seq") is None else str(d["seq"])),
     ]
     gate = d.get("last_gate")
     if gate:
@@ -82,7 +83,8 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     for c in d.get("tools_in_flight") or []:
         lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
     if d.get("parent"):
-        lines.append(("parent", f"{d['parent']} (forked at seq {d.get('fork_seq')})"))
+        at = f" (forked at seq {d['fork_seq']})" if d.get("fork_seq") is not None else ""
+        lines.append(("parent", f"{d['parent']}{at}"))
     if d.get("children"):
         lines.append(("children", ", ".join(d["children"])))
     if d.get("merged"):

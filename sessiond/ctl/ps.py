@@ -158,7 +158,8 @@ def _watch(conn: Connection, args: argparse.Namespace, out: Out, request: dict[s
                 sys.stdout.write("\033[H\033[2J")
             print("\n".join(lines))
             if rows:
-                table(rows_table(rows, args.full), out, colour_col=1)
+                nodes = any("node" in r for r in rows)  # a NODE column before STATE
+                table(rows_table(rows, args.full), out, colour_col=2 if nodes else 1)
             if answer["hidden"]:
                 print(footer(answer["hidden"]))
             sys.stdout.flush()
