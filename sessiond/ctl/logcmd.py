@@ -8,8 +8,10 @@ Output (``-o``), as journalctl names them:
 - ``json-lines``: one JSON object per line, with or without ``-f``.
 
 ``--json`` stays: it is ``-o json`` without ``-f`` and ``-o json-lines`` with it.
-Relative times (``today``, ``-1h``) are made absolute here, with this machine's
-midnight, before they are sent: the daemon may run in another time zone.
+``today`` and ``yesterday`` are made absolute here, at this machine's midnight,
+before they are sent (the daemon may run in another time zone); a duration
+(``1h``, ``-1h``) is sent as it is and counts back from the daemon's clock, which
+stamps the events.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def output_format(args: argparse.Namespace) -> str:
 def params(args: argparse.Namespace) -> dict[str, Any]:
     """The ``log`` request of the command line; a bad --since, --until, --grep, -n or
     -o is a usage error here (exit 2), before anything is sent."""
-    from sessiond.logquery import absolute, compile_grep, parse_since, parse_until
+    from sessiond.logquery import DAYS, absolute, compile_grep, parse_since, parse_until
 
     if not args.all and not args.name:
         raise RemoteError("usage", "log: name a session, or use --all", 2)
@@ -84,9 +86,11 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
     try:
         parse_since(since, now)
         parse_until(until, now)
-        if isinstance(since, str):
+        # today/yesterday: this machine's midnight; a duration stays relative to the
+        # daemon's clock, which stamps the events (docs/rpc.md)
+        if isinstance(since, str) and since.strip() in DAYS:
             since = absolute(since, now) or since
-        if until is not None:
+        if until is not None and until.strip() in DAYS:
             until = absolute(until, now, what="until") or until
     except ValueError as exc:
         raise RemoteError("usage", f"log: --{exc}", 2) from None  # "since 'x' is not …"
