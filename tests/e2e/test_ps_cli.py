@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 
-from tests.e2e.harness import Daemon, running, short_dir
+from tests.e2e.harness import Daemon, running, short_dir, wait_for
 
 SPEC = (
     'name = "{name}"\nagent = "{agent}"\nlabels = {{ team = "{team}" }}\n'
@@ -106,3 +106,28 @@ def test_did_you_mean_usage_start_stop_restart_and_log_forms() -> None:
         for line in d.ctl("log", "--all", check=True).stdout.splitlines():
             assert "None" not in line
             assert "by -" not in line
+
+
+def test_start_stop_restart_on_a_running_program() -> None:
+    with running() as d:
+        spec = 'name = "long"\n[run]\nexec = ["sleep", "300"]\ncwd = "{ws}"\n'
+        d.ctl("create", str(d.write_spec("long", spec.format(ws=d.root))), check=True)
+        d.ctl("start", "long", check=True)
+        first = wait_for(lambda: _running(d), what="long running")
+        assert "running already" in d.ctl("start", "long", check=True).stdout
+        assert d.ctl("restart", "long", check=True).stdout.startswith("restarted long: ")
+        second = wait_for(lambda: _running(d), what="long running again")
+        assert second["pid"] != first["pid"]
+        assert second["runs"] == first["runs"] + 1
+        stopped = d.ctl("stop", "long", check=True)
+        assert stopped.stdout.startswith("stopped long: suspended"), stopped.stdout
+        shown = d.json("show", "long")
+        assert shown["state"] == "suspended"
+        assert shown["pid"] is None
+        d.ctl("start", "long", check=True)  # resumed, then woken
+        assert wait_for(lambda: _running(d), what="long running after start")["runs"] == 3
+
+
+def _running(d: Daemon) -> dict[str, object] | None:
+    shown: dict[str, object] = d.json("show", "long")
+    return shown if shown["state"] == "running" and shown["pid"] else None
