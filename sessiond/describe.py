@@ -16,7 +16,7 @@ def _tool(d: dict[str, Any]) -> str:
 
 
 def _hashes(h: dict[str, Any]) -> str:
-    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "-"
+    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "no files"
 
 
 _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -28,7 +28,7 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "session.imported": lambda d: f"from {d['original_name']} ({d['events']} events)",
     "lifecycle.changed": lambda d: (
-        f"{d['from'] or '-'} -> {d['to']}"
+        f"{d['from'] or '(new)'} -> {d['to']}"
         + (f" ({d['outcome']})" if d["outcome"] else "")
         + (f": {d['reason']}" if d["reason"] else "")
     ),

@@ -105,6 +105,10 @@ def test_a_typo_gets_a_did_you_mean_and_the_commands_usage(
                             "rule": "default: none allowed"}, "none allowed"),
         ("approval.granted", {"tool": "t", "call": "c1", "by": "", "uid": None,
                               "user": "notify:ops", "channel": "link"}, "by -"),
+        ("lifecycle.changed", {"from": None, "to": "created", "outcome": None,
+                               "reason": None}, "- ->"),
+        ("tool.finished", {"tool": "t", "call": "c1", "status": "ok", "exit_code": None,
+                           "hashes": {}}, ": -"),
     ],
 )  # fmt: skip
 def test_human_lines_say_no_none_dash_or_contradiction(
