@@ -157,7 +157,7 @@ CTL_EXAMPLES = [
     ("sessionctl ps \\-\\-all \\-\\-sort last\\-active", "every session, the latest first"),
     ("sessionctl log docs \\-\\-since today \\-o cat", "what docs did today, as text"),
     (
-        "sessionctl log \\-\\-all \\-\\-since=\\-1h \\-o json\\-lines",
+        "sessionctl log \\-\\-all \\-\\-since \\-1h \\-o json\\-lines",
         "every session's last hour, an object per line",
     ),
     ("sessionctl log docs \\-f", "follow docs' events as they come"),

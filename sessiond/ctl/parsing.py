@@ -16,6 +16,8 @@ from typing import NoReturn
 
 from sessiond.listing import suggest
 
+_BACK = re.compile(r"-\d+(\.\d+)?(ms|s|m|h|d)(\d+(\.\d+)?(ms|s|m|h|d))*")
+_TIMES = ("--since", "--until")
 _CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$")
 
 
@@ -47,7 +49,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_command_line(self, argv: Sequence[str] | None) -> argparse.Namespace:
         """Parse; an argument the command does not take is its error, with its usage."""
-        args, extra = self.parse_known_args(argv)
+        args, extra = self.parse_known_args(_joined(sys.argv[1:] if argv is None else argv))
         if extra:
             command = self.commands().get(getattr(args, "command", "") or "", self)
             assert isinstance(command, argparse.ArgumentParser)
@@ -55,3 +57,15 @@ class Parser(argparse.ArgumentParser):
             hint = suggest(first, command._option_string_actions) if first.startswith("-") else ""
             command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return args
+
+
+def _joined(argv: Sequence[str]) -> list[str]:
+    """``--since -1h`` as ``--since=-1h``: argparse takes ``-1h`` for an option, and
+    journalctl's users type it so."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1] in _TIMES and _BACK.fullmatch(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out

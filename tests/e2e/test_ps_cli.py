@@ -94,7 +94,7 @@ def test_did_you_mean_usage_start_stop_restart_and_log_forms() -> None:
         # --since today / -1h, --until: a window; -o cat: the text alone; --json: an array
         today = d.json("log", "worker", "--since", "today")
         assert today
-        assert today == d.json("log", "worker", "--since=-1h")
+        assert today == d.json("log", "worker", "--since", "-1h")
         assert d.json("log", "worker", "--until", "yesterday") == []
         assert d.json("log", "worker", "-o", "json") == today
         cat = d.ctl("log", "worker", "-o", "cat", check=True).stdout
