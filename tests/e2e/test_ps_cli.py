@@ -5,9 +5,16 @@ command's own usage, log --all without -f, --until, -o, start/stop/restart."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import termios
+
 import orjson
 
-from tests.e2e.harness import Daemon, running, short_dir, wait_for
+from tests.e2e.harness import SESSIONCTL, Daemon, running, short_dir, wait_for
 
 SPEC = (
     'name = "{name}"\nagent = "{agent}"\nlabels = {{ team = "{team}" }}\n'
@@ -131,3 +138,51 @@ def test_start_stop_restart_on_a_running_program() -> None:
 def _running(d: Daemon) -> dict[str, object] | None:
     shown: dict[str, object] = d.json("show", "long")
     return shown if shown["state"] == "running" and shown["pid"] else None
+
+
+def test_ps_cuts_cells_with_an_ellipsis_only_on_a_terminal() -> None:
+    program = "/no/such/program/with/a/rather/long/name/so/that/its/reason/is/long"
+    with running() as d:
+        spec = f'name = "bad"\n[run]\nexec = ["{program}"]\ncwd = "{d.root}"\n'
+        d.ctl("create", str(d.write_spec("bad", spec)), check=True)
+        d.ctl("activate", "bad", check=True)
+        # what stays while it retries (the reason's "retry N of 3" moves on)
+        reason = wait_for(lambda: _failed(d), what="bad's failed start").split("; retry")[0]
+        assert len(reason) > 60
+        piped = d.ctl("ps", check=True).stdout
+        assert reason in piped  # whole when piped: grep and awk see all of it
+        assert "…" not in piped
+        on_terminal = _on_a_terminal(d, "ps")
+        assert "…" in on_terminal
+        assert reason not in on_terminal
+        assert reason[:40] in on_terminal
+        assert reason in _on_a_terminal(d, "ps", "--full").replace("\r\n", "\n")
+
+
+def _failed(d: Daemon) -> str | None:
+    reason = d.json("show", "bad")["reason"] or ""
+    return reason if "could not start" in reason else None
+
+
+def _on_a_terminal(d: Daemon, *args: str) -> str:
+    """What sessionctl prints with a terminal (a pty, wide enough) as its stdout."""
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
+    env = {**d.env, "NO_COLOR": "1"}
+    with os.fdopen(main, "rb", buffering=0) as reader:
+        done = subprocess.run(
+            [SESSIONCTL, *args], stdout=side, stderr=subprocess.PIPE, env=env, timeout=60,
+            check=False,
+        )  # fmt: skip
+        os.close(side)
+        assert done.returncode == 0, done.stderr
+        chunks = []
+        while True:
+            try:
+                chunk = reader.read(65536)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
