@@ -140,7 +140,9 @@ def _every_session(conn: Connection, request: dict[str, Any]) -> list[dict[str, 
         try:
             merged.extend(conn.call("log", {**request, "name": name}))
         except RemoteError as exc:
-            if exc.exit_code != 4:  # a session gone meanwhile is no error
+            if exc.code == "node_unavailable":  # a cluster's node down: say so, go on
+                print(f"sessionctl: {name} left out: {exc.message}", file=sys.stderr)
+            elif exc.exit_code != 4:  # a session gone meanwhile is no error
                 raise
     merged.sort(key=lambda r: (r["ts"], r["session"], r["seq"]))
     limit = request.get("limit") or 0
