@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from sessiond.ctl.render import Out
+from sessiond.ctl.safeterm import safe_text
 from sessiond.wire import Connection, RemoteError
 
 FORMATS = ("short", "cat", "json", "json-lines")
@@ -141,7 +142,8 @@ def _every_session(conn: Connection, request: dict[str, Any]) -> list[dict[str, 
             merged.extend(conn.call("log", {**request, "name": name}))
         except RemoteError as exc:
             if exc.code == "node_unavailable":  # a cluster's node down: say so, go on
-                print(f"sessionctl: {name} left out: {exc.message}", file=sys.stderr)
+                note = safe_text(f"{name} left out: {exc.message}")
+                print(f"sessionctl: {note}", file=sys.stderr)
             elif exc.exit_code != 4:  # a session gone meanwhile is no error
                 raise
     merged.sort(key=lambda r: (r["ts"], r["session"], r["seq"]))
