@@ -6,6 +6,7 @@ import the daemon's packages (its start-up time is part of the contract).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ def _tool(d: dict[str, Any]) -> str:
 
 
 def _hashes(h: dict[str, Any]) -> str:
-    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "-"
+    return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "no files"
 
 
 _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -27,7 +28,7 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "session.imported": lambda d: f"from {d['original_name']} ({d['events']} events)",
     "lifecycle.changed": lambda d: (
-        f"{d['from'] or '-'} -> {d['to']}"
+        f"{d['from'] or '(new)'} -> {d['to']}"
         + (f" ({d['outcome']})" if d["outcome"] else "")
         + (f": {d['reason']}" if d["reason"] else "")
     ),
@@ -40,7 +41,7 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "run.started": lambda d: f"run {d['run']} ({d['kind']}, pid {d['pid']})",
     "run.finished": lambda d: (
-        f"run {d['run']} {d['status']} exit={d['exit_code']} in {d['duration_ms']} ms"
+        f"run {d['run']} {d['status']}{exited(d.get('exit_code'))} in {d['duration_ms']} ms"
     ),
     "message.received": lambda d: f"from {d['sender']}: {d['text'][:80]}",
     "model.requested": lambda d: f"{d['model']} request {d['request_id']}",
@@ -49,13 +50,13 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
         + (f" cost=${d['cost_usd']:.4f}" if d.get("cost_usd") is not None else "")
     ),
     "tool.intent": lambda d: f"{_tool(d)} {d['risk']['side_effect']}/{d['risk']['resume']}",
-    "policy.decided": lambda d: f"{_tool(d)} {d['decision']} by {d['rule']}",
+    "policy.decided": lambda d: f"{_tool(d)} {d['decision']}: {_rule(d['rule'])}",
     "approval.requested": _tool,
     "approval.granted": lambda d: f"{_tool(d)} by {_who(d)}",
     "approval.denied": lambda d: f"{_tool(d)} by {_who(d)}: {d['reason']}",
     "tool.started": lambda d: f"{_tool(d)} attempt {d['attempt']} before: {_hashes(d['hashes'])}",
     "tool.finished": lambda d: (
-        f"{_tool(d)} {d['status']} exit={d['exit_code']} after: {_hashes(d['hashes'])}"
+        f"{_tool(d)} {d['status']}{exited(d.get('exit_code'))} after: {_hashes(d['hashes'])}"
     ),
     "observation.projected": lambda d: f"{_tool(d)}: {d['text'][:80]}",
     "context.compacted": lambda d: f"events {d['from_seq']}-{d['to_seq']} ({d['method']})",
@@ -81,6 +82,27 @@ _DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+def exited(code: object) -> str:
+    """ " exit=1", or "" when there was no exit status (a run never started, or
+    killed by a signal before it said)."""
+    return "" if code is None else f" exit={code}"
+
+
+_DEFAULT_RULE = re.compile(r"default: (\S+) (allowed|asks|denied)$")
+
+
+def _rule(rule: str) -> str:
+    """Why the policy decided, in words: "the default for side effect 'none'" (not
+    "by default: none allowed", which reads as "nothing is allowed")."""
+    found = _DEFAULT_RULE.match(rule)
+    if found:
+        return f"the default for a tool with side effect {found.group(1)!r}"
+    if rule.startswith("default: "):
+        return "the default: " + rule.removeprefix("default: ")
+    kind, colon, pattern = rule.partition(": ")
+    return f"rule {kind} {pattern!r}" if colon else f"rule {rule!r}"
+
+
 def _arbiter(d: dict[str, Any]) -> str:
     """Who settled a hand-over: its source, or an operator (who, from the socket)."""
     return "the source" if d["by"] == "source" else _who({**d, "by": ""})
@@ -90,7 +112,9 @@ def _who(d: dict[str, Any]) -> str:
     """Who answered: the user and uid from the socket (events before them: the note)."""
     note = d.get("by") or ""
     if d.get("uid") is None:
-        return note or "-"
+        if d.get("channel") == "link" and d.get("user"):  # a notice's signed link
+            return f"{d['user']} (a signed link)" + (f", note: {note}" if note else "")
+        return note or "an unrecorded person"
     who = f"{d['user']} (uid {d['uid']}, {d['channel']})"
     return f"{who}, note: {note}" if note else who
 

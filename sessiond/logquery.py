@@ -36,9 +36,10 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _MAX_BACK = 36500 * 86400.0  # a hundred years, as durations.MAX_DURATION
 SINCE_FORMS = (
-    "a seq (42), a duration back from now (10m, 2h, 1h30m) or an RFC 3339 time with "
-    "its offset (2026-12-01T09:00:00Z)"
+    "a seq (42), a duration back from now (10m, -2h, 1h30m), today, yesterday, now, "
+    "or an RFC 3339 time with its offset (2026-12-01T09:00:00Z)"
 )
+DAYS = {"today": 0, "yesterday": 1}  # local midnight, this many days back
 
 
 def _ts(when: datetime) -> str:
@@ -62,12 +63,9 @@ def parse_since(since: int | str, now_ns: int) -> tuple[int, str | None]:
     text = since.strip()
     if text.isdigit():
         raise ValueError(f"since {since!r}: a seq is sent as a JSON integer, not text")
-    if _DURATION.fullmatch(text):
-        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
-        if seconds > _MAX_BACK:
-            raise ValueError(f"since {since!r}: go back at most 100 years ('36500d')")
-        now = datetime.fromtimestamp(now_ns / 1e9, UTC)
-        return 1, _ts(now - timedelta(seconds=seconds))
+    moment = absolute(text, now_ns, what="since")
+    if moment is not None:
+        return 1, moment
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
@@ -78,6 +76,53 @@ def parse_since(since: int | str, now_ns: int) -> tuple[int, str | None]:
             "and this client may not share a time zone"
         )
     return 1, _ts(when)
+
+
+def absolute(text: str, now_ns: int, what: str = "since") -> str | None:
+    """The ``ts`` that a relative time means now: ``10m`` or ``-10m`` (back from now),
+    ``now``, ``today`` or ``yesterday`` (midnight where this process runs; sessionctl
+    sends the result, so it is the person's midnight, as in journalctl); None for
+    any other text (an RFC 3339 time, or not a time at all)."""
+    text = text.strip()
+    now = datetime.fromtimestamp(now_ns / 1e9, UTC)
+    if text == "now":
+        return _ts(now)
+    if text in DAYS:
+        local = now.astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
+        return _ts(local - timedelta(days=DAYS[text]))
+    back = text.removeprefix("-")
+    if _DURATION.fullmatch(back):
+        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(back))
+        if seconds > _MAX_BACK:
+            raise ValueError(f"{what} {text!r}: go back at most 100 years ('36500d')")
+        return _ts(now - timedelta(seconds=seconds))
+    return None
+
+
+def parse_until(until: str | None, now_ns: int) -> str | None:
+    """The latest ``ts`` that ``until`` asks for (None: no bound); ValueError naming
+    the value and the accepted forms if it is none of them. A seq is not one: use -n."""
+    if until is None:
+        return None
+    text = until.strip()
+    if text.isdigit():
+        raise ValueError(f"until {until!r} is a number; give a time: {UNTIL_FORMS}")
+    moment = absolute(text, now_ns, what="until")
+    if moment is not None:
+        return moment
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"until {until!r} is not {UNTIL_FORMS}") from None
+    if when.tzinfo is None:
+        raise ValueError(f"until {until!r} has no UTC offset; add one (…Z or …+01:00)")
+    return _ts(when)
+
+
+UNTIL_FORMS = (
+    "a duration back from now (10m, -2h), today, yesterday, now, or an RFC 3339 time "
+    "with its offset (2026-12-01T09:00:00Z)"
+)
 
 
 def compile_grep(pattern: str | None) -> Grep | None:
@@ -128,16 +173,27 @@ class LogQuery:
     earliest: str | None = None  # a ts: events stamped before it are left out
     types: frozenset[str] = frozenset()
     grep: Grep | None = None
+    latest: str | None = None  # a ts: events stamped after it are left out (--until)
 
     @classmethod
-    def of(cls, since: int | str, types: list[str], grep: str | None, now_ns: int) -> LogQuery:
+    def of(
+        cls,
+        since: int | str,
+        types: list[str],
+        grep: str | None,
+        now_ns: int,
+        until: str | None = None,
+    ) -> LogQuery:
         first, earliest = parse_since(since, now_ns)
-        return cls(first, earliest, frozenset(types), compile_grep(grep))
+        latest = parse_until(until, now_ns)
+        return cls(first, earliest, frozenset(types), compile_grep(grep), latest)
 
     def match(self, record: dict[str, Any]) -> bool:
         if record["seq"] < self.first_seq or (self.types and record["type"] not in self.types):
             return False
         if self.earliest is not None and record["ts"] < self.earliest:
+            return False
+        if self.latest is not None and record["ts"] > self.latest:
             return False
         if self.grep is None:
             return True

@@ -26,6 +26,7 @@ GROUND = {
     "durations",
     "errors",
     "gitrefs",
+    "listing",
     "logquery",
     "logs",
     "names",

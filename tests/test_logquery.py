@@ -34,7 +34,7 @@ def test_since_is_a_seq_or_a_time(since: int | str, want: tuple[int, str | None]
 
 @pytest.mark.parametrize(
     ("since", "needle"),
-    [(0, "start at 1"), ("5", "JSON integer"), ("soon", "'soon'"), ("-1m", "'-1m'"),
+    [(0, "start at 1"), ("5", "JSON integer"), ("soon", "'soon'"), ("+1m", "'+1m'"),
      ("2025-12-01T09:00:00", "UTC offset"), ("36501d", "100 years"), (True, "True")],
 )  # fmt: skip
 def test_a_bad_since_names_itself(since: Any, needle: str) -> None:

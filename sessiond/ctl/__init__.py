@@ -11,147 +11,38 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from sessiond import __version__
-from sessiond.ctl import access, answers, cluster, gc, migrate, offline, ops, recover, runout
+from sessiond.ctl import (
+    access,
+    aliases,
+    answers,
+    cluster,
+    gc,
+    logcmd,
+    migrate,
+    offline,
+    ops,
+    ps,
+    recover,
+    runout,
+)
 from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
 from sessiond.ctl.pages import replay_messages
+from sessiond.ctl.parsing import Parser
+from sessiond.ctl.render import STATE_COLOURS, Out, ago, table, when
 from sessiond.ctl.safeterm import safe_text, terminal_safe
+from sessiond.describe import exited
+from sessiond.listing import suggest
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
-STATE_COLOURS = {
-    "running": "32",  # green
-    "ready": "36",  # cyan
-    "sleeping": "34",  # blue
-    "suspended": "33",  # yellow
-    "blocked": "31;1",  # bold red
-    "arriving": "35",  # magenta: held until its hand-over ends
-    "terminated": "90",  # grey
-    "created": "0",
-}
-
-
-class Out:
-    """Where and how to print: colour on a terminal only, JSON when asked."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.json = as_json
-        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-    def paint(self, text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.colour and code != "0" else text
-
-    def emit_json(self, value: Any) -> None:
-        sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE))
-
-
-def ago(ts: str | None, now: float | None = None) -> str:
-    """ "3 min ago", "in 2 h" from an RFC 3339 time."""
-    if not ts:
-        return "-"
-    try:
-        then = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return ts
-    delta = (now or time.time()) - then
-    future = delta < 0
-    delta = abs(delta)
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if delta >= size or unit == "s":
-            text = f"{int(delta // size)} {unit}"
-            return f"in {text}" if future else f"{text} ago"
-    return ts
-
-
-def when(next_wake: str | None) -> str:
-    """A next-wake text with its time made relative: "in 2 h; on message"."""
-    if not next_wake:
-        return "-"
-    first, _, rest = next_wake.partition("; ")
-    if first[:4].isdigit():
-        first = ago(first)
-    return f"{first}; {rest}" if rest else first
-
-
-def _table(rows: list[list[str]], out: Out, colour_col: int | None = None) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        cells = []
-        for i, cell in enumerate(row):
-            text = cell.ljust(widths[i]) if i < len(row) - 1 else cell
-            if n == 0:
-                text = out.paint(text, "1")
-            elif i == colour_col:
-                text = out.paint(text, STATE_COLOURS.get(cell.strip(), "0"))
-            cells.append(text)
-        print("  ".join(cells).rstrip())
-
-
 # --- commands ---------------------------------------------------------------------
-
-
-def cmd_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    if getattr(args, "watch", None):
-        return _watch_ps(conn, args, out)
-    rows = conn.call("ps", {})
-    if out.json:
-        out.emit_json(rows)
-        return 0
-    if not rows:
-        print("no sessions; create one with 'sessionctl create SPEC.toml'")
-        return 0
-    answers.say_unconfined(rows)  # on stderr, where the sandbox is off
-    table = [["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]]
-    nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
-    table[0][1:1] = ["NODE"] if nodes else []
-    for r in rows:
-        state = r["state"] + (f"({r['outcome']})" if r.get("outcome") else "")
-        table.append(
-            [
-                r["name"],
-                *([r.get("node") or "-"] if nodes else []),
-                state,
-                r["agent"] or "-",
-                str(r["priority"]),
-                ago(r["last_active"]),
-                when(r["next_wake"])[:40],
-                str(r["runs"]),
-                (r["reason"] or "")[:60],
-            ]
-        )
-    _table(table, out, colour_col=None)
-    return 0
-
-
-def _watch_ps(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    """`ps --watch` / `top`: the table, refreshed, with each session's latest wake."""
-    interval = float(args.watch)
-    try:
-        while True:
-            rows = conn.call("ps", {})
-            lines = [f"sessiond: {len(rows)} sessions — {time.strftime('%H:%M:%S')} "
-                     f"(every {interval:g}s, Ctrl-C quits)", ""]  # fmt: skip
-            table = [["NAME", "STATE", "AGENT", "RUNS", "LAST ACTIVE", "NEXT WAKE", "REASON"]]
-            for r in rows:
-                table.append([r["name"], r["state"], r["agent"] or "-", str(r["runs"]),
-                              ago(r["last_active"]), when(r["next_wake"])[:30],
-                              (r["reason"] or "")[:50]])  # fmt: skip
-            if out.colour:
-                sys.stdout.write("\033[H\033[2J")
-            print("\n".join(lines))
-            _table(table, out, colour_col=1)
-            sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
 
 
 def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -183,7 +74,8 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("boundary", answers.boundary(d)),
         ("created", ago(d.get("created_at"))),
         ("last active", ago(d.get("last_active"))),
-        ("events", str(d.get("seq"))),
+        # a cluster's session no live node runs: its log is not read here
+        ("events", "not known here" if d.get("seq") is None else str(d["seq"])),
     ]
     gate = d.get("last_gate")
     if gate:
@@ -209,7 +101,8 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     for c in d.get("tools_in_flight") or []:
         lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
     if d.get("parent"):
-        lines.append(("parent", f"{d['parent']} (forked at seq {d.get('fork_seq')})"))
+        at = f" (forked at seq {d['fork_seq']})" if d.get("fork_seq") is not None else ""
+        lines.append(("parent", f"{d['parent']}{at}"))
     if d.get("children"):
         lines.append(("children", ", ".join(d["children"])))
     if d.get("merged"):
@@ -221,78 +114,14 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
     last_run = d.get("last_run")
     if last_run:
         lines.append(
-            ("last run", f"{last_run['run']} {last_run['status']} exit={last_run.get('exit_code')}")
+            (
+                "last run",
+                f"{last_run['run']} {last_run['status']}{exited(last_run.get('exit_code'))}",
+            )
         )
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         print(f"{key.rjust(width)}: {value}")
-
-
-def _event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> str:
-    from sessiond.describe import describe
-
-    who = f"{record['session']:<16} " if with_session else ""
-    kind = out.paint(f"{record['type']:<22}", "1")
-    return f"{who}{record['seq']:>6}  {record['ts']}  {kind} {describe(record)}".rstrip()
-
-
-def _log_params(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``log`` request of the command line; a bad --since, --grep or -n is a
-    usage error here (exit 2), before anything is sent."""
-    from sessiond.logquery import compile_grep, parse_since
-
-    if args.all and not args.follow:
-        raise RemoteError("usage", "--all goes with --follow (one stream of every session)", 2)
-    if not args.all and not args.name:
-        raise RemoteError("usage", "name a session, or use --all --follow", 2)
-    if args.limit < 0:
-        raise RemoteError("usage", f"-n/--lines {args.limit}: give a count of 0 or more", 2)
-    text = args.since.strip()
-    since: int | str = int(text) if text.isdigit() else text  # digits: a seq; else a time
-    if isinstance(since, int) and since >= 1 << 63:
-        raise RemoteError("usage", f"--since {text}: no log has that many events", 2)
-    try:
-        parse_since(since, time.time_ns())
-    except ValueError as exc:
-        raise RemoteError("usage", f"--{exc}", 2) from None  # "since 'x' is not …"
-    try:
-        compile_grep(args.grep)
-    except ValueError as exc:
-        raise RemoteError("usage", str(exc), 2) from None
-    return {
-        "name": None if args.all else args.name,
-        "since": since,
-        "types": args.type or [],
-        "limit": args.limit,
-        "grep": args.grep,
-        "follow": args.follow,
-    }
-
-
-def cmd_log(conn: Connection, args: argparse.Namespace, out: Out) -> int:
-    from sessiond.logquery import follow
-
-    params = _log_params(args)
-    if not args.follow:
-        records = conn.call("log", params)
-        if out.json:
-            out.emit_json(records)
-        else:
-            for r in records:
-                print(_event_line(r, out))
-        return 0
-    conn.sock.settimeout(None)
-    try:
-        # follow() catches up from the log when the daemon says this reader fell behind
-        for record in follow(conn, params):
-            if out.json:
-                out.emit_json(record)
-                sys.stdout.flush()
-            else:
-                print(_event_line(record, out, with_session=args.all), flush=True)
-    except KeyboardInterrupt:
-        return 0
-    return 0
 
 
 def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -416,7 +245,7 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(rows)
         return 0
-    _table(cluster.nodes_table(rows), out, colour_col=None)
+    table(cluster.nodes_table(rows), out, colour_col=None)
     return 0
 
 
@@ -426,18 +255,20 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
 
 
-def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per option
-    p = argparse.ArgumentParser(prog="sessionctl", description="Control the sessiond daemon.")
+def parser() -> Parser:  # noqa: PLR0915 - one statement per option
+    p = Parser(prog="sessionctl", description="Control the sessiond daemon.")
     p.add_argument("--version", action="version", version=f"sessionctl {__version__}")
     p.add_argument(
         "--socket", type=Path, help="the daemon's socket (else SESSIOND_SOCKET, then the default)"
     )
-    p.add_argument("--json", action="store_true", help="stable machine-readable output")
+    p.add_argument("--json", action="store_true", help="stable machine-readable output (JSON)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # --json and --socket also work after the command: `sessionctl ps --json`.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS)
+    common = Parser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="stable machine-readable output (JSON)")  # fmt: skip
+    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS,
+                        help="the daemon's socket (else SESSIOND_SOCKET)")  # fmt: skip
 
     def add(
         name: str, fn: Callable[..., int], help_text: str, *names: str
@@ -450,29 +281,9 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
 
     add("ping", cmd_ping, "is the daemon there, which version")
     add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
-    ps = add("ps", cmd_ps, "the process table: every session, its state and next wake")
-    ps.add_argument(
-        "--watch",
-        nargs="?",
-        const=2.0,
-        type=float,
-        metavar="SECONDS",
-        help="refresh the table every SECONDS (default 2) until Ctrl-C",
-    )
-    top = add("top", cmd_ps, "ps --watch: a refreshing table of sessions")
-    top.set_defaults(watch=2.0)
+    ps.add_parsers(add)
     add("show", cmd_show, "one session in detail", "name")
-    lg = add("log", cmd_log, "a session's events (--follow streams new ones)")
-    lg.add_argument("name", nargs="?")
-    lg.add_argument("--since", default="1", metavar="SEQ|TIME", help="a seq, 10m, 2h or RFC 3339")
-    lg.add_argument(
-        "--type", action="append", metavar="TYPE", help="only this event type (repeatable)"
-    )
-    lg.add_argument("--grep", metavar="REGEX", help="only events whose line or data match")
-    lg.add_argument("-n", "--lines", "--limit", dest="limit", type=int, default=0, metavar="N",
-                    help="only the last N (with -f: then follow)")  # fmt: skip
-    lg.add_argument("-f", "--follow", action="store_true")
-    lg.add_argument("--all", action="store_true", help="with --follow: every session")
+    logcmd.add_parser(add)
     rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
     rp.add_argument("--upto", type=int, metavar="SEQ")
     rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
@@ -488,6 +299,7 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
         "name",
     )
     add("cancel", _simple("cancel", "cancelled"), "terminate the session (and its program)", "name")
+    aliases.add_parsers(add)
     fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
     fk.add_argument("--as", dest="new", required=True, metavar="NEW")
     fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
@@ -556,8 +368,9 @@ def parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per op
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    out = Out(args.json)
+    top = parser()
+    args = top.parse_command_line(argv)
+    out = Out(args.json or getattr(args, "output", None) in ("json", "json-lines"))
     path = args.socket or default_socket()
     try:
         if args.command == "completion":
@@ -568,16 +381,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             return done
         if args.command == "mcp":  # a server: it connects per tool call, not here
             return access.serve_mcp(args)
-        if args.command == "log":
-            _log_params(args)  # a usage error needs no daemon
+        if args.command == "log":  # a usage error needs no daemon
+            logcmd.params(args)
+        if args.command in ("ps", "top"):
+            ps.params(args)
         timeout = None if args.command == "log" else 120
         # inside a run: its token, which the program endpoint asks of every request
         with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN")) as conn:
             if not out.json:  # what a program wrote cannot steer the terminal
                 conn.clean = terminal_safe
-            code: int = args.fn(conn, args, out)
+            try:
+                code: int = args.fn(conn, args, out)
+            except RemoteError as exc:
+                if exc.exit_code == 4:  # no such session: the names it may have meant
+                    exc.message += _close_names(conn, exc.message)
+                raise
             return code
     except RemoteError as exc:
+        if exc.code == "usage":  # the usage of the command it is about
+            top.commands().get(args.command, top).print_usage(sys.stderr)
         if out.json:
             sys.stdout.buffer.write(
                 orjson.dumps(
@@ -590,6 +412,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+
+
+def _close_names(conn: Connection, message: str) -> str:
+    """ "; did you mean 'x'?" from the sessions the caller may list, or ""."""
+    import re
+
+    found = re.search(r"no session '([^']+)'", message)
+    if not found:
+        return ""
+    try:
+        rows = conn.call("ps", {"all": True, "sort": "name"})
+    except (RemoteError, OSError):
+        return ""  # a program not granted ps, say: no names to offer
+    return suggest(found.group(1), [r["name"] for r in rows])
 
 
 if __name__ == "__main__":

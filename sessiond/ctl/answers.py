@@ -87,8 +87,9 @@ def who(answer: dict[str, Any]) -> str:
     """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
     the note after it."""
     uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
+    channel = "a signed link" if answer.get("channel") == "link" else answer.get("channel")
     who = (
-        f"by {answer['user']} ({uid}{answer['channel']})"
+        f"by {answer['user']} ({uid}{channel or 'no channel recorded'})"
         if answer.get("user")
         else "by an unrecorded person"
     )

@@ -137,7 +137,8 @@ def _emit(out: Any, r: dict[str, Any], data: str) -> None:
 
 def cmd_status(conn: Connection, args: argparse.Namespace, out: Any) -> int:
     """``show``, the last events, the last lines of the newest run's output."""
-    from sessiond.ctl import _event_line, cmd_show
+    from sessiond.ctl import cmd_show
+    from sessiond.ctl.logcmd import event_line
 
     if out.json:
         d = conn.call("show", {"name": args.name})
@@ -149,7 +150,7 @@ def cmd_status(conn: Connection, args: argparse.Namespace, out: Any) -> int:
     log = conn.call("log", {"name": args.name, "limit": STATUS_EVENTS})
     print(f"\nlast {len(log)} event(s) (sessionctl log {args.name}):")
     for record in log:
-        print("  " + _event_line(record, out))
+        print("  " + event_line(record, out))
     output = _newest(conn, args.name)
     if output is None:
         print("\nno run yet: no output")

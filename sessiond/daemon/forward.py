@@ -37,8 +37,9 @@ import structlog
 from sessiond.daemon.follows import FollowHints
 from sessiond.daemon.placement import placeholder
 from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError, recognised
-from sessiond.ipc.dispatch import Dispatch
+from sessiond.ipc.dispatch import Dispatch, listing_of
 from sessiond.ipc.forwarding import ROUTED, error_of
+from sessiond.ipc.params import PsParams, parse
 from sessiond.ipc.tail import Tail
 from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
 from sessiond.syscalls.kernel import Kernel
@@ -123,7 +124,7 @@ class Forward:
         self, method: str, params: dict[str, Any], who: dict[str, Any]
     ) -> tuple[bool, Any]:
         if method == "ps":
-            return True, await self.ps(who)
+            return True, await self.ps(who, "ps", params)
         key = ROUTED.get(method)
         name = params.get(key) if key is not None else None
         if not isinstance(name, str) or name in self.host.table.sessions:
@@ -256,17 +257,36 @@ class Forward:
             "`sessionctl nodes` shows the nodes; try again when its node is up"
         )
 
-    async def ps(self, who: dict[str, Any], method: str = "ps") -> list[dict[str, Any]]:
+    async def ps(
+        self, who: dict[str, Any], method: str = "ps", params: dict[str, Any] | None = None
+    ) -> Any:
         """Every session of the cluster: this node's rows, each live node's own, and
         the process table's for the sessions no live node answered for. ``method``:
-        ``ps``, or ``web.rows`` (the console's rows: labels, approvals)."""
-        rows: list[dict[str, Any]] = list(await self.dispatch.execute(method, {}, who))
+        ``ps``, or ``web.rows`` (the console's rows: labels, approvals). A ``ps``'s
+        filters go to every node, which filters its own rows; the rows made here
+        for the sessions no node answered for pass the same filters, and the whole
+        is put in the order asked for here."""
+        p = parse(PsParams, params or {}) if method == "ps" else None
+        listing = listing_of(p) if p is not None else None
+        # each node: its rows, how many terminated rows it hid, every name it has
+        ask = {**listing.params(), "footer": True} if listing is not None else {}
+        answers = [("", await self.dispatch.execute(method, ask, who))]
         silent: set[str] = set()
-        for n, got in await self._each_node(method, who):
-            if isinstance(got, list):
-                rows.extend(got)
-            else:
+        for n, got in await self._each_node(method, who, ask):
+            if isinstance(got, BaseException):
                 silent.add(n)
+            else:
+                answers.append((n, got))
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        hidden = 0
+        for _, got in answers:
+            if isinstance(got, dict):  # a ps with its footer
+                rows.extend(got["rows"])
+                hidden += int(got["hidden"])
+                seen.update(str(name) for name in got["known"])
+            else:
+                rows.extend(got)
         # Every node lists the sessions no live node runs (daemon/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
@@ -274,7 +294,7 @@ class Forward:
         for r in rows:
             unique.setdefault(str(r["name"]), r)
         rows = list(unique.values())
-        seen = set(unique)
+        seen.update(unique)
         for name, owner, alive, _state in await asyncio.to_thread(self.requests.sessions):
             if name in seen:
                 continue
@@ -287,9 +307,14 @@ class Forward:
                 state, reason = "waiting", f"its node {owner} is down: it waits for a take-over"
             else:
                 state, reason = "unknown", f"node {owner} has not opened it yet"
-            rows.append(placeholder(name, state, reason, owner))
-        rows.sort(key=lambda r: str(r["name"]))
-        return rows
+            made = placeholder(name, state, reason, owner)
+            if listing is None or listing.matches(made):
+                rows.append(made)
+        if listing is None or p is None:
+            rows.sort(key=lambda r: str(r["name"]))
+            return rows
+        rows = listing.order(rows)
+        return {"rows": rows, "hidden": hidden, "known": sorted(seen)} if p.footer else rows
 
     async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
         """Every pending approval of the cluster (the console's inbox), oldest first."""
@@ -301,21 +326,24 @@ class Forward:
         return items
 
     async def _each_node(
-        self, method: str, who: dict[str, Any]
-    ) -> list[tuple[str, list[dict[str, Any]] | BaseException]]:
+        self, method: str, who: dict[str, Any], params: dict[str, Any] | None = None
+    ) -> list[tuple[str, Any]]:
         """Each other live node's answer to ``method`` (its own sessions), or why not."""
         others = await asyncio.to_thread(self.requests.live_nodes)
         answers = await asyncio.gather(
-            *(self._rows_of(n, who, method) for n in others), return_exceptions=True
+            *(self._rows_of(n, who, method, params or {}) for n in others),
+            return_exceptions=True,
         )
         for n, got in zip(others, answers, strict=True):
-            if not isinstance(got, list):
+            if isinstance(got, BaseException):
                 log.warning("forward.node_unanswered", node=n, method=method, error=repr(got))
         return list(zip(others, answers, strict=True))
 
-    async def _rows_of(self, node: str, who: dict[str, Any], method: str) -> list[dict[str, Any]]:
-        _, rows = await self.call(method, {}, who, node=node, take_bound=PS_BOUND)
-        return list(rows)
+    async def _rows_of(
+        self, node: str, who: dict[str, Any], method: str, params: dict[str, Any]
+    ) -> Any:
+        _, rows = await self.call(method, params, who, node=node, take_bound=PS_BOUND)
+        return rows
 
     # --- answering --------------------------------------------------------------
 

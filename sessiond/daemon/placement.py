@@ -186,6 +186,7 @@ def placeholder(name: str, state: str, reason: str | None, node: str | None) -> 
         "pid": None,
         "parent": None,
         "outcome": None,
+        "labels": {},
         "node": node,
     }
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 import structlog
 
-from sessiond.errors import SessiondError, recognised
+from sessiond.errors import InvalidInput, SessiondError, recognised
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.forwarding import Forwarding
@@ -42,6 +42,7 @@ from sessiond.ipc.params import (
     NoParams,
     OutputParams,
     Params,
+    PsParams,
     ReplayParams,
     ResolveParams,
     SdkContextParams,
@@ -56,6 +57,7 @@ from sessiond.ipc.params import (
 )
 from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.ipc.runpeer import Examiner
+from sessiond.listing import Listing
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 
@@ -124,13 +126,21 @@ class BadRequest(SessiondError):
     exit_code = 2
 
 
+def listing_of(p: PsParams) -> Listing:
+    """The listing a ``ps`` asks for, or ``invalid_input`` naming what is wrong."""
+    try:
+        return Listing.of(p.state, p.agent, p.label, p.all, p.sort)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     """Every one-answer method: its params model and the Kernel call it makes.
     (``log`` streams, so LogStream answers it.) Building the table only wires
     lambdas: nothing is called until a request comes."""
     return {
         "ping": (NoParams, lambda _: k.ping()),
-        "ps": (NoParams, lambda _: k.ps()),
+        "ps": (PsParams, lambda p: k.ps_listed(listing_of(p), p.footer)),
         "nodes": (NoParams, lambda _: k.nodes()),
         "show": (NameParams, lambda p: k.show(p.name)),
         "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),
@@ -277,6 +287,7 @@ class Dispatch:
                 grep=p.grep,
                 after=(p.after or {}).get(p.name, 0),
                 first=p.first,
+                until=p.until,
             )
             return [orjson.loads(line) for line in lines]
         if method not in self.methods or method.startswith("sdk."):

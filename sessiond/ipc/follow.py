@@ -94,13 +94,22 @@ class LogStream:
             raise InvalidInput(f"unknown event type(s) {', '.join(sorted(unknown))}")
         if p.name is None and not p.follow:
             raise InvalidInput("name a session, or follow every session with --all --follow")
+        if p.until is not None and p.follow:
+            raise InvalidInput("until (the end of a window) goes without follow")
         if p.first and (p.follow or p.limit):
             raise InvalidInput("first (a page from since) goes with neither follow nor limit")
         if not p.follow:
             assert p.name is not None
             after = (p.after or {}).get(p.name, 0)
             lines = await self.kernel.inspection.log_encoded(
-                p.name, p.since, p.types, p.limit, grep=p.grep, after=after, first=p.first
+                p.name,
+                p.since,
+                p.types,
+                p.limit,
+                grep=p.grep,
+                after=after,
+                first=p.first,
+                until=p.until,
             )
             await reply_encoded(writer, request_id, lines)
             return

@@ -29,6 +29,19 @@ class NoParams(Params):
     pass
 
 
+class PsParams(Params):
+    """``ps``: filters, order (sessiond.listing); ``footer`` answers ``{"rows",
+    "hidden", "known"}`` (how many terminated rows hid, every name it knows) instead
+    of the rows alone."""
+
+    state: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+    agent: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=64)
+    label: list[Annotated[str, Field(max_length=400)]] = Field(default_factory=list, max_length=64)
+    all: bool = False
+    sort: str = Field(default="agent", max_length=32)
+    footer: bool = False
+
+
 class NameParams(Params):
     name: str
 
@@ -53,6 +66,7 @@ class LogParams(Params):
     name: str | None = None  # None: every session (only with follow)
     # An integer is a seq (as before); text is a time, "10m" or RFC 3339 (sessiond.logquery).
     since: Annotated[int, Field(ge=1)] | Annotated[str, Field(max_length=64)] = 1
+    until: str | None = Field(default=None, max_length=64)  # a time (sessiond.logquery)
     types: list[str] = Field(default_factory=list)
     limit: int = Field(default=0, ge=0)  # the last N matching (sessionctl -n N)
     first: int = Field(default=0, ge=0)  # the first N matching: a page (sessionctl mcp)

@@ -77,10 +77,16 @@ class Inspection:
         }
         return shown
 
-    def query(self, since: int | str, types: list[str] | None, grep: str | None) -> LogQuery:
+    def query(
+        self,
+        since: int | str,
+        types: list[str] | None,
+        grep: str | None,
+        until: str | None = None,
+    ) -> LogQuery:
         """The filter a ``log`` request asks for, or ``invalid_input`` naming what is wrong."""
         try:
-            return LogQuery.of(since, list(types or ()), grep, self.ctx.store.clock())
+            return LogQuery.of(since, list(types or ()), grep, self.ctx.store.clock(), until)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
 
@@ -111,6 +117,7 @@ class Inspection:
         grep: str | None = None,
         after: int = 0,
         first: int = 0,
+        until: str | None = None,
     ) -> list[bytes]:
         """:meth:`log_`, each event as its JSON text (what the answer sends); with
         ``first``, only the first N that match (a page: reading stops there).
@@ -120,7 +127,7 @@ class Inspection:
         (stalls of 0.2 s); bytes it does not walk.
         """
         s = self.ctx.table.get(name)
-        q = self.query(since, types, grep)
+        q = self.query(since, types, grep, until)
         start = max(q.first_seq, after + 1)
         # What the log holds now: appends that come while it is read are not this
         # answer's (a follower gets them), and the loop serves others between slices.

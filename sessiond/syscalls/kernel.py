@@ -17,6 +17,7 @@ from typing import Any
 
 from sessiond.config import DaemonConfig
 from sessiond.errors import Refused
+from sessiond.listing import Listing
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.runs import Runs
@@ -116,6 +117,21 @@ class Kernel:
     ) -> Record:
         """Record a wake; continue now if the session is idle and has a program."""
         return await self.runs.wake(s, trigger, details, paths)
+
+    async def ps_listed(
+        self,
+        listing: Listing,
+        footer: bool = False,
+    ) -> Any:
+        """``ps``: the rows ``listing`` asks for, in its order (filtered here, not by
+        the client: a table of thousands is not sent to be dropped). ``self.ps`` is
+        looked up per call: a cluster node's placement adds the sessions no live node
+        runs. With ``footer``: how many terminated rows hid, and every name seen."""
+        rows = await self.ps()
+        kept, hidden = listing.apply(rows, self.store.clock() / 1e9)
+        if not footer:
+            return kept
+        return {"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]}
 
     async def web_login(self, who: dict[str, Any]) -> dict[str, Any]:
         """`sessionctl web`: a login for the calling user, and the URL that uses it."""

@@ -17,7 +17,7 @@ from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore
 from sessiond.table.gate import Verdict, evaluate
 from sessiond.table.recovery import Cause, answers_of, cause, options_of
-from sessiond.table.sessions import Session, next_wake
+from sessiond.table.sessions import Session, last_active, next_wake
 from sessiond.table.spec import under_profile
 
 VIEWS = ("state", "messages", "trace", "audit")
@@ -102,7 +102,7 @@ def detail(session: Session) -> dict[str, Any]:
         "until": s.until,
         "seq": s.seq,
         "created_at": s.created_at,
-        "last_active": s.last_active,
+        "last_active": last_active(s),
         "runs": s.runs,
         "turns": s.turn_number,  # turns begun (DESIGN.md section 8), the open one included
         "turn": _turn(s),

@@ -30,6 +30,7 @@ from sessiond.errors import (
 )
 from sessiond.log.event_data import EventData
 from sessiond.log.journal import Journal
+from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record, Store
 from sessiond.log.store.durable import read_regular, write_all
 from sessiond.log.store.files import SPEC_LIMIT
@@ -314,6 +315,7 @@ def summary(
             "pid": None,
             "parent": None,
             "outcome": None,
+            "labels": dict(spec.labels) if spec else {},
         }
     s = session.journal.state
     return {
@@ -323,12 +325,20 @@ def summary(
         "agent": spec.agent if spec else s.agent,
         "priority": spec.priority if spec else s.priority,
         "runs": s.runs,
-        "last_active": s.last_active or s.created_at,
+        "last_active": last_active(s),
         "next_wake": wake_fn(session),
         "pid": session.run.pid if session.run else None,
         "parent": s.parent,
         "outcome": s.outcome,
+        "labels": dict(spec.labels) if spec else {},
     }
+
+
+def last_active(s: State) -> str | None:
+    """When the session last did something (a state change, a run's start or end),
+    else when it was created: the one "last active" of ``ps``, ``show`` and the
+    console."""
+    return s.last_active or s.created_at
 
 
 def next_wake(session: Session) -> str | None:

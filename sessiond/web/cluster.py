@@ -35,7 +35,9 @@ class Carrier(Protocol):
         self, method: str, params: dict[str, Any], who: dict[str, Any]
     ) -> tuple[bool, Any]: ...
 
-    async def ps(self, who: dict[str, Any], method: str = "ps") -> list[dict[str, Any]]: ...
+    async def ps(
+        self, who: dict[str, Any], method: str = "ps", params: dict[str, Any] | None = None
+    ) -> Any: ...
 
     async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]: ...
 
@@ -79,7 +81,8 @@ class ClusterView:
 
     async def rows(self, who: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.forward is not None
-        return await self.forward.ps(who, "web.rows")
+        rows: list[dict[str, Any]] = await self.forward.ps(who, "web.rows")
+        return rows
 
     async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.forward is not None

@@ -147,3 +147,13 @@ def test_sessionctl_ps_loads_no_server_model_nor_the_new_dependencies() -> None:
     )
     result = orjson.loads(done.stdout)
     assert result == {"code": 3, "heavy": []}
+
+
+def test_man_pages_have_every_section_and_no_bare_dash() -> None:
+    for name, text in pages().items():
+        headings = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith(".SH ")]
+        for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "FILES", "ENVIRONMENT",
+                        "SIGNALS", "EXIT STATUS", "EXAMPLES"):  # fmt: skip
+            assert section in headings, (name, section)
+        assert "\\-" not in text.splitlines(), f"{name}: a description that is a bare '-'"
+        assert "DESIGN.md" not in text.split(".SH EXAMPLES")[1]

@@ -25,8 +25,8 @@ def test_the_offline_tour_asks_before_writing_and_writes_once() -> None:
     assert done.returncode == 0, out + done.stderr
     assert "approval pending for Write" in out
     assert "Release 2.4: API freeze Feb 24" in out
-    assert "Write [r1.2] ask by ask: Write" in out
-    assert "Read [r1.1] allow by allow: Read" in out
+    assert "Write [r1.2] ask: rule ask 'Write'" in out
+    assert "Read [r1.1] allow: rule allow 'Read'" in out
     assert "cost=$" in out
     assert "The model answered 4 requests." in out  # nothing asked twice
     # the end state the README shows: asleep for the next message, after two runs
