@@ -218,7 +218,10 @@ def _prepare(
     never = set(protected(config)) - {str(config.socket.parent)}
     inside = {str(config.socket.parent)}
     for path in dict.fromkeys([workspace, *config.run.writable, *run.writable]):
-        if os.path.isdir(path):
+        # The run's home is the uid's own already (Boundary._identity), and it lies in
+        # the state dir: opening it would give the uid a way into the daemon's
+        # folders above it (a command of a session with no [run] works in its home).
+        if os.path.isdir(path) and path != str(home):
             open_to(Path(path), uid, never=never, only_inside=inside)
 
 

@@ -4,7 +4,12 @@ user``, with the run mark; bounded in time and output; everything it started
 stops with it; and the session's lock is not held while it runs.
 
 Real daemon, real sessionctl, real commands (tests/e2e/programs/compactor.py),
-which write what they did to a ledger outside the daemon.
+which write what they did to a ledger outside the daemon. The sandbox is on (the
+default): a compaction command is confined like a run, with a private /tmp and
+the daemon's state hidden, so the ledger is a folder the daemon's ``[run]
+writable`` opens to every run, and the programs are copies any uid can read, in
+a folder its ``[run] readable`` shows (a session's dynamic uid cannot read a
+checkout closed to others, and the private /tmp hides the copies otherwise).
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from tests.e2e.harness import (
     SESSIONCTL,
     Daemon,
     alive,
-    closed_to_others,
     readable_by_others,
     running,
     short_dir,
@@ -34,9 +38,12 @@ from tests.e2e.harness import (
 )
 
 PROGRAMS = Path(__file__).parent / "programs"
-COMPACTOR = PROGRAMS / "compactor.py"
-ATTACKER = PROGRAMS / "compact_attacker.py"
 PYTHON = "/usr/bin/python3"
+# The layer beneath the sandbox: the control socket's own refusal of a run's
+# processes (a compaction command carries the run mark). With the sandbox on the
+# command cannot even reach the control socket, so these checks turn it off, as
+# an operator may.
+UNCONFINED = 'sandbox = "off"\n'
 
 ATTACKER_SPEC = """name = "prog"
 goal = "pay the bill"
@@ -64,19 +71,45 @@ def ledger() -> Iterator[Path]:
     try:
         yield folder
     finally:
-        for name in ("left.json", "hold-stdout.json", "hanging.json"):
-            _kill_recorded(folder / name)
+        for pid in left_of(folder):  # what a failing test left running: not left behind
+            os.kill(pid, signal.SIGKILL)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _kill_recorded(path: Path) -> None:
-    """A process the old code left running (the test fails then): not left behind."""
-    if not path.exists():
-        return
-    data = orjson.loads(path.read_bytes())
-    for pid in (data.get("pid"), data.get("child")):
-        if isinstance(pid, int) and alive(pid):
-            os.kill(pid, signal.SIGKILL)
+@pytest.fixture
+def programs() -> Iterator[Path]:
+    """The folder of copies of compactor.py and compact_attacker.py any uid can read."""
+    with readable_by_others(PROGRAMS / "compactor.py", PROGRAMS / "compact_attacker.py") as (
+        compactor,
+        _,
+    ):
+        yield compactor.parent
+
+
+def config(ledger: Path, programs: Path, extra: str = "") -> str:
+    """The daemon's configuration: every run (and compaction command) may write the
+    ledger and read the programs; ``extra`` goes on in the ``[run]`` table."""
+    return f'[run]\nwritable = ["{ledger}"]\nreadable = ["{programs}"]\n{extra}'
+
+
+def compactor(programs: Path, ledger: Path, action: str, *args: str) -> list[str]:
+    return [PYTHON, "-I", str(programs / "compactor.py"), str(ledger), action, *args]
+
+
+def left_of(ledger: Path) -> list[int]:
+    """The host's pids of the processes a command started (each names the ledger on
+    its command line, as its sandbox's bubblewrap does): inside its own pid
+    namespace, the pids a command sees are not the host's."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile
+            if os.fsencode(ledger) in argv and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
 
 
 def read(path: Path) -> Any:
@@ -91,16 +124,16 @@ def compacting(d: Daemon, name: str, argv: list[str], extra: str = "") -> None:
         d.ctl("send", name, text, check=True)
 
 
-def attack(d: Daemon, ledger: Path, mode: str) -> Path:
+def attack(d: Daemon, ledger: Path, programs: Path, mode: str) -> Path:
     ws = short_dir()
     (ws / "summarise.py").write_text(SUMMARISE)
     spec = ATTACKER_SPEC.format(
         python=PYTHON,
-        program=ATTACKER,
+        program=programs / "compact_attacker.py",
         ws=ws,
         mode=mode,
         ledger=ledger,
-        compactor=COMPACTOR,
+        compactor=programs / "compactor.py",
         control=d.socket,
         ctl=SESSIONCTL,
     )
@@ -112,12 +145,14 @@ def attack(d: Daemon, ledger: Path, mode: str) -> Path:
     return ws
 
 
-def check_not_approved(d: Daemon, ledger: Path) -> None:
-    """The command's approve was refused as a run's, and ``pay`` is still pending."""
+def check_not_approved(d: Daemon, ledger: Path, *, sandboxed: bool) -> None:
+    """The command's approve was refused (confined: it cannot reach the control
+    socket at all; unconfined: as a run's process), and ``pay`` is still pending."""
     answer = read(ledger / "approve.json")
     approve = answer["approve"]
     assert approve["code"] != 0, answer
-    assert "only ping" in approve["stderr"], answer
+    why = "the daemon is not reachable" if sandboxed else "only ping"
+    assert why in approve["stderr"], answer
     assert answer["env_socket"] is None  # the daemon's control socket is not handed down
     shown = d.json("show", "prog")
     assert [a["tool"] for a in shown["pending_approvals"]] == ["pay"], shown
@@ -125,17 +160,20 @@ def check_not_approved(d: Daemon, ledger: Path) -> None:
     assert not (ledger / "paid.json").exists()
 
 
-def test_a_command_of_a_session_a_program_created_cannot_approve_its_call(ledger: Path) -> None:
+@pytest.mark.parametrize("sandbox", ["on", "off"])
+def test_a_command_of_a_session_a_program_created_cannot_approve_its_call(
+    ledger: Path, programs: Path, sandbox: str
+) -> None:
     """(a) grants create and compact: the new session's compaction command runs the
     real sessionctl approve for the program's pending call; it is refused."""
-    with running() as d:
-        ws = attack(d, ledger, "create")
+    with running(config(ledger, programs, "" if sandbox == "on" else UNCONFINED)) as d:
+        ws = attack(d, ledger, programs, "create")
         try:
             results = read(ledger / "program.json")
             assert results["asked"]["result"]["status"] == "ask", results
             assert results["create"]["ok"], results  # its program has a [run]: allowed
             assert results["compact"]["ok"], results  # compacted, with a summary
-            check_not_approved(d, ledger)
+            check_not_approved(d, ledger, sandboxed=sandbox == "on")
             (compacted,) = d.json("log", "helper", "--type", "context.compacted")
             assert compacted["data"]["method"] == "command"
             assert compacted["data"]["summary"] == "summary by approve: 2 items"
@@ -144,12 +182,12 @@ def test_a_command_of_a_session_a_program_created_cannot_approve_its_call(ledger
 
 
 @pytest.mark.parametrize("who", ["a person", "the program"])
-def test_a_rewritten_summarise_py_cannot_approve(ledger: Path, who: str) -> None:
+def test_a_rewritten_summarise_py_cannot_approve(ledger: Path, programs: Path, who: str) -> None:
     """(b) the program rewrites the summarise.py its own [compact] exec names;
     then a person (sessionctl compact) or the program (grant compact) compacts."""
     mode = "rewrite" if who == "a person" else "rewrite-compact"
-    with running() as d:
-        ws = attack(d, ledger, mode)
+    with running(config(ledger, programs)) as d:
+        ws = attack(d, ledger, programs, mode)
         try:
             results = read(ledger / "program.json")
             assert results["asked"]["result"]["status"] == "ask", results
@@ -157,7 +195,7 @@ def test_a_rewritten_summarise_py_cannot_approve(ledger: Path, who: str) -> None
                 d.ctl("compact", "prog", "--keep", "0", check=True)
             else:
                 assert results["compact"]["ok"], results
-            check_not_approved(d, ledger)
+            check_not_approved(d, ledger, sandboxed=True)
             (compacted,) = d.json("log", "prog", "--type", "context.compacted")
             assert compacted["data"]["summary"].startswith("summary by approve")
             # the operator's own approval still works, and the gated step then runs
@@ -167,50 +205,80 @@ def test_a_rewritten_summarise_py_cannot_approve(ledger: Path, who: str) -> None
             shutil.rmtree(ws, ignore_errors=True)
 
 
-def test_a_compaction_command_runs_as_the_run_user_not_root(ledger: Path) -> None:
+def test_a_compaction_command_runs_as_the_run_user_not_root(ledger: Path, programs: Path) -> None:
     """(c) under [run] user = "nobody" the command runs as nobody, never uid 0."""
     if os.geteuid() != 0:
         pytest.skip("[run] user needs a daemon running as root (the tests run as root in CI)")
-    # nobody runs a copy it can read: the checkout may be in a folder closed to others
-    with readable_by_others(COMPACTOR) as (compactor,), running('[run]\nuser = "nobody"\n') as d:
-        if (closed := closed_to_others(ledger)) is not None:
-            pytest.skip(f"nobody cannot reach {ledger}: {closed} is closed to others")
-        compacting(d, "n", [PYTHON, "-I", str(compactor), str(ledger), "uid"])
+    with running(config(ledger, programs, 'user = "nobody"\n')) as d:
+        compacting(d, "n", compactor(programs, ledger, "uid"))
         d.ctl("compact", "n", "--keep", "0", check=True)
         ran = read(ledger / "uid.json")
         assert ran["uid"] == pwd.getpwnam("nobody").pw_uid != 0, ran
         assert ran["items"] == 2
 
 
-def test_what_a_compaction_command_started_is_gone_when_it_ends(ledger: Path) -> None:
-    """(d) a double-forked setsid child holding no pipe of the command."""
-    with running() as d:
-        compacting(d, "n", [PYTHON, "-I", str(COMPACTOR), str(ledger), "leave"])
+def test_a_compaction_command_cannot_read_the_state_dir(ledger: Path, programs: Path) -> None:
+    """A compaction command is confined like a run: the daemon's state (the logs,
+    the console's keys) is hidden from it, whoever the session is."""
+    with running(config(ledger, programs)) as d:
+        secret = d.state_dir / "secret"
+        secret.write_text("the daemon's own")
+        compacting(d, "n", compactor(programs, ledger, "peek", str(d.state_dir)))
+        before = [_acl(p) for p in (d.root, d.state_dir)]
         d.ctl("compact", "n", "--keep", "0", check=True)
-        left = read(ledger / "left.json")["pid"]
+        # nor are the daemon's folders opened to its uid (its private folder, the
+        # session's home, lies in the state dir: it is the uid's own, not shared)
+        assert [_acl(p) for p in (d.root, d.state_dir)] == before
+        peeked = read(ledger / "peek.json")
+        assert peeked["items"] == 2  # it ran, with its items
+        # nothing of the daemon's (at most the way to the command's own private folder)
+        assert "secret" not in peeked["listing"], peeked
+        assert peeked["secret"].startswith("error: "), peeked
+        assert "secret" in os.listdir(d.state_dir)  # (it is there, outside)
+        assert peeked["uid"] != 0 or os.geteuid() != 0, peeked  # a root daemon drops it
+
+
+def _acl(path: Path) -> bytes | None:
+    """The folder's POSIX ACL, as stored (None: it has none, its mode alone)."""
+    try:
+        return os.getxattr(path, "system.posix_acl_access")
+    except OSError:
+        return None
+
+
+def test_what_a_compaction_command_started_is_gone_when_it_ends(
+    ledger: Path, programs: Path
+) -> None:
+    """(d) a double-forked setsid child holding no pipe of the command."""
+    with running(config(ledger, programs)) as d:
+        compacting(d, "n", compactor(programs, ledger, "leave"))
+        d.ctl("compact", "n", "--keep", "0", check=True)
+        assert read(ledger / "left.json")  # the child ran
         # the RPC answered after the holder had killed and reaped its subtree
-        assert not alive(left), f"the compaction command's child {left} is still running"
+        assert not left_of(ledger), "the compaction command's child is still running"
 
 
-def test_a_child_holding_stdout_does_not_fail_the_compaction(ledger: Path) -> None:
+def test_a_child_holding_stdout_does_not_fail_the_compaction(ledger: Path, programs: Path) -> None:
     """(e) the command exits while its child keeps stdout open: the answer is the
     summary (never "internal error ... exit 70"), and the child is gone."""
-    with running() as d:
-        compacting(d, "n", [PYTHON, "-I", str(COMPACTOR), str(ledger), "hold-stdout"])
+    with running(config(ledger, programs)) as d:
+        compacting(d, "n", compactor(programs, ledger, "hold-stdout"))
         done = d.ctl("compact", "n", "--keep", "0", timeout=40)
         assert done.returncode == 0, done.stderr
         (compacted,) = d.json("log", "n", "--type", "context.compacted")
         assert compacted["data"]["summary"] == "summary by hold-stdout: 2 items"
-        assert not alive(read(ledger / "hold-stdout.json")["child"])
+        assert read(ledger / "hold-stdout.json")  # it started its child
+        assert not left_of(ledger), "the child holding stdout is still running"
 
 
-def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) -> None:
-    """(f) while the session's compaction command waits (after calling back into the
-    daemon), a person approves that session's pending call at once."""
+def test_a_waiting_compaction_command_does_not_stall_an_approve(
+    ledger: Path, programs: Path
+) -> None:
+    """(f) while the session's compaction command waits (after trying to call back
+    into the daemon), a person approves that session's pending call at once."""
     release = ledger / "release"
-    with running() as d:
-        argv = [PYTHON, "-I", str(COMPACTOR), str(ledger), "wait"]
-        argv += [str(d.socket), SESSIONCTL, str(release)]
+    with running(config(ledger, programs)) as d:
+        argv = compactor(programs, ledger, "wait", str(d.socket), SESSIONCTL, str(release))
         run = '[run]\nexec = ["true"]\nretries = 0\n[policy]\nask = ["command"]\n'
         compacting(d, "n", argv, run)
         d.ctl("activate", "n", check=True)
@@ -229,7 +297,8 @@ def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) ->
             assert approved.returncode == 0, approved.stderr
             assert compact.poll() is None  # the compaction really was under way
             callback = read(waiting)["callback"]
-            assert "only ping" in callback["stderr"], callback  # it is a run's process
+            # confined as a run: the control socket is not there for it
+            assert "the daemon is not reachable" in callback["stderr"], callback
             release.touch()
             _, err = compact.communicate(timeout=30)
             assert compact.returncode == 0, err
@@ -242,37 +311,41 @@ def test_a_waiting_compaction_command_does_not_stall_an_approve(ledger: Path) ->
         assert compacted["data"]["summary"].startswith("summary by wait")
 
 
-def test_a_command_past_its_timeout_is_stopped_and_refused(ledger: Path) -> None:
+def test_a_command_past_its_timeout_is_stopped_and_refused(ledger: Path, programs: Path) -> None:
     """(g) a command past its [compact] timeout is stopped with what it started, and
     refused saying so; nothing is recorded."""
-    with running() as d:
-        hang = [PYTHON, "-I", str(COMPACTOR), str(ledger), "hang"]
-        compacting(d, "slow", hang, 'timeout = "1s"\n')
+    with running(config(ledger, programs)) as d:
+        compacting(d, "slow", compactor(programs, ledger, "hang"), 'timeout = "1s"\n')
         done = d.ctl("compact", "slow", "--keep", "0", timeout=40)
         assert done.returncode == 1, done
         assert "took more than 1s ([compact] timeout)" in done.stderr, done.stderr
         assert "stopped with everything it started" in done.stderr
-        assert not alive(read(ledger / "hanging.json")["pid"])
+        assert read(ledger / "hanging.json")  # it ran
+        assert not left_of(ledger), "the command past its timeout is still running"
         assert not d.json("log", "slow", "--type", "context.compacted")
 
 
-def test_a_command_that_prints_past_the_bound_is_stopped_and_refused(ledger: Path) -> None:
+def test_a_command_that_prints_past_the_bound_is_stopped_and_refused(
+    ledger: Path, programs: Path
+) -> None:
     """(g) more than the output bound on stdout: stopped, refused, nothing recorded."""
-    with running() as d:
-        compacting(d, "loud", [PYTHON, "-I", str(COMPACTOR), str(ledger), "flood"])
+    with running(config(ledger, programs)) as d:
+        compacting(d, "loud", compactor(programs, ledger, "flood"))
         done = d.ctl("compact", "loud", "--keep", "0", timeout=40)
         assert done.returncode == 1, done
         assert "printed more than 65536 bytes" in done.stderr, done.stderr
         assert not d.json("log", "loud", "--type", "context.compacted")
 
 
-def test_of_two_compactions_at_once_only_the_first_to_finish_is_recorded(ledger: Path) -> None:
+def test_of_two_compactions_at_once_only_the_first_to_finish_is_recorded(
+    ledger: Path, programs: Path
+) -> None:
     """The lock is not held while a command runs, so two may run at once: the one
     that finishes second summarised messages the first replaced, and is refused."""
     release = ledger / "release"
-    with running() as d:
-        argv = [PYTHON, "-I", str(COMPACTOR), str(ledger), "wait"]
-        compacting(d, "n", [*argv, str(d.socket), SESSIONCTL, str(release)])
+    with running(config(ledger, programs)) as d:
+        argv = compactor(programs, ledger, "wait", str(d.socket), SESSIONCTL, str(release))
+        compacting(d, "n", argv)
         d.ctl("send", "n", "third note", check=True)
         both = [
             subprocess.Popen(

@@ -4,15 +4,19 @@ tests/e2e/test_compaction_boundary.py. Standard library only (it runs as
 
 ``compactor.py LEDGER ACTION [ARGS...]``: it reads the items on stdin, writes
 what it saw and did to ``LEDGER/<action>.json`` (a file outside the daemon),
-and prints a summary. Actions:
+and prints a summary. Every process it starts names LEDGER on its command line,
+so the test finds whatever is left of it from outside its sandbox's pid
+namespace (where the pids it sees mean nothing). Actions:
 
 - ``approve CONTROL CTL TARGET``: ``sessionctl --socket CONTROL approve TARGET``,
   as a hostile command would (its answer is recorded);
 - ``uid``: nothing more (the ledger records the uid it ran as);
 - ``leave``: start a double-forked ``setsid`` child that sleeps, and exit;
 - ``hold-stdout``: start a child that keeps stdout open, and exit;
+- ``peek STATE_DIR``: try to list the daemon's state dir and read its file
+  ``secret`` (what it got, or the error, is recorded);
 - ``wait CONTROL CTL RELEASE``: call back into the daemon, say so in
-  ``waiting-<pid>.json``, then wait for the file RELEASE before it prints;
+  ``waiting-<random>.json``, then wait for the file RELEASE before it prints;
 - ``flood``: print far more than a summary;
 - ``hang``: never print, never exit.
 """
@@ -24,6 +28,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 
 def record(ledger: str, action: str, data: dict[str, object]) -> None:
@@ -31,6 +37,13 @@ def record(ledger: str, action: str, data: dict[str, object]) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump({"uid": os.getuid(), "pid": os.getpid(), **data}, f)
     os.rename(path + ".tmp", path)
+
+
+def attempt(what: Callable[[], object]) -> object:
+    try:
+        return what()
+    except OSError as exc:
+        return f"error: {exc}"
 
 
 def ctl(control: str, sessionctl: str, *args: str) -> dict[str, object]:
@@ -67,12 +80,17 @@ def main(ledger: str, action: str, args: list[str]) -> None:
         while not os.path.exists(os.path.join(ledger, "left.json")):
             time.sleep(0.01)
     elif action == "hold-stdout":
-        child = subprocess.Popen(["sleep", "600"], stdout=sys.stdout)
-        data["child"] = child.pid
+        sleep = "import sys, time; time.sleep(600)"
+        subprocess.Popen([sys.executable, "-I", "-c", sleep, ledger], stdout=sys.stdout)
+    elif action == "peek":
+        (state_dir,) = args
+        data["listing"] = attempt(lambda: sorted(os.listdir(state_dir)))
+        data["secret"] = attempt(lambda: Path(state_dir, "secret").read_text())
     elif action == "wait":
         control, sessionctl, release = args
         data["callback"] = ctl(control, sessionctl, "ps")
-        record(ledger, f"waiting-{os.getpid()}", data)
+        # not its pid: two commands in sandboxes of their own may both be pid 2
+        record(ledger, f"waiting-{os.urandom(4).hex()}", data)
         deadline = time.monotonic() + 50
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.05)
