@@ -8,6 +8,7 @@ another pid namespace, a uid runs are given. Real daemon, real processes.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,19 +25,44 @@ from tests.e2e.webclient import WEB, login
 
 IMPOSTOR = Path(__file__).parent / "programs" / "impostor.py"
 GONE = "could not be identified (it closed before it could be examined); try again"
+# why a run's request on the web is refused: gone before it was examined, or
+# examined in time: a run's uid (a root daemon gives each session one), a run's process
+A_RUN = (GONE, "cannot be examined", "is a run's uid", "process of a run")
 
 
-def run_program(d: Daemon, name: str, argv: list[str]) -> Path:
-    """Run ``argv`` as session ``name``'s program to its end; its workspace."""
+# The control socket's own refusal of a run's processes is a layer beneath the
+# sandbox: a sandboxed run cannot reach the control socket at all (its folder is
+# hidden: test_a_sandboxed_run_cannot_reach_the_control_socket_nor_signal_the_daemon),
+# so the tests of that refusal run with the sandbox off, as an operator may set it.
+UNCONFINED = '[run]\nsandbox = "off"\n'
+
+
+def run_program(d: Daemon, name: str, argv: list[str], files: dict[str, str]) -> Path:
+    """Run ``argv`` as session ``name``'s program to its end, in a workspace that
+    holds ``files`` (what a sandboxed run reads must be there: its uid cannot read
+    the checkout, nor the test's folder); that workspace."""
     ws = d.root / f"ws-{name}"
     ws.mkdir()
+    for file, text in files.items():
+        (ws / file).write_text(text)
     exec_ = ", ".join(f'"{a}"' for a in argv)
     spec = f'name = "{name}"\n[run]\nexec = [{exec_}]\ncwd = "{ws}"\nretries = 0\n'
     d.ctl("create", str(d.write_spec(name, spec)), check=True)
     d.ctl("activate", name, check=True)
     finished = wait_event(d, name, "run.finished")
-    assert finished["data"].get("exit_code") == 0, finished
+    if finished["data"].get("exit_code") != 0:  # say how
+        stderr = d.ctl("output", name, "--stderr").stdout[-2000:]
+        raise AssertionError(f"{name}'s program failed: {finished} {stderr}")
     return ws
+
+
+def impostor(d: Daemon, *args: str) -> Any:
+    """Run tests/e2e/programs/impostor.py as session "impostor", sandboxed (the
+    default), with the system's Python (the virtualenv's is the checkout's);
+    what it wrote."""
+    argv = ["/usr/bin/python3", "-I", "impostor.py", *args, "impostor.json"]
+    ws = run_program(d, "impostor", argv, {"impostor.py": IMPOSTOR.read_text()})
+    return orjson.loads((ws / "impostor.json").read_bytes())
 
 
 def refusals(d: Daemon, count: int) -> list[str]:
@@ -62,13 +88,9 @@ def test_a_run_that_posts_its_approve_link_and_resets_the_connection_answers_not
     with receiving() as receiver, running(config(receiver, free_port())) as d:
         ws = blocked_victim(d)
         approve = links_of(receiver, "victim")["approve_url"]
-        out = d.root / "impostor.json"
-        run_program(d, "impostor", [sys.executable, str(IMPOSTOR), "link-reset", approve,
-                                    "-", str(out)])  # fmt: skip
-        assert orjson.loads(out.read_bytes()) == ["reset"] * 3
+        assert impostor(d, "link-reset", approve, "-") == ["reset"] * 3
         for why in refusals(d, 3):
-            # gone before it was examined, or examined in time: a run's process
-            assert GONE in why or "cannot be examined" in why or "process of a run" in why, why
+            assert any(reason in why for reason in A_RUN), why
         nothing_granted(d, ws)
         # nothing burned the link: a person's use of it answers
         assert use(approve, "POST").status == 200
@@ -82,17 +104,20 @@ def test_a_run_with_a_stolen_login_approves_nothing_on_the_console(mode: str) ->
     with running(WEB) as d:
         ws = blocked_victim(d)
         base, token = login(d)  # the login a person minted, which the program stole
-        out = d.root / "impostor.json"
-        run_program(d, "impostor", [sys.executable, str(IMPOSTOR), mode, base, token, str(out)])
-        answers = orjson.loads(out.read_bytes())
+        answers = impostor(d, mode, base, token)
         if mode == "api":
             (answer,) = answers
             assert answer.startswith("HTTP/1.1 403"), answer
-            assert "process of a run (run r1 of session 'impostor')" in answer, answer
+            if os.geteuid() == 0:  # the session's own uid (of the dynamic range) tells it first
+                uid = re.search(r"uid (\d+) is a run's uid", answer)
+                assert uid is not None, answer
+                assert 458752 <= int(uid[1]) <= 524287, answer
+            else:
+                assert "process of a run (run r1 of session 'impostor')" in answer, answer
             assert "web console is for people" in answer
         else:
             for why in refusals(d, 3):
-                assert GONE in why or "cannot be examined" in why or "process of a run" in why
+                assert any(reason in why for reason in A_RUN), why
         nothing_granted(d, ws)
 
 
@@ -224,20 +249,69 @@ anyio.run(main)
 
 def test_an_mcp_server_a_run_starts_on_the_control_socket_may_only_ping() -> None:
     """`sessionctl mcp` has no approve tool; started by a run against the control
-    socket (whose path it learnt), its every call is refused with the reason."""
-    with running() as d:
+    socket (whose path it learnt), its every call is refused with the reason.
+    (Unconfined: a sandboxed run cannot reach the control socket, see below.)"""
+    with running(UNCONFINED) as d:
         ws = blocked_victim(d)
-        (d.root / "client.py").write_text(MCP_CLIENT)
-        out = d.root / "mcp.json"
-        run_program(d, "agent", [sys.executable, str(d.root / "client.py"), SESSIONCTL,
-                                 str(d.socket), str(out)])  # fmt: skip
-        answer = orjson.loads(out.read_bytes())
+        argv = [sys.executable, "client.py", SESSIONCTL, str(d.socket), "mcp.json"]
+        agent = run_program(d, "agent", argv, {"client.py": MCP_CLIENT})
+        answer = orjson.loads((agent / "mcp.json").read_bytes())
         assert not {"approve", "deny", "resolve"} & set(answer["tools"]), answer
         assert answer["error"] is True, answer
         assert "may only ping" in answer["text"], answer
         assert "descends from a sessiond spawner" in answer["text"], answer
         nothing_granted(d, ws)
         assert not d.json("log", "victim", "--type", "message.received")
+
+
+ESCAPE = r"""
+import errno, json, os, signal, socket, sys
+control, *pids = sys.argv[1:]
+def failed(exc):
+    return errno.errorcode.get(exc.errno, str(exc.errno))
+out = {}
+try:
+    socket.socket(socket.AF_UNIX).connect(control)
+    out["connect"] = "connected"
+except OSError as exc:
+    out["connect"] = failed(exc)
+out["folder"] = os.listdir(os.path.dirname(control))
+out["kill"] = {}
+for pid in pids:  # the daemon, its spawner, their holders: as the host numbers them
+    try:
+        os.kill(int(pid), signal.SIGKILL)
+        out["kill"][pid] = "killed"
+    except OSError as exc:
+        out["kill"][pid] = failed(exc)
+json.dump(out, open("escape.json", "w"))
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(c) for c in f.read().split()]
+    return [pid] + [p for c in children for p in descendants(c)]
+
+
+def test_a_sandboxed_run_cannot_reach_the_control_socket_nor_signal_the_daemon() -> None:
+    """What the tests above run unconfined for: with the sandbox on (the default),
+    a run finds no control socket to connect to (hidden from its view), so
+    neither it nor an MCP server it starts nor any process it leaves behind can
+    ask there; and, in a pid namespace of its own, it cannot signal the daemon,
+    the spawner or a holder to leave a process outside every tree."""
+    with running() as d:
+        ws = blocked_victim(d)
+        assert d.proc is not None
+        pids = [str(p) for p in descendants(d.proc.pid)]  # the daemon, the spawner, ...
+        argv = ["/usr/bin/python3", "-I", "escape.py", str(d.socket), *pids]
+        escaper = run_program(d, "escaper", argv, {"escape.py": ESCAPE})
+        got = orjson.loads((escaper / "escape.json").read_bytes())
+        assert got["connect"] == "ENOENT", got
+        assert d.socket.name not in got["folder"], got  # (its own program endpoint is there)
+        assert got["kill"] == dict.fromkeys(pids, "ESRCH"), got
+        assert d.proc.poll() is None
+        d.ctl("ping", check=True)
+        nothing_granted(d, ws)
 
 
 LEFTOVER = r"""
@@ -278,7 +352,9 @@ def test_a_process_a_run_leaves_after_killing_its_holder_and_spawner_approves_no
     Before: it was nobody's child but PID 1's, with no mark: an operator."""
     if run_user is not None:
         root_only()
-    config = f'[access]\nusers = ["{run_user}"]\n[run]\nuser = "{run_user}"\n' if run_user else ""
+    config = UNCONFINED  # the control socket's own refusal is the promise here
+    if run_user is not None:
+        config = f'[access]\nusers = ["{run_user}"]\n{config}user = "{run_user}"\n'
     with running(config) as d:
         ws = blocked_victim(d)
         folder = d.root / "ws-leaver"
@@ -350,13 +426,13 @@ for pid in (holder, spawner, daemon):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="same uid, no sandbox, no run cgroup: a run that kills the daemon too leaves a "
-    "process outside every tree once the daemon restarts; the sandbox's pid namespace (its "
-    "processes die with it) or a [run] user closes this. Drop this mark once runs are "
-    "sandboxed by default.",
+    reason='with [run] sandbox = "off" (same uid, no pid namespace), a run that kills its '
+    "holder, the spawner and the daemon leaves a process outside every tree once the daemon "
+    "restarts. The sandbox (on by default) closes it: the run cannot see or signal any of them "
+    "(test_a_sandboxed_run_cannot_reach_the_control_socket_nor_signal_the_daemon).",
 )
 def test_a_process_a_run_leaves_after_killing_the_daemon_too_approves_nothing() -> None:
-    with running() as d:
+    with running(UNCONFINED) as d:  # confined, it cannot start the attack: see the mark
         ws = blocked_victim(d)
         folder = d.root / "ws-leaver"
         folder.mkdir()
