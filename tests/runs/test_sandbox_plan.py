@@ -51,12 +51,16 @@ def test_a_spec_takes_the_boundary_keys_and_refuses_bad_ones(tmp_path: Path) -> 
         parse_spec('name = "s"\n[run]\nexec = ["true"]\nnetwork = "gateway"\n', base=tmp_path)
 
 
-def test_run_uids_covers_the_dynamic_range_only_for_a_root_daemon(tmp_path: Path) -> None:
+def test_run_uids_cover_the_dynamic_range_whether_or_not_runs_get_it_now(tmp_path: Path) -> None:
+    """Fail closed: a process with a uid of the range is a run's (of this or an
+    earlier configuration), even where this daemon gives no dynamic uids now."""
     uids = run_uids(config(tmp_path))  # type: ignore[arg-type]
-    assert (458752 in uids) == (os.geteuid() == 0)
+    assert 458752 in uids
+    assert 524287 in uids
+    assert 524288 not in uids
     assert 0 not in uids
     off = run_uids(config(tmp_path, '[run]\nsandbox = "off"\n'))  # type: ignore[arg-type]
-    assert 458752 not in off
+    assert 458752 in off
 
 
 def test_confine_puts_the_mounts_in_order_and_drops_last() -> None:
