@@ -119,7 +119,7 @@ class ProfileConfig(_Strict):
 
 
 class RunConfig(_Strict, DaemonSandboxKeys):
-    """Where runs' processes are grouped (DESIGN.md section 9; sessiond.runs.cgroups)
+    """Where runs' processes are grouped (docs/design.md section 9; sessiond.runs.cgroups)
     and how they are confined (sessiond.sandboxconfig, sessiond.runs.sandbox).
 
     ``cgroup``: ``"auto"`` uses the daemon's own cgroup2 group when it is delegated
@@ -132,7 +132,7 @@ class RunConfig(_Strict, DaemonSandboxKeys):
     cgroup: str = "auto"
     pids_cgroup: Path | None = None
     # Programs run as this user and group (where the daemon runs as root): the real
-    # boundary between a program and the daemon (DESIGN.md section 8). No process
+    # boundary between a program and the daemon (docs/design.md section 8). No process
     # of this uid is an operator on the control socket. group: the user's own.
     user: str | None = None
     group: str | None = None
@@ -218,7 +218,7 @@ DEFAULT_NOTICES = ("approval.requested", "blocked", "run.failed", "budget.exhaus
 
 
 class NotifyConfig(_Strict):
-    """One ``[[notify]]`` target: an Apprise URL and the events it wants (DESIGN.md 11)."""
+    """One ``[[notify]]`` target: an Apprise URL and the events it wants (docs/design.md 11)."""
 
     url: str = Field(min_length=4)
     events: list[str] = Field(default_factory=lambda: list(DEFAULT_NOTICES), min_length=1)
@@ -264,7 +264,7 @@ class OtelConfig(_Strict):
 
 
 class RetentionConfig(_Strict):
-    """What a gc removes ([retention]; DESIGN.md section 6; sessiond.syscalls.retention).
+    """What a gc removes ([retention]; docs/design.md section 6; sessiond.syscalls.retention).
 
     Nothing is removed by itself: every rule is off until set, and a gc runs only
     on ``sessionctl gc`` or every ``interval``. Events are never removed, nor what
@@ -311,7 +311,7 @@ class RetentionConfig(_Strict):
 
 
 class ClusterConfig(_Strict):
-    """``[cluster]``: several daemons (nodes) sharing one PostgreSQL (DESIGN.md
+    """``[cluster]``: several daemons (nodes) sharing one PostgreSQL (docs/design.md
     section 10). Without ``dsn`` the daemon keeps its sessions in plain files."""
 
     dsn: str | None = None

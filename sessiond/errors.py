@@ -1,7 +1,7 @@
 """The one exception hierarchy of sessiond.
 
 Every error has a stable ``code`` (part of the wire format: RPC errors carry it)
-and the ``sessionctl`` exit code it maps to (DESIGN.md section 3). Messages name
+and the ``sessionctl`` exit code it maps to (docs/design.md section 3). Messages name
 the thing that was wrong and what to do about it.
 """
 

@@ -1,5 +1,5 @@
 """A PostgreSQL server of its own, from the machine's binaries: for the tests and
-``make cluster`` (DESIGN.md section 10). Not for production: point the nodes at a
+``make cluster`` (docs/design.md section 10). Not for production: point the nodes at a
 real, replicated PostgreSQL there.
 
 The server lives in one folder: ``data/`` (initdb), ``sock/`` (its Unix socket;

@@ -1,4 +1,4 @@
-"""Default locations (DESIGN.md section 6). Imported by sessionctl: stdlib only."""
+"""Default locations (docs/design.md section 6). Imported by sessionctl: stdlib only."""
 
 from __future__ import annotations
 

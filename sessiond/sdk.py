@@ -1,4 +1,4 @@
-"""The session SDK: durable steps for an agent program (DESIGN.md section 8).
+"""The session SDK: durable steps for an agent program (docs/design.md section 8).
 
 ::
 

@@ -1,4 +1,4 @@
-"""Other ways in: ``sessionctl web`` (a login for the web console, DESIGN.md
+"""Other ways in: ``sessionctl web`` (a login for the web console, docs/design.md
 section 11) and ``sessionctl mcp`` (the syscalls over MCP for agents, section 12).
 The MCP SDK is imported only by ``mcp``: ``sessionctl ps`` stays lean.
 """

@@ -1,5 +1,5 @@
 """``sessionctl approve``, ``deny``, ``resolve`` and ``apply``: a person's answers
-and actions (DESIGN.md section 8, "Who may approve").
+and actions (docs/design.md section 8, "Who may approve").
 
 The daemon records who gave each from the connection's peer credentials (uid,
 user name, channel); ``--by`` is only a free-text note kept beside that. A

@@ -1,5 +1,5 @@
 """``sessionctl nodes``, ``drain`` and ``migrate --node``: a cluster's nodes
-(DESIGN.md section 10), as people read them."""
+(docs/design.md section 10), as people read them."""
 
 from __future__ import annotations
 

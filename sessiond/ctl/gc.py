@@ -1,4 +1,4 @@
-"""``sessionctl gc [--dry-run]``: apply the daemon's ``[retention]`` now (DESIGN.md
+"""``sessionctl gc [--dry-run]``: apply the daemon's ``[retention]`` now (docs/design.md
 section 6) and say what was removed (or would be) and the bytes freed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``sessionctl mcp``: a Model Context Protocol server over stdio (DESIGN.md section 12).
+"""``sessionctl mcp``: a Model Context Protocol server over stdio (docs/design.md section 12).
 
 An agent (Claude Code, any MCP client) lists, reads, creates, forks, sends to and
 wakes sessions through it. Its tools are the syscalls an agent may use, each one
@@ -6,7 +6,7 @@ request to the daemon, answered with what ``sessionctl --json`` prints; a refusa
 comes back as an MCP tool error whose text is the message ``sessionctl`` prints.
 
 ``approve``, ``deny`` and ``resolve`` are not tools, by design: they are a
-person's answers (DESIGN.md section 8, "Who may approve"). An agent that could
+person's answers (docs/design.md section 8, "Who may approve"). An agent that could
 call them would approve its own questions.
 
 Where it talks: the same socket as ``sessionctl`` (``--socket``, else

@@ -1,5 +1,5 @@
 """``sessionctl migrate``: a session to a runner profile, to another daemon on this
-host (the two-phase hand-over, DESIGN.md section 2's ``arriving``) or to another
+host (the two-phase hand-over, docs/design.md section 2's ``arriving``) or to another
 node of a cluster (section 10)."""
 
 from __future__ import annotations

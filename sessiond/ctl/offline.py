@@ -3,7 +3,7 @@
 ``completion`` (bash and zsh, generated from the parser by shtab).
 
 Each imports what it needs when it runs (the spec models, shtab): ``sessionctl
-ps`` and the other everyday commands never load them (DESIGN.md section 3).
+ps`` and the other everyday commands never load them (docs/design.md section 3).
 The spec models are the daemon's own (sessiond.table.spec), so ``check``
 refuses exactly what ``create`` refuses, in the same words; that one lazy
 import is the clients' only exception to the floors (tests/test_layers.py).

@@ -1,5 +1,5 @@
 """``sessionctl notify``, ``cat`` and ``trace export``: looking at the daemon from
-outside (DESIGN.md section 11). Plain dicts from the wire, as the rest of
+outside (docs/design.md section 11). Plain dicts from the wire, as the rest of
 sessionctl: nothing of the daemon is imported.
 """
 

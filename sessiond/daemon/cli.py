@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     fsck.add_argument("--json", action="store_true", help="one JSON object on stdout")
     db = sub.add_parser(
         "db",
-        help="the cluster's PostgreSQL database (DESIGN.md section 10)",
+        help="the cluster's PostgreSQL database (docs/design.md section 10)",
         description="Manage the database a cluster of sessiond nodes shares.",
     )
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)

@@ -1,4 +1,4 @@
-"""A daemon as a node of a cluster (DESIGN.md section 10): its store, its lease.
+"""A daemon as a node of a cluster (docs/design.md section 10): its store, its lease.
 
 Wiring only, like the rest of daemon/: which store the config asks for, and the
 task that keeps the node's lease. psycopg is imported only when ``[cluster] dsn``
@@ -332,7 +332,7 @@ class LeaseKeeper:
 
     async def _take_over(self, node: Node) -> None:
         # A third of a second, or less with a short lease: failover within
-        # lease_ttl + about a second (DESIGN.md section 10: + 3 s at p50).
+        # lease_ttl + about a second (docs/design.md section 10: + 3 s at p50).
         step = min(1.0, self.store.lease.ttl / 3)
         while True:
             await asyncio.sleep(step)

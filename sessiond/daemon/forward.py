@@ -1,4 +1,4 @@
-"""Any node's socket serves the whole cluster (DESIGN.md section 10, "Transparency").
+"""Any node's socket serves the whole cluster (docs/design.md section 10).
 
 A request on this node's control socket for a session another node owns is
 carried out by that owner: it is written to the ``requests`` table

@@ -1,4 +1,4 @@
-"""``send`` across the nodes of a cluster (DESIGN.md section 10): wiring of the
+"""``send`` across the nodes of a cluster (docs/design.md section 10): wiring of the
 ``messages`` table (log/store/pg/mail.py) into a node.
 
 A send for a session this node does not have is left in the table for its owner

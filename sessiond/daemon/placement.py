@@ -1,4 +1,4 @@
-"""Placement on a cluster node (DESIGN.md section 10): wiring only.
+"""Placement on a cluster node (docs/design.md section 10): wiring only.
 
 The rules are the database's (sessiond/log/store/pg/placement.py): which node a
 session may run on, checked in the statement that claims or hands it over. Here

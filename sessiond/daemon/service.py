@@ -148,7 +148,7 @@ class Daemon:
         self.env = env
         offset_ns = int(config.clock_offset * 1e9)
         hooks = io_hooks(config)
-        # the web console and its /metrics (DESIGN.md section 11): only when configured
+        # the web console and its /metrics (docs/design.md section 11): only when configured
         self.metrics = metrics = web_metrics() if config.web.listen is not None else None
         if metrics is not None:
             hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
@@ -162,7 +162,7 @@ class Daemon:
         self.kernel.triggers = self.triggers
         self.table.next_wake_fn = self.triggers.next_wake
         self.server = Server(config, self.kernel, self.reload)
-        # the programs' own socket (DESIGN.md section 8): never the control socket
+        # the programs' own socket (docs/design.md section 8): never the control socket
         self.program_server = Server(config, self.kernel, self.reload, endpoint="program")
         self.web: Any = None
         if metrics is not None:

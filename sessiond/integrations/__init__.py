@@ -1,4 +1,4 @@
-"""Agent frameworks as durable sessions (DESIGN.md section 12).
+"""Agent frameworks as durable sessions (docs/design.md section 12).
 
 Each module wraps one framework on top of ``sessiond.sdk`` (and the ground
 floor) only, and imports its framework: install the matching extra

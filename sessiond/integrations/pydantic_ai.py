@@ -1,4 +1,4 @@
-"""Pydantic AI agents as durable sessions (DESIGN.md sections 8 and 12).
+"""Pydantic AI agents as durable sessions (docs/design.md sections 8 and 12).
 
 ::
 

@@ -1,6 +1,6 @@
 """The socket's first fence: its folder, its file mode and its POSIX ACLs.
 
-DESIGN.md section 6: by default the socket is 0600 in a 0700 folder owned by the
+docs/design.md section 6: by default the socket is 0600 in a 0700 folder owned by the
 daemon's user; a folder owned by anyone else, or writable by others, is refused
 (whoever can write the folder can replace the socket with their own and read
 what clients send). When ``[access]`` names other users or groups they get in

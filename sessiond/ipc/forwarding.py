@@ -1,5 +1,5 @@
 """Which requests a cluster node carries to the node that owns their session
-(DESIGN.md section 10: any node's socket serves the whole cluster).
+(docs/design.md section 10: any node's socket serves the whole cluster).
 
 The dispatch asks its ``Forwarding`` (set by the daemon on a cluster node, None
 otherwise) before it serves a request, after the peer checks: a process of a

@@ -1,6 +1,6 @@
 """The program endpoint's rules: what a session's program may ask, and as whom.
 
-DESIGN.md section 8, "Who may approve". Programs reach the daemon through a
+docs/design.md section 8, "Who may approve". Programs reach the daemon through a
 socket of their own (the program endpoint, ``SESSIOND_SOCKET`` in their
 environment), never the control socket. There, every request carries the run's
 token (``SESSIOND_TOKEN``): the ``sdk.*`` methods in their params, as they

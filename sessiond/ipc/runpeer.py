@@ -1,4 +1,4 @@
-"""Is the peer on the control socket an operator? (DESIGN.md section 8)
+"""Is the peer on the control socket an operator? (docs/design.md section 8)
 
 No process of a run is an operator: on the control socket a peer that belongs
 to a run of *any* local sessiond, at any depth, gets only ``ping``, and so does

@@ -1,5 +1,5 @@
 """``log S --follow`` on a cluster node: the events read from the store by seq,
-whichever node runs S (DESIGN.md section 10, "any node's socket serves the whole
+whichever node runs S (docs/design.md section 10, "any node's socket serves the whole
 cluster").
 
 The events table is the truth, so a follower reads it, a batch at a time, from

@@ -1,4 +1,4 @@
-"""A model call's context as chunks shared between calls (DESIGN.md section 6).
+"""A model call's context as chunks shared between calls (docs/design.md section 6).
 
 An agent re-sends its whole conversation with every model call, so storing each
 call's context whole costs O(n²) bytes over n calls. Here a big context is cut

@@ -283,7 +283,7 @@ class GateEvaluated(EventData):
     options: tuple[RecoveryOption, ...] = ()
     outcome: Literal["ok", "blocked", "suspended"] = "ok"
     dry_run: bool = False
-    divergence: StepDivergence | None = None  # a step diverged (DESIGN.md section 8)
+    divergence: StepDivergence | None = None  # a step diverged (docs/design.md section 8)
 
 
 class RecoveryResolved(EventData):
@@ -348,7 +348,7 @@ class ModelRequested(EventData):
     context: ArtifactRef  # the exact context the model was sent
     tools_sha256: FileHash = None  # hash of the visible tool list
     tool_count: int = Field(default=0, ge=0)
-    # a durable step (DESIGN.md section 8): its place in the turn
+    # a durable step (docs/design.md section 8): its place in the turn
     turn: int | None = Field(default=None, ge=1)
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None
@@ -385,7 +385,7 @@ class ToolIntent(EventData):
     args: dict[str, JsonValue] = Field(default_factory=dict)
     risk: RiskContract = RiskContract()
     writes: tuple[str, ...] = ()
-    # a durable step (DESIGN.md section 8): its place in the turn and its args digest
+    # a durable step (docs/design.md section 8): its place in the turn and its args digest
     turn: int | None = Field(default=None, ge=1)
     ordinal: int | None = Field(default=None, ge=1)
     key: str | None = None

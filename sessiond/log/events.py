@@ -54,7 +54,7 @@ class Envelope(Record):
     correlation: str | None = None
     data: EventData
     # Which cluster node wrote the event, under which epoch of its ownership
-    # (DESIGN.md section 10); absent in logs of the files backend.
+    # (docs/design.md section 10); absent in logs of the files backend.
     node: str | None = None
     epoch: int | None = Field(default=None, ge=1)
 

@@ -1,4 +1,4 @@
-"""Masking an event before it is written (DESIGN.md section 8, "Secrets and
+"""Masking an event before it is written (docs/design.md section 8, "Secrets and
 redaction"): the one place every event passes on its way to the log.
 
 Every string of an event is masked unless it is known to be a link or a word of

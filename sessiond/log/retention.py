@@ -1,4 +1,4 @@
-"""What a gc removes from one session's store, and removing it (DESIGN.md section 6).
+"""What a gc removes from one session's store, and removing it (docs/design.md section 6).
 
 :func:`plan` decides from the session's state (what continuing needs), what its
 log says about its artifacts (:class:`~sessiond.log.evidence.Evidence`) and the

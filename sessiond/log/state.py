@@ -77,7 +77,7 @@ class State:
     # `running` and its run.started (its program may have run): never reused.
     run_number: int = 0
     model_replies: int = 0  # model.responded events (before 0.6 `show` called this "turns")
-    # The open turn (DESIGN.md section 8): the work one wake started, until a run
+    # The open turn (docs/design.md section 8): the work one wake started, until a run
     # ends it. Its wakes, and its steps by slot (the ordinal, or "k:" + a key),
     # each with its kind, name, args digest, call, status and (when ok) result.
     turn: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""Turns and their steps, as the fold keeps them (DESIGN.md section 8).
+"""Turns and their steps, as the fold keeps them (docs/design.md section 8).
 
 A **turn** is the work one wake starts. It begins at the ``running`` that finds
 no turn open and ends at the ``run.finished`` that says ``ends_turn`` (or at a

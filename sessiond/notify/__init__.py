@@ -1,4 +1,4 @@
-"""Notifications (DESIGN.md section 11): ``[[notify]]`` targets fed from the log.
+"""Notifications (docs/design.md section 11): ``[[notify]]`` targets fed from the log.
 
 Every record a session's log makes durable reaches the table's listeners; a
 target that wants it (sessiond.notify.notices) queues a notice for it and

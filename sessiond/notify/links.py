@@ -1,4 +1,4 @@
-"""Signed one-shot approve and deny links in approval notices (DESIGN.md section 11).
+"""Signed one-shot approve and deny links in approval notices (docs/design.md section 11).
 
 A link names one answer to one approval: the session, the call, a digest of
 what the call would do (its tool and arguments), when the link expires and the

@@ -1,4 +1,4 @@
-"""What a notice is, and which log records make one (DESIGN.md section 11).
+"""What a notice is, and which log records make one (docs/design.md section 11).
 
 A notice is derived from one record of a session's log, so it has a stable id,
 ``session:seq``: delivering it twice (after a kill between the delivery and the

@@ -1,4 +1,4 @@
-"""Traces (DESIGN.md section 11): the spans of sessiond.otel.spans, made
+"""Traces (docs/design.md section 11): the spans of sessiond.otel.spans, made
 OpenTelemetry spans, exported live over OTLP/HTTP when ``[otel] endpoint`` is
 set, and written as OTLP JSON for any past session (``sessionctl trace
 export``): the log is the source, so both give the same spans.

@@ -1,4 +1,4 @@
-"""Spans derived from a session's log (DESIGN.md section 11): a pure fold.
+"""Spans derived from a session's log (docs/design.md section 11): a pure fold.
 
 A run is a span (``invoke_agent``) from its ``run.started`` to its
 ``run.finished``; its tool steps (``execute_tool``, ``tool.started`` to

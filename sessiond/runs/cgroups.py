@@ -1,5 +1,5 @@
 """A cgroup per run: every process a run starts is found and stopped through the
-kernel, and ``[run] max_processes`` is bounded by a pids controller (DESIGN.md
+kernel, and ``[run] max_processes`` is bounded by a pids controller (docs/design.md
 section 9). Standard library only.
 
 Where the run groups go (the daemon configuration's ``[run]`` table):

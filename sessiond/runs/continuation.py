@@ -78,7 +78,7 @@ class Continuation:
         runs once when the session is free again (one follow-up carries them all).
         ``durable=False`` (a ``send``'s message wake): the wake is written without a
         commit of its own and made durable with the first one of what it starts (the
-        run's intent, DESIGN.md section 9) or, when nothing starts, before this
+        run's intent, docs/design.md section 9) or, when nothing starts, before this
         returns: the caller acknowledges it only then.
         """
         async with s.lock, covered(s, durable):

@@ -1,5 +1,5 @@
 """Steps at their places (log/places.py), the daemon's side: nested steps and
-divergences (DESIGN.md section 8)."""
+divergences (docs/design.md section 8)."""
 
 from __future__ import annotations
 

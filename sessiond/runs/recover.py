@@ -118,7 +118,7 @@ class Recovery:
 
         Returns the sessions whose turn continues: those cut off while running or
         between their gate and their start. Each continues once, after the gate,
-        with no new wake (DESIGN.md section 8); the caller continues them once the
+        with no new wake (docs/design.md section 8); the caller continues them once the
         daemon is up. A ``restart`` wake here would be new work to the log: after
         the turn it would start the program again (or, on a blocked session, make
         ``resolve --discard`` run what it discarded).

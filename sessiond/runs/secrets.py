@@ -1,4 +1,4 @@
-"""``[run] secrets``: resolved when a program starts, never stored (DESIGN.md section 8).
+"""``[run] secrets``: resolved when a program starts, never stored (docs/design.md section 8).
 
 The spec names each secret by reference: a variable of the daemon's environment
 or a file. Its value is read here, at every start, put in the program's

@@ -1,5 +1,5 @@
 """``run.send`` as a durable step: a message to another session, sent at most once
-per place in the turn (DESIGN.md section 8). The daemon does the work itself, so
+per place in the turn (docs/design.md section 8). The daemon does the work itself, so
 intent, decision and start are one durable write, the delivery (the receiver's
 own durable append) comes next, and the end is one more.
 """

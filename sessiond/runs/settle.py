@@ -168,7 +168,7 @@ class Settler:
         ctx.fault("after-run-finished")  # test only: the run's end on record, not what follows
         await self._after_finish(s, outcome)
 
-    # --- the turn (DESIGN.md section 8) ----------------------------------------------
+    # --- the turn (docs/design.md section 8) ----------------------------------------------
 
     def _ends_turn(self, s: Session, outcome: Outcome) -> bool:
         """A run ends its turn only by ``run.sleep()`` / ``run.complete()``, or by exit 0

@@ -273,7 +273,7 @@ class Spawner:
         """A cluster node's programs may run until ``at`` (``time.monotonic()``,
         the machine's clock, shared with the spawner): past it, the spawner kills
         every run and exits by itself, whether or not this daemon still runs
-        (DESIGN.md section 10, "Programs are fenced too"). Each lease renewal
+        (docs/design.md section 10, "Ownership and fencing"). Each lease renewal
         moves it on."""
         with contextlib.suppress(SpawnerGone):
             self._send({"op": "fence", "at": at})

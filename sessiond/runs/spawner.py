@@ -6,7 +6,7 @@ output pipes come with it as SCM_RIGHTS). Standard library only, so it starts in
 a few milliseconds, and single-threaded, so that ``fork`` is safe here (it is
 not in the threaded daemon, which is why nothing there uses ``preexec_fn``).
 
-Why a process of its own (DESIGN.md section 9, "nothing outlives its run"):
+Why a process of its own (docs/design.md section 9, "nothing outlives its run"):
 
 - It is the runs' child subreaper (``PR_SET_CHILD_SUBREAPER``): a run's
   orphans reparent to it, never to PID 1.

@@ -446,7 +446,7 @@ class Starter:
             env["SESSIOND_CALL"] = call_id
         # Every program may talk to the daemon (sessionctl, the SDK), through the
         # program endpoint and with its run's token: never the control socket, whose
-        # path is not given to it (DESIGN.md section 8, "Who may approve").
+        # path is not given to it (docs/design.md section 8, "Who may approve").
         env["SESSIOND_SOCKET"] = str(program_socket(self.ctx.config.socket))
         env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
         # Inherited by every process of the run: what a restart looks for when
@@ -508,7 +508,7 @@ class Starter:
 
 
 def _turn_and_wakes(state: State, cause: Record | None) -> tuple[int, list[dict[str, Any]]]:
-    """The turn a run does and the wakes it sees (DESIGN.md section 8). A later run of
+    """The turn a run does and the wakes it sees (docs/design.md section 8). A later run of
     the open turn sees the turn's own wake cause, not what continued it (an approval,
     a retry): the same path every run. A new turn takes the wakes recorded until now."""
     if state.turn is not None:

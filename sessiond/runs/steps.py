@@ -1,4 +1,4 @@
-"""Durable steps, the daemon's side (DESIGN.md section 8).
+"""Durable steps, the daemon's side (docs/design.md section 8).
 
 An ``sdk`` program is a sequence of steps: tool calls and model calls. The SDK
 asks ``sdk.step`` before each one's work, with the step's place in the turn (its
@@ -69,7 +69,7 @@ Deliver = Callable[..., Awaitable[dict[str, Any]]]
 # fsync); bigger ones, and bytes, go to the artifact store.
 INLINE_RESULT = 16 * 1024
 
-# The default risk contract of a step: the safe one (DESIGN.md section 8).
+# The default risk contract of a step: the safe one (docs/design.md section 8).
 STEP_RISK = RiskContract(side_effect="external-write", idempotency="unsafe", resume="never-rerun")
 
 # Steps are answered from these statuses of the step recorded at the same slot.

@@ -1,4 +1,4 @@
-"""What each syscall does to the process table (DESIGN.md section 3). The RPC
+"""What each syscall does to the process table (docs/design.md section 3). The RPC
 layer (sessiond.ipc) decodes requests and calls these, through ``kernel.Kernel``.
 
 By family: ``inspection`` (ping ps show log replay gate), ``control`` (create

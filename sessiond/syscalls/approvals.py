@@ -3,7 +3,7 @@
 A session blocked on a question (a pending approval) or on a recovery decision
 (a call cut off half way) waits for a person; these record the answer and let
 it continue through the gate. ``apply`` gives a live session a new spec or
-policy. All four are operator actions (DESIGN.md section 8): each records who
+policy. All four are operator actions (docs/design.md section 8): each records who
 took it (``who``: uid, user name and channel, from the peer's credentials), with
 the free-text ``by`` as a note beside it.
 """
@@ -121,7 +121,7 @@ class Approvals:
         off); ``discard``: drop the pending steps, recorded as abandoned, and end the
         turn, so its program does not start again for it; ``accept``: accept the
         workspace as it is now (its hashes are recorded), and a cut-off step's work as
-        done. A divergence (DESIGN.md section 8) takes ``accept`` (the new path) or
+        done. A divergence (docs/design.md section 8) takes ``accept`` (the new path) or
         ``discard`` (end the turn).
         """
         s = self.ctx.table.get(name)

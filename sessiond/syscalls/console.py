@@ -1,8 +1,8 @@
 """What the web console lists of one node's sessions: its process-table rows and
-its pending approvals (DESIGN.md section 11).
+its pending approvals (docs/design.md section 11).
 
 Here, under the web floor, because on a cluster node the console lists the whole
-cluster (DESIGN.md section 10): each node answers ``web.rows`` and
+cluster (docs/design.md section 10): each node answers ``web.rows`` and
 ``web.approvals`` for its own sessions, carried to it like ``ps``
 (sessiond.daemon.forward), and the web floor merges the answers.
 """

@@ -56,7 +56,7 @@ class Inspection:
         return rows
 
     async def nodes(self) -> list[dict[str, Any]]:
-        """The cluster's nodes (DESIGN.md section 10); refused on a files daemon."""
+        """The cluster's nodes (docs/design.md section 10); refused on a files daemon."""
         rows = await asyncio.to_thread(self.ctx.store.cluster_nodes)
         if rows is None:
             raise Refused(

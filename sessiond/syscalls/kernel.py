@@ -1,6 +1,6 @@
 """The Kernel: every syscall, the one object the RPC server and the daemon talk to.
 
-Every syscall is one of DESIGN.md section 3. Each appends its events and has
+Every syscall is one of docs/design.md section 3. Each appends its events and has
 the visible effect the design names. The RPC server (sessiond.ipc.server) only
 decodes requests and calls these; tests may call them directly.
 
@@ -52,7 +52,7 @@ class Kernel:
         self.approvals = Approvals(ctx, runs)
         self.retention = Retention(ctx)
         self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
-        self.logins = Logins(config.state_dir)  # the web console's (DESIGN.md section 11)
+        self.logins = Logins(config.state_dir)  # the web console's (docs/design.md section 11)
         self.web_port: int | None = None  # the port the web console bound (the daemon sets it)
 
         # inspection
@@ -95,7 +95,7 @@ class Kernel:
         # notifications, traces, the stored spec (section 11)
         self.observe = Observe(ctx)
         self.output = RunOutput(ctx, self.tokens).output  # a run's stdout/stderr
-        self.gc = self.retention.gc  # [retention] (DESIGN.md section 6)
+        self.gc = self.retention.gc  # [retention] (docs/design.md section 6)
         # the SDK (a running program's calls)
         self.check_token = self.tokens.check
         self.sdk_context = sdk.sdk_context

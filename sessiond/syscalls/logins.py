@@ -1,4 +1,4 @@
-"""Web console logins (DESIGN.md section 11): one per user, stored hashed.
+"""Web console logins (docs/design.md section 11): one per user, stored hashed.
 
 ``sessionctl web`` (an operator action) mints a login for the calling user: a
 random token, given to that person once (in the URL it prints) and kept here

@@ -1,4 +1,4 @@
-"""``gc``: apply ``[retention]`` now, and every ``interval`` (DESIGN.md section 6).
+"""``gc``: apply ``[retention]`` now, and every ``interval`` (docs/design.md section 6).
 
 For each session: read its log from where the last gc stopped (without its
 lock, a slice at a time, so the loop and the session go on), then under its lock

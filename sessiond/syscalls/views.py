@@ -104,7 +104,7 @@ def detail(session: Session) -> dict[str, Any]:
         "created_at": s.created_at,
         "last_active": last_active(s),
         "runs": s.runs,
-        "turns": s.turn_number,  # turns begun (DESIGN.md section 8), the open one included
+        "turns": s.turn_number,  # turns begun (docs/design.md section 8), the open one included
         "turn": _turn(s),
         "model_replies": s.model_replies,
         "profile": s.profile,

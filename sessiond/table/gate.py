@@ -1,4 +1,4 @@
-"""The resume gate (DESIGN.md section 5): may this session continue, and how?
+"""The resume gate (docs/design.md section 5): may this session continue, and how?
 
 Every continuation passes it — a wake, ``activate``, an approval answer, the
 daemon's own restart. It is a pure function of the replayed state, the spec and

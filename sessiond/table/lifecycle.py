@@ -1,4 +1,4 @@
-"""The lifecycle of a session (DESIGN.md section 2): one table, one event per transition.
+"""The lifecycle of a session (docs/design.md section 2): one table, one event per transition.
 
 ::
 

@@ -40,7 +40,7 @@ def decide(policy: PolicySpec, tool: str, side_effect: str) -> Verdict:
 
 def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     """How a session a program creates or forks would be allowed more than the
-    program's own session (empty: it is not). DESIGN.md section 8: a program's
+    program's own session (empty: it is not). docs/design.md section 8: a program's
     ``create`` and ``fork`` cannot widen its policy.
 
     Checked on the lists as written, so it errs on the side of refusing: the new

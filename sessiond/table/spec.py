@@ -1,4 +1,4 @@
-"""Session specs: one TOML file a session (DESIGN.md section 7).
+"""Session specs: one TOML file a session (docs/design.md section 7).
 
 Every key is documented in ``docs/spec.md``; unknown keys are refused, and every refusal
 names the file, the key and what is allowed.
@@ -7,7 +7,7 @@ Paths: ``run.cwd`` (the workspace), a git trigger's ``repo`` and relative
 Paths *inside* the workspace — ``run.writes``, ``bind.files``, a watch
 trigger's ``paths``/``exclude`` and a git trigger's ``paths`` — are relative to
 the workspace and may not leave it; one written absolute that lies inside the
-workspace is stored relative to it (DESIGN.md section 7).
+workspace is stored relative to it (docs/design.md section 7).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from sessiond.table.compact_spec import CompactSpec
 MAX_SPEC_BYTES = 1 << 20
 
 # What ``[run] grants`` may give a session's program on the program endpoint
-# (DESIGN.md section 8, "Who may approve"), and the default. The operator's
+# (docs/design.md section 8, "Who may approve"), and the default. The operator's
 # methods (approve, deny, resolve, reload, apply, migrate, export, import) are
 # never among them: a person answers, not a program.
 GRANTABLE = frozenset(

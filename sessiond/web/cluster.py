@@ -1,4 +1,4 @@
-"""The console on a cluster node shows and acts on the whole cluster (DESIGN.md
+"""The console on a cluster node shows and acts on the whole cluster (docs/design.md
 sections 10 and 11), the way ``sessionctl`` on that node's socket does.
 
 Its table and inbox are every node's own lists merged (``web.rows`` and

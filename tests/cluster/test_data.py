@@ -1,5 +1,5 @@
 """Export, import, fork and fsck on a real node on a real PostgreSQL, and bundles
-crossing between the backends both ways (DESIGN.md section 10: "the same
+crossing between the backends both ways (docs/design.md section 10: "the same
 bundle format")."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Three real nodes on one real PostgreSQL: kill -9 of one moves its sessions to
-the others (DESIGN.md section 10, "Failover")."""
+the others (docs/design.md section 10, "Failover")."""
 
 from __future__ import annotations
 

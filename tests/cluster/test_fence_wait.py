@@ -1,4 +1,4 @@
-"""The append fence when the append waits in the database (DESIGN.md section 10:
+"""The append fence when the append waits in the database (docs/design.md section 10:
 "a node whose lease lapsed ... can write nothing, even before anyone else
 claims"). A statement's ``now()`` is when it started: an append that waited on
 a row lock past its node's lease must still be refused when it finally runs.

@@ -1,4 +1,4 @@
-"""Ownership and fencing on a real PostgreSQL (DESIGN.md section 10).
+"""Ownership and fencing on a real PostgreSQL (docs/design.md section 10).
 
 A lease that lapsed is simulated by moving ``lease_until`` into the past on the
 database (what the clock would do, without waiting for it)."""

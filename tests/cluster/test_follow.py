@@ -1,4 +1,4 @@
-"""`sessionctl log S --follow` on any node of a cluster (DESIGN.md section 10: any
+"""`sessionctl log S --follow` on any node of a cluster (docs/design.md section 10: any
 node's socket serves the whole cluster): the events of a session another node
 runs, as they are committed, with the owner's output and flags, and on across a
 take-over with no gap and no duplicate. Three real nodes, one real PostgreSQL,

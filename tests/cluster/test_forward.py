@@ -1,4 +1,4 @@
-"""Any node's socket serves the whole cluster (DESIGN.md section 10): `ps` lists
+"""Any node's socket serves the whole cluster (docs/design.md section 10): `ps` lists
 every session with its node, and a syscall for a session another node owns is
 carried out there, with the caller's identity. Three real nodes, one real
 PostgreSQL."""

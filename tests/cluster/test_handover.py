@@ -1,4 +1,4 @@
-"""`migrate --node` and `drain` on three real nodes (DESIGN.md section 10)."""
+"""`migrate --node` and `drain` on three real nodes (docs/design.md section 10)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A hand-over (``migrate --node``, ``drain``) racing a wake on the same session:
 the session goes at a stable point or not at all, never with its program running
-(DESIGN.md section 10: "hands a session over at a stable point").
+(docs/design.md section 10: "hands a session over at a stable point").
 
 Three real nodes, one real PostgreSQL. The race is made certain, not likely: a
 row lock the test holds on the session keeps a durable append of the owner

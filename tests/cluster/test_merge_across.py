@@ -1,6 +1,6 @@
 """`sessionctl merge A --into B` where A and B run on different nodes: refused,
 saying where each is and how to bring them together, and the way it names
-works (DESIGN.md section 10: any node's socket serves the whole cluster)."""
+works (docs/design.md section 10: any node's socket serves the whole cluster)."""
 
 from __future__ import annotations
 

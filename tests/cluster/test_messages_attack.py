@@ -1,4 +1,4 @@
-"""Messages across nodes, attacked (DESIGN.md section 10, "Wakes"): a ``send``
+"""Messages across nodes, attacked (docs/design.md section 10, "Wakes"): a ``send``
 acknowledged to its sender is delivered, once, and one its session cannot take
 is refused, as on its own node. Real nodes, real PostgreSQL."""
 

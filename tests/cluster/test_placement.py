@@ -1,4 +1,4 @@
-"""Placement on three real nodes (DESIGN.md section 10): workspaces belong to
+"""Placement on three real nodes (docs/design.md section 10): workspaces belong to
 machines, a spec can pin a node or need labels a node advertises, and claims,
 failover, ``migrate --node`` and ``drain`` keep to it."""
 

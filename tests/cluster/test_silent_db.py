@@ -1,6 +1,6 @@
 """A node whose database stops answering without closing anything (a partition,
 a hung server): it must end by its deadline as a lost lease does, its programs
-stopped by then, and its sessions move (DESIGN.md section 10, "Ownership").
+stopped by then, and its sessions move (docs/design.md section 10, "Ownership and fencing").
 The other test of a cut-off node closes its connections; here they stay open
 and silent, behind a proxy the test freezes. Real nodes, real PostgreSQL."""
 

@@ -1,4 +1,4 @@
-"""The web console of any node shows and acts on the whole cluster (DESIGN.md
+"""The web console of any node shows and acts on the whole cluster (docs/design.md
 sections 10 and 11), as `sessionctl` on that node's socket does: its table and
 inbox list every node's sessions with their node, a session another node runs
 has its page, and an action on it is the same syscall carried to its owner,

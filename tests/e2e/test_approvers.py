@@ -1,4 +1,4 @@
-"""Only a person approves (DESIGN.md section 8, "Who may approve"), through the
+"""Only a person approves (docs/design.md section 8, "Who may approve"), through the
 real daemon and real programs.
 
 A hostile session program tries every way it can to answer its own pending

@@ -1,4 +1,4 @@
-"""Run cgroups through the real daemon (DESIGN.md section 9).
+"""Run cgroups through the real daemon (docs/design.md section 9).
 
 ``[run] max_processes`` is refused at create and reload where the daemon has no
 pids controller, and taken where it has one. Where the daemon has cgroups (the

@@ -1,4 +1,4 @@
-"""What users of systemctl and journalctl expect of sessionctl (DESIGN.md
+"""What users of systemctl and journalctl expect of sessionctl (docs/design.md
 section 3 and 11): completion from the parser with session names, man pages
 from the parsers, `cat`, `check` (the errors `create` gives), `schema`; and
 `sessionctl ps` still loads none of it."""
@@ -156,4 +156,4 @@ def test_man_pages_have_every_section_and_no_bare_dash() -> None:
                         "SIGNALS", "EXIT STATUS", "EXAMPLES"):  # fmt: skip
             assert section in headings, (name, section)
         assert "\\-" not in text.splitlines(), f"{name}: a description that is a bare '-'"
-        assert "DESIGN.md" not in text.split(".SH EXAMPLES")[1]
+        assert "docs/design.md" not in text.split(".SH EXAMPLES")[1]

@@ -42,7 +42,7 @@ retries = 0
 
 
 def expected(point: str, idempotency: str, resume: str) -> tuple[str, int]:
-    """(final state, times the program ran) that DESIGN.md section 5 prescribes."""
+    """(final state, times the program ran) that docs/design.md section 5 prescribes."""
     if point in ("before-intent", "after-intent", "after-policy"):
         return "terminated", 1  # it never started: the first (and only) run happens now
     if point == "after-started":  # started, never spawned: the written file is unchanged

@@ -1,4 +1,4 @@
-"""The gate's storage checks are real (DESIGN.md section 9): "log intact" notices a
+"""The gate's storage checks are real (docs/design.md section 9): "log intact" notices a
 log changed behind the daemon's back, "artifacts intact" an artifact whose bytes
 changed; `durability = "os"` syncs each log within `sync_interval`.
 

@@ -1,4 +1,4 @@
-"""Signed one-shot approve / deny links in approval notices (DESIGN.md section 11),
+"""Signed one-shot approve / deny links in approval notices (docs/design.md section 11),
 with the real daemon, Apprise's JSON webhook to a real local receiver, and the
 links used over HTTP as a phone's browser would (the browser test,
 test_links_browser.py, clicks one in Chromium): a GET only shows the confirm

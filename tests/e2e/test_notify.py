@@ -1,4 +1,4 @@
-"""Notifications (DESIGN.md section 11) through Apprise's JSON webhook to a real
+"""Notifications (docs/design.md section 11) through Apprise's JSON webhook to a real
 local HTTP receiver, with the real daemon: each notice carries its stable id,
 a kill -9 between the event and its delivery loses nothing, a failing target
 is retried and shows as failing in `sessionctl notify`."""

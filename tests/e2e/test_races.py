@@ -1,5 +1,5 @@
 """A cancel, suspend or interrupt that comes while a run is starting takes effect on
-the run that starts (DESIGN.md section 9): the program is stopped or never started,
+the run that starts (docs/design.md section 9): the program is stopped or never started,
 never left running under a terminated session; no event follows ``terminated``;
 and the slot it held is free for the next session.
 

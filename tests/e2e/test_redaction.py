@@ -1,4 +1,4 @@
-"""Redaction through the real daemon (DESIGN.md section 8, "Secrets and redaction").
+"""Redaction through the real daemon (docs/design.md section 8, "Secrets and redaction").
 
 A secret that reaches a session (in a message, a program's output, a wake's
 details, a tool call, a model's text, a compaction summary) is stored nowhere:

@@ -1,4 +1,4 @@
-"""A restart adds no wake that makes already-handled work run again (DESIGN.md
+"""A restart adds no wake that makes already-handled work run again (docs/design.md
 section 8): an unfinished turn continues once, after the gate, with no new wake;
 wakes that were pending stay pending, and one run carries them. And
 ``resolve --discard`` never starts the program it discarded.
@@ -95,7 +95,7 @@ def test_a_crash_between_spawn_and_run_started_continues_the_turn_once() -> None
 def test_a_wake_pending_at_a_crash_waits_for_the_next_turn_and_runs_once() -> None:
     """A wake that came while the run ran is pending at the crash. The restart adds no
     wake of its own: the cut-off turn continues once (seeing its own wake), then the
-    pending wake starts the next turn, once (DESIGN.md section 8: wakes that arrive
+    pending wake starts the next turn, once (docs/design.md section 8: wakes that arrive
     during a turn wait for the next one)."""
     root = short_dir()
     try:

@@ -1,4 +1,4 @@
-"""Retention through the real daemon (DESIGN.md section 6): ``[retention]``,
+"""Retention through the real daemon (docs/design.md section 6): ``[retention]``,
 ``sessionctl gc``, the ``gc.collected`` events, fsck after a gc, a kill -9 in the
 middle of one, and model contexts stored as chunks shared between calls.
 

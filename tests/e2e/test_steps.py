@@ -1,4 +1,4 @@
-"""Durable steps through the real daemon (DESIGN.md section 8): an SDK program that
+"""Durable steps through the real daemon (docs/design.md section 8): an SDK program that
 runs again for its turn never repeats a step that finished.
 
 The agent (programs/agent.py) counts every piece of real work in a file, because

@@ -1,4 +1,4 @@
-"""Attacks on durable steps (DESIGN.md section 8), through the real daemon.
+"""Attacks on durable steps (docs/design.md section 8), through the real daemon.
 
 Each test tries to make the daemon break a promise of section 8: run a finished
 step twice in one turn, call a model twice for one model step, let a program
@@ -168,7 +168,7 @@ def test_a_model_step_cut_off_by_a_crash_is_asked_again_and_the_turn_goes_on(d: 
     every later run that reaches it is refused "already under way in this run". The
     retries burn out on that refusal and the turn can never get past the step; only
     ``--discard`` ends it. A model call changes nothing in the world: it should be
-    asked again (DESIGN.md section 8, steps.py: "simply asked again")."""
+    asked again (docs/design.md section 8, steps.py: "simply asked again")."""
     program(d, MODEL_CRASH, policy=POLICY, run="retries = 2")
     d.ctl("activate", "agent", check=True)
     state = settled(d)

@@ -1,4 +1,4 @@
-"""Nothing outlives its run (DESIGN.md section 9), against the real daemon.
+"""Nothing outlives its run (docs/design.md section 9), against the real daemon.
 
 Hostile programs leave children behind — one holding the output pipes, one
 double-forked into a session of its own, one ignoring SIGTERM — each carrying a
@@ -174,7 +174,7 @@ def test_shutdown_stops_every_run_and_says_so(kind: str, waits: bool, mark: str)
         d.start()
         # stopped by the shutdown; or, its leader gone at once, ended before it. A
         # run the shutdown stopped left its turn open: the restart continues it once
-        # (DESIGN.md section 8), so look at the first end only.
+        # (docs/design.md section 8), so look at the first end only.
         ends = d.json("log", "job", "--type", "run.finished")
         statuses = ("interrupted", "killed") if waits else ("ok", "interrupted")
         assert ends[0]["data"]["status"] in statuses, ends

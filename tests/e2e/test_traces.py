@@ -1,4 +1,4 @@
-"""Traces (DESIGN.md section 11): spans derived from the log, sent live over
+"""Traces (docs/design.md section 11): spans derived from the log, sent live over
 OTLP/HTTP to a local receiver in the test and decoded with opentelemetry-proto,
 and written again by `sessionctl trace export` as OTLP JSON."""
 

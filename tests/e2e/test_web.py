@@ -1,4 +1,4 @@
-"""The web console through the real daemon (DESIGN.md section 11): logins,
+"""The web console through the real daemon (docs/design.md section 11): logins,
 CSRF, no CORS, run processes refused, the table's pages, the timeline's
 filters, and answers recorded with the web user. HTTP here; the browser tests
 (test_web_browser.py) drive the same pages in Chromium."""

@@ -1,5 +1,5 @@
 """The supervision issue's hostile programs in the campaign, and the checks that
-each stays contained (DESIGN.md section 9: no process of a run outlives it).
+each stays contained (docs/design.md section 9: no process of a run outlives it).
 
 Each is a command session woken every few seconds. Its processes carry the
 campaign's marker in their command line (not only the daemon's mark in their

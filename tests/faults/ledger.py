@@ -27,7 +27,7 @@ A second ``begin`` of a KEY is allowed only
 
 Anything else is *executed twice*: a wrongful rerun. A KEY acknowledged finished
 never begins again, whatever was resolved. The table here is the campaign's
-own, written from DESIGN.md section 5, not imported from the gate: a gate that
+own, written from docs/design.md section 5, not imported from the gate: a gate that
 is wrong must not also be the judge.
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 def may_rerun_alone(contract: str) -> bool:
     """May the daemon run work of this contract again without asking anyone, when
-    it was cut off? (DESIGN.md section 5, the gate's risk table.)"""
+    it was cut off? (docs/design.md section 5, the gate's risk table.)"""
     parts = contract.split("/")
     idempotency = parts[0]
     resume = parts[1] if len(parts) > 1 else "rerun-after-check"

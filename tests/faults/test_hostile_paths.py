@@ -5,7 +5,7 @@ clear error, the daemon still serves, and nothing is lost.
 * path traversal in session names (create, show, log, send, fork --as, import --as);
 * absolute paths in a spec's workspace paths (``run.writes``, ``bind.files``, watch
   and git ``paths``): outside the workspace refused naming the path and the
-  workspace, inside it stored relative (DESIGN.md section 7);
+  workspace, inside it stored relative (docs/design.md section 7);
 * artifact references: traversal inside a bundle's events or member names, an
   artifact replaced by a symlink in the state dir, a reference quoted in tool
   arguments (data, not evidence: export and fork must still work);

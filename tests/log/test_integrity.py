@@ -1,4 +1,4 @@
-"""The storage checks behind the gate (DESIGN.md section 9): an open log verifies
+"""The storage checks behind the gate (docs/design.md section 9): an open log verifies
 that the file is its own and as long as its end, reading only the lines written
 since the last check; artifact hashes are remembered while a file is unchanged;
 ``durability = "os"`` syncs each log within ``sync_interval``."""

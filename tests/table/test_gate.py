@@ -94,7 +94,7 @@ SPEC = parse_spec(
 
 
 def expected(stage: str, risk: RiskContract, files: str) -> tuple[str, str | None]:
-    """DESIGN.md section 5, written out: (outcome, action for c1)."""
+    """docs/design.md section 5, written out: (outcome, action for c1)."""
     bound_bad = files == "bound-file-changed"
     if stage == "intent":
         return ("blocked" if bound_bad else "ok"), DROP_UNSTARTED

@@ -1,5 +1,5 @@
 """Session specs refused or accepted as docs/spec.md says: numbers that are not
-finite, and paths written absolute (DESIGN.md section 7)."""
+finite, and paths written absolute (docs/design.md section 7)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Everything above this module talks to storage through these abstract classes,
 so that another backend (a shared PostgreSQL store holding the logs of several
-daemons is planned, DESIGN.md section 8) can be added without touching the
+daemons is planned, docs/design.md section 8) can be added without touching the
 rest. ``tests/log/test_store_contract.py`` is the contract every implementation
 must pass.
 """

@@ -12,7 +12,7 @@ by it, and appends written while it ran share the next one.
 In ``os`` mode an append does not wait for the disk, but the log still syncs:
 the first write after a sync arms a timer of ``sync_interval`` seconds, and
 when it fires one fsync covers everything written until then, so a power cut
-loses at most about ``sync_interval`` of events (DESIGN.md section 9).
+loses at most about ``sync_interval`` of events (docs/design.md section 9).
 """
 
 from __future__ import annotations

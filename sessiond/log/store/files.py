@@ -1,4 +1,4 @@
-"""The embedded backend: plain files under the state dir (DESIGN.md section 6).
+"""The embedded backend: plain files under the state dir (docs/design.md section 6).
 
 ::
 

@@ -1,7 +1,7 @@
 """Content hashes of files, remembered while the files do not change.
 
 The resume gate checks that every artifact continuing needs still has its hash
-(DESIGN.md section 9). Reading a thousand artifacts at every wake would make the
+(docs/design.md section 9). Reading a thousand artifacts at every wake would make the
 gate cost what the artifacts weigh; a file whose inode, size, mtime and ctime
 are what they were when it was hashed has not been written since, so its hash
 is reused. ctime is in the key because a writer can put mtime back (``touch

@@ -1,4 +1,4 @@
-"""Is a session's open log still the file its daemon wrote? (DESIGN.md section 9)
+"""Is a session's open log still the file its daemon wrote? (docs/design.md section 9)
 
 The resume gate's "log intact" check, for the files backend. The daemon knows
 three things about the log it appends to that nobody else can change: the file

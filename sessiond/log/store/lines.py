@@ -37,7 +37,7 @@ class RecordBuilder:
         self._ts = Timestamper()
         self._ids = EventIds()
         # Optional envelope fields every event gets (the cluster's node and epoch,
-        # DESIGN.md section 10); empty for the files backend, so its lines are as
+        # docs/design.md section 10); empty for the files backend, so its lines are as
         # they always were.
         self.stamp: dict[str, Any] = {}
 

@@ -131,7 +131,7 @@ def main() -> None:
     )
     results["approve-victim-control"] = call(CONTROL, "approve", {"name": "victim"})
     results["reload-control"] = call(CONTROL, "reload", {})
-    # a gc is an operator action too (DESIGN.md section 6): on neither socket
+    # a gc is an operator action too (docs/design.md section 6): on neither socket
     results["gc-control"] = call(CONTROL, "gc", {})
     results["gc-endpoint"] = call(ENDPOINT, "gc", {"dry_run": True})
     results["ping-control"] = call(CONTROL, "ping", {})

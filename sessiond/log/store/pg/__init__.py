@@ -1,4 +1,4 @@
-"""The cluster backend: every node's sessions in one PostgreSQL (DESIGN.md section 10).
+"""The cluster backend: every node's sessions in one PostgreSQL (docs/design.md section 10).
 
 ``schema.py`` (the tables and ``sessiond db migrate``), ``nodes.py`` (leases,
 incarnations, claims: who owns a session, under which epoch), ``pglog.py`` (one

@@ -1,4 +1,4 @@
-"""Messages between nodes (DESIGN.md section 10, "wakes across nodes"): a ``send``
+"""Messages between nodes (docs/design.md section 10, "Wakes"): a ``send``
 to a session another node owns.
 
 The ``messages`` table is the truth; a NOTIFY on ``sessiond_messages`` is the

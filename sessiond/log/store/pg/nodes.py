@@ -1,4 +1,4 @@
-"""A node's lease and its claims on sessions (DESIGN.md section 10, "Ownership").
+"""A node's lease and its claims on sessions (docs/design.md section 10, "Ownership and fencing").
 
 A node holds a lease in ``nodes``: ``lease_until``, always computed by the
 database (``now() + ttl``), never by a node's own clock. Every start of a node is

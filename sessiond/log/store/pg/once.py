@@ -1,4 +1,4 @@
-"""Cron fires once for the whole cluster (DESIGN.md section 10, "Wakes").
+"""Cron fires once for the whole cluster (docs/design.md section 10, "Wakes").
 
 A cron ``wake.requested`` carries its schedule and fire time. When a batch of a
 session's log holds one, that batch is not written by the group commit but by

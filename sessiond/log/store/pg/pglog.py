@@ -3,7 +3,7 @@
 Writes are assigned their seqs at once, in the event loop (as the files backend
 does), and made durable by a group commit: one statement carries every event
 written since the last one (and those of the node's other logs that wait at the
-same time: committer.py). That statement is the fence (DESIGN.md section 10):
+same time: committer.py). That statement is the fence (docs/design.md section 10):
 
 - it updates the session's row only where the epoch is still the one this log
   was opened under, the row's end is where this log thinks it is, and the

@@ -2,7 +2,7 @@
 
 Artifacts are content-addressed once for the whole database (``artifacts``) and
 belong to sessions through ``session_artifacts``: a reference resolves inside the
-session's own store (DESIGN.md section 4) even though the bytes are shared.
+session's own store (docs/design.md section 4) even though the bytes are shared.
 Every read checks the hash, as the files backend does.
 
 Snapshots are an optimisation, as on files: the newest ``keep`` are kept, and one

@@ -1,4 +1,4 @@
-"""The sessions of a cluster, in one PostgreSQL database (DESIGN.md section 10).
+"""The sessions of a cluster, in one PostgreSQL database (docs/design.md section 10).
 
 Two pools of connections, because the storage interface has two kinds of calls:
 

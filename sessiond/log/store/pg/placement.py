@@ -1,4 +1,4 @@
-"""Where a session may run in a cluster (DESIGN.md section 10, "Failover", "Wakes").
+"""Where a session may run in a cluster (docs/design.md section 10, "Failover", "Wakes").
 
 Three things of a session's stored spec decide it, recorded in its row of
 ``sessions`` whenever the spec is written (``create``, ``write_spec``):

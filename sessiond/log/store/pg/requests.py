@@ -1,4 +1,4 @@
-"""Requests carried between nodes (DESIGN.md section 10, "any node's socket serves
+"""Requests carried between nodes (docs/design.md section 10, "any node's socket serves
 the whole cluster").
 
 A node asked about a session another node owns writes the request here, as a

@@ -86,7 +86,7 @@ STEPS: list[str] = [
         PRIMARY KEY (session, digest)
     );
     """,
-    # 2: placement (DESIGN.md section 10): the node a spec pins the session to, the
+    # 2: placement (docs/design.md section 10): the node a spec pins the session to, the
     # labels it needs of its node, and the node its workspace lives on (NULL: it
     # has none, or it lies under [cluster] shared_paths, so it may fail over)
     """
