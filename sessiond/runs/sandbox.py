@@ -50,7 +50,7 @@ from urllib.parse import unquote, urlsplit
 from sessiond.config import DaemonConfig, RunConfig
 from sessiond.paths import program_socket
 from sessiond.runs.agents import agent_home
-from sessiond.runs.uids import DynamicUids, open_to, own
+from sessiond.runs.uids import DynamicUids, open_to, own, reach
 from sessiond.sandboxconfig import dynamic_uids_on
 from sessiond.table.spec import SessionSpec
 
@@ -174,6 +174,14 @@ def _hidden_home(workspace: str) -> list[tuple[int, int, str, str, str]]:
     return [(_depth(home), 0, "--tmpfs", "", home)]
 
 
+def runtime() -> list[str]:
+    """The Python the daemon runs on, which its runs' ``python3`` and ``sessionctl``
+    use: its installation, its venv, and the sessiond package itself (outside both
+    in an editable install, `make run`'s: the checkout)."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return list(dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, package)))
+
+
 def _needed(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
     """Without the hides already under a hidden folder or the private /tmp (and
     under no bind back): their mount points would only show names in the empty
@@ -215,6 +223,13 @@ def _prepare(
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         return
     _reachable(_exe(run.exec[0], workspace), workspace, uid)
+    home_hidden = bool(_hidden_home(workspace))
+    for path in runtime():
+        # shown to the run by a bind (Boundary.plan_sync); where it lies under a
+        # folder closed to others (a 0700 home) the uid needs a way through it too,
+        # except where the sandbox lays the path out itself
+        if not _under(path, "/tmp") and not (home_hidden and _under(path, os.path.expanduser("~"))):
+            reach(Path(path), uid)
     never = set(protected(config)) - {str(config.socket.parent)}
     inside = {str(config.socket.parent)}
     for path in dict.fromkeys([workspace, *config.run.writable, *run.writable]):
@@ -341,7 +356,7 @@ class Boundary:
             # The daemon's home (root's) is not the run's to read; the Python the
             # daemon runs on (its SDK, sessionctl) is, wherever it is installed.
             ops += _hidden_home(workspace)
-            ro += [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
+            ro += runtime()
         # the program and the files its command names, where the private /tmp hides them
         # (never one the boundary hides: the daemon's, another session's)
         named = [os.path.normpath(os.path.join(workspace, a)) for a in run.exec[1:]]

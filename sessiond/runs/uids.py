@@ -111,10 +111,16 @@ def _acl(mode: int, uid: int, perm: int, blob: bytes | None = None) -> bytes:
         entries[(GROUP_OBJ, _NO_ID)] = (mode >> 3) & 7
         entries[(OTHER, _NO_ID)] = mode & 7
     entries[(USER, uid)] = entries.get((USER, uid), 0) | perm
-    mask = entries.get((GROUP_OBJ, _NO_ID), 0)
-    for (tag, _), bits in entries.items():
-        if tag in (USER, GROUP):
-            mask |= bits
+    old = entries.get((MASK, _NO_ID))
+    if old is not None:
+        # widened by what the uid needs and no more: a chmod that narrowed the mask
+        # (chmod 700 of a home) keeps the other named entries it turned off off
+        mask = old | perm
+    else:
+        mask = entries.get((GROUP_OBJ, _NO_ID), 0)
+        for (tag, _), bits in entries.items():
+            if tag in (USER, GROUP):
+                mask |= bits
     entries[(MASK, _NO_ID)] = mask
     ordered = sorted(entries.items(), key=lambda e: (e[0][0], e[0][1]))
     return _HEADER.pack(2) + b"".join(_ENTRY.pack(t, b, i) for (t, i), b in ordered)
@@ -128,14 +134,18 @@ def _own_acl(path: str, attr: str) -> bytes | None:
 
 
 def _has(path: str, uid: int, attr: str) -> bool:
+    """``uid`` has an entry in the ACL, in force: a chmod after it was given (chmod 700
+    of a home) narrows the mask and turns the entry off, so it is given again."""
     try:
         blob = os.getxattr(path, attr, follow_symlinks=False)
     except OSError:
         return False
-    return any(
-        _ENTRY.unpack_from(blob, at)[0] == USER and _ENTRY.unpack_from(blob, at)[2] == uid
+    entries = [
+        _ENTRY.unpack_from(blob, at)
         for at in range(_HEADER.size, len(blob) - _ENTRY.size + 1, _ENTRY.size)
-    )
+    ]
+    mask = next((bits for tag, bits, _ in entries if tag == MASK), 7)
+    return any(tag == USER and ident == uid and bits & mask == bits for tag, bits, ident in entries)
 
 
 def _open_one(path: str, uid: int) -> None:
@@ -165,6 +175,22 @@ def _searchable(folder: Path, uid: int) -> None:
             continue
         given = _acl(stat.S_IMODE(st.st_mode), uid, 1, _own_acl(path, ACCESS))
         os.setxattr(path, ACCESS, given)
+
+
+def reach(path: Path, uid: int) -> None:
+    """The folders above ``path`` that others may not search get a search-only entry
+    for ``uid``, as a workspace's do: the Python a run starts (a venv, an editable
+    checkout of sessiond) may lie in a home folder closed to others. UidError
+    naming the folder when that fails (a file system without ACLs)."""
+    try:
+        _searchable(path, uid)
+    except OSError as exc:
+        raise UidError(
+            exc.errno or errno.EIO,
+            f"the run's uid {uid} cannot reach {path} (the Python the daemon runs on, "
+            f"which a run's python3 and sessionctl use): {exc}; install sessiond where "
+            "others may read it, or set [run] user in the daemon's configuration",
+        ) from None
 
 
 def open_to(folder: Path, uid: int, *, never: set[str], only_inside: set[str]) -> None:

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
+import sessiond
 from sessiond.config import BadConfig, load_config
-from sessiond.runs.sandbox import Boundary, MountPlan, SandboxUnavailable, _writes, confine
-from sessiond.runs.uids import ACCESS, DEFAULT, DynamicUids, _has, open_to
+from sessiond.runs.sandbox import (
+    Boundary,
+    MountPlan,
+    SandboxUnavailable,
+    _writes,
+    confine,
+    runtime,
+)
+from sessiond.runs.uids import ACCESS, DEFAULT, DynamicUids, _has, open_to, reach
 from sessiond.sandboxconfig import parse_uid_range, run_uids
 from sessiond.table.spec import BadSpec, parse_spec
 
@@ -133,3 +142,50 @@ def test_the_workspace_is_opened_to_the_uid_by_acl_and_stays_the_operators(
     assert not _has(str(ws / "state"), 458800, ACCESS)
     assert os.stat(ws / "sub" / "f").st_uid == os.getuid()
     assert stat.S_IMODE(os.stat(ws / "sub" / "f").st_mode) & 0o060 == 0o060  # the mask
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own: a root daemon")
+def test_a_run_is_shown_the_sessiond_package_its_python_imports(tmp_path: Path) -> None:
+    """An editable install (`make run`'s) keeps the package in the checkout, outside
+    the venv: a run's sessionctl or SDK program failed with "No module named
+    'sessiond'" when the checkout lay under /tmp (the run's /tmp is private)."""
+    package = os.path.realpath(os.path.dirname(sessiond.__file__))
+    assert package in runtime()
+    cfg = config(tmp_path, '[run]\nbwrap = "/bin/true"\n')
+    spec = parse_spec('name = "s"\n[run]\nexec = ["true"]\n', base=tmp_path / "ws")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "state").mkdir()
+    boundary = Boundary(tmp_path / "state")
+    plan = boundary.plan_sync(cfg, spec, "s", others=[], wake_file=None)  # type: ignore[arg-type]
+    assert plan is not None
+    assert plan.drop is not None
+    assert ("--ro-bind-try", package, package) in plan.mounts
+
+
+def _as(uid: int, *argv: str) -> int:
+    done = subprocess.run(
+        list(argv), user=uid, group=uid, extra_groups=[], capture_output=True, check=False
+    )
+    return done.returncode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another uid: root")
+def test_the_python_under_a_closed_home_is_reachable_by_the_runs_uid(tmp_path: Path) -> None:
+    """A checkout in a home folder closed to others (0700): the uid gets a search-only
+    entry on the folders above it, as a workspace's do, and can read the package."""
+    home = tmp_path / "home"
+    package = home / "src" / "sessiond"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(home, 0o700)
+    init = str(package / "__init__.py")
+    assert _as(458801, "test", "-r", init) != 0  # the bug: nothing let the uid through
+    reach(package, 458801)
+    assert _as(458801, "test", "-r", init) == 0
+    assert _has(str(home), 458801, ACCESS)
+    assert _as(458801, "ls", str(home)) != 0  # search only: the home stays unlisted
+    os.chmod(home, 0o700)  # the owner closes the home again: the mask turns the entry off
+    assert _as(458801, "test", "-r", init) != 0
+    reach(package, 458801)  # the next run's plan gives it again
+    assert _as(458801, "test", "-r", init) == 0
