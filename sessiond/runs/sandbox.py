@@ -182,6 +182,25 @@ def runtime() -> list[str]:
     return list(dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, package)))
 
 
+def agent_cli(spec: SessionSpec) -> list[str]:
+    """The agent CLI a ``claude-code`` run starts (``[claude_code] cli``, else
+    ``claude`` on the run's PATH): the folder it is found in and its package (up to
+    its ``node_modules``), shown to the run like the daemon's Python. Installed in a
+    checkout under /tmp (`make agents`), or a home folder (npm's user prefix, nvm),
+    the run could not see or reach it otherwise: "No such file or directory: 'claude'"."""
+    assert spec.run is not None
+    if spec.run.kind != "claude-code":
+        return []
+    name = (spec.claude_code.cli if spec.claude_code is not None else None) or "claude"
+    path = spec.run.env.get("PATH", os.environ.get("PATH"))
+    found = shutil.which(name, path=path) if "/" not in name else name
+    if found is None or not os.path.exists(found):
+        return []  # (the run says so itself)
+    real = os.path.realpath(found)
+    top = next((p for p in Path(real).parents if p.name == "node_modules"), Path(real).parent)
+    return list(dict.fromkeys([os.path.dirname(os.path.abspath(found)), str(top)]))
+
+
 def _needed(ops: list[tuple[int, int, str, str, str]]) -> list[tuple[int, int, str, str, str]]:
     """Without the hides already under a hidden folder or the private /tmp (and
     under no bind back): their mount points would only show names in the empty
@@ -224,7 +243,7 @@ def _prepare(
         return
     _reachable(_exe(run.exec[0], workspace), workspace, uid)
     home_hidden = bool(_hidden_home(workspace))
-    for path in runtime():
+    for path in [*runtime(), *agent_cli(spec)]:
         # shown to the run by a bind (Boundary.plan_sync); where it lies under a
         # folder closed to others (a 0700 home) the uid needs a way through it too,
         # except where the sandbox lays the path out itself
@@ -357,6 +376,7 @@ class Boundary:
             # daemon runs on (its SDK, sessionctl) is, wherever it is installed.
             ops += _hidden_home(workspace)
             ro += runtime()
+        ro += agent_cli(spec)  # where /tmp or a hidden home would hide it
         # the program and the files its command names, where the private /tmp hides them
         # (never one the boundary hides: the daemon's, another session's)
         named = [os.path.normpath(os.path.join(workspace, a)) for a in run.exec[1:]]

@@ -189,3 +189,29 @@ def test_the_python_under_a_closed_home_is_reachable_by_the_runs_uid(tmp_path: P
     assert _as(458801, "test", "-r", init) != 0
     reach(package, 458801)  # the next run's plan gives it again
     assert _as(458801, "test", "-r", init) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid of its own: a root daemon")
+def test_a_claude_code_run_is_shown_its_cli_where_tmp_would_hide_it(tmp_path: Path) -> None:
+    """`make agents` installs the CLI in the checkout's tests/agents/node_modules: in
+    a clone under /tmp (mktemp -d) the run's private /tmp hid it ("No such file or
+    directory: 'claude'")."""
+    modules = tmp_path / "agents" / "node_modules"
+    package = modules / "@anthropic-ai" / "claude-code" / "bin"
+    package.mkdir(parents=True)
+    (package / "claude.exe").write_text("#!/bin/sh\n")
+    (package / "claude.exe").chmod(0o755)
+    (modules / ".bin").mkdir()
+    (modules / ".bin" / "claude").symlink_to("../@anthropic-ai/claude-code/bin/claude.exe")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "state").mkdir()
+    spec = parse_spec(
+        'name = "cc"\n[run]\nkind = "claude-code"\n'
+        f'[claude_code]\nprompt = "hi"\ncli = "{modules}/.bin/claude"\n',
+        base=tmp_path / "ws",
+    )
+    cfg = config(tmp_path, '[run]\nbwrap = "/bin/true"\n')
+    plan = Boundary(tmp_path / "state").plan_sync(cfg, spec, "cc", others=[], wake_file=None)  # type: ignore[arg-type]
+    assert plan is not None
+    for shown in (str(modules / ".bin"), str(modules)):
+        assert ("--ro-bind-try", shown, shown) in plan.mounts
