@@ -119,7 +119,7 @@ FILES = [
     (
         "$XDG_STATE_HOME/sessiond/",
         "the state dir: one folder per session under sessions/, "
-        "with its append-only events.log, snapshots and artifacts (root: /var/lib/sessiond/)",
+        "with its append-only events.jsonl, snapshots and artifacts (root: /var/lib/sessiond/)",
     ),
     ("config/sessiond.toml", "the daemon's configuration; every key is documented there"),
     ("docs/spec.md", "the session spec (TOML) that sessionctl create reads"),
@@ -162,7 +162,7 @@ CTL_EXAMPLES = [
         "every session's last hour, an object per line",
     ),
     ("sessionctl log docs \\-f", "follow docs' events as they come"),
-    ("sessionctl approve docs c3", "let a waiting tool call run"),
+    ("sessionctl approve docs \\-\\-call r3.2", "let a waiting tool call run"),
 ]
 DAEMON_EXAMPLES = [
     ("sessiond", "serve the sessions of this user (socket and state dir by default)"),

@@ -5,6 +5,7 @@ from the parsers, `cat`, `check` (the errors `create` gives), `schema`; and
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,26 @@ def test_the_committed_man_pages_are_what_the_parsers_say() -> None:
         assert committed == text, f"man/{name} is stale: run 'make man'"
     assert "\\fBnotify\\fR" in pages()["sessionctl.1"]
     assert "fsck" in pages()["sessiond.8"]
+
+
+def test_every_example_of_the_man_page_parses_and_its_files_are_the_real_ones() -> None:
+    """`sessionctl approve docs c3` (a usage error, exit 2) was shown as an example,
+    and FILES named an events.log that no state dir holds."""
+    from sessiond.ctl import parser
+    from sessiond.log.store.files import LOG_NAME
+    from sessiond.manpages import CTL_EXAMPLES
+
+    for line, _ in CTL_EXAMPLES:
+        for command in line.replace("\\-", "-").split("&&"):
+            argv = shlex.split(command)
+            assert argv[0] == "sessionctl"
+            try:
+                parser().parse_command_line(argv[1:])
+            except SystemExit as exc:
+                raise AssertionError(f"man page example {command.strip()!r}: usage error") from exc
+    page = pages()["sessionctl.1"]
+    assert f"append\\-only {LOG_NAME}" in page
+    assert "events.log" not in page
 
 
 def test_sessionctl_ps_loads_no_server_model_nor_the_new_dependencies() -> None:
