@@ -390,7 +390,7 @@ class Settler:
             s,
             "blocked",
             why="block",
-            reason=f"{RUN_FAILED} {failures} times in a row (last: {text}); fix it, then "
+            reason=f"{RUN_FAILED} {_times(failures)} (last: {text}); fix it, then "
             f"'sessionctl resolve {s.name} --rerun' (or '--discard' to give the turn up)",
         )
 
@@ -427,3 +427,8 @@ def _held(reason: str, exc: Exception) -> str:
     """The reason shown for a block the log could not take yet (once, not twice)."""
     why = "" if str(exc) in reason else f": {exc}"
     return f"{reason} (not recorded yet{why})"
+
+
+def _times(failures: int) -> str:
+    """ "once" (a spec with retries = 0), else "N times in a row"."""
+    return "once" if failures == 1 else f"{failures} times in a row"

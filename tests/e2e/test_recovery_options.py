@@ -74,6 +74,8 @@ def _where(shown: dict[str, Any]) -> tuple[Any, ...]:
 def test_each_block_offers_exactly_what_changes_it(case: Case) -> None:
     with running(WEB) as d:
         probe = _blocked(d, "probe", case)
+        if case.kind == "run-failed":  # retries = 0: one failure ("1 times" read badly)
+            assert probe["reason"].startswith("run failed once (last: failed (exit 1));"), probe
         gate = d.ctl("--json", "gate", "probe")
         assert gate.returncode == 1, gate.stdout  # blocked is never "ok"
         report = orjson.loads(gate.stdout)
