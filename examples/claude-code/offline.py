@@ -76,6 +76,17 @@ class Tour:
         shown: dict[str, Any] = json.loads(self.ctl("--json", "show", "claude-code", show=False))
         return str(shown["state"])
 
+    def expect_approval(self) -> None:
+        """Blocked on the Write, or the run failed (the CLI not found, say): then its
+        stderr, rather than a puzzling "no pending approval" from the next step."""
+        shown: dict[str, Any] = json.loads(self.ctl("--json", "show", "claude-code", show=False))
+        if not str(shown.get("reason", "")).startswith("approval pending"):
+            self.ctl("output", "claude-code", "--stderr")
+            raise SystemExit(
+                "the run failed before the model asked to write (its stderr is above); "
+                f"the daemon's log is {self.root / 'sessiond.log'}"
+            )
+
     def wait_state(self, want: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         delay = 0.1
@@ -124,6 +135,7 @@ def main() -> int:
             tour.ctl("send", "claude-code", "Please summarize the notes.")
             tour.wait_state("blocked")
             tour.ctl("show", "claude-code")  # approval pending: Write
+            tour.expect_approval()
             tour.ctl("approve", "claude-code")
             tour.wait_state("sleeping")
             print(f"$ cat workspace/summary.txt\n{(workspace / 'summary.txt').read_text()}")
