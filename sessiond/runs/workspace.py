@@ -25,9 +25,11 @@ def workspace_hasher(spec: SessionSpec | None) -> Callable[[str], str | None]:
 
 
 def git_head(path: Path) -> str | None:
-    """The workspace's git HEAD commit, if it is in a repository (read from the files
-    under ``.git`` where it can be: this runs before every command run)."""
-    return resolve(path, "HEAD")
+    """The workspace's git HEAD commit, if it is in a repository, read from the files
+    under ``.git`` only: the run writes them (``.git/config`` too), and a ``git``
+    the daemon started there would be the run's to steer. None where the files
+    cannot say (a worktree, an unborn branch)."""
+    return resolve(path, "HEAD", ask_git=False)
 
 
 def redact(data: bytes, patterns: list[str]) -> bytes:

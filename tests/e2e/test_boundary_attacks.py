@@ -1,0 +1,120 @@
+"""A hostile program against what the daemon does as root on paths its run
+controls (programs/boundary_attacker.py), through the real daemon, real
+bubblewrap and a uid of the run's own (tests run as root, as CI does).
+
+- The daemon's ``git`` in a workspace: the run writes the repository's
+  ``.git/config``, so a ``git`` the daemon starts there must read none of it
+  (a partial clone's promisor remote would run the run's own script as root).
+- A program's ``create``: the new session may reach no more of the host than
+  its creator (no ``writable`` or workspace beyond the creator's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import Daemon, running, short_dir, wait_event
+
+PROGRAM = Path(__file__).parent / "programs" / "boundary_attacker.py"
+PYTHON = "/usr/bin/python3"
+ROOT = os.geteuid() == 0
+
+pytestmark = pytest.mark.skipif(not ROOT, reason="the run's own uid needs a root daemon")
+
+
+@pytest.fixture
+def ledger() -> Iterator[Path]:
+    folder = short_dir()
+    os.chmod(folder, 0o777)  # the run's uid writes here too
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def program() -> Iterator[Path]:
+    """The attacker where any uid can read it (pytest's checkout may be closed)."""
+    folder = short_dir()
+    os.chmod(folder, 0o755)
+    copy = folder / PROGRAM.name
+    shutil.copyfile(PROGRAM, copy)
+    os.chmod(copy, 0o644)
+    try:
+        yield copy
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def attacker(
+    d: Daemon, name: str, ws: Path, program: Path, ledger: Path, mode: str, extra: str = ""
+) -> None:
+    env = {"ATTACK_MODE": mode, "ATTACK_LEDGER": str(ledger)}
+    spec = (
+        f'name = "{name}"\ngoal = "attack"\n[run]\nkind = "sdk"\n'
+        f'exec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\nretries = 0\n'
+        f"env = {json.dumps(env).replace(':', ' =')}\n{extra}"
+    )
+    d.ctl("create", str(d.write_spec(name, spec)), check=True)
+    d.ctl("activate", name, check=True)
+    wait_event(d, name, "run.finished")
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def test_the_daemons_git_runs_nothing_a_run_wrote_in_the_repository(
+    ledger: Path, program: Path
+) -> None:
+    ws = short_dir()
+    try:
+        git = ["git", "-C", str(ws), "-c", "user.name=op", "-c", "user.email=op@example.org"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True)
+        with running() as d:
+            attacker(d, "prog", ws, program, ledger, "git")
+            results = read(ws / "program.json")
+            assert results["step"]["ok"], results  # the daemon read HEAD for the step
+        pwned = ledger / "pwned"
+        assert not pwned.exists(), f"the run's script ran as uid {pwned.read_text().strip()}"
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_a_git_the_daemon_starts_in_a_crafted_repository_runs_nothing(tmp_path: Path) -> None:
+    """The git trigger's path (sessiond.gitrefs.git, real git): a repository whose
+    config names a promisor remote and commands of its own, as a run could leave
+    its workspace; the daemon's git fetches nothing and runs none of them."""
+    from sessiond.gitrefs import git, resolve
+
+    repo, marker = tmp_path / "repo", tmp_path / "ran"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    script = tmp_path / "evil.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    script.chmod(0o755)
+    (repo / ".git" / "config").write_text(
+        "[core]\n\trepositoryformatversion = 1\n\tfsmonitor = " + str(script) + "\n"
+        "[extensions]\n\tpartialClone = origin\n"
+        "[protocol]\n\tallow = always\n"
+        '[protocol "file"]\n\tallow = always\n'
+        f'[remote "origin"]\n\turl = {tmp_path}\n\tpromisor = true\n\tuploadpack = {script}\n'
+        "[log]\n\tshowSignature = true\n"
+        f"[gpg]\n\tprogram = {script}\n"
+    )
+    (repo / ".git" / "refs" / "heads" / "main").write_text("1" * 40 + "\n")
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/other\n")
+    (repo / ".git" / "refs" / "heads" / "other").write_text("ref: refs/heads/main\n")
+    assert resolve(repo, "HEAD", ask_git=False) == "1" * 40  # followed, from the files
+    assert git(repo, "rev-parse", "--verify", "-q", "1" * 40 + "^{commit}") is None
+    assert git(repo, "show", "--name-only", "1" * 40) is None
+    git(repo, "status")  # the index is read: fsmonitor would run here
+    assert not marker.exists(), "the repository's command ran as the daemon"
