@@ -10,9 +10,10 @@ names the rule that matched, and is recorded as ``policy.decided``.
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass
 
-from sessiond.table.spec import PolicySpec, SessionSpec
+from sessiond.table.spec import PolicySpec, RunSpec, SessionSpec
 
 DEFAULT_BY_SIDE_EFFECT = {
     "none": "allow",
@@ -58,6 +59,10 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     ``[run] user``, in a holder and cgroup of its own, with no grants and no
     token), so it can do no more than a program of the caller's own; but a caller
     with no program of its own cannot bring one in through it.
+
+    Nor may its run reach more of the host: its workspace and ``writable`` lie in
+    what the caller's run may write, its ``readable`` in what it may read, it
+    hides all the caller's run hides, and has no network if the caller has none.
     """
     mine, theirs = caller.policy, new.policy
     problems = []
@@ -77,6 +82,39 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     if new.run is not None:
         if caller.run is None:
             problems.append("it has a program, and this session has none")
-        elif extra := sorted(set(new.run.grants) - granted):
-            problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
+        else:
+            if extra := sorted(set(new.run.grants) - granted):
+                problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
+            problems += _reach(new.run, caller.run)
+    return problems
+
+
+def _inside(path: str, folders: list[str]) -> bool:
+    # Resolved: a symlink the caller's run made in its workspace leads anywhere
+    real = os.path.realpath(path)
+    return any(real == f or real.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _reach(new: RunSpec, mine: RunSpec) -> list[str]:
+    """What of the host the new session's run would reach (the daemon opens its
+    workspace and ``writable`` to its uid, and shows it its ``readable``) that the
+    caller's own run does not."""
+    own = [os.path.realpath(p) for p in (mine.cwd, *mine.writable)]
+    seen = own + [os.path.realpath(p) for p in mine.readable]
+    problems = []
+    if not _inside(new.cwd, own):
+        problems.append(
+            f"its workspace (cwd) {new.cwd} is outside what this session's run may write "
+            f"({', '.join(own)})"
+        )
+    if extra := [p for p in new.writable if not _inside(p, own)]:
+        problems.append(
+            f"it is writable {', '.join(extra)}, which this session's run may not write"
+        )
+    if extra := [p for p in new.readable if not _inside(p, seen)]:
+        problems.append(f"it is readable {', '.join(extra)}, which this session's run may not read")
+    if missing := [p for p in mine.hide if p not in new.hide]:
+        problems.append(f"it does not hide {', '.join(missing)}")
+    if mine.network == "none" and new.network != "none":
+        problems.append(f'its network is "{new.network}", and this session\'s is "none"')
     return problems

@@ -55,13 +55,21 @@ def program() -> Iterator[Path]:
 
 
 def attacker(
-    d: Daemon, name: str, ws: Path, program: Path, ledger: Path, mode: str, extra: str = ""
+    d: Daemon,
+    name: str,
+    ws: Path,
+    program: Path,
+    ledger: Path,
+    mode: str,
+    extra: str = "",
+    env: str = "",
 ) -> None:
-    env = {"ATTACK_MODE": mode, "ATTACK_LEDGER": str(ledger)}
     spec = (
         f'name = "{name}"\ngoal = "attack"\n[run]\nkind = "sdk"\n'
         f'exec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\nretries = 0\n'
-        f"env = {json.dumps(env).replace(':', ' =')}\n{extra}"
+        f'env = {{ ATTACK_MODE = "{mode}", ATTACK_LEDGER = "{ledger}"'
+        f"{', ' + env if env else ''} }}\n"
+        f"{extra}"
     )
     d.ctl("create", str(d.write_spec(name, spec)), check=True)
     d.ctl("activate", name, check=True)
@@ -118,3 +126,31 @@ def test_a_git_the_daemon_starts_in_a_crafted_repository_runs_nothing(tmp_path: 
     assert git(repo, "show", "--name-only", "1" * 40) is None
     git(repo, "status")  # the index is read: fsmonitor would run here
     assert not marker.exists(), "the repository's command ran as the daemon"
+
+
+@pytest.mark.parametrize("how", ["writable", "cwd"])
+def test_a_session_a_program_creates_reaches_no_more_than_its_own(
+    ledger: Path, program: Path, how: str
+) -> None:
+    """Grant ``create``: the new session's ``[run]`` names a folder outside the
+    creator's workspace (to write, or as its workspace). It is refused, naming
+    it; had it run, the daemon would have opened that folder to its uid."""
+    ws, target = short_dir(), short_dir()
+    os.chmod(target, 0o755)  # the operator's, as /etc is
+    try:
+        with running() as d:
+            env = f'ATTACK_TARGET = "{target}", ATTACK_HOW = "{how}"'
+            extra = 'grants = ["create", "log", "ps", "send", "show"]\n'
+            attacker(d, "prog", ws, program, ledger, "create", extra, env)
+            created = read(ws / "program.json")["create"]
+            if created.get("ok"):  # the old daemon: the child runs, as an operator would start it
+                d.ctl("activate", "child", check=True)
+                wait_event(d, "child", "run.finished")
+            else:
+                assert how in created["error"]["message"], created
+                assert str(target) in created["error"]["message"], created
+        assert not (target / "owned.txt").exists(), "the child wrote outside its creator's reach"
+        assert not os.listxattr(target), "the daemon opened the folder to the child's uid"
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
