@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,52 @@ def test_a_session_a_program_creates_reaches_no_more_than_its_own(
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
+
+
+def test_a_step_cannot_make_the_daemon_open_a_fifo_or_a_file_outside(
+    ledger: Path, program: Path
+) -> None:
+    """``writes`` of a step names a FIFO (the daemon's open would wait for a writer,
+    its loop with it), a symlink to a root-only file and its absolute path: the
+    step is refused (or the paths left unread) and the daemon keeps answering."""
+    ws, secret = short_dir(), ledger / "secret"
+    secret.write_text("the operator's secret\n")
+    os.chmod(secret, 0o600)
+    try:
+        with running() as d:
+            env = f'ATTACK_TARGET = "{secret}"'
+            spec = (
+                f'name = "prog"\ngoal = "attack"\n[run]\nkind = "sdk"\n'
+                f'exec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\nretries = 0\n'
+                f'env = {{ ATTACK_MODE = "writes", ATTACK_LEDGER = "{ledger}", {env} }}\n'
+            )
+            d.ctl("create", str(d.write_spec("prog", spec)), check=True)
+            d.ctl("activate", "prog", check=True)
+            answer = None
+            try:
+                wait_event(d, "prog", "run.finished", timeout=15)
+                answer = d.ctl("ps", timeout=10)
+            finally:
+                if answer is None:  # the old daemon waits in open(): let it go
+                    _release(ws / "pipe")
+            assert answer.returncode == 0, answer.stderr
+            results = read(ws / "program.json")
+            assert results["step"]["result"]["status"] == "run", results
+            outside = json.dumps(results["outside"])
+            assert "not a path inside the workspace" in outside, results
+            started = d.json("log", "prog", "--type", "tool.started")
+            assert [e["data"]["hashes"] for e in started] == [{"pipe": None, "link": None}]
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+
+
+def _release(fifo: Path) -> None:
+    """A daemon waiting in open() of the FIFO (the old code) gets its writer, and
+    then its end of file."""
+    for _ in range(50):  # (it opens it more than once: for the hash, for the diff)
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: no one waits on it (now)
+            if not fifo.exists():
+                return
+        time.sleep(0.1)  # cleanup only: a reader of the old code may come back

@@ -7,6 +7,9 @@ controls (tests/e2e/test_boundary_attacks.py). Standard library only.
   is not there. A ``git`` the daemon runs in the workspace (to read HEAD) would
   fetch the commit, running the script as the daemon. Then it asks for a step
   (the daemon reads the workspace's HEAD for it).
+- ``ATTACK_MODE=writes``: a step declares it writes a FIFO in its workspace, a
+  symlink to ``$ATTACK_TARGET`` and that path itself: the daemon reads what a
+  step writes before and after it, to hash and diff it.
 - ``ATTACK_MODE=create``: it creates a session ``child`` whose ``[run]`` writes a
   folder outside its own workspace (``writable``), or whose workspace is that
   folder (``cwd``), and whose program writes a file there.
@@ -47,8 +50,9 @@ def call(method: str, params: dict[str, Any], token: str | None = TOKEN) -> Any:
     return json.loads(data) if data else {"ok": False, "error": {"message": "closed"}}
 
 
-def step(name: str) -> Any:
+def step(name: str, writes: list[str] | None = None) -> Any:
     params = {
+        "writes": writes or [],
         "token": TOKEN,
         "session": SELF,
         "name": name,
@@ -93,6 +97,15 @@ def create_attack(results: dict[str, Any]) -> None:
     results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
 
 
+def writes_attack(results: dict[str, Any]) -> None:
+    """A step that declares it writes what the daemon must not open: a FIFO (an
+    open that waits for a writer), a symlink out of the workspace, an absolute path."""
+    os.mkfifo(os.path.join(WORKSPACE, "pipe"))
+    os.symlink(os.environ["ATTACK_TARGET"], os.path.join(WORKSPACE, "link"))
+    results["step"] = step("writes", ["pipe", "link"])
+    results["outside"] = step("outside", [os.environ["ATTACK_TARGET"], "../x"])
+
+
 def main() -> None:
     results: dict[str, Any] = {}
     try:
@@ -100,6 +113,11 @@ def main() -> None:
             git_attack(results)
         elif MODE == "create":
             create_attack(results)
+        elif MODE == "writes":
+            writes_attack(results)
+    except Exception as exc:
+        results["error"] = repr(exc)
+        raise
     finally:
         with open(os.path.join(WORKSPACE, "program.json"), "w") as f:
             json.dump(results, f)
