@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,17 +65,18 @@ def attacker(
     mode: str,
     extra: str = "",
     env: str = "",
-) -> None:
+    retries: int = 0,
+) -> dict[str, Any]:
     spec = (
         f'name = "{name}"\ngoal = "attack"\n[run]\nkind = "sdk"\n'
-        f'exec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\nretries = 0\n'
+        f'exec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\nretries = {retries}\n'
         f'env = {{ ATTACK_MODE = "{mode}", ATTACK_LEDGER = "{ledger}"'
         f"{', ' + env if env else ''} }}\n"
         f"{extra}"
     )
     d.ctl("create", str(d.write_spec(name, spec)), check=True)
     d.ctl("activate", name, check=True)
-    wait_event(d, name, "run.finished")
+    return wait_event(d, name, "run.finished")
 
 
 def read(path: Path) -> Any:
@@ -204,3 +206,46 @@ def _release(fifo: Path) -> None:
             if not fifo.exists():
                 return
         time.sleep(0.1)  # cleanup only: a reader of the old code may come back
+
+
+def test_symlinks_at_declared_paths_lead_nowhere(ledger: Path, program: Path) -> None:
+    """A run makes the paths its spec declares symlinks out of its workspace: a
+    ``writes`` folder to another session's workspace, a ``writable`` folder in
+    its workspace to a folder of the operator's. Its next run neither reads the
+    other workspace nor writes that folder, and the daemon opened neither to it."""
+    # (out of /tmp, which is the run's own: as /etc and /srv are)
+    ws, other, above = (Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp")) for _ in range(3))
+    target = above / "cache"
+    target.mkdir()
+    (ws / "a" / "cache").mkdir(parents=True)
+    os.chmod(other, 0o755)
+    (other / "secret.txt").write_text("the other session's work\n")
+    os.chmod(other / "secret.txt", 0o644)
+    os.chmod(target, 0o755)
+    os.chmod(above, 0o755)
+    try:
+        with running() as d:
+            d.ctl(
+                "create",
+                str(
+                    d.write_spec(
+                        "other", f'name = "other"\n[run]\nexec = ["true"]\ncwd = "{other}"\n'
+                    )
+                ),
+                check=True,
+            )
+            env = f'ATTACK_OTHER = "{other}", ATTACK_TARGET = "{target}"'
+            extra = f'writes = ["out/x.txt"]\nwritable = ["{ws}/a/cache"]\n'
+            first = attacker(d, "prog", ws, program, ledger, "symlink", extra, env, retries=1)
+            assert read(ws / "program.json").get("first"), read(ws / "program.json")
+            # the retry: a run that starts (or is refused) after the first
+            wait_event(d, "prog", "run.finished", since=first["seq"] + 1)
+            shown = json.dumps(d.json("log", "prog"))
+            results = read(ws / "program.json") if not (ws / "program.json").is_symlink() else {}
+        assert "read" not in results, results
+        assert not (target / "owned.txt").exists(), results
+        assert not os.listxattr(target), "the daemon opened the operator's folder to the run"
+        assert "through a symlink" in shown, shown
+    finally:
+        for folder in (ws, other, above):
+            shutil.rmtree(folder, ignore_errors=True)

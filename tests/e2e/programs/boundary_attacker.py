@@ -10,6 +10,8 @@ controls (tests/e2e/test_boundary_attacks.py). Standard library only.
 - ``ATTACK_MODE=writes``: a step declares it writes a FIFO in its workspace, a
   symlink to ``$ATTACK_TARGET`` and that path itself: the daemon reads what a
   step writes before and after it, to hash and diff it.
+- ``ATTACK_MODE=symlink``: its paths the spec declares (``writes``, ``writable``)
+  made symlinks out of the workspace between two runs.
 - ``ATTACK_MODE=create``: it creates a session ``child`` whose ``[run]`` writes a
   folder outside its own workspace (``writable``), or whose workspace is that
   folder (``cwd``), and whose program writes a file there.
@@ -106,6 +108,33 @@ def writes_attack(results: dict[str, Any]) -> None:
     results["outside"] = step("outside", [os.environ["ATTACK_TARGET"], "../x"])
 
 
+def symlink_attack(results: dict[str, Any]) -> None:
+    """First run: ``out`` (a ``writes`` folder not made yet) becomes a symlink to
+    another session's workspace, ``cache`` (a ``writable`` folder in the
+    workspace, ``a/cache``) leads to ``$ATTACK_TARGET`` (``a`` becomes a symlink
+    to the folder above it: ``a/cache`` is a mount point, ``a`` is not). Second
+    run: through them."""
+    other, target = os.environ["ATTACK_OTHER"], os.environ["ATTACK_TARGET"]
+    out, cache = os.path.join(WORKSPACE, "out"), os.path.join(WORKSPACE, "a", "cache")
+    if not os.path.islink(out):
+        os.symlink(other, out)
+        os.rename(os.path.join(WORKSPACE, "a"), os.path.join(WORKSPACE, "a.old"))
+        os.symlink(os.path.dirname(target), os.path.join(WORKSPACE, "a"))
+        results["first"] = True
+        raise SystemExit(3)  # failed: the retry is its next run
+    try:
+        with open(os.path.join(out, "secret.txt")) as f:
+            results["read"] = f.read()
+    except OSError as exc:
+        results["read_error"] = repr(exc)
+    try:
+        with open(os.path.join(cache, "owned.txt"), "w") as f:
+            f.write("pwned")
+        results["wrote"] = True
+    except OSError as exc:
+        results["write_error"] = repr(exc)
+
+
 def main() -> None:
     results: dict[str, Any] = {}
     try:
@@ -113,8 +142,12 @@ def main() -> None:
             git_attack(results)
         elif MODE == "create":
             create_attack(results)
+        elif MODE == "symlink":
+            symlink_attack(results)
         elif MODE == "writes":
             writes_attack(results)
+    except SystemExit:
+        raise
     except Exception as exc:
         results["error"] = repr(exc)
         raise
