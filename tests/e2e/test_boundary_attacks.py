@@ -249,3 +249,39 @@ def test_symlinks_at_declared_paths_lead_nowhere(ledger: Path, program: Path) ->
     finally:
         for folder in (ws, other, above):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["file", "env", "fifo"])
+def test_a_session_a_program_creates_gets_no_secret_its_creator_has_not(
+    ledger: Path, program: Path, how: str
+) -> None:
+    """Grant ``create``: the new session's ``[run] secrets`` name a file of the
+    daemon's state, a variable of the daemon's environment, or a FIFO (the daemon's open
+    would wait on it, and its loop with it). Refused, naming the secret; the daemon
+    keeps answering; no value reaches the workspace."""
+    ws = short_dir()
+    mark = "daemon-only-value-7f3a"
+    try:
+        with running(env={"SESSIOND_TEST_MARK": mark}) as d:
+            target = {"file": str(d.state_dir / "uids.json"), "env": "SESSIOND_TEST_MARK"}
+            env = f'ATTACK_TARGET = "{target.get(how, "")}", ATTACK_HOW = "{how}"'
+            extra = 'grants = ["create", "log", "ps", "send", "show"]\n'
+            answer = None
+            try:
+                attacker(d, "prog", ws, program, ledger, "secrets", extra, env)
+                answer = d.ctl("ps", timeout=10)
+            finally:
+                if answer is None:
+                    _release(ws / "pipe")
+            assert answer.returncode == 0, answer.stderr
+            created = read(ws / "program.json")["create"]
+            if created.get("ok"):  # the old daemon: the child runs, as an operator would start it
+                d.ctl("activate", "child", check=True)
+                wait_event(d, "child", "run.finished")
+            else:
+                assert "secret" in created["error"]["message"], created
+        stolen = ws / "stolen.txt"
+        assert not stolen.exists() or not stolen.read_text(), stolen.read_text()
+        assert not list(ws.glob("stolen*"))
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)

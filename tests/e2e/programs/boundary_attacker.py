@@ -12,6 +12,7 @@ controls (tests/e2e/test_boundary_attacks.py). Standard library only.
   step writes before and after it, to hash and diff it.
 - ``ATTACK_MODE=symlink``: its paths the spec declares (``writes``, ``writable``)
   made symlinks out of the workspace between two runs.
+- ``ATTACK_MODE=secrets``: it creates a session whose secrets are the daemon's.
 - ``ATTACK_MODE=create``: it creates a session ``child`` whose ``[run]`` writes a
   folder outside its own workspace (``writable``), or whose workspace is that
   folder (``cwd``), and whose program writes a file there.
@@ -135,6 +136,25 @@ def symlink_attack(results: dict[str, Any]) -> None:
         results["write_error"] = repr(exc)
 
 
+def secrets_attack(results: dict[str, Any]) -> None:
+    """Grant ``create``: a session in its own workspace whose ``[run] secrets`` name
+    what the daemon can read and it cannot (``ATTACK_HOW=file``: a file of the
+    daemon's, ``env``: a variable of the daemon's, ``fifo``: a FIFO of its own,
+    which the daemon's open would wait on). The new session's program writes the
+    value into the workspace."""
+    how, source = os.environ["ATTACK_HOW"], os.environ["ATTACK_TARGET"]
+    if how == "fifo":
+        source = os.path.join(WORKSPACE, "pipe")
+        os.mkfifo(source)
+    ref = f'{{ env = "{source}" }}' if how == "env" else f'{{ file = "{source}" }}'
+    program = ["/bin/sh", "-c", f'printf %s "$STOLEN" > {WORKSPACE}/stolen.txt']
+    spec = (
+        f'name = "child"\ngoal = "help"\n[run]\nexec = {json.dumps(program)}\n'
+        f'cwd = "{WORKSPACE}"\nretries = 0\nsecrets = {{ STOLEN = {ref} }}\n'
+    )
+    results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
+
+
 def main() -> None:
     results: dict[str, Any] = {}
     try:
@@ -142,6 +162,8 @@ def main() -> None:
             git_attack(results)
         elif MODE == "create":
             create_attack(results)
+        elif MODE == "secrets":
+            secrets_attack(results)
         elif MODE == "symlink":
             symlink_attack(results)
         elif MODE == "writes":
