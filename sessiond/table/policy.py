@@ -62,8 +62,8 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
 
     Nor may its run reach more of the host: its workspace and ``writable`` lie in
     what the caller's run may write, its ``readable`` in what it may read, it
-    hides all the caller's run hides, has no network if the caller has none, and
-    no secret the caller's run is not given.
+    hides all the caller's run hides, has no network if the caller has none, no
+    secret the caller's run is not given, and the caller's profile.
     """
     mine, theirs = caller.policy, new.policy
     problems = []
@@ -119,6 +119,9 @@ def _reach(new: RunSpec, mine: RunSpec) -> list[str]:
     if extra := sorted(n for n, ref in new.secrets.items() if ref not in mine.secrets.values()):
         # a secret is read by the daemon (a file it may read, its own environment)
         problems.append(f"its program is given secrets {', '.join(extra)}, which this one is not")
+    if new.profile != mine.profile:
+        # a profile brings its own environment (credentials, a model) and budget
+        problems.append(f"it runs with profile {new.profile!r}, this session with {mine.profile!r}")
     if mine.network == "none" and new.network != "none":
         problems.append(f'its network is "{new.network}", and this session\'s is "none"')
     return problems
