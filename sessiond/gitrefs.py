@@ -14,7 +14,9 @@ read by its name holds entries whose binary names are half as many bytes.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import subprocess
 import zlib
 from pathlib import Path
@@ -69,6 +71,37 @@ def git(repo: Path, *args: str, timeout: float = 10) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+REF_LIMIT = 4096  # HEAD, a loose ref: a line
+FILE_LIMIT = 64 << 20  # packed-refs, a loose commit or tree
+
+
+def read_plain(path: Path, limit: int = REF_LIMIT) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; OSError otherwise. A run
+    writes its workspace's ``.git``: opened without waiting (a FIFO there would
+    hold the open, and the daemon's loop with it) and never read past ``limit``
+    (a symlink to /dev/zero has no end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{path} is over {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _text(path: Path, limit: int = REF_LIMIT) -> str:
+    return read_plain(path, limit).decode(errors="replace")
+
+
 def locate(path: Path) -> tuple[bool, Path | None]:
     """(is ``path`` in a repository, its git folder when that is a plain one: the
     ``.git`` of a work tree, or a bare repository itself)."""
@@ -90,7 +123,7 @@ def head_ref(repo: Path) -> str | None:
         return None
     if dot is not None:
         try:
-            head = (dot / "HEAD").read_text().strip()
+            head = _text(dot / "HEAD").strip()
         except OSError:
             head = ""
         if head.startswith("ref: "):
@@ -138,7 +171,7 @@ _SYMREF_DEPTH = 5  # git's own limit on symbolic refs pointing at symbolic refs
 
 def _symref(path: Path) -> str:
     try:
-        head = path.read_text().strip()
+        head = _text(path).strip()
     except OSError:
         return ""
     return head[5:] if head.startswith("ref: ") else head
@@ -146,14 +179,14 @@ def _symref(path: Path) -> str:
 
 def _loose(dot: Path, ref: str) -> str | None:
     try:
-        return (dot / ref).read_text().strip() or None
+        return _text(dot / ref).strip() or None
     except OSError:
         return None
 
 
 def _packed(dot: Path, ref: str) -> str | None:
     try:
-        for line in (dot / "packed-refs").read_text().splitlines():
+        for line in _text(dot / "packed-refs", FILE_LIMIT).splitlines():
             if line.endswith(" " + ref) and not line.startswith(("#", "^")):
                 return line.split(" ", 1)[0]
     except OSError:
@@ -177,9 +210,13 @@ _DIR_MODE = "40000"
 def _object(dot: Path, sha: str) -> tuple[bytes, bytes] | None:
     """(kind, body) of a loose object; None if it is packed, missing or bad."""
     try:
-        raw = zlib.decompress((dot / "objects" / sha[:2] / sha[2:]).read_bytes())
+        packed = read_plain(dot / "objects" / sha[:2] / sha[2:], FILE_LIMIT)
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, FILE_LIMIT)  # bounded: a crafted object may not be
     except (OSError, ValueError, zlib.error):
         return None
+    if inflate.unconsumed_tail:
+        return None  # larger than any commit or tree read here: git answers
     header, _, body = raw.partition(b"\0")
     return header.split(b" ", 1)[0], body
 

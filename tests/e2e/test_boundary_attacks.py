@@ -285,3 +285,28 @@ def test_a_session_a_program_creates_gets_no_secret_its_creator_has_not(
         assert not list(ws.glob("stolen*"))
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["fifo", "zero"])
+def test_a_workspace_git_head_that_never_ends_stalls_nothing(
+    ledger: Path, program: Path, how: str
+) -> None:
+    """The run makes its workspace's ``.git/HEAD`` a FIFO, or its branch's ref a
+    symlink to ``/dev/zero``: the daemon reads HEAD for the step's record without
+    waiting or reading past a ref's size, and keeps answering."""
+    ws = short_dir()
+    try:
+        with running() as d:
+            answer = None
+            try:
+                attacker(d, "prog", ws, program, ledger, "githead", "", f'ATTACK_HOW = "{how}"')
+                answer = d.ctl("ps", timeout=10)
+            finally:
+                if answer is None:
+                    _release(ws / ".git" / "HEAD")
+            assert answer.returncode == 0, answer.stderr
+            assert read(ws / "program.json")["step"]["result"]["status"] == "run"
+            started = d.json("log", "prog", "--type", "tool.started")
+            assert [e["data"].get("git_head") for e in started] == [None], started
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)

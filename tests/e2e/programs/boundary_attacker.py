@@ -155,6 +155,22 @@ def secrets_attack(results: dict[str, Any]) -> None:
     results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
 
 
+def githead_attack(results: dict[str, Any]) -> None:
+    """Its workspace's ``.git/HEAD`` a FIFO, a ref a symlink to ``/dev/zero``: what
+    the daemon reads of the repository (for a step's ``tool.started``) must not wait
+    or read without end."""
+    dot = os.path.join(WORKSPACE, ".git")
+    os.makedirs(os.path.join(dot, "refs", "heads"), exist_ok=True)
+    how = os.environ.get("ATTACK_HOW", "fifo")
+    if how == "fifo":
+        os.mkfifo(os.path.join(dot, "HEAD"))
+    else:
+        with open(os.path.join(dot, "HEAD"), "w") as f:
+            f.write("ref: refs/heads/main\n")
+        os.symlink("/dev/zero", os.path.join(dot, "refs", "heads", "main"))
+    results["step"] = step("after-head")
+
+
 def main() -> None:
     results: dict[str, Any] = {}
     try:
@@ -164,6 +180,8 @@ def main() -> None:
             create_attack(results)
         elif MODE == "secrets":
             secrets_attack(results)
+        elif MODE == "githead":
+            githead_attack(results)
         elif MODE == "symlink":
             symlink_attack(results)
         elif MODE == "writes":
