@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Daemon, running, short_dir, wait_event
+from tests.e2e.harness import Daemon, running, short_dir, wait_event, wait_for
 
 PROGRAM = Path(__file__).parent / "programs" / "boundary_attacker.py"
 PYTHON = "/usr/bin/python3"
@@ -310,3 +310,37 @@ def test_a_workspace_git_head_that_never_ends_stalls_nothing(
             assert [e["data"].get("git_head") for e in started] == [None], started
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+
+
+def test_one_run_cannot_take_every_connection_of_the_program_endpoint(
+    ledger: Path, program: Path
+) -> None:
+    """A run holds idle connections to the program endpoint, as many as the
+    daemon takes: another session's program still gets its step answered."""
+    ws, other = short_dir(), short_dir()
+    try:
+        with running("max_connections = 300\n") as d:
+            d.ctl(
+                "create",
+                str(
+                    d.write_spec(
+                        "flood",
+                        f'name = "flood"\n[run]\nkind = "sdk"\nexec = ["{PYTHON}", "-I", '
+                        f'"{program}"]\ncwd = "{ws}"\nretries = 0\nenv = {{ ATTACK_MODE = '
+                        f'"flood", ATTACK_LEDGER = "{ledger}", ATTACK_COUNT = "400" }}\n',
+                    )
+                ),
+                check=True,
+            )
+            d.ctl("activate", "flood", check=True)
+            holding = wait_for((ws / "holding.json").exists, what="the flood")
+            assert holding
+            try:
+                attacker(d, "victim", other, program, ledger, "step")
+                result = read(other / "program.json")
+            finally:
+                (ws / "stop").write_text("")
+            assert result["step"].get("ok"), result
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)

@@ -171,6 +171,31 @@ def githead_attack(results: dict[str, Any]) -> None:
     results["step"] = step("after-head")
 
 
+def flood_attack(results: dict[str, Any]) -> None:
+    """Holds as many idle connections to the program endpoint as the daemon takes
+    (every other run's SDK calls would be refused as busy), until the test puts
+    ``stop`` in its workspace."""
+    import resource
+    import time
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    held = []
+    try:
+        for _ in range(int(os.environ["ATTACK_COUNT"])):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(ENDPOINT)
+            held.append(sock)
+    except OSError as exc:
+        results["stopped_at"] = repr(exc)
+    results["held"] = len(held)
+    with open(os.path.join(WORKSPACE, "holding.json"), "w") as f:
+        json.dump(results, f)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(WORKSPACE, "stop")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # (a program's own wait: the test waits on files)
+
+
 def main() -> None:
     results: dict[str, Any] = {}
     try:
@@ -182,6 +207,10 @@ def main() -> None:
             secrets_attack(results)
         elif MODE == "githead":
             githead_attack(results)
+        elif MODE == "flood":
+            flood_attack(results)
+        elif MODE == "step":
+            results["step"] = step("victim")
         elif MODE == "symlink":
             symlink_attack(results)
         elif MODE == "writes":
