@@ -96,17 +96,32 @@ def _inside(path: str, folders: list[str]) -> bool:
     return any(real == f or real.startswith(f.rstrip("/") + "/") for f in folders)
 
 
+def _roots(run: RunSpec) -> list[str]:
+    """Where a run may write in its workspace: all of it, or (``writes``) each
+    pattern up to its first glob character, as declared."""
+    if not run.writes:
+        return [run.cwd]
+    roots = []
+    for pattern in run.writes:
+        plain = pattern.split("*")[0].split("?")[0].split("[")[0]
+        root = os.path.normpath(os.path.join(run.cwd, plain))
+        if plain != pattern and not plain.endswith("/"):
+            root = os.path.dirname(root)  # a glob in the last part: its folder
+        roots.append(root)
+    return roots
+
+
 def _reach(new: RunSpec, mine: RunSpec) -> list[str]:
     """What of the host the new session's run would reach (the daemon opens its
     workspace and ``writable`` to its uid, and shows it its ``readable``) that the
     caller's own run does not."""
-    own = [os.path.realpath(p) for p in (mine.cwd, *mine.writable)]
-    seen = own + [os.path.realpath(p) for p in mine.readable]
+    own = [os.path.realpath(p) for p in (*_roots(mine), *mine.writable)]
+    seen = [os.path.realpath(mine.cwd), *own, *(os.path.realpath(p) for p in mine.readable)]
     problems = []
-    if not _inside(new.cwd, own):
+    if extra := [p for p in _roots(new) if not _inside(p, own)]:
         problems.append(
-            f"its workspace (cwd) {new.cwd} is outside what this session's run may write "
-            f"({', '.join(own)})"
+            f"it may write {', '.join(extra)} (its workspace, or its writes), outside what "
+            f"this session's run may write ({', '.join(own)})"
         )
     if extra := [p for p in new.writable if not _inside(p, own)]:
         problems.append(

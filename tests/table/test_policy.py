@@ -102,7 +102,7 @@ def test_grants_that_are_a_persons_are_refused_in_a_spec() -> None:
 @pytest.mark.parametrize(
     ("run", "why"),
     [
-        ('cwd = "/etc"\n', "its workspace (cwd) /etc is outside"),
+        ('cwd = "/etc"\n', "it may write /etc (its workspace"),
         ('writable = ["/etc"]\n', "it is writable /etc"),
         ('readable = ["/root"]\n', "it is readable /root"),
         ('secrets = { K = { env = "DSN" } }\n', "its program is given secrets K"),
@@ -121,3 +121,18 @@ def test_a_run_that_reaches_more_of_the_host_is_wider(run: str, why: str) -> Non
     new = child("", run=f'[run]\nexec = ["true"]\ngrants = ["ps"]\n{same}{run}')
     problems = widening(new, caller)
     assert any(why in p for p in problems), problems
+
+
+def test_a_run_that_may_write_more_of_the_workspace_is_wider() -> None:
+    """The caller's run may write only ``out/`` (``writes``): a session on the same
+    workspace that may write all of it, or more than ``out/``, is wider."""
+    caller = spec(CALLER.replace("[policy]", 'cwd = "/srv/ws"\nwrites = ["out/*.json"]\n[policy]'))
+    policy = (
+        'deny = ["rm_*"]\nask = ["pay", "edit_*"]\nallow = ["read_file"]\napproval_ttl = "1h"\n'
+    )
+    run = '[run]\nexec = ["true"]\ngrants = ["ps"]\ncwd = "/srv/ws"\n'
+    assert any("it may write /srv/ws " in p for p in widening(child(policy, run=run), caller))
+    narrower = widening(child(policy, run=run + 'writes = ["out/a.json"]\n'), caller)
+    assert narrower == [], narrower
+    inside = widening(child(policy, run=run.replace("/srv/ws", "/srv/ws/out")), caller)
+    assert inside == [], inside
