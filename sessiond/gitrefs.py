@@ -14,6 +14,9 @@ read by its name holds entries whose binary names are half as many bytes.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import subprocess
 import zlib
 from pathlib import Path
@@ -28,19 +31,75 @@ def is_object_name(text: str) -> bool:
     return len(text) in _NAME_BYTES and _HEX.issuperset(text)
 
 
+# A repository's own config is not the daemon's to trust: a run writes its
+# workspace, ``.git/config`` included, and the daemon is often root. These
+# settings (given on the command line, so they beat the repository's) keep a
+# ``git`` the daemon starts from running any command the repository names: no
+# transport at all (a partial clone's promisor remote would fetch a missing
+# object through an ``uploadpack`` or ``ext::`` command of the run's), no
+# fsmonitor or hooks, no signature check (``gpg.program``), no external diff.
+SAFE_CONFIG = (
+    "protocol.allow=never",
+    *(f"protocol.{p}.allow=never" for p in ("file", "git", "ssh", "http", "https", "ext")),
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.sshCommand=false",
+    "log.showSignature=false",
+    "gpg.program=false",
+    "diff.external=false",
+)
+_SAFE_ARGS = tuple(arg for item in SAFE_CONFIG for arg in ("-c", item))
+# GIT_NO_LAZY_FETCH: a git that knows it (2.44 and later) fetches nothing missing
+_SAFE_ENV = {"GIT_NO_LAZY_FETCH": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
 def git(repo: Path, *args: str, timeout: float = 10) -> str | None:
-    """``git -C repo args…``: its output stripped, or None if it failed."""
+    """``git -C repo args…`` under ``SAFE_CONFIG``: its output stripped, or None
+    if it failed."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(repo), *args],
+            ["git", *_SAFE_ARGS, "-C", str(repo), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
+            env={**os.environ, **_SAFE_ENV},
+            stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+REF_LIMIT = 4096  # HEAD, a loose ref: a line
+FILE_LIMIT = 64 << 20  # packed-refs, a loose commit or tree
+
+
+def read_plain(path: Path, limit: int = REF_LIMIT) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; OSError otherwise. A run
+    writes its workspace's ``.git``: opened without waiting (a FIFO there would
+    hold the open, and the daemon's loop with it) and never read past ``limit``
+    (a symlink to /dev/zero has no end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{path} is over {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _text(path: Path, limit: int = REF_LIMIT) -> str:
+    return read_plain(path, limit).decode(errors="replace")
 
 
 def locate(path: Path) -> tuple[bool, Path | None]:
@@ -64,7 +123,7 @@ def head_ref(repo: Path) -> str | None:
         return None
     if dot is not None:
         try:
-            head = (dot / "HEAD").read_text().strip()
+            head = _text(dot / "HEAD").strip()
         except OSError:
             head = ""
         if head.startswith("ref: "):
@@ -76,31 +135,63 @@ def head_ref(repo: Path) -> str | None:
     )
 
 
-def resolve(repo: Path, ref: str) -> str | None:
-    """The commit ``ref`` (``HEAD``, ``refs/...`` or anything git understands) names."""
+def resolve(repo: Path, ref: str, *, ask_git: bool = True) -> str | None:
+    """The commit ``ref`` (``HEAD``, ``refs/...`` or anything git understands) names.
+
+    ``ask_git=False``: from the files alone (symbolic refs followed a few deep),
+    None where they cannot say: what the daemon reads of a workspace a run
+    writes starts no ``git`` there at all."""
     found, dot = locate(repo)
     if not found:
         return None
     if dot is not None:
-        if ref == "HEAD":
-            ref = head_ref(repo) or ""
-        if is_object_name(ref):
-            return ref  # a detached HEAD is the commit itself
-        if ref.startswith("refs/"):
-            try:
-                value = (dot / ref).read_text().strip()
-                if value and not value.startswith("ref: "):
+        for _ in range(_SYMREF_DEPTH):
+            if ref == "HEAD":
+                ref = (head_ref(repo) or "") if ask_git else _symref(dot / "HEAD")
+            if is_object_name(ref):
+                return ref  # a detached HEAD is the commit itself
+            if not ref.startswith("refs/"):
+                break
+            value = _loose(dot, ref)
+            if value is None:
+                value = _packed(dot, ref)
+            if value is None or not value.startswith("ref: "):
+                if value is not None and is_object_name(value):
                     return value
-            except OSError:
-                pass
-            try:
-                for line in (dot / "packed-refs").read_text().splitlines():
-                    if line.endswith(" " + ref) and not line.startswith(("#", "^")):
-                        return line.split(" ", 1)[0]
-            except OSError:
-                pass
+                break
+            ref = value[5:]  # a symbolic ref: follow it
+    if not ask_git:
+        return None
     # a short name, an unborn branch, a symbolic ref, a worktree: ask git
     return git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+
+
+_SYMREF_DEPTH = 5  # git's own limit on symbolic refs pointing at symbolic refs
+
+
+def _symref(path: Path) -> str:
+    try:
+        head = _text(path).strip()
+    except OSError:
+        return ""
+    return head[5:] if head.startswith("ref: ") else head
+
+
+def _loose(dot: Path, ref: str) -> str | None:
+    try:
+        return _text(dot / ref).strip() or None
+    except OSError:
+        return None
+
+
+def _packed(dot: Path, ref: str) -> str | None:
+    try:
+        for line in _text(dot / "packed-refs", FILE_LIMIT).splitlines():
+            if line.endswith(" " + ref) and not line.startswith(("#", "^")):
+                return line.split(" ", 1)[0]
+    except OSError:
+        pass
+    return None
 
 
 # --- what a move of a ref changed, from the loose objects -------------------------
@@ -119,9 +210,13 @@ _DIR_MODE = "40000"
 def _object(dot: Path, sha: str) -> tuple[bytes, bytes] | None:
     """(kind, body) of a loose object; None if it is packed, missing or bad."""
     try:
-        raw = zlib.decompress((dot / "objects" / sha[:2] / sha[2:]).read_bytes())
+        packed = read_plain(dot / "objects" / sha[:2] / sha[2:], FILE_LIMIT)
+        inflate = zlib.decompressobj()
+        raw = inflate.decompress(packed, FILE_LIMIT)  # bounded: a crafted object may not be
     except (OSError, ValueError, zlib.error):
         return None
+    if inflate.unconsumed_tail:
+        return None  # larger than any commit or tree read here: git answers
     header, _, body = raw.partition(b"\0")
     return header.split(b" ", 1)[0], body
 

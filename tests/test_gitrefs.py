@@ -162,3 +162,19 @@ def test_a_sha256_repository_is_read_from_its_files(
     assert resolve(repo, "refs/heads/main") == new
     assert moved_forward(repo, old, new) == ["src/a.py", "src/deep/c.py"]
     assert calls == []  # all of it read from the files, no git process
+
+
+def test_a_crafted_loose_object_is_not_inflated_past_the_bound(tmp_path: Path) -> None:
+    """A run writes its workspace's .git: a loose 'commit' that inflates without
+    end is read as unreadable (git answers), not into the daemon's memory."""
+    import zlib
+
+    from sessiond import gitrefs
+
+    dot = tmp_path / ".git"
+    sha = "ab" * 20
+    (dot / "objects" / sha[:2]).mkdir(parents=True)
+    bomb = zlib.compressobj()
+    data = bomb.compress(b"commit 0\0") + bomb.compress(b"\0" * (gitrefs.FILE_LIMIT + 1))
+    (dot / "objects" / sha[:2] / sha[2:]).write_bytes(data + bomb.flush())
+    assert gitrefs._object(dot, sha) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sessiond.errors import InvalidInput
 from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
@@ -177,7 +177,7 @@ class SdkStepParams(TokenParams):
     key: StepKey | None = None
     args: dict[str, Any] = Field(default_factory=dict)  # a tool's arguments
     request: Any = None  # a model step's request (stored as its context artifact)
-    writes: list[str] = Field(default_factory=list)
+    writes: list[str] = Field(default_factory=list, max_length=1000)
     risk: dict[str, str] = Field(default_factory=dict)
     strict: bool = False  # a model step: a changed request digest is a divergence
     # a nested step: the call id of the step whose fn takes it (under way in this run)
@@ -185,6 +185,20 @@ class SdkStepParams(TokenParams):
     # the key is an id (a tool call's id in a recorded model response, a run's id):
     # steps that differ only by such keys are distinct
     key_is_id: bool = False
+
+    @field_validator("writes")
+    @classmethod
+    def _in_workspace(cls, values: list[str]) -> list[str]:
+        # The daemon reads (as root, often) what a step writes, before and after
+        # it, to hash and diff it: a path out of the workspace is not the run's.
+        for value in values:
+            parts = value.split("/")
+            if not value or value.startswith("/") or "\0" in value or ".." in parts:
+                raise ValueError(
+                    f"writes: {value!r} is not a path inside the workspace: name it "
+                    "relative to the workspace, without '..'"
+                )
+        return values
 
 
 class SdkStepDoneParams(TokenParams):

@@ -15,6 +15,7 @@ import contextlib
 import os
 import socket
 import stat
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -56,6 +57,8 @@ class Server:
         self.path = config.socket if endpoint == "control" else program_socket(config.socket)
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        # the program endpoint's connections per uid: see _share
+        self._per_uid: Counter[int] = Counter()
         self.activated = False
         self.peers = Peers(config.access, run_uids(config))
         self.dispatch = Dispatch(kernel, reload)
@@ -155,11 +158,16 @@ class Server:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        peer: Peer | None = None
         try:
             if len(self._connections) > self.config.max_connections:
                 await reply(writer, error(None, "busy", "too many connections; retry later", 1))
                 return
             peer = Peer.of(writer.get_extra_info("socket"))
+            if self._over_share(peer):
+                await reply(writer, error(None, "busy", self._share_refusal(), 1))
+                return
+            self._per_uid[peer.uid] += 1
             if not self.peers.allowed(peer, programs=self.endpoint == "program"):
                 log.warning("peer.refused", pid=peer.pid, uid=peer.uid, gid=peer.gid)
                 await reply(
@@ -185,9 +193,28 @@ class Server:
             log.exception("connection.failed")
         finally:
             self._connections.discard(task)
+            if peer is not None and self._per_uid[peer.uid] > 0:
+                self._per_uid[peer.uid] -= 1
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _share(self) -> int:
+        """The program endpoint's connections one uid other than the daemon's may
+        hold: a run has a uid of its own (a root daemon's), and one run holding
+        every connection would have every other run's calls refused as busy."""
+        return max(16, self.config.max_connections // 8)
+
+    def _over_share(self, peer: Peer) -> bool:
+        if self.endpoint != "program" or peer.uid == os.getuid():
+            return False
+        return self._per_uid[peer.uid] >= self._share()
+
+    def _share_refusal(self) -> str:
+        return (
+            f"too many connections from this run's uid (at most {self._share()} at once, "
+            "an eighth of max_connections); close idle ones and retry"
+        )
 
     def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
         if self.endpoint == "program":

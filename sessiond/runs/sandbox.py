@@ -259,6 +259,26 @@ def _prepare(
             open_to(Path(path), uid, never=never, only_inside=inside)
 
 
+def _plain(path: str, workspace: str) -> None:
+    """A path a run may write must be the folder or file it names, with no symlink
+    on the way: a run makes symlinks in what it writes, and the daemon opens
+    (ACLs), and bubblewrap binds, wherever one leads (another session's
+    workspace, /etc). The workspace's own path is taken as it resolves.
+    SandboxUnavailable naming the path and where it leads."""
+    base = os.path.realpath(workspace)
+    expected = (
+        os.path.join(base, os.path.relpath(path, workspace)) if _under(path, workspace) else path
+    )
+    real = os.path.realpath(path)
+    if real != os.path.normpath(expected):
+        raise SandboxUnavailable(
+            errno.ELOOP,
+            f"{path} leads to {real} through a symlink: a path a run may write (its "
+            "workspace, writes, writable) must be the folder or file itself. Remove the "
+            "symlink (a run may have made it), or name the path it leads to",
+        )
+
+
 def _reachable(exe: str, workspace: str, uid: int) -> None:
     """The program a run starts must be one its uid may run: world-searchable folders
     and a world-executable file, where the sandbox does not lay the path out itself
@@ -353,6 +373,9 @@ class Boundary:
         bwrap = self._find(config.run.bwrap, "bubblewrap", "bubblewrap")
         self._probe(config, bwrap)
         workspace = os.path.normpath(str(spec.workspace))
+        declared = [*config.run.writable, *run.writable]
+        for path in [workspace, *declared, *(_writes(workspace, run.writes) if run.writes else [])]:
+            _plain(path, workspace)
         ops = self._hides(config, spec, workspace, others)
         home = config.state_dir / "homes" / session
         drop = self._identity(config, session, home)

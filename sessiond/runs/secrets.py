@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Mapping
 
 from sessiond.table.spec import SecretRef, SessionSpec
@@ -70,13 +71,19 @@ def _one(name: str, ref: SecretRef, daemon_env: Mapping[str, str]) -> str:
 
 def _read(name: str, path: str) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # not waiting: a FIFO would hold the open (and the daemon's loop with it)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
         raise SecretMissing(
             f"secret {name}: cannot read the file {path}: {exc.strerror}; create it, "
             "readable by the daemon's user"
         ) from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SecretMissing(
+                f"secret {name}: {path} is not a regular file (a FIFO, a device or a "
+                "folder); a secret file is a plain file that holds the secret"
+            )
         raw = os.read(fd, SECRET_FILE_LIMIT + 1)
     except OSError as exc:
         raise SecretMissing(f"secret {name}: cannot read the file {path}: {exc.strerror}") from exc

@@ -28,7 +28,7 @@ from sessiond.redaction import Redactor
 from sessiond.runs.context import Continues, RunContext
 from sessiond.runs.runner import Outcome
 from sessiond.runs.tokens import Tokens
-from sessiond.runs.workspace import read_small, text_diff, workspace_hasher
+from sessiond.runs.workspace import read_in, text_diff, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.gate import rerun_refusal
 from sessiond.table.recovery import RUN_FAILED
@@ -413,7 +413,7 @@ def _observation(
     """What the messages view says about a command run (never its raw output)."""
     code = outcome.exit_code
     parts = [f"exit {code}" if code is not None else outcome.status]
-    changed = [p for p, old in sorted(before.items()) if read_small(spec.workspace / p) != old]
+    changed = [p for p, old in sorted(before.items()) if read_in(spec.workspace, p) != old]
     if changed:
         parts.append("changed " + ", ".join(changed))
     first = outcome.stdout.decode(errors="replace").strip().splitlines()[:1]

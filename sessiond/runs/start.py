@@ -52,7 +52,7 @@ from sessiond.runs.secrets import resolve as resolve_secrets
 from sessiond.runs.settle import Settler
 from sessiond.runs.supervise import Supervisor
 from sessiond.runs.tokens import Tokens
-from sessiond.runs.workspace import git_head, read_small, workspace_hasher
+from sessiond.runs.workspace import git_head, read_in, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.policy import Verdict as PolicyVerdict
 from sessiond.table.policy import decide
@@ -230,7 +230,7 @@ class Starter:
         pending_started: Draft | None = None
         if call_id is not None:
             hasher = workspace_hasher(spec)
-            before = {p: read_small(workspace / p) for p in spec.run.writes}
+            before = {p: read_in(workspace, p) for p in spec.run.writes}
             started = Draft(
                 ToolStarted(
                     call=call_id,

@@ -55,7 +55,7 @@ from sessiond.redaction import matches
 from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
-from sessiond.runs.workspace import git_head, read_small, text_diff, workspace_hasher
+from sessiond.runs.workspace import git_head, read_in, text_diff, workspace_hasher
 from sessiond.table.policy import decide
 from sessiond.table.sessions import Session
 from sessiond.table.spec import under_profile
@@ -324,7 +324,7 @@ class Steps:
         spec = s.spec
         assert spec is not None
         hasher = workspace_hasher(spec)
-        grant.before[call] = {w: read_small(spec.workspace / w) for w in writes}
+        grant.before[call] = {w: read_in(spec.workspace, w) for w in writes}
         return Draft(
             ToolStarted(
                 call=call,

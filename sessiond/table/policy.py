@@ -10,9 +10,10 @@ names the rule that matched, and is recorded as ``policy.decided``.
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass
 
-from sessiond.table.spec import PolicySpec, SessionSpec
+from sessiond.table.spec import PolicySpec, RunSpec, SessionSpec
 
 DEFAULT_BY_SIDE_EFFECT = {
     "none": "allow",
@@ -58,6 +59,11 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     ``[run] user``, in a holder and cgroup of its own, with no grants and no
     token), so it can do no more than a program of the caller's own; but a caller
     with no program of its own cannot bring one in through it.
+
+    Nor may its run reach more of the host: its workspace and ``writable`` lie in
+    what the caller's run may write, its ``readable`` in what it may read, it
+    hides all the caller's run hides, has no network if the caller has none, no
+    secret the caller's run is not given, and the caller's profile.
     """
     mine, theirs = caller.policy, new.policy
     problems = []
@@ -77,6 +83,60 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     if new.run is not None:
         if caller.run is None:
             problems.append("it has a program, and this session has none")
-        elif extra := sorted(set(new.run.grants) - granted):
-            problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
+        else:
+            if extra := sorted(set(new.run.grants) - granted):
+                problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
+            problems += _reach(new.run, caller.run)
+    return problems
+
+
+def _inside(path: str, folders: list[str]) -> bool:
+    # Resolved: a symlink the caller's run made in its workspace leads anywhere
+    real = os.path.realpath(path)
+    return any(real == f or real.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _roots(run: RunSpec) -> list[str]:
+    """Where a run may write in its workspace: all of it, or (``writes``) each
+    pattern up to its first glob character, as declared."""
+    if not run.writes:
+        return [run.cwd]
+    roots = []
+    for pattern in run.writes:
+        plain = pattern.split("*")[0].split("?")[0].split("[")[0]
+        root = os.path.normpath(os.path.join(run.cwd, plain))
+        if plain != pattern and not plain.endswith("/"):
+            root = os.path.dirname(root)  # a glob in the last part: its folder
+        roots.append(root)
+    return roots
+
+
+def _reach(new: RunSpec, mine: RunSpec) -> list[str]:
+    """What of the host the new session's run would reach (the daemon opens its
+    workspace and ``writable`` to its uid, and shows it its ``readable``) that the
+    caller's own run does not."""
+    own = [os.path.realpath(p) for p in (*_roots(mine), *mine.writable)]
+    seen = [os.path.realpath(mine.cwd), *own, *(os.path.realpath(p) for p in mine.readable)]
+    problems = []
+    if extra := [p for p in _roots(new) if not _inside(p, own)]:
+        problems.append(
+            f"it may write {', '.join(extra)} (its workspace, or its writes), outside what "
+            f"this session's run may write ({', '.join(own)})"
+        )
+    if extra := [p for p in new.writable if not _inside(p, own)]:
+        problems.append(
+            f"it is writable {', '.join(extra)}, which this session's run may not write"
+        )
+    if extra := [p for p in new.readable if not _inside(p, seen)]:
+        problems.append(f"it is readable {', '.join(extra)}, which this session's run may not read")
+    if missing := [p for p in mine.hide if p not in new.hide]:
+        problems.append(f"it does not hide {', '.join(missing)}")
+    if extra := sorted(n for n, ref in new.secrets.items() if ref not in mine.secrets.values()):
+        # a secret is read by the daemon (a file it may read, its own environment)
+        problems.append(f"its program is given secrets {', '.join(extra)}, which this one is not")
+    if new.profile != mine.profile:
+        # a profile brings its own environment (credentials, a model) and budget
+        problems.append(f"it runs with profile {new.profile!r}, this session with {mine.profile!r}")
+    if mine.network == "none" and new.network != "none":
+        problems.append(f'its network is "{new.network}", and this session\'s is "none"')
     return problems

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -288,12 +289,18 @@ class Table:
 
 
 def file_hash(path: Path) -> str | None:
-    """sha256 of a file's content, or None when it does not exist (or is not a file)."""
+    """sha256 of a regular file's content, or None when it does not exist or is
+    not a regular file. Opened without waiting (a FIFO a run made in its
+    workspace would hold the open until a writer came) and checked before a
+    byte is read (a device such as /dev/zero never ends)."""
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def summary(

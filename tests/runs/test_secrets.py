@@ -48,3 +48,15 @@ def test_a_missing_variable_or_file_names_the_secret_and_where(tmp_path: Path) -
     with pytest.raises(SecretMissing) as caught:
         resolve(spec(tmp_path, '{ P = { file = "gone" } }'), {})
     assert f"secret P: cannot read the file {tmp_path / 'gone'}: No such file" in str(caught.value)
+
+
+def test_a_fifo_or_a_folder_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO (a run can make one where its workspace holds a secret file) would
+    hold a blocking open until a writer came: the daemon's loop with it."""
+    import os
+
+    os.mkfifo(tmp_path / "p")
+    (tmp_path / "d").mkdir()
+    for name in ("p", "d"):
+        with pytest.raises(SecretMissing, match="is not a regular file"):
+            resolve(spec(tmp_path, f'{{ P = {{ file = "{name}" }} }}'), {})

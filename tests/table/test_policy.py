@@ -97,3 +97,42 @@ def test_what_is_not_wider_decides_no_tool_more_leniently() -> None:
 def test_grants_that_are_a_persons_are_refused_in_a_spec() -> None:
     with pytest.raises(BadSpec, match="'approve': not a method a program may be granted"):
         spec('name = "x"\n[run]\nexec = ["true"]\ngrants = ["send", "approve"]\n')
+
+
+@pytest.mark.parametrize(
+    ("run", "why"),
+    [
+        ('cwd = "/etc"\n', "it may write /etc (its workspace"),
+        ('writable = ["/etc"]\n', "it is writable /etc"),
+        ('readable = ["/root"]\n', "it is readable /root"),
+        ('secrets = { K = { env = "DSN" } }\n', "its program is given secrets K"),
+        ('profile = "premium"\n', "it runs with profile 'premium'"),
+        ('network = "host"\n', 'its network is "host"'),
+        ("hide = []\n", "it does not hide /srv/private"),
+    ],
+)
+def test_a_run_that_reaches_more_of_the_host_is_wider(run: str, why: str) -> None:
+    caller = spec(CALLER.replace("[policy]", 'network = "none"\nhide = ["/srv/private"]\n[policy]'))
+    same = "".join(
+        line + "\n"
+        for line in ('network = "none"', 'hide = ["/srv/private"]')
+        if line.split(" ")[0] != run.split(" ", maxsplit=1)[0]
+    )
+    new = child("", run=f'[run]\nexec = ["true"]\ngrants = ["ps"]\n{same}{run}')
+    problems = widening(new, caller)
+    assert any(why in p for p in problems), problems
+
+
+def test_a_run_that_may_write_more_of_the_workspace_is_wider() -> None:
+    """The caller's run may write only ``out/`` (``writes``): a session on the same
+    workspace that may write all of it, or more than ``out/``, is wider."""
+    caller = spec(CALLER.replace("[policy]", 'cwd = "/srv/ws"\nwrites = ["out/*.json"]\n[policy]'))
+    policy = (
+        'deny = ["rm_*"]\nask = ["pay", "edit_*"]\nallow = ["read_file"]\napproval_ttl = "1h"\n'
+    )
+    run = '[run]\nexec = ["true"]\ngrants = ["ps"]\ncwd = "/srv/ws"\n'
+    assert any("it may write /srv/ws " in p for p in widening(child(policy, run=run), caller))
+    narrower = widening(child(policy, run=run + 'writes = ["out/a.json"]\n'), caller)
+    assert narrower == [], narrower
+    inside = widening(child(policy, run=run.replace("/srv/ws", "/srv/ws/out")), caller)
+    assert inside == [], inside
