@@ -41,7 +41,7 @@ SPEC = """name = "{name}"
 redact = ["{pattern}"]
 [run]
 kind = "sdk"
-exec = ["{python}", "{root}/program.py"]
+exec = ["{python}", "{ws}/program.py"]
 cwd = "{ws}"
 env = {{ PYTHONPATH = "{repo}", CTL = "{ctl}" }}
 secrets = {{ LIT = {{ file = "{ws}/lit.txt" }} }}
@@ -162,7 +162,6 @@ class Campaign:
         self.client = logged_in(d)
         self.secrets: list[str] = []
         self.n = 0
-        (d.root / "program.py").write_text(PROGRAM)
         d.ctl("create", str(d.write_spec("sink", SINK.format(root=d.root))), check=True)
 
     def example(self, s: str, lit: str) -> None:
@@ -171,13 +170,14 @@ class Campaign:
         name = f"p{self.n}"
         self.secrets += [s, lit]
         ws = short_dir()
+        # in its workspace: a run sees no other session's (the sink's is d.root)
+        (ws / "program.py").write_text(PROGRAM)
         (ws / "secret.txt").write_text(s)
         (ws / "lit.txt").write_text(lit)
         spec = SPEC.format(
             name=name,
             pattern=PATTERN,
             python=sys.executable,
-            root=d.root,
             ws=ws,
             repo=REPO,
             ctl=SESSIONCTL,
