@@ -8,7 +8,8 @@ serves until its standard input closes; each line read there is a command,
 answered with one line: ``cut SEED`` (the power goes out: see faultmodel.py),
 ``sync`` (what sync(2) would do: it never reaches a FUSE server), ``ping``.
 The kernel caches nothing (direct I/O, no attribute or entry cache), so what
-the model holds after a cut is what every reader sees.
+the model holds after a cut is what every reader sees. Mounted by root, other
+uids may use it too (``others``): it keeps no owners, ACLs or permissions.
 
 ``mounted(path)`` runs one for a test and unmounts it (``fusermount3 -u``) even
 on failure; ``usable()`` says why one cannot be mounted here (None: it can).
@@ -285,6 +286,18 @@ def _unmount(path: Path, proc: subprocess.Popen[str]) -> None:
         proc.wait(10)
 
 
+def others() -> dict[str, bool]:
+    """The mount options that let other uids in: a FUSE mount is by default the
+    mounting user's alone, and a root daemon runs each session as a uid of its own
+    (sessiond/runs/uids.py). Only root may say ``allow_other`` without
+    ``user_allow_other`` in /etc/fuse.conf, and only a root daemon needs it. No
+    ``default_permissions``: the model keeps no owners (every file shows as the
+    mounting user's), so the kernel would refuse a run the files it made itself;
+    the file system checks no permission, as it keeps no ACLs (a workspace on it is
+    opened to a run's uid by its mode bits: the campaign makes it 0777)."""
+    return {"allow_other": True} if os.geteuid() == 0 else {}
+
+
 def main(argv: list[str]) -> int:
     import mfusepy
 
@@ -294,6 +307,7 @@ def main(argv: list[str]) -> int:
         mfusepy.FUSE(
             fs, argv[0], foreground=True, nothreads=True, direct_io=True,
             attr_timeout=0, entry_timeout=0, negative_timeout=0, fsname="sessiond-faultfs",
+            **others(),
         )  # fmt: skip
     except RuntimeError:  # unmounted under it (fusermount3 -u): the end it was waiting for
         return 0

@@ -48,6 +48,9 @@ class Tally:
     wakes: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     no_fault_fs: bool = False  # under CI=true: the fallback power cut is a failure
+    unconfined: list[str] = field(default_factory=list)  # sessions ps shows outside
+    begun: list[str] = field(default_factory=list)  # sessions the ledger saw begin work
+    finished: bool = False  # the campaign's end was reached: nothing left to run
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
         fsync = self.durability == "fsync"
@@ -77,6 +80,11 @@ class Tally:
             ("answers given by a run's process", str(len(self.self_answers)), "0",
              not self.self_answers),
             ("secret bytes stored", str(len(self.secrets)), "0", not self.secrets),
+            ("sessions whose runs are not confined", str(len(self.unconfined)), "0",
+             not self.unconfined),
+            # the world's record, judged at the end: no program ran, nothing was tested
+            ("programs that ran (ledger begin lines)", str(self.executions), ">0",
+             self.executions > 0 or not self.finished),
         ]  # fmt: skip
 
     @property
@@ -106,6 +114,7 @@ class Tally:
             f"--discard {self.resolved['discard']}; approvals approved "
             f"{self.answered['approve']}, denied {self.answered['deny']}",
             f"wakes by trigger: {wakes}",
+            f"sessions whose program began work (ledger): {', '.join(self.begun) or 'none'}",
             f"hostile programs: {self.stops} clean stops checked, slowest ping "
             f"{self.slowest_ping:.2f} s",
             *self.notes,
@@ -127,6 +136,7 @@ class Tally:
             ("not per contract", self.unhandled),
             ("answered by its own run", self.self_answers),
             ("secret stored in", self.secrets),
+            ("not confined", self.unconfined),
         ):
             for item in items[:10]:
                 lines.append(f"  {label}: {item}")
