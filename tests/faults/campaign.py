@@ -432,6 +432,7 @@ class Campaign:
             t.twice = judged.twice
         t.self_answers = [line for line in lines if line.startswith("selfapproved ")]
         t.begun = sorted({ledger.session_of(k) for k in judged.contracts})
+        t.idle = [name for name in workload.MUST_WORK if name not in judged.done]
 
     def _answer_and_resolve(self) -> None:
         """Every block is resolved with one of its options at random; the hostile
@@ -489,7 +490,7 @@ class Campaign:
             )
         t.wakes = dict(wakes)
         self._check_ledger()
-        t.finished = True  # a campaign in which no program ran proves nothing: a failure
+        t.finished = True  # from here, a program that never worked is a failure
 
 
 def _alive(pid: int) -> bool:

@@ -50,6 +50,7 @@ class Tally:
     no_fault_fs: bool = False  # under CI=true: the fallback power cut is a failure
     unconfined: list[str] = field(default_factory=list)  # sessions ps shows outside
     begun: list[str] = field(default_factory=list)  # sessions the ledger saw begin work
+    idle: list[str] = field(default_factory=list)  # of workload.MUST_WORK: no work ended
     finished: bool = False  # the campaign's end was reached: nothing left to run
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
@@ -82,9 +83,10 @@ class Tally:
             ("secret bytes stored", str(len(self.secrets)), "0", not self.secrets),
             ("sessions whose runs are not confined", str(len(self.unconfined)), "0",
              not self.unconfined),
-            # the world's record, judged at the end: no program ran, nothing was tested
-            ("programs that ran (ledger begin lines)", str(self.executions), ">0",
-             self.executions > 0 or not self.finished),
+            # the world's record, judged at the end: a campaign whose programs did no
+            # work (none started, or none could write) proves nothing
+            ("programs that did no work (ledger), at the end", str(len(self.idle)),
+             "0", not (self.finished and (self.idle or not self.executions))),
         ]  # fmt: skip
 
     @property
@@ -137,6 +139,7 @@ class Tally:
             ("answered by its own run", self.self_answers),
             ("secret stored in", self.secrets),
             ("not confined", self.unconfined),
+            ("did no work", self.idle if self.finished else []),
         ):
             for item in items[:10]:
                 lines.append(f"  {label}: {item}")

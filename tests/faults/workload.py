@@ -25,6 +25,12 @@ from pathlib import Path
 
 from tests.faults import contain
 
+# Woken every second, each of the two kinds of program (the SDK agent, a command
+# that writes the workspace): by a campaign's end each must have finished work
+# the ledger saw. A campaign in which they did not (a sandbox that lets nothing
+# run, say) tested nothing, and fails.
+MUST_WORK = ("agent", "c-unsafe")
+
 # idempotency/resume/side_effect of each command session, and its trigger
 EVERY = 'type = "every"\ninterval = "1s"'
 COMMANDS = {
@@ -42,7 +48,7 @@ COMMANDS = {
 COMMAND = """name = "{name}"
 [run]
 exec = ["sh", "-c", "echo \\"begin {name}.t$SESSIOND_TURN {contract}\\" >> \\"$LEDGER\\"; \
-sleep 0.1; date >> {name}.out; echo \\"end {name}.t$SESSIOND_TURN\\" >> \\"$LEDGER\\""]
+sleep 0.1; date >> {name}.out && echo \\"end {name}.t$SESSIOND_TURN\\" >> \\"$LEDGER\\""]
 cwd = "."
 env = {{ LEDGER = "{ledger}" }}
 writes = ["{name}.out"]
