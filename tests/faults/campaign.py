@@ -431,8 +431,11 @@ class Campaign:
         if self.durability == "fsync":  # "os": an acknowledged finish may be lost
             t.twice = judged.twice
         t.self_answers = [line for line in lines if line.startswith("selfapproved ")]
+        t.outside = sorted({line.split(" ", 1)[1] for line in lines if line.startswith("outside ")})
         t.begun = sorted({ledger.session_of(k) for k in judged.contracts})
         t.idle = [name for name in workload.MUST_WORK if name not in judged.done]
+        if not any(line.startswith(workload.COMPACTED) for line in lines):
+            t.idle.append("h-compact's compaction command")
 
     def _answer_and_resolve(self) -> None:
         """Every block is resolved with one of its options at random; the hostile

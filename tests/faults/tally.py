@@ -29,6 +29,7 @@ class Tally:
     resolved: Counter[str] = field(default_factory=Counter)  # accept / rerun / discard
     answered: Counter[str] = field(default_factory=Counter)  # approve / deny
     self_answers: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # a run's process past the boundary
     secrets: list[str] = field(default_factory=list)
     # the hostile programs' containment (tests/faults/contain.py)
     left_after_stop: list[str] = field(default_factory=list)
@@ -81,6 +82,8 @@ class Tally:
             ("answers given by a run's process", str(len(self.self_answers)), "0",
              not self.self_answers),
             ("secret bytes stored", str(len(self.secrets)), "0", not self.secrets),
+            ("run processes outside the boundary (ledger)", str(len(self.outside)), "0",
+             not self.outside),
             ("sessions whose runs are not confined", str(len(self.unconfined)), "0",
              not self.unconfined),
             # the world's record, judged at the end: a campaign whose programs did no
@@ -137,6 +140,7 @@ class Tally:
             ("unresponsive", self.unresponsive),
             ("not per contract", self.unhandled),
             ("answered by its own run", self.self_answers),
+            ("outside the boundary", self.outside),
             ("secret stored in", self.secrets),
             ("not confined", self.unconfined),
             ("did no work", self.idle if self.finished else []),

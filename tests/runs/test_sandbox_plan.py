@@ -129,3 +129,31 @@ def test_the_workspace_is_opened_to_the_uid_by_acl_and_stays_the_operators(
     assert not _has(str(ws / "state"), 458800, ACCESS)
     assert os.stat(ws / "sub" / "f").st_uid == os.getuid()
     assert stat.S_IMODE(os.stat(ws / "sub" / "f").st_mode) & 0o060 == 0o060  # the mask
+
+
+def test_a_file_the_command_names_in_a_writable_folder_stays_writable(tmp_path: Path) -> None:
+    """A named file under /tmp is shown to the run read-only, unless a writable bind
+    shows it already: a read-only bind on top of it would take the write back."""
+    world, other, ws = tmp_path / "world", tmp_path / "other", tmp_path / "ws"
+    for folder in (world, other, ws, tmp_path / "state"):
+        folder.mkdir()
+    (world / "ledger").touch()
+    (other / "input").touch()
+    cfg = config(tmp_path, f'[run]\nbwrap = "/bin/true"\nwritable = ["{world}"]\n')
+    spec = parse_spec(
+        f'name = "s"\n[run]\nexec = ["sh", "-c", "x", "{world}/ledger", "{other}/input"]\n'
+        f'cwd = "{ws}"\n',
+        base=ws,
+    )
+    plan = Boundary(tmp_path / "state").plan_sync(
+        cfg,  # type: ignore[arg-type]
+        spec,
+        "s",
+        others=[],
+        wake_file=None,
+    )
+    assert plan is not None
+    assert ("--bind-try", str(world), str(world)) in plan.mounts
+    ledger = str(world / "ledger")
+    assert not [m for m in plan.mounts if m[0].startswith("--ro-bind") and m[2] == ledger]
+    assert ("--ro-bind-try", str(other / "input"), str(other / "input")) in plan.mounts
