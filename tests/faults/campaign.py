@@ -448,8 +448,6 @@ class Campaign:
             for row in conn.call("ps", {}):
                 if self._mine(row) and row.get("boundary") != "sandbox":
                     self.tally.unconfined.append(f"{row['name']}: boundary {row.get('boundary')}")
-                if row["name"] == "agent" and self._mine(row) and "agent" in self.tally.begun:
-                    self._check_uid(conn)
                 if row["state"] != "blocked" or not self._mine(row):
                     continue
                 name = row["name"]
@@ -468,14 +466,6 @@ class Campaign:
                     self.tally.resolved[option] += 1
                 except RemoteError:
                     ledger.append(self.ledger, f"un{option} {name}")
-
-    def _check_uid(self, conn: Connection) -> None:
-        """A root daemon's runs have a uid of their own: the agent's, once it ran."""
-        if os.geteuid() != 0:
-            return
-        uid = (conn.call("show", {"name": "agent"}).get("boundary") or {}).get("uid")
-        if not isinstance(uid, int) or uid == 0:
-            self.tally.unconfined.append(f"agent: ran with no uid of its own ({uid})")
 
     def finish(self) -> None:
         d = self.daemon

@@ -96,6 +96,8 @@ def work(contract, path):
     return fn
 
 
+if os.getuid() == 0:  # a run's process never has root's uid (the campaign's daemon's)
+    ledger("outside agent ran as uid 0")
 with connect() as run:
     ctx = run.context()
     done = sum(1 for m in ctx["messages"]
@@ -148,6 +150,8 @@ def call(path, method, params, token=None):
         return {}
 
 
+if os.getuid() == 0:
+    ledger(f"outside {SELF} ran as uid 0")
 asked = call(ENDPOINT, "sdk.step", {"token": TOKEN, "session": SELF, "name": "pay",
              "ordinal": 1, "args": {}, "risk": {"side_effect": "external-write"}})
 if (asked.get("result") or {}).get("status") == "ask":
