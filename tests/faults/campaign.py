@@ -60,13 +60,16 @@ FAULT_POINTS = [
 BASE = 'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
 
 
-def confined(world: Path) -> str:
+def confined(world: Path, sandbox: bool = True) -> str:
     """The campaign's ``[run]`` table (last in the file: a table of its own). Its runs
     are confined as any are (bubblewrap; as root, a uid per session). The ledger is
     the world's record, outside every workspace and outside the daemon: its folder
     is the one more place every run may write. On the fault file system, which
-    keeps no ACLs, the workspace is opened to the runs' uids by its mode (0777)."""
-    return f'[run]\nwritable = ["{world}"]\n'
+    keeps no ACLs, the workspace is opened to the runs' uids by its mode (0777).
+    Without ``sandbox`` (a self-test's break of a layer the sandbox backs up:
+    tests/faults/selftest.py) the runs are unconfined."""
+    off = "" if sandbox else 'sandbox = "off"\n'
+    return f'[run]\n{off}writable = ["{world}"]\n'
 
 
 class Stop(Exception):
@@ -83,8 +86,10 @@ class Campaign:
         durability: str = "fsync",
         command: list[str] | None = None,
         mount: Mount | None = None,
+        sandbox: bool = True,
     ) -> None:
         self.root = root
+        self.sandbox = sandbox
         # On the fault file system the state dir and the workspace are on the mount;
         # the ledger (the world's record) and the sockets are not.
         self.mount = mount
@@ -106,7 +111,7 @@ class Campaign:
             self.daemon.command = command
         if mount is not None:
             self.daemon.state_dir = mount.path / "state"
-        self.tally = Tally(durability=durability)
+        self.tally = Tally(durability=durability, sandbox=sandbox)
         self.contain = contain.Containment(self.ledger, self.tally)  # the hostile programs
         # (session, seq, text, monotonic time of the answer) of each answered send
         self.acked: list[tuple[str, int, str, float]] = []
@@ -134,7 +139,7 @@ class Campaign:
         """Start the daemon (with ``fault``: it kills itself there); False if it died
         on its way up (a recovery reached the fault point)."""
         extra = f'fault = "{fault}"\n' if fault else ""
-        self.daemon.config.write_text(self.config + extra + confined(self.world))
+        self.daemon.config.write_text(self.config + extra + confined(self.world, self.sandbox))
         if self.mount is not None:
             # The daemon's start-up sync(2), which makes what a dead daemon left in the
             # page cache durable: no sync(2) reaches a FUSE server (libfuse3's API has
@@ -506,6 +511,7 @@ def run_campaign(
     progress: bool = False,
     until: Callable[[Tally], bool] | None = None,
     fault_fs: bool = True,
+    sandbox: bool = True,
 ) -> tuple[Tally, float]:
     """``iterations`` rounds (fewer where ``until(tally)`` says enough after one);
     ``command`` starts the daemon instead of ``sessiond`` (a broken build). The
@@ -517,7 +523,7 @@ def run_campaign(
     with contextlib.ExitStack() as stack:
         mount = stack.enter_context(faultfs.mounted(root / "fs")) if why_not is None else None
         tally = _run(root, iterations, seed, power_cut, durability, command, progress, until,
-                     mount)  # fmt: skip
+                     mount, sandbox)  # fmt: skip
         if mount is not None and tally.failed and command is None:
             # the evidence outlives the mount: the state dir and workspace as they were
             shutil.copytree(mount.path, root / "fs-kept", symlinks=True, dirs_exist_ok=True)
@@ -549,11 +555,12 @@ def _run(
     progress: bool,
     until: Callable[[Tally], bool] | None,
     mount: Mount | None,
+    sandbox: bool = True,
 ) -> Tally:
     started = time.monotonic()
     campaign = Campaign(
         root, random.Random(seed), power_cut=power_cut, durability=durability, command=command,
-        mount=mount,
+        mount=mount, sandbox=sandbox,
     )  # fmt: skip
     try:
         campaign.setup()
