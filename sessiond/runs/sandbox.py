@@ -401,13 +401,14 @@ class Boundary:
             ro += runtime()
         ro += agent_cli(spec)  # where /tmp or a hidden home would hide it
         # the program and the files its command names, where the private /tmp hides them
-        # (never one the boundary hides: the daemon's, another session's)
+        # (never one the boundary hides: the daemon's, another session's; nor one a
+        # writable bind shows already, which a read-only bind on top would take back)
         named = [os.path.normpath(os.path.join(workspace, a)) for a in run.exec[1:]]
         hidden = [t for _, order, _, _, t in ops if order == 0]
         for path in (_exe(run.exec[0], workspace), *named):
             if (
                 _under(path, "/tmp")
-                and not _under(path, workspace)
+                and not any(_under(path, w) for w in [workspace, *rw])
                 and not any(_under(path, h) for h in hidden)
                 and os.path.isfile(path)
             ):

@@ -198,7 +198,9 @@ def open_to(folder: Path, uid: int, *, never: set[str], only_inside: set[str]) -
     docstring), except the paths in ``never`` (the daemon's own: not opened, not
     walked into) and the folders in ``only_inside`` (the socket's folder, which
     must stay writable by its owner alone: what is in it is opened, not itself).
-    UidError naming the folder when the file system has no ACLs."""
+    On a file system without ACLs the folder must already be the uid's to write
+    by its mode bits (``writable_by_mode``); else UidError naming the folder, its
+    file system and the ways on."""
     top = str(folder)
     if _has(top, uid, ACCESS) and _has(top, uid, DEFAULT):
         return
@@ -213,14 +215,50 @@ def open_to(folder: Path, uid: int, *, never: set[str], only_inside: set[str]) -
         if top not in never and top not in only_inside:
             _open_one(top, uid)  # last: it marks the walk as done
     except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTSUP):
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP):
             raise UidError(
-                exc.errno,
-                f"{top} is on a file system without POSIX ACLs, so the run's uid {uid} "
-                "cannot be let write it: move the workspace to one that has them (ext4, "
-                "xfs, tmpfs), or set [run] user in the daemon's configuration",
+                exc.errno or errno.EIO, f"cannot open {top} to uid {uid}: {exc}"
             ) from None
-        raise UidError(exc.errno or errno.EIO, f"cannot open {top} to uid {uid}: {exc}") from None
+        if writable_by_mode(top, uid):
+            return  # the operator opened it already (mode bits): nothing to add
+        raise UidError(
+            exc.errno,
+            f"{top} is on a file system without POSIX ACLs ({fs_type(top)}), so the "
+            f"run's uid {uid} cannot be let write it: move the workspace to one that has "
+            "them (ext4, xfs, tmpfs), make it the uid's or writable by all (chmod 1777), "
+            "name an account that owns it in the daemon's [run] user, or set [run] "
+            'sandbox = "off"',
+        ) from None
+
+
+def writable_by_mode(path: str, uid: int) -> bool:
+    """Whether ``uid`` may add files to the folder ``path`` by its mode bits alone:
+    it owns it, or the folder is writable and searchable by all. On a file system
+    without ACLs nothing narrower can be given, and nothing wider is."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_uid == uid:
+        return st.st_mode & 0o300 == 0o300
+    return st.st_mode & 0o003 == 0o003
+
+
+def fs_type(path: str) -> str:
+    """The type of the file system ``path`` is on (from /proc/self/mounts), for errors."""
+    best, kind = "", "unknown file system"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                where = fields[1].replace("\\040", " ")
+                inside = path == where or path.startswith(where.rstrip("/") + "/")
+                if inside and len(where) >= len(best):
+                    best, kind = where, f"{fields[2]} at {where}"
+    except OSError:
+        pass
+    return kind
 
 
 def own(folder: Path, uid: int, *, deep: bool) -> None:

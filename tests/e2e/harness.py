@@ -120,7 +120,10 @@ class Daemon:
             # closing the pipe under that read would block this thread too)
             if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
                 self.proc.stderr.close()
-        self._ready.clear()
+        # An event of this start's own: the reader of an earlier daemon's stderr may
+        # end only now (what that daemon left held the pipe until the new one's
+        # recovery stopped it), and must not take the new daemon for ready.
+        self._ready = threading.Event()
         env = self.env
         if self.relative_socket:
             del env["SESSIOND_SOCKET"]
@@ -141,13 +144,15 @@ class Daemon:
             start_new_session=True,
         )
         LIVE.add(self)
-        self._reader = threading.Thread(target=self._read_log, args=(self.proc,), daemon=True)
+        self._reader = threading.Thread(
+            target=self._read_log, args=(self.proc, self._ready), daemon=True
+        )
         self._reader.start()
         if wait:
             self.wait_ready()
         return self
 
-    def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
+    def _read_log(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
         assert proc.stderr is not None
         for raw in proc.stderr:
             try:
@@ -158,8 +163,8 @@ class Daemon:
                 self.lines.append(line)
                 self._lines_changed.notify_all()
             if line.get("event") == "daemon.ready":
-                self._ready.set()
-        self._ready.set()  # exited: wake the waiter, which then sees the exit
+                ready.set()
+        ready.set()  # exited: wake the waiter, which then sees the exit
         with self._lines_changed:
             self._lines_changed.notify_all()
 

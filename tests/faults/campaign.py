@@ -58,12 +58,18 @@ FAULT_POINTS = [
     if not point.startswith(("migrate-", "arrive-"))
 ]
 BASE = 'log_format = "json"\nstop_grace = "2s"\nshutdown_grace = "3s"\n'
-# The campaign's runs are unconfined: its workload writes one ledger shared by every
-# session, outside their workspaces, and its workspace lies on the fault file system
-# (FUSE, no POSIX ACLs, which a root daemon's dynamic uids need). What the campaign
-# checks is crash consistency; the boundary has tests of its own
-# (tests/e2e/test_sandbox.py). Last in the file: a table of its own.
-UNCONFINED = '[run]\nsandbox = "off"\n'
+
+
+def confined(world: Path, sandbox: bool = True) -> str:
+    """The campaign's ``[run]`` table (last in the file: a table of its own). Its runs
+    are confined as any are (bubblewrap; as root, a uid per session). The ledger is
+    the world's record, outside every workspace and outside the daemon: its folder
+    is the one more place every run may write. On the fault file system, which
+    keeps no ACLs, the workspace is opened to the runs' uids by its mode (0777).
+    Without ``sandbox`` (a self-test's break of a layer the sandbox backs up:
+    tests/faults/selftest.py) the runs are unconfined."""
+    off = "" if sandbox else 'sandbox = "off"\n'
+    return f'[run]\n{off}writable = ["{world}"]\n'
 
 
 class Stop(Exception):
@@ -80,17 +86,21 @@ class Campaign:
         durability: str = "fsync",
         command: list[str] | None = None,
         mount: Mount | None = None,
+        sandbox: bool = True,
     ) -> None:
         self.root = root
+        self.sandbox = sandbox
         # On the fault file system the state dir and the workspace are on the mount;
         # the ledger (the world's record) and the sockets are not.
         self.mount = mount
-        self.ws = mount.path / "ws" if mount is not None else root
+        # (a folder of its own: nothing of the daemons' lies in what a run may write)
+        self.ws = (mount.path if mount is not None else root) / "ws"
         self.rng = rng
         self.power_cut = power_cut
         self.durability = durability
         self.synced_file = root / "synced.txt"
-        self.ledger = root / "ledger"
+        self.world = root / "world"  # the ledger's folder: every run may write in it
+        self.ledger = self.world / "ledger"
         self.secret = f"s3cr3t-{rng.getrandbits(64):016x}"
         self.config = (
             f'{BASE}record_synced = "{self.synced_file}"\nmax_running = 6\n'
@@ -101,7 +111,7 @@ class Campaign:
             self.daemon.command = command
         if mount is not None:
             self.daemon.state_dir = mount.path / "state"
-        self.tally = Tally(durability=durability)
+        self.tally = Tally(durability=durability, sandbox=sandbox)
         self.contain = contain.Containment(self.ledger, self.tally)  # the hostile programs
         # (session, seq, text, monotonic time of the answer) of each answered send
         self.acked: list[tuple[str, int, str, float]] = []
@@ -113,7 +123,10 @@ class Campaign:
 
     def setup(self) -> None:
         self.ws.mkdir(exist_ok=True)
+        if self.mount is not None:
+            self.ws.chmod(0o777)  # no ACLs there: a run's uid writes it by its mode
         workload.prepare(self.ws)
+        self.world.mkdir(exist_ok=True)
         self.ledger.touch()
         self._start()
         for name, text in workload.specs(sys.executable, self.ledger, self.daemon.socket).items():
@@ -126,7 +139,7 @@ class Campaign:
         """Start the daemon (with ``fault``: it kills itself there); False if it died
         on its way up (a recovery reached the fault point)."""
         extra = f'fault = "{fault}"\n' if fault else ""
-        self.daemon.config.write_text(self.config + extra + UNCONFINED)
+        self.daemon.config.write_text(self.config + extra + confined(self.world, self.sandbox))
         if self.mount is not None:
             # The daemon's start-up sync(2), which makes what a dead daemon left in the
             # page cache durable: no sync(2) reaches a FUSE server (libfuse3's API has
@@ -423,15 +436,23 @@ class Campaign:
         if self.durability == "fsync":  # "os": an acknowledged finish may be lost
             t.twice = judged.twice
         t.self_answers = [line for line in lines if line.startswith("selfapproved ")]
+        t.outside = sorted({line.split(" ", 1)[1] for line in lines if line.startswith("outside ")})
+        t.begun = sorted({ledger.session_of(k) for k in judged.contracts})
+        t.idle = [name for name in workload.MUST_WORK if name not in judged.done]
+        if not any(line.startswith(workload.COMPACTED) for line in lines):
+            t.idle.append("h-compact's compaction command")
 
     def _answer_and_resolve(self) -> None:
         """Every block is resolved with one of its options at random; the hostile
         program's own question is denied (by the campaign, an operator)."""
         with Connection(self.daemon.socket, timeout=30) as conn:
             with contextlib.suppress(RemoteError):
-                for a in conn.call("show", {"name": "hostile"}).get("pending_approvals") or []:
+                shown = conn.call("show", {"name": "hostile"})
+                for a in shown.get("pending_approvals") or []:
                     conn.call("deny", {"name": "hostile", "call": a["call"], "by": "campaign"})
             for row in conn.call("ps", {}):
+                if self._mine(row) and row.get("boundary") != "sandbox":
+                    self.tally.unconfined.append(f"{row['name']}: boundary {row.get('boundary')}")
                 if row["state"] != "blocked" or not self._mine(row):
                     continue
                 name = row["name"]
@@ -466,6 +487,8 @@ class Campaign:
                 r["data"]["trigger"] for r in checks.records(self._log(name), b"wake.requested")
             )
         t.wakes = dict(wakes)
+        self._check_ledger()
+        t.finished = True  # from here, a program that never worked is a failure
 
 
 def _alive(pid: int) -> bool:
@@ -488,6 +511,7 @@ def run_campaign(
     progress: bool = False,
     until: Callable[[Tally], bool] | None = None,
     fault_fs: bool = True,
+    sandbox: bool = True,
 ) -> tuple[Tally, float]:
     """``iterations`` rounds (fewer where ``until(tally)`` says enough after one);
     ``command`` starts the daemon instead of ``sessiond`` (a broken build). The
@@ -499,7 +523,7 @@ def run_campaign(
     with contextlib.ExitStack() as stack:
         mount = stack.enter_context(faultfs.mounted(root / "fs")) if why_not is None else None
         tally = _run(root, iterations, seed, power_cut, durability, command, progress, until,
-                     mount)  # fmt: skip
+                     mount, sandbox)  # fmt: skip
         if mount is not None and tally.failed and command is None:
             # the evidence outlives the mount: the state dir and workspace as they were
             shutil.copytree(mount.path, root / "fs-kept", symlinks=True, dirs_exist_ok=True)
@@ -531,11 +555,12 @@ def _run(
     progress: bool,
     until: Callable[[Tally], bool] | None,
     mount: Mount | None,
+    sandbox: bool = True,
 ) -> Tally:
     started = time.monotonic()
     campaign = Campaign(
         root, random.Random(seed), power_cut=power_cut, durability=durability, command=command,
-        mount=mount,
+        mount=mount, sandbox=sandbox,
     )  # fmt: skip
     try:
         campaign.setup()

@@ -41,7 +41,7 @@ from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir
 from tests.faults import checks, workload
-from tests.faults.campaign import UNCONFINED, Campaign
+from tests.faults.campaign import Campaign, confined
 from tests.faults.tally import Tally
 
 TTL = 2.0
@@ -95,7 +95,7 @@ class ClusterCampaign(Campaign):
                 f"max_running = 6\nsnapshot_every = 50\n"
                 f'[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
                 # the nodes share this machine: every workspace may fail over
-                f'shared_paths = ["{root}"]\n' + UNCONFINED  # (why: tests/faults/campaign.py)
+                f'shared_paths = ["{root}"]\n' + confined(self.world)
             )
         self.daemon = self.nodes[0]  # the node the load talks to (the mailbox's owner)
         self.reader = PgStore(dsn, node="campaign")  # reads only: it holds no lease
@@ -131,7 +131,9 @@ class ClusterCampaign(Campaign):
     # --- set-up and one round -------------------------------------------------------
 
     def setup(self) -> None:
+        self.ws.mkdir()
         workload.prepare(self.ws)
+        self.world.mkdir()
         self.ledger.touch()
         for node in self.nodes:
             node.start()

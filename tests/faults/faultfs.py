@@ -8,7 +8,9 @@ serves until its standard input closes; each line read there is a command,
 answered with one line: ``cut SEED`` (the power goes out: see faultmodel.py),
 ``sync`` (what sync(2) would do: it never reaches a FUSE server), ``ping``.
 The kernel caches nothing (direct I/O, no attribute or entry cache), so what
-the model holds after a cut is what every reader sees.
+the model holds after a cut is what every reader sees. Mounted by root, other
+uids may use it too (``others``): it keeps owners, but no ACLs, and checks no
+permissions.
 
 ``mounted(path)`` runs one for a test and unmounts it (``fusermount3 -u``) even
 on failure; ``usable()`` says why one cannot be mounted here (None: it can).
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,6 +46,11 @@ class FaultFS:
         self._mutex = threading.Lock()
         self.handles: dict[int, Node] = {}
         self.next_fh = 1
+        # Owners, by inode: metadata a power cut does not concern (kept apart from the
+        # model). What is not here is the mounting user's. ``caller``: the uid and gid
+        # of the request being served (the FUSE context, set by main()).
+        self.owners: dict[int, tuple[int, int]] = {}
+        self.caller: Callable[[], tuple[int, int]] = lambda: (os.getuid(), os.getgid())
 
     def _open(self, node: Node) -> int:
         fh = self.next_fh
@@ -61,9 +68,10 @@ class FaultFS:
             node = self._node(path, fh)
             ns = int(node.mtime * 1e9)
             size = len(node.data)
+            uid, gid = self.owners.get(node.ino, (os.getuid(), os.getgid()))
             return {
                 "st_mode": node.mode, "st_ino": node.ino, "st_nlink": self.model.nlink(node),
-                "st_size": size, "st_uid": os.getuid(), "st_gid": os.getgid(),
+                "st_size": size, "st_uid": uid, "st_gid": gid,
                 "st_mtime": ns, "st_ctime": ns, "st_atime": ns, "st_blocks": size // 512 + 1,
             }  # fmt: skip
 
@@ -83,13 +91,15 @@ class FaultFS:
 
     def mkdir(self, path: str, mode: int) -> int:
         with self._mutex:
-            self.model.make(path, stat.S_IFDIR | (mode & 0o7777))
+            node = self.model.make(path, stat.S_IFDIR | (mode & 0o7777))
+            self.owners[node.ino] = self.caller()
         return 0
 
     def create(self, path: str, mode: int, flags: int = 0) -> int:
         with self._mutex:
             try:
                 node = self.model.make(path, stat.S_IFREG | (mode & 0o7777))
+                self.owners[node.ino] = self.caller()
             except OSError as exc:
                 if exc.errno != errno.EEXIST or flags & os.O_EXCL:
                     raise
@@ -161,7 +171,8 @@ class FaultFS:
 
     def symlink(self, target: str, source: str) -> int:
         with self._mutex:
-            self.model.make(target, stat.S_IFLNK | 0o777, source.encode())
+            node = self.model.make(target, stat.S_IFLNK | 0o777, source.encode())
+            self.owners[node.ino] = self.caller()
         return 0
 
     def readlink(self, path: str) -> str:
@@ -175,6 +186,14 @@ class FaultFS:
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
+        with self._mutex:
+            node = self.model.lookup(path)
+            old_uid, old_gid = self.owners.get(node.ino, (os.getuid(), os.getgid()))
+            keep = (-1, 0xFFFFFFFF)  # chown(2)'s "leave it as it is"
+            self.owners[node.ino] = (
+                old_uid if uid in keep else uid,
+                old_gid if gid in keep else gid,
+            )
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
@@ -285,15 +304,30 @@ def _unmount(path: Path, proc: subprocess.Popen[str]) -> None:
         proc.wait(10)
 
 
+def others() -> dict[str, bool]:
+    """The mount options that let other uids in: a FUSE mount is by default the
+    mounting user's alone, and a root daemon runs each session as a uid of its own
+    (sessiond/runs/uids.py). Only root may say ``allow_other`` without
+    ``user_allow_other`` in /etc/fuse.conf, and only a root daemon needs it. No
+    ``default_permissions``: the file system checks no permission itself (it keeps
+    no ACLs to check); what confines a run on it is the sandbox's mounts (read-only
+    binds, hidden folders), which the kernel enforces on any file system. A root
+    daemon opens a workspace on it to a run's uid by its mode bits (the campaign
+    makes it 0777), a run's home by its owner (``FaultFS.owners``)."""
+    return {"allow_other": True} if os.geteuid() == 0 else {}
+
+
 def main(argv: list[str]) -> int:
     import mfusepy
 
     fs = FaultFS()
+    fs.caller = lambda: mfusepy.fuse_get_context()[:2]
     threading.Thread(target=fs.control, args=(sys.stdin, sys.stdout), daemon=True).start()
     try:
         mfusepy.FUSE(
             fs, argv[0], foreground=True, nothreads=True, direct_io=True,
             attr_timeout=0, entry_timeout=0, negative_timeout=0, fsname="sessiond-faultfs",
+            **others(),
         )  # fmt: skip
     except RuntimeError:  # unmounted under it (fusermount3 -u): the end it was waiting for
         return 0

@@ -71,6 +71,7 @@ class Judged:
     twice: list[str] = field(default_factory=list)
     contracts: dict[str, str] = field(default_factory=dict)  # key -> contract
     acked: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)  # sessions with a key begun and ended
 
 
 def session_of(key: str) -> str:
@@ -116,6 +117,7 @@ def judge(lines: list[str]) -> Judged:
             ended.discard(what)
         elif verb == "end":
             ended.add(what)
+            out.done.add(session_of(what))
         elif verb == "ack":
             out.acked.add(what)
     out.keys = len(begun)

@@ -29,6 +29,7 @@ class Tally:
     resolved: Counter[str] = field(default_factory=Counter)  # accept / rerun / discard
     answered: Counter[str] = field(default_factory=Counter)  # approve / deny
     self_answers: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # a run's process past the boundary
     secrets: list[str] = field(default_factory=list)
     # the hostile programs' containment (tests/faults/contain.py)
     left_after_stop: list[str] = field(default_factory=list)
@@ -48,6 +49,11 @@ class Tally:
     wakes: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     no_fault_fs: bool = False  # under CI=true: the fallback power cut is a failure
+    sandbox: bool = True  # runs confined (off only for a self-test's break)
+    unconfined: list[str] = field(default_factory=list)  # sessions ps shows outside
+    begun: list[str] = field(default_factory=list)  # sessions the ledger saw begin work
+    idle: list[str] = field(default_factory=list)  # of workload.MUST_WORK: no work ended
+    finished: bool = False  # the campaign's end was reached: nothing left to run
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
         fsync = self.durability == "fsync"
@@ -77,6 +83,16 @@ class Tally:
             ("answers given by a run's process", str(len(self.self_answers)), "0",
              not self.self_answers),
             ("secret bytes stored", str(len(self.secrets)), "0", not self.secrets),
+            ("run processes outside the boundary (ledger)",
+             str(len(self.outside)) if self.sandbox else "n/a (off)", "0",
+             not self.sandbox or not self.outside),
+            ("sessions whose runs are not confined",
+             str(len(self.unconfined)) if self.sandbox else "n/a (off)", "0",
+             not self.sandbox or not self.unconfined),
+            # the world's record, judged at the end: a campaign whose programs did no
+            # work (none started, or none could write) proves nothing
+            ("programs that did no work (ledger), at the end", str(len(self.idle)),
+             "0", not (self.finished and (self.idle or not self.executions))),
         ]  # fmt: skip
 
     @property
@@ -106,6 +122,7 @@ class Tally:
             f"--discard {self.resolved['discard']}; approvals approved "
             f"{self.answered['approve']}, denied {self.answered['deny']}",
             f"wakes by trigger: {wakes}",
+            f"sessions whose program began work (ledger): {', '.join(self.begun) or 'none'}",
             f"hostile programs: {self.stops} clean stops checked, slowest ping "
             f"{self.slowest_ping:.2f} s",
             *self.notes,
@@ -126,7 +143,10 @@ class Tally:
             ("unresponsive", self.unresponsive),
             ("not per contract", self.unhandled),
             ("answered by its own run", self.self_answers),
+            ("outside the boundary", self.outside),
             ("secret stored in", self.secrets),
+            ("not confined", self.unconfined),
+            ("did no work", self.idle if self.finished else []),
         ):
             for item in items[:10]:
                 lines.append(f"  {label}: {item}")

@@ -215,3 +215,31 @@ def test_a_claude_code_run_is_shown_its_cli_where_tmp_would_hide_it(tmp_path: Pa
     assert plan is not None
     for shown in (str(modules / ".bin"), str(modules)):
         assert ("--ro-bind-try", shown, shown) in plan.mounts
+
+
+def test_a_file_the_command_names_in_a_writable_folder_stays_writable(tmp_path: Path) -> None:
+    """A named file under /tmp is shown to the run read-only, unless a writable bind
+    shows it already: a read-only bind on top of it would take the write back."""
+    world, other, ws = tmp_path / "world", tmp_path / "other", tmp_path / "ws"
+    for folder in (world, other, ws, tmp_path / "state"):
+        folder.mkdir()
+    (world / "ledger").touch()
+    (other / "input").touch()
+    cfg = config(tmp_path, f'[run]\nbwrap = "/bin/true"\nwritable = ["{world}"]\n')
+    spec = parse_spec(
+        f'name = "s"\n[run]\nexec = ["sh", "-c", "x", "{world}/ledger", "{other}/input"]\n'
+        f'cwd = "{ws}"\n',
+        base=ws,
+    )
+    plan = Boundary(tmp_path / "state").plan_sync(
+        cfg,  # type: ignore[arg-type]
+        spec,
+        "s",
+        others=[],
+        wake_file=None,
+    )
+    assert plan is not None
+    assert ("--bind-try", str(world), str(world)) in plan.mounts
+    ledger = str(world / "ledger")
+    assert not [m for m in plan.mounts if m[0].startswith("--ro-bind") and m[2] == ledger]
+    assert ("--ro-bind-try", str(other / "input"), str(other / "input")) in plan.mounts
