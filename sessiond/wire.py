@@ -68,6 +68,8 @@ def leave_last_word(socket: Path, text: str) -> None:
     note = last_word_path(socket)
     tmp = note.with_name(note.name + ".tmp")
     try:
+        # a node that ends before it listens has not made its socket's folder yet
+        note.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp.write_text(text[:2000] + "\n")
         tmp.chmod(0o644)  # as readable as the folder lets the socket's users
         tmp.replace(note)

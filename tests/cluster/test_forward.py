@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from sessiond.daemon.cluster import LEASE_LOST_EXIT
-from tests.cluster.conftest import HELLO, node_name, taken_over
+from tests.cluster.conftest import HELLO, SHARED, node_name, nodes_of, taken_over
 from tests.e2e.harness import SESSIONCTL, Daemon, wait_event, wait_for
 
 ASKS = """name = "asks"
@@ -204,10 +204,20 @@ def test_a_request_for_a_session_whose_node_is_down_fails_clearly(
     assert not (n1.root / "plain.txt").exists()
 
 
+# The control socket's own refusal of a run's process, the layer beneath the
+# sandbox: a sandboxed run cannot reach any node's control socket at all
+# (tests/e2e/test_sandbox.py), so here the operator has turned it off.
+UNCONFINED = SHARED + '[run]\nsandbox = "off"\n'
+
+
 def test_a_runs_process_is_refused_on_a_node_that_does_not_own_its_session(
-    three: list[Daemon],
+    pg_dsn: str,
 ) -> None:
-    n1, n2, _ = three
+    with nodes_of(pg_dsn, 2, extra=UNCONFINED) as (n1, n2):
+        _refused_on_another_node(n1, n2)
+
+
+def _refused_on_another_node(n1: Daemon, n2: Daemon) -> None:
     n2.ctl("create", str(n2.write_spec("asks", ASKS)), check=True)
     n2.ctl("activate", "asks", check=True)
     wait_event(n2, "asks", "approval.requested")

@@ -24,7 +24,7 @@ retries = 0
 
 LONG = """name = "long"
 [run]
-exec = ["sh", "-c", "echo $$ > pid; exec sleep 600"]
+exec = ["sh", "-c", "echo $$ > pid; exec sleep 600.4242"]
 cwd = "."
 retries = 0
 """
@@ -76,7 +76,10 @@ def test_a_node_that_lost_its_lease_ends_and_its_program_with_it(node: Daemon, p
     node.ctl("activate", "long", check=True)
     wait_event(node, "long", "run.started")
     pid_file = node.root / "pid"
-    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid"))
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), what="pid")
+    # the pid it wrote is its own pid namespace's (the sandbox): found on the host
+    # by its distinctive command line instead
+    (pid,) = wait_for(lambda: _host_pids(b"sleep\x00600.4242\x00"), what="the program's pid")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as if paused past lease_ttl
         conn.execute("UPDATE nodes SET lease_until = now() - interval '1 second'")
     node.wait_line("cluster.lease_lost", timeout=30)
@@ -91,6 +94,19 @@ def test_a_node_that_lost_its_lease_ends_and_its_program_with_it(node: Daemon, p
     # program) at the lapse; the session waits for its next owner's replay and gate.
     assert "run.started" in types
     assert "run.finished" not in types
+
+
+def _host_pids(cmdline: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read() == cmdline:
+                        found.append(int(entry))
+            except OSError:
+                continue  # gone meanwhile
+    return found
 
 
 def test_nodes_lists_the_cluster_and_ps_names_each_sessions_node(node: Daemon) -> None:
