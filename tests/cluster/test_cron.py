@@ -23,7 +23,7 @@ from tests.helpers import arun
 PAYROLL = """name = "payroll"
 [run]
 exec = ["sh", "-c", "echo ran >> ran.txt"]
-cwd = "."
+cwd = "{ws}"
 
 [[trigger]]
 type = "cron"
@@ -35,7 +35,10 @@ def test_a_missed_cron_fire_runs_once_for_the_cluster_when_all_three_restart(
     three: list[Daemon], pg_dsn: str
 ) -> None:
     n1 = three[0]
-    spec = n1.write_spec("payroll", PAYROLL)
+    # a workspace of its own: the node that runs it gives the session's uid an ACL
+    # on its workspace, which must not hold another node's socket folder (n1's root)
+    ws = short_dir()
+    spec = n1.write_spec("payroll", PAYROLL.format(ws=ws))
     n1.ctl("create", str(spec), check=True)
     for d in three:
         d.stop()
@@ -59,7 +62,8 @@ def test_a_missed_cron_fire_runs_once_for_the_cluster_when_all_three_restart(
     assert len(owners()) == 1  # no other node runs it (not even blocked)
     wakes = owner.json("log", "payroll", "--type", "wake.requested")
     assert [w["data"]["trigger"] for w in wakes] == ["cron"]
-    assert (n1.root / "ran.txt").read_text() == "ran\n"
+    assert (ws / "ran.txt").read_text() == "ran\n"
+    shutil.rmtree(ws, ignore_errors=True)
 
 
 # --- the dedup key: taken in the same fenced write as the wake ---------------------
