@@ -165,6 +165,10 @@ class Daemon:
             if line.get("event") == "daemon.ready":
                 ready.set()
         ready.set()  # exited: wake the waiter, which then sees the exit
+        # At its end the pipe is this reader's to close: a restart does not wait for
+        # it (see start), and a pipe left open is a ResourceWarning, made an error,
+        # in whichever later test the garbage collector happens to run.
+        proc.stderr.close()
         with self._lines_changed:
             self._lines_changed.notify_all()
 
