@@ -20,8 +20,12 @@ TARGET = {"activate": "ready", "suspend": "suspended", "resume": "sleeping",
 
 @pytest.mark.parametrize("state", STATES)
 def test_every_offered_action_is_a_transition_the_table_allows(state: str) -> None:
-    for action in actions_for(state):
+    offered = actions_for(state)
+    allowed = []
+    for action in offered:
         check("s", state, TARGET[action], action)  # raises IllegalTransition if not
+        allowed.append(action)
+    assert allowed == offered
 
 
 def test_a_terminated_or_arriving_session_offers_no_action() -> None:
