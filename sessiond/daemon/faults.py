@@ -8,6 +8,10 @@ The fault tests (``tests/faults/``) drive the real daemon through them:
 - ``fault_state_dir``: the start-up probe of the state dir fails with EROFS or
   EACCES (a read-only mount; a folder the daemon may not write, which a test
   running as root cannot produce with permission bits);
+- ``fault``: the daemon kills itself (SIGKILL) at the named point of a start, a
+  settle or a hand-over (``ConfigFaults``, the runs floor's ``Faults``);
+- ``fault_hold`` and ``fault_hold_until``: a start waits at the named point until
+  the named file exists, so a race test can act while it is under way;
 - ``record_synced``: each time a log is durable up to an offset, ``session
   offset`` is appended to the named file before any append up to there is
   acknowledged. After a kill -9 the power-cut simulation cuts every log back to
@@ -18,11 +22,67 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 from pathlib import Path
+
+import structlog
+import watchfiles
 
 from sessiond.config import DaemonConfig
 from sessiond.log.store.durable import write_all
 from sessiond.log.store.files import IOHooks
+from sessiond.runs.faults import NO_FAULTS, Faults
+
+log = structlog.get_logger(__name__)
+
+# How often a hold looks for its file even when no change was reported: a
+# backstop for a file made between the first look and the watch's start.
+_RECHECK_MS = 1_000
+
+
+def faults(config: DaemonConfig) -> Faults:
+    """The fault points the configuration asks for (``NO_FAULTS`` without any)."""
+    if config.fault is None and config.fault_hold is None:
+        return NO_FAULTS
+    return ConfigFaults(config.fault, config.fault_hold, config.fault_hold_until)
+
+
+class ConfigFaults:
+    """``Faults`` from the ``fault`` and ``fault_hold`` keys, read once at start-up."""
+
+    def __init__(self, fault: str | None, hold: str | None, until: Path | None) -> None:
+        self.fault = fault
+        self.held = hold
+        self.until = until
+
+    def armed(self, point: str) -> bool:
+        return point in (self.fault, self.held)
+
+    def point(self, point: str) -> None:
+        if self.fault == point:
+            log.warning("fault.injected", point=point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def hold(self, point: str, session: str) -> None:
+        self.point(point)
+        if self.held != point or self.until is None:
+            return
+        log.warning("fault.held", session=session, point=point, until=str(self.until))
+        await released(self.until)
+        log.warning("fault.released", session=session, point=point)
+
+
+async def released(until: Path) -> None:
+    """Return once ``until`` exists: woken by the file system's change
+    notification on its folder (inotify), not by polling it."""
+    if until.exists():
+        return
+    async for _ in watchfiles.awatch(
+        until.parent, watch_filter=None, debounce=0, step=10, recursive=False,
+        rust_timeout=_RECHECK_MS, yield_on_timeout=True,
+    ):  # fmt: skip
+        if until.exists():
+            return
 
 
 def io_hooks(config: DaemonConfig) -> IOHooks:

@@ -29,7 +29,7 @@ import uvloop
 from sessiond import __version__, logs
 from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.daemon.cluster import LEASE_LOST_EXIT, make_store
-from sessiond.daemon.faults import io_hooks, probe_state_dir
+from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
 from sessiond.ipc.server import Server
@@ -157,7 +157,7 @@ class Daemon:
         self.forward: Forward | None = None  # a cluster node's carried requests
         self.table = Table(config, self.store)
         self.table.secret_values = lambda spec: known_secrets(spec, env)
-        self.kernel = Kernel(config, self.table, env)
+        self.kernel = Kernel(config, self.table, env, faults(config))
         self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
         self.kernel.triggers = self.triggers
         self.table.next_wake_fn = self.triggers.next_wake

@@ -14,8 +14,6 @@ event, and the scheduler and the triggers told.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,6 +24,7 @@ from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
+from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.sandbox import Boundary, MountPlan
 from sessiond.runs.spawn import Spawner
 from sessiond.table import lifecycle
@@ -69,8 +68,11 @@ class Continues(Protocol):
 class RunContext:
     """The shared state of the runs floor: configuration, table, scheduler, timers."""
 
-    def __init__(self, config: DaemonConfig, table: Table, env: dict[str, str]) -> None:
+    def __init__(
+        self, config: DaemonConfig, table: Table, env: dict[str, str], faults: Faults = NO_FAULTS
+    ) -> None:
         self.config = config  # replaced on reload
+        self.faults = faults  # where a crash test stops the daemon (none in production)
         self.table = table
         self.store: Store = table.store
         self.env = env
@@ -120,26 +122,6 @@ class RunContext:
         task = asyncio.ensure_future(coro)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
-
-    def fault(self, point: str) -> None:
-        """Test only (config key ``fault``): die here as a crash would."""
-        if self.config.fault == point:
-            log.warning("fault.injected", point=point)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    async def hold(self, point: str, s: Session) -> None:
-        """Test only: die here if ``fault`` names this point; wait here until the file
-        ``fault_hold_until`` exists if ``fault_hold`` does, so a test can act while a
-        start is under way. Polled: production never waits, and a test's file
-        appears once."""
-        self.fault(point)
-        until = self.config.fault_hold_until
-        if self.config.fault_hold != point or until is None:
-            return
-        log.warning("fault.held", session=s.name, point=point, until=str(until))
-        while not until.exists():
-            await asyncio.sleep(0.02)
-        log.warning("fault.released", session=s.name, point=point)
 
     def now(self) -> str:
         return rfc3339(self.store.clock())

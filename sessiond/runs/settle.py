@@ -127,7 +127,7 @@ class Settler:
                 ),
                 correlation=call_id,
             )
-            ctx.fault("after-finished")
+            ctx.faults.point("after-finished")
             await ctx.table.append(
                 s,
                 ObservationProjected(
@@ -135,7 +135,7 @@ class Settler:
                 ),
                 correlation=call_id,
             )
-            ctx.fault("after-observation")  # test only: the call closed, the run not
+            ctx.faults.point("after-observation")  # test only: the call closed, the run not
         ends_turn = self._ends_turn(s, outcome)
         if ends_turn:
             await self._close_unstarted(s)
@@ -165,7 +165,7 @@ class Settler:
             ),
         )
         log.info("run.finished", session=s.name, run=run_id, status=outcome.status)
-        ctx.fault("after-run-finished")  # test only: the run's end on record, not what follows
+        ctx.faults.point("after-run-finished")  # the run's end on record, not what follows
         await self._after_finish(s, outcome)
 
     # --- the turn (docs/design.md section 8) ----------------------------------------------

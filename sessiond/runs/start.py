@@ -142,7 +142,7 @@ class Starter:
                     idempotency=spec.run.idempotency,
                     resume=spec.run.resume,
                 )
-                self.ctx.fault("before-intent")
+                self.ctx.faults.point("before-intent")
                 intent_draft = Draft(
                     ToolIntent(
                         call=call_id,
@@ -159,14 +159,14 @@ class Starter:
                     ),
                     correlation=call_id,
                 )
-                if self.ctx.config.fault == "after-intent":  # test only: two durable steps
+                if self.ctx.faults.armed("after-intent"):  # a crash test: two durable steps
                     await self.ctx.table.append_many(s, [intent_draft])
-                    self.ctx.fault("after-intent")
+                    self.ctx.faults.point("after-intent")
                     decided = (await self.ctx.table.append_many(s, [policy_draft]))[0]
                 else:  # one write; the next durable step makes it durable
                     drafts = [intent_draft, policy_draft]
                     decided = (await self.ctx.table.append_many(s, drafts, durable=False))[1]
-                self.ctx.fault("after-policy")
+                self.ctx.faults.point("after-policy")
                 records = [decided]
                 if verdict.decision == "deny":
                     await self.ctx.table.append(
@@ -205,7 +205,7 @@ class Starter:
         """True if a cancel, suspend or interrupt came while this run was starting:
         its program is never started (its wakes stay pending), and the syscall
         records the state it asked for once it has the lock (syscalls.control)."""
-        await self.ctx.hold("before-spawn", s)  # test only: a start under way
+        await self.ctx.faults.hold("before-spawn", s.name)  # test only: a start under way
         if s.stop_pending is None:
             return False
         log.info("run.not_started", session=s.name, run=run_id, stop=s.stop_pending)
@@ -240,9 +240,9 @@ class Starter:
                 ),
                 correlation=call_id,
             )
-            if self.ctx.config.fault == "after-started":  # test only: stop between the two
+            if self.ctx.faults.armed("after-started"):  # a crash test: stop between the two
                 await self.ctx.table.append_many(s, [started])
-                self.ctx.fault("after-started")
+                self.ctx.faults.point("after-started")
             else:
                 pending_started = started
         self.ctx.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -293,11 +293,11 @@ class Starter:
         if pid is None:
             await settle(await self._unrecorded(program, run_id))
             return
-        self.ctx.fault("after-record")  # test only: on record, never let go
+        self.ctx.faults.point("after-record")  # test only: on record, never let go
         program.go()
-        if self.ctx.config.fault == "during-work":  # test only: once it has done some
+        if self.ctx.faults.armed("during-work"):  # a crash test: once it has done some
             await program.output_seen(10.0)
-            self.ctx.fault("during-work")
+            self.ctx.faults.point("during-work")
         self.supervisor.watch(
             s, program, run_id=run_id, call_id=call_id, before=before, wake_file=wake_file
         )
@@ -348,10 +348,9 @@ class Starter:
             program.cgroup = self.cgroup_for(s, run_id, sandboxed=program.plan is not None)
             holder = program.send()
             # Told the holder ahead: run.started (the start's one fsync) is written
-            # while the spawner hands it the request. Not at a test's fault or hold
-            # point, which wants the two steps apart.
-            config = self.ctx.config
-            if holder is not None and config.fault is None and not config.fault_hold:
+            # while the spawner hands it the request. Not when a test stops or holds
+            # the start right after the spawn, which wants the two steps apart.
+            if holder is not None and not self.ctx.faults.armed("after-spawn"):
                 program.proc_start = holder[1]
                 s.run = Run(run_id, holder[0], time.time(), program)
                 recording = asyncio.ensure_future(record(pid=holder[0]))
@@ -363,7 +362,7 @@ class Starter:
         if recording is None:
             # test only: the program is spawned held (it has run nothing), run.started
             # is not written (a crash there, or a hold while a stop races the start)
-            await self.ctx.hold("after-spawn", s)
+            await self.ctx.faults.hold("after-spawn", s.name)
             # Known as running before anything is awaited: the program may call the
             # daemon (the SDK) at once.
             s.run = Run(run_id, pid, time.time(), program)

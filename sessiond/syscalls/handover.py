@@ -97,7 +97,7 @@ class Handovers:
         await self.ctx.table.append(s, MigrationStarted(handover=h, to=str(to)))
         self.outgoing.add(h)
         try:
-            self.ctx.fault("migrate-after-started")
+            self.ctx.faults.point("migrate-after-started")
             outbox = private_dir(self.ctx.config.state_dir / "outbox")
             bundle = outbox / f"{s.name}.{h}.bundle"
             offer = {"id": h, "source": str(self.ctx.config.socket)}
@@ -119,10 +119,10 @@ class Handovers:
                 raise
             finally:
                 bundle.unlink(missing_ok=True)
-            self.ctx.fault("migrate-after-prepare")
+            self.ctx.faults.point("migrate-after-prepare")
             # The commit: both lines in one write, durable before anything is told.
             await self._commit(s, h, to)
-            self.ctx.fault("migrate-after-commit")
+            self.ctx.faults.point("migrate-after-commit")
         finally:
             self.outgoing.discard(h)
         return h
@@ -211,7 +211,7 @@ class Handovers:
             then=arriving,
         )
         s = self._adopt(journal)
-        self.ctx.fault("arrive-after-prepare")
+        self.ctx.faults.point("arrive-after-prepare")
         self._retry(h, self._asker(s.name), first=self.first_ask)
         return {"session": s.name, "state": s.state, "handover": h}
 
@@ -236,10 +236,10 @@ class Handovers:
             return {"result": "unknown"}
         async with s.lock:
             if _phase(s, h, "target") == "arriving":
-                self.ctx.fault("arrive-before-finish")
+                self.ctx.faults.point("arrive-before-finish")
                 finished = MigrationFinished(handover=h, by=by, **(who or {}))
                 await self.ctx.table.append_many(s, [Draft(finished), Draft(self._live(s, by))])
-                self.ctx.fault("arrive-after-finish")
+                self.ctx.faults.point("arrive-after-finish")
         if self.ctx.triggers is not None:
             self.ctx.triggers.rearm(s)
         return {"result": "finished", "session": detail(s)}

@@ -20,6 +20,7 @@ from sessiond.errors import Refused
 from sessiond.listing import Listing
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.context import RunContext, TriggerHooks
+from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.runs import Runs
 from sessiond.runs.sdk_calls import SdkCalls
 from sessiond.runs.tokens import Tokens
@@ -38,9 +39,13 @@ from sessiond.table.sessions import Session, Table
 
 class Kernel:
     def __init__(  # noqa: PLR0915 - one attribute per syscall family
-        self, config: DaemonConfig, table: Table, env: dict[str, str]
+        self,
+        config: DaemonConfig,
+        table: Table,
+        env: dict[str, str],
+        faults: Faults = NO_FAULTS,
     ) -> None:
-        self.ctx = ctx = RunContext(config, table, env)
+        self.ctx = ctx = RunContext(config, table, env, faults)
         self.table: Table = table
         self.store: Store = table.store
         self.tokens = Tokens(table)

@@ -47,6 +47,7 @@ from tests.e2e.harness import SESSIOND, Daemon, short_dir
 from tests.faults import checks, contain, faultfs, ledger, workload
 from tests.faults.broken import SPAWNER_DIR
 from tests.faults.faultfs import Mount
+from tests.faults.patience import Patience, log_sizes
 from tests.faults.tally import Tally
 
 # The named fault points of a run (sessiond/runs/start.py, settle.py), read from the
@@ -397,9 +398,10 @@ class Campaign:
                 for r in rows
                 if r["state"] == "running" and (r["pid"] is None or not _alive(r["pid"]))
             }
-            deadline = time.monotonic() + 5  # an exit not read yet is not a stuck session
-            while suspects and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # an exit not read yet is not a stuck session: a hang is
+            patience = Patience(d.proc.pid, quiet=10, progress=self._progress)
+            while suspects and patience.waiting():
+                patience.pause(0.1)
                 now = {r["name"]: r for r in conn.call("ps", {})}
                 suspects = {
                     n: p for n, p in suspects.items()
@@ -421,7 +423,13 @@ class Campaign:
     # PostgreSQL and whose ps rows may name other nodes' sessions.
 
     def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
-        return checks.first_verdict(self._log(name), after_seq)
+        assert self.daemon.proc is not None
+        patience = Patience(self.daemon.proc.pid, progress=self._progress)
+        return checks.first_verdict(self._log(name), after_seq, patience)
+
+    def _progress(self) -> int:
+        """What grows while the daemon works: its logs."""
+        return log_sizes(self.daemon.state_dir / "sessions")
 
     def _mine(self, row: dict[str, Any]) -> bool:
         """Whether this daemon runs the session of a ps row (all of them here)."""

@@ -8,13 +8,13 @@ The verdict a cut-off call must get is the campaign's own table
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from sessiond.codec import decode_line
 from sessiond.runs.leftovers import marked
 from tests.faults.ledger import may_rerun_alone
+from tests.faults.patience import Patience
 
 
 def records(log: Path, only: bytes = b"") -> list[dict[str, Any]]:
@@ -64,15 +64,16 @@ def cut_off_calls(log: Path) -> dict[str, str]:
     return {call: intents.get(call, "") for call in sorted(started)}
 
 
-def first_verdict(log: Path, after_seq: int, timeout: float = 30.0) -> dict[str, Any] | None:
-    """The restart's first ``gate.evaluated`` (not a dry run) after ``after_seq``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def first_verdict(log: Path, after_seq: int, patience: Patience) -> dict[str, Any] | None:
+    """The restart's first ``gate.evaluated`` (not a dry run) after ``after_seq``;
+    None once ``patience`` says the daemon will not write it (it died, or hung)."""
+    while True:
         for r in records(log, b"gate.evaluated"):
             if r["seq"] > after_seq and not r["data"].get("dry_run"):
                 return r
-        time.sleep(0.05)
-    return None
+        if not patience.waiting():
+            return None
+        patience.pause()
 
 
 def judge_verdict(calls: dict[str, str], verdict: dict[str, Any] | None) -> tuple[str, str | None]:
@@ -107,20 +108,21 @@ def descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def orphans(state_dir: Path, daemon_pid: int, timeout: float = 10.0) -> dict[int, str]:
+def orphans(state_dir: Path, daemon_pid: int, quiet: float = 10.0) -> dict[int, str]:
     """Processes of this state dir's runs (by the marker every run process carries)
-    that the live daemon does not hold, still there after ``timeout``: the dead
-    daemon's spawner, or the restart, should have stopped them."""
-    deadline = time.monotonic() + timeout
+    that the live daemon does not hold, still there after ``quiet`` seconds in which
+    the daemon could run (tests/faults/patience.py): the dead daemon's spawner, or
+    the restart, should have stopped them."""
+    patience = Patience(daemon_pid, quiet=quiet)
     while True:
         left = {
             pid: mark
             for pid, mark in marked(state_dir).items()
             if not descends_from(pid, daemon_pid)
         }
-        if not left or time.monotonic() > deadline:
+        if not left or not patience.waiting():
             return left
-        time.sleep(0.1)
+        patience.pause(0.1)
 
 
 def secret_files(state_dir: Path, secret: bytes) -> list[str]:

@@ -42,6 +42,7 @@ from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir
 from tests.faults import checks, workload
 from tests.faults.campaign import Campaign, confined
+from tests.faults.patience import Patience
 from tests.faults.tally import Tally
 
 TTL = 2.0
@@ -117,13 +118,19 @@ class ClusterCampaign(Campaign):
         return path
 
     def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
-        deadline = time.monotonic() + TTL + 30  # the take-over, then the gate
-        while time.monotonic() < deadline:
+        # the take-over (a lease's lapse), then the gate
+        patience = Patience(self._live(), quiet=TTL + 60)
+        while True:
             for r in checks.records(self._log(name), b"gate.evaluated"):
                 if r["seq"] > after_seq and not r["data"].get("dry_run"):
                     return r
-            time.sleep(0.1)
-        return None
+            if not patience.waiting():
+                return None
+            patience.pause(0.1)
+
+    def _live(self) -> list[int]:
+        """The nodes' daemons: the judges wait while they could run (patience.py)."""
+        return [n.proc.pid for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
     def _mine(self, row: dict[str, Any]) -> bool:
         return row.get("node") in (None, self._name(self.daemon))
@@ -199,8 +206,9 @@ class ClusterCampaign(Campaign):
     def _settle(self, dead: Daemon | None) -> None:
         """Until no session waits for a node whose lease lapsed (with ``dead``, that
         node's lease has lapsed and the others took its sessions over)."""
-        deadline = time.monotonic() + TTL + 30
-        while time.monotonic() < deadline:
+        patience = Patience(self._live(), quiet=TTL + 60)
+        waiting: list[Any] = []
+        while patience.waiting():
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 waiting = conn.execute(UNOWNED).fetchall()
                 lapsed = dead is None or bool(
@@ -211,7 +219,7 @@ class ClusterCampaign(Campaign):
                 )
             if lapsed and not waiting:
                 return
-            time.sleep(0.1)
+            patience.pause(0.1)
         self.tally.stuck.append(f"round {self.tally.rounds}: not taken over: {waiting}")
 
     def _owner(self, name: str) -> str | None:
@@ -226,8 +234,8 @@ class ClusterCampaign(Campaign):
 
     def _owner_of(self, session: str) -> Daemon:
         """The live node that runs ``session`` (its ps lists it)."""
-        deadline = time.monotonic() + TTL + 30
-        while time.monotonic() < deadline:
+        patience = Patience(self._live(), quiet=TTL + 60)
+        while patience.waiting():
             owner = self._owner(session)
             for node in self.nodes:
                 if self._name(node) == owner and node.proc and node.proc.poll() is None:
@@ -235,7 +243,7 @@ class ClusterCampaign(Campaign):
                         rows = conn.call("ps", {})
                         if any(r["name"] == session and self._local(node, r) for r in rows):
                             return node
-            time.sleep(0.1)
+            patience.pause(0.1)
         raise AssertionError(f"no live node runs {session!r}")
 
     def _name(self, node: Daemon) -> str:

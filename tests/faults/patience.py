@@ -1,0 +1,119 @@
+"""How long a judge waits for the daemon: a bound that only catches a hang.
+
+A judge that waits N seconds of wall clock fails on good code when the machine
+is busy: the daemon did nothing wrong, it was not given a CPU. (``make faults``
+under load once reported "no gate verdict after the restart" that way.) So the
+time a judge gives the daemon counts only the seconds in which the daemon could
+have run:
+
+- the seconds its threads waited for a CPU (the run-queue wait the kernel keeps
+  per thread, ``/proc/PID/task/TID/schedstat``) do not count;
+- the count starts again whenever the daemon shows progress (what ``progress``
+  returns changes: the size of its logs, the rows of a table);
+- a daemon that is gone will not answer: the wait ends at once.
+
+What remains is a hang: a daemon that could run and did nothing for ``quiet``
+seconds. The bound is generous (a minute by default) because it no longer needs
+to be tight to keep the campaign fast: an answer ends the wait as soon as it is
+there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that may still act (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def run_queue_wait(pid: int) -> dict[int, int]:
+    """Nanoseconds each thread of ``pid`` has waited for a CPU (tid -> ns)."""
+    waits: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return waits
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                waits[int(tid)] = int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return waits
+
+
+def log_sizes(folder: Path) -> int:
+    """The total size of the logs under ``folder``: they grow as the daemon works."""
+    total = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(parent, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+class Patience:
+    """While a judge should wait for the daemon(s) ``pids``: see the module."""
+
+    def __init__(
+        self,
+        pids: int | Iterable[int],
+        *,
+        quiet: float = 60.0,
+        progress: Callable[[], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pids = [pids] if isinstance(pids, int) else list(pids)
+        self.quiet = quiet
+        self.progress = progress
+        self.clock = clock
+        self.waited: dict[tuple[int, int], int] = {}  # (pid, tid) -> run-queue ns seen
+        self._read_waits()
+        self.last = progress() if progress is not None else None
+        self.since = clock()
+        self.held_back = 0.0  # seconds of the count spent waiting for a CPU
+
+    def _read_waits(self) -> float:
+        """Seconds the daemons waited for a CPU since the last read: the longest wait
+        of any one thread (threads wait side by side, so a sum could pass the wall
+        clock, and the event loop's thread is the one that answers)."""
+        most = 0
+        for pid in self.pids:
+            for tid, ns in run_queue_wait(pid).items():
+                before = self.waited.get((pid, tid), ns)
+                most = max(most, ns - before)
+                self.waited[(pid, tid)] = ns
+        return most / 1e9
+
+    def waited_for(self) -> float:
+        """The seconds counted so far: the wall clock since the last progress, less
+        the daemons' time waiting for a CPU."""
+        self.held_back += self._read_waits()
+        if self.progress is not None:
+            now = self.progress()
+            if now != self.last:
+                self.last, self.since, self.held_back = now, self.clock(), 0.0
+        return self.clock() - self.since - self.held_back
+
+    def waiting(self) -> bool:
+        """True while the answer may still come: a daemon lives, and none of them
+        hung (could run, made no progress) for ``quiet`` seconds."""
+        if not any(alive(pid) for pid in self.pids):
+            return False
+        return self.waited_for() < self.quiet
+
+    def pause(self, seconds: float = 0.05) -> None:
+        """Between two looks at what the judge waits for."""
+        time.sleep(seconds)
