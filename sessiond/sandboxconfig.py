@@ -20,12 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, field_validator
-
-if TYPE_CHECKING:
-    from sessiond.config import DaemonConfig
 
 # 0x70000-0x7FFFF: above every uid a distribution hands out to people and
 # services, below systemd's container range (0x80000 and up, nspawn's
@@ -133,7 +130,29 @@ class RunUids(Container[int]):
         return uid in self.dynamic or uid in self.accounts
 
 
-def run_uids(config: DaemonConfig) -> RunUids:
+class RunKeys(Protocol):
+    """The daemon's ``[run]`` as read here (sessiond.config.RunConfig, which
+    imports this module: named by what is read, not imported)."""
+
+    @property
+    def sandbox(self) -> str: ...
+
+    @property
+    def user(self) -> str | None: ...
+
+    def identity(self) -> tuple[int, int] | None: ...
+
+    def uid_range(self) -> range: ...
+
+
+class WithRun(Protocol):
+    """A daemon configuration (sessiond.config.DaemonConfig), for its ``[run]``."""
+
+    @property
+    def run(self) -> RunKeys: ...
+
+
+def run_uids(config: WithRun) -> RunUids:
     """Every uid a run of this daemon may have (for telling a run from an operator)."""
     ident = config.run.identity()
     accounts = frozenset({ident[0]} if ident is not None else ())
@@ -142,7 +161,7 @@ def run_uids(config: DaemonConfig) -> RunUids:
     return RunUids(config.run.uid_range(), accounts)
 
 
-def dynamic_uids_on(config: DaemonConfig) -> bool:
+def dynamic_uids_on(config: WithRun) -> bool:
     """Runs get a dynamic uid: the daemon is root, the sandbox is on (the drop happens
     inside it) and no ``[run] user`` is configured."""
     run = config.run

@@ -343,7 +343,7 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
     answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
     ops.add_parsers(add)
-    runout.add_parsers(add)  # output, status
+    runout.add_parsers(add, show=cmd_show)  # output, status
     add(
         "mcp",
         lambda _c, args, _o: access.serve_mcp(args),

@@ -13,6 +13,7 @@ and the last lines its newest run printed.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,9 @@ from sessiond.wire import Connection, RemoteError
 POLL = 25.0  # seconds one follow request may wait (the daemon allows 30)
 STATUS_EVENTS = 10
 STATUS_LINES = 5
+
+# a sessionctl command: (connection, arguments, output) -> exit code
+Command = Callable[[Connection, argparse.Namespace, Any], int]
 
 
 def tail(text: str, lines: int | None) -> str:
@@ -135,9 +139,9 @@ def _emit(out: Any, r: dict[str, Any], data: str) -> None:
         _write(data)
 
 
-def cmd_status(conn: Connection, args: argparse.Namespace, out: Any) -> int:
-    """``show``, the last events, the last lines of the newest run's output."""
-    from sessiond.ctl import cmd_show
+def cmd_status(conn: Connection, args: argparse.Namespace, out: Any, *, show: Command) -> int:
+    """``show`` (the command ``show``, given by sessiond.ctl, which imports this
+    module), the last events, the last lines of the newest run's output."""
     from sessiond.ctl.logcmd import event_line
 
     if out.json:
@@ -146,7 +150,7 @@ def cmd_status(conn: Connection, args: argparse.Namespace, out: Any) -> int:
         output = _newest(conn, args.name)
         out.emit_json({"show": d, "log": log, "output": output})
         return 0
-    cmd_show(conn, args, out)
+    show(conn, args, out)
     log = conn.call("log", {"name": args.name, "limit": STATUS_EVENTS})
     print(f"\nlast {len(log)} event(s) (sessionctl log {args.name}):")
     for record in log:
@@ -174,7 +178,7 @@ def _newest(conn: Connection, name: str) -> dict[str, Any] | None:
     return r
 
 
-def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
+def add_parsers(add: Callable[..., argparse.ArgumentParser], show: Command) -> None:
     op = add(
         "output",
         cmd_output,
@@ -186,4 +190,5 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     op.add_argument("--run", metavar="RUN", help="that run (r1, r2, ...); default: the newest")
     op.add_argument("--stderr", action="store_true", help="the run's stderr instead")
     op.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines")
-    add("status", cmd_status, "show, then the last log events and the newest run's output", "name")
+    status = functools.partial(cmd_status, show=show)
+    add("status", status, "show, then the last log events and the newest run's output", "name")

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.errors import InvalidInput, Refused
-from sessiond.table.policy import decide, widening
+from sessiond.table.policy import widening
+from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import GRANTABLE, SessionSpec, parse_spec
 

@@ -21,7 +21,7 @@ from sessiond.log.places import Asked, judge
 from sessiond.log.store.base import Draft
 from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash, stored
 from sessiond.runs.tokens import RunGrant
-from sessiond.table.policy import decide
+from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 
 

@@ -54,8 +54,8 @@ from sessiond.runs.supervise import Supervisor
 from sessiond.runs.tokens import Tokens
 from sessiond.runs.workspace import git_head, read_in, workspace_hasher
 from sessiond.table import lifecycle
-from sessiond.table.policy import Verdict as PolicyVerdict
-from sessiond.table.policy import decide
+from sessiond.table.policy_rules import Verdict as PolicyVerdict
+from sessiond.table.policy_rules import decide
 from sessiond.table.recovery import POLICY_DENIES
 from sessiond.table.sessions import Run, Session, file_hash
 from sessiond.table.spec import SessionSpec, under_profile

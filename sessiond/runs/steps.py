@@ -56,7 +56,7 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
 from sessiond.runs.workspace import git_head, read_in, text_diff, workspace_hasher
-from sessiond.table.policy import decide
+from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 from sessiond.table.spec import under_profile
 

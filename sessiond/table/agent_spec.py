@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sessiond.table.policy_rules import PolicyLists, decide
 
 # What a run of kind "claude-code" executes unless the spec names its own program.
 DRIVER = ["-m", "sessiond.integrations.claude_code"]
@@ -34,12 +35,10 @@ def side_effect_of(tool: str) -> str:
     return "workspace-write" if tool in WORKSPACE_TOOLS else "external-write"
 
 
-def check_allowed_tools(tools: list[str], policy: Any) -> None:
+def check_allowed_tools(tools: list[str], policy: PolicyLists) -> None:
     """A tool the CLI runs without asking (``allowed_tools``) must be one the
     session's policy allows (or denies: the deny list is the CLI's too, and wins).
     Else the CLI would run what the policy asks a person about."""
-    from sessiond.table.policy import decide  # policy imports spec, which imports this
-
     for rule in tools:
         name = rule.split("(", 1)[0]
         verdict = decide(policy, name, side_effect_of(name))

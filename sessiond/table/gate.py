@@ -45,7 +45,7 @@ from typing import Any
 
 from sessiond.log.state import State
 from sessiond.log.turns import bad_steps
-from sessiond.table.policy import decide
+from sessiond.table.policy_rules import decide
 from sessiond.table.recovery import POLICY_DENIES, RUN_FAILED, Cause, cause, options_of
 from sessiond.table.spec import SessionSpec
 

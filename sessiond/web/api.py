@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -25,10 +25,8 @@ from sessiond.web.cluster import REFRESH
 from sessiond.web.humane import actions_for
 from sessiond.web.metrics import CONTENT_TYPE
 from sessiond.web.pages import before_of
+from sessiond.web.site import Site
 from sessiond.web.views import approvals, rows_page, table_page
-
-if TYPE_CHECKING:
-    from sessiond.web.server import WebServer
 
 MIN_INTERVAL = 0.25  # the table stream sends at most 4 pages a second, whatever the load
 KEEPALIVE = 15.0
@@ -51,7 +49,7 @@ def _int(text: str, what: str) -> int:
 
 
 class Api:
-    def __init__(self, server: WebServer) -> None:
+    def __init__(self, server: Site) -> None:
         self.server = server
         self.kernel = server.kernel
         self.cluster = server.cluster

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -31,10 +31,8 @@ from sessiond.errors import SessiondError
 from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
 from sessiond.web.auth import connected
+from sessiond.web.site import Site
 from sessiond.web.views import find_approval
-
-if TYPE_CHECKING:
-    from sessiond.web.server import WebServer
 
 KEEP_EXPIRED = 86400  # used links are forgotten a day after they expire
 
@@ -101,7 +99,7 @@ class UsedLinks:
 
 
 class LinkPages:
-    def __init__(self, server: WebServer) -> None:
+    def __init__(self, server: Site) -> None:
         self.server = server
         self.kernel = server.kernel
         self.key = LinkKey(server.kernel.config.state_dir)

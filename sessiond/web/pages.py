@@ -8,7 +8,7 @@ it, and a signed one-shot link from a notice can open it the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 from aiohttp import web
@@ -17,6 +17,7 @@ from markupsafe import Markup, escape
 from sessiond import __version__
 from sessiond.errors import InvalidInput, SessiondError
 from sessiond.web.humane import actions_for, time_tag, wake_tag
+from sessiond.web.site import Site
 from sessiond.web.views import (
     ARTIFACT_TYPES,
     MESSAGES_PAGE,
@@ -29,12 +30,9 @@ from sessiond.web.views import (
     messages_before,
 )
 
-if TYPE_CHECKING:
-    from sessiond.web.server import WebServer
-
 
 class Pages:
-    def __init__(self, server: WebServer) -> None:
+    def __init__(self, server: Site) -> None:
         self.server = server
         self.kernel = server.kernel
         self.env = jinja2.Environment(

@@ -25,9 +25,12 @@ from aiohttp import web
 from sessiond.errors import SessiondError
 from sessiond.sandboxconfig import run_uids
 from sessiond.syscalls.kernel import Kernel
+from sessiond.web.api import Api
 from sessiond.web.auth import Auth, Handler, Login, connected
 from sessiond.web.cluster import ClusterView
+from sessiond.web.links import LinkPages
 from sessiond.web.metrics import Metrics
+from sessiond.web.pages import Pages
 from sessiond.web.peers import WebPeers
 from sessiond.webconfig import WebConfig, split_listen
 
@@ -67,10 +70,6 @@ class WebServer:
     """Serves the console on ``[web] listen`` until closed."""
 
     def __init__(self, config: WebConfig, kernel: Kernel, metrics: Metrics) -> None:
-        from sessiond.web.api import Api
-        from sessiond.web.links import LinkPages
-        from sessiond.web.pages import Pages
-
         self.config = config
         self.kernel = kernel
         self.metrics = metrics

@@ -30,7 +30,7 @@ from sessiond.table.gate import (
     REBUILD_OBSERVATION,
     evaluate,
 )
-from sessiond.table.policy import decide
+from sessiond.table.policy_rules import decide
 from sessiond.table.spec import parse_spec
 from tests.helpers import arun
 

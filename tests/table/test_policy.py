@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.table.policy import decide, widening
+from sessiond.table.policy import widening
+from sessiond.table.policy_rules import decide
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
 
 CALLER = """name = "caller"
