@@ -403,8 +403,10 @@ class Daemon:
             except BadConfig as exc:
                 log.error("config.refused", error=str(exc))
                 raise
-            # the open logs have theirs; the web console keeps its listener
-            kept = ("state_dir", "socket", "sync_interval", "web")
+            # the open logs have theirs; the web console keeps its listener; the
+            # fault points were built at start-up (daemon/faults.py)
+            kept = ("state_dir", "socket", "sync_interval", "web", "fault", "fault_hold",
+                    "fault_hold_until")  # fmt: skip
             for key in kept:
                 if getattr(fresh, key) != getattr(self.config, key):
                     notes.append(f"{key} changes take effect at the next start")
