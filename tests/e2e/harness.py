@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from tests.patience import Patience
+
 BIN = Path(sys.executable).parent
 SESSIOND = str(BIN / "sessiond")
 SESSIONCTL = str(BIN / "sessionctl")
@@ -176,8 +178,11 @@ class Daemon:
         self, event: str, *, match: Any = None, since: int = 0, timeout: float = 30.0
     ) -> dict[str, Any]:
         """Wait for the daemon's own log line ``event`` (and ``match(line)``), from
-        line ``since`` on: woken by each line read, never polled."""
-        deadline = time.monotonic() + timeout
+        line ``since`` on: woken by each line read, never polled. ``timeout``
+        counts only the seconds the daemon could run (tests/patience.py): a busy
+        machine is no failure."""
+        assert self.proc is not None
+        patience = Patience(self.proc.pid, quiet=timeout)
 
         def found() -> dict[str, Any] | None:
             for line in self.lines[since:]:
@@ -187,10 +192,10 @@ class Daemon:
 
         with self._lines_changed:
             while (line := found()) is None:
-                left = deadline - time.monotonic()
+                left = patience.left()
                 if left <= 0 or (self._reader is not None and not self._reader.is_alive()):
                     raise AssertionError(f"no {event!r} line from sessiond: {self.lines[-20:]}")
-                self._lines_changed.wait(left)
+                self._lines_changed.wait(min(left, 1.0))  # then look at the clock again
             return line
 
     def wait_ready(self) -> None:
@@ -290,7 +295,8 @@ def wait_event(
     timeout: float = 30.0,
 ) -> dict[str, Any]:
     """Follow a session's log with the real `sessionctl log --follow` until an event
-    of type ``etype`` (and ``match(record)``) appears; return it."""
+    of type ``etype`` (and ``match(record)``) appears; return it. ``timeout``
+    counts only the seconds the daemon could run (tests/patience.py)."""
     proc = subprocess.Popen(
         [SESSIONCTL, "--json", "log", session, "--follow", "--since", str(since), "--type", etype],
         env=daemon.env,
@@ -309,14 +315,17 @@ def wait_event(
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    reader.join(timeout)
+    assert daemon.proc is not None
+    patience = Patience([daemon.proc.pid, proc.pid], quiet=timeout)
+    while reader.is_alive() and (left := patience.left()) > 0:
+        reader.join(min(left, 1.0))  # then look at the clock again
     proc.kill()
     proc.wait()
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
     if not found:
-        raise AssertionError(f"no {etype} event in {session} within {timeout}s")
+        raise AssertionError(f"no {etype} event in {session} within {timeout}s of the daemon's")
     return found[0]
 
 

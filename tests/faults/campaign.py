@@ -47,8 +47,8 @@ from tests.e2e.harness import SESSIOND, Daemon, short_dir
 from tests.faults import checks, contain, faultfs, ledger, workload
 from tests.faults.broken import SPAWNER_DIR
 from tests.faults.faultfs import Mount
-from tests.faults.patience import Patience, log_sizes
 from tests.faults.tally import Tally
+from tests.patience import Patience, log_sizes
 
 # The named fault points of a run (sessiond/runs/start.py, settle.py), read from the
 # config's own list so a new point is killed at too; the hand-over's (migrate --to)
@@ -399,7 +399,7 @@ class Campaign:
                 if r["state"] == "running" and (r["pid"] is None or not _alive(r["pid"]))
             }
             # an exit not read yet is not a stuck session: a hang is
-            patience = Patience(d.proc.pid, quiet=10, progress=self._progress)
+            patience = Patience(d.proc.pid, quiet=10)
             while suspects and patience.waiting():
                 patience.pause(0.1)
                 now = {r["name"]: r for r in conn.call("ps", {})}

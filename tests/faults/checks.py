@@ -14,7 +14,7 @@ from typing import Any
 from sessiond.codec import decode_line
 from sessiond.runs.leftovers import marked
 from tests.faults.ledger import may_rerun_alone
-from tests.faults.patience import Patience
+from tests.patience import Patience
 
 
 def records(log: Path, only: bytes = b"") -> list[dict[str, Any]]:
@@ -48,9 +48,15 @@ def contract(risk: dict[str, Any]) -> str:
 
 def cut_off_calls(log: Path) -> dict[str, str]:
     """Calls started and never finished nor resolved (call -> contract): what a
-    kill cut off in the middle of its work."""
+    kill cut off in the middle of its work. None if the session was blocked when
+    the log ends: its calls were cut off by an earlier kill, the gate's verdict on
+    them stands until a person resolves it, and the restart gives no new one (a
+    judge that waited for one reported "no gate verdict after the restart" on
+    good code: when the campaign read ``ps`` between the verdict and the block, it
+    resolved nothing, and the next kill found the same calls)."""
     intents: dict[str, str] = {}
     started: set[str] = set()
+    blocked = False
     for r in records(log):
         t, d = r["type"], r["data"]
         if t == "tool.intent":
@@ -61,6 +67,10 @@ def cut_off_calls(log: Path) -> dict[str, str]:
             started.discard(d["call"])
         elif t == "recovery.resolved" and d.get("ends_turn"):
             started.clear()
+        elif t == "lifecycle.changed":
+            blocked = d.get("to") == "blocked"
+    if blocked:
+        return {}
     return {call: intents.get(call, "") for call in sorted(started)}
 
 
@@ -111,7 +121,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
 def orphans(state_dir: Path, daemon_pid: int, quiet: float = 10.0) -> dict[int, str]:
     """Processes of this state dir's runs (by the marker every run process carries)
     that the live daemon does not hold, still there after ``quiet`` seconds in which
-    the daemon could run (tests/faults/patience.py): the dead daemon's spawner, or
+    the daemon could run (tests/patience.py): the dead daemon's spawner, or
     the restart, should have stopped them."""
     patience = Patience(daemon_pid, quiet=quiet)
     while True:

@@ -42,8 +42,8 @@ from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir
 from tests.faults import checks, workload
 from tests.faults.campaign import Campaign, confined
-from tests.faults.patience import Patience
 from tests.faults.tally import Tally
+from tests.patience import Patience
 
 TTL = 2.0
 STALE = ("epoch-decreased", "epoch-ahead")  # pgfsck's kinds for a write past its fence

@@ -1,5 +1,5 @@
 """The judges wait on the daemon's progress, not on the wall clock
-(tests/faults/patience.py, checks.first_verdict).
+(tests/patience.py, checks.first_verdict).
 
 Under load ``make faults FAULT_ROUNDS=8`` once reported "no gate verdict after
 the restart" on good code: the judge had waited 30 s of wall clock while the
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from sessiond.codec import encode_line
-from tests.faults import patience as patience_module
-from tests.faults.checks import first_verdict
-from tests.faults.patience import Patience, alive
+from tests import patience as patience_module
+from tests.faults.checks import cut_off_calls, first_verdict
+from tests.patience import Patience, alive
 
 
 class Machine:
@@ -98,6 +98,39 @@ def test_progress_starts_the_count_again(monkeypatch: pytest.MonkeyPatch) -> Non
         assert patience.waiting()
     machine.now += 61  # then nothing
     assert not patience.waiting()
+
+
+def test_progress_on_other_work_extends_the_wait_only_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon busy with other sessions that never gives the answer waited for
+    is a failure too (a first version waited forever on such a daemon)."""
+    machine = Machine(monkeypatch)
+    size = [0]
+    patience = Patience(os.getpid(), quiet=60, progress=lambda: size[0], clock=machine.clock)
+    looks = 0
+    while patience.waiting():
+        looks += 1
+        machine.now += 30
+        size[0] += 1  # always some work
+        assert looks < 100, "waited forever"
+    assert machine.now == 600  # ten times the bound
+
+
+def test_a_session_blocked_at_the_kill_has_no_call_this_kill_cut_off(tmp_path: Path) -> None:
+    """Its calls were cut off by an earlier kill and judged then: the restart
+    gives no new verdict (the session waits for a person), so none is awaited."""
+    log = tmp_path / "events.jsonl"
+    lines = [
+        {"seq": 1, "type": "tool.intent", "data": {"call": "r1.command", "risk": {}}},
+        {"seq": 2, "type": "tool.started", "data": {"call": "r1.command"}},
+    ]
+    log.write_bytes(b"".join(encode_line(r) for r in lines))
+    assert cut_off_calls(log) == {"r1.command": "safe/rerun-after-check/workspace-write"}
+    blocked = {"seq": 4, "type": "lifecycle.changed", "data": {"from": "sleeping", "to": "blocked"}}
+    with log.open("ab") as f:
+        f.write(verdict(3) + encode_line(blocked))
+    assert cut_off_calls(log) == {}
 
 
 def test_a_dead_daemon_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,8 @@
 """How long a judge waits for the daemon: a bound that only catches a hang.
 
+Used by the kill -9 campaign's judges (tests/faults/) and the end-to-end
+harness's waits on the daemon's own log lines and events (tests/e2e/harness.py).
+
 A judge that waits N seconds of wall clock fails on good code when the machine
 is busy: the daemon did nothing wrong, it was not given a CPU. (``make faults``
 under load once reported "no gate verdict after the restart" that way.) So the
@@ -9,7 +12,8 @@ have run:
 - the seconds its threads waited for a CPU (the run-queue wait the kernel keeps
   per thread, ``/proc/PID/task/TID/schedstat``) do not count;
 - the count starts again whenever the daemon shows progress (what ``progress``
-  returns changes: the size of its logs, the rows of a table);
+  returns changes: the size of its logs, the rows of a table), up to a limit
+  (ten times the bound) past which busy is no excuse;
 - a daemon that is gone will not answer: the wait ends at once.
 
 What remains is a hang: a daemon that could run and did nothing for ``quiet``
@@ -52,15 +56,19 @@ def run_queue_wait(pid: int) -> dict[int, int]:
     return waits
 
 
-def log_sizes(folder: Path) -> int:
-    """The total size of the logs under ``folder``: they grow as the daemon works."""
+def log_sizes(sessions: Path) -> int:
+    """The total size of the session logs (``sessions/*/events.jsonl``): they grow
+    as the daemon works."""
     total = 0
-    for parent, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(parent, name)).st_size
-            except OSError:
-                continue
+    try:
+        names = os.listdir(sessions)
+    except OSError:
+        return 0  # a power cut took the folder's entry
+    for name in names:
+        try:
+            total += os.stat(sessions / name / "events.jsonl").st_size
+        except OSError:
+            continue
     return total
 
 
@@ -73,17 +81,25 @@ class Patience:
         *,
         quiet: float = 60.0,
         progress: Callable[[], object] | None = None,
+        limit: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pids = [pids] if isinstance(pids, int) else list(pids)
         self.quiet = quiet
         self.progress = progress
+        # Progress extends the wait, never past this many seconds the daemon could
+        # run (ten times ``quiet`` unless given): a daemon busy with other work that
+        # never gives the answer waited for is a failure too, not a reason to wait
+        # forever.
+        self.limit = 10 * quiet if limit is None else limit
         self.clock = clock
+        self.began = clock()
         self.waited: dict[tuple[int, int], int] = {}  # (pid, tid) -> run-queue ns seen
         self._read_waits()
         self.last = progress() if progress is not None else None
         self.since = clock()
         self.held_back = 0.0  # seconds of the count spent waiting for a CPU
+        self.held_total = 0.0  # and since the start
 
     def _read_waits(self) -> float:
         """Seconds the daemons waited for a CPU since the last read: the longest wait
@@ -100,7 +116,9 @@ class Patience:
     def waited_for(self) -> float:
         """The seconds counted so far: the wall clock since the last progress, less
         the daemons' time waiting for a CPU."""
-        self.held_back += self._read_waits()
+        held = self._read_waits()
+        self.held_back += held
+        self.held_total += held
         if self.progress is not None:
             now = self.progress()
             if now != self.last:
@@ -110,9 +128,16 @@ class Patience:
     def waiting(self) -> bool:
         """True while the answer may still come: a daemon lives, and none of them
         hung (could run, made no progress) for ``quiet`` seconds."""
+        return self.left() > 0
+
+    def left(self) -> float:
+        """The seconds still to give (0 once a daemon died or all hung): a bound for
+        one wait on a condition, after which the judge looks again."""
         if not any(alive(pid) for pid in self.pids):
-            return False
-        return self.waited_for() < self.quiet
+            return 0.0
+        quiet_left = self.quiet - self.waited_for()
+        limit_left = self.limit - (self.clock() - self.began - self.held_total)
+        return max(0.0, min(quiet_left, limit_left))
 
     def pause(self, seconds: float = 0.05) -> None:
         """Between two looks at what the judge waits for."""
