@@ -58,6 +58,7 @@ from sessiond.ipc.params import (
 from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.ipc.runpeer import Examiner
 from sessiond.listing import Listing
+from sessiond.replies import Who
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 
@@ -108,7 +109,7 @@ class Caller:
         if why is not None:
             raise NotGranted(why)
 
-    def who(self) -> dict[str, Any]:
+    def who(self) -> Who:
         """Who answered (approve, deny, resolve, apply): uid, user name, channel."""
         user = str(self.uid)
         with contextlib.suppress(KeyError):
@@ -201,7 +202,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
 
 
 Still = Callable[[Any], None] | None
-AnswerHandler = Callable[[Any, dict[str, Any], Still], Awaitable[Any]]
+AnswerHandler = Callable[[Any, Who | None, Still], Awaitable[Any]]
 
 
 def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
@@ -267,7 +268,7 @@ class Dispatch:
             return params
         return self.guard.admit(method, request.get("token"), params)
 
-    async def execute(self, method: str, params: dict[str, Any], who: dict[str, Any]) -> Any:
+    async def execute(self, method: str, params: dict[str, Any], who: Who | None) -> Any:
         """Carry out a request another node of the cluster took in (its peer was
         checked there): the same params models, the same calls, the same errors,
         and ``who`` as the answer's identity. ``log`` here is one answer, never

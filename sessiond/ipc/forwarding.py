@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sessiond.errors import SessiondError
+from sessiond.replies import Who
 
 # Each carried method and the param that names its session. The others are
 # answered here: ping, nodes, create, drain, reload, gc, web.login, notify, the
@@ -50,9 +51,7 @@ ROUTED: dict[str, str] = {
 class Forwarding(Protocol):
     """Carries a request to the node that should answer it."""
 
-    async def route(
-        self, method: str, params: dict[str, Any], who: dict[str, Any]
-    ) -> tuple[bool, Any]:
+    async def route(self, method: str, params: dict[str, Any], who: Who) -> tuple[bool, Any]:
         """(True, the result) when another node answered it (or this node's view of
         the whole cluster, for ``ps``); (False, None) when it is this node's to
         answer. Raises the SessiondError the owner raised."""

@@ -23,13 +23,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from sessiond.errors import SessiondError
 from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
+from sessiond.replies import Folded, Who
 from sessiond.web.auth import connected
 from sessiond.web.views import find_approval
 
@@ -182,10 +183,10 @@ class LinkPages:
                 raise LinkRefused("this link was already used. " + _ELSEWHERE, 409)
         except LinkRefused as exc:
             return self.server.pages.error_page(str(exc), exc.status)
-        who: dict[str, Any] = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
+        who: Who = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
         s = self.kernel.table.get(link.session)
 
-        def unchanged(_approval: dict[str, Any]) -> None:
+        def unchanged(_approval: Folded) -> None:
             # checked again under the session's lock: nothing changed since check(),
             # and the link is still live (a body sent slowly, a wait for the lock)
             self.live(link)
