@@ -45,6 +45,12 @@ class ListingParams(TypedDict):
     sort: str
 
 
+class PsRequest(ListingParams):
+    """A ``ps`` request's params; ``footer``: answer a PsPage (replies.py), not rows."""
+
+    footer: bool
+
+
 @dataclass(frozen=True)
 class Listing:
     """One ``ps`` request's filters and order (every filter must hold)."""

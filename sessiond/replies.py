@@ -91,6 +91,21 @@ class PsRow(TypedDict):
     boundary: NotRequired[str]  # "sandbox" or "off"
 
 
+class NodeRow(TypedDict):
+    """A cluster node, as ``nodes`` lists it."""
+
+    name: str
+    incarnation: int
+    state: str  # running, draining, stopped, lapsed
+    alive: bool
+    lease_age_s: float
+    lease_left_s: float
+    started_at: str
+    labels: dict[str, str]
+    sessions: int
+    self: bool  # the node that answered
+
+
 class PsPage(TypedDict):
     """``ps`` with ``footer``: the rows, how many terminated ones hid, every name seen."""
 
@@ -270,7 +285,7 @@ class Exported(TypedDict):
 class ExportedBundle(TypedDict):
     """``export`` over the socket: the bundle follows the answer on the connection."""
 
-    path: None
+    path: str | None  # None as sent; sessionctl fills in the file it wrote
     events: int
     session: str
     bytes: int

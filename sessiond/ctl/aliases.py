@@ -18,6 +18,7 @@ import argparse
 from typing import Any
 
 from sessiond.ctl.render import Out
+from sessiond.replies import SessionDetail
 from sessiond.wire import Connection
 
 
@@ -27,7 +28,7 @@ def add_parsers(add: Any) -> None:
     add("restart", cmd_restart, "stop the current run, then run it again now", "name")
 
 
-def _said(out: Out, d: dict[str, Any], text: str) -> int:
+def _said(out: Out, d: SessionDetail, text: str) -> int:
     if out.json:
         out.emit_json(d)
     else:
@@ -35,7 +36,7 @@ def _said(out: Out, d: dict[str, Any], text: str) -> int:
     return 0
 
 
-def _run_now(conn: Connection, name: str, d: dict[str, Any]) -> dict[str, Any]:
+def _run_now(conn: Connection, name: str, d: SessionDetail) -> SessionDetail:
     if d["state"] == "suspended":
         d = conn.call("resume", {"name": name})
     if d["state"] != "running":  # a resume with pending wakes may have started it

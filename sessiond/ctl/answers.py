@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sessiond.replies import Folded, PsRow, SessionDetail
 from sessiond.wire import Connection, RemoteError
 
 Answer = Callable[[Connection, argparse.Namespace], tuple[Any, str]]
@@ -83,7 +84,7 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     ay.add_argument("--by", metavar="NOTE", help=NOTE)
 
 
-def who(answer: dict[str, Any]) -> str:
+def who(answer: Folded) -> str:
     """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
     the note after it."""
     uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
@@ -102,15 +103,17 @@ BOUNDARY_OFF = (
 )
 
 
-def say_unconfined(rows: list[dict[str, Any]]) -> None:
+def say_unconfined(rows: list[PsRow]) -> None:
     if any(r.get("boundary") == "off" for r in rows):
         print(BOUNDARY_OFF, file=sys.stderr)
 
 
-def boundary(d: dict[str, Any]) -> str:
+def boundary(d: SessionDetail) -> str:
     """``show``'s boundary line: the sandbox (its network, the session's uid) or off."""
-    b = d.get("boundary") or {}
+    b = d.get("boundary")
+    if not b:
+        return "-"
     if b.get("sandbox") == "off":
         return 'off: runs are not confined ([run] sandbox = "off")'
     uid = f", uid {b['uid']}" if b.get("uid") is not None else ""
-    return f"sandbox (network {b.get('network') or 'host'}{uid})" if b else "-"
+    return f"sandbox (network {b.get('network') or 'host'}{uid})"

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sessiond.replies import NodeRow
 from sessiond.wire import Connection
 
 
-def nodes_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+def nodes_table(rows: list[NodeRow]) -> list[list[str]]:
     """The ``nodes`` answer as a table; this node is marked with ``*``."""
     table = [["NODE", "INCARNATION", "STATE", "LEASE AGE", "LEASE LEFT", "SESSIONS"]]
     for r in rows:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sessiond.wire import Connection
+from sessiond.wire import Connection, Params
 
 
 def replay_messages(
-    conn: Connection, params: dict[str, Any], as_json: bool, emit: Callable[[Any], None]
+    conn: Connection, params: Params, as_json: bool, emit: Callable[[Any], None]
 ) -> int:
     """Print the text as each page comes; with ``as_json``, one array at the end."""
     items: list[Any] = []
