@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from zlib import crc32
 
@@ -40,7 +40,7 @@ def unframe(line: bytes) -> bytes | None:
     return body if crc32(body) == want else None
 
 
-def encode_line(record: dict[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, object]) -> bytes:
     return frame(orjson.dumps(record))
 
 

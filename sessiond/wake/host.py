@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from sessiond.log.store.base import Record, Store
+from sessiond.replies import JsonObject
 from sessiond.table.sessions import Session, Table
 
 
@@ -41,8 +42,8 @@ def last_wake(
     host: WakeHost,
     s: Session,
     trigger: str,
-    which: Callable[[dict[str, Any]], bool] | None = None,
-) -> dict[str, Any] | None:
+    which: Callable[[JsonObject], bool] | None = None,
+) -> Record | None:
     """The newest wake of this kind (and, given ``which``, with these details)."""
     last = None
     for record in host.store.read(s.name):

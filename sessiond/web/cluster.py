@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from sessiond.log.replay import replay_all
 from sessiond.log.state import State
 from sessiond.log.store.base import Record
-from sessiond.replies import ConsoleApproval, ConsoleRow, GateReport, SessionDetail, Who
+from sessiond.replies import ConsoleApproval, ConsoleRow, GateReport, JsonObject, SessionDetail, Who
 from sessiond.syscalls.console import approvals
 from sessiond.syscalls.kernel import Kernel
 
@@ -32,11 +32,9 @@ REFRESH = 2.0  # seconds: how often a live page of the whole cluster is rendered
 class Carrier(Protocol):
     """What the console needs of the daemon's forwarding (sessiond.daemon.forward)."""
 
-    async def route(self, method: str, params: dict[str, Any], who: Who) -> tuple[bool, Any]: ...
+    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]: ...
 
-    async def ps(
-        self, who: Who, method: str = "ps", params: dict[str, Any] | None = None
-    ) -> Any: ...
+    async def ps(self, who: Who, method: str = "ps", params: JsonObject | None = None) -> Any: ...
 
     async def approvals(self, who: Who) -> list[ConsoleApproval]: ...
 
@@ -64,7 +62,7 @@ class ClusterView:
     async def syscall(
         self,
         method: str,
-        params: dict[str, Any],
+        params: JsonObject,
         who: Who,
         here: Callable[[], Awaitable[Any]],
     ) -> Any:

@@ -14,7 +14,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
 from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, Record
 from sessiond.replies import ConsoleApproval, ConsoleRow, TablePage
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
@@ -124,7 +124,7 @@ ARTIFACT_TYPES = [
 ]
 
 
-def artifact_refs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def artifact_refs(records: list[Record]) -> list[dict[str, Any]]:
     """The artifacts a session's events name (newest first), each once, with where."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -161,7 +161,7 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
 
 
 async def messages_before(
-    records: Iterable[dict[str, Any]], state: State, before: int | None, limit: int
+    records: Iterable[Record], state: State, before: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], int | None]:
     """A page of the messages view, newest first: the last ``limit`` messages before
     seq ``before`` (None: the newest), oldest of them first, and the ``before`` of
