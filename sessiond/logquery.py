@@ -20,13 +20,16 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import orjson
 
 from sessiond.describe import describe
-from sessiond.replies import EventRecord
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import EventRecord
 
 MAX_GREP = 1024  # characters of a --grep pattern; a regex longer than that is an attack
 FELL_BEHIND = "fell_behind"  # the error code (sessiond.errors.FellBehind)

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -40,8 +40,11 @@ from sessiond.ctl.safeterm import safe_text, terminal_safe
 from sessiond.describe import exited
 from sessiond.listing import suggest
 from sessiond.paths import default_socket
-from sessiond.replies import SessionDetail
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import SessionDetail
 
 # --- commands ---------------------------------------------------------------------
 

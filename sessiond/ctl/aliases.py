@@ -15,11 +15,14 @@ session is refused with the reason those give.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out
-from sessiond.replies import SessionDetail
 from sessiond.wire import Connection
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import SessionDetail
 
 
 def add_parsers(add: Any) -> None:

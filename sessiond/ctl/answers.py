@@ -13,10 +13,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessiond.replies import Folded, PsRow, SessionDetail
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import Folded, PsRow, SessionDetail
 
 Answer = Callable[[Connection, argparse.Namespace], tuple[Any, str]]
 NOTE = "a free-text note recorded beside who answered (which the daemon takes from the socket)"

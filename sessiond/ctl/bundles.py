@@ -8,12 +8,15 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from sessiond.replies import ExportedBundle
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import ExportedBundle
 
 
 def _bad_file(path: Path | str, exc: OSError, doing: str) -> RemoteError:

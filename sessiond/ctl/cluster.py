@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessiond.replies import NodeRow
 from sessiond.wire import Connection
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import NodeRow
 
 
 def nodes_table(rows: list[NodeRow]) -> list[list[str]]:

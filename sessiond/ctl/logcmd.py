@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out
 from sessiond.ctl.safeterm import safe_text
-from sessiond.replies import EventRecord
 from sessiond.wire import Connection, RemoteError
 
-if TYPE_CHECKING:  # sessionctl log loads it when it runs, not at start-up
+# for mypy only: sessionctl log loads logquery when it runs, and the reply types
+# are never built at run time (sessionctl's start-up is part of its contract)
+if TYPE_CHECKING:
     from sessiond.logquery import LogRequest
+    from sessiond.replies import EventRecord
 
 FORMATS = ("short", "cat", "json", "json-lines")
 ALL_PAGE = 5000  # sessions asked for at once by ``log --all`` (one ``ps``)

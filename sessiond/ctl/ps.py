@@ -12,12 +12,16 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sessiond.ctl.answers import say_unconfined
 from sessiond.ctl.render import Out, ago, cut, table, when
 from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing, PsRequest
-from sessiond.replies import PsRow
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import PsRow
 
 Add = Callable[..., argparse.ArgumentParser]
 

@@ -4,9 +4,11 @@ fixed set of options."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessiond.replies import CauseView, GateReport
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import CauseView, GateReport
 
 
 def _commands(name: str, cause: CauseView) -> list[str]:

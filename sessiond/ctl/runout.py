@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from sessiond.replies import Output
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import Output
 
 POLL = 25.0  # seconds one follow request may wait (the daemon allows 30)
 STATUS_EVENTS = 10
