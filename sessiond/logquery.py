@@ -29,7 +29,7 @@ from sessiond.wire import Connection, RemoteError
 
 # the reply types, for mypy only: sessionctl starts without building them
 if TYPE_CHECKING:
-    from sessiond.replies import EventRecord
+    from sessiond.codec import EventRecord
 
 MAX_GREP = 1024  # characters of a --grep pattern; a regex longer than that is an attack
 FELL_BEHIND = "fell_behind"  # the error code (sessiond.errors.FellBehind)

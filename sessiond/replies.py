@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
-# A JSON object whose keys are not this floor's to know: a request's params (each
-# method's own, checked by the daemon's models in ipc/params.py), a tool's arguments
-# as the program gave them, an event's payload (typed by its model in
-# log/event_data.py, on a floor the clients do not import).
-JsonObject = dict[str, Any]
+# Any JSON value, and a JSON object whose keys are not this floor's to know: a
+# request's params (each method's own, checked by the daemon's models in
+# ipc/params.py), a tool's arguments as the program gave them, OTLP JSON. Readers
+# check what they take from it (pydantic's JsonValue is the same type; the clients
+# do not import pydantic).
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+JsonObject = dict[str, JsonValue]
 
 # A record the log's fold keeps (a run, a wake, a gate verdict, an approval, a call,
 # a hand-over), passed on in a reply as it is. Its shape is typed where it is folded
@@ -36,22 +38,6 @@ class Who(TypedDict):
     uid: int | None
     user: str
     channel: Literal["cli", "web", "link"]
-
-
-class EventRecord(TypedDict):
-    """One event of a session's log, as ``log`` answers it and the log file holds it."""
-
-    v: int
-    session: str
-    seq: int
-    id: str
-    ts: str
-    type: str
-    causation: str | None
-    correlation: str | None
-    data: JsonObject  # the type's payload (log/event_data.py)
-    node: NotRequired[str | None]  # a cluster node's events only
-    epoch: NotRequired[int | None]
 
 
 def who_fields(who: Who | None) -> Mapping[str, Any]:
@@ -96,7 +82,7 @@ class NodeRow(TypedDict):
 
     name: str
     incarnation: int
-    state: str  # running, draining, stopped, lapsed
+    state: str  # up, lapsed, stopped
     alive: bool
     lease_age_s: float
     lease_left_s: float

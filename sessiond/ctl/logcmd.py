@@ -28,8 +28,8 @@ from sessiond.wire import Connection, RemoteError
 # for mypy only: sessionctl log loads logquery when it runs, and the reply types
 # are never built at run time (sessionctl's start-up is part of its contract)
 if TYPE_CHECKING:
+    from sessiond.codec import EventRecord
     from sessiond.logquery import LogRequest
-    from sessiond.replies import EventRecord
 
 FORMATS = ("short", "cat", "json", "json-lines")
 ALL_PAGE = 5000  # sessions asked for at once by ``log --all`` (one ``ps``)

@@ -62,6 +62,7 @@ from sessiond.replies import JsonObject, Who
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
 from sessiond.wire import Frame
+from sessiond.wire import Params as WireParams
 
 log = structlog.get_logger(__name__)
 
@@ -269,7 +270,7 @@ class Dispatch:
             return params
         return self.guard.admit(method, request.get("token"), params)
 
-    async def execute(self, method: str, params: JsonObject, who: Who | None) -> Any:
+    async def execute(self, method: str, params: WireParams, who: Who | None) -> Any:
         """Carry out a request another node of the cluster took in (its peer was
         checked there): the same params models, the same calls, the same errors,
         and ``who`` as the answer's identity. ``log`` here is one answer, never

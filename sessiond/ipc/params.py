@@ -17,7 +17,6 @@ from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
 from sessiond.log.event_data import ErrorClass
 from sessiond.log.projections import PAGE_MAX
 from sessiond.logquery import MAX_GREP
-from sessiond.replies import JsonObject
 from sessiond.wire import Params as WireParams
 
 
@@ -177,7 +176,7 @@ class SdkStepParams(TokenParams):
     name: str = Field(min_length=1, max_length=200)
     ordinal: int = Field(ge=1, le=10_000_000)
     key: StepKey | None = None
-    args: JsonObject = Field(default_factory=dict)  # a tool's arguments, as the program gave them
+    args: dict[str, Any] = Field(default_factory=dict)  # a tool's arguments
     request: Any = None  # a model step's request (stored as its context artifact)
     writes: list[str] = Field(default_factory=list, max_length=1000)
     risk: dict[str, str] = Field(default_factory=dict)

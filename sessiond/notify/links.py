@@ -30,7 +30,6 @@ from urllib.parse import quote
 
 import orjson
 
-from sessiond.log.store.base import Record
 from sessiond.log.store.durable import fsync_dir, private_dir
 from sessiond.table.sessions import Session
 
@@ -167,7 +166,7 @@ def expiry(requested_ts: str, ttl: float) -> int:
 
 
 def approval_links(
-    key: LinkKey, base: str, s: Session, record: Record, *, target: str, ttl: float | None
+    key: LinkKey, base: str, s: Session, record: dict[str, Any], *, target: str, ttl: float | None
 ) -> tuple[tuple[str, str], ...]:
     """The approve and deny links of an ``approval.requested`` record, or none when
     its call is no longer known (the notice is sent late; the console has it)."""

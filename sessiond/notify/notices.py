@@ -10,11 +10,10 @@ cursor (sessiond.notify.cursor) know nothing of event types.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 from sessiond.describe import describe
-from sessiond.log.store.base import Record
 
 NotifyType = Literal["info", "success", "warning", "failure"]
 
@@ -22,14 +21,14 @@ NotifyType = Literal["info", "success", "warning", "failure"]
 FAILED_RUNS = frozenset({"failed", "timeout", "killed", "lost"})
 
 
-def kinds(record: Record) -> list[str]:
+def kinds(record: dict[str, Any]) -> list[str]:
     """The notice events (``[[notify]] events``) this record is, most specific
     first; its own event type last (a target may ask for any)."""
     named = _named(record)
     return named if record["type"] in named else [*named, record["type"]]
 
 
-def _named(record: Record) -> list[str]:
+def _named(record: dict[str, Any]) -> list[str]:
     etype, data = record["type"], record.get("data") or {}
     if etype in ("approval.requested", "approval.granted", "approval.denied"):
         return [etype]
@@ -129,7 +128,7 @@ def one_line(text: str) -> str:
 
 
 def notice_for(
-    session: str, record: Record, wanted: frozenset[str], public_url: str | None
+    session: str, record: dict[str, Any], wanted: frozenset[str], public_url: str | None
 ) -> Notice | None:
     """The notice a target that wants ``wanted`` gets for ``record`` of ``session``'s
     log (named by the table: a forked log's copied records keep the parent's name)."""

@@ -74,7 +74,8 @@ def otlp_json(spans: Iterable[Span], service_name: str = "sessiond") -> JsonObje
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    message: JsonObject = MessageToDict(
+    # protobuf's JSON as MessageToDict gives it, rewritten below where OTLP differs
+    message: dict[str, Any] = MessageToDict(
         encode_spans(readable(spans, service_name)), use_integers_for_enums=True
     )
     # OTLP/JSON differs from protobuf's JSON mapping here: ids are hex, not base64

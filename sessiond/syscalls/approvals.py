@@ -27,7 +27,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import bad_steps
-from sessiond.replies import Folded, SessionDetail, Who, who_fields
+from sessiond.replies import SessionDetail, Who, who_fields
 from sessiond.runs.context import RunContext
 from sessiond.runs.recover import close_cut_off
 from sessiond.runs.runs import Runs
@@ -52,7 +52,7 @@ class Approvals:
         by: str = "",
         *,
         who: Who | None = None,
-        check: Callable[[Folded], None] | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> SessionDetail:
         """``check``: called with the pending approval under the session's lock; it
         may raise to refuse (a signed link's: what it was minted for is still so)."""
@@ -89,7 +89,7 @@ class Approvals:
         reason: str = "",
         *,
         who: Who | None = None,
-        check: Callable[[Folded], None] | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> SessionDetail:
         s = self.ctx.table.get(name)
         async with s.lock:

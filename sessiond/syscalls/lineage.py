@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -414,7 +414,7 @@ def _masks(spec_text: str | None, source: str) -> Redactor | None:
     return redactor(spec.redact)
 
 
-def _last_said(transcript: Sequence[Mapping[str, Any]]) -> str:
+def _last_said(transcript: list[dict[str, Any]]) -> str:
     for item in reversed(transcript):
         if item["role"] in ("assistant", "tool"):
             return str(item["text"])

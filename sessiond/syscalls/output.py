@@ -25,7 +25,7 @@ from typing import Any
 from sessiond.errors import InvalidInput, NoSuchSession, Refused
 from sessiond.log.store.base import Record
 from sessiond.redaction import Redactor
-from sessiond.replies import Folded, Output, RunFacts
+from sessiond.replies import Output, RunFacts
 from sessiond.runs.context import RunContext
 from sessiond.runs.runner import Program
 from sessiond.runs.tokens import Tokens
@@ -146,9 +146,7 @@ class RunOutput:
             raw = program.output_so_far(index) if isinstance(program, Program) else b""
             raw = raw[: raw.rfind(b"\n") + 1]  # whole lines only (see the module's doc)
             return self._masked(s, raw), {"running": True, "status": "running"}
-        finished: Folded | None = (
-            state.last_run if (state.last_run or {}).get("run") == run else None
-        )
+        finished = state.last_run if (state.last_run or {}).get("run") == run else None
         if finished is None:
             finished = await asyncio.to_thread(self._find, s.name, run)
         if finished is None:
@@ -174,9 +172,9 @@ class RunOutput:
         redactor = Redactor(patterns, [*s.masked, *self.tokens.grants])
         return redactor.data(raw).decode(errors="replace")
 
-    def _find(self, name: str, run: str) -> Folded | None:
+    def _find(self, name: str, run: str) -> dict[str, Any] | None:
         """The ``run.finished`` of ``run`` (a worker thread: the log is read)."""
-        found: Folded | None = None
+        found: dict[str, Any] | None = None
         for record in self.ctx.store.read(name):
             if record["type"] == "run.finished" and record["data"].get("run") == run:
                 found = dict(record["data"])

@@ -12,7 +12,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from sessiond.log.store.base import Record, Store
-from sessiond.replies import JsonObject
 from sessiond.table.sessions import Session, Table
 
 
@@ -42,7 +41,7 @@ def last_wake(
     host: WakeHost,
     s: Session,
     trigger: str,
-    which: Callable[[JsonObject], bool] | None = None,
+    which: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Record | None:
     """The newest wake of this kind (and, given ``which``, with these details)."""
     last = None

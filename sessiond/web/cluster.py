@@ -113,8 +113,8 @@ class ClusterView:
         *,
         grep: str | None = None,
     ) -> list[Record]:
-        params = {"name": name, "since": since, "types": types or [], "limit": limit,
-                  "grep": grep}  # fmt: skip
+        params: JsonObject = {"name": name, "since": since, "types": list(types or []),
+                              "limit": limit, "grep": grep}  # fmt: skip
         records = await self.syscall(
             "log", params, who, lambda: self.kernel.log_(name, since, types, limit, grep=grep)
         )

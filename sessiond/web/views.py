@@ -161,7 +161,7 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
 
 
 async def messages_before(
-    records: Iterable[Record], state: State, before: int | None, limit: int
+    records: Iterable[dict[str, Any]], state: State, before: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], int | None]:
     """A page of the messages view, newest first: the last ``limit`` messages before
     seq ``before`` (None: the newest), oldest of them first, and the ``before`` of
