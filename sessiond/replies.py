@@ -229,17 +229,11 @@ class GateReport(TypedDict):
     dry_run: bool
 
 
-class Message(TypedDict):
-    """An item of the messages view (``replay --view messages``, ``sdk.context``)."""
-
-    role: str
-    kind: str
-    content: str
-    seq: int
-
-
 class MessagesPage(TypedDict):
-    messages: list[JsonObject]  # Message, with the extra keys each kind carries
+    """``replay --view messages``: one page of the view."""
+
+    # each item as the view shows it: role, kind, content, seq, and its kind's own keys
+    messages: list[JsonObject]
     next_cursor: int | None
     upto: int
 

@@ -9,9 +9,13 @@ one saw it (``upto``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.wire import Connection, Params
+
+# for mypy only: sessionctl starts without building the reply types
+if TYPE_CHECKING:
+    from sessiond.replies import MessagesPage
 
 
 def replay_messages(
@@ -21,7 +25,7 @@ def replay_messages(
     items: list[Any] = []
     cursor = None
     while True:
-        page = conn.call("replay", {**params, "cursor": cursor})
+        page: MessagesPage = conn.call("replay", {**params, "cursor": cursor})
         if as_json:
             items += page["messages"]
         else:

@@ -133,6 +133,9 @@ def test_every_reply_has_the_shape_its_type_declares(daemon: Daemon) -> None:
         fits(conn.call("output", {"name": "hello"}), replies.Output)
         fits(conn.call("show", {"name": "hello"}), replies.SessionDetail)
         fits(conn.call("log", {"name": "hello"}), list[EventRecord])
+        page = conn.call("replay", {"name": "hello", "view": "messages"})
+        assert page["messages"]
+        fits(page, replies.MessagesPage)
 
         # a question: the inbox, the gate that says why, the answer
         fits(conn.call("activate", {"name": "asks"}), replies.SessionDetail)
