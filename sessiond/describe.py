@@ -7,19 +7,23 @@ import the daemon's packages (its start-up time is part of the contract).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+# An event's payload (its data), as the log holds it: typed per type by its model on
+# the log floor (log/event_data.py), which the clients do not import.
+Payload = Mapping[str, Any]
 
-def _tool(d: dict[str, Any]) -> str:
+
+def _tool(d: Payload) -> str:
     return f"{d['tool']} [{d['call']}]"
 
 
-def _hashes(h: dict[str, Any]) -> str:
+def _hashes(h: Mapping[str, str | None]) -> str:
     return ", ".join(f"{p}={(v or 'absent')[:12]}" for p, v in sorted(h.items())) or "no files"
 
 
-_DESCRIBE: dict[str, Callable[[dict[str, Any]], str]] = {
+_DESCRIBE: dict[str, Callable[[Payload], str]] = {
     "session.created": lambda d: f"{d['name']}: {d['goal'] or '(no goal)'}",
     "session.forked": lambda d: f"{d['parent']} -> {d['child']} at seq {d['at_seq']}",
     "session.merged": lambda d: f"from {d['child']}: {d['summary']}",
@@ -103,12 +107,12 @@ def _rule(rule: str) -> str:
     return f"rule {kind} {pattern!r}" if colon else f"rule {rule!r}"
 
 
-def _arbiter(d: dict[str, Any]) -> str:
+def _arbiter(d: Payload) -> str:
     """Who settled a hand-over: its source, or an operator (who, from the socket)."""
     return "the source" if d["by"] == "source" else _who({**d, "by": ""})
 
 
-def _who(d: dict[str, Any]) -> str:
+def _who(d: Payload) -> str:
     """Who answered: the user and uid from the socket (events before them: the note)."""
     note = d.get("by") or ""
     if d.get("uid") is None:
@@ -119,7 +123,7 @@ def _who(d: dict[str, Any]) -> str:
     return f"{who}, note: {note}" if note else who
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: Mapping[str, Any]) -> str:
     """A one-line summary of an event's data."""
     describe_data = _DESCRIBE.get(record["type"])
     return describe_data(record["data"]) if describe_data else ""

@@ -14,10 +14,14 @@ A ``--state`` that names ``terminated`` shows them all: it asked for them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, TypeVar
+
+# A row as the daemon makes it (replies.PsRow, or a console row, with more keys) or
+# as another cluster node's answer decoded it: what is filtered comes back as it was.
+R = TypeVar("R", bound=Mapping[str, Any])
 
 # The states of a session (table/lifecycle.py), then the ones a cluster's ps gives a
 # session no live node answered for (daemon/forward.py, daemon/placement.py).
@@ -29,6 +33,22 @@ STATE_ORDER = ("blocked", "running", "ready", "arriving", "waiting", "unknown", 
 SORTS = ("agent", "name", "state", "last-active", "priority")
 DEFAULT_SORT = "agent"  # ps groups sessions by their owning agent (docs/spec.md)
 HIDE_TERMINATED_AFTER = 3600.0  # seconds: terminated longer ago than this hides
+
+
+class ListingParams(TypedDict):
+    """A listing in a request's params (``ps``, and what a cluster node asks the others)."""
+
+    state: list[str]
+    agent: list[str]
+    label: list[str]
+    all: bool
+    sort: str
+
+
+class PsRequest(ListingParams):
+    """A ``ps`` request's params; ``footer``: answer a PsPage (replies.py), not rows."""
+
+    footer: bool
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,7 @@ class Listing:
         agent_set = {part.strip() for a in agents for part in a.split(",") if part.strip()}
         return cls(frozenset(wanted), frozenset(agent_set), tuple(pairs), all, sort)
 
-    def matches(self, row: dict[str, Any]) -> bool:
+    def matches(self, row: Mapping[str, Any]) -> bool:
         if self.states and row.get("state") not in self.states:
             return False
         if self.agents and (row.get("agent") or "") not in self.agents:
@@ -80,16 +100,16 @@ class Listing:
         labels = row.get("labels") or {}
         return all(labels.get(k) == v for k, v in self.labels)
 
-    def hides(self, row: dict[str, Any], now: float) -> bool:
+    def hides(self, row: Mapping[str, Any], now: float) -> bool:
         """A row left out unless ``--all``: terminated more than an hour ago."""
         if self.all or "terminated" in self.states or row.get("state") != "terminated":
             return False
         then = _seconds(row.get("last_active"))
         return then is not None and now - then > HIDE_TERMINATED_AFTER
 
-    def apply(self, rows: Iterable[dict[str, Any]], now: float) -> tuple[list[dict[str, Any]], int]:
+    def apply(self, rows: Iterable[R], now: float) -> tuple[list[R], int]:
         """(the rows to show, in order; how many terminated ones hid)."""
-        kept: list[dict[str, Any]] = []
+        kept: list[R] = []
         hidden = 0
         for row in rows:
             if not self.matches(row):
@@ -100,7 +120,7 @@ class Listing:
                 kept.append(row)
         return self.order(kept), hidden
 
-    def order(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def order(self, rows: list[R]) -> list[R]:
         rows = sorted(rows, key=lambda r: str(r["name"]))  # the tie-break of every order
         if self.sort == "agent":
             rows.sort(key=lambda r: r.get("agent") or "")
@@ -113,7 +133,7 @@ class Listing:
             rows.sort(key=lambda r: -int(r.get("priority") or 0))
         return rows
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> ListingParams:
         """The wire's form (what a cluster node passes to the others)."""
         return {
             "state": sorted(self.states),

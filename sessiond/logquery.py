@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import orjson
 
 from sessiond.describe import describe
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.codec import EventRecord
 
 MAX_GREP = 1024  # characters of a --grep pattern; a regex longer than that is an attack
 FELL_BEHIND = "fell_behind"  # the error code (sessiond.errors.FellBehind)
@@ -40,6 +44,19 @@ SINCE_FORMS = (
     "or an RFC 3339 time with its offset (2026-12-01T09:00:00Z)"
 )
 DAYS = {"today": 0, "yesterday": 1}  # local midnight, this many days back
+
+
+class LogRequest(TypedDict):
+    """A ``log`` request's params, as sessionctl sends them (docs/rpc.md)."""
+
+    name: str | None  # None: every session (--all, with -f)
+    since: int | str
+    types: list[str]
+    limit: int
+    grep: str | None
+    follow: bool
+    until: NotRequired[str]
+    after: NotRequired[dict[str, int]]  # per session: only what comes after this seq
 
 
 def _ts(when: datetime) -> str:
@@ -188,7 +205,7 @@ class LogQuery:
         latest = parse_until(until, now_ns)
         return cls(first, earliest, frozenset(types), compile_grep(grep), latest)
 
-    def match(self, record: dict[str, Any]) -> bool:
+    def match(self, record: Mapping[str, Any]) -> bool:
         if record["seq"] < self.first_seq or (self.types and record["type"] not in self.types):
             return False
         if self.earliest is not None and record["ts"] < self.earliest:
@@ -203,7 +220,7 @@ class LogQuery:
         return self.grep.search(orjson.dumps(record.get("data")).decode()) is not None
 
 
-def follow(conn: Connection, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def follow(conn: Connection, params: LogRequest) -> Iterator[EventRecord]:
     """Every event a ``log --follow`` asks for, in order and once each.
 
     When the daemon ends the stream because this reader fell behind (``fell_behind``,
@@ -212,7 +229,7 @@ def follow(conn: Connection, params: dict[str, Any]) -> Iterator[dict[str, Any]]
     from there (``after``): nothing is missed and nothing comes twice. Only an
     error of the catching up itself (or any other error) is raised.
     """
-    params = dict(params)
+    params = params.copy()
     done: dict[str, int] = {}  # per session: the last seq yielded
     while True:
         try:
@@ -230,7 +247,8 @@ def follow(conn: Connection, params: dict[str, Any]) -> Iterator[dict[str, Any]]
         after.update({name: seq for name, seq in done.items() if name not in after})
         # The last N were shown already; from here on, everything after them.
         catch_up = {**params, "follow": False, "limit": 0}
-        for name in sorted(after) if params.get("name") is None else [params["name"]]:
+        asked = params["name"]
+        for name in sorted(after) if asked is None else [asked]:
             for record in conn.call("log", {**catch_up, "name": name, "after": after}):
                 done[name] = after[name] = record["seq"]
                 yield record

@@ -24,9 +24,9 @@ A connection carries any number of requests, answered in order.
 from __future__ import annotations
 
 import socket as _socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NotRequired, TypedDict
 
 import orjson
 
@@ -37,11 +37,36 @@ DEFAULT_MAX_FRAME = 1 << 20
 ANSWER_LIMIT = 64 << 20
 
 
+# A request's params: each method's own (sessiond/ipc/params.py checks them), any
+# JSON object; read-only here, so a TypedDict of a method's params passes as well.
+Params = Mapping[str, object]
+
+
+class ErrorInfo(TypedDict):
+    """A failure answer's ``error`` (docs/rpc.md, "Errors")."""
+
+    code: str
+    message: str
+    exit: int
+    last_seq: NotRequired[dict[str, int]]  # fell_behind: per session, where it stopped
+
+
+class Frame(TypedDict, total=False):
+    """One answer line: a success, a failure or a stream item (see above)."""
+
+    id: int | str | None
+    ok: bool
+    result: Any  # the method's reply: sessiond/replies.py types each
+    error: ErrorInfo
+    stream: Any  # an item of a stream (log --follow: an event)
+    body: int  # bytes that follow the line (export)
+
+
 class RemoteError(Exception):
     """An error answer from the daemon (or the daemon could not be reached: exit 3)."""
 
     def __init__(
-        self, code: str, message: str, exit_code: int, data: dict[str, Any] | None = None
+        self, code: str, message: str, exit_code: int, data: Mapping[str, object] | None = None
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -51,7 +76,7 @@ class RemoteError(Exception):
         self.data = data or {}
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, object]) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
 
 
@@ -127,10 +152,10 @@ class Connection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def send(self, method: str, params: dict[str, Any]) -> int:
+    def send(self, method: str, params: Params) -> int:
         self._next_id += 1
         try:
-            frame: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+            frame: dict[str, object] = {"id": self._next_id, "method": method, "params": params}
             if self.token:
                 frame["token"] = self.token
             self.sock.sendall(encode(frame))
@@ -147,7 +172,7 @@ class Connection:
             raise _unreachable(self.path, exc) from exc
         return self._next_id
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self) -> Frame:
         while b"\n" not in self._buf:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -161,19 +186,17 @@ class Connection:
                 raise RemoteError("closed", f"the daemon at {self.path} closed the connection", 3)
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
-        message: dict[str, Any] = orjson.loads(line)
+        message: Frame = orjson.loads(line)
         if self.clean is not None:
-            cleaned: dict[str, Any] = self.clean(message)
+            cleaned: Frame = self.clean(message)
             return cleaned
         return message
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: Params) -> Any:
         self.send(method, params)
         return result_of(self.receive())
 
-    def call_receiving(
-        self, method: str, params: dict[str, Any], sink: Callable[[bytes], object]
-    ) -> Any:
+    def call_receiving(self, method: str, params: Params, sink: Callable[[bytes], object]) -> Any:
         """A call whose answer carries a body (``export``): ``sink`` takes its bytes."""
         self.send(method, params)
         message = self.receive()
@@ -194,9 +217,7 @@ class Connection:
             left -= len(take)
         return result
 
-    def call_sending(
-        self, method: str, params: dict[str, Any], source: IO[bytes], size: int
-    ) -> Any:
+    def call_sending(self, method: str, params: Params, source: IO[bytes], size: int) -> Any:
         """A call with a body (``import``): ``size`` bytes of ``source`` follow the frame."""
         self.send(method, {**params, "bytes": size})
         left = size
@@ -213,7 +234,7 @@ class Connection:
             raise _unreachable(self.path, exc) from exc
         return result_of(self.receive())
 
-    def stream(self, method: str, params: dict[str, Any]) -> Iterator[Any]:
+    def stream(self, method: str, params: Params) -> Iterator[Any]:
         """Yield stream items until the final response (whose result is returned)."""
         self.send(method, params)
         while True:
@@ -225,10 +246,10 @@ class Connection:
                 return
 
 
-def result_of(message: dict[str, Any]) -> Any:
+def result_of(message: Frame) -> Any:
     if message.get("ok"):
         return message.get("result")
-    error = message.get("error") or {}
+    error: Mapping[str, Any] = message.get("error") or {}  # as the daemon sent it
     raise RemoteError(
         str(error.get("code", "internal")),
         str(error.get("message", "the daemon gave no reason")),
@@ -237,9 +258,7 @@ def result_of(message: dict[str, Any]) -> Any:
     )
 
 
-async def send_bundle_async(
-    path: Path, bundle: Path, params: dict[str, Any], timeout: float = 60
-) -> Any:
+async def send_bundle_async(path: Path, bundle: Path, params: Params, timeout: float = 60) -> Any:
     """``import`` a bundle file into the daemon at ``path``, its bytes as the body
     (daemon to daemon: ``migrate --to``). The file work runs in a thread."""
     import asyncio
@@ -271,7 +290,7 @@ async def send_bundle_async(
         writer.close()
 
 
-async def call_async(path: Path, method: str, params: dict[str, Any], timeout: float = 60) -> Any:
+async def call_async(path: Path, method: str, params: Params, timeout: float = 60) -> Any:
     """One request to a daemon from inside an event loop (daemon to daemon)."""
     import asyncio  # here, not at the top: sessionctl imports this module and must start fast
 

@@ -32,6 +32,7 @@ GROUND = {
     "names",
     "paths",
     "redaction",
+    "replies",
     "sandboxconfig",
     "webconfig",
     "wire",

@@ -24,7 +24,7 @@ def run_async(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return runner.run(coro_fn())
 
 
-def machine() -> dict[str, Any]:
+def machine() -> dict[str, str | int | None]:
     """What the figures were measured on."""
     cpu = platform.processor() or "unknown"
     try:

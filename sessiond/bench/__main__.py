@@ -12,9 +12,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import orjson
 
@@ -65,6 +65,14 @@ TARGETS: dict[str, tuple[str, float, str]] = {
 }
 
 
+class Verdict(TypedDict):
+    """A figure beside its target (docs: bench/README.md)."""
+
+    target: str
+    value: float
+    met: bool
+
+
 def measure(
     work: Path,
     quick: bool,
@@ -74,12 +82,13 @@ def measure(
     loop_only: bool = False,
     memory_only: bool = False,
     baseline: Path | None = None,
-) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+) -> dict[str, object]:
+    """The figures (numbers), with the file system's type beside them."""
+    results: dict[str, object] = {}
     if loop_only:
         return loop.measure(work, quick, say, baseline)
     if memory_only:
-        return memory.measure(work, quick, say)
+        return {**memory.measure(work, quick, say)}
 
     def step(name: str) -> Path:
         say(f"measuring {name} ...")
@@ -95,15 +104,14 @@ def measure(
     results["append_os_eps"] = round(run_async(lambda: storage.append_os_eps(folder, n)))
 
     folder = step("append_fsync_each_eps")
-    results["append_fsync_each_eps"] = round(
-        storage.fsync_each_eps(folder, seconds=2.0 if quick else 5.0), 1
-    )
+    each_eps = round(storage.fsync_each_eps(folder, seconds=2.0 if quick else 5.0), 1)
+    results["append_fsync_each_eps"] = each_eps
 
     folder = step("append_group_commit_eps")
     eps, fsyncs = run_async(lambda: storage.group_commit_eps(folder, 32, 3.0 if quick else 8.0))
     results["append_group_commit_eps"] = round(eps, 1)
     results["group_commit_fsyncs"] = fsyncs
-    results["group_commit_ratio"] = round(eps / results["append_fsync_each_eps"], 2)
+    results["group_commit_ratio"] = round(eps / each_eps, 2)
 
     folder = step("replay_eps")
     replay, floor = run_async(
@@ -150,11 +158,11 @@ def measure(
     return results
 
 
-def check_targets(results: dict[str, Any]) -> dict[str, Any]:
-    verdicts = {}
+def check_targets(results: Mapping[str, object]) -> dict[str, Verdict]:
+    verdicts: dict[str, Verdict] = {}
     for name, (op, bound, unit) in TARGETS.items():
         value = results.get(name)
-        if value is None:
+        if not isinstance(value, int | float):  # not measured this time
             continue
         met = value >= bound if op == ">=" else value <= bound
         verdicts[name] = {"target": f"{op} {bound:g} {unit}", "value": value, "met": met}
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     try:
+        results: Mapping[str, object]
         if args.sandbox_only:
             results = sandbox.measure(work, args.quick, say)
         else:

@@ -45,7 +45,7 @@ class Node:
             f'log_format = "json"\nlog_level = "info"\n[cluster]\ndsn = "{dsn}"\n'
             f'node = "{name}"\nlease_ttl = "{TTL}s"\n'
         )
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[dict[str, object]] = []  # its log, a JSON object a line
         self.proc: subprocess.Popen[bytes] | None = None
         self._ready = threading.Event()
 
@@ -184,7 +184,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(server: LocalPostgres, folder: Path, quick: bool) -> dict[str, Any]:
+def measure(server: LocalPostgres, folder: Path, quick: bool) -> dict[str, object]:
     samples, rounds = (10, 3) if quick else (40, 10)
     server.createdb("nodes")
     dsn = server.dsn_for("nodes")

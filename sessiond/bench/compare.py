@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -210,7 +209,7 @@ class Row:
         op, bound = self.target
         return self.ratio >= bound if op == ">=" else self.ratio <= bound
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         target = self.target
         return {
             **asdict(self),

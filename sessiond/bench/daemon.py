@@ -29,6 +29,7 @@ from sessiond.log.event_data import (
 from sessiond.log.store.base import Draft
 from sessiond.log.store.lines import RecordBuilder
 from sessiond.table.spec import parse_spec, spec_to_toml
+from sessiond.wire import Params
 
 BIN = Path(sys.executable).parent
 
@@ -194,8 +195,8 @@ def sessionctl_ms(path: Path, args: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def measure(work: Path, quick: bool, say: Any) -> dict[str, float]:
+    results: dict[str, float] = {}
     big = 10_000
 
     root = work / "ps300"
@@ -331,7 +332,7 @@ def _wake(root: Path, n: int, *, sdk: int = 0, config: str = "") -> tuple[float,
     return round(statistics.median(delays), 2), sdk_ms
 
 
-def call(path: Path, method: str, params: dict[str, Any]) -> Any:
+def call(path: Path, method: str, params: Params) -> Any:
     from sessiond.wire import Connection
 
     with Connection(path) as conn:

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -66,7 +65,7 @@ uvloop.run(main())
 OPS = ("replay", "fork")
 
 
-def hold_ms(state_root: Path, op: str, source: Path | None = None) -> dict[str, Any]:
+def hold_ms(state_root: Path, op: str, source: Path | None = None) -> dict[str, float]:
     """The worst gap of the loop (ms of its thread's CPU time) during ``op``."""
     env = dict(os.environ)
     if source is not None:
@@ -78,13 +77,13 @@ def hold_ms(state_root: Path, op: str, source: Path | None = None) -> dict[str, 
         timeout=600,
         check=True,
     )
-    figures: dict[str, Any] = orjson.loads(done.stdout.splitlines()[-1])
+    figures: dict[str, float] = orjson.loads(done.stdout.splitlines()[-1])  # max, turns
     return figures
 
 
-def measure(state_root: Path, source: Path | None, repeats: int = 3) -> dict[str, Any]:
+def measure(state_root: Path, source: Path | None, repeats: int = 3) -> dict[str, float]:
     """``loop_<op>_hold_max_ms``: the median of ``repeats`` runs' worst gaps."""
-    results: dict[str, Any] = {}
+    results: dict[str, float] = {}
     for op in OPS:
         worst = []
         for _ in range(repeats):

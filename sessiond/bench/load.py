@@ -26,17 +26,18 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
 from sessiond.bench.daemon import BenchDaemon, call, write_sessions
+from sessiond.wire import Params
 
 RUNNERS = 50
 RSS_GROWTH_BOUND_MB = 64.0  # after warm-up; more than this is reported as a failure
 
 
-def mix(rng: random.Random, sessions: int, runners: list[str]) -> tuple[str, dict[str, Any]]:
+def mix(rng: random.Random, sessions: int, runners: list[str]) -> tuple[str, Params]:
     """One request, drawn the way a fleet of harnesses and dashboards would send them."""
     roll = rng.random()
     name = f"s{rng.randrange(sessions):05d}"
@@ -49,6 +50,33 @@ def mix(rng: random.Random, sessions: int, runners: list[str]) -> tuple[str, dic
     if roll < 0.999:  # a full ps of 10,000 rows costs ~30 ms: a dashboard's rate, not more
         return "send", {"to": name, "text": "load", "sender": "load"}
     return "ps", {}
+
+
+class MethodFigures(TypedDict):
+    count: int
+    p50_ms: float
+    p99_ms: float
+
+
+class LoadReport(TypedDict):
+    """What a load run reports (``--json`` prints it as it is)."""
+
+    machine: str
+    clients: int
+    seconds: float
+    sessions: int
+    running_during_load: int
+    running_after_load: int
+    requests: int
+    throughput_rps: int
+    p50_ms: float | None
+    p99_ms: float | None
+    per_method: dict[str, MethodFigures]
+    errors: int
+    first_errors: list[str]
+    rss_before_mb: float
+    rss_after_mb: float
+    rss_growth_bound_mb: float
 
 
 @dataclass
@@ -110,7 +138,7 @@ def raise_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(needed, hard), hard))
 
 
-def run(clients: int, seconds: float, sessions: int, say: Any) -> dict[str, Any]:
+def run(clients: int, seconds: float, sessions: int, say: Any) -> LoadReport:
     raise_fd_limit(clients + 256)
     root = Path(tempfile.mkdtemp(prefix="sd-load-"))
     try:

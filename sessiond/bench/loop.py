@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -49,7 +49,15 @@ from sessiond.log.event_data import (
 from sessiond.log.store.base import Draft
 from sessiond.log.store.lines import RecordBuilder
 
-OPS: dict[str, dict[str, Any]] = {
+
+class Op(TypedDict):
+    """A request whose answer the loop serves while it is pinged."""
+
+    method: str
+    params: dict[str, str]
+
+
+OPS: dict[str, Op] = {
     "log": {"method": "log", "params": {"name": "big"}},
     "replay": {"method": "replay", "params": {"name": "big", "view": "messages"}},
     "fork": {"method": "fork", "params": {"name": "big", "new": "child"}},
@@ -150,7 +158,7 @@ def big_session(state_dir: Path, name: str, events: int) -> None:
     os.sync()
 
 
-def _ping_while(sock_path: Path, op: dict[str, Any]) -> tuple[list[float], float]:
+def _ping_while(sock_path: Path, op: Op) -> tuple[list[float], float]:
     """Ping round trips (ms) while the other process's request is in the daemon, and
     how long that request took (s)."""
     client = subprocess.Popen(
@@ -235,12 +243,12 @@ def _figures(times: list[float]) -> dict[str, float]:
     }
 
 
-def measure_one(root: Path, events: int, source: Path | None, say: Any) -> dict[str, Any]:
+def measure_one(root: Path, events: int, source: Path | None, say: Any) -> dict[str, float]:
     """The figures for one daemon (this tree's, or the one in ``source``)."""
     root.mkdir(parents=True)
     big_session(root / "state", "big", events)
     d = BenchDaemon(root, source=source)
-    results: dict[str, Any] = {}
+    results: dict[str, float] = {}
     try:
         d.start()
         results["loop_idle_ping_p99_ms"] = _figures(_idle_pings(d.socket, 500))["p99"]
@@ -269,11 +277,11 @@ def _idle_pings(sock_path: Path, count: int) -> list[float]:
 
 def measure(
     work: Path, quick: bool, say: Any, baseline: Path | None = None, events: int = 100_000
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The figures of this tree's daemon, and of ``baseline``'s if given. (100,000
     events even with --quick: the work takes seconds, not minutes.)"""
     del quick
-    results = measure_one(work / "loop", events, None, say)
+    results: dict[str, object] = {**measure_one(work / "loop", events, None, say)}
     if baseline is not None:
         say(f"the same with the daemon of {baseline} ...")
         before = measure_one(work / "loop-baseline", events, baseline, say)

@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -177,12 +176,12 @@ def daemon_rss(
     return figures
 
 
-def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, float]:
     """The figures; ``quick`` uses fewer sessions and a shorter long session (the
     targets are judged on the full sizes only)."""
     many = 200 if quick else 10_000
     long_log = 100_000 if quick else 1_000_000
-    results: dict[str, Any] = {}
+    results: dict[str, float] = {}
     for events in (1000, 100):
         say(f"measuring the daemon's RSS with {many} sessions of {events} events ...")
         figures = daemon_rss(work / f"mem{events}", many, events, cold=False)

@@ -12,7 +12,6 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sessiond.bench import daemon
 
@@ -41,9 +40,9 @@ def floor(quick: bool) -> dict[str, float]:
     return result
 
 
-def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, float]:
     say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms ...")
-    results: dict[str, Any] = floor(quick)
+    results = floor(quick)
     say("measuring wake_to_exec_p50_ms with the sandbox and without ...")
     n = 20 if quick else 100
     confined, _ = daemon._wake(work / "wake", n)

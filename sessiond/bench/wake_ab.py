@@ -26,11 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from sessiond.bench.cluster_nodes import Node, _stamp, _until, pct
 from sessiond.bench.daemon import BenchDaemon, call
 from sessiond.localpg import LocalPostgres, bindir
+from sessiond.wire import Params
 
 KINDS = ("files_activate", "files_send", "pg_local", "pg_cross")
 
@@ -44,7 +44,7 @@ def _spec(work: Path) -> str:
     )
 
 
-def _sample(via: Path, owner: Path, method: str, params: dict[str, Any], work: Path) -> float:
+def _sample(via: Path, owner: Path, method: str, params: Params, work: Path) -> float:
     """ms from the request through ``via`` to the probe's first instruction."""
     _until(lambda: call(owner, "show", {"name": "w"})["state"] == "sleeping", 30, "sleeping")
     ts = work / "ts"
@@ -144,7 +144,7 @@ def main() -> int:
         on_cluster(trees, folder, n, out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    figures: dict[str, Any] = {
+    figures: dict[str, object] = {
         k: {"p50": round(statistics.median(v), 1), "p99": round(pct(v, 0.99), 1)}
         for k, v in out.items()
     }

@@ -199,7 +199,7 @@ def git_floor(root: Path, samples: int, step_ms: int) -> float:
     return statistics.median(delays)
 
 
-def storm(root: Path, sessions: int, changes: int) -> dict[str, Any]:
+def storm(root: Path, sessions: int, changes: int) -> dict[str, float]:
     """``changes`` file writes in about a second across ``sessions`` watching sessions."""
     work = root / "storm"
     work.mkdir()
@@ -251,11 +251,11 @@ def _idle_cpu(d: BenchDaemon, seconds: float) -> float:
     return round((ticks() - first) / os.sysconf("SC_CLK_TCK") / seconds * 100, 2)
 
 
-def measure(work: Path, quick: bool, say: Any) -> dict[str, Any]:
+def measure(work: Path, quick: bool, say: Any) -> dict[str, float]:
     root = (work / "wakes").resolve()
     root.mkdir()
     samples = 15 if quick else 40
-    results: dict[str, Any] = {}
+    results: dict[str, float] = {}
     say("measuring watch_wake_p50_ms (debounce 200ms, then 0) and watch_floor_p50_ms ...")
     results["watch_wake_p50_ms"] = round(watch_wake(root, "200ms", samples, 15), 1)
     results["watch_wake_d0_p50_ms"] = round(watch_wake(root, "0ms", samples, 15), 1)

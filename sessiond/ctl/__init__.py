@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -42,6 +42,10 @@ from sessiond.listing import suggest
 from sessiond.paths import default_socket
 from sessiond.wire import Connection, RemoteError
 
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import SessionDetail
+
 # --- commands ---------------------------------------------------------------------
 
 
@@ -57,8 +61,9 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def print_detail(d: dict[str, Any], out: Out) -> None:
+def print_detail(d: SessionDetail, out: Out) -> None:
     state = d["state"] + (f" ({d['outcome']})" if d.get("outcome") else "")
+    program = d.get("program")
     lines = [
         ("session", d["name"]),
         ("state", out.paint(state, STATE_COLOURS.get(d["state"], "0"))),
@@ -66,7 +71,7 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         ("goal", d.get("goal") or "-"),
         ("agent", d.get("agent") or "-"),
         ("priority", str(d.get("priority", 0))),
-        ("program", " ".join(d["program"]) if d.get("program") else "(none)"),
+        ("program", " ".join(program) if program else "(none)"),
         ("triggers", "; ".join(d.get("triggers") or []) or "(none)"),
         ("next wake", when(d.get("next_wake"))),
         ("runs", str(d.get("runs", 0))),
@@ -107,8 +112,8 @@ def print_detail(d: dict[str, Any], out: Out) -> None:
         lines.append(("children", ", ".join(d["children"])))
     if d.get("merged"):
         lines.append(("merged", ", ".join(d["merged"])))
-    used = d.get("budget_used") or {}
-    if used.get("tokens") or used.get("cost_usd"):
+    used = d.get("budget_used")
+    if used and (used.get("tokens") or used.get("cost_usd")):
         cost = f", cost ${used['cost_usd']:.4f}" if used.get("cost_usd") else ""
         lines.append(("used", f"{used['tokens']} tokens{cost}"))
     last_run = d.get("last_run")

@@ -15,10 +15,14 @@ session is refused with the reason those give.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out
 from sessiond.wire import Connection
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import SessionDetail
 
 
 def add_parsers(add: Any) -> None:
@@ -27,7 +31,7 @@ def add_parsers(add: Any) -> None:
     add("restart", cmd_restart, "stop the current run, then run it again now", "name")
 
 
-def _said(out: Out, d: dict[str, Any], text: str) -> int:
+def _said(out: Out, d: SessionDetail, text: str) -> int:
     if out.json:
         out.emit_json(d)
     else:
@@ -35,7 +39,7 @@ def _said(out: Out, d: dict[str, Any], text: str) -> int:
     return 0
 
 
-def _run_now(conn: Connection, name: str, d: dict[str, Any]) -> dict[str, Any]:
+def _run_now(conn: Connection, name: str, d: SessionDetail) -> SessionDetail:
     if d["state"] == "suspended":
         d = conn.call("resume", {"name": name})
     if d["state"] != "running":  # a resume with pending wakes may have started it

@@ -13,9 +13,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import Folded, PsRow, SessionDetail
 
 Answer = Callable[[Connection, argparse.Namespace], tuple[Any, str]]
 NOTE = "a free-text note recorded beside who answered (which the daemon takes from the socket)"
@@ -83,7 +87,7 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     ay.add_argument("--by", metavar="NOTE", help=NOTE)
 
 
-def who(answer: dict[str, Any]) -> str:
+def who(answer: Folded) -> str:
     """'by ann (uid 1000, cli)': who answered, from the socket or the web login;
     the note after it."""
     uid = f"uid {answer['uid']}, " if answer.get("uid") is not None else ""
@@ -102,15 +106,17 @@ BOUNDARY_OFF = (
 )
 
 
-def say_unconfined(rows: list[dict[str, Any]]) -> None:
+def say_unconfined(rows: list[PsRow]) -> None:
     if any(r.get("boundary") == "off" for r in rows):
         print(BOUNDARY_OFF, file=sys.stderr)
 
 
-def boundary(d: dict[str, Any]) -> str:
+def boundary(d: SessionDetail) -> str:
     """``show``'s boundary line: the sandbox (its network, the session's uid) or off."""
-    b = d.get("boundary") or {}
+    b = d.get("boundary")
+    if not b:
+        return "-"
     if b.get("sandbox") == "off":
         return 'off: runs are not confined ([run] sandbox = "off")'
     uid = f", uid {b['uid']}" if b.get("uid") is not None else ""
-    return f"sandbox (network {b.get('network') or 'host'}{uid})" if b else "-"
+    return f"sandbox (network {b.get('network') or 'host'}{uid})"

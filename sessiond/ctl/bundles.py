@@ -8,18 +8,22 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import ExportedBundle
 
 
 def _bad_file(path: Path | str, exc: OSError, doing: str) -> RemoteError:
     return RemoteError("invalid_input", f"cannot {doing} {path}: {exc.strerror or exc}", 5)
 
 
-def export_bundle(conn: Connection, name: str, output: str) -> tuple[dict[str, Any], str]:
+def export_bundle(conn: Connection, name: str, output: str) -> tuple[ExportedBundle, str]:
     """The daemon sends the bundle's bytes; this client writes them, as its own user
     (the daemon never writes where a client names)."""
     import hashlib
@@ -64,7 +68,7 @@ def export_bundle(conn: Connection, name: str, output: str) -> tuple[dict[str, A
     return d, f"exported {d['events']} events of {name} to {target}"
 
 
-def summary_to_stderr(d: dict[str, Any], text: str, as_json: bool) -> int:
+def summary_to_stderr(d: ExportedBundle, text: str, as_json: bool) -> int:
     """An export to standard output: stdout holds the bundle alone, so what was
     exported is said on stderr."""
     print(orjson.dumps(d).decode() if as_json else text, file=sys.stderr)

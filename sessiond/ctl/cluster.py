@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.wire import Connection
 
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import NodeRow
 
-def nodes_table(rows: list[dict[str, Any]]) -> list[list[str]]:
+
+def nodes_table(rows: list[NodeRow]) -> list[list[str]]:
     """The ``nodes`` answer as a table; this node is marked with ``*``."""
     table = [["NODE", "INCARNATION", "STATE", "LEASE AGE", "LEASE LEFT", "SESSIONS"]]
     for r in rows:

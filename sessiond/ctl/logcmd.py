@@ -19,11 +19,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out
 from sessiond.ctl.safeterm import safe_text
 from sessiond.wire import Connection, RemoteError
+
+# for mypy only: sessionctl log loads logquery when it runs, and the reply types
+# are never built at run time (sessionctl's start-up is part of its contract)
+if TYPE_CHECKING:
+    from sessiond.codec import EventRecord
+    from sessiond.logquery import LogRequest
 
 FORMATS = ("short", "cat", "json", "json-lines")
 ALL_PAGE = 5000  # sessions asked for at once by ``log --all`` (one ``ps``)
@@ -61,7 +67,7 @@ def output_format(args: argparse.Namespace) -> str:
     return "short"
 
 
-def params(args: argparse.Namespace) -> dict[str, Any]:
+def params(args: argparse.Namespace) -> LogRequest:
     """The ``log`` request of the command line; a bad --since, --until, --grep, -n or
     -o is a usage error here (exit 2), before anything is sent."""
     from sessiond.logquery import DAYS, absolute, compile_grep, parse_since, parse_until
@@ -99,7 +105,7 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
         compile_grep(args.grep)
     except ValueError as exc:
         raise RemoteError("usage", f"log: {exc}", 2) from None
-    request = {
+    request: LogRequest = {
         "name": None if args.all else args.name,
         "since": since,
         "types": args.type or [],
@@ -112,7 +118,7 @@ def params(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
-def event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> str:
+def event_line(record: EventRecord, out: Out, with_session: bool = False) -> str:
     from sessiond.describe import describe
 
     who = f"{record['session']:<16} " if with_session else ""
@@ -120,7 +126,7 @@ def event_line(record: dict[str, Any], out: Out, with_session: bool = False) -> 
     return f"{who}{record['seq']:>6}  {record['ts']}  {kind} {describe(record)}".rstrip()
 
 
-def _print(record: dict[str, Any], fmt: str, out: Out, with_session: bool) -> None:
+def _print(record: EventRecord, fmt: str, out: Out, with_session: bool) -> None:
     if fmt == "json-lines":
         out.emit_json(record)
     elif fmt == "cat":
@@ -131,12 +137,12 @@ def _print(record: dict[str, Any], fmt: str, out: Out, with_session: bool) -> No
         print(event_line(record, out, with_session))
 
 
-def _every_session(conn: Connection, request: dict[str, Any]) -> list[dict[str, Any]]:
+def _every_session(conn: Connection, request: LogRequest) -> list[EventRecord]:
     """``log --all`` without ``-f``: each session's matching events (each asked of
     the node that runs it, in a cluster), merged in time order; ``-n`` then keeps
     the last N of the whole."""
     names = [r["name"] for r in conn.call("ps", {"all": True, "sort": "name"})]
-    merged: list[dict[str, Any]] = []
+    merged: list[EventRecord] = []
     for name in names:
         try:
             merged.extend(conn.call("log", {**request, "name": name}))
@@ -147,7 +153,7 @@ def _every_session(conn: Connection, request: dict[str, Any]) -> list[dict[str, 
             elif exc.exit_code != 4:  # a session gone meanwhile is no error
                 raise
     merged.sort(key=lambda r: (r["ts"], r["session"], r["seq"]))
-    limit = request.get("limit") or 0
+    limit = request["limit"]
     return merged[-limit:] if limit else merged
 
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import orjson
 
 from sessiond import __version__
-from sessiond.wire import Connection, RemoteError
+from sessiond.wire import Connection, Params, RemoteError
 
 try:
     import anyio.to_thread
@@ -68,13 +68,13 @@ class Daemon:
     def in_a_run(self) -> bool:
         return bool(self.token)
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: Params) -> Any:
         # One connection a call: a daemon restarted between two calls is simply
         # reached again, and a slow call holds nothing of the next one.
         with Connection(self.socket, 120, token=self.token) as conn:
             return conn.call(method, params)
 
-    async def answer(self, method: str, params: dict[str, Any]) -> CallToolResult:
+    async def answer(self, method: str, params: Params) -> CallToolResult:
         """The daemon's answer as a tool result: its JSON (what ``sessionctl --json``
         prints), or a tool error with the text ``sessionctl`` prints."""
         try:
@@ -179,7 +179,7 @@ def syscall_tools(server: MCPServer, daemon: Daemon) -> None:
     ) -> CallToolResult:
         """Put a message in a session's mailbox and messages view; wakes it if it has a
         message trigger. Inside a session's program it is sent as that session."""
-        params: dict[str, Any] = {"to": name, "text": text}
+        params = {"to": name, "text": text}
         if not daemon.in_a_run:  # a run sends as its own session (the endpoint says so)
             params["sender"] = "mcp"
         return await daemon.answer("send", params)

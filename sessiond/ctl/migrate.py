@@ -25,7 +25,7 @@ def migrate(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
     if args.force and args.node is None:
         raise RemoteError("usage", "--force goes with --node N (a cluster's node that is down)", 2)
     if args.node is not None:
-        params: dict[str, Any] = {"name": args.name, "node": args.node}
+        params: dict[str, str | bool] = {"name": args.name, "node": args.node}
         if args.force:
             params["force"] = True
         d = conn.call("migrate", params)

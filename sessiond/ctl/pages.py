@@ -9,19 +9,23 @@ one saw it (``upto``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessiond.wire import Connection
+from sessiond.wire import Connection, Params
+
+# for mypy only: sessionctl starts without building the reply types
+if TYPE_CHECKING:
+    from sessiond.replies import MessagesPage
 
 
 def replay_messages(
-    conn: Connection, params: dict[str, Any], as_json: bool, emit: Callable[[Any], None]
+    conn: Connection, params: Params, as_json: bool, emit: Callable[[Any], None]
 ) -> int:
     """Print the text as each page comes; with ``as_json``, one array at the end."""
     items: list[Any] = []
     cursor = None
     while True:
-        page = conn.call("replay", {**params, "cursor": cursor})
+        page: MessagesPage = conn.call("replay", {**params, "cursor": cursor})
         if as_json:
             items += page["messages"]
         else:

@@ -12,12 +12,16 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sessiond.ctl.answers import say_unconfined
 from sessiond.ctl.render import Out, ago, cut, table, when
-from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing
+from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing, PsRequest
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import PsRow
 
 Add = Callable[..., argparse.ArgumentParser]
 
@@ -84,7 +88,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def params(args: argparse.Namespace) -> dict[str, Any]:
+def params(args: argparse.Namespace) -> PsRequest:
     """The ``ps`` request; a bad --state or --label is a usage error (exit 2)."""
     try:
         listing = Listing.of(args.state, args.agent, args.label, args.all, args.sort)
@@ -124,7 +128,7 @@ def footer(hidden: int) -> str:
     )
 
 
-def rows_table(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
+def rows_table(rows: list[PsRow], full: bool) -> list[list[str]]:
     head = ["NAME", "STATE", "AGENT", "PRI", "LAST ACTIVE", "NEXT WAKE", "RUNS", "REASON"]
     nodes = any("node" in r for r in rows)  # a cluster node: which node runs each
     head[1:1] = ["NODE"] if nodes else []
@@ -147,7 +151,7 @@ def rows_table(rows: list[dict[str, Any]], full: bool) -> list[list[str]]:
     return cells
 
 
-def _watch(conn: Connection, args: argparse.Namespace, out: Out, request: dict[str, Any]) -> int:
+def _watch(conn: Connection, args: argparse.Namespace, out: Out, request: PsRequest) -> int:
     """`ps --watch` / `top`: the table, refreshed, with each session's latest wake."""
     interval = float(args.watch)
     try:

@@ -4,15 +4,19 @@ fixed set of options."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import CauseView, GateReport
 
 
-def _commands(name: str, cause: dict[str, Any]) -> list[str]:
+def _commands(name: str, cause: CauseView) -> list[str]:
     said = [f"sessionctl {a} {name}" for a in cause.get("answers") or []]
     return said + [f"sessionctl resolve {name} --{o}" for o in cause.get("options") or []]
 
 
-def recover_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+def recover_lines(report: GateReport) -> list[tuple[str, str]]:
     """(key, value) lines: each cause, then what would change it."""
     name = report["session"]
     lines: list[tuple[str, str]] = []
@@ -29,7 +33,7 @@ def recover_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
-def gate_text(report: dict[str, Any], paint: Any) -> list[str]:
+def gate_text(report: GateReport, paint: Any) -> list[str]:
     """``sessionctl gate``: the checks, then the verdict and what would change it."""
     lines = []
     for check in report["checks"]:

@@ -16,9 +16,13 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from sessiond.wire import Connection, RemoteError
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import Output
 
 POLL = 25.0  # seconds one follow request may wait (the daemon allows 30)
 STATUS_EVENTS = 10
@@ -26,6 +30,17 @@ STATUS_LINES = 5
 
 # a sessionctl command: (connection, arguments, output) -> exit code
 Command = Callable[[Connection, argparse.Namespace, Any], int]
+
+
+class OutputRequest(TypedDict):
+    """An ``output`` request's params (docs/rpc.md); sessionctl adds the rest per ask."""
+
+    name: str
+    stream: str
+    run: NotRequired[str | None]
+    offset: NotRequired[int]
+    wait: NotRequired[float]
+    after: NotRequired[str]
 
 
 def tail(text: str, lines: int | None) -> str:
@@ -38,7 +53,7 @@ def tail(text: str, lines: int | None) -> str:
     return "".join(kept)
 
 
-def _params(args: argparse.Namespace) -> dict[str, Any]:
+def _params(args: argparse.Namespace) -> OutputRequest:
     return {"name": args.name, "stream": "stderr" if args.stderr else "stdout"}
 
 
@@ -68,21 +83,21 @@ def cmd_output(conn: Connection, args: argparse.Namespace, out: Any) -> int:
         return 0
 
 
-def _whole(
-    conn: Connection, params: dict[str, Any], first: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _whole(conn: Connection, params: OutputRequest, first: Output | None = None) -> Output:
     """One run's text as it is now, asked for a chunk at a time (``more``);
     ``first``: the answer already in hand."""
-    r: dict[str, Any] = first if first is not None else conn.call("output", params)
+    r: Output = first if first is not None else conn.call("output", params)
     start, parts = r["offset"], [r["data"]]
     while r.get("more"):
         ask = {**params, "run": r["run"], "offset": r["next_offset"], "wait": 0.0}
         r = conn.call("output", ask)
         parts.append(r["data"])
-    return {**r, "data": "".join(parts), "offset": start}
+    whole = r.copy()
+    whole["data"], whole["offset"] = "".join(parts), start
+    return whole
 
 
-def _nothing(conn: Connection, base: dict[str, Any], r: dict[str, Any]) -> None:
+def _nothing(conn: Connection, base: OutputRequest, r: Output) -> None:
     """Say why nothing was printed (on stderr: stdout stays the run's own)."""
     stream = base["stream"]
     if r["running"]:
@@ -97,7 +112,7 @@ def _nothing(conn: Connection, base: dict[str, Any], r: dict[str, Any]) -> None:
     print(f"sessionctl: {note}", file=sys.stderr)
 
 
-def _follow(conn: Connection, base: dict[str, Any], args: argparse.Namespace, out: Any) -> int:
+def _follow(conn: Connection, base: OutputRequest, args: argparse.Namespace, out: Any) -> int:
     run: str | None = args.run
     first = True
     offset = 0
@@ -118,20 +133,21 @@ def _follow(conn: Connection, base: dict[str, Any], args: argparse.Namespace, ou
             continue
         if args.run is not None:  # that run has ended: nothing more of it will come
             return 0
+        assert run is not None  # the answer named its run (it had one, above)
         nxt = _whole(conn, base, _next_run(conn, base, run))
         print(f"sessionctl: run {nxt['run']} started", file=sys.stderr, flush=True)
         _emit(out, nxt, nxt["data"])
         run, offset = nxt["run"], nxt["next_offset"]
 
 
-def _next_run(conn: Connection, base: dict[str, Any], after: str) -> dict[str, Any]:
+def _next_run(conn: Connection, base: OutputRequest, after: str) -> Output:
     while True:
-        r: dict[str, Any] = conn.call("output", {**base, "after": after, "wait": POLL})
+        r: Output = conn.call("output", {**base, "after": after, "wait": POLL})
         if r["run"] is not None:
             return r
 
 
-def _emit(out: Any, r: dict[str, Any], data: str) -> None:
+def _emit(out: Any, r: Output, data: str) -> None:
     if out.json:
         out.emit_json({**r, "data": data})
         sys.stdout.flush()
@@ -168,7 +184,7 @@ def cmd_status(conn: Connection, args: argparse.Namespace, out: Any, *, show: Co
     return 0
 
 
-def _newest(conn: Connection, name: str) -> dict[str, Any] | None:
+def _newest(conn: Connection, name: str) -> Output | None:
     try:
         r = _whole(conn, {"name": name, "stream": "stdout"})
     except RemoteError as exc:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
@@ -42,6 +42,7 @@ from sessiond.ipc.forwarding import ROUTED, error_of
 from sessiond.ipc.params import PsParams, parse
 from sessiond.ipc.tail import Tail
 from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
+from sessiond.replies import ConsoleApproval, Who
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Table
 
@@ -120,9 +121,7 @@ class Forward:
 
     # --- asking -----------------------------------------------------------------
 
-    async def route(
-        self, method: str, params: dict[str, Any], who: dict[str, Any]
-    ) -> tuple[bool, Any]:
+    async def route(self, method: str, params: dict[str, Any], who: Who) -> tuple[bool, Any]:
         if method == "ps":
             return True, await self.ps(who, "ps", params)
         key = ROUTED.get(method)
@@ -164,7 +163,7 @@ class Forward:
         self,
         method: str,
         params: dict[str, Any],
-        who: dict[str, Any] | None,
+        who: Who | None,
         *,
         session: str | None = None,
         node: str | None = None,
@@ -257,9 +256,7 @@ class Forward:
             "`sessionctl nodes` shows the nodes; try again when its node is up"
         )
 
-    async def ps(
-        self, who: dict[str, Any], method: str = "ps", params: dict[str, Any] | None = None
-    ) -> Any:
+    async def ps(self, who: Who, method: str = "ps", params: dict[str, Any] | None = None) -> Any:
         """Every session of the cluster: this node's rows, each live node's own, and
         the process table's for the sessions no live node answered for. ``method``:
         ``ps``, or ``web.rows`` (the console's rows: labels, approvals). A ``ps``'s
@@ -277,7 +274,7 @@ class Forward:
                 silent.add(n)
             else:
                 answers.append((n, got))
-        rows: list[dict[str, Any]] = []
+        rows: list[Mapping[str, Any]] = []  # this node's and as other nodes' answers decoded them
         seen: set[str] = set()
         hidden = 0
         for _, got in answers:
@@ -290,7 +287,7 @@ class Forward:
         # Every node lists the sessions no live node runs (daemon/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
-        unique: dict[str, dict[str, Any]] = {}
+        unique: dict[str, Mapping[str, Any]] = {}
         for r in rows:
             unique.setdefault(str(r["name"]), r)
         rows = list(unique.values())
@@ -316,9 +313,9 @@ class Forward:
         rows = listing.order(rows)
         return {"rows": rows, "hidden": hidden, "known": sorted(seen)} if p.footer else rows
 
-    async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def approvals(self, who: Who) -> list[ConsoleApproval]:
         """Every pending approval of the cluster (the console's inbox), oldest first."""
-        items: list[dict[str, Any]] = list(await self.dispatch.execute("web.approvals", {}, who))
+        items: list[ConsoleApproval] = list(await self.dispatch.execute("web.approvals", {}, who))
         for _, got in await self._each_node("web.approvals", who):
             if isinstance(got, list):
                 items.extend(got)
@@ -326,7 +323,7 @@ class Forward:
         return items
 
     async def _each_node(
-        self, method: str, who: dict[str, Any], params: dict[str, Any] | None = None
+        self, method: str, who: Who, params: dict[str, Any] | None = None
     ) -> list[tuple[str, Any]]:
         """Each other live node's answer to ``method`` (its own sessions), or why not."""
         others = await asyncio.to_thread(self.requests.live_nodes)
@@ -339,9 +336,7 @@ class Forward:
                 log.warning("forward.node_unanswered", node=n, method=method, error=repr(got))
         return list(zip(others, answers, strict=True))
 
-    async def _rows_of(
-        self, node: str, who: dict[str, Any], method: str, params: dict[str, Any]
-    ) -> Any:
+    async def _rows_of(self, node: str, who: Who, method: str, params: dict[str, Any]) -> Any:
         _, rows = await self.call(method, params, who, node=node, take_bound=PS_BOUND)
         return rows
 
@@ -372,11 +367,11 @@ class Forward:
             task.add_done_callback(self._tasks.discard)
 
     async def _carry(
-        self, request: int, method: str, params: dict[str, Any], who: dict[str, Any] | None
+        self, request: int, method: str, params: dict[str, Any], who: Who | None
     ) -> None:
         reply: dict[str, Any]
         try:
-            result = await self.dispatch.execute(method, params, who or {})
+            result = await self.dispatch.execute(method, params, who)
             reply = {"ok": True, "result": result}
         except SessiondError as exc:
             reply = {

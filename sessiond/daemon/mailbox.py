@@ -27,7 +27,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -36,6 +36,7 @@ from sessiond.log.store.pg import mail
 from sessiond.log.store.pg.mail import Hint, Message
 from sessiond.log.store.pg.once import CARRIED, AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
+from sessiond.replies import Sent
 from sessiond.table.sessions import Table
 
 log = structlog.get_logger("sessiond.cluster")
@@ -46,7 +47,7 @@ POLL = 1.0
 # notification both brought (far more than can be in flight at once).
 SEEN = 4096
 
-Send = Callable[..., Awaitable[dict[str, Any]]]
+Send = Callable[..., Awaitable[Sent]]
 
 
 class Holder(Protocol):
@@ -78,7 +79,7 @@ class Mailbox:
 
     async def send(
         self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Sent:
         """``send``, for a session on any node."""
         if to in self.node.table.sessions:
             return await self.local(to, text, sender, message_id)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from sessiond.errors import NoSuchSession, Refused
+from sessiond.replies import PsRow, SessionDetail, WaitingSession
 
 if TYPE_CHECKING:
     from sessiond.daemon.cluster import Node
@@ -48,14 +49,14 @@ class Placer:
         local_ps, local_show = kernel.ps, kernel.show
         local_create, local_create_spec = kernel.create, kernel.create_spec
 
-        async def ps() -> list[dict[str, Any]]:
+        async def ps() -> list[PsRow]:
             rows = await local_ps()
             have = {r["name"] for r in rows}
             waiting = await asyncio.to_thread(self.store.waiting)
             rows += [_row(w) for w in waiting if w["name"] not in have]
             return sorted(rows, key=lambda r: str(r["name"]))
 
-        async def show(name: str) -> dict[str, Any]:
+        async def show(name: str) -> SessionDetail | WaitingSession:
             try:
                 return await local_show(name)
             except NoSuchSession:
@@ -66,18 +67,17 @@ class Placer:
                 # here, not at the top: a daemon on files never imports the pg package
                 from sessiond.log.store.pg.placement import waiting_reason
 
-                return {
-                    **_row({"name": name, "node": placed.home or owner}),
-                    "reason": waiting_reason(placed, owner),
-                    "program": None,
-                    "triggers": [],
-                    "seq": None,
-                }
+                row = _row({"name": name, "node": placed.home or owner})
+                row["reason"] = waiting_reason(placed, owner)
+                waiting: WaitingSession = {**row, "program": None, "triggers": [], "seq": None}
+                return waiting
 
-        async def create(spec: str, base: str, source: str = "spec") -> dict[str, Any]:
+        async def create(spec: str, base: str, source: str = "spec") -> SessionDetail:
             answer = await local_create(spec, base, source)
             moved = await self.place(answer["name"])
-            return answer if moved is None else {**answer, "handed_to": moved}
+            if moved is not None:
+                answer["handed_to"] = moved
+            return answer
 
         async def create_spec(spec: Any) -> Session:
             s = await local_create_spec(spec)
@@ -166,12 +166,12 @@ class Placer:
         return {"session": name, "node": to, "rehomed": True, "was": placed.workspace_node}
 
 
-def _row(w: dict[str, Any]) -> dict[str, Any]:
+def _row(w: dict[str, Any]) -> PsRow:
     """A ``ps`` row of a session no live node runs."""
     return placeholder(w["name"], "waiting", w.get("reason"), w.get("node"))
 
 
-def placeholder(name: str, state: str, reason: str | None, node: str | None) -> dict[str, Any]:
+def placeholder(name: str, state: str, reason: str | None, node: str | None) -> PsRow:
     """A ``ps`` row for a session no live node runs or answered for (here, and in
     daemon/forward.py's ``ps`` of the whole cluster)."""
     return {

@@ -34,6 +34,7 @@ from sessiond.errors import InvalidInput, SessiondError
 from sessiond.ipc.frames import Frames, reply
 from sessiond.ipc.params import ExportParams, ImportParams
 from sessiond.log.store.durable import private_dir
+from sessiond.replies import ExportedBundle
 from sessiond.syscalls.kernel import Kernel
 
 CHUNK = 1 << 20
@@ -75,10 +76,15 @@ class BundleStream:
             )
         path = self._scratch("outbox")
         try:
-            result = await self.kernel.export(p.name, str(path))
+            exported = await self.kernel.export(p.name, str(path))
             size = path.stat().st_size
-            result = {**result, "path": None, "bytes": size}
-            result["sha256"] = await asyncio.to_thread(_sha256_of, path)
+            result: ExportedBundle = {
+                "path": None,
+                "events": exported["events"],
+                "session": exported["session"],
+                "bytes": size,
+                "sha256": await asyncio.to_thread(_sha256_of, path),
+            }
             await reply(writer, {"id": request_id, "ok": True, "result": result, "body": size})
             with path.open("rb") as f:
                 while chunk := await asyncio.to_thread(f.read, CHUNK):

@@ -58,8 +58,11 @@ from sessiond.ipc.params import (
 from sessiond.ipc.program import NotGranted, ProgramGuard
 from sessiond.ipc.runpeer import Examiner
 from sessiond.listing import Listing
+from sessiond.replies import JsonObject, Who
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
+from sessiond.wire import Frame
+from sessiond.wire import Params as WireParams
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +111,7 @@ class Caller:
         if why is not None:
             raise NotGranted(why)
 
-    def who(self) -> dict[str, Any]:
+    def who(self) -> Who:
         """Who answered (approve, deny, resolve, apply): uid, user name, channel."""
         user = str(self.uid)
         with contextlib.suppress(KeyError):
@@ -201,7 +204,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
 
 
 Still = Callable[[Any], None] | None
-AnswerHandler = Callable[[Any, dict[str, Any], Still], Awaitable[Any]]
+AnswerHandler = Callable[[Any, Who | None, Still], Awaitable[Any]]
 
 
 def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
@@ -224,7 +227,7 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
     }
 
 
-def failed(request_id: Any, exc: Exception) -> dict[str, Any]:
+def failed(request_id: Any, exc: Exception) -> Frame:
     """The answer to a request that raised what is not a SessiondError: one a part
     recognises (the cluster's database away), else a bug, logged."""
     known = recognised(exc)
@@ -254,7 +257,7 @@ class Dispatch:
         # a cluster node's: requests for sessions other nodes own go there
         self.forward: Forwarding | None = None
 
-    def _admit(self, caller: Caller, method: str, request: dict[str, Any], params: Any) -> Any:
+    def _admit(self, caller: Caller, method: str, request: JsonObject, params: Any) -> Any:
         """The params to serve ``method`` with for ``caller``, or a refusal."""
         if method == "ping":
             return params
@@ -267,7 +270,7 @@ class Dispatch:
             return params
         return self.guard.admit(method, request.get("token"), params)
 
-    async def execute(self, method: str, params: dict[str, Any], who: dict[str, Any]) -> Any:
+    async def execute(self, method: str, params: WireParams, who: Who | None) -> Any:
         """Carry out a request another node of the cluster took in (its peer was
         checked there): the same params models, the same calls, the same errors,
         and ``who`` as the answer's identity. ``log`` here is one answer, never

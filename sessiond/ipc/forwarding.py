@@ -13,9 +13,11 @@ error it was.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from sessiond.errors import SessiondError
+from sessiond.replies import JsonObject, Who
 
 # Each carried method and the param that names its session. The others are
 # answered here: ping, nodes, create, drain, reload, gc, web.login, notify, the
@@ -50,9 +52,7 @@ ROUTED: dict[str, str] = {
 class Forwarding(Protocol):
     """Carries a request to the node that should answer it."""
 
-    async def route(
-        self, method: str, params: dict[str, Any], who: dict[str, Any]
-    ) -> tuple[bool, Any]:
+    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]:
         """(True, the result) when another node answered it (or this node's view of
         the whole cluster, for ``ps``); (False, None) when it is this node's to
         answer. Raises the SessiondError the owner raised."""
@@ -64,7 +64,7 @@ class Carried(SessiondError):
     class for; :func:`error_of` makes a subclass with that code and exit code."""
 
 
-def error_of(reply: dict[str, Any]) -> SessiondError:
+def error_of(reply: Mapping[str, Any]) -> SessiondError:
     """The error a node's reply names, as the class with that code when there is
     a plain one (so ``except NoSuchSession`` still works here), else as Carried."""
     err = reply.get("error") or {}

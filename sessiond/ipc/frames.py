@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from sessiond.log.pace import BATCH, Pacer
-from sessiond.wire import encode
+from sessiond.wire import Frame, encode
 
 TOO_LARGE = b"\0too large\0"
 
@@ -75,7 +75,7 @@ class BodyAborted(ConnectionError):
     """The client went away before its body was whole: nothing of it is used."""
 
 
-async def reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+async def reply(writer: asyncio.StreamWriter, message: Frame) -> None:
     """Send one answer and wait until the client has taken it (backpressure)."""
     result = message.get("result")
     if isinstance(result, list) and len(result) > BATCH:
@@ -100,9 +100,7 @@ async def reply_encoded(writer: asyncio.StreamWriter, request_id: Any, items: li
     await writer.drain()
 
 
-async def _reply_in_pieces(
-    writer: asyncio.StreamWriter, message: dict[str, Any], result: list[Any]
-) -> None:
+async def _reply_in_pieces(writer: asyncio.StreamWriter, message: Frame, result: list[Any]) -> None:
     """The same one frame, encoded and written a batch of items at a time: the
     answer of ``log`` or ``replay`` on a 100,000-event session is tens of megabytes
     of JSON, which in one ``orjson.dumps`` kept the loop from everything else for
@@ -122,7 +120,7 @@ async def _reply_in_pieces(
     await writer.drain()
 
 
-def error(request_id: Any, code: str, message: str, exit_code: int) -> dict[str, Any]:
+def error(request_id: Any, code: str, message: str, exit_code: int) -> Frame:
     """A failure answer: the code and exit code are the wire's (docs/rpc.md, "Errors")."""
     return {
         "id": request_id,

@@ -17,6 +17,7 @@ from sessiond.log.bundle import DEFAULT_LIMIT as BUNDLE_LIMIT
 from sessiond.log.event_data import ErrorClass
 from sessiond.log.projections import PAGE_MAX
 from sessiond.logquery import MAX_GREP
+from sessiond.wire import Params as WireParams
 
 
 class Params(BaseModel):
@@ -271,7 +272,7 @@ class ImportParams(Params):
 P = TypeVar("P", bound=Params)
 
 
-def parse(model: type[P], params: dict[str, Any]) -> P:
+def parse(model: type[P], params: WireParams) -> P:
     """Validate a request's params, or refuse them naming each bad field (invalid_input)."""
     try:
         return model.model_validate(params)

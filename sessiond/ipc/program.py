@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.errors import InvalidInput, Refused
+from sessiond.replies import JsonObject
 from sessiond.table.policy import widening
 from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session, Table
@@ -63,7 +64,7 @@ class ProgramGuard:
         s: Session = self.session_for(token)[0]
         return s
 
-    def admit(self, method: str, token: object, params: dict[str, Any]) -> dict[str, Any]:
+    def admit(self, method: str, token: object, params: JsonObject) -> JsonObject:
         """The params to serve ``method`` with for the caller, or NotGranted."""
         s = self.caller(token)
         if method not in GRANTABLE:
@@ -140,7 +141,7 @@ class ProgramGuard:
             )
 
 
-def _masked(s: Session, params: dict[str, Any], name: str) -> dict[str, Any]:
+def _masked(s: Session, params: JsonObject, name: str) -> JsonObject:
     """``params[name]`` masked by the calling session's redactor, as an update."""
     value, r = params.get(name), s.redactor()
     return {name: r.text(value)} if r is not None and isinstance(value, str) else {}

@@ -34,6 +34,7 @@ from sessiond.log.store.base import ArtifactStore, SnapshotStore
 from sessiond.log.store.durable import fsync_dir, real_dir
 from sessiond.log.store.fileartifacts import FileArtifacts
 from sessiond.log.store.filesnapshots import FileSnapshots
+from sessiond.replies import GcSession
 
 FRESH = 600.0
 
@@ -59,7 +60,7 @@ class Plan:
     def __bool__(self) -> bool:
         return bool(self.artifacts or self.snapshots)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> GcSession:
         return {
             "name": self.session,
             "artifacts": [{"ref": r.ref, "size": r.size, "rule": r.rule} for r in self.artifacts],

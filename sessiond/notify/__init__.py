@@ -27,6 +27,7 @@ from sessiond.notify.cursor import CHECKPOINT, Cursor
 from sessiond.notify.links import LinkKey, approval_links
 from sessiond.notify.notices import Notice, notice_for
 from sessiond.notify.target import Target, load_apprise, target_id
+from sessiond.replies import TargetStatus
 from sessiond.table.sessions import Table
 
 log = structlog.get_logger(__name__)
@@ -159,7 +160,7 @@ class Notices:
             return notice
         return dataclasses.replace(notice, actions=actions) if actions else notice
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[TargetStatus]:
         return [t.status() for t in self.targets]
 
     def _positions(self, target: Target) -> dict[str, int]:

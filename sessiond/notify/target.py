@@ -26,6 +26,7 @@ from sessiond.config import BadConfig, NotifyConfig
 from sessiond.notify import jsonl
 from sessiond.notify.cursor import Cursor
 from sessiond.notify.notices import Notice, rendered
+from sessiond.replies import TargetStatus
 
 log = structlog.get_logger(__name__)
 
@@ -208,7 +209,7 @@ class Target:
 
     # --- for `sessionctl notify` ---------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> TargetStatus:
         return {
             "target": self.id,
             "url": self.shown_url,

@@ -20,6 +20,7 @@ from sessiond import __version__
 from sessiond.config import DaemonConfig
 from sessiond.log.store.base import Record
 from sessiond.otel.spans import SCHEMA_URL, Span, SpanBuilder
+from sessiond.replies import JsonObject
 from sessiond.table.sessions import Table
 
 log = structlog.get_logger(__name__)
@@ -67,12 +68,13 @@ def readable(spans: Iterable[Span], service_name: str) -> list[Any]:
     return out
 
 
-def otlp_json(spans: Iterable[Span], service_name: str = "sessiond") -> dict[str, Any]:
+def otlp_json(spans: Iterable[Span], service_name: str = "sessiond") -> JsonObject:
     """An OTLP/JSON ``ExportTraceServiceRequest`` of ``spans`` (what a collector's
     ``/v1/traces`` takes with ``Content-Type: application/json``)."""
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
+    # protobuf's JSON as MessageToDict gives it, rewritten below where OTLP differs
     message: dict[str, Any] = MessageToDict(
         encode_spans(readable(spans, service_name)), use_integers_for_enums=True
     )

@@ -23,6 +23,7 @@ from sessiond.log.projections import PAGE_DEFAULT, hidden, messages_page, transc
 from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft
+from sessiond.replies import Sent
 from sessiond.runs.context import RunContext
 from sessiond.runs.sends import Sends
 from sessiond.runs.steps import Steps
@@ -30,7 +31,7 @@ from sessiond.runs.tokens import Tokens
 from sessiond.table.sessions import Session
 
 # the ``send`` syscall: a message from one session to another (syscalls.lineage)
-Send = Callable[..., Awaitable[dict[str, Any]]]
+Send = Callable[..., Awaitable[Sent]]
 
 
 class SdkCalls:

@@ -7,7 +7,7 @@ own durable append) comes next, and the end is one more.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sessiond.errors import InvalidInput, Refused
@@ -131,7 +131,7 @@ class Sends:
         r = s.redactor()
         text = r.text(p.text) if r is not None else p.text
         try:
-            result: dict[str, Any] = await deliver(p.to, text, sender=s.name)
+            result: Mapping[str, Any] = await deliver(p.to, text, sender=s.name)
             status, text = "ok", f"sent a message to {p.to}"
         except Exception as exc:
             result, status, text = {}, "error", f"send to {p.to} failed: {exc}"

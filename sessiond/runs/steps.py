@@ -52,6 +52,7 @@ from sessiond.log.event_data import (
 from sessiond.log.places import Asked, judge
 from sessiond.log.store.base import Draft
 from sessiond.redaction import matches
+from sessiond.replies import Sent
 from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
@@ -62,7 +63,7 @@ from sessiond.table.spec import under_profile
 
 # How an answer is made: the SDK's fields plus ``stop`` (runs.sdk_calls)
 Answer = Callable[..., dict[str, Any]]
-Deliver = Callable[..., Awaitable[dict[str, Any]]]
+Deliver = Callable[..., Awaitable[Sent]]
 
 
 # Results up to this size are kept in the event itself (no artifact: no extra

@@ -27,6 +27,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import bad_steps
+from sessiond.replies import SessionDetail, Who, who_fields
 from sessiond.runs.context import RunContext
 from sessiond.runs.recover import close_cut_off
 from sessiond.runs.runs import Runs
@@ -50,9 +51,9 @@ class Approvals:
         call: str | None = None,
         by: str = "",
         *,
-        who: dict[str, Any] | None = None,
+        who: Who | None = None,
         check: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionDetail:
         """``check``: called with the pending approval under the session's lock; it
         may raise to refuse (a signed link's: what it was minted for is still so)."""
         s = self.ctx.table.get(name)
@@ -70,7 +71,7 @@ class Approvals:
                     args_sha256=approval.get("args_sha256"),
                     by=by,
                     expires_at=expires,
-                    **(who or {}),
+                    **who_fields(who),
                 ),
                 correlation=approval["call"],
             )
@@ -87,9 +88,9 @@ class Approvals:
         by: str = "",
         reason: str = "",
         *,
-        who: dict[str, Any] | None = None,
+        who: Who | None = None,
         check: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> SessionDetail:
         s = self.ctx.table.get(name)
         async with s.lock:
             approval = _pending(s, call)
@@ -102,7 +103,7 @@ class Approvals:
                     tool=approval["tool"],
                     by=by,
                     reason=reason,
-                    **(who or {}),
+                    **who_fields(who),
                 ),
                 correlation=approval["call"],
             )
@@ -113,8 +114,8 @@ class Approvals:
     # --- recovery ------------------------------------------------------------------
 
     async def resolve(
-        self, name: str, option: str, by: str = "", *, who: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, name: str, option: str, by: str = "", *, who: Who | None = None
+    ) -> SessionDetail:
         """Apply a recovery option to a blocked session, then gate it again.
 
         ``rerun``: run the half-finished (or failed) step again (it is recorded as cut
@@ -169,7 +170,7 @@ class Approvals:
             for call_id, call in sorted(open_calls.items()):
                 tool = call["tool"]
                 if option == "discard":
-                    person = (who or {}).get("user") or by or "a person"
+                    person = (who["user"] if who is not None else "") or by or "a person"
                     text = f"{tool} was abandoned by {person}; it did not complete"
                     drafts.append(
                         Draft(
@@ -213,7 +214,7 @@ class Approvals:
                         hashes=hashes,
                         by=by,
                         ends_turn=ends_turn,
-                        **(who or {}),
+                        **who_fields(who),
                         from_ordinal=divergence["ordinal"]
                         if divergence is not None and option == "accept"
                         else None,
@@ -230,7 +231,7 @@ class Approvals:
             await self.runs.proceed(s, cause)
         return detail(s)
 
-    async def _rest(self, s: Session, option: str, *, accepted: bool) -> dict[str, Any]:
+    async def _rest(self, s: Session, option: str, *, accepted: bool) -> SessionDetail:
         """The turn ended by a person's choice: its program is not started again for
         it. Wakes that came meanwhile are new work: they start the next turn."""
         spec = s.spec
@@ -256,8 +257,8 @@ class Approvals:
         source: str = "spec",
         by: str = "",
         *,
-        who: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        who: Who | None = None,
+    ) -> SessionDetail:
         """Give session ``name`` the spec ``spec`` (TOML; relative paths from ``base``).
 
         Recorded (spec.applied) before it is in force. The next gate and run use it:
@@ -286,7 +287,7 @@ class Approvals:
                     artifact=ref,
                     changed=changed,
                     by=by,
-                    **(who or {}),
+                    **who_fields(who),
                 ),
             )
             self.ctx.store.write_spec(name, text)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from typing import Any
+from typing import cast
 
 import orjson
 
 from sessiond.config import DaemonConfig
 from sessiond.log.pace import Pacer
+from sessiond.replies import ConsoleApproval, ConsoleRow
 from sessiond.table.sessions import Session, Table, summary
 
 
@@ -25,9 +26,10 @@ def node_of(config: DaemonConfig) -> str | None:
     return config.cluster.node if config.cluster.dsn is not None else None
 
 
-def row(table: Table, s: Session, node: str | None = None) -> dict[str, Any]:
+def row(table: Table, s: Session, node: str | None = None) -> ConsoleRow:
     """A ``ps`` row with what the console's table also shows: labels, approvals, node."""
-    out = summary(s, table.next_wake_fn)
+    # a ps row made a console row: the keys it lacks are set next
+    out = cast(ConsoleRow, summary(s, table.next_wake_fn))
     out["labels"] = dict(s.spec.labels) if s.spec else {}
     out["runnable"] = s.spec is not None and s.spec.run is not None  # activate has a program
     out["pending_approvals"] = (
@@ -38,7 +40,7 @@ def row(table: Table, s: Session, node: str | None = None) -> dict[str, Any]:
     return out
 
 
-async def rows(table: Table, node: str | None) -> list[dict[str, Any]]:
+async def rows(table: Table, node: str | None) -> list[ConsoleRow]:
     """Every session's row (paced: 10,000 sessions leave the loop free between slices)."""
     out = []
     pacer = Pacer()
@@ -59,9 +61,9 @@ def expires(requested_at: str | None, ttl: float) -> str | None:
     return (when + dt.timedelta(seconds=ttl)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def approvals(sessions: Iterable[Session], node: str | None = None) -> list[dict[str, Any]]:
+async def approvals(sessions: Iterable[Session], node: str | None = None) -> list[ConsoleApproval]:
     """Every pending approval across sessions, oldest first: the inbox (paced)."""
-    items = []
+    items: list[ConsoleApproval] = []
     pacer = Pacer()
     for s in list(sessions):
         if pacer.due():
@@ -72,24 +74,24 @@ async def approvals(sessions: Iterable[Session], node: str | None = None) -> lis
         ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
         for a in state.pending_approvals().values():
             call = state.calls.get(a["call"], {})
-            items.append(
-                {
-                    "session": s.name,
-                    "agent": (s.spec.agent if s.spec else "") or state.agent,
-                    "call": a["call"],
-                    "tool": a["tool"],
-                    "args": call.get("args", {}),
-                    "args_json": orjson.dumps(
-                        call.get("args", {}), option=orjson.OPT_INDENT_2
-                    ).decode(),
-                    "risk": call.get("risk", {}),
-                    "writes": call.get("writes", []),
-                    "rule": call.get("rule", ""),
-                    "requested_at": a.get("requested_at"),
-                    "expires_at": expires(a.get("requested_at"), ttl),
-                    "seq": a.get("seq"),
-                    **({"node": node} if node is not None else {}),
-                }
-            )
+            item: ConsoleApproval = {
+                "session": s.name,
+                "agent": (s.spec.agent if s.spec else "") or state.agent,
+                "call": a["call"],
+                "tool": a["tool"],
+                "args": call.get("args", {}),
+                "args_json": orjson.dumps(
+                    call.get("args", {}), option=orjson.OPT_INDENT_2
+                ).decode(),
+                "risk": call.get("risk", {}),
+                "writes": call.get("writes", []),
+                "rule": call.get("rule", ""),
+                "requested_at": a.get("requested_at"),
+                "expires_at": expires(a.get("requested_at"), ttl),
+                "seq": a.get("seq"),
+            }
+            if node is not None:
+                item["node"] = node
+            items.append(item)
     items.sort(key=lambda i: (i["requested_at"] or "", i["session"]))
     return items

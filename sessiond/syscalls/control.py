@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from sessiond.errors import AlreadyExists, Refused
 from sessiond.log.event_data import BindingObserved, SessionCreated, WakeRequested
+from sessiond.replies import SessionDetail
 from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import covered
 from sessiond.runs.runs import Runs
@@ -49,7 +49,7 @@ class Control:
         hashes = {f: file_hash(spec.workspace / f) for f in spec.bind.files}
         await self.ctx.table.append(s, BindingObserved(hashes=hashes))
 
-    async def create(self, spec: str, base: str, source: str = "spec") -> dict[str, Any]:
+    async def create(self, spec: str, base: str, source: str = "spec") -> SessionDetail:
         parsed = parse_spec(spec, base=Path(base), source=source)
         # the session itself, not the table's: on a cluster node it may be handed
         # to another node as soon as it is made (daemon/placement.py)
@@ -108,7 +108,7 @@ class Control:
 
     # --- running ----------------------------------------------------------------------
 
-    async def activate(self, name: str) -> dict[str, Any]:
+    async def activate(self, name: str) -> SessionDetail:
         s = self._usable(name)
         async with s.lock:
             state = s.state
@@ -135,7 +135,7 @@ class Control:
 
     # --- lifecycle syscalls -----------------------------------------------------------------
 
-    async def suspend(self, name: str) -> dict[str, Any]:
+    async def suspend(self, name: str) -> SessionDetail:
         s = self.ctx.table.get(name)
 
         async def suspend_now() -> None:
@@ -144,7 +144,7 @@ class Control:
         await self._stop(s, "suspend", suspend_now)
         return detail(s)
 
-    async def resume(self, name: str) -> dict[str, Any]:
+    async def resume(self, name: str) -> SessionDetail:
         s = self._usable(name)
         async with s.lock:
             if s.state != "suspended":
@@ -155,7 +155,7 @@ class Control:
                 await self.runs.proceed(s, None)
         return detail(s)
 
-    async def interrupt(self, name: str) -> dict[str, Any]:
+    async def interrupt(self, name: str) -> SessionDetail:
         s = self.ctx.table.get(name)
         starting = s.name in self.ctx.scheduler.starting
         if not starting and (s.state != "running" or s.run is None):
@@ -175,7 +175,7 @@ class Control:
         await self._stop(s, "interrupt", interrupt_now)
         return detail(s)
 
-    async def cancel(self, name: str) -> dict[str, Any]:
+    async def cancel(self, name: str) -> SessionDetail:
         s = self.ctx.table.get(name)
 
         async def cancel_now() -> None:

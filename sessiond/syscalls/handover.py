@@ -54,6 +54,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.store.base import Draft
 from sessiond.log.store.durable import private_dir, write_durable
+from sessiond.replies import Arrived, Discarded, HandoverAnswer, SessionDetail, Who, who_fields
 from sessiond.runs.context import RunContext
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
@@ -173,7 +174,7 @@ class Handovers:
         path.unlink(missing_ok=True)
         return True
 
-    async def status(self, name: str, h: str) -> dict[str, Any]:
+    async def status(self, name: str, h: str) -> HandoverAnswer:
         """``handover.status``, asked by a target: how did hand-over ``h`` end here?
         committed | aborted | pending (being sent now) | unknown."""
         s = self.ctx.table.sessions.get(name)
@@ -191,7 +192,7 @@ class Handovers:
 
     # --- the target ------------------------------------------------------------------
 
-    async def arrive(self, path: str, name: str | None, offer: dict[str, str]) -> dict[str, Any]:
+    async def arrive(self, path: str, name: str | None, offer: dict[str, str]) -> Arrived:
         """Phase 1 at the target: the bundle becomes a copy held ``arriving``."""
         h, source = offer["id"], offer["source"]
 
@@ -226,8 +227,8 @@ class Handovers:
         return s
 
     async def finish(
-        self, name: str, h: str, *, by: str = "source", who: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, name: str, h: str, *, by: str = "source", who: Who | None = None
+    ) -> HandoverAnswer:
         """Phase 3 (``handover.finish``, or an operator's accept): the arriving copy
         becomes what it was at the source. Idempotent."""
         s = self.ctx.table.sessions.get(name)
@@ -237,7 +238,7 @@ class Handovers:
         async with s.lock:
             if _phase(s, h, "target") == "arriving":
                 self.ctx.faults.point("arrive-before-finish")
-                finished = MigrationFinished(handover=h, by=by, **(who or {}))
+                finished = MigrationFinished(handover=h, by=by, **who_fields(who))
                 await self.ctx.table.append_many(s, [Draft(finished), Draft(self._live(s, by))])
                 self.ctx.faults.point("arrive-after-finish")
         if self.ctx.triggers is not None:
@@ -281,8 +282,8 @@ class Handovers:
         *,
         by: str = "source",
         reason: str = "the source aborted the hand-over",
-        who: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        who: Who | None = None,
+    ) -> HandoverAnswer:
         """``handover.abort`` (or an operator's discard): the arriving copy is dropped;
         its folder moves to ``discarded/`` (nothing is deleted by itself). A finished
         copy is live and stays."""
@@ -295,7 +296,7 @@ class Handovers:
         async with s.lock:
             if _phase(s, h, "target") == "arriving":
                 await self.ctx.table.append(
-                    s, MigrationDiscarded(handover=h, by=by, reason=reason, **(who or {}))
+                    s, MigrationDiscarded(handover=h, by=by, reason=reason, **who_fields(who))
                 )
             await self._drop(s, h)
         return {"result": "discarded", "session": name}
@@ -347,14 +348,14 @@ class Handovers:
     # --- an operator's answer ----------------------------------------------------------
 
     def resolving(
-        self, resolve: Callable[..., Awaitable[dict[str, Any]]]
-    ) -> Callable[..., Awaitable[dict[str, Any]]]:
+        self, resolve: Callable[..., Awaitable[SessionDetail]]
+    ) -> Callable[..., Awaitable[SessionDetail | Discarded]]:
         """``resolve`` for every session: an arriving one is settled here, the rest
         by ``resolve`` (syscalls.approvals)."""
 
         async def resolve_any(
-            name: str, option: str, by: str = "", *, who: dict[str, Any] | None = None
-        ) -> dict[str, Any]:
+            name: str, option: str, by: str = "", *, who: Who | None = None
+        ) -> SessionDetail | Discarded:
             s = self.ctx.table.get(name)
             if s.journal is not None and s.state == "arriving":
                 return await self.settle(s, option, by, who)
@@ -363,8 +364,8 @@ class Handovers:
         return resolve_any
 
     async def settle(
-        self, s: Session, option: str, by: str, who: dict[str, Any] | None
-    ) -> dict[str, Any]:
+        self, s: Session, option: str, by: str, who: Who | None
+    ) -> SessionDetail | Discarded:
         """``resolve --accept | --discard`` of an arriving copy: the source is asked
         first; only a source that cannot answer (or does not know the session) leaves
         the choice to the operator."""
@@ -391,7 +392,7 @@ class Handovers:
             reason = "the source aborted the hand-over"
             await self.discard(s.name, h, reason=reason)
         else:
-            person = (who or {}).get("user") or by or "an operator"
+            person = (who["user"] if who is not None else "") or by or "an operator"
             reason = f"dropped by {person}: the source at {source} did not answer"
             await self.discard(s.name, h, by="operator", reason=reason, who=who)
         kept = self.ctx.config.state_dir / "discarded" / f"{s.name}.{h}"

@@ -20,6 +20,7 @@ from sessiond.errors import InvalidInput, Refused
 from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
+from sessiond.replies import GateReport, Ping, PsRow, SessionDetail
 from sessiond.runs.context import RunContext
 from sessiond.sandboxconfig import dynamic_uids_on
 from sessiond.syscalls.views import detail, gate_report, replay_view
@@ -31,7 +32,7 @@ class Inspection:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
-    async def ping(self) -> dict[str, Any]:
+    async def ping(self) -> Ping:
         return {
             "version": __version__,
             "protocol": 1,
@@ -41,7 +42,7 @@ class Inspection:
             "state_dir": str(self.ctx.config.state_dir),
         }
 
-    async def ps(self) -> list[dict[str, Any]]:
+    async def ps(self) -> list[PsRow]:
         from sessiond.table.sessions import summary
 
         fn = self.ctx.table.next_wake_fn
@@ -65,7 +66,7 @@ class Inspection:
             )
         return rows
 
-    async def show(self, name: str) -> dict[str, Any]:
+    async def show(self, name: str) -> SessionDetail:
         s = self.ctx.table.get(name)
         shown = detail(s)
         run = s.spec.run if s.spec is not None else None
@@ -170,7 +171,7 @@ class Inspection:
             limit=limit,
         )
 
-    async def gate(self, name: str) -> dict[str, Any]:
+    async def gate(self, name: str) -> GateReport:
         s = self.ctx.table.get(name)
         return gate_report(
             s,

@@ -19,6 +19,7 @@ from sessiond.config import DaemonConfig
 from sessiond.errors import Refused
 from sessiond.listing import Listing
 from sessiond.log.store.base import Record, Store
+from sessiond.replies import SessionDetail, WaitingSession, WebLogin, Who
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.runs import Runs
@@ -67,6 +68,7 @@ class Kernel:
         self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
         self.drain: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
         self.nodes = self.inspection.nodes
+        self.show: Callable[[str], Awaitable[SessionDetail | WaitingSession]]
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay
@@ -138,8 +140,10 @@ class Kernel:
             return kept
         return {"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]}
 
-    async def web_login(self, who: dict[str, Any]) -> dict[str, Any]:
+    async def web_login(self, who: Who | None) -> WebLogin:
         """`sessionctl web`: a login for the calling user, and the URL that uses it."""
+        if who is None:  # a request carried from another node without its asker
+            raise Refused("a console login is made for the user who asks; this request names none")
         return self.logins.login(self.config.web, self.web_port, who)
 
     # The parts read these from the shared context; the daemon sets them here.

@@ -28,6 +28,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.lineage import fork as fork_log
 from sessiond.redaction import Redactor, redactor
+from sessiond.replies import Arrived, Exported, Merged, Sent, SessionDetail
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
@@ -50,7 +51,7 @@ class Lineage:
 
     async def fork(
         self, name: str, new: str, at: int | None = None, with_triggers: bool = False
-    ) -> dict[str, Any]:
+    ) -> SessionDetail:
         parent = self.ctx.table.get(name)
         if parent.state == "arriving":  # its copy would be live while this one is held
             raise Refused(
@@ -70,7 +71,7 @@ class Lineage:
             )
         spec = None
         if parent.spec is not None:
-            update: dict[str, Any] = {"name": new}
+            update: dict[str, object] = {"name": new}  # model_copy's: fields by name
             if not with_triggers:
                 update["trigger"] = []
                 update["bind"] = parent.spec.bind.model_copy(update={"files": []})
@@ -127,7 +128,7 @@ class Lineage:
 
     async def merge(
         self, child_name: str, into: str | None = None, summary: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Merged:
         child = self.ctx.table.get(child_name)
         target = into or child.j.state.parent
         if target is None:
@@ -224,7 +225,7 @@ class Lineage:
 
     async def send(
         self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Sent:
         """``message_id``: the row a message carried from another node came by
         (log/store/pg/once.py takes that row with the message's commit)."""
         s = self.ctx.table.get(to)
@@ -259,7 +260,7 @@ class Lineage:
 
     async def migrate(
         self, name: str, profile: str | None = None, to: str | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionDetail:
         s = self.ctx.table.get(name)
         if (profile is None) == (to is None):
             raise InvalidInput("say either --profile P or --to SOCKET")
@@ -278,7 +279,7 @@ class Lineage:
         assert to is not None
         return await self._migrate_to(s, Path(to))
 
-    async def _migrate_to(self, s: Session, socket: Path) -> dict[str, Any]:
+    async def _migrate_to(self, s: Session, socket: Path) -> SessionDetail:
         """Two phases (syscalls.handover): prepare there, commit here, then finish there."""
         lifecycle.check(s.name, s.state, "terminated", "migrate")  # fail fast
         async with self._without_run(s, "migrate"):
@@ -286,11 +287,13 @@ class Lineage:
             h = await self.handover.send(s, socket)
         self._fill_slots()
         told = await self.handover.tell(h)  # else told again, with a growing delay
-        return {**detail(s), "handover_finished": told}
+        answer = detail(s)
+        answer["handover_finished"] = told
+        return answer
 
     # --- context -------------------------------------------------------------------
 
-    async def compact(self, name: str, keep: int = 4) -> dict[str, Any]:
+    async def compact(self, name: str, keep: int = 4) -> SessionDetail:
         from sessiond.syscalls.compaction import (
             extractive_summary,
             plan,
@@ -319,7 +322,7 @@ class Lineage:
 
     # --- bundles -------------------------------------------------------------------
 
-    async def export(self, name: str, path: str) -> dict[str, Any]:
+    async def export(self, name: str, path: str) -> Exported:
         s = self.ctx.table.get(name)
         # The log as it is at this instant (what comes while it is read is not in it),
         # read a slice at a time and packed in a thread: the loop goes on meanwhile.
@@ -329,7 +332,7 @@ class Lineage:
 
     async def import_(
         self, path: str, name: str | None = None, handover: dict[str, str] | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionDetail | Arrived:
         if handover is not None:  # the first phase of a migrate --to from another daemon
             return await self.handover.arrive(path, name, handover)
         journal = await import_session(

@@ -15,12 +15,13 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import orjson
 
 from sessiond.errors import Refused
 from sessiond.log.store.durable import private_dir, write_durable
+from sessiond.replies import WebLogin, Who
 from sessiond.webconfig import WebConfig
 
 TOKEN_BYTES = 32
@@ -40,26 +41,36 @@ class WebUser:
     uid: int | None
 
 
+class _Login(TypedDict):
+    """One user's entry in the logins file: its token's digest, the uid that minted it."""
+
+    sha256: str
+    uid: int | None
+
+
 class Logins:
     """The logins file (``STATE_DIR/web/logins.json``: user -> digest and uid)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "web" / "logins.json"
-        self._logins: dict[str, dict[str, Any]] | None = None
+        self._logins: dict[str, _Login] | None = None
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _load(self) -> dict[str, _Login]:
         if self._logins is None:
             try:
                 loaded = orjson.loads(self.path.read_bytes())
             except FileNotFoundError:
                 loaded = {}
-            self._logins = {str(u): dict(entry) for u, entry in dict(loaded).items()}
+            self._logins = {
+                str(u): {"sha256": str(entry.get("sha256", "")), "uid": entry.get("uid")}
+                for u, entry in dict(loaded).items()
+            }
         return self._logins
 
     def mint(self, user: str, uid: int | None = None) -> str:
         """A new token for ``user``, replacing the one it had."""
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        logins = {**self._load(), user: {"sha256": digest(token), "uid": uid}}
+        logins: dict[str, _Login] = {**self._load(), user: {"sha256": digest(token), "uid": uid}}
         private_dir(self.path.parent)
         write_durable(self.path, orjson.dumps(logins, option=orjson.OPT_SORT_KEYS))
         self._logins = logins
@@ -74,7 +85,7 @@ class Logins:
                 found = WebUser(user, entry.get("uid"))
         return found
 
-    def login(self, web: WebConfig, port: int | None, who: dict[str, Any]) -> dict[str, Any]:
+    def login(self, web: WebConfig, port: int | None, who: Who) -> WebLogin:
         """``sessionctl web``: a fresh login for the caller and the URL that uses it."""
         if web.listen is None:
             raise Refused(

@@ -6,12 +6,12 @@ OTLP JSON (``trace.export``). They record nothing.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from sessiond.errors import Refused
 from sessiond.notify import Notices
 from sessiond.otel import otlp_json
 from sessiond.otel.spans import SpanBuilder
+from sessiond.replies import NotifyStatus, SpecText, TraceExport
 from sessiond.runs.context import RunContext
 
 
@@ -20,11 +20,11 @@ class Observe:
         self.ctx = ctx
         self.notices: Notices | None = None  # set by the daemon once it has started them
 
-    async def notify_status(self) -> dict[str, Any]:
+    async def notify_status(self) -> NotifyStatus:
         targets = self.notices.status() if self.notices is not None else []
         return {"targets": targets}
 
-    async def cat(self, name: str) -> dict[str, Any]:
+    async def cat(self, name: str) -> SpecText:
         s = self.ctx.table.get(name)
         if s.spec_text is None:
             raise Refused(
@@ -33,13 +33,13 @@ class Observe:
             )
         return {"name": name, "spec": s.spec_text}
 
-    async def trace_export(self, name: str) -> dict[str, Any]:
+    async def trace_export(self, name: str) -> TraceExport:
         """The session's spans as OTLP JSON, derived from its log now."""
         s = self.ctx.table.get(name)
         agent = s.spec.agent if s.spec is not None else ""
         store, service = self.ctx.store, self.ctx.config.otel.service_name
 
-        def build() -> dict[str, Any]:  # a worker thread: a long log is read and encoded
+        def build() -> TraceExport:  # a worker thread: a long log is read and encoded
             builder = SpanBuilder(name, agent)
             spans = [span for record in store.read(name) for span in builder.feed(record)]
             return {"spans": len(spans), "otlp": otlp_json(spans, service)}

@@ -25,6 +25,7 @@ from typing import Any
 from sessiond.errors import InvalidInput, NoSuchSession, Refused
 from sessiond.log.store.base import Record
 from sessiond.redaction import Redactor
+from sessiond.replies import Output, RunFacts
 from sessiond.runs.context import RunContext
 from sessiond.runs.runner import Program
 from sessiond.runs.tokens import Tokens
@@ -63,7 +64,7 @@ class RunOutput:
         offset: int = 0,
         wait: float = 0.0,
         after: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Output:
         """Run ``run``'s (else the newest run's) ``stream`` from character ``offset``.
         With ``after`` (no ``run``): the newest run only if it is newer than that."""
         s = self._session(name)
@@ -102,11 +103,11 @@ class RunOutput:
         after: str | None,
         *,
         waiting: bool,
-    ) -> dict[str, Any]:
+    ) -> Output:
         state = s.j.state
         newest = (state.current_run or state.last_run or {}).get("run")
         target = run or newest
-        nothing = {"session": s.name, "run": None, "stream": stream, "running": False,
+        nothing: Output = {"session": s.name, "run": None, "stream": stream, "running": False,
                    "data": "", "offset": offset, "next_offset": offset}  # fmt: skip
         if run is None and after is not None and _number(newest) <= _number(after):
             return nothing  # no newer run yet
@@ -120,17 +121,23 @@ class RunOutput:
         text, facts = await self._text(s, target, stream)
         offset = min(max(offset, 0), len(text))
         end = min(len(text), offset + CHUNK)  # one answer stays well under a frame
-        return {
-            **nothing,
+        answer: Output = {
+            "session": s.name,
             "run": target,
+            "stream": stream,
+            "running": facts["running"],
             "data": text[offset:end],
             "offset": offset,
             "next_offset": end,
             "more": end < len(text),
-            **facts,
         }
+        answer["status"] = facts["status"]  # how the run stands
+        if "exit_code" in facts:  # a finished one: how it ended, and a cut
+            answer["exit_code"] = facts["exit_code"]
+            answer["cut"] = facts.get("cut", "")
+        return answer
 
-    async def _text(self, s: Session, run: str, stream: str) -> tuple[str, dict[str, Any]]:
+    async def _text(self, s: Session, run: str, stream: str) -> tuple[str, RunFacts]:
         state = s.j.state
         index = STREAMS.index(stream)
         live = s.run if s.run is not None and s.run.run_id == run else None
@@ -146,7 +153,7 @@ class RunOutput:
             runs = state.run_number or state.runs
             have = f"its runs are r1 to r{runs}" if runs else "it has not run yet"
             raise Refused(f"session {s.name!r} has no run {run}: {have}")
-        facts = {
+        facts: RunFacts = {
             "running": False,
             "status": finished.get("status", "unknown"),
             "exit_code": finished.get("exit_code"),

@@ -30,6 +30,7 @@ from sessiond.log.pace import Pacer
 from sessiond.log.retention import Plan, needed, plan, remove
 from sessiond.log.store.base import START, LogPosition, PositionMismatch, Record
 from sessiond.log.store.files import FileStore
+from sessiond.replies import GcReport, Who
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
@@ -62,9 +63,9 @@ class Retention:
     async def gc(
         self,
         dry_run: bool = False,
-        who: dict[str, Any] | None = None,
+        who: Who | None = None,
         trigger: Trigger = "sessionctl",
-    ) -> dict[str, Any]:
+    ) -> GcReport:
         """Apply the rules to every session; what was (or would be) removed, and the
         bytes freed."""
         rules = self.ctx.config.retention
@@ -79,7 +80,7 @@ class Retention:
                     if s.journal is None:  # a broken log: fsck and a person first
                         continue
                     try:
-                        p = await self._session(s, dry_run, who or {}, trigger)
+                        p = await self._session(s, dry_run, who, trigger)
                     except (OSError, SessiondError) as exc:
                         errors.append(f"{s.name}: {exc}")
                         log.warning("gc.failed", session=s.name, error=str(exc))
@@ -100,9 +101,7 @@ class Retention:
             "events_read": self._events_read - read_before,
         }
 
-    async def _session(
-        self, s: Session, dry_run: bool, who: dict[str, Any], trigger: Trigger
-    ) -> Plan:
+    async def _session(self, s: Session, dry_run: bool, who: Who | None, trigger: Trigger) -> Plan:
         rules = self.ctx.config.retention
         # only the snapshot rule: nothing to learn from the log
         read = (rules.terminated, rules.unreferenced, rules.keep_artifacts) != (None,) * 3
@@ -164,7 +163,7 @@ class Retention:
             yield record, LogPosition(record["seq"], record["seq"], record["id"])
 
     async def _collect(
-        self, s: Session, evidence: Evidence, dry_run: bool, who: dict[str, Any], trigger: Trigger
+        self, s: Session, evidence: Evidence, dry_run: bool, who: Who | None, trigger: Trigger
     ) -> Plan:
         """Plan, record and remove, under the session's lock."""
         store = self.ctx.store
@@ -200,8 +199,8 @@ class Retention:
                 snapshots=tuple(p.snapshots),
                 bytes=p.bytes,
                 trigger=trigger,
-                uid=who.get("uid"),
-                user=who.get("user", ""),
+                uid=who["uid"] if who is not None else None,
+                user=who["user"] if who is not None else "",
             ),
         )
         await asyncio.to_thread(remove, artifacts, snapshots, p, self._fault_hook())

@@ -14,7 +14,8 @@ from sessiond.log.pace import batches, collector_paused, encode_paced
 from sessiond.log.projections import PAGE_DEFAULT, messages_page, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, Record
+from sessiond.replies import CauseView, GateCheck, GateReport, SessionDetail, SpecFacts, TurnView
 from sessiond.table.gate import Verdict, evaluate
 from sessiond.table.recovery import Cause, answers_of, cause, options_of
 from sessiond.table.sessions import Session, last_active, next_wake
@@ -55,7 +56,7 @@ AUDIT_TYPES = frozenset(
 )
 
 
-def _turn(s: State) -> dict[str, Any] | None:
+def _turn(s: State) -> TurnView | None:
     """The open turn for `show`: its number, its runs so far, its steps by status."""
     turn = s.turn
     if turn is None:
@@ -72,10 +73,10 @@ def _turn(s: State) -> dict[str, Any] | None:
     }
 
 
-def detail(session: Session) -> dict[str, Any]:
+def detail(session: Session) -> SessionDetail:
     """Everything `sessionctl show` prints about one session."""
     spec = session.spec
-    base: dict[str, Any] = {
+    base: SpecFacts = {
         "name": session.name,
         "goal": spec.goal if spec else "",
         "description": spec.description if spec else "",
@@ -88,13 +89,38 @@ def detail(session: Session) -> dict[str, Any]:
         "next_wake": (session.wake_fn or next_wake)(session),
         "pid": session.run.pid if session.run else None,
     }
+    # Written out, key by key, not unpacked: the answer's keys keep their order, and
+    # mypy sees each one.
     if session.journal is None:
-        return {**base, "state": "blocked", "reason": session.broken, "seq": None}
+        return {
+            "name": base["name"],
+            "goal": base["goal"],
+            "description": base["description"],
+            "agent": base["agent"],
+            "priority": base["priority"],
+            "labels": base["labels"],
+            "program": base["program"],
+            "kind": base["kind"],
+            "triggers": base["triggers"],
+            "next_wake": base["next_wake"],
+            "pid": base["pid"],
+            "state": "blocked",
+            "reason": session.broken,
+            "seq": None,
+        }
     s = session.journal.state
     return {
-        **base,
+        "name": base["name"],
         "goal": base["goal"] or s.goal,
+        "description": base["description"],
         "agent": base["agent"] or s.agent,
+        "priority": base["priority"],
+        "labels": base["labels"],
+        "program": base["program"],
+        "kind": base["kind"],
+        "triggers": base["triggers"],
+        "next_wake": base["next_wake"],
+        "pid": base["pid"],
         "state": session.state,
         "reason": session.held or s.reason,
         "held": session.held is not None,  # blocked in memory, not yet recorded (full disk)
@@ -193,12 +219,12 @@ def gate_report(
     *,
     artifacts: ArtifactStore | None = None,
     profiles: dict[str, ProfileConfig] | None = None,
-) -> dict[str, Any]:
+) -> GateReport:
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
     recovery options (exactly those that would change something: table.recovery)
     and why. Records nothing."""
     if session.journal is None:
-        check = {"name": "log intact", "ok": False, "detail": session.broken or ""}
+        check: GateCheck = {"name": "log intact", "ok": False, "detail": session.broken or ""}
         broken = [_cause(c) for c in causes_of(session, None)]
         return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],
                 "options": [], "answers": [], "causes": broken, "dry_run": True}  # fmt: skip
@@ -209,7 +235,7 @@ def gate_report(
         "session": session.name,
         "ok": verdict.ok and not held,
         "outcome": "blocked" if held else verdict.outcome,
-        "checks": [c.as_dict() for c in verdict.checks],
+        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in verdict.checks],
         "options": list(options_of(causes)),
         "answers": list(answers_of(causes)),
         "causes": [_cause(c) for c in causes],
@@ -218,14 +244,14 @@ def gate_report(
     }
 
 
-def _cause(c: Cause) -> dict[str, Any]:
+def _cause(c: Cause) -> CauseView:
     return {"kind": c.kind, "detail": c.detail, "options": list(c.options),
             "answers": list(c.answers), "todo": c.todo}  # fmt: skip
 
 
 async def replay_view(
     name: str,
-    read: Callable[[], Iterable[dict[str, Any]]],
+    read: Callable[[], Iterable[Record]],
     view: str,
     *,
     live: State | None = None,
@@ -259,7 +285,7 @@ async def replay_view(
 
 async def _view(
     state: State,
-    read: Callable[[], Iterable[dict[str, Any]]],
+    read: Callable[[], Iterable[Record]],
     view: str,
     cursor: int | None,
     limit: int | None,

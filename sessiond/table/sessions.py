@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -37,6 +37,7 @@ from sessiond.log.store.durable import read_regular, write_all
 from sessiond.log.store.files import SPEC_LIMIT
 from sessiond.names import check_name
 from sessiond.redaction import Redactor, redactor
+from sessiond.replies import PsRow
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec
 
 log = structlog.get_logger(__name__)
@@ -303,9 +304,7 @@ def file_hash(path: Path) -> str | None:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def summary(
-    session: Session, wake_fn: Callable[[Session], str | None] | None = None
-) -> dict[str, Any]:
+def summary(session: Session, wake_fn: Callable[[Session], str | None] | None = None) -> PsRow:
     """A `ps` row."""
     wake_fn = wake_fn or next_wake
     spec = session.spec

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import orjson
 import structlog
@@ -74,7 +73,7 @@ class GitTriggers:
     def _cursor_file(self, s: Session) -> Path:
         return Path(self.host.store.sessions_dir) / s.name / GIT_CURSOR
 
-    def _read_cursor(self, s: Session) -> dict[str, Any]:
+    def _read_cursor(self, s: Session) -> dict[str, object]:  # as read: checked as used
         try:
             found = orjson.loads(self._cursor_file(s).read_bytes())
         except (OSError, orjson.JSONDecodeError):

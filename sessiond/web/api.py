@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from aiohttp import web
@@ -20,6 +20,7 @@ from sessiond.describe import describe
 from sessiond.errors import InvalidInput
 from sessiond.log.store.base import Record
 from sessiond.logquery import parse_since
+from sessiond.replies import JsonObject, TablePage
 from sessiond.web.auth import connected
 from sessiond.web.cluster import REFRESH
 from sessiond.web.humane import actions_for
@@ -48,6 +49,25 @@ def _int(text: str, what: str) -> int:
         raise InvalidInput(f"{what} must be a whole number (got {text!r})") from None
 
 
+class Changed(TypedDict):
+    """A session page's live update: its state, and the buttons that state offers."""
+
+    state: str
+    seq: int | None
+    reason: str | None
+    actions: list[str]
+
+
+class LogRow(TypedDict):
+    """An event as the session page's log lists it: its line of text beside its data."""
+
+    seq: int
+    ts: str
+    type: str
+    text: str
+    data: JsonObject  # the event's payload
+
+
 class Api:
     def __init__(self, server: Site) -> None:
         self.server = server
@@ -69,7 +89,7 @@ class Api:
             router.add_post(f"/api/s/{{name}}/{action}", self.lifecycle)
         router.add_get("/metrics", self.metrics)
 
-    async def _page(self, request: web.Request) -> dict[str, Any]:
+    async def _page(self, request: web.Request) -> TablePage:
         q = request.query
         if self.cluster.clustered:  # every node's sessions, each with its node
             return rows_page(
@@ -103,7 +123,7 @@ class Api:
             who = self.server.who(request)
             await self.cluster.show(name, who)  # no_such_session before the stream
 
-            async def shown() -> dict[str, Any]:
+            async def shown() -> Changed:
                 d = await self.cluster.show(name, who)
                 runnable = d.get("program") is not None  # its buttons, as its page draws them
                 return {"state": d["state"], "seq": d.get("seq"), "reason": d.get("reason"),
@@ -115,7 +135,7 @@ class Api:
                                    every=REFRESH * 5, watch=watch)  # fmt: skip
         session = self.kernel.table.get(name)  # no_such_session before the stream
 
-        async def changed() -> dict[str, Any]:
+        async def changed() -> Changed:
             runnable = session.spec is not None and session.spec.run is not None
             journal = session.journal
             reason = session.held or (journal.state.reason if journal is not None else "")
@@ -222,7 +242,7 @@ class Api:
         )
         return _json({"messages": page, "older": older})
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _body(self, request: web.Request) -> JsonObject:
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
@@ -300,7 +320,7 @@ class Api:
                             headers={"Content-Type": CONTENT_TYPE})  # fmt: skip
 
 
-def _str(body: dict[str, Any], key: str) -> str:
+def _str(body: JsonObject, key: str) -> str:
     value = body.get(key, "")
     if not isinstance(value, str):
         raise InvalidInput(f"{key} must be a string")
@@ -323,6 +343,6 @@ def _after(record: Record, until: tuple[int, str | None]) -> bool:
     return bool(record["ts"] > ts) if ts is not None else bool(record["seq"] > seq)
 
 
-def _row(r: Record) -> dict[str, Any]:
+def _row(r: Record) -> LogRow:
     return {"seq": r["seq"], "ts": r["ts"], "type": r["type"], "text": describe(r),
             "data": r["data"]}  # fmt: skip

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from sessiond.log.replay import replay_all
 from sessiond.log.state import State
 from sessiond.log.store.base import Record
+from sessiond.replies import ConsoleApproval, ConsoleRow, GateReport, JsonObject, SessionDetail, Who
 from sessiond.syscalls.console import approvals
 from sessiond.syscalls.kernel import Kernel
 
@@ -31,15 +32,11 @@ REFRESH = 2.0  # seconds: how often a live page of the whole cluster is rendered
 class Carrier(Protocol):
     """What the console needs of the daemon's forwarding (sessiond.daemon.forward)."""
 
-    async def route(
-        self, method: str, params: dict[str, Any], who: dict[str, Any]
-    ) -> tuple[bool, Any]: ...
+    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]: ...
 
-    async def ps(
-        self, who: dict[str, Any], method: str = "ps", params: dict[str, Any] | None = None
-    ) -> Any: ...
+    async def ps(self, who: Who, method: str = "ps", params: JsonObject | None = None) -> Any: ...
 
-    async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]: ...
+    async def approvals(self, who: Who) -> list[ConsoleApproval]: ...
 
 
 class Hinted(Protocol):
@@ -65,8 +62,8 @@ class ClusterView:
     async def syscall(
         self,
         method: str,
-        params: dict[str, Any],
-        who: dict[str, Any],
+        params: JsonObject,
+        who: Who,
         here: Callable[[], Awaitable[Any]],
     ) -> Any:
         """``method`` for the session ``params["name"]``: carried to the node that runs
@@ -79,19 +76,19 @@ class ClusterView:
                 return result
         return await here()
 
-    async def rows(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def rows(self, who: Who) -> list[ConsoleRow]:
         assert self.forward is not None
-        rows: list[dict[str, Any]] = await self.forward.ps(who, "web.rows")
+        rows: list[ConsoleRow] = await self.forward.ps(who, "web.rows")
         return rows
 
-    async def approvals(self, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def approvals(self, who: Who) -> list[ConsoleApproval]:
         assert self.forward is not None
         return await self.forward.approvals(who)
 
-    async def show(self, name: str, who: dict[str, Any]) -> dict[str, Any]:
+    async def show(self, name: str, who: Who) -> SessionDetail:
         """``show``, with the node that runs it on a cluster (the page says where)."""
-        shown = dict(
-            await self.syscall("show", {"name": name}, who, lambda: self.kernel.show(name))
+        shown: SessionDetail = await self.syscall(
+            "show", {"name": name}, who, lambda: self.kernel.show(name)
         )
         if self.forward is not None:
             here = name in self.kernel.table.sessions
@@ -100,28 +97,30 @@ class ClusterView:
             shown["node"] = node or await asyncio.to_thread(store.owner_of, name)
         return shown
 
-    async def gate(self, name: str, who: dict[str, Any]) -> dict[str, Any]:
-        report = await self.syscall("gate", {"name": name}, who, lambda: self.kernel.gate(name))
-        return dict(report)
+    async def gate(self, name: str, who: Who) -> GateReport:
+        report: GateReport = await self.syscall(
+            "gate", {"name": name}, who, lambda: self.kernel.gate(name)
+        )
+        return report
 
     async def log(
         self,
         name: str,
-        who: dict[str, Any],
+        who: Who,
         since: int | str = 1,
         types: list[str] | None = None,
         limit: int = 0,
         *,
         grep: str | None = None,
     ) -> list[Record]:
-        params = {"name": name, "since": since, "types": types or [], "limit": limit,
-                  "grep": grep}  # fmt: skip
+        params: JsonObject = {"name": name, "since": since, "types": list(types or []),
+                              "limit": limit, "grep": grep}  # fmt: skip
         records = await self.syscall(
             "log", params, who, lambda: self.kernel.log_(name, since, types, limit, grep=grep)
         )
         return list(records)
 
-    async def pending(self, name: str, who: dict[str, Any]) -> list[dict[str, Any]]:
+    async def pending(self, name: str, who: Who) -> list[ConsoleApproval]:
         """The session's pending approvals, as the inbox lists them."""
         items = await self.syscall(
             "web.approvals", {"name": name}, who,

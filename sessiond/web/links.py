@@ -30,6 +30,7 @@ from aiohttp import web
 from sessiond.errors import SessiondError
 from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
+from sessiond.replies import Who
 from sessiond.web.auth import connected
 from sessiond.web.site import Site
 from sessiond.web.views import find_approval
@@ -180,7 +181,7 @@ class LinkPages:
                 raise LinkRefused("this link was already used. " + _ELSEWHERE, 409)
         except LinkRefused as exc:
             return self.server.pages.error_page(str(exc), exc.status)
-        who: dict[str, Any] = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
+        who: Who = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
         s = self.kernel.table.get(link.session)
 
         def unchanged(_approval: dict[str, Any]) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any
 
 import structlog
 from aiohttp import web
 
 from sessiond.errors import SessiondError
+from sessiond.replies import Who
 from sessiond.sandboxconfig import run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.api import Api
@@ -151,7 +151,7 @@ class WebServer:
             return self.pages.error_page(message, status, request)
         return error_json(code, message, status)
 
-    def who(self, request: web.Request) -> dict[str, Any]:
+    def who(self, request: web.Request) -> Who:
         """Who acts, as the syscalls record it: the login's user on the web channel.
         Only while the request's connection is open (a peer gone acts on nothing)."""
         connected(request)

@@ -14,7 +14,8 @@ from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
 from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, Record
+from sessiond.replies import ConsoleApproval, ConsoleRow, TablePage
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
 from sessiond.web.humane import actions_for
@@ -28,7 +29,7 @@ STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "te
 
 async def table_page(
     table: Table, state: str = "", agent: str = "", label: str = "", page: int = 1
-) -> dict[str, Any]:
+) -> TablePage:
     """One page of the process table, filtered by state, agent and a label (k=v or k).
 
     The filter walks every session, so it is paced (sessiond.log.pace): with
@@ -68,8 +69,8 @@ async def table_page(
 
 
 def rows_page(
-    rows: list[dict[str, Any]], state: str = "", agent: str = "", label: str = "", page: int = 1
-) -> dict[str, Any]:
+    rows: list[ConsoleRow], state: str = "", agent: str = "", label: str = "", page: int = 1
+) -> TablePage:
     """:func:`table_page` of rows already made (the whole cluster's, each with its node)."""
     if state and state not in STATES:
         raise InvalidInput(f"no state {state!r}; the states are {', '.join(STATES)}")
@@ -86,13 +87,13 @@ def rows_page(
         kept.append(r)
     pages = max(1, -(-len(kept) // PAGE))
     page = min(max(1, page), pages)
-    shown = [with_actions(dict(r)) for r in kept[(page - 1) * PAGE : page * PAGE]]
+    shown = [with_actions(r.copy()) for r in kept[(page - 1) * PAGE : page * PAGE]]
     return {"rows": shown, "total": len(kept), "page": page,
             "pages": pages, "size": PAGE, "sessions": len(rows), "clustered": True,
             "approvals": sum(int(r.get("pending_approvals") or 0) for r in rows)}  # fmt: skip
 
 
-def with_actions(r: dict[str, Any]) -> dict[str, Any]:
+def with_actions(r: ConsoleRow) -> ConsoleRow:
     """A row with the lifecycle buttons its state offers (the table's per-row actions)."""
     r["actions"] = actions_for(str(r.get("state", "")), bool(r.get("runnable", True)))
     return r
@@ -102,7 +103,7 @@ def _agent(s: Session) -> str:
     return s.journal.state.agent if s.journal is not None else ""
 
 
-async def find_approval(table: Table, name: str, call: str) -> dict[str, Any] | None:
+async def find_approval(table: Table, name: str, call: str) -> ConsoleApproval | None:
     """One pending approval (the confirm page's), or None once it is answered."""
     for item in await approvals([table.get(name)]):
         if item["call"] == call:
@@ -123,7 +124,7 @@ ARTIFACT_TYPES = [
 ]
 
 
-def artifact_refs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def artifact_refs(records: list[Record]) -> list[dict[str, Any]]:
     """The artifacts a session's events name (newest first), each once, with where."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:

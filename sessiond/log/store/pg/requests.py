@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 
 from sessiond.log.store.pg.reach import Pool
 from sessiond.names import check_name
+from sessiond.replies import Who
 
 REQUESTS = "sessiond_requests"
 REPLIES = "sessiond_replies"
@@ -118,7 +119,7 @@ class Requests:
         self,
         method: str,
         params: dict[str, Any],
-        who: dict[str, Any] | None,
+        who: Who | None,
         *,
         session: str | None = None,
         node: str | None = None,
@@ -145,7 +146,7 @@ class Requests:
 
     def take(
         self, incarnation: int, names: list[str]
-    ) -> list[tuple[int, str, dict[str, Any], dict[str, Any] | None]]:
+    ) -> list[tuple[int, str, dict[str, Any], Who | None]]:
         """Take what this node should carry out: (id, method, params, who) each."""
         with self._pool.connection() as conn:
             rows = conn.execute(
