@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sessiond.bench import fsinfo, gate, storage
 from sessiond.bench.__main__ import check_targets
@@ -102,7 +103,7 @@ def test_every_comparison_runs_and_renders_one_table(tmp_path: Path) -> None:
     lines = compare.render(rows)
     assert len(lines[0].split("  ")) > 1
     assert [r.what for r in rows] == [line.split("  ")[0] for line in lines[2 : 2 + len(rows)]]
-    assert all(row.as_dict()["ratio"] > 0 for row in rows)
+    assert all(float(str(row.as_dict()["ratio"])) > 0 for row in rows)
 
 
 def test_the_loop_benchmark_runs() -> None:
@@ -110,7 +111,7 @@ def test_the_loop_benchmark_runs() -> None:
 
     work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
     try:
-        figures = loop.measure(work, quick=True, say=lambda _text: None, events=300)
+        figures: dict[str, Any] = loop.measure(work, quick=True, say=lambda _text: None, events=300)
     finally:
         __import__("shutil").rmtree(work, ignore_errors=True)
     for op in loop.OPS:

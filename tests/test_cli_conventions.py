@@ -5,6 +5,7 @@ command's own usage, and human lines with no `None`, `by -` or contradiction."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from sessiond.logquery import LogQuery, absolute, parse_until
 NOW = 2_000_000_000.0
 
 
-def _row(name: str, state: str = "sleeping", agent: str = "", **more: object) -> dict[str, object]:
+def _row(name: str, state: str = "sleeping", agent: str = "", **more: object) -> Any:
     return {"name": name, "state": state, "agent": agent, "priority": 0, "labels": {},
             "last_active": "2033-05-18T03:33:20.000000Z", **more}  # fmt: skip
 
@@ -55,7 +56,7 @@ def test_cells_are_cut_with_an_ellipsis_only_when_asked() -> None:
     reason = "r" * 100
     assert cut(reason, 60, full=False) == "r" * 59 + "…"
     assert cut(reason, 60, full=True) == reason
-    row = {**_row("s"), "reason": reason, "runs": 0, "next_wake": None, "outcome": None}
+    row: Any = {**_row("s"), "reason": reason, "runs": 0, "next_wake": None, "outcome": None}
     assert rows_table([row], full=True)[1][-1] == reason
     assert rows_table([row], full=False)[1][-1].endswith("…")
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from sessiond.replies import Who
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.auth import Auth
 from sessiond.web.cluster import ClusterView
@@ -54,7 +55,7 @@ class Site(Protocol):
     @property
     def links(self) -> LinkPage: ...
 
-    def who(self, request: web.Request) -> dict[str, Any]:
+    def who(self, request: web.Request) -> Who:
         """Who acts, as the syscalls record it (only while the peer is connected)."""
         ...
 

@@ -89,7 +89,7 @@ def test_a_message_a_poll_and_its_notification_both_bring_is_delivered_once(
             await log.close()
             pool = await store.connect()
             node = SimpleNamespace(table=SimpleNamespace(sessions={"w": None}))
-            box = Mailbox(store, cast(Any, node), local)
+            box = Mailbox(store, cast(Any, node), cast(Any, local))
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
                 await conn.execute(f"LISTEN {mail.CHANNEL}")
                 posted = await mail.post(pool, "w", "n1", "once")

@@ -70,7 +70,7 @@ def test_a_step_outside_a_run_has_a_trace_of_its_own() -> None:
 
 def test_otlp_json_has_hex_ids_and_integer_enums() -> None:
     spans = spans_of("s", RUN)
-    message = otlp_json(spans, "svc")
+    message: Any = otlp_json(spans, "svc")  # read as the JSON it is
     [scope_spans] = message["resourceSpans"][0]["scopeSpans"]
     run = scope_spans["spans"][-1]
     assert run["traceId"] == f"{spans[-1].trace_id:032x}"

@@ -38,7 +38,7 @@ def test_the_login_url_uses_public_url_and_refuses_when_the_console_is_off(
 ) -> None:
     logins = Logins(tmp_path)
     with pytest.raises(Refused, match=r"\[web\] listen"):
-        logins.login(WebConfig(), None, {"user": "ann"})
+        logins.login(WebConfig(), None, {"uid": 1000, "user": "ann", "channel": "cli"})
     web = WebConfig(listen="127.0.0.1:0", public_url="https://ops.example")
     minted = logins.login(web, 4242, {"uid": 1000, "user": "ann", "channel": "cli"})
     assert minted["url"].startswith("https://ops.example/login?token=")
