@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from zlib import crc32
 
 import orjson
@@ -18,6 +18,34 @@ import orjson
 # A clock returns nanoseconds since the Unix epoch (time.time_ns). Injected so that
 # tests and the daemon's test clock control every timestamp written.
 Clock = Callable[[], int]
+
+
+class NodeStamp(TypedDict):
+    """Which cluster node wrote an event, under which epoch of its ownership (absent
+    in logs of the files backend)."""
+
+    node: str
+    epoch: int
+
+
+class EventRecord(TypedDict):
+    """An event as a line holds it (the record ``decode_line`` reads; log/events.py
+    has the envelope it validates to)."""
+
+    v: int
+    session: str
+    seq: int
+    id: str
+    ts: str
+    type: str
+    causation: str | None
+    correlation: str | None
+    # the payload: its shape depends on ``type``, so this one field stays open; the
+    # fold and the views take it as their type's TypedDict (log/event_records.py)
+    data: dict[str, Any]
+    node: NotRequired[str]  # the cluster's NodeStamp
+    epoch: NotRequired[int]
+
 
 CHECKSUM_LEN = 8
 TRAILER_LEN = 1 + CHECKSUM_LEN  # b" " + 8 hex digits, before the newline
@@ -40,17 +68,18 @@ def unframe(line: bytes) -> bytes | None:
     return body if crc32(body) == want else None
 
 
-def encode_line(record: dict[str, Any]) -> bytes:
+def encode_line(record: EventRecord) -> bytes:
     return frame(orjson.dumps(record))
 
 
-def decode_line(line: bytes) -> dict[str, Any] | None:
-    """The record of a good line, or None if the line is torn or corrupt."""
+def decode_line(line: bytes) -> EventRecord | None:
+    """The record of a good line, or None if the line is torn or corrupt. (Its fields
+    are as its writer validated them: the checksum holds.)"""
     body = unframe(line)
     if body is None:
         return None
     try:
-        record = orjson.loads(body)
+        record: EventRecord = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     return record if isinstance(record, dict) else None

@@ -7,7 +7,7 @@ import the daemon's packages (its start-up time is part of the contract).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -119,7 +119,7 @@ def _who(d: dict[str, Any]) -> str:
     return f"{who}, note: {note}" if note else who
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: Mapping[str, Any]) -> str:
     """A one-line summary of an event's data."""
     describe_data = _DESCRIBE.get(record["type"])
     return describe_data(record["data"]) if describe_data else ""

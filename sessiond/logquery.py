@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -188,7 +188,7 @@ class LogQuery:
         latest = parse_until(until, now_ns)
         return cls(first, earliest, frozenset(types), compile_grep(grep), latest)
 
-    def match(self, record: dict[str, Any]) -> bool:
+    def match(self, record: Mapping[str, Any]) -> bool:
         if record["seq"] < self.first_seq or (self.types and record["type"] not in self.types):
             return False
         if self.earliest is not None and record["ts"] < self.earliest:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from sessiond.codec import rfc3339
 from sessiond.log.event_data import (
@@ -192,7 +192,8 @@ class Continuation:
                 p
                 for w in s.j.state.pending_wakes
                 if w["trigger"] in ("watch", "dependency")
-                for p in w["details"].get("paths", [])
+                # (a watch's or a dependency's wake names its paths: a list of strings)
+                for p in cast(list[str], w["details"].get("paths", []))
             )
         verdict = await self.gate_now(s, cause, paths)
         if verdict.outcome == "suspended":

@@ -20,6 +20,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.pace import batches
 from sessiond.log.projections import PAGE_DEFAULT, hidden, messages_page, transcript_item
+from sessiond.log.records import TranscriptItem
 from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft
@@ -89,7 +90,7 @@ class SdkCalls:
         state = State(session=s.name)
         async for batch in batches(s.j.read(upto=upto)):
             replay(batch, state)
-        mailbox: list[dict[str, Any]] = []
+        mailbox: list[TranscriptItem] = []
         if state.mailbox:  # the unread messages' text, from the log (the state keeps seqs)
             unread, summaries = set(state.mailbox), state.summaries
             async for batch in batches(s.j.read(upto=upto)):

@@ -50,6 +50,7 @@ from sessiond.log.event_data import (
     ToolStarted,
 )
 from sessiond.log.places import Asked, judge
+from sessiond.log.records import StepRecord, TurnRecord
 from sessiond.log.store.base import Draft
 from sessiond.redaction import matches
 from sessiond.runs.context import RunContext
@@ -184,7 +185,7 @@ class Steps:
             return answer(s, key=key, **began)
 
     async def _answer_recorded(
-        self, s: Session, grant: RunGrant, p: Any, recorded: dict[str, Any], digest: str
+        self, s: Session, grant: RunGrant, p: Any, recorded: StepRecord, digest: str
     ) -> dict[str, Any]:
         status = recorded["status"]
         call = recorded["call"]
@@ -208,7 +209,7 @@ class Steps:
         await self.ctx.table.append_many(s, [self._started_draft(s, grant, call, p.name, writes)])
         return {"status": "run", "call": call, "rule": "approved"}
 
-    def _result(self, s: Session, recorded: dict[str, Any]) -> dict[str, Any]:
+    def _result(self, s: Session, recorded: StepRecord) -> dict[str, Any]:
         kind = recorded.get("result_kind")
         ref = recorded.get("result_ref")
         if ref:
@@ -218,10 +219,10 @@ class Steps:
             return {"result": orjson.loads(data)}
         return {"result": recorded.get("result")}
 
-    def parent(self, turn: dict[str, Any], grant: RunGrant, call: str | None) -> str | None:
+    def parent(self, turn: TurnRecord, grant: RunGrant, call: str | None) -> str | None:
         return parent_slot(turn, grant, call)
 
-    async def _diverge(self, s: Session, asked: Asked, recorded: dict[str, Any]) -> dict[str, Any]:
+    async def _diverge(self, s: Session, asked: Asked, recorded: StepRecord) -> dict[str, Any]:
         """Nothing runs: the session blocks with both steps, recorded and asked."""
         gate, reason = divergence(asked, recorded)
         await self.ctx.table.append(s, gate)
@@ -235,7 +236,7 @@ class Steps:
         s: Session,
         grant: RunGrant,
         p: Any,
-        turn: dict[str, Any],
+        turn: TurnRecord,
         digest: str,
         *,
         parent: str | None,
@@ -340,7 +341,7 @@ class Steps:
         s: Session,
         grant: RunGrant,
         p: Any,
-        turn: dict[str, Any],
+        turn: TurnRecord,
         digest: str,
         *,
         parent: str | None,
@@ -409,10 +410,10 @@ class Steps:
             kind, encoded = "json", orjson.dumps(p.result)
         async with s.lock:
             state = s.j.state
-            turn = state.turn or {}
-            slot = turn.get("calls", {}).get(p.call)
-            step = turn.get("steps", {}).get(slot) if slot else None
-            if step is None or step["status"] != "started":
+            turn = state.turn
+            slot = turn["calls"].get(p.call) if turn else None
+            step = turn["steps"].get(slot) if turn and slot else None
+            if turn is None or step is None or step["status"] != "started":
                 raise Refused(
                     f"step call {p.call!r} is not under way in this run (it is "
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
@@ -447,7 +448,7 @@ class Steps:
         s: Session,
         grant: RunGrant,
         p: Any,
-        step: dict[str, Any],
+        step: StepRecord,
         *,
         kind: str,
         encoded: bytes,
@@ -511,7 +512,7 @@ class Steps:
         )
 
     async def _done_model(
-        self, s: Session, p: Any, step: dict[str, Any], encoded: bytes, refused: str | None
+        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None
     ) -> None:
         spec = s.spec
         assert spec is not None

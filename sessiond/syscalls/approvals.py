@@ -25,6 +25,7 @@ from sessiond.log.event_data import (
     SpecApplied,
     WakeRequested,
 )
+from sessiond.log.records import ApprovalRecord
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import bad_steps
 from sessiond.runs.context import RunContext
@@ -51,7 +52,7 @@ class Approvals:
         by: str = "",
         *,
         who: dict[str, Any] | None = None,
-        check: Callable[[dict[str, Any]], None] | None = None,
+        check: Callable[[ApprovalRecord], None] | None = None,
     ) -> dict[str, Any]:
         """``check``: called with the pending approval under the session's lock; it
         may raise to refuse (a signed link's: what it was minted for is still so)."""
@@ -88,7 +89,7 @@ class Approvals:
         reason: str = "",
         *,
         who: dict[str, Any] | None = None,
-        check: Callable[[dict[str, Any]], None] | None = None,
+        check: Callable[[ApprovalRecord], None] | None = None,
     ) -> dict[str, Any]:
         s = self.ctx.table.get(name)
         async with s.lock:
@@ -296,7 +297,7 @@ class Approvals:
         return detail(s)
 
 
-def _pending(s: Session, call: str | None) -> dict[str, Any]:
+def _pending(s: Session, call: str | None) -> ApprovalRecord:
     pending = s.j.state.pending_approvals()
     if not pending:
         raise Refused(f"session {s.name!r} has no pending approval")

@@ -10,7 +10,7 @@ cluster (docs/design.md section 10): each node answers ``web.rows`` and
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -71,7 +71,7 @@ async def approvals(sessions: Iterable[Session], node: str | None = None) -> lis
         state = s.journal.state
         ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
         for a in state.pending_approvals().values():
-            call = state.calls.get(a["call"], {})
+            call: Mapping[str, Any] = state.calls.get(a["call"]) or {}  # none: cut off
             items.append(
                 {
                     "session": s.name,

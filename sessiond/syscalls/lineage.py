@@ -27,6 +27,7 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
+from sessiond.log.records import TranscriptItem
 from sessiond.redaction import Redactor, redactor
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
@@ -145,7 +146,8 @@ class Lineage:
             if parent.state == "terminated":
                 raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
             cs = child.j.state
-            text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
+            observed = cs.last_observation["text"] if cs.last_observation else None
+            text = summary or observed or _last_said(cs.transcript)
             text = text or f"{child.name} finished at seq {cs.seq}"
             refs = list(cs.live_artifacts().values())
             store = self.ctx.store
@@ -411,7 +413,7 @@ def _masks(spec_text: str | None, source: str) -> Redactor | None:
     return redactor(spec.redact)
 
 
-def _last_said(transcript: list[dict[str, Any]]) -> str:
+def _last_said(transcript: list[TranscriptItem]) -> str:
     for item in reversed(transcript):
         if item["role"] in ("assistant", "tool"):
             return str(item["text"])

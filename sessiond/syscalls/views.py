@@ -14,7 +14,7 @@ from sessiond.log.pace import batches, collector_paused, encode_paced
 from sessiond.log.projections import PAGE_DEFAULT, messages_page, trace
 from sessiond.log.replay import replay
 from sessiond.log.state import State
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, Record
 from sessiond.table.gate import Verdict, evaluate
 from sessiond.table.recovery import Cause, answers_of, cause, options_of
 from sessiond.table.sessions import Session, last_active, next_wake
@@ -225,7 +225,7 @@ def _cause(c: Cause) -> dict[str, Any]:
 
 async def replay_view(
     name: str,
-    read: Callable[[], Iterable[dict[str, Any]]],
+    read: Callable[[], Iterable[Record]],
     view: str,
     *,
     live: State | None = None,
@@ -259,7 +259,7 @@ async def replay_view(
 
 async def _view(
     state: State,
-    read: Callable[[], Iterable[dict[str, Any]]],
+    read: Callable[[], Iterable[Record]],
     view: str,
     cursor: int | None,
     limit: int | None,

@@ -42,7 +42,7 @@ def last_wake(
     s: Session,
     trigger: str,
     which: Callable[[dict[str, Any]], bool] | None = None,
-) -> dict[str, Any] | None:
+) -> Record | None:
     """The newest wake of this kind (and, given ``which``, with these details)."""
     last = None
     for record in host.store.read(s.name):

@@ -30,6 +30,7 @@ from sessiond.web.views import (
 )
 
 if TYPE_CHECKING:
+    from sessiond.log.projections import Message
     from sessiond.web.server import WebServer
 
 
@@ -162,9 +163,7 @@ class Pages:
             before=before, artifacts=refs[:100], approvals=pending, title=name,
         )  # fmt: skip
 
-    async def messages(
-        self, name: str, before: int | None
-    ) -> tuple[list[dict[str, Any]], int | None]:
+    async def messages(self, name: str, before: int | None) -> tuple[list[Message], int | None]:
         """A page of the session's messages view, newest first (``before``: older pages)."""
         if self.server.cluster.remote(name):  # folded from the events table here
             upto_here, folded = await self.server.cluster.folded(name, before)
