@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NotRequired, TypedDict
 from zlib import crc32
 
@@ -68,7 +68,7 @@ def unframe(line: bytes) -> bytes | None:
     return body if crc32(body) == want else None
 
 
-def encode_line(record: EventRecord) -> bytes:
+def encode_line(record: Mapping[str, Any]) -> bytes:
     return frame(orjson.dumps(record))
 
 

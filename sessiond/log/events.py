@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from pydantic import Field, ValidationError, create_model, field_validator
 
@@ -35,7 +35,9 @@ EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
 # type's meaning changes.
 CURRENT_VERSION: Mapping[str, int] = MappingProxyType(dict.fromkeys(PAYLOAD_BY_TYPE, 1))
 
-Upcaster = Callable[[EventRecord], EventRecord]
+# An upcaster takes a record of one older version of its type (that version's shape,
+# not today's EventRecord) and returns the record at the next version.
+Upcaster = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 # (type, from_version) -> function returning the record at from_version + 1.
 # Empty while only version 1 of every type is published.
@@ -94,7 +96,7 @@ EVENT_TYPES: tuple[str, ...] = tuple(PAYLOAD_BY_TYPE)
 
 
 def upcast(
-    record: EventRecord,
+    record: Mapping[str, Any],
     *,
     current: Mapping[str, int] = CURRENT_VERSION,
     upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
@@ -133,20 +135,21 @@ def upcast(
         record = step(record)
         version += 1
         record = {**record, "v": version}
-    return record
+    # at the current version of its type: the shape its writer validated
+    return cast(EventRecord, record)
 
 
-def decode(record: EventRecord) -> Envelope:
-    """Fully validate a record (after upcasting) into its typed envelope."""
-    record = upcast(record)
+def decode(record: Mapping[str, Any]) -> Envelope:
+    """Fully validate a record from outside (after upcasting) into its typed envelope."""
+    current = upcast(record)
     try:
-        return ENVELOPES[record["type"]].model_validate(record)
+        return ENVELOPES[current["type"]].model_validate(current)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise InvalidEvent(
-            f"event seq {record.get('seq')!r} ({record['type']}) is invalid: {problems}"
+            f"event seq {current.get('seq')!r} ({current['type']}) is invalid: {problems}"
         ) from exc
 
 

@@ -7,7 +7,7 @@ browser never gets the whole table (10,000 sessions make 200 pages of 50).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sessiond.errors import InvalidInput
@@ -123,7 +123,7 @@ ARTIFACT_TYPES = [
 ]
 
 
-def artifact_refs(records: list[Record]) -> list[dict[str, Any]]:
+def artifact_refs(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The artifacts a session's events name (newest first), each once, with where."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:

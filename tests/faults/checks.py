@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sessiond.codec import decode_line
+from sessiond.log.store.base import Record
 from sessiond.runs.leftovers import marked
 from tests.faults.ledger import may_rerun_alone
 
 
-def records(log: Path, only: bytes = b"") -> list[dict[str, Any]]:
+def records(log: Path, only: bytes = b"") -> list[Record]:
     """The complete lines of a log (the daemon may be writing the next one); with
     ``only``, just the events of that type."""
     try:
@@ -64,7 +66,7 @@ def cut_off_calls(log: Path) -> dict[str, str]:
     return {call: intents.get(call, "") for call in sorted(started)}
 
 
-def first_verdict(log: Path, after_seq: int, timeout: float = 30.0) -> dict[str, Any] | None:
+def first_verdict(log: Path, after_seq: int, timeout: float = 30.0) -> Record | None:
     """The restart's first ``gate.evaluated`` (not a dry run) after ``after_seq``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,7 +77,9 @@ def first_verdict(log: Path, after_seq: int, timeout: float = 30.0) -> dict[str,
     return None
 
 
-def judge_verdict(calls: dict[str, str], verdict: dict[str, Any] | None) -> tuple[str, str | None]:
+def judge_verdict(
+    calls: dict[str, str], verdict: Mapping[str, Any] | None
+) -> tuple[str, str | None]:
     """('resumed' | 'blocked' | 'none', what is wrong or None) for the cut-off
     ``calls`` of one session and the restart's verdict on them."""
     if verdict is None:
