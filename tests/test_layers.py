@@ -33,6 +33,7 @@ GROUND = {
     "paths",
     "redaction",
     "sandboxconfig",
+    "sdkwire",
     "webconfig",
     "wire",
 }

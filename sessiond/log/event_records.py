@@ -15,21 +15,14 @@ from typing import Literal, NotRequired, TypedDict
 from pydantic import JsonValue
 
 from sessiond.codec import EventRecord, NodeStamp
+from sessiond.sdkwire import ArtifactJson
 
-__all__ = ["EventRecord", "NodeStamp"]  # the line's own fields: the codec's, on the ground floor
+# the line's own fields are the codec's, an artifact reference the SDK's: on the ground floor
+__all__ = ["ArtifactJson", "EventRecord", "NodeStamp"]
 
 # A JSON object whose shape is someone else's: a tool's args, a wake's details, a
 # session's spec as written. Readers check what they take from it.
 JsonObject = dict[str, JsonValue]
-
-
-class ArtifactJson(TypedDict):
-    """An :class:`~sessiond.log.event_data.ArtifactRef` as JSON."""
-
-    ref: str
-    name: str
-    size: int
-    media_type: str
 
 
 class RiskJson(TypedDict):

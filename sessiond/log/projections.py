@@ -17,7 +17,7 @@ An item of the view is first a *transcript item* (``seq``, ``role``, ``kind``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NotRequired, TypedDict, cast
+from typing import cast
 
 from sessiond.describe import describe
 from sessiond.log.event_records import (
@@ -30,9 +30,10 @@ from sessiond.log.event_records import (
 )
 from sessiond.log.events import CURRENT_VERSION, upcast
 from sessiond.log.pace import Pacer
-from sessiond.log.records import SummaryRecord, TranscriptItem
+from sessiond.log.records import SummaryRecord
 from sessiond.log.replay import replay_all
 from sessiond.log.state import State
+from sessiond.sdkwire import Message, TranscriptItem
 
 # Items a page of the messages view holds when the caller names no limit, and at most.
 PAGE_DEFAULT = 1000
@@ -47,19 +48,6 @@ _VIEW_TYPES = frozenset(
         "verification.finished",
     }
 )
-
-
-class Message(TypedDict):
-    """An item as the messages view shows it (:func:`message`)."""
-
-    role: str
-    kind: str
-    content: str
-    seq: int
-    sender: NotRequired[str]
-    tool: NotRequired[str]
-    model: NotRequired[str]
-    range: NotRequired[list[int]]
 
 
 def transcript_item(record: EventRecord) -> TranscriptItem | None:

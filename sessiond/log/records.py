@@ -14,7 +14,6 @@ from typing import Literal, NotRequired, TypedDict
 from pydantic import JsonValue
 
 from sessiond.log.event_records import (
-    ArtifactJson,
     BudgetExhaustedData,
     DivergenceJson,
     GateEvaluatedData,
@@ -27,6 +26,7 @@ from sessiond.log.event_records import (
     ToolFinishedData,
     ToolStartedData,
 )
+from sessiond.sdkwire import ArtifactJson, TranscriptItem
 
 # A tool call's stages (log/state.py draws them)
 CallStage = Literal["intent", "decided", "approval", "approved", "started", "finished", "denied"]
@@ -152,22 +152,6 @@ class TurnRecord(TypedDict):
     steps: dict[str, StepRecord]  # by slot (log/places.py)
     calls: dict[str, str]  # a call id (or a model step's request id) -> its slot
     divergence: DivergenceJson | None
-
-
-class TranscriptItem(TypedDict):
-    """An item of the messages view (log/projections.py), as the fold keeps the newest."""
-
-    seq: int
-    role: str
-    kind: str
-    text: str
-    sender: NotRequired[str]
-    tool: NotRequired[str]
-    call: NotRequired[str]
-    model: NotRequired[str]
-    artifacts: NotRequired[list[ArtifactJson]]
-    range: NotRequired[list[int]]  # a summary's [from_seq, to_seq]
-    compacted_at: NotRequired[int]
 
 
 class SummaryRecord(TranscriptItem):

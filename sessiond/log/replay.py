@@ -53,10 +53,10 @@ from sessiond.log.records import (
     CallRecord,
     HandoverRecord,
     SummaryRecord,
-    TranscriptItem,
     WakeRecord,
 )
 from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, TRANSCRIPT_KEEP, State
+from sessiond.sdkwire import TranscriptItem
 
 # A handler takes the payload as the TypedDict of its event type (log/event_records.py):
 # the table below holds them all, so their third parameter is spelt for each one.

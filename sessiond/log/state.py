@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from sessiond.log.event_records import ArtifactJson, JsonObject
+from sessiond.log.event_records import JsonObject
 from sessiond.log.records import (
     ApprovalRecord,
     BudgetRecord,
@@ -33,11 +33,11 @@ from sessiond.log.records import (
     PendingModel,
     RepairRecord,
     SummaryRecord,
-    TranscriptItem,
     TurnRecord,
     ViewArtifacts,
     WakeRecord,
 )
+from sessiond.sdkwire import ArtifactJson, TranscriptItem
 
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
 # 7: the transcript is the newest TRANSCRIPT_KEEP items only, beside the summaries

@@ -21,9 +21,9 @@ from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import ContextCompacted
 from sessiond.log.pace import batches
 from sessiond.log.projections import ViewScan
-from sessiond.log.records import TranscriptItem
 from sessiond.runs.commands import CommandNotStarted, run_for_session
 from sessiond.runs.start import Starter
+from sessiond.sdkwire import TranscriptItem
 from sessiond.table.sessions import Session
 
 SUMMARY_LIMIT = 4000

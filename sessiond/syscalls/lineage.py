@@ -27,11 +27,11 @@ from sessiond.log.event_data import (
     SessionMigrated,
 )
 from sessiond.log.lineage import fork as fork_log
-from sessiond.log.records import TranscriptItem
 from sessiond.redaction import Redactor, redactor
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
+from sessiond.sdkwire import TranscriptItem
 from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle

@@ -30,7 +30,7 @@ from sessiond.web.views import (
 )
 
 if TYPE_CHECKING:
-    from sessiond.log.projections import Message
+    from sessiond.sdkwire import Message
     from sessiond.web.server import WebServer
 
 

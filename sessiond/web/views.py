@@ -12,9 +12,10 @@ from typing import Any
 
 from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
-from sessiond.log.projections import Message, ViewScan, goal_message, message
+from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore, Record
+from sessiond.sdkwire import Message
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
 from sessiond.web.humane import actions_for

@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from sessiond.bench.memory import write_state
-from sessiond.log.projections import PAGE_DEFAULT, Message, messages
+from sessiond.log.projections import PAGE_DEFAULT, messages
 from sessiond.log.store.files import FileStore
+from sessiond.sdkwire import Message
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir, wait_event
 

@@ -21,11 +21,12 @@ from sessiond.log.event_data import (
     SessionMerged,
     VerificationFinished,
 )
-from sessiond.log.projections import Message, messages, messages_page, transcript_item, view_items
+from sessiond.log.projections import messages, messages_page, transcript_item, view_items
 from sessiond.log.replay import replay_all
 from sessiond.log.state import TRANSCRIPT_KEEP
 from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
+from sessiond.sdkwire import Message
 from tests.helpers import arun
 
 REF = ArtifactRef(ref="sha256:" + "7" * 64, name="notes", size=10)
