@@ -104,14 +104,17 @@ class SessionMigratedData(TypedDict):
 
 class MigrationData(TypedDict):
     """Any of the hand-over's events (migration.started, aborted, arriving, finished,
-    discarded): the fold reads what they share."""
+    discarded): each has ``handover`` and some of the rest."""
 
     handover: str
     to: NotRequired[str]  # started, aborted
     source: NotRequired[str]  # arriving
     restore: NotRequired[str]  # arriving
-    reason: NotRequired[str]
-    by: NotRequired[str]
+    reason: NotRequired[str]  # aborted, discarded
+    by: NotRequired[str]  # finished, discarded; and who, from the peer's credentials:
+    uid: NotRequired[int | None]
+    user: NotRequired[str]
+    channel: NotRequired[str]
 
 
 class SessionImportedData(TypedDict):
