@@ -201,7 +201,8 @@ class State:
 
     # --- snapshots -------------------------------------------------------------------
 
-    # A snapshot's state: the fields by name, as JSON (the records above are dicts)
+    # A snapshot's state: the fields by name, as JSON (the records above are dicts).
+    # Untyped here only: from_dict refuses a field the State does not have.
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

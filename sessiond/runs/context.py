@@ -24,6 +24,7 @@ import structlog
 
 from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
+from sessiond.log.event_records import JsonObject
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.runs.sandbox import Boundary, MountPlan
@@ -55,7 +56,7 @@ class Continues(Protocol):
         self,
         s: Session,
         trigger: str,
-        details: dict[str, Any],
+        details: JsonObject,
         paths: frozenset[str] = frozenset(),
     ) -> Record: ...
 

@@ -77,7 +77,7 @@ class Snapshot:
     reducer: int
     session: str
     position: LogPosition
-    state: dict[str, Any]
+    state: dict[str, Any]  # State.to_dict(): its fields by name, checked by State.from_dict
     # The state as JSON when the taker has only that (sessiond.log.journal): ``state``
     # is then empty, and a backend that keeps dicts decodes it when it saves.
     encoded: bytes | None = None
