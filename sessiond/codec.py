@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NotRequired, TypedDict
 from zlib import crc32
 
@@ -68,17 +68,18 @@ def unframe(line: bytes) -> bytes | None:
     return body if crc32(body) == want else None
 
 
-def encode_line(record: dict[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, Any]) -> bytes:
     return frame(orjson.dumps(record))
 
 
-def decode_line(line: bytes) -> dict[str, Any] | None:
-    """The record of a good line, or None if the line is torn or corrupt."""
+def decode_line(line: bytes) -> EventRecord | None:
+    """The record of a good line, or None if the line is torn or corrupt. (Its fields
+    are as its writer validated them: the checksum holds.)"""
     body = unframe(line)
     if body is None:
         return None
     try:
-        record = orjson.loads(body)
+        record: EventRecord = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
     return record if isinstance(record, dict) else None

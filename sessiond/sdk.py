@@ -58,7 +58,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -66,6 +66,7 @@ from typing import Any
 
 import orjson
 
+from sessiond.sdkwire import ContextAnswer, StepAnswer, StepPlace
 from sessiond.wire import Connection, RemoteError
 
 
@@ -145,7 +146,7 @@ def _to_json(value: Any) -> tuple[Any, str | None]:
         ) from None
 
 
-def _from_answer(answer: dict[str, Any]) -> Any:
+def _from_answer(answer: StepAnswer) -> Any:
     if answer.get("result_b64") is not None:
         return base64.b64decode(answer["result_b64"])
     return answer.get("result")
@@ -219,7 +220,7 @@ class Run:
     def _on_sigterm(self, *_: Any) -> None:
         self.stop_requested = True  # finish the current step, stop before the next
 
-    def _place(self, key: str | None) -> dict[str, Any]:
+    def _place(self, key: str | None) -> StepPlace:
         """This step's place: its ordinal, and the step it is taken in (a step taken
         inside another step's ``fn``). A keyed step (from a thread) takes no ordinal
         of its own, so the order of threads cannot shift the ordinals of the steps
@@ -230,7 +231,7 @@ class Run:
             if key is None:
                 frame.ordinal += 1
             ordinal = frame.ordinal if key is None else frame.ordinal + 1
-        return {"ordinal": ordinal, **({"parent": frame.call} if frame.call else {})}
+        return {"ordinal": ordinal, "parent": frame.call} if frame.call else {"ordinal": ordinal}
 
     def _end(self, call: str, exc: BaseException, frame: _Frame) -> None:
         """A step's ``fn`` raised. Where a step inside it stopped the run or failed (that
@@ -257,11 +258,11 @@ class Run:
             raise SdkError("run.key() is only known inside a step's fn")
         return key
 
-    def context(self) -> dict[str, Any]:
+    def context(self) -> ContextAnswer:
         """The session as this turn began: state, messages view, wake cause, approvals,
         unread mail. The same in every run of the turn. The daemon sends the messages
         a page at a time (it builds them from the log); they are all here."""
-        result: dict[str, Any] = self._call("sdk.context")
+        result: ContextAnswer = self._call("sdk.context")
         cursor = result.pop("next_cursor", None)
         while cursor is not None:
             page = self._call("sdk.context", cursor=cursor)
@@ -271,8 +272,8 @@ class Run:
 
     # --- steps ---------------------------------------------------------------------
 
-    def _begin(self, **params: Any) -> dict[str, Any]:
-        answer: dict[str, Any] = self._call("sdk.step", **params)
+    def _begin(self, **params: Any) -> StepAnswer:
+        answer: StepAnswer = self._call("sdk.step", **params)
         status = answer["status"]
         name = params["name"]
         if status == "denied":
@@ -293,7 +294,7 @@ class Run:
         name: str,
         fn: Callable[[], Any],
         *,
-        args: dict[str, Any] | None = None,
+        args: Mapping[str, Any] | None = None,
         side_effect: str = "external-write",
         idempotency: str = "unsafe",
         resume: str = "never-rerun",
@@ -317,7 +318,7 @@ class Run:
 
     def _work(
         self,
-        answer: dict[str, Any],
+        answer: StepAnswer,
         fn: Callable[[], Any],
         name: str,
         observe: Callable[[Any], str] | None,
@@ -391,9 +392,7 @@ class Run:
 
     def send(self, to: str, text: str, *, key: str | None = None) -> None:
         """A message to another session: a step, so it is sent once per turn."""
-        answer: dict[str, Any] = self._call(
-            "sdk.send", to=to, text=text, key=key, **self._place(key)
-        )
+        answer: StepAnswer = self._call("sdk.send", to=to, text=text, key=key, **self._place(key))
         if answer["status"] == "denied":
             raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
         if answer["status"] == "stop":
@@ -441,7 +440,7 @@ class AsyncRun:
         self.sync = run
         self.key = Run.key
 
-    async def context(self) -> dict[str, Any]:
+    async def context(self) -> ContextAnswer:
         return await asyncio.to_thread(self.sync.context)
 
     def step(self, name: str, fn: Callable[[], Any], **kw: Any) -> Any:
@@ -450,11 +449,11 @@ class AsyncRun:
 
     async def _step(
         self,
-        place: dict[str, Any],
+        place: StepPlace,
         name: str,
         fn: Callable[[], Any],
         *,
-        args: dict[str, Any] | None = None,
+        args: Mapping[str, Any] | None = None,
         side_effect: str = "external-write",
         idempotency: str = "unsafe",
         resume: str = "never-rerun",
@@ -476,7 +475,7 @@ class AsyncRun:
 
     async def _work(
         self,
-        answer: dict[str, Any],
+        answer: StepAnswer,
         fn: Callable[[], Any],
         name: str,
         observe: Callable[[Any], str] | None,
@@ -517,7 +516,7 @@ class AsyncRun:
         )
 
     async def _model_call(
-        self, place: dict[str, Any], model: str, request: Any, fn: Callable[[], Any], *,
+        self, place: StepPlace, model: str, request: Any, fn: Callable[[], Any], *,
         strict: bool, key: str | None, usage: Callable[[Any], tuple[int, int]] | None = None,
         text: Callable[[Any], str] | None = None, cost: Callable[[Any], float | None] | None = None,
     ) -> Any:  # fmt: skip
@@ -555,7 +554,7 @@ class AsyncRun:
         place = self.sync._place(key)
 
         def go() -> None:
-            answer: dict[str, Any] = self.sync._call("sdk.send", to=to, text=text, key=key, **place)
+            answer: StepAnswer = self.sync._call("sdk.send", to=to, text=text, key=key, **place)
             if answer["status"] == "denied":
                 raise Denied(f"send to {to} was denied ({answer.get('rule', '')})")
             if answer["status"] == "stop":

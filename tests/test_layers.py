@@ -34,6 +34,7 @@ GROUND = {
     "redaction",
     "replies",
     "sandboxconfig",
+    "sdkwire",
     "webconfig",
     "wire",
 }

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from sessiond.ipc.follow import Buffer
+from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery, compile_grep, parse_since
 
 NOW = 1_764_583_200 * 10**9  # 2025-12-01T10:00:00Z
 
 
-def record(seq: int, ts: str = "2025-12-01T09:30:00.000000Z", text: str = "hi") -> dict[str, Any]:
+def record(seq: int, ts: str = "2025-12-01T09:30:00.000000Z", text: str = "hi") -> Record:
     data = {"text": text, "sender": "me"}
-    return {"seq": seq, "ts": ts, "type": "message.received", "session": "s", "data": data}
+    # only what a query reads: not a whole record
+    return cast(Record, {"seq": seq, "ts": ts, "type": "message.received", "session": "s",
+                         "data": data})  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -36,13 +36,15 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
 from sessiond.integrations.claude_permission import risk_of
 from sessiond.sdk import Run, StopRun, connect
+from sessiond.sdkwire import ContextAnswer
 from sessiond.wire import Connection, RemoteError
 
 # Off: the CLI's own update checks, telemetry and other traffic besides the model.
@@ -60,16 +62,34 @@ QUIET_ENV = {
 MCP_ENV = {"MCP_CONNECT_TIMEOUT_MS": "120000", "MCP_TIMEOUT": "120000"}
 PERMISSION_TOOL = "mcp__sessiond__permission"
 
+# A line of Claude Code's stream-json output, or a message or a block in one: the
+# CLI's own format, which changes between its versions, so it is read with .get.
+CliJson = dict[str, Any]
 
-def _wake_text(ctx: dict[str, Any]) -> str:
+
+class ClaudeSettings(TypedDict, total=False):
+    """The session's ``[claude-code]`` settings, as SESSIOND_CLAUDE_CODE carries them."""
+
+    cli: str
+    model: str
+    max_turns: int
+    append_system_prompt: str
+    bare: bool
+    allowed_tools: list[str]
+    deny: list[str]
+    prompt: str
+
+
+def _wake_text(ctx: ContextAnswer) -> str:
     """The text of the messages waiting for this turn (a ``message`` wake), if any."""
     texts = [m.get("text") for m in ctx.get("mailbox") or [] if isinstance(m, dict)]
     return "\n\n".join(t for t in texts if isinstance(t, str) and t)
 
 
-def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]:
+def _approvals(run: Run, ctx: ContextAnswer, call: str) -> list[Mapping[str, Any]]:
     """The answer to ``call`` from the log (``log`` is granted by default): the
-    context is the session as the turn began, before the answer."""
+    context is the session as the turn began, before the answer. (Approvals as the
+    log's answers or the context's records have them: read by key.)"""
     try:
         with Connection(Path(os.environ["SESSIOND_SOCKET"]), 30,
                         token=os.environ["SESSIOND_TOKEN"]) as conn:  # fmt: skip
@@ -84,7 +104,7 @@ def _approvals(run: Run, ctx: dict[str, Any], call: str) -> list[dict[str, Any]]
         return list(ctx.get("approvals") or [])
 
 
-def _answer_note(approvals: list[dict[str, Any]], call: str) -> str:
+def _answer_note(approvals: Sequence[Mapping[str, Any]], call: str) -> str:
     """What the model is told of a person's answer to the question the last run
     stopped at."""
     for a in approvals:
@@ -105,7 +125,7 @@ def _answer_note(approvals: list[dict[str, Any]], call: str) -> str:
     return ""
 
 
-def _text_of(message: dict[str, Any]) -> str:
+def _text_of(message: CliJson) -> str:
     parts = []
     for block in message.get("content") or []:
         if block.get("type") == "text":
@@ -115,7 +135,7 @@ def _text_of(message: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _result_text(block: dict[str, Any]) -> str:
+def _result_text(block: CliJson) -> str:
     content = block.get("content")
     if isinstance(content, list):
         return "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
@@ -123,14 +143,14 @@ def _result_text(block: dict[str, Any]) -> str:
 
 
 class Driver:
-    def __init__(self, run: Run, settings: dict[str, Any], home: Path) -> None:
+    def __init__(self, run: Run, settings: ClaudeSettings, home: Path) -> None:
         self.run = run
         self.s = settings
         self.home = home
         self.rundir = home / "runs" / run.run_id
         self.rundir.mkdir(parents=True, exist_ok=True)
-        self.pending: dict[str, Any] | None = None  # the assistant message being read
-        self.tools: dict[str, dict[str, Any]] = {}  # tool_use_id -> its block
+        self.pending: CliJson | None = None  # the assistant message being read
+        self.tools: dict[str, CliJson] = {}  # tool_use_id -> its block
         self.asked: list[str] = []  # notices from the permission tool
         self.proc: subprocess.Popen[bytes] | None = None
         self.session_id = ""
@@ -197,7 +217,7 @@ class Driver:
 
     # --- the stream -----------------------------------------------------------------
 
-    def line(self, event: dict[str, Any]) -> None:
+    def line(self, event: CliJson) -> None:
         kind = event.get("type")
         if kind == "system" and event.get("subtype") == "init":
             self.session_id = str(event.get("session_id") or self.session_id)
@@ -282,7 +302,7 @@ class Driver:
             if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
                 (recorded / str(block["id"])).touch()
 
-    def tool_result(self, block: dict[str, Any]) -> None:
+    def tool_result(self, block: CliJson) -> None:
         use_id = str(block.get("tool_use_id") or "")
         use = self.tools.get(use_id, {"name": "unknown", "input": {}})
         name, tool_input = str(use.get("name")), use.get("input") or {}
@@ -302,12 +322,12 @@ class Driver:
             if answer.get("status") != "run":
                 return  # denied (recorded with the policy's rule), or the run stops
             call = answer["call"]
-        params: dict[str, Any] = {"call": call, "observation": f"{name}: {text[:200]}"}
+        seen = f"{name}: {text[:200]}"
         if error:
-            params.update(status="error", error=text[:60_000], error_class="execution")
+            self.run._call("sdk.step_done", call=call, observation=seen, status="error",
+                           error=text[:60_000], error_class="execution")  # fmt: skip
         else:
-            params.update(status="ok", result=text)
-        self.run._call("sdk.step_done", **params)
+            self.run._call("sdk.step_done", call=call, observation=seen, status="ok", result=text)
 
     # --- one CLI run ----------------------------------------------------------------
 

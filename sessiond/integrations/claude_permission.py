@@ -29,10 +29,11 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
+from sessiond.sdkwire import StepAnswer
 from sessiond.wire import Connection, RemoteError
 
 # The risk contract of Claude Code's own tools; any other (Bash, WebFetch, MCP
@@ -42,6 +43,19 @@ from sessiond.wire import Connection, RemoteError
 RECORD_WAIT = 30.0
 READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "NotebookRead", "TodoWrite", "WebSearch"})
 WORKSPACE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit"})
+
+
+# The CLI's input to a tool: that tool's own JSON, whatever it takes.
+ToolInput = dict[str, Any]
+
+
+class Permission(TypedDict):
+    """The permission tool's answer to the CLI: allow (with the input as asked) or
+    deny, and why."""
+
+    behavior: Literal["allow", "deny"]
+    message: NotRequired[str]
+    updatedInput: NotRequired[ToolInput]
 
 
 def risk_of(tool: str) -> dict[str, str]:
@@ -100,7 +114,8 @@ class Asker:
             f.write(what + "\n")
             f.flush()
 
-    def decide(self, tool: str, tool_input: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
+    def decide(self, tool: str, tool_input: ToolInput, tool_use_id: str) -> Permission | None:
+        """The answer to the CLI; None where a person must answer (the CLI is stopped)."""
         self.wait_recorded(tool_use_id)
         key = self.key(tool, tool_input)
         params = {
@@ -110,7 +125,7 @@ class Asker:
         }  # fmt: skip
         try:
             with Connection(self.socket, 60) as conn:
-                answer: dict[str, Any] = conn.call("sdk.step", params)
+                answer: StepAnswer = conn.call("sdk.step", params)
         except (RemoteError, OSError) as exc:
             return {"behavior": "deny", "message": f"sessiond could not decide: {exc}"}
         status = answer["status"]
@@ -133,7 +148,7 @@ class Asker:
             return {"behavior": "deny", "message": f"{tool} was denied: {answer.get('rule', '')}"}
         if status == "ask":
             self.tell_driver(f"ask {answer['call']} {tool}")
-            return {}
+            return None
         self.tell_driver(f"stop {status}")
         reason = answer.get("reason") or answer.get("rule") or status
         return {"behavior": "deny", "message": f"sessiond stops this run: {reason}"}
@@ -151,6 +166,7 @@ def serve() -> int:
         description="sessiond decides whether a tool call may run (the session's policy)",
         structured_output=False,
     )
+    # (``input`` spelt out: the MCP server makes the tool's schema from these annotations)
     async def permission(tool_name: str, input: dict[str, Any], tool_use_id: str = "") -> str:
         verdict = await anyio.to_thread.run_sync(asker.decide, tool_name, input, tool_use_id)
         if not verdict:

@@ -58,7 +58,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from sessiond.sdk import ApprovalPending, AsyncRun, Denied, connect_async
 
@@ -93,6 +93,15 @@ _KEY = re.compile(r"^[A-Za-z0-9._:/-]{1,180}$")
 _current: ContextVar[AsyncRun | None] = ContextVar("sessiond_pydantic_ai_run", default=None)
 
 
+class ToolRisk(TypedDict):
+    """A tool's risk contract, as its ``metadata[METADATA_KEY]`` holds it."""
+
+    side_effect: str
+    idempotency: str
+    resume: str
+    writes: list[str]
+
+
 def risk(
     side_effect: SideEffect = "external-write",
     *,
@@ -102,14 +111,14 @@ def risk(
     ]
     | None = None,
     writes: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> dict[str, ToolRisk]:
     """A tool's risk contract, as the tool's ``metadata=``. ``idempotency`` and
     ``resume`` default from ``side_effect``; ``writes`` are the workspace paths a
     ``workspace-write`` tool may change (hashed before and after, checked by the gate)."""
     if side_effect not in _DEFAULTS:
         raise ValueError(f"side_effect {side_effect!r}: one of {', '.join(_DEFAULTS)}")
     default_idem, default_resume = _DEFAULTS[side_effect]
-    contract = {
+    contract: ToolRisk = {
         "side_effect": side_effect,
         "idempotency": idempotency or default_idem,
         "resume": resume or default_resume,
@@ -118,7 +127,7 @@ def risk(
     return {METADATA_KEY: contract}
 
 
-def _contract(tool: ToolDefinition) -> dict[str, Any]:
+def _contract(tool: ToolDefinition) -> ToolRisk:
     declared = (tool.metadata or {}).get(METADATA_KEY)
     contract = dict(declared) if isinstance(declared, dict) else risk()[METADATA_KEY]
     return {
@@ -139,6 +148,7 @@ def _key(call: ToolCallPart) -> str:
 
 
 def _dump(response: ModelResponse) -> dict[str, Any]:
+    """A response in pydantic-ai's JSON form (its own format): what the step records."""
     value: dict[str, Any] = ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
     return value
 
@@ -216,7 +226,7 @@ class SessiondDurability(AbstractCapability[AgentDepsT]):
             ),
         }
 
-        async def send() -> dict[str, Any]:
+        async def send() -> dict[str, Any]:  # pydantic-ai's JSON form (_dump)
             return _dump(await handler(request_context))
 
         recorded = await run.model_call(
@@ -232,7 +242,7 @@ class SessiondDurability(AbstractCapability[AgentDepsT]):
         *,
         call: ToolCallPart,
         tool_def: ToolDefinition,
-        args: dict[str, Any],
+        args: dict[str, Any],  # the hook's signature: the tool's own args
         handler: WrapToolExecuteHandler,
     ) -> Any:
         run = _current.get()

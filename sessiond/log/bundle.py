@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -57,6 +57,30 @@ MANIFEST_LIMIT = 16 << 20
 DEFAULT_LIMIT = 4 << 30  # bytes of content a bundle may unpack to
 
 
+class Member(TypedDict):
+    """A member of the bundle as its manifest names it: its sha256 and size."""
+
+    sha256: str
+    size: int
+
+
+class Events(Member):
+    count: int
+
+
+class Manifest(TypedDict):
+    """``manifest.json``: what the bundle holds (``_manifest`` checks one read back)."""
+
+    format: str
+    version: int
+    session: str
+    exported_at: str | None
+    sessiond: str
+    events: Events
+    spec: Member | None
+    artifacts: list[Member]
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -69,9 +93,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: int) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def export_session(
-    store: Store, name: str, out: Path, *, now_ns: int | None = None
-) -> dict[str, Any]:
+def export_session(store: Store, name: str, out: Path, *, now_ns: int | None = None) -> Manifest:
     """Write ``name`` as a bundle to ``out`` (atomically) and return its manifest."""
     lines: list[bytes] = []
     evidence = Evidence()
@@ -84,7 +106,7 @@ def export_session(
 
 async def export_paced(
     store: Store, name: str, out: Path, *, upto: int | None = None, now_ns: int | None = None
-) -> dict[str, Any]:
+) -> Manifest:
     """:func:`export_session` for the daemon: events 1..``upto`` read a slice at a
     time in the loop, the bundle compressed and written in a thread (zlib, hashing
     and the writes release the GIL), so the loop serves everyone meanwhile."""
@@ -132,7 +154,7 @@ def _write_bundle(  # noqa: PLR0917 (one call site each; keywords add nothing)
     lines: list[bytes],
     refs: set[str],
     now_ns: int | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     now_ns = time.time_ns() if now_ns is None else now_ns
     digest, size = hashlib.sha256(), 0
     for start in range(0, len(lines), 1024):
@@ -143,7 +165,7 @@ def _write_bundle(  # noqa: PLR0917 (one call site each; keywords add nothing)
     spec_bytes = b"" if spec is None else spec.encode()
     artifacts = store.artifacts(name)
     blobs = {ref[7:]: artifacts.get(ref) for ref in sorted(refs)}
-    manifest: dict[str, Any] = {
+    manifest: Manifest = {
         "format": BUNDLE_FORMAT,
         "version": BUNDLE_VERSION,
         "session": name,
@@ -187,7 +209,7 @@ def _write_bundle(  # noqa: PLR0917 (one call site each; keywords add nothing)
 class Bundle:
     """A bundle read and verified in memory, ready to become a session."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest
     lines: list[bytes]
     spec: str | None
     artifacts: dict[str, bytes]
@@ -308,14 +330,14 @@ def _members(raw: bytes, limit: int) -> dict[str, bytes]:
     return members
 
 
-def _manifest(members: dict[str, bytes], path: Path) -> dict[str, Any]:
+def _manifest(members: dict[str, bytes], path: Path) -> Manifest:
     raw = members.get("manifest.json")
     if raw is None:
         raise BadBundle(f"{path}: manifest.json is missing")
     if len(raw) > MANIFEST_LIMIT:
         raise BadBundle(f"{path}: manifest.json is too large")
     try:
-        manifest = orjson.loads(raw)
+        manifest: Manifest = orjson.loads(raw)  # its shape is checked below
     except orjson.JSONDecodeError as exc:
         raise BadBundle(f"{path}: manifest.json is not JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
@@ -350,7 +372,7 @@ def _expect_hash(path: Path, member: str, data: bytes, entry: Any) -> None:
 
 
 def _verify_lines(
-    path: Path, lines: list[bytes], manifest: dict[str, Any], artifacts: dict[str, bytes]
+    path: Path, lines: list[bytes], manifest: Manifest, artifacts: dict[str, bytes]
 ) -> Iterator[None]:
     """Check each event in turn (one step a line, so the daemon can pace it)."""
     del manifest  # its count was checked with the split

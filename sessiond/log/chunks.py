@@ -34,13 +34,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
 from sessiond.errors import ArtifactCorrupt
 from sessiond.log.event_data import SHA256_HEX, ArtifactRef
 from sessiond.log.store.base import ArtifactStore
+from sessiond.sdkwire import ArtifactJson
 
 CHUNKED_MEDIA = "application/vnd.sessiond.chunks+json"
 MANIFEST_FORMAT = "sessiond-chunks"
@@ -128,7 +129,21 @@ def _entries(raw: bytes, what: str) -> list[tuple[str, int]]:
     return out
 
 
-def _manifest(artifacts: ArtifactStore, ref: str) -> dict[str, Any]:
+class ChunkManifest(TypedDict, total=False):
+    """A chunked context's manifest (``put_context``), as read back from its artifact:
+    every field is looked at with ``.get``, checked as it is used."""
+
+    format: str
+    v: int
+    size: int
+    sha256: str
+    media_type: str
+    index: list[list[Any]]  # [digest, size] pairs (``_entries`` checks them)
+    tail: list[list[Any]]
+
+
+def _manifest(artifacts: ArtifactStore, ref: str) -> ChunkManifest:
+    manifest: ChunkManifest | None
     try:
         manifest = orjson.loads(artifacts.get(ref))
     except orjson.JSONDecodeError:
@@ -158,11 +173,11 @@ def parts(
     return out
 
 
-def _tail(manifest: dict[str, Any], ref: str) -> list[tuple[str, int]]:
+def _tail(manifest: ChunkManifest, ref: str) -> list[tuple[str, int]]:
     return _entries(orjson.dumps(manifest.get("tail", [])), f"manifest {ref}")
 
 
-def read_context(artifacts: ArtifactStore, ref: ArtifactRef | dict[str, Any]) -> bytes:
+def read_context(artifacts: ArtifactStore, ref: ArtifactRef | ArtifactJson) -> bytes:
     """The exact bytes of a stored context, whole or chunked (each part hash-checked)."""
     if isinstance(ref, dict):
         ref = ArtifactRef.model_validate(ref)

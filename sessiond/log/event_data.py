@@ -11,7 +11,7 @@ Each payload class names its event type in ``EVENT_TYPE`` so that code appends
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -595,6 +595,6 @@ PAYLOADS: tuple[type[EventData], ...] = (
 PAYLOAD_BY_TYPE: dict[str, type[EventData]] = {p.EVENT_TYPE: p for p in PAYLOADS}
 
 
-def dump_data(data: EventData) -> dict[str, Any]:
+def dump_data(data: EventData) -> dict[str, JsonValue]:
     """The JSON form of a payload as it is written (aliases, no ``None``-stripping)."""
     return data.model_dump(mode="json", by_alias=True)

@@ -19,12 +19,13 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, ValidationError, create_model, field_validator
 
 from sessiond.errors import InvalidEvent, UnknownEventType, UnsupportedVersion
 from sessiond.log.event_data import PAYLOAD_BY_TYPE, PAYLOADS, EventData, Record
+from sessiond.log.event_records import EventRecord
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
 EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -34,7 +35,9 @@ EVENT_ID = re.compile(r"^[0-9a-f]{32}$")
 # type's meaning changes.
 CURRENT_VERSION: Mapping[str, int] = MappingProxyType(dict.fromkeys(PAYLOAD_BY_TYPE, 1))
 
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+# An upcaster takes a record of one older version of its type (that version's shape,
+# not today's EventRecord) and returns the record at the next version.
+Upcaster = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 # (type, from_version) -> function returning the record at from_version + 1.
 # Empty while only version 1 of every type is published.
@@ -93,11 +96,11 @@ EVENT_TYPES: tuple[str, ...] = tuple(PAYLOAD_BY_TYPE)
 
 
 def upcast(
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     *,
     current: Mapping[str, int] = CURRENT_VERSION,
     upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS,
-) -> dict[str, Any]:
+) -> EventRecord:
     """Bring a record to the current version of its type.
 
     Raises :class:`UnknownEventType` for a type this sessiond does not know and
@@ -132,28 +135,30 @@ def upcast(
         record = step(record)
         version += 1
         record = {**record, "v": version}
-    return record
+    # at the current version of its type: the shape its writer validated
+    return cast(EventRecord, record)
 
 
-def decode(record: dict[str, Any]) -> Envelope:
-    """Fully validate a record (after upcasting) into its typed envelope."""
-    record = upcast(record)
+def decode(record: Mapping[str, Any]) -> Envelope:
+    """Fully validate a record from outside (after upcasting) into its typed envelope."""
+    current = upcast(record)
     try:
-        return ENVELOPES[record["type"]].model_validate(record)
+        return ENVELOPES[current["type"]].model_validate(current)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise InvalidEvent(
-            f"event seq {record.get('seq')!r} ({record['type']}) is invalid: {problems}"
+            f"event seq {current.get('seq')!r} ({current['type']}) is invalid: {problems}"
         ) from exc
 
 
-def encode(event: Envelope) -> dict[str, Any]:
+def encode(event: Envelope) -> EventRecord:
     """The record form of an envelope (what :func:`decode` reads back). The
     cluster's optional fields are left out where absent, as they are in the line."""
-    record = event.model_dump(mode="json", by_alias=True)
-    for optional in ("node", "epoch"):
-        if record[optional] is None:
-            del record[optional]
+    record = cast(EventRecord, event.model_dump(mode="json", by_alias=True))
+    if record["node"] is None:
+        del record["node"]
+    if record["epoch"] is None:
+        del record["epoch"]
     return record

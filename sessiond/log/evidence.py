@@ -21,7 +21,7 @@ from typing import Any
 from sessiond.errors import SessiondError
 from sessiond.log.chunks import CHUNKED_MEDIA, parts
 from sessiond.log.event_data import SHA256_REF
-from sessiond.log.store.base import ArtifactStore
+from sessiond.log.store.base import ArtifactStore, Record
 
 # Fields of event data that hold any JSON a program or a person gave (tool
 # arguments, wake details, run wakes, the spec as written, a step's result): a {"ref": "sha256:..."}
@@ -43,7 +43,7 @@ class Evidence:
     shown: set[str] = field(default_factory=set)
     terminated_at: str | None = None  # ts of the last move to terminated
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         etype = record["type"]
         data = record["data"]
         if etype == "gc.collected":
@@ -60,7 +60,7 @@ class Evidence:
             if etype in SHOWN:
                 self.shown.add(ref)
 
-    def add_all(self, records: Iterable[dict[str, Any]]) -> Evidence:
+    def add_all(self, records: Iterable[Record]) -> Evidence:
         for record in records:
             self.add(record)
         return self

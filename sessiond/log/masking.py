@@ -128,7 +128,7 @@ def _value(r: Redactor, how: str, value: Any) -> Any:
 
 
 def _record(data: BaseModel, r: Redactor) -> Any:
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}  # field -> its masked value
     for name, how in plan(type(data)):
         value = getattr(data, name)
         masked = _value(r, how, value)

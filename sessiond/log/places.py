@@ -24,7 +24,8 @@ them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from sessiond.log.records import StepRecord
 
 Place = tuple[tuple[int, str], ...]
 
@@ -48,7 +49,7 @@ def position(ordinal: int, key: str | None) -> int:
     return 2 * ordinal - (1 if key else 0)
 
 
-def place_of(step: dict[str, Any]) -> Place:
+def place_of(step: StepRecord) -> Place:
     """A recorded step's place (its parent's, recorded with it, when nested)."""
     stored = step.get("place")
     if stored is not None:
@@ -56,7 +57,9 @@ def place_of(step: dict[str, Any]) -> Place:
     return ((position(step["ordinal"], step["key"]), segment(step["ordinal"], step["key"])),)
 
 
-def asked_place(steps: dict[str, Any], ordinal: int, key: str | None, parent: str | None) -> Place:
+def asked_place(
+    steps: dict[str, StepRecord], ordinal: int, key: str | None, parent: str | None
+) -> Place:
     """The place of a step asked at ``ordinal``/``key`` inside ``parent`` (a slot)."""
     own = ((position(ordinal, key), segment(ordinal, key)),)
     if parent is None:
@@ -103,11 +106,11 @@ class Judgement:
     asked one differs from) or ``refused`` (``why``: the program is at fault)."""
 
     verdict: str
-    recorded: dict[str, Any] | None = None
+    recorded: StepRecord | None = None
     why: str = ""
 
 
-def identical(recorded: dict[str, Any], asked: Asked) -> bool:
+def identical(recorded: StepRecord, asked: Asked) -> bool:
     if (recorded["kind"], recorded["name"], recorded["key"]) != (
         asked.kind,
         asked.name,
@@ -119,7 +122,7 @@ def identical(recorded: dict[str, Any], asked: Asked) -> bool:
     return True  # a model step's request may change (timestamps); strict=True says not
 
 
-def judge(steps: dict[str, Any], asked: Asked, run: str) -> Judgement:
+def judge(steps: dict[str, StepRecord], asked: Asked, run: str) -> Judgement:
     """Whether ``asked`` is the step the turn recorded at its place (``run``: the id
     of the run asking; the calls it made start with ``run + "."``)."""
     recorded = steps.get(asked.slot)
@@ -173,7 +176,7 @@ def judge(steps: dict[str, Any], asked: Asked, run: str) -> Judgement:
     return Judgement("new")
 
 
-def _twin(st: dict[str, Any], asked: Asked) -> bool:
+def _twin(st: StepRecord, asked: Asked) -> bool:
     """Whether ``st`` is ``asked`` but for its key, at the same place: the same tool
     and args, in the same group (a keyed step's) or at its ordinal (an unkeyed's)."""
     return (

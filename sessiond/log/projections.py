@@ -17,13 +17,23 @@ An item of the view is first a *transcript item* (``seq``, ``role``, ``kind``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import cast
 
 from sessiond.describe import describe
+from sessiond.log.event_records import (
+    EventRecord,
+    MessageReceivedData,
+    ModelRespondedData,
+    ObservationProjectedData,
+    SessionMergedData,
+    VerificationFinishedData,
+)
 from sessiond.log.events import CURRENT_VERSION, upcast
 from sessiond.log.pace import Pacer
+from sessiond.log.records import SummaryRecord
 from sessiond.log.replay import replay_all
 from sessiond.log.state import State
+from sessiond.sdkwire import Message, TranscriptItem
 
 # Items a page of the messages view holds when the caller names no limit, and at most.
 PAGE_DEFAULT = 1000
@@ -40,7 +50,7 @@ _VIEW_TYPES = frozenset(
 )
 
 
-def transcript_item(record: dict[str, Any]) -> dict[str, Any] | None:
+def transcript_item(record: EventRecord) -> TranscriptItem | None:
     """The item an event adds to the messages view, or None. The fold
     (:mod:`sessiond.log.replay`) keeps the newest few of the same items."""
     etype = record["type"]
@@ -48,33 +58,39 @@ def transcript_item(record: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if record["v"] != CURRENT_VERSION[etype]:
         record = upcast(record)
-    d, seq = record["data"], record["seq"]
+    data, seq = record["data"], record["seq"]
+    # each payload as the TypedDict of its type (the casts cost nothing at run time)
     if etype == "message.received":
+        d = cast(MessageReceivedData, data)
         return {"seq": seq, "role": d["role"], "kind": "message", "text": d["text"],
                 "sender": d["sender"]}  # fmt: skip
     if etype == "observation.projected":
-        return {"seq": seq, "role": "tool", "kind": "observation", "text": d["text"],
-                "tool": d["tool"], "call": d["call"]}  # fmt: skip
+        o = cast(ObservationProjectedData, data)
+        return {"seq": seq, "role": "tool", "kind": "observation", "text": o["text"],
+                "tool": o["tool"], "call": o["call"]}  # fmt: skip
     if etype == "model.responded":
-        if not d["text"]:
+        m = cast(ModelRespondedData, data)
+        if not m["text"]:
             return None
-        return {"seq": seq, "role": "assistant", "kind": "model", "text": d["text"],
-                "model": d["model"]}  # fmt: skip
+        return {"seq": seq, "role": "assistant", "kind": "model", "text": m["text"],
+                "model": m["model"]}  # fmt: skip
     if etype == "session.merged":
-        text = f"[merged from {d['child']}] {d['summary']}"
-        return {"seq": seq, "role": "user", "kind": "merge", "text": text, "sender": d["child"],
-                "artifacts": d["artifacts"]}  # fmt: skip
-    verdict = "passed" if d["ok"] else "failed"
+        g = cast(SessionMergedData, data)
+        text = f"[merged from {g['child']}] {g['summary']}"
+        return {"seq": seq, "role": "user", "kind": "merge", "text": text, "sender": g["child"],
+                "artifacts": g["artifacts"]}  # fmt: skip
+    v = cast(VerificationFinishedData, data)
+    verdict = "passed" if v["ok"] else "failed"
     return {"seq": seq, "role": "tool", "kind": "verification",
-            "text": f"verification {d['check']!r} {verdict}"}  # fmt: skip
+            "text": f"verification {v['check']!r} {verdict}"}  # fmt: skip
 
 
-def summary_item(summary: dict[str, Any]) -> dict[str, Any]:
+def summary_item(summary: SummaryRecord) -> TranscriptItem:
     """A summary in force (``State.summaries``) as a transcript item."""
-    return {k: v for k, v in summary.items() if k != "hides"}
+    return cast(TranscriptItem, {k: v for k, v in summary.items() if k != "hides"})
 
 
-def hidden(seq: int, summaries: Sequence[dict[str, Any]]) -> bool:
+def hidden(seq: int, summaries: Sequence[SummaryRecord]) -> bool:
     """Is the item at ``seq`` replaced by a summary in force?"""
     return any(s["seq"] <= seq <= s["hides"] for s in summaries)
 
@@ -86,12 +102,12 @@ class ViewScan:
 
     __slots__ = ("after", "summaries", "waiting")
 
-    def __init__(self, summaries: Sequence[dict[str, Any]], after: int = 0) -> None:
+    def __init__(self, summaries: Sequence[SummaryRecord], after: int = 0) -> None:
         self.after = after
         self.summaries = list(summaries)
         self.waiting = sorted((s for s in summaries if s["seq"] > after), key=lambda s: s["seq"])
 
-    def feed(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, record: EventRecord) -> list[TranscriptItem]:
         seq = record["seq"]
         if seq <= self.after:
             return []
@@ -105,7 +121,7 @@ class ViewScan:
                 out.append(item)
         return out
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[TranscriptItem]:
         """The summaries placed after the last record fed."""
         out = [summary_item(s) for s in self.waiting]
         self.waiting = []
@@ -113,8 +129,8 @@ class ViewScan:
 
 
 def view_items(
-    records: Iterable[dict[str, Any]], summaries: Sequence[dict[str, Any]], *, after: int = 0
-) -> Iterator[dict[str, Any]]:
+    records: Iterable[EventRecord], summaries: Sequence[SummaryRecord], *, after: int = 0
+) -> Iterator[TranscriptItem]:
     """The transcript items of the view after seq ``after``, in seq order (see
     :class:`ViewScan`)."""
     scan = ViewScan(summaries, after)
@@ -123,22 +139,27 @@ def view_items(
     yield from scan.finish()
 
 
-def goal_message(goal: str) -> list[dict[str, Any]]:
+def goal_message(goal: str) -> list[Message]:
     return (
         [{"role": "system", "kind": "goal", "content": f"Goal: {goal}", "seq": 0}] if goal else []
     )
 
 
-def message(t: dict[str, Any]) -> dict[str, Any]:
+def message(t: TranscriptItem) -> Message:
     """What the view shows of a transcript item."""
-    item = {"role": t["role"], "kind": t["kind"], "content": t["text"], "seq": t["seq"]}
-    for key in ("sender", "tool", "model", "range"):
-        if key in t:
-            item[key] = t[key]
+    item: Message = {"role": t["role"], "kind": t["kind"], "content": t["text"], "seq": t["seq"]}
+    if "sender" in t:
+        item["sender"] = t["sender"]
+    if "tool" in t:
+        item["tool"] = t["tool"]
+    if "model" in t:
+        item["model"] = t["model"]
+    if "range" in t:
+        item["range"] = t["range"]
     return item
 
 
-def messages(records: Sequence[dict[str, Any]], session: str = "") -> list[dict[str, Any]]:
+def messages(records: Sequence[EventRecord], session: str = "") -> list[Message]:
     """The whole messages view of ``records`` (a session's log from its start), at
     once: for tests and the demo. The daemon pages with :func:`messages_page`."""
     state = replay_all(session, records)
@@ -146,13 +167,13 @@ def messages(records: Sequence[dict[str, Any]], session: str = "") -> list[dict[
 
 
 async def messages_page(
-    records: Iterable[dict[str, Any]],
+    records: Iterable[EventRecord],
     state: State,
     *,
     cursor: int | None,
     limit: int,
     pacer: Pacer | None = None,
-) -> tuple[list[dict[str, Any]], int | None]:
+) -> tuple[list[Message], int | None]:
     """One page of the messages view: up to ``limit`` messages after ``cursor`` (the
     ``next_cursor`` of the page before; None: from the start, the goal first), and
     the cursor of the next page (None: this was the last). ``state`` is the fold of
@@ -179,6 +200,6 @@ async def messages_page(
     return out, None
 
 
-def trace(records: Iterable[dict[str, Any]]) -> list[str]:
+def trace(records: Iterable[EventRecord]) -> list[str]:
     """One readable line per event: time, seq, type, summary."""
     return [f"{r['ts']}  {r['seq']:>6}  {r['type']:<22} {describe(r)}".rstrip() for r in records]

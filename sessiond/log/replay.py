@@ -10,25 +10,65 @@ validated with :func:`sessiond.log.events.decode` before they reach a log.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal, cast
 
 from sessiond.log import turns
+from sessiond.log.event_records import (
+    ApprovalDeniedData,
+    ApprovalGrantedData,
+    ApprovalRequestedData,
+    ArtifactJson,
+    BindingObservedData,
+    BudgetExhaustedData,
+    ContextCompactedData,
+    EventRecord,
+    GateEvaluatedData,
+    JsonObject,
+    LifecycleChangedData,
+    LogRepairedData,
+    MessageReceivedData,
+    MigrationData,
+    ModelRequestedData,
+    ModelRespondedData,
+    ObservationProjectedData,
+    PolicyDecidedData,
+    RecoveryResolvedData,
+    RunFinishedData,
+    RunStartedData,
+    SessionCreatedData,
+    SessionForkedData,
+    SessionImportedData,
+    SessionMergedData,
+    SessionMigratedData,
+    ToolFinishedData,
+    ToolIntentData,
+    ToolStartedData,
+    VerificationFinishedData,
+    VerificationStartedData,
+    WakeRequestedData,
+)
 from sessiond.log.events import CURRENT_VERSION, upcast
+from sessiond.log.records import (
+    ApprovalRecord,
+    CallRecord,
+    HandoverRecord,
+    SummaryRecord,
+    WakeRecord,
+)
 from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, TRANSCRIPT_KEEP, State
+from sessiond.sdkwire import TranscriptItem
 
-Handler = Callable[[State, dict[str, Any], dict[str, Any]], None]
+# A handler takes the payload as the TypedDict of its event type (log/event_records.py):
+# the table below holds them all, so their third parameter is spelt for each one.
+Handler = Callable[[State, EventRecord, Any], None]
 
 
-def _ref(state: State, ref: dict[str, Any] | None) -> None:
+def _ref(state: State, ref: ArtifactJson | None) -> None:
     if ref:
         state.artifacts_seen += 1
 
 
-def _say(state: State, rec: dict[str, Any], role: str, kind: str, text: str, **extra: Any) -> None:
-    _keep(state, {"seq": rec["seq"], "role": role, "kind": kind, "text": text, **extra})
-
-
-def _keep(state: State, item: dict[str, Any]) -> None:
+def _keep(state: State, item: TranscriptItem) -> None:
     """The newest items of the messages view only (the same items as
     log.projections.transcript_item): the view itself is built from the log."""
     transcript = state.transcript
@@ -40,7 +80,7 @@ def _keep(state: State, item: dict[str, Any]) -> None:
 # --- identity and lineage ------------------------------------------------------
 
 
-def _created(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _created(s: State, r: EventRecord, d: SessionCreatedData) -> None:
     s.name = d["name"]
     s.goal = d["goal"]
     s.description = d["description"]
@@ -53,7 +93,7 @@ def _created(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.created_at = r["ts"]
 
 
-def _forked(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _forked(s: State, r: EventRecord, d: SessionForkedData) -> None:
     if d["child"] == r["session"]:
         # This log is the child's: its prefix is the parent's history, its future
         # its own. It has no children of its own yet and runs nothing inherited.
@@ -73,32 +113,41 @@ def _forked(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         s.children.append(d["child"])
 
 
-def _merged(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _merged(s: State, r: EventRecord, d: SessionMergedData) -> None:
     s.merged.append(d["child"])
     for ref in d["artifacts"]:
         _ref(s, ref)
     text = f"[merged from {d['child']}] {d['summary']}"
-    _say(s, r, "user", "merge", text, sender=d["child"], artifacts=d["artifacts"])
+    _keep(s, {"seq": r["seq"], "role": "user", "kind": "merge", "text": text,
+              "sender": d["child"], "artifacts": d["artifacts"]})  # fmt: skip
     if d["artifacts"]:
         s.view_artifacts.append({"seq": r["seq"], "refs": list(d["artifacts"])})
 
 
-def _migrated(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _migrated(s: State, r: EventRecord, d: SessionMigratedData) -> None:
     if d["to_profile"]:
         s.profile = d["to_profile"]
     if d["to"]:
         s.migrated_to = d["to"]
-        if d.get("handover"):  # the commit of a two-phase hand-over
-            s.handover = {"id": d["handover"], "role": "source", "peer": d["to"]}
-            s.handover["phase"] = "committed"
+        handover = d.get("handover")
+        if handover:  # the commit of a two-phase hand-over
+            s.handover = {
+                "id": handover,
+                "role": "source",
+                "peer": d["to"],
+                "phase": "committed",
+            }
 
 
-def _handover(role: str, phase: str) -> Handler:
+def _handover(role: Literal["source", "target"], phase: str) -> Handler:
     """The fold of a hand-over phase (syscalls.handover): the last one is kept."""
 
-    def fold(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-        peer = d.get("to") or d.get("source") or (s.handover or {}).get("peer")
-        h = {"id": d["handover"], "role": role, "peer": peer, "phase": phase}
+    def fold(s: State, r: EventRecord, d: MigrationData) -> None:
+        peer = d.get("to") or d.get("source") or (s.handover["peer"] if s.handover else None)
+        # always named: started and aborted name `to`, arriving `source`, and a finished
+        # or discarded follows its arriving
+        peer = cast(str, peer)
+        h: HandoverRecord = {"id": d["handover"], "role": role, "peer": peer, "phase": phase}
         if "restore" in d:
             h["restore"] = d["restore"]
         elif s.handover is not None and s.handover["id"] == d["handover"]:
@@ -108,13 +157,13 @@ def _handover(role: str, phase: str) -> Handler:
     return fold
 
 
-def _imported(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _imported(s: State, r: EventRecord, d: SessionImportedData) -> None:
     s.imported_from = d["original_name"]
     s.name = r["session"]
     s.current_run = None
 
 
-def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _lifecycle(s: State, r: EventRecord, d: LifecycleChangedData) -> None:
     if d["to"] == "running":
         # Every run is `running` (durably) before its program starts, so this
         # counts the run numbers given out, including a run cut off before its
@@ -134,18 +183,19 @@ def _lifecycle(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 # --- wakes, gate, recovery -------------------------------------------------------
 
 
-def _wake(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
-    wake = {"seq": r["seq"], "ts": r["ts"], "trigger": d["trigger"], "details": d["details"]}
+def _wake(s: State, r: EventRecord, d: WakeRequestedData) -> None:
+    wake: WakeRecord = {"seq": r["seq"], "ts": r["ts"], "trigger": d["trigger"],
+                        "details": d["details"]}  # fmt: skip
     s.pending_wakes.append(wake)
     s.last_wake = wake
 
 
-def _gate(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _gate(s: State, r: EventRecord, d: GateEvaluatedData) -> None:
     s.last_gate = {"seq": r["seq"], "ts": r["ts"], **d}
     turns.diverged(s, d.get("divergence"))
 
 
-def _recovery(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _recovery(s: State, r: EventRecord, d: RecoveryResolvedData) -> None:
     s.last_recovery = {"seq": r["seq"], "ts": r["ts"], **d}
     turns.resolved(s, d)
     call = d["call"]
@@ -169,7 +219,7 @@ def _run_number(run: str) -> int:
     return int(head[1:]) if head[:1] == "r" and head[1:].isdigit() else 0
 
 
-def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _run_started(s: State, r: EventRecord, d: RunStartedData) -> None:
     s.runs += 1
     s.run_number = max(s.run_number, _run_number(d["run"]))
     s.current_run = {
@@ -201,7 +251,7 @@ def _run_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.last_active = r["ts"]
 
 
-def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _run_finished(s: State, r: EventRecord, d: RunFinishedData) -> None:
     s.current_run = None
     s.last_run = {"seq": r["seq"], "ts": r["ts"], **d}
     s.seconds_used += d["duration_ms"] // 1000
@@ -218,15 +268,16 @@ def _run_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.last_active = r["ts"]
 
 
-def _message(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _message(s: State, r: EventRecord, d: MessageReceivedData) -> None:
     s.messages_received += 1
     s.mailbox.append(r["seq"])
     if len(s.mailbox) > MAILBOX_KEEP:
         del s.mailbox[0]
-    _say(s, r, d["role"], "message", d["text"], sender=d["sender"])
+    _keep(s, {"seq": r["seq"], "role": d["role"], "kind": "message", "text": d["text"],
+              "sender": d["sender"]})  # fmt: skip
 
 
-def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _model_requested(s: State, r: EventRecord, d: ModelRequestedData) -> None:
     _ref(s, d["context"])
     if d.get("replayed"):
         return  # asked again and answered from the log: nothing is pending
@@ -239,7 +290,7 @@ def _model_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     }
 
 
-def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _model_responded(s: State, r: EventRecord, d: ModelRespondedData) -> None:
     s.pending_model = None
     turns.model_responded(s, d)
     s.model_replies += 1
@@ -248,13 +299,14 @@ def _model_responded(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     s.cost_usd += d.get("cost_usd") or 0.0
     _ref(s, d["response"])
     if d["text"]:
-        _say(s, r, "assistant", "model", d["text"], model=d["model"])
+        _keep(s, {"seq": r["seq"], "role": "assistant", "kind": "model", "text": d["text"],
+                  "model": d["model"]})  # fmt: skip
 
 
 # --- tool calls ---------------------------------------------------------------------
 
 
-def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _intent(s: State, r: EventRecord, d: ToolIntentData) -> None:
     s.calls[d["call"]] = {
         "call": d["call"],
         "tool": d["tool"],
@@ -269,7 +321,7 @@ def _intent(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     turns.tool_intent(s, d)
 
 
-def _decided(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _decided(s: State, r: EventRecord, d: PolicyDecidedData) -> None:
     call = s.calls.get(d["call"])
     if call is not None:
         call["decision"] = d["decision"]
@@ -280,7 +332,7 @@ def _decided(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         turns.set_status(s, d["call"], "denied" if denied else "decided", rule=d["rule"])
 
 
-def _approval_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _approval_requested(s: State, r: EventRecord, d: ApprovalRequestedData) -> None:
     s.approvals[d["call"]] = {
         "call": d["call"],
         "tool": d["tool"],
@@ -296,15 +348,13 @@ def _approval_requested(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         turns.set_status(s, d["call"], "approval")
 
 
-def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _approval_granted(s: State, r: EventRecord, d: ApprovalGrantedData) -> None:
     approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
-    approval.update(
-        status="granted",
-        args_sha256=d["args_sha256"],
-        by=d["by"],
-        expires_at=d["expires_at"],
-        answered_at=r["ts"],
-    )
+    approval["status"] = "granted"
+    approval["args_sha256"] = d["args_sha256"]
+    approval["by"] = d["by"]
+    approval["expires_at"] = d["expires_at"]
+    approval["answered_at"] = r["ts"]
     _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
@@ -313,9 +363,12 @@ def _approval_granted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         turns.set_status(s, d["call"], "approved")
 
 
-def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _approval_denied(s: State, r: EventRecord, d: ApprovalDeniedData) -> None:
     approval = s.approvals.setdefault(d["call"], {"call": d["call"], "tool": d["tool"]})
-    approval.update(status="denied", by=d["by"], reason=d["reason"], answered_at=r["ts"])
+    approval["status"] = "denied"
+    approval["by"] = d["by"]
+    approval["reason"] = d["reason"]
+    approval["answered_at"] = r["ts"]
     _who(approval, d)
     call = s.calls.get(d["call"])
     if call is not None:
@@ -324,13 +377,15 @@ def _approval_denied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         turns.set_status(s, d["call"], "denied", rule=f"denied by {d['by'] or 'a person'}")
 
 
-def _who(approval: dict[str, Any], d: dict[str, Any]) -> None:
+def _who(approval: ApprovalRecord, d: ApprovalGrantedData | ApprovalDeniedData) -> None:
     """Who answered, from the peer's credentials (events before 0.x have none)."""
     if d.get("uid") is not None:
-        approval.update(uid=d["uid"], user=d["user"], channel=d["channel"])
+        approval["uid"] = d["uid"]
+        approval["user"] = d["user"]
+        approval["channel"] = d["channel"]
 
 
-def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
+def _call(s: State, d: ToolStartedData | ToolFinishedData) -> CallRecord:
     """The call an event belongs to; a call whose intent predates the log (a log cut
     by fork or import mid-call) is recorded from what this event says."""
     call = s.calls.get(d["call"])
@@ -352,7 +407,7 @@ def _call(s: State, d: dict[str, Any]) -> dict[str, Any]:
 # mutated) instead of copying their fields.
 
 
-def _tool_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _tool_started(s: State, r: EventRecord, d: ToolStartedData) -> None:
     call = _call(s, d)
     call["stage"] = "started"
     call["started"] = d
@@ -361,7 +416,7 @@ def _tool_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         turns.tool_started(s, d)
 
 
-def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _tool_finished(s: State, r: EventRecord, d: ToolFinishedData) -> None:
     call = _call(s, d)
     call["stage"] = "finished"
     call["finished"] = d
@@ -376,7 +431,7 @@ def _tool_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
         s.artifacts_seen += 1
 
 
-def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _observed(s: State, r: EventRecord, d: ObservationProjectedData) -> None:
     call, tool, text, seq = d["call"], d["tool"], d["text"], r["seq"]
     if s.turn is not None:
         turns.observed(s, d)
@@ -391,7 +446,7 @@ def _observed(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
 # --- context, verification, budget, bindings, repairs ------------------------------------
 
 
-def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _compacted(s: State, r: EventRecord, d: ContextCompactedData) -> None:
     """Replace the items of the range by the summary, where the range began.
 
     An earlier summary inside the range goes too: the new summary covers it, and
@@ -399,7 +454,7 @@ def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     the view (log.projections) hides every item one of them stands in for.
     """
     lo, hi = d["from_seq"], d["to_seq"]
-    summary = {
+    summary: TranscriptItem = {
         "seq": lo,
         "role": "system",
         "kind": "summary",
@@ -412,7 +467,7 @@ def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     after = [t for t in s.transcript if t["seq"] > hi]
     s.transcript = [*before, summary, *after][-TRANSCRIPT_KEEP:]
     hides = hi
-    kept = []
+    kept: list[SummaryRecord] = []
     for old in s.summaries:
         if lo <= old["seq"] <= hi:
             hides = max(hides, old["hides"])
@@ -427,34 +482,35 @@ def _compacted(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
     _ref(s, d["artifact"])
 
 
-def _verification_started(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _verification_started(s: State, r: EventRecord, d: VerificationStartedData) -> None:
     s.last_verification = {"seq": r["seq"], "check": d["check"], "ok": None}
 
 
-def _verification_finished(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _verification_finished(s: State, r: EventRecord, d: VerificationFinishedData) -> None:
     s.last_verification = {"seq": r["seq"], "check": d["check"], "ok": d["ok"]}
     _ref(s, d["output"])
     verdict = "passed" if d["ok"] else "failed"
-    _say(s, r, "tool", "verification", f"verification {d['check']!r} {verdict}")
+    text = f"verification {d['check']!r} {verdict}"
+    _keep(s, {"seq": r["seq"], "role": "tool", "kind": "verification", "text": text})
 
 
-def _budget(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _budget(s: State, r: EventRecord, d: BudgetExhaustedData) -> None:
     s.budget_exhausted = {"seq": r["seq"], "ts": r["ts"], **d}
 
 
-def _binding(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _binding(s: State, r: EventRecord, d: BindingObservedData) -> None:
     s.bound.update(d["hashes"])
 
 
-def _repaired(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _repaired(s: State, r: EventRecord, d: LogRepairedData) -> None:
     s.repairs.append({"seq": r["seq"], "ts": r["ts"], **d})
 
 
-def _spec_applied(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _spec_applied(s: State, r: EventRecord, d: JsonObject) -> None:
     """Nothing to fold: the spec in force is spec.toml; this event records who changed it."""
 
 
-def _gc_collected(s: State, r: dict[str, Any], d: dict[str, Any]) -> None:
+def _gc_collected(s: State, r: EventRecord, d: JsonObject) -> None:
     """Nothing to fold: a gc removes only what continuing does not need (its evidence)."""
 
 
@@ -503,7 +559,7 @@ assert set(HANDLERS) == set(CURRENT_VERSION), "every event type needs a fold han
 _VERSIONS: dict[str, int] = dict(CURRENT_VERSION)
 
 
-def apply(state: State, record: dict[str, Any]) -> State:
+def apply(state: State, record: EventRecord) -> State:
     """Fold one record into ``state`` (in place) and return it."""
     etype = record["type"]
     if record["v"] != _VERSIONS.get(etype):
@@ -515,11 +571,11 @@ def apply(state: State, record: dict[str, Any]) -> State:
     return state
 
 
-def replay(records: Iterable[dict[str, Any]], state: State) -> State:
+def replay(records: Iterable[EventRecord], state: State) -> State:
     """Fold ``records`` into ``state``; the hot loop of start-up and ``sessionctl replay``."""
     handlers = HANDLERS
     current = _VERSIONS
-    record: dict[str, Any] | None = None
+    record: EventRecord | None = None
     for record in records:
         etype = record["type"]
         if record["v"] == current.get(etype):
@@ -534,5 +590,5 @@ def replay(records: Iterable[dict[str, Any]], state: State) -> State:
     return state
 
 
-def replay_all(session: str, records: Iterable[dict[str, Any]]) -> State:
+def replay_all(session: str, records: Iterable[EventRecord]) -> State:
     return replay(records, State(session=session))

@@ -72,7 +72,7 @@ class Plan:
 def needed(state: State, evidence: Evidence, artifacts: ArtifactStore) -> set[str]:
     """What continuing the session needs (never removed): see the module's text."""
     keep = set(state.live_artifacts())
-    for step in (state.turn or {}).get("steps", {}).values():
+    for step in state.turn["steps"].values() if state.turn else ():
         ref = step.get("result_ref")
         if ref:
             keep.add(ref["ref"])

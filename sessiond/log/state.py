@@ -17,6 +17,28 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from sessiond.log.event_records import JsonObject
+from sessiond.log.records import (
+    ApprovalRecord,
+    BudgetRecord,
+    CallRecord,
+    CurrentRun,
+    HandoverRecord,
+    LastCompaction,
+    LastGate,
+    LastObservation,
+    LastRecovery,
+    LastRun,
+    LastVerification,
+    PendingModel,
+    RepairRecord,
+    SummaryRecord,
+    TurnRecord,
+    ViewArtifacts,
+    WakeRecord,
+)
+from sessiond.sdkwire import ArtifactJson, TranscriptItem
+
 # Bump when the fold's meaning changes: snapshots of another version are ignored.
 # 7: the transcript is the newest TRANSCRIPT_KEEP items only, beside the summaries
 # in force and the artifacts the view shows (the view is built from the log).
@@ -48,7 +70,7 @@ class State:
     priority: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     profile: str = "default"
-    spec: dict[str, Any] = field(default_factory=dict)
+    spec: JsonObject = field(default_factory=dict)
     spec_sha256: str | None = None
     created_at: str | None = None
     last_active: str | None = None
@@ -69,7 +91,7 @@ class State:
     # the last hand-over to or from another daemon (syscalls.handover): id, role
     # (source, target), peer, phase (started, committed, aborted; arriving,
     # finished, discarded) and, on a target, the state it becomes at the finish
-    handover: dict[str, Any] | None = None
+    handover: HandoverRecord | None = None
 
     # runs and budget use
     runs: int = 0
@@ -80,10 +102,10 @@ class State:
     # The open turn (docs/design.md section 8): the work one wake started, until a run
     # ends it. Its wakes, and its steps by slot (the ordinal, or "k:" + a key),
     # each with its kind, name, args digest, call, status and (when ok) result.
-    turn: dict[str, Any] | None = None
+    turn: TurnRecord | None = None
     turn_number: int = 0  # turns begun, the open one included
-    current_run: dict[str, Any] | None = None
-    last_run: dict[str, Any] | None = None
+    current_run: CurrentRun | None = None
+    last_run: LastRun | None = None
     failures_in_a_row: int = 0
     runs_by_day: dict[str, int] = field(default_factory=dict)
     seconds_used: int = 0
@@ -92,20 +114,20 @@ class State:
     cost_usd: float = 0.0  # the model replies' reported cost (model.responded cost_usd)
     tool_calls: int = 0
     tool_calls_this_run: int = 0
-    budget_exhausted: dict[str, Any] | None = None
+    budget_exhausted: BudgetRecord | None = None
 
     # wakes and the gate
-    pending_wakes: list[dict[str, Any]] = field(default_factory=list)
-    last_wake: dict[str, Any] | None = None
-    last_gate: dict[str, Any] | None = None
-    last_recovery: dict[str, Any] | None = None
+    pending_wakes: list[WakeRecord] = field(default_factory=list)
+    last_wake: WakeRecord | None = None
+    last_gate: LastGate | None = None
+    last_recovery: LastRecovery | None = None
 
     # tool calls and approvals
-    calls: dict[str, dict[str, Any]] = field(default_factory=dict)
-    approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
-    last_observation: dict[str, Any] | None = None
-    last_verification: dict[str, Any] | None = None
-    pending_model: dict[str, Any] | None = None
+    calls: dict[str, CallRecord] = field(default_factory=dict)
+    approvals: dict[str, ApprovalRecord] = field(default_factory=dict)
+    last_observation: LastObservation | None = None
+    last_verification: LastVerification | None = None
+    pending_model: PendingModel | None = None
 
     # the workspace: hashes of bound files and of files written by tools
     bound: dict[str, str | None] = field(default_factory=dict)
@@ -120,41 +142,41 @@ class State:
     # The newest TRANSCRIPT_KEEP items of the messages view, in seq order, with
     # compacted ranges already replaced by their summary. The whole view is built
     # from the log when asked (log.projections), so the state does not grow with it.
-    transcript: list[dict[str, Any]] = field(default_factory=list)
+    transcript: list[TranscriptItem] = field(default_factory=list)
     # The compaction summaries in force: each a transcript item ("seq" is where its
     # range begins) and "hides", the last seq it stands in for (its range's end, or
     # further where it replaced an earlier summary that reached further).
-    summaries: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[SummaryRecord] = field(default_factory=list)
     # The artifacts attached to items the view shows (merges, summaries): {"seq", "refs"}.
-    view_artifacts: list[dict[str, Any]] = field(default_factory=list)
+    view_artifacts: list[ViewArtifacts] = field(default_factory=list)
     compactions: int = 0
-    last_compaction: dict[str, Any] | None = None
-    repairs: list[dict[str, Any]] = field(default_factory=list)
+    last_compaction: LastCompaction | None = None
+    repairs: list[RepairRecord] = field(default_factory=list)
 
     # --- derived views -------------------------------------------------------------
 
-    def pending_intents(self) -> dict[str, dict[str, Any]]:
+    def pending_intents(self) -> dict[str, CallRecord]:
         """Calls recorded as intended whose tool has not started."""
         return {k: c for k, c in self.calls.items() if c["stage"] in PENDING_STAGES}
 
-    def in_flight(self) -> dict[str, dict[str, Any]]:
+    def in_flight(self) -> dict[str, CallRecord]:
         """Calls started without a ``tool.finished``: the world may have changed."""
         return {k: c for k, c in self.calls.items() if c["stage"] == "started"}
 
-    def unobserved(self) -> dict[str, dict[str, Any]]:
+    def unobserved(self) -> dict[str, CallRecord]:
         """Calls finished (or denied) whose observation is not recorded yet."""
         return {k: c for k, c in self.calls.items() if c["stage"] in ("finished", "denied")}
 
-    def pending_approvals(self) -> dict[str, dict[str, Any]]:
+    def pending_approvals(self) -> dict[str, ApprovalRecord]:
         return {k: a for k, a in self.approvals.items() if a["status"] == "pending"}
 
-    def live_artifacts(self) -> dict[str, dict[str, Any]]:
+    def live_artifacts(self) -> dict[str, ArtifactJson]:
         """Artifacts that continuing depends on: outputs of calls not yet observed,
         the last run's output, the pending model context, and those attached to
         what the messages view shows (merges, compaction summaries)."""
-        refs: dict[str, dict[str, Any]] = {}
+        refs: dict[str, ArtifactJson] = {}
 
-        def add(ref: dict[str, Any] | None) -> None:
+        def add(ref: ArtifactJson | None) -> None:
             if ref:
                 refs[ref["ref"]] = ref
 
@@ -179,6 +201,8 @@ class State:
 
     # --- snapshots -------------------------------------------------------------------
 
+    # A snapshot's state: the fields by name, as JSON (the records above are dicts).
+    # Untyped here only: from_dict refuses a field the State does not have.
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -25,9 +25,21 @@ read the clock and run nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal, cast
 
+from sessiond.log.event_records import (
+    DivergenceJson,
+    ModelRequestedData,
+    ModelRespondedData,
+    ObservationProjectedData,
+    RecoveryResolvedData,
+    RunWake,
+    ToolFinishedData,
+    ToolIntentData,
+    ToolStartedData,
+)
 from sessiond.log.places import after, asked_place, place_of, slot_of
+from sessiond.log.records import StepRecord, StepStatus, TurnRecord
 from sessiond.log.state import State
 
 # Wakes that only continue the open turn: they are not work of their own, so a
@@ -48,7 +60,8 @@ def begin_run(s: State, seq: int) -> None:
         s.turn = {
             "n": s.turn_number,
             "seq": seq,
-            "wakes": list(s.pending_wakes),
+            # the recorded wakes have their seq and time: what a run is told of them
+            "wakes": cast(list[RunWake], list(s.pending_wakes)),
             "runs": 1,
             "steps": {},
             "calls": {},
@@ -77,6 +90,7 @@ def _adopt_command(s: State) -> None:
             old = turn["steps"].get("command")
             if old is not None:
                 turn["calls"].pop(old["call"], None)
+            started = call.get("started")
             turn["steps"]["command"] = {
                 "kind": "tool",
                 "slot": "command",
@@ -88,7 +102,7 @@ def _adopt_command(s: State) -> None:
                 "status": "started",
                 "risk": call["risk"],
                 "writes": call["writes"],
-                "before": (call.get("started") or {}).get("hashes", {}),
+                "before": started.get("hashes", {}) if started else {},
             }
             turn["calls"][call_id] = "command"
 
@@ -100,7 +114,7 @@ def end_turn(s: State) -> None:
         s.pending_wakes = [w for w in s.pending_wakes if w["trigger"] not in TURN_ONLY_TRIGGERS]
 
 
-def _step(s: State, call: str) -> dict[str, Any] | None:
+def _step(s: State, call: str) -> StepRecord | None:
     turn = s.turn
     if turn is None:
         return None
@@ -108,7 +122,7 @@ def _step(s: State, call: str) -> dict[str, Any] | None:
     return None if slot is None else turn["steps"].get(slot)
 
 
-def tool_intent(s: State, d: dict[str, Any]) -> None:
+def tool_intent(s: State, d: ToolIntentData) -> None:
     turn = s.turn
     ordinal = d.get("ordinal")
     if turn is None or ordinal is None:
@@ -123,20 +137,22 @@ def tool_intent(s: State, d: dict[str, Any]) -> None:
         call=d["call"],
         parent=d.get("parent"),
     )
-    step.update(status="intent", risk=d["risk"], writes=d["writes"])
+    step["status"] = "intent"
+    step["risk"] = d["risk"]
+    step["writes"] = d["writes"]
 
 
 def _new_step(
-    turn: dict[str, Any],
+    turn: TurnRecord,
     *,
-    kind: str,
+    kind: Literal["tool", "model"],
     ordinal: int,
     key: str | None,
     name: str,
     digest: str | None,
     call: str,
     parent: str | None = None,
-) -> dict[str, Any]:
+) -> StepRecord:
     """A step asked for at its slot; one recorded there before (not replayed: it did
     not finish ok) gives way, its events stay in the log. A nested step keeps its
     parent's slot and its whole place (steps at the top level carry neither: their
@@ -145,7 +161,7 @@ def _new_step(
     old = turn["steps"].get(slot)
     if old is not None:
         turn["calls"].pop(old["call"], None)
-    step = turn["steps"][slot] = {
+    step: StepRecord = {
         "kind": kind,
         "slot": slot,
         "ordinal": ordinal,
@@ -155,28 +171,31 @@ def _new_step(
         "call": call,
         "status": "started",
     }
+    turn["steps"][slot] = step
     if parent:
         place = asked_place(turn["steps"], ordinal, key, parent)
-        step.update(parent=parent, place=[list(p) for p in place])
+        step["parent"] = parent
+        step["place"] = [[position, segment] for position, segment in place]
     turn["calls"][call] = slot
     return step
 
 
-def set_status(s: State, call: str, status: str, **extra: Any) -> None:
+def set_status(s: State, call: str, status: StepStatus, *, rule: str | None = None) -> None:
     step = _step(s, call)
     if step is not None:
         step["status"] = status
-        step.update(extra)
+        if rule is not None:
+            step["rule"] = rule
 
 
-def tool_started(s: State, d: dict[str, Any]) -> None:
+def tool_started(s: State, d: ToolStartedData) -> None:
     step = _step(s, d["call"])
     if step is not None:
         step["status"] = "started"
         step["before"] = d["hashes"]
 
 
-def tool_finished(s: State, d: dict[str, Any]) -> None:
+def tool_finished(s: State, d: ToolFinishedData) -> None:
     step = _step(s, d["call"])
     if step is None:
         return
@@ -189,14 +208,14 @@ def tool_finished(s: State, d: dict[str, Any]) -> None:
         step["error"] = d.get("error_class") or d["status"]
 
 
-def observed(s: State, d: dict[str, Any]) -> None:
+def observed(s: State, d: ObservationProjectedData) -> None:
     """An observation closes a call; one that discards a call never started drops its step."""
     step = _step(s, d["call"])
     if step is not None and d.get("source") == "discarded" and step["status"] in NOT_STARTED:
         step["status"] = "dropped"
 
 
-def model_requested(s: State, d: dict[str, Any]) -> None:
+def model_requested(s: State, d: ModelRequestedData) -> None:
     turn = s.turn
     ordinal = d.get("ordinal")
     if turn is None or ordinal is None or d.get("replayed"):
@@ -213,7 +232,7 @@ def model_requested(s: State, d: dict[str, Any]) -> None:
     )
 
 
-def model_responded(s: State, d: dict[str, Any]) -> None:
+def model_responded(s: State, d: ModelRespondedData) -> None:
     step = _step(s, d["request_id"])
     if step is None:
         return
@@ -227,12 +246,12 @@ def model_responded(s: State, d: dict[str, Any]) -> None:
         step["error"] = d.get("error_class") or d["status"]
 
 
-def diverged(s: State, divergence: dict[str, Any] | None) -> None:
+def diverged(s: State, divergence: DivergenceJson | None) -> None:
     if s.turn is not None and divergence is not None:
         s.turn["divergence"] = divergence
 
 
-def resolved(s: State, d: dict[str, Any]) -> None:
+def resolved(s: State, d: RecoveryResolvedData) -> None:
     """A person's recovery choice, as it bears on the open turn."""
     turn = s.turn
     if turn is None:
@@ -240,34 +259,39 @@ def resolved(s: State, d: dict[str, Any]) -> None:
     if d.get("ends_turn"):
         end_turn(s)
         return
-    at = turn["divergence"] or {}
+    at = turn["divergence"]
     turn["divergence"] = None
     start = d.get("from_ordinal")
     if start is not None:
         # the new path from here on: the steps recorded from the divergent place on
         # stay in the log but are no longer answered from it
         # (divergences recorded before nesting name no slots: a step at the top level)
-        slot = (at.get("asked") or {}).get("slot") or slot_of(start, at.get("key"))
+        key = at.get("key") if at else None
+        asked, recorded = (at.get("asked"), at.get("recorded")) if at else (None, None)
+        slot = (asked.get("slot") if asked else None) or slot_of(start, key)
         parent = slot.rpartition(">")[0] or None  # a key holds no '>'
-        here = asked_place(turn["steps"], start, at.get("key"), parent)
-        gone = {slot, (at.get("recorded") or {}).get("slot")}
+        here = asked_place(turn["steps"], start, key, parent)
+        gone = {slot, recorded.get("slot") if recorded else None}
         for each, step in list(turn["steps"].items()):
             if each in gone or after(place_of(step), here):
                 del turn["steps"][each]
                 turn["calls"].pop(step["call"], None)
         return
     call = d.get("call")
-    step = _step(s, call) if call else None
-    if step is None or step["status"] not in ("error", "interrupted", "started"):
+    chosen = _step(s, call) if call else None
+    if chosen is None or chosen["status"] not in ("error", "interrupted", "started"):
         return
     if d["option"] == "rerun":
-        step["status"] = "rerun"  # a person chose to run it again
+        chosen["status"] = "rerun"  # a person chose to run it again
     elif d["option"] == "accept":
         # the world as it is stands for this step's work: it is done, with no result
-        step.update(status="ok", result_kind="json", result=None, result_ref=None)
+        chosen["status"] = "ok"
+        chosen["result_kind"] = "json"
+        chosen["result"] = None
+        chosen["result_ref"] = None
 
 
-def bad_steps(s: State) -> list[dict[str, Any]]:
+def bad_steps(s: State) -> list[StepRecord]:
     """Steps of the open turn that finished with an error and were not resolved: the
     gate judges them by their risk contract before a later run may reach them again.
     (A step closed as ``interrupted`` was already judged safe to run again.)"""

@@ -23,6 +23,7 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -154,7 +155,8 @@ def call_digest(s: Session, call: str) -> str | None:
             return CHANGED
     # and which request it answers (its record's time): a session made anew under
     # the name asks its first call again, with the same id and arguments
-    asked_at = s.journal.state.approvals.get(call, {}).get("requested_at")
+    approval = s.journal.state.approvals.get(call)
+    asked_at = approval.get("requested_at") if approval is not None else None
     raw = orjson.dumps([recorded["tool"], args, asked_at], option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(raw).hexdigest()[:32]
 
@@ -166,7 +168,13 @@ def expiry(requested_ts: str, ttl: float) -> int:
 
 
 def approval_links(
-    key: LinkKey, base: str, s: Session, record: dict[str, Any], *, target: str, ttl: float | None
+    key: LinkKey,
+    base: str,
+    s: Session,
+    record: Mapping[str, Any],
+    *,
+    target: str,
+    ttl: float | None,
 ) -> tuple[tuple[str, str], ...]:
     """The approve and deny links of an ``approval.requested`` record, or none when
     its call is no longer known (the notice is sent late; the console has it)."""

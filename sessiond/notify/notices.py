@@ -9,6 +9,7 @@ cursor (sessiond.notify.cursor) know nothing of event types.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -21,14 +22,14 @@ NotifyType = Literal["info", "success", "warning", "failure"]
 FAILED_RUNS = frozenset({"failed", "timeout", "killed", "lost"})
 
 
-def kinds(record: dict[str, Any]) -> list[str]:
+def kinds(record: Mapping[str, Any]) -> list[str]:
     """The notice events (``[[notify]] events``) this record is, most specific
     first; its own event type last (a target may ask for any)."""
     named = _named(record)
     return named if record["type"] in named else [*named, record["type"]]
 
 
-def _named(record: dict[str, Any]) -> list[str]:
+def _named(record: Mapping[str, Any]) -> list[str]:
     etype, data = record["type"], record.get("data") or {}
     if etype in ("approval.requested", "approval.granted", "approval.denied"):
         return [etype]
@@ -128,7 +129,7 @@ def one_line(text: str) -> str:
 
 
 def notice_for(
-    session: str, record: dict[str, Any], wanted: frozenset[str], public_url: str | None
+    session: str, record: Mapping[str, Any], wanted: frozenset[str], public_url: str | None
 ) -> Notice | None:
     """The notice a target that wants ``wanted`` gets for ``record`` of ``session``'s
     log (named by the table: a forked log's copied records keep the parent's name)."""

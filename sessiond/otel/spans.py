@@ -20,6 +20,7 @@ span ids: a collector sees one trace, not two.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -64,7 +65,7 @@ class SpanBuilder:
         self.run: Span | None = None
         self.steps: dict[str, Span] = {}  # open tool calls by call id, model calls by request
 
-    def feed(self, record: dict[str, Any]) -> list[Span]:
+    def feed(self, record: Mapping[str, Any]) -> list[Span]:
         etype, data = record["type"], record.get("data") or {}
         if etype == "session.created":
             self.agent = data.get("agent") or self.agent
@@ -145,7 +146,7 @@ class SpanBuilder:
             if span.parent_id is None and call.startswith(run_id + "."):
                 span.trace_id, span.parent_id = self.run.trace_id, self.run.span_id
 
-    def _open(self, record: dict[str, Any], name: str, kind: str, key: str) -> Span:
+    def _open(self, record: Mapping[str, Any], name: str, kind: str, key: str) -> Span:
         """A span beginning at ``record``; a step's parent is the open run, if any."""
         parent = None if kind == "run" else self.run
         if parent is not None:
@@ -163,7 +164,7 @@ class SpanBuilder:
         )
 
     @staticmethod
-    def _close(span: Span, record: dict[str, Any]) -> Span:
+    def _close(span: Span, record: Mapping[str, Any]) -> Span:
         span.end_ns = max(ts_ns(record["ts"]), span.start_ns)
         span.last_seq = record["seq"]
         span.attributes["sessiond.seq.first"] = span.first_seq

@@ -22,6 +22,7 @@ import structlog
 
 from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
+from sessiond.log.event_records import JsonObject
 from sessiond.log.store.base import Record, Store
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.runs.faults import NO_FAULTS, Faults
@@ -54,7 +55,7 @@ class Continues(Protocol):
         self,
         s: Session,
         trigger: str,
-        details: dict[str, Any],
+        details: JsonObject,
         paths: frozenset[str] = frozenset(),
     ) -> Record: ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import cast
 
 from sessiond.codec import rfc3339
 from sessiond.log.event_data import (
@@ -24,6 +24,7 @@ from sessiond.log.event_data import (
     LifecycleChanged,
     WakeRequested,
 )
+from sessiond.log.event_records import JsonObject
 from sessiond.log.store.base import Record
 from sessiond.runs.context import RunContext
 from sessiond.runs.recover import Recovery
@@ -67,7 +68,7 @@ class Continuation:
         self,
         s: Session,
         trigger: str,
-        details: dict[str, Any],
+        details: JsonObject,
         paths: frozenset[str] = frozenset(),
         *,
         durable: bool = True,
@@ -192,7 +193,8 @@ class Continuation:
                 p
                 for w in s.j.state.pending_wakes
                 if w["trigger"] in ("watch", "dependency")
-                for p in w["details"].get("paths", [])
+                # (a watch's or a dependency's wake names its paths: a list of strings)
+                for p in cast(list[str], w["details"].get("paths", []))
             )
         verdict = await self.gate_now(s, cause, paths)
         if verdict.outcome == "suspended":

@@ -3,7 +3,7 @@ divergences (docs/design.md section 8)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
@@ -14,7 +14,9 @@ from sessiond.log.event_data import (
     StepRef,
     ToolFinished,
 )
+from sessiond.log.event_records import DivergenceJson
 from sessiond.log.places import Asked
+from sessiond.log.records import StepRecord, TurnRecord
 from sessiond.log.store.base import Draft
 from sessiond.runs.tokens import RunGrant
 from sessiond.runs.workspace import workspace_hasher
@@ -22,7 +24,7 @@ from sessiond.table.gate import describe_divergence
 from sessiond.table.sessions import Session
 
 
-def parent_slot(turn: dict[str, Any], grant: RunGrant, call: str | None) -> str | None:
+def parent_slot(turn: TurnRecord, grant: RunGrant, call: str | None) -> str | None:
     """The slot of the step a nested step is taken in (``call``: its call id), which
     must be under way in this run; None for a step at the top level."""
     if call is None:
@@ -38,7 +40,7 @@ def parent_slot(turn: dict[str, Any], grant: RunGrant, call: str | None) -> str 
     return str(slot)
 
 
-def divergence(asked: Asked, recorded: dict[str, Any]) -> tuple[GateEvaluated, str]:
+def divergence(asked: Asked, recorded: StepRecord) -> tuple[GateEvaluated, str]:
     """The gate's verdict on a step that is not the one recorded: both steps, and the
     reason a person reads."""
     slot = asked.slot
@@ -53,7 +55,7 @@ def divergence(asked: Asked, recorded: dict[str, Any]) -> tuple[GateEvaluated, s
         ),
         asked=StepRef(kind=asked.kind, name=asked.name, digest=asked.digest, slot=slot),
     )
-    reason = describe_divergence(found.model_dump(mode="json"))
+    reason = describe_divergence(cast(DivergenceJson, found.model_dump(mode="json")))
     gate = GateEvaluated(
         ok=False,
         checks=(GateCheck(name="steps match", ok=False, detail=reason),),
@@ -65,7 +67,7 @@ def divergence(asked: Asked, recorded: dict[str, Any]) -> tuple[GateEvaluated, s
 
 
 def stopped(
-    s: Session, grant: RunGrant, call: str, step: dict[str, Any], turn: dict[str, Any]
+    s: Session, grant: RunGrant, call: str, step: StepRecord, turn: TurnRecord
 ) -> list[Draft]:
     """A step inside this one stopped the run (an approval, a stop, a divergence) or
     failed (the gate judges that one on its own): nothing of this step's own failed.

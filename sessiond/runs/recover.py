@@ -12,12 +12,13 @@ from the normal path of a run.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
 from sessiond.log.event_data import ObservationProjected, RunFinished, ToolFinished
+from sessiond.log.records import CallRecord, TurnRecord
 from sessiond.log.store.base import Draft
 from sessiond.runs.context import Continues, RunContext
 from sessiond.runs.runner import Outcome, proc_start_time, signal_group
@@ -30,7 +31,7 @@ log = structlog.get_logger(__name__)
 
 
 def close_cut_off(
-    call_id: str, call: dict[str, Any], hasher: Callable[[str], str | None], text: str
+    call_id: str, call: CallRecord, hasher: Callable[[str], str | None], text: str
 ) -> list[Draft]:
     """The events that close a call cut off before it finished: ``tool.finished``
     (interrupted, with the written paths' hashes now) and its observation."""
@@ -53,7 +54,7 @@ def close_cut_off(
     ]
 
 
-def rebuilt_observation(call_id: str, call: dict[str, Any]) -> ObservationProjected:
+def rebuilt_observation(call_id: str, call: CallRecord) -> ObservationProjected:
     """The observation of a call that ended without one on record (denied, or finished)."""
     tool = call["tool"]
     if call["stage"] == "denied":
@@ -63,9 +64,9 @@ def rebuilt_observation(call_id: str, call: dict[str, Any]) -> ObservationProjec
             text=f"{tool} was denied ({call.get('rule', 'by a person')})",
             source="denied",
         )
-    finished = call.get("finished") or {}
-    code = finished.get("exit_code")
-    text = f"{tool} {finished.get('status', 'finished')}" + (
+    finished = call.get("finished")
+    code = finished.get("exit_code") if finished else None
+    text = f"{tool} {finished['status'] if finished else 'finished'}" + (
         f" (exit {code})" if code is not None else ""
     )
     return ObservationProjected(call=call_id, tool=tool, text=text, source="rebuilt")
@@ -135,9 +136,9 @@ class Recovery:
             return True
         if s.journal is None or s.state != "running":
             return False
-        current = s.j.state.current_run or {}
+        current = s.j.state.current_run
         note = "daemon restarted during run"
-        pid, started = current.get("pid"), current.get("proc_start")
+        pid, started = (current["pid"], current["proc_start"]) if current else (None, None)
         if local and pid and started and proc_start_time(pid) == started:
             # Its program outlived the daemon; with nobody to record its result it
             # must not go on unsupervised.
@@ -156,7 +157,8 @@ class Recovery:
             # twice, in the same turn (found by the kill -9 campaign with a power cut).
             if finished:
                 call_id, call = finished[0]
-                result = call.get("finished") or {}
+                # what the end said (a tool.finished's data), or an ok exit
+                result: Mapping[str, Any] = call.get("finished") or {}
                 await ctx.table.append(
                     s,
                     ObservationProjected(
@@ -173,7 +175,7 @@ class Recovery:
             await ctx.table.append(
                 s,
                 RunFinished(
-                    run=current.get("run", "?"),
+                    run=current["run"] if current else "?",
                     status=status,
                     exit_code=result.get("exit_code"),
                     error=note,
@@ -185,8 +187,8 @@ class Recovery:
             )
             log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
             return False
-        last = s.j.state.last_run or {}
-        if not current and s.j.state.turn is None and last.get("ends_turn"):
+        last = s.j.state.last_run
+        if not current and s.j.state.turn is None and last and last.get("ends_turn"):
             # Its run.finished ended the turn; only the session's next state is
             # missing. Going on through the gate would start a turn nobody asked
             # for: a one-shot command would run twice. A command's end calls for
@@ -210,13 +212,13 @@ class Recovery:
         return True
 
 
-def _observed_ok(turn: dict[str, Any] | None, calls: dict[str, Any]) -> str | None:
+def _observed_ok(turn: TurnRecord | None, calls: Mapping[str, CallRecord]) -> str | None:
     """The call of the open turn's command step if it finished ``ok`` and its
     observation is on record (which closes the call: it is no longer in ``calls``):
     the run's own command, whose run.finished the crash cut off. A command run's
     call is started in the same write as its ``running``, which makes it the
     turn's command step, so an ``ok`` step here is this run's, never an older one."""
-    step = (turn or {}).get("steps", {}).get("command")
+    step = turn["steps"].get("command") if turn else None
     if step is None or step["status"] != "ok" or step["call"] in calls:
         return None
     return str(step["call"])

@@ -20,11 +20,11 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 import structlog
 
+from sessiond.log.event_records import RunWake
 from sessiond.runs.cgroups import CgroupError, RunCgroup
 from sessiond.runs.sandbox import MountPlan, confine
 from sessiond.runs.spawn import Held, Request, Spawner
@@ -65,19 +65,19 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
-def wake_payload(wakes: list[dict[str, Any]]) -> tuple[str, bytes]:
+def wake_payload(wakes: list[RunWake]) -> tuple[str, bytes]:
     """SESSIOND_WAKE (cut to 32 KiB, with a `truncated` flag) and the whole cause."""
     whole = orjson.dumps({"wakes": wakes, "truncated": False})
     if len(whole) <= WAKE_ENV_LIMIT:
         return whole.decode(), whole
-    kept: list[dict[str, Any]] = []
+    kept: list[RunWake] = []
     for wake in wakes:
         trial = orjson.dumps({"wakes": [*kept, wake], "truncated": True})
         if len(trial) > WAKE_ENV_LIMIT:
             break
         kept.append(wake)
     if not kept and wakes:
-        kept = [{"trigger": wakes[0].get("trigger"), "details": {}, "cut": True}]
+        kept = [{"trigger": wakes[0]["trigger"], "details": {}, "cut": True}]
     return orjson.dumps({"wakes": kept, "truncated": True}).decode(), whole
 
 
@@ -432,7 +432,7 @@ def program_env(
     profile_env: dict[str, str],
     *,
     run_id: str,
-    wakes: list[dict[str, Any]],
+    wakes: list[RunWake],
     wake_file: Path,
 ) -> dict[str, str]:
     """The environment of a run: the daemon's, the profile's, the spec's, then ours."""

@@ -8,8 +8,7 @@ each part that ends a run is given this facade as its ``Continues``.
 
 from __future__ import annotations
 
-from typing import Any
-
+from sessiond.log.event_records import JsonObject
 from sessiond.log.store.base import Record
 from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import Continuation
@@ -36,7 +35,7 @@ class Runs:
         self,
         s: Session,
         trigger: str,
-        details: dict[str, Any],
+        details: JsonObject,
         paths: frozenset[str] = frozenset(),
         *,
         durable: bool = True,

@@ -28,9 +28,11 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.sends import Sends
 from sessiond.runs.steps import Steps
 from sessiond.runs.tokens import Tokens
+from sessiond.sdkwire import Ack, ContextAnswer, StepAnswer, StepReply, TranscriptItem, TurnContext
 from sessiond.table.sessions import Session
 
-# the ``send`` syscall: a message from one session to another (syscalls.lineage)
+# the ``send`` syscall: a message from one session to another (syscalls.lineage), and
+# what it answers (where the message went)
 Send = Callable[..., Awaitable[Sent]]
 
 
@@ -45,17 +47,21 @@ class SdkCalls:
         self.sends = Sends(self.steps)
         # the context each session's open turn began with: (turn, the seq it began
         # after, the fold up to there, the context but its messages)
-        self._turn_context: dict[str, tuple[int, int, State, dict[str, Any]]] = {}
+        self._turn_context: dict[str, tuple[int, int, State, TurnContext]] = {}
 
-    def _answer(self, s: Session, **values: Any) -> dict[str, Any]:
-        stop = s.run is not None and s.run.stop_requested is not None
-        return {"stop": stop, **values}
+    @staticmethod
+    def _stop(s: Session) -> bool:
+        """Whether the daemon wants the program to stop at its next stable point."""
+        return s.run is not None and s.run.stop_requested is not None
+
+    def _answer(self, s: Session, reply: StepReply) -> StepAnswer:
+        return {"stop": self._stop(s), **reply}
 
     # --- calls --------------------------------------------------------------------
 
     async def sdk_context(
         self, token: str, cursor: int | None = None, limit: int | None = None
-    ) -> dict[str, Any]:
+    ) -> ContextAnswer:
         """The session as the open turn began: every run of the turn sees the same
         context, so a deterministic program takes the same path each time; what the
         turn itself did comes back through its replayed steps. The messages come a
@@ -78,19 +84,20 @@ class SdkCalls:
         page, next_cursor = await messages_page(
             s.j.read(upto=upto), at_start, cursor=cursor, limit=limit or PAGE_DEFAULT
         )
+        stop = self._stop(s)
         if cursor is not None:  # a next page: the rest the first call gave already
-            return self._answer(
-                s, run=grant.run, turn=context.get("turn"), messages=page, next_cursor=next_cursor
-            )
-        return self._answer(s, run=grant.run, **context, messages=page, next_cursor=next_cursor)
+            return {"stop": stop, "run": grant.run, "turn": context.get("turn"), "messages": page,
+                    "next_cursor": next_cursor}  # fmt: skip
+        return {"stop": stop, "run": grant.run, **context, "messages": page,
+                "next_cursor": next_cursor}  # fmt: skip
 
-    async def _context_at(self, s: Session, upto: int) -> tuple[State, dict[str, Any]]:
+    async def _context_at(self, s: Session, upto: int) -> tuple[State, TurnContext]:
         """The state folded from the log up to ``upto``, and the context a program sees
         of it but its messages; read a slice at a time so the loop serves others."""
         state = State(session=s.name)
         async for batch in batches(s.j.read(upto=upto)):
             replay(batch, state)
-        mailbox: list[dict[str, Any]] = []
+        mailbox: list[TranscriptItem] = []
         if state.mailbox:  # the unread messages' text, from the log (the state keeps seqs)
             unread, summaries = set(state.mailbox), state.summaries
             async for batch in batches(s.j.read(upto=upto)):
@@ -111,18 +118,19 @@ class SdkCalls:
             "profile": state.profile,
         }
 
-    async def sdk_step(self, p: Any) -> dict[str, Any]:
+    async def sdk_step(self, p: Any) -> StepAnswer:
         """The start of a durable step (runs.steps): replayed, run, ask, denied, stop
         or diverged."""
         s, grant = self.tokens.session_for(p.token)
         return await self.steps.begin(s, grant, p, self._answer)
 
-    async def sdk_step_done(self, p: Any) -> dict[str, Any]:
+    async def sdk_step_done(self, p: Any) -> Ack:
         """The end of a step's work: its result or its error, in one durable write."""
         s, grant = self.tokens.session_for(p.token)
-        return self._answer(s, **await self.steps.done(s, grant, p))
+        await self.steps.done(s, grant, p)
+        return {"stop": self._stop(s)}
 
-    async def sdk_verify(self, token: str, check: str, ok: bool, output: str) -> dict[str, Any]:
+    async def sdk_verify(self, token: str, check: str, ok: bool, output: str) -> Ack:
         s, _grant = self.tokens.session_for(token)
         spec = s.spec
         assert spec is not None
@@ -144,16 +152,16 @@ class SdkCalls:
                     Draft(VerificationFinished(check=check, ok=ok, output=ref)),
                 ],
             )
-        return self._answer(s)
+        return {"stop": self._stop(s)}
 
-    async def sdk_send(self, p: Any) -> dict[str, Any]:
+    async def sdk_send(self, p: Any) -> StepAnswer:
         """A message to another session: a step, so a later run never sends it twice."""
         s, grant = self.tokens.session_for(p.token)
         if p.to == s.name:
             raise InvalidInput("a session cannot send to itself")
         return await self.sends.send(s, grant, p, self.send, self._answer)
 
-    async def sdk_end(self, token: str, intent: str, summary: str) -> dict[str, Any]:
+    async def sdk_end(self, token: str, intent: str, summary: str) -> Ack:
         """The program says how its run ends: ``sleep`` (wait for the next wake) or
         ``complete`` (the session's work is done)."""
         s, grant = self.tokens.session_for(token)
@@ -166,4 +174,4 @@ class SdkCalls:
                 await self.ctx.table.append(
                     s, MessageReceived(sender=s.name, text=summary, role="agent")
                 )
-        return self._answer(s)
+        return {"stop": self._stop(s)}

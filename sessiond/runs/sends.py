@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
@@ -21,6 +21,7 @@ from sessiond.log.places import Asked, judge
 from sessiond.log.store.base import Draft
 from sessiond.runs.steps import ANSWERED, STEP_RISK, Answer, Deliver, Steps, args_hash, stored
 from sessiond.runs.tokens import RunGrant
+from sessiond.sdkwire import StepAnswer, StepReply
 from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 
@@ -37,7 +38,7 @@ class Sends:
 
     async def send(
         self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer
-    ) -> dict[str, Any]:
+    ) -> StepAnswer:
         """``run.send``: a step like any other, so a later run of the turn never sends
         it twice. The policy decides on the tool ``send`` (allowed by default, like a
         command run: it is the session's own act)."""
@@ -62,16 +63,16 @@ class Sends:
                 raise InvalidInput(judged.why)
             if judged.verdict == "diverged":
                 assert judged.recorded is not None
-                return answer(s, **await self.steps._diverge(s, asked, judged.recorded))
+                return answer(s, await self.steps._diverge(s, asked, judged.recorded))
             recorded = judged.recorded
             if recorded is not None and recorded["status"] in ANSWERED:
                 if recorded["status"] == "ok":
-                    return answer(s, status="replayed", call=recorded["call"])
+                    return answer(s, {"status": "replayed", "call": recorded["call"]})
                 if recorded["status"] == "denied":
-                    return answer(s, status="denied", rule=recorded.get("rule", "denied"))
-                return answer(s, status="ask", rule="approval pending")
+                    return answer(s, {"status": "denied", "rule": recorded.get("rule", "denied")})
+                return answer(s, {"status": "ask", "rule": "approval pending"})
             if s.run.stop_requested is not None:
-                return answer(s, status="stop", reason=s.run.stop_requested)
+                return answer(s, {"status": "stop", "reason": s.run.stop_requested})
             # A message to no session is refused before the step is recorded: as a
             # failed unsafe step it would block a later run of the turn for a person,
             # though nothing was sent.
@@ -81,7 +82,7 @@ class Sends:
                 self.ctx.table.get(p.to)  # NoSuchSession, named as on one machine
             call = await self.steps._next_call(s, grant)
             if call is None:
-                return answer(s, status="stop", rule="budget: tool_calls_per_run")
+                return answer(s, {"status": "stop", "rule": "budget: tool_calls_per_run"})
             verdict = decide(spec.policy, "send", "external-write")
             rule = verdict.rule
             decision = verdict.decision
@@ -121,7 +122,7 @@ class Sends:
                     )
                 )
                 await self.ctx.table.append_many(s, drafts)
-                return answer(s, status="denied", rule=rule)
+                return answer(s, {"status": "denied", "rule": rule})
             drafts.append(self.steps._started_draft(s, grant, call, "send", []))
             await self.ctx.table.append_many(s, drafts)
         # The sender's patterns, secrets and token travel with the text: it leaves
@@ -157,4 +158,6 @@ class Sends:
             )
         if status != "ok":
             raise Refused(text)
-        return answer(s, status="run", call=call, **result)
+        # with what the send syscall answered: where the message went (the session, its
+        # seq, whether it woke; on a cluster the node it was left for)
+        return answer(s, cast(StepReply, {"status": "run", "call": call, **result}))

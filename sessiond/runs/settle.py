@@ -102,7 +102,8 @@ class Settler:
         stdout = await put(outcome.stdout, "stdout")
         stderr = await put(outcome.stderr, "stderr")
         truncated = outcome.stdout_total > len(outcome.stdout)
-        if call_id is not None and s.j.state.calls.get(call_id, {}).get("stage") == "started":
+        recorded = s.j.state.calls.get(call_id) if call_id is not None else None
+        if call_id is not None and recorded is not None and recorded["stage"] == "started":
             hasher = workspace_hasher(spec)
             diff = await put(text_diff(before, spec.workspace), "diff")
             status = {"ok": "ok", "interrupted": "interrupted", "killed": "interrupted"}.get(
@@ -290,8 +291,9 @@ class Settler:
                 ctx.spawn(self.then.wake(s, "approval", {"answered": "during the run"}))
             return
         if stop is not None and stop.startswith("divergence"):
-            gate = s.j.state.last_gate or {}
-            detail = next((c["detail"] for c in gate.get("checks", ()) if not c["ok"]), stop)
+            gate = s.j.state.last_gate
+            checks = gate["checks"] if gate else []
+            detail = next((c["detail"] for c in checks if not c["ok"]), stop)
             await transition(s, "blocked", why="block", reason=f"gate: steps match: {detail}")
             return
         if stop == "cancel":

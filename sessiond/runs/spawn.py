@@ -33,10 +33,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import orjson
 import structlog
+
+from sessiond.runs.spawnproto import SpawnerReply, SpawnerRequest
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +129,7 @@ class Spawner:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.sock is not None else None
 
-    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def _send(self, message: SpawnerRequest, fds: list[int] | None = None) -> None:
         if self.sock is None:
             raise SpawnerGone(errno.EPIPE, "the spawner is not running")
         try:
@@ -212,7 +214,7 @@ class Spawner:
         rid = self._next
         self._next += 1
         reply: asyncio.Future[Held] = self._loop.create_future()
-        request: dict[str, Any] = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
+        request: SpawnerRequest = {"op": "spawn", "id": rid, "argv": argv, "cwd": cwd, "env": env}
         if cgroup_procs:
             request["cgroup_procs"] = cgroup_procs
         if user is not None:  # the program's uid and gid ([run] user)
@@ -286,7 +288,7 @@ class Spawner:
         """SIGKILL to every process of the run."""
         self._request("kill", held)
 
-    def _request(self, op: str, held: Held) -> None:
+    def _request(self, op: Literal["term", "kill"], held: Held) -> None:
         if held.exited.done():
             return
         with contextlib.suppress(SpawnerGone):
@@ -314,7 +316,7 @@ class Spawner:
             for fd in fds:  # none expected
                 os.close(fd)
 
-    def _answer(self, message: dict[str, Any]) -> None:
+    def _answer(self, message: SpawnerReply) -> None:
         assert self._loop is not None
         op, rid = message["op"], message.get("id", 0)
         if op == "idle":
@@ -322,10 +324,13 @@ class Spawner:
             # Not while a request named no holder: the spawner may have given it
             # this one already (its answer is on the way). It tells the next one.
             known = pid is not None and not self._unbound
-            self.idle = (pid, message.get("start")) if known else None
+            self.idle = (pid, message.get("start")) if pid is not None and known else None
         elif op == "spawned":
             self._unbound.discard(rid)
-            held = Held(rid, message["pid"], message.get("start"), self._loop.create_future())
+            pid = message["pid"]
+            if pid is None:  # a spawned run always has its pid: a malformed message
+                raise TypeError("spawned with no pid")
+            held = Held(rid, pid, message.get("start"), self._loop.create_future())
             held.go_fd = self._go.pop(rid, None)
             if self.idle is not None and self.idle[0] == held.pid:  # told, then taken
                 self.idle = None

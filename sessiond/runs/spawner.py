@@ -54,7 +54,10 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only: the spawner runs as a script of its own (-I), importing nothing
+    from sessiond.runs.spawnproto import SpawnerReply, SpawnerRequest
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -155,7 +158,7 @@ def _exec_path(argv0: str, env: dict[str, str]) -> str:
     raise last
 
 
-def _launch(path: str, req: dict[str, Any], out: int, err: int, stdin: int | None) -> int:
+def _launch(path: str, req: SpawnerRequest, out: int, err: int, stdin: int | None) -> int:
     """P, started by R once it may go: posix_spawn (vfork and exec, as subprocess
     does), so a start pays no fork of a Python process and no teardown of its
     copied memory. P's pid; raises OSError when exec fails."""
@@ -181,7 +184,7 @@ def _launch(path: str, req: dict[str, Any], out: int, err: int, stdin: int | Non
     )
 
 
-def _launch_as(path: str, req: dict[str, Any], out: int, err: int, stdin: int | None) -> int:
+def _launch_as(path: str, req: SpawnerRequest, out: int, err: int, stdin: int | None) -> int:
     """P under ``[run] user``: posix_spawn cannot change the uid, so R forks and the
     child drops to the user's uid and gid (no supplementary groups) before exec; R
     stays the daemon's. An exec that fails is reported back through a close-on-exec
@@ -393,7 +396,7 @@ class Spawner:
         self.idle: tuple[int, int | None, socket.socket] | None = None  # pid, start, socket
         self.fence: float | None = None  # the "fence" deadline (time.monotonic())
 
-    def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+    def send(self, message: SpawnerReply, fds: tuple[int, ...] = ()) -> None:
         # the daemon gone: its end closing is seen by the loop
         with contextlib.suppress(OSError):
             socket.send_fds(self.chan, [json.dumps(message).encode()], list(fds))
@@ -418,7 +421,7 @@ class Spawner:
         # round trip here overlap).
         self.send({"op": "idle", "pid": pid, "start": self.idle[1]})
 
-    def spawn(self, req: dict[str, Any], fds: list[int]) -> None:
+    def spawn(self, req: SpawnerRequest, fds: list[int]) -> None:
         rid = req["id"]
         if len(fds) not in (3, 4):
             for fd in fds:
@@ -453,7 +456,7 @@ class Spawner:
         self.by_pid[pid] = rid
         self.send({"op": "spawned", "id": rid, "pid": pid, "start": start})
 
-    def handle(self, req: dict[str, Any], fds: list[int]) -> None:
+    def handle(self, req: SpawnerRequest, fds: list[int]) -> None:
         op = req.get("op")
         if op == "spawn":
             self.spawn(req, fds)

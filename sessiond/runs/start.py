@@ -25,7 +25,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -39,6 +38,7 @@ from sessiond.log.event_data import (
     ToolIntent,
     ToolStarted,
 )
+from sessiond.log.event_records import RunWake
 from sessiond.log.state import State
 from sessiond.log.store.base import Draft, Record
 from sessiond.paths import program_socket
@@ -407,7 +407,7 @@ class Starter:
         s: Session,
         run_id: str,
         call_id: str | None,
-        wakes: list[dict[str, Any]],
+        wakes: list[RunWake],
         wake_file: Path,
         *,
         turn: int,
@@ -463,7 +463,7 @@ class Starter:
         program: Program,
         run_id: str,
         pid: int,
-        wakes: list[dict[str, Any]],
+        wakes: list[RunWake],
         cause: Record | None,
         turn: int,
     ) -> bool:
@@ -506,14 +506,14 @@ class Starter:
         return replace(outcome, status="failed", error=why)
 
 
-def _turn_and_wakes(state: State, cause: Record | None) -> tuple[int, list[dict[str, Any]]]:
+def _turn_and_wakes(state: State, cause: Record | None) -> tuple[int, list[RunWake]]:
     """The turn a run does and the wakes it sees (docs/design.md section 8). A later run of
     the open turn sees the turn's own wake cause, not what continued it (an approval,
     a retry): the same path every run. A new turn takes the wakes recorded until now."""
     if state.turn is not None:
         return state.turn["n"], list(state.turn["wakes"])
     trigger = cause["data"]["trigger"] if cause else "follow-up"
-    wakes = [
+    wakes: list[RunWake] = [
         {"trigger": w["trigger"], "details": w["details"], "seq": w["seq"], "ts": w["ts"]}
         for w in state.pending_wakes
     ] or [{"trigger": trigger, "details": cause["data"]["details"] if cause else {}}]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -50,6 +50,7 @@ from sessiond.log.event_data import (
     ToolStarted,
 )
 from sessiond.log.places import Asked, judge
+from sessiond.log.records import StepRecord, TurnRecord
 from sessiond.log.store.base import Draft
 from sessiond.redaction import matches
 from sessiond.replies import Sent
@@ -57,12 +58,14 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
 from sessiond.runs.workspace import git_head, read_in, text_diff, workspace_hasher
+from sessiond.sdkwire import AnswerStatus, StepAnswer, StepReply
 from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 from sessiond.table.spec import under_profile
 
-# How an answer is made: the SDK's fields plus ``stop`` (runs.sdk_calls)
-Answer = Callable[..., dict[str, Any]]
+# How an answer is made: the reply plus ``stop`` (runs.sdk_calls)
+Answer = Callable[[Session, StepReply], StepAnswer]
+# the ``send`` syscall, and what it answers (where the message went: runs.sends)
 Deliver = Callable[..., Awaitable[Sent]]
 
 
@@ -81,7 +84,7 @@ def digest_of(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def args_hash(tool: str, args: dict[str, Any]) -> str:
+def args_hash(tool: str, args: Mapping[str, Any]) -> str:
     return digest_of([tool, args])
 
 
@@ -127,7 +130,7 @@ class Steps:
 
     # --- the start of a step ----------------------------------------------------------
 
-    async def begin(self, s: Session, grant: RunGrant, p: Any, answer: Answer) -> dict[str, Any]:
+    async def begin(self, s: Session, grant: RunGrant, p: Any, answer: Answer) -> StepAnswer:
         """Answer ``sdk.step`` (the caller checked the token; ``answer`` adds ``stop``)."""
         spec = s.spec
         assert spec is not None
@@ -170,23 +173,22 @@ class Steps:
                 raise InvalidInput(judged.why)
             if judged.verdict == "diverged":
                 assert judged.recorded is not None
-                return answer(s, **await self._diverge(s, asked, judged.recorded))
+                return answer(s, await self._diverge(s, asked, judged.recorded))
             if recorded is not None and judged.verdict == "same" and recorded["status"] in ANSWERED:
-                return answer(
-                    s, key=key, **await self._answer_recorded(s, grant, p, recorded, digest)
-                )
+                replied = await self._answer_recorded(s, grant, p, recorded, digest)
+                return answer(s, {"key": key, **replied})
             if s.run.stop_requested is not None:
-                return answer(s, status="stop", key=key, reason=s.run.stop_requested)
+                return answer(s, {"status": "stop", "key": key, "reason": s.run.stop_requested})
             parent = asked.parent
             if p.kind == "model":
                 began = await self._begin_model(s, grant, p, turn, digest, parent=parent)
             else:
                 began = await self._begin_tool(s, grant, p, turn, digest, parent=parent)
-            return answer(s, key=key, **began)
+            return answer(s, {"key": key, **began})
 
     async def _answer_recorded(
-        self, s: Session, grant: RunGrant, p: Any, recorded: dict[str, Any], digest: str
-    ) -> dict[str, Any]:
+        self, s: Session, grant: RunGrant, p: Any, recorded: StepRecord, digest: str
+    ) -> StepReply:
         status = recorded["status"]
         call = recorded["call"]
         if status == "ok":
@@ -194,7 +196,7 @@ class Steps:
                 # Frameworks put timestamps in requests: the changed request is kept
                 # (seen in the log), the recorded response answered.
                 await self._request(s, p, call, digest, turn=None, replayed=True)
-            return {"status": "replayed", "call": call, **self._result(s, recorded)}
+            return self._replayed(s, call, recorded)
         if status == "denied":
             return {"status": "denied", "call": call, "rule": recorded.get("rule", "denied")}
         if status == "approval":
@@ -209,20 +211,22 @@ class Steps:
         await self.ctx.table.append_many(s, [self._started_draft(s, grant, call, p.name, writes)])
         return {"status": "run", "call": call, "rule": "approved"}
 
-    def _result(self, s: Session, recorded: dict[str, Any]) -> dict[str, Any]:
+    def _replayed(self, s: Session, call: str, recorded: StepRecord) -> StepReply:
+        """A step answered from the log, with its recorded result."""
         kind = recorded.get("result_kind")
         ref = recorded.get("result_ref")
         if ref:
             data = self.ctx.store.artifacts(s.name).get(ref["ref"])
             if kind == "bytes":
-                return {"result_b64": base64.b64encode(data).decode()}
-            return {"result": orjson.loads(data)}
-        return {"result": recorded.get("result")}
+                b64 = base64.b64encode(data).decode()
+                return {"status": "replayed", "call": call, "result_b64": b64}
+            return {"status": "replayed", "call": call, "result": orjson.loads(data)}
+        return {"status": "replayed", "call": call, "result": recorded.get("result")}
 
-    def parent(self, turn: dict[str, Any], grant: RunGrant, call: str | None) -> str | None:
+    def parent(self, turn: TurnRecord, grant: RunGrant, call: str | None) -> str | None:
         return parent_slot(turn, grant, call)
 
-    async def _diverge(self, s: Session, asked: Asked, recorded: dict[str, Any]) -> dict[str, Any]:
+    async def _diverge(self, s: Session, asked: Asked, recorded: StepRecord) -> StepReply:
         """Nothing runs: the session blocks with both steps, recorded and asked."""
         gate, reason = divergence(asked, recorded)
         await self.ctx.table.append(s, gate)
@@ -236,11 +240,11 @@ class Steps:
         s: Session,
         grant: RunGrant,
         p: Any,
-        turn: dict[str, Any],
+        turn: TurnRecord,
         digest: str,
         *,
         parent: str | None,
-    ) -> dict[str, Any]:
+    ) -> StepReply:
         spec = s.spec
         assert spec is not None
         try:
@@ -278,7 +282,7 @@ class Steps:
                 correlation=call_id,
             ),
         ]
-        status = "run"
+        status: AnswerStatus = "run"
         if verdict.decision == "deny":
             status = "denied"
             text = f"{p.name} was denied by the policy ({verdict.rule})"
@@ -341,11 +345,11 @@ class Steps:
         s: Session,
         grant: RunGrant,
         p: Any,
-        turn: dict[str, Any],
+        turn: TurnRecord,
         digest: str,
         *,
         parent: str | None,
-    ) -> dict[str, Any]:
+    ) -> StepReply:
         spec = s.spec
         assert spec is not None
         grant.calls_model += 1
@@ -397,7 +401,7 @@ class Steps:
 
     # --- the end of a step -----------------------------------------------------------
 
-    async def done(self, s: Session, grant: RunGrant, p: Any) -> dict[str, Any]:
+    async def done(self, s: Session, grant: RunGrant, p: Any) -> None:
         spec = s.spec
         assert spec is not None
         if p.result_b64 is not None:
@@ -410,17 +414,17 @@ class Steps:
             kind, encoded = "json", orjson.dumps(p.result)
         async with s.lock:
             state = s.j.state
-            turn = state.turn or {}
-            slot = turn.get("calls", {}).get(p.call)
-            step = turn.get("steps", {}).get(slot) if slot else None
-            if step is None or step["status"] != "started":
+            turn = state.turn
+            slot = turn["calls"].get(p.call) if turn else None
+            step = turn["steps"].get(slot) if turn and slot else None
+            if turn is None or step is None or step["status"] != "started":
                 raise Refused(
                     f"step call {p.call!r} is not under way in this run (it is "
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
                 )
             if p.status == "stopped":
                 await self.ctx.table.append_many(s, stopped(s, grant, p.call, step, turn))
-                return {}
+                return
             refused = None
             if p.status == "ok":
                 value = encoded if kind == "bytes" else p.result
@@ -441,14 +445,13 @@ class Steps:
                 )
         if refused is not None:
             raise InvalidInput(refused)
-        return {}
 
     async def _done_tool(
         self,
         s: Session,
         grant: RunGrant,
         p: Any,
-        step: dict[str, Any],
+        step: StepRecord,
         *,
         kind: str,
         encoded: bytes,
@@ -512,7 +515,7 @@ class Steps:
         )
 
     async def _done_model(
-        self, s: Session, p: Any, step: dict[str, Any], encoded: bytes, refused: str | None
+        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None
     ) -> None:
         spec = s.spec
         assert spec is not None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sessiond.codec import rfc3339
 from sessiond.errors import InvalidInput, Refused
@@ -25,6 +24,7 @@ from sessiond.log.event_data import (
     SpecApplied,
     WakeRequested,
 )
+from sessiond.log.records import ApprovalRecord
 from sessiond.log.store.base import Draft
 from sessiond.log.turns import bad_steps
 from sessiond.replies import SessionDetail, Who, who_fields
@@ -52,7 +52,7 @@ class Approvals:
         by: str = "",
         *,
         who: Who | None = None,
-        check: Callable[[dict[str, Any]], None] | None = None,
+        check: Callable[[ApprovalRecord], None] | None = None,
     ) -> SessionDetail:
         """``check``: called with the pending approval under the session's lock; it
         may raise to refuse (a signed link's: what it was minted for is still so)."""
@@ -89,7 +89,7 @@ class Approvals:
         reason: str = "",
         *,
         who: Who | None = None,
-        check: Callable[[dict[str, Any]], None] | None = None,
+        check: Callable[[ApprovalRecord], None] | None = None,
     ) -> SessionDetail:
         s = self.ctx.table.get(name)
         async with s.lock:
@@ -297,7 +297,7 @@ class Approvals:
         return detail(s)
 
 
-def _pending(s: Session, call: str | None) -> dict[str, Any]:
+def _pending(s: Session, call: str | None) -> ApprovalRecord:
     pending = s.j.state.pending_approvals()
     if not pending:
         raise Refused(f"session {s.name!r} has no pending approval")

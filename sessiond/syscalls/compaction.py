@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -24,6 +23,7 @@ from sessiond.log.pace import batches
 from sessiond.log.projections import ViewScan
 from sessiond.runs.commands import CommandNotStarted, run_for_session
 from sessiond.runs.start import Starter
+from sessiond.sdkwire import TranscriptItem
 from sessiond.table.sessions import Session
 
 SUMMARY_LIMIT = 4000
@@ -32,7 +32,7 @@ OUTPUT_LIMIT = 64 * 1024  # bytes of stdout a compaction command may print; more
 _SENTENCE = re.compile(r"^(.{1,200}?[.!?])(\s|$)", re.S)
 
 
-def extractive_summary(items: list[dict[str, Any]]) -> str:
+def extractive_summary(items: list[TranscriptItem]) -> str:
     parts = []
     for item in items:
         text = " ".join(str(item["text"]).split())
@@ -94,13 +94,13 @@ async def run_compact_command(
     return summary[:SUMMARY_LIMIT]
 
 
-async def view_transcript(session: Session) -> list[dict[str, Any]]:
+async def view_transcript(session: Session) -> list[TranscriptItem]:
     """The messages view's items as the state stands, from the log (the state keeps
     only the newest few), read a slice at a time so the loop serves others."""
     journal = session.j
     state = journal.state
     scan = ViewScan(state.summaries)
-    items: list[dict[str, Any]] = []
+    items: list[TranscriptItem] = []
     async for batch in batches(journal.read()):
         for record in batch:
             items += scan.feed(record)
@@ -111,7 +111,7 @@ async def view_transcript(session: Session) -> list[dict[str, Any]]:
 class Plan:
     """A compaction as read from the log: the items it replaces."""
 
-    older: list[dict[str, Any]]
+    older: list[TranscriptItem]
     command: list[str] | None  # the spec's [compact] exec (None: the built-in summary)
     cwd: str  # the session's workspace ("/" for a session with no [run])
     timeout: float = COMMAND_TIMEOUT

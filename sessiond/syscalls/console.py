@@ -10,8 +10,8 @@ cluster (docs/design.md section 10): each node answers ``web.rows`` and
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import orjson
 
@@ -73,7 +73,7 @@ async def approvals(sessions: Iterable[Session], node: str | None = None) -> lis
         state = s.journal.state
         ttl = s.spec.policy.approval_ttl if s.spec else 3600.0
         for a in state.pending_approvals().values():
-            call = state.calls.get(a["call"], {})
+            call: Mapping[str, Any] = state.calls.get(a["call"]) or {}  # none: cut off
             item: ConsoleApproval = {
                 "session": s.name,
                 "agent": (s.spec.agent if s.spec else "") or state.agent,

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -32,6 +31,7 @@ from sessiond.replies import Arrived, Exported, Merged, Sent, SessionDetail
 from sessiond.runs.agents import restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
+from sessiond.sdkwire import TranscriptItem
 from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
@@ -146,7 +146,8 @@ class Lineage:
             if parent.state == "terminated":
                 raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
             cs = child.j.state
-            text = summary or (cs.last_observation or {}).get("text") or _last_said(cs.transcript)
+            observed = cs.last_observation["text"] if cs.last_observation else None
+            text = summary or observed or _last_said(cs.transcript)
             text = text or f"{child.name} finished at seq {cs.seq}"
             refs = list(cs.live_artifacts().values())
             store = self.ctx.store
@@ -414,7 +415,7 @@ def _masks(spec_text: str | None, source: str) -> Redactor | None:
     return redactor(spec.redact)
 
 
-def _last_said(transcript: list[dict[str, Any]]) -> str:
+def _last_said(transcript: list[TranscriptItem]) -> str:
     for item in reversed(transcript):
         if item["role"] in ("assistant", "tool"):
             return str(item["text"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sessiond.errors import InvalidInput, NoSuchSession, Refused
@@ -105,7 +106,8 @@ class RunOutput:
         waiting: bool,
     ) -> Output:
         state = s.j.state
-        newest = (state.current_run or state.last_run or {}).get("run")
+        latest = state.current_run or state.last_run
+        newest = latest["run"] if latest else None
         target = run or newest
         nothing: Output = {"session": s.name, "run": None, "stream": stream, "running": False,
                    "data": "", "offset": offset, "next_offset": offset}  # fmt: skip
@@ -141,12 +143,14 @@ class RunOutput:
         state = s.j.state
         index = STREAMS.index(stream)
         live = s.run if s.run is not None and s.run.run_id == run else None
-        if live is not None or (state.current_run or {}).get("run") == run:
+        if live is not None or (state.current_run and state.current_run["run"]) == run:
             program = live.program if live is not None else None
             raw = program.output_so_far(index) if isinstance(program, Program) else b""
             raw = raw[: raw.rfind(b"\n") + 1]  # whole lines only (see the module's doc)
             return self._masked(s, raw), {"running": True, "status": "running"}
-        finished = state.last_run if (state.last_run or {}).get("run") == run else None
+        finished: Mapping[str, Any] | None = (
+            state.last_run if state.last_run and state.last_run["run"] == run else None
+        )
         if finished is None:
             finished = await asyncio.to_thread(self._find, s.name, run)
         if finished is None:

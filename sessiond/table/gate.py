@@ -39,10 +39,12 @@ compaction summaries). Older evidence is history: ``sessiond fsck`` checks it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessiond.log.event_records import DivergenceJson, RiskJson, StepRefJson
+from sessiond.log.records import CallRecord
 from sessiond.log.state import State
 from sessiond.log.turns import bad_steps
 from sessiond.table.policy_rules import decide
@@ -111,7 +113,7 @@ def evaluate(
         )
     checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
     actions: dict[str, str] = {}
-    divergence = (state.turn or {}).get("divergence")
+    divergence = state.turn["divergence"] if state.turn else None
     if divergence is not None:
         # Nothing else matters until a person picks the path: the recorded one is
         # gone from the program's, and the new one was never checked.
@@ -198,22 +200,23 @@ def _calls(
     for call_id, call in sorted(state.calls.items()):
         stage = call["stage"]
         tool = call["tool"]
-        risk = call.get("risk") or {}
+        risk = call["risk"]  # None: recorded without its intent (a log cut mid-call)
         label = f"{tool} [{call_id}]"
         if stage == "intent":
             actions[call_id] = DROP_UNSTARTED
         elif stage in ("decided", "approved"):
             if (
                 policy is not None
-                and decide(policy, tool, risk.get("side_effect", "")).decision == "deny"
+                and decide(policy, tool, risk.get("side_effect", "") if risk else "").decision
+                == "deny"
             ):
                 problems.append(
                     cause("denied-now", f"{label} is denied by the policy in force now")
                 )
                 continue
             if stage == "approved":
-                approval = state.approvals.get(call_id, {})
-                expires = approval.get("expires_at")
+                approval = state.approvals.get(call_id)
+                expires = approval.get("expires_at") if approval else None
                 if expires is not None and expires <= now:
                     problems.append(
                         cause("expired", f"the approval of {label} expired at {expires}")
@@ -244,23 +247,26 @@ def _calls(
     return problems
 
 
-def _started(call: dict[str, Any], hash_file: HashFile) -> str | None:
+def _started(call: CallRecord, hash_file: HashFile) -> str | None:
     """Why a started, unfinished call must not be run again (None: it may)."""
-    before = (call.get("started") or {}).get("hashes", {})
-    return rerun_refusal(call.get("risk") or {}, before, hash_file, "started and did not finish")
+    started = call.get("started")
+    before = started.get("hashes", {}) if started else {}
+    return rerun_refusal(call["risk"], before, hash_file, "started and did not finish")
 
 
 def rerun_refusal(
-    risk: dict[str, Any], before: dict[str, Any], hash_file: HashFile, what: str
+    risk: RiskJson | None, before: Mapping[str, str | None], hash_file: HashFile, what: str
 ) -> str | None:
     """Why a call or step that ``what`` (did not finish, failed) must not run again
-    on its own (None: it may). Automatic retries obey this too: they block."""
-    resume = risk.get("resume", "rerun-after-check")
-    if risk.get("idempotency") == "unsafe":
+    on its own (None: it may). Automatic retries obey this too: they block. (No
+    ``risk``: a call recorded without its intent, judged by the default contract's
+    resume rule.)"""
+    resume = risk.get("resume", "rerun-after-check") if risk else "rerun-after-check"
+    if risk and risk.get("idempotency") == "unsafe":
         return f"{what}, and it is not idempotent: a person must decide"
     if resume in ("require-user-confirmation", "never-rerun"):
         return f"{what}, and its resume rule is {resume}"
-    if risk.get("side_effect") == "external-write":
+    if risk and risk.get("side_effect") == "external-write":
         # rerun-after-check compares the paths a call writes; an external write has
         # none to compare, so nothing can show that running it again is safe
         return f"{what}, and it writes outside the workspace: nothing can check it"
@@ -277,7 +283,7 @@ def _failed_steps(state: State, hash_file: HashFile) -> list[Cause]:
     for step in bad_steps(state):
         stopped = step["status"] == "interrupted"
         why = rerun_refusal(
-            step.get("risk") or {},
+            step.get("risk"),
             step.get("before") or {},
             hash_file,
             "was stopped before it finished" if stopped else f"failed ({step.get('error')})",
@@ -292,10 +298,10 @@ def _failed_steps(state: State, hash_file: HashFile) -> list[Cause]:
     return problems
 
 
-def describe_divergence(d: dict[str, Any]) -> str:
+def describe_divergence(d: DivergenceJson) -> str:
     """The reason shown for a divergence: both steps, recorded and asked."""
 
-    def one(ref: dict[str, Any]) -> str:
+    def one(ref: StepRefJson) -> str:
         digest = ref.get("digest")
         return f"{ref['kind']} {ref['name']!r}" + (
             f" (args sha256 {digest[:12]})" if digest else ""

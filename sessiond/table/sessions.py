@@ -188,7 +188,8 @@ class Table:
             # A copy another daemon is handing over: until the hand-over is settled
             # the source's copy may still be the session, and what is appended here
             # would be lost with a dropped copy (syscalls.handover).
-            source = (session.j.state.handover or {}).get("peer", "another daemon")
+            handover = session.j.state.handover
+            source = handover["peer"] if handover else "another daemon"
             raise Refused(
                 f"session {session.name!r} is arriving from {source}: it is held, not "
                 "runnable, until the source commits the hand-over, and nothing changes it "

@@ -39,6 +39,7 @@ from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, drive
 from sessiond.table.compact_spec import CompactSpec
 
 MAX_SPEC_BYTES = 1 << 20
+TomlTable = dict[str, Any]  # a table of spec.toml as parsed, any TOML in it: the models check it
 
 # What ``[run] grants`` may give a session's program on the program endpoint
 # (docs/design.md section 8, "Who may approve"), and the default. The operator's
@@ -427,7 +428,7 @@ def _secret_file(base: Path, ref: object) -> object:
     return ref
 
 
-def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str]]:
+def _resolve(data: TomlTable, base: Path) -> tuple[TomlTable, list[str]]:
     """Make the spec's folder-relative paths absolute, so the stored spec stands alone;
     and the workspace, resolved and as written, for ``_inside``."""
     data = dict(data)
@@ -535,7 +536,7 @@ def spec_to_toml(spec: SessionSpec) -> str:
     data = spec.model_dump(mode="json", exclude_defaults=True)
     data["name"] = spec.name
     lines: list[str] = []
-    tables: list[tuple[str, dict[str, Any]]] = []
+    tables: list[tuple[str, TomlTable]] = []
     for key, value in data.items():
         if key == "trigger":
             continue
@@ -585,9 +586,9 @@ def under_profile(
     if profile not in profiles:
         profile = "default"
     chosen = profiles[profile]
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}  # field -> its value under the profile
     if spec.run is not None:
-        run: dict[str, Any] = {"profile": profile}
+        run: dict[str, object] = {"profile": profile}
         if chosen.exec is not None:
             run["exec"] = list(chosen.exec)
         update["run"] = spec.run.model_copy(update=run)

@@ -111,7 +111,7 @@ class Timers:
     def arm_every(self, armed: Armed, key: str, trig: EveryTriggerSpec) -> None:
         s = armed.session
         state = s.j.state
-        anchor = (state.last_run or {}).get("ts") or state.created_at
+        anchor = (state.last_run["ts"] if state.last_run else None) or state.created_at
         base = datetime.fromisoformat(anchor.replace("Z", "+00:00")) if anchor else self.now()
         fire = max(base + timedelta(seconds=trig.interval), self.now())
 

@@ -23,11 +23,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from sessiond.errors import SessiondError
+from sessiond.log.records import ApprovalRecord
 from sessiond.log.store.durable import private_dir, write_all, write_durable
 from sessiond.notify.links import BadLink, Link, LinkKey, call_digest
 from sessiond.replies import Who
@@ -184,7 +184,7 @@ class LinkPages:
         who: Who = {"uid": None, "user": f"notify:{link.target}", "channel": "link"}
         s = self.kernel.table.get(link.session)
 
-        def unchanged(_approval: dict[str, Any]) -> None:
+        def unchanged(_approval: ApprovalRecord) -> None:
             # checked again under the session's lock: nothing changed since check(),
             # and the link is still live (a body sent slowly, a wait for the lock)
             self.live(link)

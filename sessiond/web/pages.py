@@ -8,7 +8,7 @@ it, and a signed one-shot link from a notice can open it the same way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from aiohttp import web
@@ -29,6 +29,9 @@ from sessiond.web.views import (
     find_approval,
     messages_before,
 )
+
+if TYPE_CHECKING:
+    from sessiond.sdkwire import Message
 
 
 class Pages:
@@ -160,9 +163,7 @@ class Pages:
             before=before, artifacts=refs[:100], approvals=pending, title=name,
         )  # fmt: skip
 
-    async def messages(
-        self, name: str, before: int | None
-    ) -> tuple[list[dict[str, Any]], int | None]:
+    async def messages(self, name: str, before: int | None) -> tuple[list[Message], int | None]:
         """A page of the session's messages view, newest first (``before``: older pages)."""
         if self.server.cluster.remote(name):  # folded from the events table here
             upto_here, folded = await self.server.cluster.folded(name, before)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from sessiond.replies import Who
+from sessiond.sdkwire import Message
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.auth import Auth
 from sessiond.web.cluster import ClusterView
@@ -29,9 +30,7 @@ class Rendering(Protocol):
         self, message: str, status: int, request: web.Request | None = None
     ) -> web.Response: ...
 
-    async def messages(
-        self, name: str, before: int | None
-    ) -> tuple[list[dict[str, Any]], int | None]: ...
+    async def messages(self, name: str, before: int | None) -> tuple[list[Message], int | None]: ...
 
 
 class LinkPage(Protocol):

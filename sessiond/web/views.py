@@ -7,7 +7,7 @@ browser never gets the whole table (10,000 sessions make 200 pages of 50).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sessiond.errors import InvalidInput
@@ -16,6 +16,7 @@ from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore, Record
 from sessiond.replies import ConsoleApproval, ConsoleRow, TablePage
+from sessiond.sdkwire import Message
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
 from sessiond.web.humane import actions_for
@@ -124,7 +125,7 @@ ARTIFACT_TYPES = [
 ]
 
 
-def artifact_refs(records: list[Record]) -> list[dict[str, Any]]:
+def artifact_refs(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The artifacts a session's events name (newest first), each once, with where."""
     seen: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -161,8 +162,8 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
 
 
 async def messages_before(
-    records: Iterable[dict[str, Any]], state: State, before: int | None, limit: int
-) -> tuple[list[dict[str, Any]], int | None]:
+    records: Iterable[Record], state: State, before: int | None, limit: int
+) -> tuple[list[Message], int | None]:
     """A page of the messages view, newest first: the last ``limit`` messages before
     seq ``before`` (None: the newest), oldest of them first, and the ``before`` of
     the page older than this one (None: this page reaches the goal).
@@ -171,17 +172,17 @@ async def messages_before(
     forward from a cursor; a person reads a session from its end, so this keeps
     the last ``limit`` items of the same scan (its summaries in force, its hidden
     ranges) in one paced pass over ``records`` (the log up to ``before``)."""
-    kept: deque[dict[str, Any]] = deque(maxlen=limit)
+    kept: deque[Message] = deque(maxlen=limit)
     older = False
 
-    def keep(item: dict[str, Any]) -> None:
+    def keep(item: Message) -> None:
         nonlocal older
         if before is None or item["seq"] < before:
             older = older or len(kept) == limit
             kept.append(item)
 
-    for item in goal_message(state.goal):
-        keep(item)
+    for goal in goal_message(state.goal):
+        keep(goal)
     scan = ViewScan(state.summaries)
     pacer = Pacer()
     for record in records:

@@ -15,6 +15,7 @@ import pytest
 from sessiond.bench.memory import write_state
 from sessiond.log.projections import PAGE_DEFAULT, messages
 from sessiond.log.store.files import FileStore
+from sessiond.sdkwire import Message
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir, wait_event
 
@@ -36,7 +37,7 @@ with connect() as run:
 """
 
 
-def _view(state_dir: Path, name: str) -> list[dict[str, Any]]:
+def _view(state_dir: Path, name: str) -> list[Message]:
     return messages(list(FileStore(state_dir).read(name)), name)
 
 

@@ -41,6 +41,7 @@ from typing import Any, get_args
 
 from sessiond.config import DaemonConfig
 from sessiond.log.fsck import check
+from sessiond.log.store.base import Record
 from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import SESSIOND, Daemon, short_dir
@@ -422,7 +423,7 @@ class Campaign:
     # Hooks for the cluster's campaign (tests/faults/cluster.py), whose logs are in
     # PostgreSQL and whose ps rows may name other nodes' sessions.
 
-    def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
+    def _verdict(self, name: str, after_seq: int) -> Record | None:
         assert self.daemon.proc is not None
         patience = Patience(self.daemon.proc.pid, progress=self._progress)
         return checks.first_verdict(self._log(name), after_seq, patience)

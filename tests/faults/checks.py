@@ -8,16 +8,18 @@ The verdict a cut-off call must get is the campaign's own table
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sessiond.codec import decode_line
+from sessiond.log.store.base import Record
 from sessiond.runs.leftovers import marked
 from tests.faults.ledger import may_rerun_alone
 from tests.patience import Patience
 
 
-def records(log: Path, only: bytes = b"") -> list[dict[str, Any]]:
+def records(log: Path, only: bytes = b"") -> list[Record]:
     """The complete lines of a log (the daemon may be writing the next one); with
     ``only``, just the events of that type."""
     try:
@@ -74,7 +76,7 @@ def cut_off_calls(log: Path) -> dict[str, str]:
     return {call: intents.get(call, "") for call in sorted(started)}
 
 
-def first_verdict(log: Path, after_seq: int, patience: Patience) -> dict[str, Any] | None:
+def first_verdict(log: Path, after_seq: int, patience: Patience) -> Record | None:
     """The restart's first ``gate.evaluated`` (not a dry run) after ``after_seq``;
     None once ``patience`` says the daemon will not write it (it died, or hung)."""
     while True:
@@ -86,7 +88,9 @@ def first_verdict(log: Path, after_seq: int, patience: Patience) -> dict[str, An
         patience.pause()
 
 
-def judge_verdict(calls: dict[str, str], verdict: dict[str, Any] | None) -> tuple[str, str | None]:
+def judge_verdict(
+    calls: dict[str, str], verdict: Mapping[str, Any] | None
+) -> tuple[str, str | None]:
     """('resumed' | 'blocked' | 'none', what is wrong or None) for the cut-off
     ``calls`` of one session and the restart's verdict on them."""
     if verdict is None:

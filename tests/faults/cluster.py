@@ -35,6 +35,7 @@ import psycopg
 
 from sessiond.localpg import LocalPostgres, bindir
 from sessiond.log.pgfsck import check_db
+from sessiond.log.store.base import Record
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.runs.leftovers import marked
@@ -117,7 +118,7 @@ class ClusterCampaign(Campaign):
                 f.write(line)
         return path
 
-    def _verdict(self, name: str, after_seq: int) -> dict[str, Any] | None:
+    def _verdict(self, name: str, after_seq: int) -> Record | None:
         # the take-over (a lease's lapse), then the gate
         patience = Patience(self._live(), quiet=TTL + 60)
         while True:

@@ -3,6 +3,7 @@ refused clearly, older versions are upcast."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -42,7 +43,7 @@ def record_of(payload: EventData, seq: int = 1) -> dict[str, Any]:
     records, _ = RecordBuilder("s1", lambda: 1_764_406_800_123_456_789).build(
         seq - 1, [Draft(payload, causation=None, correlation="c1")]
     )
-    return records[0]
+    return dict(records[0])  # a plain dict: the tests below break it on purpose
 
 
 def test_the_event_types_are_exactly_those_of_the_design() -> None:
@@ -103,12 +104,12 @@ def test_a_malformed_version_is_refused(version: object) -> None:
 def test_an_older_version_is_upcast_step_by_step() -> None:
     # A pretend history: lifecycle.changed v1 had "state", v2 renamed it "to",
     # v3 added "reason". Reading a v1 record must give the v3 shape.
-    def v1_to_v2(r: dict[str, Any]) -> dict[str, Any]:
+    def v1_to_v2(r: Mapping[str, Any]) -> Mapping[str, Any]:
         data = dict(r["data"])
         data["to"] = data.pop("state")
         return {**r, "data": data}
 
-    def v2_to_v3(r: dict[str, Any]) -> dict[str, Any]:
+    def v2_to_v3(r: Mapping[str, Any]) -> Mapping[str, Any]:
         return {**r, "data": {**r["data"], "reason": "upcast"}}
 
     current = {**CURRENT_VERSION, "lifecycle.changed": 3}

@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 from sessiond.errors import ArtifactCorrupt, LogCorrupt, LogFailed, StorageError, StorageFull
 from sessiond.log.event_data import LifecycleChanged, MessageReceived
 from sessiond.log.journal import Journal
-from sessiond.log.store.base import START, PositionMismatch
+from sessiond.log.store.base import START, PositionMismatch, Record
 from sessiond.log.store.durable import write_all
 from sessiond.log.store.files import FileStore, IOHooks
 from tests.helpers import arun, tool_call
 
 
-def _write_session(store: FileStore, name: str, calls: int) -> list[dict[str, Any]]:
-    async def go() -> list[dict[str, Any]]:
+def _write_session(store: FileStore, name: str, calls: int) -> list[Record]:
+    async def go() -> list[Record]:
         log = await store.create(name)
-        records: list[dict[str, Any]] = []
+        records: list[Record] = []
         for i in range(calls):
             records += await log.append_many(tool_call(f"c{i}"))
             records.append(await log.append(MessageReceived(sender="x", text="é" * i)))
@@ -38,7 +38,7 @@ def _write_session(store: FileStore, name: str, calls: int) -> list[dict[str, An
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[dict[str, Any]]]:
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[Record]]:
     store = FileStore(tmp_path_factory.mktemp("written"))
     records = _write_session(store, "src", 4)
     return store.log_path("src").read_bytes(), records
@@ -58,7 +58,7 @@ async def _create(store: FileStore) -> None:
 @given(st.data())
 def test_a_log_cut_at_any_byte_reopens_as_an_exact_prefix(
     tmp_path_factory: pytest.TempPathFactory,
-    written: tuple[bytes, list[dict[str, Any]]],
+    written: tuple[bytes, list[Record]],
     data: st.DataObject,
 ) -> None:
     raw, records = written
@@ -85,7 +85,7 @@ def test_a_log_cut_at_any_byte_reopens_as_an_exact_prefix(
 @given(st.data())
 def test_any_flipped_byte_in_a_middle_line_is_reported_as_corruption(
     tmp_path_factory: pytest.TempPathFactory,
-    written: tuple[bytes, list[dict[str, Any]]],
+    written: tuple[bytes, list[Record]],
     data: st.DataObject,
 ) -> None:
     raw, _ = written

@@ -24,17 +24,18 @@ from sessiond.log.event_data import (
 from sessiond.log.projections import messages, messages_page, transcript_item, view_items
 from sessiond.log.replay import replay_all
 from sessiond.log.state import TRANSCRIPT_KEEP
-from sessiond.log.store.base import Draft
+from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
+from sessiond.sdkwire import Message
 from tests.helpers import arun
 
 REF = ArtifactRef(ref="sha256:" + "7" * 64, name="notes", size=10)
 
 
-def _records(drafts: list[Draft], name: str = "s") -> list[dict[str, Any]]:
-    async def go() -> list[dict[str, Any]]:
+def _records(drafts: list[Draft], name: str = "s") -> list[Record]:
+    async def go() -> list[Record]:
         log = await MemoryStore().create(name)
-        out: list[dict[str, Any]] = []
+        out: list[Record] = []
         for start in range(0, len(drafts), 500):
             out += await log.append_many(drafts[start : start + 500])
         return out
@@ -55,7 +56,7 @@ def test_the_state_does_not_grow_with_the_log() -> None:
     assert long < 20_000
 
 
-def old_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def old_view(records: list[Record]) -> list[dict[str, Any]]:
     """The view as the fold kept it whole before 0.x (the reference): each item in
     seq order, a compaction replacing the items of its range by its summary."""
     items: list[dict[str, Any]] = []
@@ -75,13 +76,13 @@ def old_view(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def _mixed(n: int, seed: int) -> list[dict[str, Any]]:
+def _mixed(n: int, seed: int) -> list[Record]:
     """A log of view items of every kind, with compactions over ranges that overlap
     earlier ones in every way (inside, around, reaching past an earlier summary)."""
     rng = random.Random(seed)
     store = MemoryStore()
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[Record]:
         log = await store.create("s")
         out = await log.append_many([Draft(SessionCreated(name="s", goal="g"))])
         for i in range(n):
@@ -127,7 +128,7 @@ def test_pages_of_the_view_make_the_whole_view() -> None:
         state = replay_all("s", records)
         whole = messages(records)
         for limit in (1, 3, 7, 1000):
-            pages: list[dict[str, Any]] = []
+            pages: list[Message] = []
             cursor: int | None = None
             count = 0
             while True:

@@ -22,7 +22,9 @@ def test_a_state_encoded_a_slice_at_a_time_is_the_one_piece_encoding() -> None:
     ]
     state = replay_all("golden", records)
     # long enough that lists and dicts are encoded in batches
-    state.transcript = [{"seq": n, "role": "user", "text": f"t{n}"} for n in range(1000)]
+    state.transcript = [
+        {"seq": n, "role": "user", "kind": "message", "text": f"t{n}"} for n in range(1000)
+    ]
     state.file_hashes = {f"f{n}": None for n in range(700)}
     assert arun(encode_paced(state)) == orjson.dumps(state)
     assert arun(encode_paced(replay_all("empty", []))) == orjson.dumps(replay_all("empty", []))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sessiond.log import turns
+from sessiond.log.event_records import DivergenceJson, RecoveryResolvedData, ToolIntentData
 from sessiond.log.places import Asked, after, asked_place, judge, place_of, slot_of
+from sessiond.log.records import StepRecord
 from sessiond.log.state import State
 
 
@@ -19,8 +21,8 @@ def step(
     status: str = "ok",
     kind: str = "tool",
     parent: str | None = None,
-    steps: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    steps: dict[str, StepRecord] | None = None,
+) -> StepRecord:
     slot = slot_of(ordinal, key, parent)
     st: dict[str, Any] = {
         "kind": kind,
@@ -35,10 +37,10 @@ def step(
     if parent:
         st["parent"] = parent
         st["place"] = [list(p) for p in asked_place(steps or {}, ordinal, key, parent)]
-    return st
+    return cast(StepRecord, st)
 
 
-def table(*steps: dict[str, Any]) -> dict[str, Any]:
+def table(*steps: StepRecord) -> dict[str, StepRecord]:
     return {st["slot"]: st for st in steps}
 
 
@@ -155,6 +157,16 @@ def test_nested_steps_are_judged_at_their_place_inside_the_parent() -> None:
     assert judge(steps, ask("edit_file", 2), "r2").verdict == "new"
 
 
+def _intent(fields: dict[str, Any]) -> ToolIntentData:
+    """A tool.intent payload with what the fold reads and these tests leave out."""
+    return cast(ToolIntentData, {"risk": {}, "writes": [], "args_sha256": "d", **fields})
+
+
+def _accept(fields: dict[str, Any]) -> RecoveryResolvedData:
+    """A recovery.resolved payload, as much of it as the turn's fold reads."""
+    return cast(RecoveryResolvedData, fields)
+
+
 def _state() -> State:
     s = State(session="agent")
     turns.begin_run(s, 1)
@@ -163,9 +175,8 @@ def _state() -> State:
 
 def test_the_fold_keeps_a_nested_steps_parent_and_place_and_none_for_others() -> None:
     s = _state()
-    intent: dict[str, Any] = {"risk": {}, "writes": [], "args_sha256": "d"}
-    turns.tool_intent(s, {**intent, "call": "r1.1", "tool": "outer", "ordinal": 1})
-    turns.tool_intent(s, {**intent, "call": "r1.2", "tool": "inner", "ordinal": 1, "parent": "1"})
+    turns.tool_intent(s, _intent({"call": "r1.1", "tool": "outer", "ordinal": 1}))
+    turns.tool_intent(s, _intent({"call": "r1.2", "tool": "inner", "ordinal": 1, "parent": "1"}))
     assert s.turn is not None
     top, inner = s.turn["steps"]["1"], s.turn["steps"]["1>1"]
     assert "parent" not in top
@@ -176,7 +187,6 @@ def test_the_fold_keeps_a_nested_steps_parent_and_place_and_none_for_others() ->
 
 def test_accepting_a_divergence_inside_a_parent_drops_only_what_comes_after_it() -> None:
     s = _state()
-    intent: dict[str, Any] = {"risk": {}, "writes": [], "args_sha256": "d"}
     for call, tool, ordinal, key, parent in (
         ("r1.1", "pay", 1, "k", None),
         ("r1.2", "outer", 1, None, None),
@@ -186,40 +196,40 @@ def test_accepting_a_divergence_inside_a_parent_drops_only_what_comes_after_it()
     ):
         turns.tool_intent(
             s,
-            {**intent, "call": call, "tool": tool, "ordinal": ordinal, "key": key}
-            | ({"parent": parent} if parent else {}),
+            _intent(
+                {"call": call, "tool": tool, "ordinal": ordinal, "key": key}
+                | ({"parent": parent} if parent else {})
+            ),
         )
     assert s.turn is not None
-    s.turn["divergence"] = {"ordinal": 2, "key": None, "asked": {"slot": "1>2"}}
-    turns.resolved(s, {"option": "accept", "from_ordinal": 2})
+    s.turn["divergence"] = cast(
+        DivergenceJson, {"ordinal": 2, "key": None, "asked": {"slot": "1>2"}}
+    )
+    turns.resolved(s, _accept({"option": "accept", "from_ordinal": 2}))
     assert sorted(s.turn["steps"]) == ["1", "1>1", "k:k"]
 
 
 def test_accepting_an_old_divergence_keeps_the_keyed_steps_before_it() -> None:
     """A divergence recorded before nesting (no parent, no slot) is read as before."""
     s = _state()
-    intent: dict[str, Any] = {"risk": {}, "writes": [], "args_sha256": "d"}
     for call, ordinal, key in (("r1.1", 1, "a"), ("r1.2", 1, None), ("r1.3", 2, "b")):
-        turns.tool_intent(s, {**intent, "call": call, "tool": "t", "ordinal": ordinal, "key": key})
+        turns.tool_intent(s, _intent({"call": call, "tool": "t", "ordinal": ordinal, "key": key}))
     assert s.turn is not None
-    s.turn["divergence"] = {"ordinal": 1, "key": None}
-    turns.resolved(s, {"option": "accept", "from_ordinal": 1})
+    s.turn["divergence"] = cast(DivergenceJson, {"ordinal": 1, "key": None})
+    turns.resolved(s, _accept({"option": "accept", "from_ordinal": 1}))
     assert sorted(s.turn["steps"]) == ["k:a"]
 
 
 def test_accepting_a_changed_key_drops_the_step_under_the_old_key() -> None:
     """Else the old key's step would be the new one's twin again, for ever."""
     s = _state()
-    intent: dict[str, Any] = {"risk": {}, "writes": [], "args_sha256": "d"}
-    turns.tool_intent(s, {**intent, "call": "r1.1", "tool": "t", "ordinal": 1, "key": "a"})
+    turns.tool_intent(s, _intent({"call": "r1.1", "tool": "t", "ordinal": 1, "key": "a"}))
     assert s.turn is not None
-    s.turn["divergence"] = {
-        "ordinal": 1,
-        "key": "b",
-        "asked": {"slot": "k:b"},
-        "recorded": {"slot": "k:a"},
-    }
-    turns.resolved(s, {"option": "accept", "from_ordinal": 1})
+    s.turn["divergence"] = cast(
+        DivergenceJson,
+        {"ordinal": 1, "key": "b", "asked": {"slot": "k:b"}, "recorded": {"slot": "k:a"}},
+    )
+    turns.resolved(s, _accept({"option": "accept", "from_ordinal": 1}))
     assert s.turn["steps"] == {}
 
 

@@ -15,15 +15,15 @@ from sessiond.log.event_data import (
     ToolFinished,
 )
 from sessiond.log.projections import messages, trace
-from sessiond.log.store.base import Draft
+from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun
 
 RAW = ArtifactRef(ref="sha256:" + "9" * 64, name="stdout", size=10_000)
 
 
-def _records(payloads: list[EventData]) -> list[dict[str, object]]:
-    async def go() -> list[dict[str, object]]:
+def _records(payloads: list[EventData]) -> list[Record]:
+    async def go() -> list[Record]:
         log = await MemoryStore().create("s")
         return await log.append_many([Draft(p) for p in payloads])
 

@@ -39,7 +39,7 @@ from sessiond.log.event_data import (
 from sessiond.log.journal import Journal
 from sessiond.log.replay import replay_all
 from sessiond.log.state import MAILBOX_KEEP, State
-from sessiond.log.store.base import Draft
+from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.files import FileStore
 from sessiond.log.store.memory import MemoryStore
 from tests.helpers import arun, tool_call
@@ -129,7 +129,7 @@ def test_replay_never_reads_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     assert once["last_ts"] == "2027-01-15T08:00:00.000000Z"
 
 
-async def _log_of(store: MemoryStore, payloads: list[Draft]) -> list[dict[str, Any]]:
+async def _log_of(store: MemoryStore, payloads: list[Draft]) -> list[Record]:
     log = await store.create("s")
     records = await log.append_many(payloads)
     await log.close()
@@ -189,7 +189,9 @@ def test_the_state_tracks_a_tool_call_through_its_stages() -> None:
     assert s.calls["c1"]["stage"] == "started"
     assert s.approvals["c1"]["status"] == "granted"
     assert list(s.in_flight()) == ["c1"]
-    assert s.in_flight()["c1"]["risk"]["resume"] == "require-user-confirmation"
+    risk = s.in_flight()["c1"]["risk"]
+    assert risk is not None
+    assert risk["resume"] == "require-user-confirmation"
     assert s.in_flight()["c1"]["started"]["hashes"] == {"src/a.py": "5" * 64}
 
     done = [
@@ -225,7 +227,7 @@ def test_the_state_tracks_a_tool_call_through_its_stages() -> None:
     assert OUT.ref not in s.live_artifacts()
 
 
-async def _append(store: MemoryStore, payloads: Sequence[EventData]) -> list[dict[str, Any]]:
+async def _append(store: MemoryStore, payloads: Sequence[EventData]) -> list[Record]:
     log = await store.open_log("s")
     list(log.recover())
     records = await log.append_many([Draft(p) for p in payloads])

@@ -16,6 +16,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.events import CURRENT_VERSION
 from sessiond.log.replay import replay_all
+from sessiond.log.store.base import Record
 from sessiond.syscalls.handover import judge
 from sessiond.table import lifecycle
 
@@ -32,7 +33,7 @@ def test_only_the_hand_over_moves_an_arriving_session() -> None:
     assert "arriving" in lifecycle.STATES
 
 
-def _record(seq: int, data: object) -> dict[str, object]:
+def _record(seq: int, data: object) -> Record:
     etype = data.EVENT_TYPE  # type: ignore[attr-defined]
     return {
         "v": CURRENT_VERSION[etype],

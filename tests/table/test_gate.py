@@ -20,7 +20,7 @@ from sessiond.log.event_data import (
     ToolStarted,
 )
 from sessiond.log.replay import replay_all
-from sessiond.log.store.base import Draft
+from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
 from sessiond.table import recovery
 from sessiond.table.gate import (
@@ -81,7 +81,7 @@ def _events(stage: str, risk: RiskContract) -> list[EventData]:
 
 
 def _state(events: list[EventData]) -> Any:
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> list[Record]:
         log = await MemoryStore().create("s")
         return await log.append_many([Draft(e) for e in events])
 

@@ -17,12 +17,12 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from sessiond.codec import Clock
+from sessiond.codec import Clock, EventRecord, NodeStamp
 from sessiond.errors import SessiondError
 from sessiond.log.event_data import ArtifactRef, EventData
 
 Durability = Literal["fsync", "os"]
-Record = dict[str, Any]
+Record = EventRecord  # an event as read from its line (log/event_records.py)
 
 
 # Draft, LogPosition and Pending are NamedTuples rather than frozen dataclasses:
@@ -77,7 +77,7 @@ class Snapshot:
     reducer: int
     session: str
     position: LogPosition
-    state: dict[str, Any]
+    state: dict[str, Any]  # State.to_dict(): its fields by name, checked by State.from_dict
     # The state as JSON when the taker has only that (sessiond.log.journal): ``state``
     # is then empty, and a backend that keeps dicts decodes it when it saves.
     encoded: bytes | None = None
@@ -260,10 +260,10 @@ class Store(abc.ABC):
         """Remove what a crashed create left (nothing, where a create is one commit)."""
         return []
 
-    def copy_stamp(self, lines: Sequence[bytes]) -> dict[str, Any]:  # noqa: ARG002
+    def copy_stamp(self, lines: Sequence[bytes]) -> NodeStamp | None:  # noqa: ARG002
         """The envelope fields (node, epoch) of an event written by whoever creates a
         session from ``lines`` (an import's arrival): none on files."""
-        return {}
+        return None
 
     def cluster_nodes(self) -> list[dict[str, Any]] | None:
         """The nodes sharing this store (None: it is not a cluster's)."""

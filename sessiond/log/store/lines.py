@@ -14,7 +14,7 @@ from zlib import crc32
 
 import orjson
 
-from sessiond.codec import Clock, EventIds, Timestamper, decode_line, frame
+from sessiond.codec import Clock, EventIds, NodeStamp, Timestamper, decode_line, frame
 from sessiond.log.events import CURRENT_VERSION
 from sessiond.log.store.base import Draft, LogPosition, Record
 
@@ -37,18 +37,19 @@ class RecordBuilder:
         self._ts = Timestamper()
         self._ids = EventIds()
         # Optional envelope fields every event gets (the cluster's node and epoch,
-        # docs/design.md section 10); empty for the files backend, so its lines are as
+        # docs/design.md section 10); None for the files backend, so its lines are as
         # they always were.
-        self.stamp: dict[str, Any] = {}
+        self.stamp: NodeStamp | None = None
 
     def build(self, after_seq: int, drafts: Sequence[Draft]) -> tuple[list[Record], bytes]:
         now = self._clock()
+        stamp = self.stamp
         ts = self._ts.format(now)
         if len(drafts) == 1:
             # Most appends are one event: no list of lines to build and join.
             data, causation, correlation = drafts[0]
             etype = data.EVENT_TYPE
-            record = {
+            record: Record = {
                 "v": VERSIONS[etype],
                 "session": self._session,
                 "seq": after_seq + 1,
@@ -59,8 +60,9 @@ class RecordBuilder:
                 "correlation": correlation,
                 "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
             }
-            if self.stamp:
-                record.update(self.stamp)
+            if stamp:
+                record["node"] = stamp["node"]
+                record["epoch"] = stamp["epoch"]
             return [record], frame(orjson.dumps(record))
         records: list[Record] = []
         lines: list[bytes] = []
@@ -82,8 +84,9 @@ class RecordBuilder:
                 "correlation": correlation,
                 "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
             }
-            if self.stamp:
-                record.update(self.stamp)
+            if stamp:
+                record["node"] = stamp["node"]
+                record["epoch"] = stamp["epoch"]
             records.append(record)
             lines.append(frame(dumps(record)))
         return records, b"".join(lines)

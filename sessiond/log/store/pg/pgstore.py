@@ -31,7 +31,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from sessiond.codec import Clock, decode_line
+from sessiond.codec import Clock, NodeStamp, decode_line
 from sessiond.errors import AlreadyExists, Fenced, InvalidInput, LogLocked, NoSuchSession
 from sessiond.log.pace import OffLoop
 from sessiond.log.store.base import Durability, LogPosition, Record, Store
@@ -353,7 +353,7 @@ class PgStore(PlacementQueries, Store):
         log.adopt(LogPosition(len(seqs), len(seqs), ids[-1] if ids else None))
         return log
 
-    def copy_stamp(self, lines: Sequence[bytes]) -> dict[str, Any]:
+    def copy_stamp(self, lines: Sequence[bytes]) -> NodeStamp:
         return {"node": self.lease.name, "epoch": _first_epoch(lines)}
 
     def _log(

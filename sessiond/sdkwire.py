@@ -1,0 +1,126 @@
+"""What the program endpoint answers a run's program: the ``sdk.*`` replies.
+
+The daemon builds them (runs/steps.py, runs/sends.py, runs/sdk_calls.py) and the
+clients read them (sessiond.sdk, sessiond.integrations), so the shapes are written
+down once, here on the ground floor. On the wire they are plain JSON objects, as
+they always were; these ``TypedDict``s only name what they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NotRequired, TypedDict
+
+# sdk.step's answer (docs/sdk.md): replayed, run, ask, denied, stop or diverged
+AnswerStatus = Literal["replayed", "run", "ask", "denied", "stop", "diverged"]
+
+
+class StepPlace(TypedDict):
+    """A step's place as the SDK gives it: its ordinal, inside its parent's step (a
+    nested step: the parent's call id)."""
+
+    ordinal: int
+    parent: NotRequired[str]
+
+
+class StepReply(TypedDict):
+    """What to do with a step, as the daemon decides it (the answer but ``stop``)."""
+
+    status: AnswerStatus
+    key: NotRequired[str]  # the step's stable key (sdk.step)
+    call: NotRequired[str]
+    rule: NotRequired[str]
+    reason: NotRequired[str]
+    # a replayed step's result: the JSON its program returned (Any: whatever that was),
+    # or its bytes in base64
+    result: NotRequired[Any]
+    result_b64: NotRequired[str]
+
+
+class StepAnswer(StepReply):
+    """``sdk.step`` and ``sdk.send``. (``sdk.send``'s ``run`` carries what the send
+    syscall answered too: the receiving session, its seq, whether it woke.)"""
+
+    stop: bool  # the daemon wants the program to stop at its next stable point
+
+
+class Ack(TypedDict):
+    """``sdk.step_done``, ``sdk.verify``, ``sdk.end``."""
+
+    stop: bool
+
+
+class TranscriptItem(TypedDict):
+    """An item of the messages view (log/projections.py) before it is shown: the
+    state keeps the newest, and a run's unread mail comes as these."""
+
+    seq: int
+    role: str
+    kind: str
+    text: str
+    sender: NotRequired[str]
+    tool: NotRequired[str]
+    call: NotRequired[str]
+    model: NotRequired[str]
+    artifacts: NotRequired[list[ArtifactJson]]
+    range: NotRequired[list[int]]  # a summary's [from_seq, to_seq]
+    compacted_at: NotRequired[int]
+
+
+class ArtifactJson(TypedDict):
+    """An artifact reference (log/event_data.py's ``ArtifactRef``) as JSON."""
+
+    ref: str
+    name: str
+    size: int
+    media_type: str
+
+
+class Message(TypedDict):
+    """An item as the messages view shows it (log/projections.py ``message``)."""
+
+    role: str
+    kind: str
+    content: str
+    seq: int
+    sender: NotRequired[str]
+    tool: NotRequired[str]
+    model: NotRequired[str]
+    range: NotRequired[list[int]]
+
+
+class TurnContext(TypedDict):
+    """The session as the open turn began, but its messages (``sdk.context``)."""
+
+    session: str
+    goal: str
+    state: str
+    seq: int
+    mailbox: list[TranscriptItem]  # the unread messages
+    # the turn's wake cause and the session's approvals: the fold's records as they
+    # are (log/records.py: RunWake, ApprovalRecord), read by key
+    wakes: Sequence[Mapping[str, Any]]
+    approvals: Sequence[Mapping[str, Any]]
+    profile: str
+    turn: NotRequired[int]
+
+
+class ContextAnswer(TypedDict):
+    """``sdk.context``: the first page carries the context (``TurnContext``), each next
+    page (asked with the page's ``next_cursor``) only ``run``, ``turn`` and its messages."""
+
+    stop: bool
+    run: str
+    session: NotRequired[str]
+    goal: NotRequired[str]
+    state: NotRequired[str]
+    seq: NotRequired[int]
+    mailbox: NotRequired[list[TranscriptItem]]
+    wakes: NotRequired[Sequence[Mapping[str, Any]]]
+    approvals: NotRequired[Sequence[Mapping[str, Any]]]
+    profile: NotRequired[str]
+    turn: NotRequired[int | None]
+    messages: list[Message]
+    # the next page's cursor (None: this was the last); the SDK takes it off as it
+    # reads the pages
+    next_cursor: NotRequired[int | None]
