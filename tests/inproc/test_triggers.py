@@ -5,6 +5,7 @@ file-system watch, [bind], git and the wake storm stay there)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ def recording(h: Harness, name: str = "record") -> list[dict[str, Any]]:
         return 0
 
     return seen
+
+
+def run_is(run: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda r: bool(r["data"]["run"] == run)
 
 
 async def test_a_missed_cron_fire_runs_once_after_a_restart(tmp_path: Path) -> None:
@@ -132,8 +137,7 @@ async def test_a_wake_burst_over_the_limit_cools_down_visibly_then_runs_once(h: 
     await h.create(spec, "r")
     for i in range(2):
         await h.call("send", to="r", text=f"m{i}")
-        run = f"r{i + 1}"
-        await h.event("r", "run.finished", lambda r, run=run: bool(r["data"]["run"] == run))
+        await h.event("r", "run.finished", run_is(f"r{i + 1}"))
         await h.idle()
     for i in range(2, 6):
         await h.call("send", to="r", text=f"m{i}")
