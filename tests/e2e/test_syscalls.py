@@ -27,6 +27,7 @@ NOTES = """name = "notes"
 goal = "collect notes"
 """
 
+
 @pytest.fixture
 def daemon() -> Iterator[Daemon]:
     with running('[profiles.large]\nmodel = "large"\n') as d:
