@@ -1,4 +1,5 @@
-"""SDK programs through the real daemon: tool calls, policy, approvals, tokens, budgets."""
+"""SDK programs through the real daemon: tool calls, policy, approvals, tokens, budgets.
+The approval and denial round trips run in process (tests/inproc/test_steps.py)."""
 
 from __future__ import annotations
 
@@ -32,78 +33,6 @@ def make_agent(d: Daemon, ttl: str = "1h", extra: str = "") -> None:
     root = Path(__file__).parents[2]
     text = SPEC.format(python=sys.executable, agent=AGENT, root=root, ttl=ttl) + extra
     d.ctl("create", str(d.write_spec("agent", text)), check=True)
-
-
-def test_an_approval_round_trip_runs_the_edit_exactly_once() -> None:
-    with running() as d:
-        make_agent(d)
-        d.ctl("activate", "agent", check=True)
-        blocked = wait_event(
-            d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
-        )
-        assert blocked["data"]["reason"].startswith("approval pending for edit_file")
-        shown = d.json("show", "agent")
-        (pending,) = shown["pending_approvals"]
-        assert pending["tool"] == "edit_file"
-        assert not (d.root / "edits.count").exists()  # the block did not run
-        d.ctl("approve", "agent", "--by", "ann", check=True)
-        done = wait_event(
-            d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
-        )
-        assert done["data"]["outcome"] == "completed"
-        assert done["data"]["reason"] == "completed: f.txt fixed and verified"
-        assert (d.root / "edits.count").read_text() == "edit\n"  # once
-        assert (d.root / "f.txt").read_text() == "broken\nfixed\n"
-        types = [r["type"] for r in d.json("log", "agent")]
-        assert types.count("approval.requested") == 1  # the same intent was not asked again
-        assert types.count("approval.granted") == 1
-        edit = [
-            r
-            for r in d.json("log", "agent", "--type", "tool.finished")
-            if r["data"]["tool"] == "edit_file"
-        ]
-        assert len(edit) == 1
-        assert edit[0]["data"]["diff"] is not None  # the text change is kept as a diff
-        model = d.json("log", "agent", "--type", "model.requested")[0]["data"]
-        assert model["model"] == "scripted-1"
-        assert model["ordinal"] == 2  # read_file was step 1
-        context = d.state_dir / "sessions" / "agent" / "artifacts" / model["context"]["ref"][7:]
-        assert orjson.loads(context.read_bytes())["note"] == "scripted model"
-        responded = d.json("log", "agent", "--type", "model.responded")[0]["data"]
-        assert (responded["tokens_in"], responded["tokens_out"]) == (120, 8)
-        verified = d.json("log", "agent", "--type", "verification.finished")[-1]["data"]
-        assert verified["ok"] is True
-        policy = [r["data"]["rule"] for r in d.json("log", "agent", "--type", "policy.decided")]
-        assert "default: read allowed" in policy
-        assert "ask: edit_file" in policy
-
-
-def test_a_denial_is_replayed_as_a_denial_in_every_later_run_of_the_turn() -> None:
-    with running() as d:
-        make_agent(d)
-        d.ctl("activate", "agent", check=True)
-        wait_event(d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
-        d.ctl("deny", "agent", "--reason", "not today", check=True)
-        assert not (d.root / "edits.count").exists()
-        first = d.json("show", "agent")["seq"]
-        d.ctl("activate", "agent", check=True)  # continues the turn: the program runs again
-        slept = wait_event(
-            d,
-            "agent",
-            "lifecycle.changed",
-            since=first + 1,
-            match=lambda r: r["data"]["to"] == "sleeping",
-        )
-        assert slept["data"]["reason"] == "the program chose to sleep"
-        # The rerun got Denied at the same step without a new question, and ran nothing.
-        assert (d.root / "denied.count").read_text() == "denied\n"
-        assert not (d.root / "edits.count").exists()
-        types = [r["type"] for r in d.json("log", "agent")]
-        assert types.count("approval.requested") == 1
-        assert (d.root / "read.count").read_text() == "read\n"  # replayed, not read again
-        assert (d.root / "model.count").read_text() == "model\n"
-        view = d.json("replay", "agent", "--view", "messages")
-        assert any("edit_file was denied" in m["content"] for m in view)
 
 
 def test_an_expired_approval_blocks_at_the_gate() -> None:

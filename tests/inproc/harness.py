@@ -123,15 +123,22 @@ class FakeRun:
         params = {"token": self.token, "session": self.session, **params}
         return await self.harness.request(method, params, endpoint="program", token=self.token)
 
-    async def in_thread(self, fn: Callable[[Any], Any]) -> Any:
+    async def sdk(self, fn: Callable[[Any], int | None]) -> int:
         """Run ``fn(run)`` with the real SDK's ``Run`` (sessiond.sdk), blocking calls and
-        all, in a thread; its requests come back to this loop's dispatch table."""
-        from sessiond.sdk import Run
+        all, in a thread; its requests come back to this loop's dispatch table. As
+        ``sessiond.sdk.connect`` does, a ``StopRun`` leaving it ends the program with 0."""
+        from sessiond.sdk import Run, StopRun
 
-        loop = asyncio.get_running_loop()
-        conn = _ThreadConnection(self, loop)
+        conn = _ThreadConnection(self, asyncio.get_running_loop())
         run = Run(cast(Any, conn), self.token, self.session, self.run_id)
-        return await asyncio.to_thread(fn, run)
+
+        def main() -> int:
+            try:
+                return fn(run) or 0
+            except StopRun:
+                return 0
+
+        return await asyncio.to_thread(main)
 
 
 class _ThreadConnection:
