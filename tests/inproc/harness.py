@@ -123,6 +123,11 @@ class FakeRun:
         params = {"token": self.token, "session": self.session, **params}
         return await self.harness.request(method, params, endpoint="program", token=self.token)
 
+    async def ctl(self, method: str, **params: Any) -> Any:
+        """A request as ``sessionctl`` in a run sends it: the run's token beside it,
+        on the program endpoint (what the spec's ``grants`` let through)."""
+        return await self.harness.request(method, params, endpoint="program", token=self.token)
+
     async def sdk(self, fn: Callable[[Any], int | None]) -> int:
         """Run ``fn(run)`` with the real SDK's ``Run`` (sessiond.sdk), blocking calls and
         all, in a thread; its requests come back to this loop's dispatch table. As
