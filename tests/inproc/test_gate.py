@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from sessiond.wire import RemoteError
-from tests.inproc.harness import FakeRun, Harness
+from tests.inproc.fakes import FakeRun
+from tests.inproc.harness import Harness
 
 VICTIM = """name = "victim"
 [run]

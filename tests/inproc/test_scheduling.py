@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.inproc.harness import FakeRun, Harness
+from tests.inproc.fakes import FakeRun
+from tests.inproc.harness import Harness
 
 
 def spec(name: str, program: str = "", extra: str = "") -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.sdk import Denied
-from tests.inproc.harness import FakeRun, Harness
+from tests.inproc.fakes import FakeRun
+from tests.inproc.harness import Harness
 
 SPEC = """name = "agent"
 goal = "fix f.txt"

@@ -9,7 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.inproc.harness import FakeRun, Harness
+from tests.inproc.fakes import FakeRun
+from tests.inproc.harness import Harness
 
 HELLO = """name = "hello"
 goal = "say hello"

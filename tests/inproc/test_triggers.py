@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from tests.inproc.harness import FakeRun, Harness
+from tests.inproc.fakes import FakeRun
+from tests.inproc.harness import Harness
 
 DAY = 86_400.0
 
