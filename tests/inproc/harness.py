@@ -4,10 +4,11 @@ The real process table, Kernel, syscall families, triggers and dispatch table,
 wired as ``sessiond.daemon`` wires them for one node (``build``), on the memory
 store. What is not real:
 
-* the spawner: a program is a scripted coroutine (``Script``) that gets its
-  run's environment, writes to the real output pipes and calls the daemon
-  through the program endpoint's dispatch table; ``true`` and ``false`` (and
-  any argv without a script) behave as those programs do;
+* the spawner (tests/inproc/fakes.py): a program is a scripted coroutine
+  (``Script``) that gets its run's environment, writes to the real output pipes
+  and calls the daemon through the program endpoint's dispatch table, or runs
+  the real SDK in a thread; ``true`` and ``false`` (and any argv without a
+  script) behave as those programs do;
 * the socket: a request is one JSON line handed to ``Dispatch.handle``, and its
   answer is read back from what it wrote, so the wire's decoding, the params
   models and the error answers are the daemon's own;
