@@ -4,6 +4,7 @@ run on a fresh ``ManualLoop``; the fixture ``h`` is a started in-process daemon.
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,5 +41,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         else:
             await fn(**args)
 
-    run_on_manual_loop(main)
+    cwd = os.getcwd()  # a program run from its source changes to its run's folder
+    try:
+        run_on_manual_loop(main)
+    finally:
+        os.chdir(cwd)
     return True

@@ -4,9 +4,10 @@ process (tests/inproc/harness.py wires it in place of the spawner)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -81,6 +82,35 @@ class FakeRun:
                 return fn(run) or 0
             except StopRun:
                 return 0
+
+        return await asyncio.to_thread(main)
+
+    async def source(self, prelude: str, body: str) -> int:
+        """Run a program's Python source (``prelude``, then ``body``) as ``python
+        program.py`` would, in a thread, from its run's folder: ``connect()`` gives
+        the real SDK's ``Run`` on this run, a ``StopRun`` leaving it exits 0, and
+        ``SystemExit`` is the exit code."""
+        from sessiond.sdk import Run, StopRun
+
+        conn = cast(Any, _ThreadConnection(self, asyncio.get_running_loop()))
+
+        @contextlib.contextmanager
+        def connect() -> Iterator[Run]:
+            try:
+                yield Run(conn, self.token, self.session, self.run_id)
+            except StopRun:
+                raise SystemExit(0) from None
+
+        def main() -> int:
+            scope: dict[str, Any] = {"__name__": "__main__"}
+            os.chdir(self.cwd)  # the tests/inproc conftest puts the test's back
+            try:
+                exec(compile(prelude, "prelude.py", "exec"), scope)  # a test's own program
+                scope["connect"] = connect
+                exec(compile(body, "program.py", "exec"), scope)
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            return 0
 
         return await asyncio.to_thread(main)
 
