@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
@@ -106,9 +107,15 @@ class FakeRun:
             os.chdir(self.cwd)  # the tests/inproc conftest puts the test's back
             # a program may leave a file to its exit to close (``open(p, "a").write``):
             # here no exit comes, and the collector's warning is not the program's
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                return run()
+            # and a thread of the program that dies of an exception prints it on the
+            # program's stderr: it is no failure of the test's own threads
+            hook, threading.excepthook = threading.excepthook, lambda _args: None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ResourceWarning)
+                    return run()
+            finally:
+                threading.excepthook = hook
 
         def run() -> int:
             scope: dict[str, Any] = {"__name__": "__main__"}

@@ -358,6 +358,21 @@ class Harness:
                     return
                 await asyncio.wait(busy)
 
+    async def settle(self, check: Callable[[], bool]) -> None:
+        """Until ``check()`` holds: whenever nothing is left to do but a retry's
+        backoff, the clock moves on to it (the daemon's waits cost no real time)."""
+        for _ in range(1000):
+            await self.idle()
+            if check():
+                return
+            loop = self.clock.loop
+            due = [t.when() for t in self.kernel.ctx.retry_timers.values() if not t.cancelled()]
+            if due:
+                self.clock.advance(max(min(due) - loop.time(), 0.0) + 0.001)
+            else:
+                await self.until(check)
+        raise AssertionError("the check never held")
+
     async def advance(self, seconds: float) -> None:
         """Move the clocks forward; what was due by then fires; then ``idle``."""
         self.clock.advance(seconds)

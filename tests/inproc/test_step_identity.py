@@ -19,7 +19,7 @@ POLICY = 'allow = ["charge_card", "wire_transfer", "outer", "inner*"]\nask = ["e
 REST = ("blocked", "terminated", "suspended")
 
 
-async def program(h: Harness, body: str, *, policy: str = POLICY) -> None:
+async def program(h: Harness, body: str, *, policy: str = POLICY, run: str = "") -> None:
     """Session ``agent`` whose sdk program is PRELUDE + ``body``."""
 
     @h.program("agent")
@@ -28,7 +28,7 @@ async def program(h: Harness, body: str, *, policy: str = POLICY) -> None:
 
     spec = (
         'name = "agent"\n[run]\nkind = "sdk"\nexec = ["true", "agent"]\ncwd = "."\n'
-        f"[policy]\n{policy}\n"
+        f"{run}\n[policy]\n{policy}\n"
     )
     await h.create(spec, "agent")
 
@@ -49,8 +49,7 @@ async def seq(h: Harness) -> int:
 async def settled(h: Harness) -> str:
     """Once the session waits for a person or is done, and its run has ended: that
     state (sleeping between retries is not rest)."""
-    await h.until(lambda: h.session("agent").state in REST)
-    await h.idle()
+    await h.settle(lambda: h.session("agent").state in REST)
     return h.session("agent").state
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from sessiond.wire import RemoteError
 from tests.e2e.test_steps_attack import EXPORT_MID_TURN, POLICY
 from tests.inproc.harness import Harness
-from tests.inproc.test_step_identity import lines, program, seq, to
+from tests.inproc.test_step_identity import lines, program, seq, settled, to
 
 KEYED_THEN_DIVERGE = """
 with connect() as run:
@@ -196,3 +197,92 @@ async def test_a_send_to_no_session_is_refused_before_it_is_a_step(h: Harness) -
     assert done["data"]["outcome"] == "completed"
     await h.idle()
     assert (lines(h, "pay"), lines(h, "edits")) == (1, 1)
+
+
+ACTIVATE_BLOCKED = """
+with connect() as run:
+    run.step("pay", lambda: count("pay"))
+    run.step("charge", lambda: count("charge") and 1 / 0, side_effect="external-write")
+    run.complete()
+"""
+
+
+KEYED_DIVERGE = """
+import threading
+with connect() as run:
+    run.step("look", lambda: count("look"), **SAFE)                   # ordinal 1
+    which = Path("plan.txt").read_text().strip()
+    done = []
+    def worker(k, name):
+        done.append(run.step(name, lambda: count(name + "-" + k), key=k, **SAFE))
+    threads = [threading.Thread(target=worker, args=("a", "fetch")),
+               threading.Thread(target=worker, args=("b", which))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.step("pay", lambda: count("pay"))                              # ordinal 2
+    run.step("edit_file", lambda: count("edits"), side_effect="workspace-write")
+    run.complete()
+"""
+
+
+async def test_activate_while_blocked_runs_no_finished_or_failed_step_again(h: Harness) -> None:
+    """A failed unsafe step blocks the turn; activate (again and again) leaves it
+    blocked and runs nothing; --rerun (a person) runs the failed step once more, and
+    the paid one is replayed."""
+    await program(h, ACTIVATE_BLOCKED, policy=POLICY, run="retries = 3")
+    await h.call("activate", name="agent")
+    assert await settled(h) == "blocked"
+    assert (lines(h, "pay"), lines(h, "charge")) == (1, 1)
+    for _ in range(3):
+        try:
+            said = str(await h.call("activate", name="agent"))
+        except RemoteError as exc:
+            said = str(exc)
+        assert "blocked" in said, said
+    await h.idle()
+    assert (await h.call("show", name="agent"))["state"] == "blocked"
+    assert (lines(h, "pay"), lines(h, "charge")) == (1, 1)
+    assert len(await h.log("agent", types=["run.started"])) == 1
+    since = await seq(h) + 1
+    await h.call("resolve", name="agent", option="rerun")
+    await h.event("agent", "run.finished", after=since - 1)
+    assert await settled(h) == "blocked"  # it failed again: blocked again, not retried
+    assert (lines(h, "pay"), lines(h, "charge")) == (1, 2)
+
+
+async def test_accepting_a_divergence_at_a_keyed_step_takes_only_that_step_anew(
+    h: Harness,
+) -> None:
+    """The divergence is at a keyed step (a thread asked for another tool under its
+    key): after --accept that step runs on the new path; its keyed sibling and the
+    steps before are replayed; the steps after it (pay) are on the new path."""
+    (h.root / "plan.txt").write_text("peek\n")
+    await program(h, KEYED_DIVERGE, policy=POLICY)
+    await h.call("activate", name="agent")
+    await h.event("agent", "lifecycle.changed", to("blocked"))
+    await h.idle()
+    assert (lines(h, "fetch-a"), lines(h, "peek-b"), lines(h, "pay")) == (1, 1, 1)
+    (h.root / "plan.txt").write_text("grep\n")
+    since = await seq(h) + 1
+    await h.call("approve", name="agent")
+    blocked = await h.event("agent", "lifecycle.changed", to("blocked"), after=since - 1)
+    assert "'grep'" in blocked["data"]["reason"]
+    await h.idle()
+    since = await seq(h) + 1
+    await h.call("resolve", name="agent", option="accept")
+    await h.event("agent", "lifecycle.changed", to("blocked"), after=since - 1)
+    await h.idle()
+    await h.call("approve", name="agent")
+    await h.event("agent", "lifecycle.changed", to("terminated"))
+    await h.idle()
+    assert (lines(h, "look"), lines(h, "fetch-a")) == (1, 1)
+    assert (lines(h, "peek-b"), lines(h, "grep-b")) == (1, 1)
+    # pay came after the divergent step (ordinal 2, after the threads): on the new
+    # path it is the program's to do again, as the person accepted that path
+    assert lines(h, "pay") == 2
+    # the main thread went on after the divergence and its *approved* edit was
+    # started although the run had been told to stop; the accept then dropped it
+    # as on the new path, and it ran a second time
+    assert lines(h, "edits") == 1
