@@ -4,12 +4,14 @@ the daemon's uid and as another, stay there)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from sessiond.wire import RemoteError
 from tests.inproc.fakes import FakeRun
 from tests.inproc.harness import Harness
+from tests.inproc.test_steps import SPEC, Agent
 
 VICTIM = """name = "victim"
 [run]
@@ -117,3 +119,48 @@ async def test_a_programs_fork_is_decided_by_its_own_policy(h: Harness) -> None:
         assert "policy does not allow its program to fork" in str(refusals[name])
         missing = await h.refused("show", name=f"{name}-twin")
         assert missing.exit_code == 4  # no such session
+
+
+async def test_an_expired_approval_blocks_at_the_gate(h: Harness) -> None:
+    """(Moved from tests/e2e/test_sdk.py, where real time had to pass.)"""
+    agent = Agent(h)
+    await h.create(SPEC + 'approval_ttl = "1s"\n', "agent")
+    await h.call("activate", name="agent")
+    await h.event("agent", "lifecycle.changed", lambda r: r["data"]["to"] == "blocked")
+    await h.idle()
+    await h.call("suspend", name="agent")
+    await h.call("approve", name="agent")  # recorded; a suspended session does not run
+    gate = await h.call("gate", name="agent")
+    assert not any("expired" in c["detail"] for c in gate["checks"])  # not yet
+    await h.advance(2)  # the approval's time to live runs out
+    gate = await h.call("gate", name="agent")
+    assert any("expired" in c["detail"] for c in gate["checks"])
+    await h.call("resume", name="agent")
+    with contextlib.suppress(RemoteError):
+        await h.call("activate", name="agent")
+    await h.idle()
+    evaluated = (await h.log("agent", types=["gate.evaluated"]))[-1]["data"]
+    assert evaluated["ok"] is False
+    assert any("expired" in c["detail"] for c in evaluated["checks"])
+    assert (await h.call("show", name="agent"))["state"] == "blocked"
+    assert agent.work["edits"] == 0
+
+
+async def test_policy_ask_on_a_command_blocks_until_approved(h: Harness) -> None:
+    """(Moved from tests/e2e/test_sdk.py.)"""
+    ran: list[str] = []
+
+    @h.program("c")
+    async def command(run: FakeRun) -> int:
+        ran.append(run.run_id)
+        return 0
+
+    spec = 'name = "c"\n[run]\nexec = ["true", "c"]\ncwd = "."\n[policy]\nask = ["command"]\n'
+    await h.create(spec, "c")
+    await h.call("activate", name="c")
+    assert (await h.call("show", name="c"))["state"] == "blocked"
+    assert ran == []
+    await h.call("approve", name="c")
+    await h.event("c", "lifecycle.changed", lambda r: r["data"]["to"] == "terminated")
+    await h.idle()
+    assert ran == ["r1"]

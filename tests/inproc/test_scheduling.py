@@ -137,3 +137,40 @@ async def test_a_program_that_cannot_start_frees_its_slot_for_the_queue(tmp_path
         await h.event("c", "run.finished")  # the failed start handed its slot on
         await h.idle()
         assert (tmp_path / "c.txt").read_text() == "c\n"
+
+
+async def test_failed_runs_retry_with_backoff_then_block(h: Harness) -> None:
+    """(Moved from tests/e2e/test_sdk.py; the backoff is skipped by moving the clock.)"""
+    tries: list[str] = []
+
+    @h.program("flaky")
+    async def flaky(run: FakeRun) -> int:
+        tries.append(run.run_id)
+        return 3
+
+    await h.create(spec("flaky", extra="retries = 2\n"), "flaky")
+    await h.call("activate", name="flaky")
+    await h.settle(lambda: h.session("flaky").state == "blocked")
+    blocked = (await h.log("flaky", types=["lifecycle.changed"]))[-1]
+    assert "run failed 3 times in a row" in blocked["data"]["reason"]
+    assert len(tries) == 3  # the first run and 2 retries
+    reasons = [r["data"]["reason"] for r in await h.log("flaky", types=["lifecycle.changed"])]
+    assert any("retry 1 of 2 in 1s" in r for r in reasons)
+    assert any("retry 2 of 2 in 2s" in r for r in reasons)
+
+
+async def test_a_spent_daily_budget_suspends_with_the_reason(h: Harness) -> None:
+    """(Moved from tests/e2e/test_sdk.py.)"""
+    text = (
+        'name = "b"\n[run]\nexec = ["true"]\n[budget]\nruns_per_day = 1\n'
+        '[[trigger]]\ntype = "message"\n'
+    )
+    await h.create(text, "b")
+    await h.call("activate", name="b")
+    await h.event("b", "run.finished")
+    await h.idle()
+    await h.call("send", to="b", text="again")
+    suspended = await h.event("b", "lifecycle.changed", lambda r: r["data"]["to"] == "suspended")
+    assert suspended["data"]["reason"].startswith("budget: runs_per_day: 1 of 1 used today")
+    exhausted = (await h.log("b", types=["budget.exhausted"]))[0]["data"]
+    assert (exhausted["budget"], exhausted["limit"], exhausted["used"]) == ("runs_per_day", 1, 1)
