@@ -29,6 +29,7 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -94,7 +95,20 @@ class _Writer:
         return [orjson.loads(line) for line in bytes(self.data).splitlines() if line.strip()]
 
 
-def build(config: DaemonConfig, store: Store, env: dict[str, str], harness: Harness) -> Any:
+@dataclass(frozen=True)
+class Parts:
+    """What ``build`` wires: the daemon's parts, less its sockets and its spawner."""
+
+    table: Table
+    kernel: Kernel
+    triggers: Triggers
+    control: Dispatch  # the control socket's dispatch table
+    program: Dispatch  # the program endpoint's
+    notices: Notices
+    traces: Traces
+
+
+def build(config: DaemonConfig, store: Store, env: dict[str, str], harness: Harness) -> Parts:
     """The parts ``sessiond.daemon.service.Daemon`` wires for one node, wired the
     same way: the one place a change of the kernel's construction touches here."""
     table = Table(config, store)
@@ -104,12 +118,17 @@ def build(config: DaemonConfig, store: Store, env: dict[str, str], harness: Harn
     triggers = Triggers(kernel, harness.clock.wall, config.watch_step_ms)
     kernel.triggers = triggers
     table.next_wake_fn = triggers.next_wake
-    control = Dispatch(kernel, harness.reload)
-    program = Dispatch(kernel, harness.reload)  # the program endpoint's own table
     notices = Notices(config, table, store)
     kernel.observe.notices = notices
-    traces = Traces(config, table)
-    return table, kernel, triggers, control, program, notices, traces
+    return Parts(
+        table=table,
+        kernel=kernel,
+        triggers=triggers,
+        control=Dispatch(kernel, harness.reload),
+        program=Dispatch(kernel, harness.reload),
+        notices=notices,
+        traces=Traces(config, table),
+    )
 
 
 BASE_CONFIG = 'stop_grace = "2s"\nshutdown_grace = "3s"\n'
@@ -155,13 +174,9 @@ class Harness:
         # cursor) goes here; the memory store has no folders of its own
         self.store.sessions_dir = self.state_dir / "sessions"
         parts = build(self.config, self.store, self.env, self)
-        self.table: Table = parts[0]
-        self.kernel: Kernel = parts[1]
-        self.triggers: Triggers = parts[2]
-        self.control: Dispatch = parts[3]
-        self.program_dispatch: Dispatch = parts[4]
-        self.notices: Notices = parts[5]
-        self.traces: Traces = parts[6]
+        self.table, self.kernel, self.triggers = parts.table, parts.kernel, parts.triggers
+        self.control, self.program_dispatch = parts.control, parts.program
+        self.notices, self.traces = parts.notices, parts.traces
         self.spawner = cast(FakeSpawner, self.kernel.ctx.spawner)
         self._ids = 0
 
