@@ -183,6 +183,10 @@ class Harness:
     # --- start and stop, as the daemon's ------------------------------------------
 
     async def __aenter__(self) -> Harness:
+        """``Daemon.start``'s steps, less what only processes and files have (the
+        lock, leftovers, cgroups, the spawner process, the sockets). Its own
+        ``resume`` and ``sync_specs`` are called on this harness, which has the
+        attributes they use: the start-up decides as the daemon's does."""
         mask_key(self.config)
         await self.table.load()
         self.notices.start()
@@ -200,6 +204,7 @@ class Harness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """``Daemon.stop``'s steps for these parts: runs stopped and recorded, logs closed."""
         self.kernel.stopping = True
         await self.kernel.retention.aclose()
         running = [s for s in self.table if s.run is not None]
