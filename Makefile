@@ -1,12 +1,14 @@
 # Two commands set everything up on a fresh machine with Python 3.11+ and make:
 #   make run    create .venv if missing, install, run the daemon (config/sessiond.toml)
 #   make test   create .venv if missing, install, run ruff, mypy --strict and pytest
+#   make check  the fast loop: ruff, mypy --strict, the unit and in-process tests
+#               (no test that starts a process; <= 3 minutes on 2 cores)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest faults-cluster bench compare load install install-user clean man
+.PHONY: run demo test check fast cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest faults-cluster bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +52,15 @@ demo: $(STAMP)
 	$(BIN)/python -m sessiond.demo
 
 test: lint typecheck unit
+
+# The fast loop: what needs no real process. Tests marked `process` (tests/conftest.py
+# marks them: the e2e, cluster and fault folders, PostgreSQL, the benchmarks) are
+# left to `make test`; tests/inproc runs the daemon in process (tests/inproc/harness.py).
+check: lint typecheck fast
+
+FAST_IGNORE := --ignore=tests/e2e --ignore=tests/cluster --ignore=tests/faults --ignore=tests/integrations
+fast: $(STAMP)
+	$(BIN)/pytest -q -m "not process" $(FAST_IGNORE)
 
 lint: $(STAMP)
 	$(BIN)/ruff check sessiond tests

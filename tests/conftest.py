@@ -36,5 +36,31 @@ def state_dir(tmp_path: Path) -> Path:
     return path
 
 
+# `make check` (the fast loop) runs what starts no process: `-m "not process"`.
+# A test is `process` when it lives where every test starts real processes (the
+# daemon, PostgreSQL, the campaigns) or is named below; tests/inproc is the
+# in-process daemon (tests/inproc/harness.py), marked `inproc`.
+PROCESS_DIRS = frozenset({"e2e", "cluster", "faults", "integrations"})
+PROCESS_FILES = frozenset({"test_bench.py", "test_pgwatch.py", "test_demo.py"})
+PROCESS_TESTS = frozenset({"test_cron_jitter_is_the_same_in_every_process"})
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts
+        params = getattr(item, "callspec", None)
+        if (
+            parts[0] in PROCESS_DIRS
+            or parts[-1] in PROCESS_FILES
+            or getattr(item, "originalname", item.name) in PROCESS_TESTS
+            or "pg_dsn" in getattr(item, "fixturenames", ())
+            or (params is not None and "postgres" in params.params.values())
+        ):
+            item.add_marker(pytest.mark.process)
+        elif parts[0] == "inproc":
+            item.add_marker(pytest.mark.inproc)
+
+
 # A real PostgreSQL, started once per run (tests/pgserver.py).
 from tests.pgserver import pg_dsn, postgres  # noqa: E402, F401

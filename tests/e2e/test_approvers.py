@@ -5,7 +5,8 @@ A hostile session program tries every way it can to answer its own pending
 approval (tests/e2e/programs/hostile.py); every attempt is refused and the
 approval stays pending, as the operator (this test) sees with `sessionctl
 show`. It runs as the daemon's uid and, where the tests run as root, as
-``nobody`` through ``[run] user``.
+``nobody`` through ``[run] user``. Approvals, `apply` and a fork's policy, which
+need no real process, are tested in process (tests/inproc/test_gate.py).
 """
 
 from __future__ import annotations
@@ -163,96 +164,3 @@ def test_a_program_cannot_approve_itself_as_the_run_user_nobody() -> None:
                 assert "uid 65534 is a run's uid" in helper
         finally:
             shutil.rmtree(ws, ignore_errors=True)
-
-
-def test_apply_gives_a_live_session_a_new_policy_recorded_with_who_applied_it() -> None:
-    ws = workspace()
-    try:
-        with running() as d:
-            d.ctl("create", str(d.write_spec("victim", VICTIM.format(ws=ws))), check=True)
-            d.ctl("activate", "victim", check=True)
-            wait_event(d, "victim", "approval.requested")
-            stricter = d.write_spec("stricter", VICTIM.format(ws=ws).replace("ask =", "deny ="))
-            d.ctl("apply", "victim", str(stricter), "--by", "no commands today", check=True)
-            (applied,) = d.json("log", "victim", "--type", "spec.applied")
-            data = applied["data"]
-            assert data["changed"] == ["policy"]
-            assert (data["uid"], data["channel"], data["by"]) == (
-                os.getuid(),
-                "cli",
-                "no commands today",
-            )
-            # The approval given now is for a command the policy in force denies:
-            # the gate refuses it, and the command never runs.
-            d.ctl("approve", "victim", check=True)
-            blocked = wait_event(
-                d,
-                "victim",
-                "lifecycle.changed",
-                match=lambda r: r["data"]["to"] == "blocked" and "denied" in r["data"]["reason"],
-            )
-            assert "denied by the policy in force now" in blocked["data"]["reason"]
-            assert not d.json("log", "victim", "--type", "run.started")
-            shown = d.ctl("show", "victim", check=True).stdout
-            me = f"by {pwd.getpwuid(os.getuid()).pw_name} (uid {os.getuid()}, cli)"
-            assert f"granted: command [call r1.command] {me}" in shown, shown
-            # a spec of another session is refused, naming both
-            other = d.write_spec("other", VICTIM.format(ws=ws).replace("victim", "other"))
-            refused = d.ctl("apply", "victim", str(other))
-            assert refused.returncode == 5
-            assert "'other', not 'victim'" in refused.stderr
-    finally:
-        shutil.rmtree(ws, ignore_errors=True)
-
-
-def test_a_fork_does_not_inherit_an_approval_its_parent_has_not_used() -> None:
-    """Before: the child kept the parent's granted approval and ran the command
-    unasked, so one approval ran it twice (once in each)."""
-    ws = workspace()
-    try:
-        with running() as d:
-            spec = VICTIM.format(ws=ws).replace(
-                'exec = ["true"]', 'exec = ["sh", "-c", "echo ran >> ran.txt"]'
-            )
-            d.ctl("create", str(d.write_spec("victim", spec)), check=True)
-            d.ctl("activate", "victim", check=True)
-            wait_event(d, "victim", "approval.requested")
-            d.ctl("suspend", "victim", check=True)  # approved, and not used yet
-            d.ctl("approve", "victim", check=True)
-            d.ctl("fork", "victim", "--as", "twin", check=True)
-            d.ctl("activate", "twin", check=True)
-            forked_at = d.json("show", "twin")["fork_seq"]
-            wait_event(d, "twin", "approval.requested", match=lambda r: r["seq"] > forked_at)
-            shown = d.json("show", "twin")
-            assert shown["state"] == "blocked"
-            assert [a["tool"] for a in shown["pending_approvals"]] == ["command"]
-            assert not d.json("log", "twin", "--type", "run.started")
-            assert not (ws / "ran.txt").exists()
-            # the parent's approval is still the parent's: it runs once
-            d.ctl("resume", "victim", check=True)
-            wait_event(d, "victim", "run.finished")
-            assert (ws / "ran.txt").read_text() == "ran\n"
-    finally:
-        shutil.rmtree(ws, ignore_errors=True)
-
-
-def test_a_programs_fork_is_decided_by_its_own_policy() -> None:
-    """A program's fork and create are its own acts under its own policy: a policy
-    that denies (or asks for) `fork` refuses it on the program endpoint, even where
-    the spec grants the method."""
-    with running() as d:
-        for name, policy in (("denied", 'deny = ["fork"]'), ("asked", 'ask = ["fork"]')):
-            ws = d.root / name
-            ws.mkdir()
-            spec = (
-                f'name = "{name}"\n[run]\nexec = ["sh", "-c", "{SESSIONCTL} fork {name} '
-                f'--as {name}-twin 2> err.txt; echo $? > rc.txt"]\ncwd = "{ws}"\n'
-                f'grants = ["fork"]\n[policy]\n{policy}\n'
-            )
-            d.ctl("create", str(d.write_spec(name, spec)), check=True)
-            d.ctl("activate", name, check=True)
-            wait_event(d, name, "run.finished")
-            assert (ws / "rc.txt").read_text().strip() == "1"
-            err = (ws / "err.txt").read_text()
-            assert "policy does not allow its program to fork" in err, err
-            assert d.ctl("show", f"{name}-twin").returncode == 4  # no such session

@@ -1,8 +1,10 @@
-"""SDK programs through the real daemon: tool calls, policy, approvals, tokens, budgets."""
+"""SDK programs through the real daemon: tool calls, policy, approvals, tokens, budgets.
+What needs no real process runs in process: the approval and denial round trips
+(tests/inproc/test_steps.py), an approval's expiry and a command's approval
+(test_gate.py), retries and budgets (test_scheduling.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import sys
@@ -25,108 +27,6 @@ env = {{ PYTHONPATH = "{root}" }}
 ask = ["edit_file"]
 approval_ttl = "{ttl}"
 """
-
-
-def make_agent(d: Daemon, ttl: str = "1h", extra: str = "") -> None:
-    (d.root / "f.txt").write_text("broken\n")
-    root = Path(__file__).parents[2]
-    text = SPEC.format(python=sys.executable, agent=AGENT, root=root, ttl=ttl) + extra
-    d.ctl("create", str(d.write_spec("agent", text)), check=True)
-
-
-def test_an_approval_round_trip_runs_the_edit_exactly_once() -> None:
-    with running() as d:
-        make_agent(d)
-        d.ctl("activate", "agent", check=True)
-        blocked = wait_event(
-            d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked"
-        )
-        assert blocked["data"]["reason"].startswith("approval pending for edit_file")
-        shown = d.json("show", "agent")
-        (pending,) = shown["pending_approvals"]
-        assert pending["tool"] == "edit_file"
-        assert not (d.root / "edits.count").exists()  # the block did not run
-        d.ctl("approve", "agent", "--by", "ann", check=True)
-        done = wait_event(
-            d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated"
-        )
-        assert done["data"]["outcome"] == "completed"
-        assert done["data"]["reason"] == "completed: f.txt fixed and verified"
-        assert (d.root / "edits.count").read_text() == "edit\n"  # once
-        assert (d.root / "f.txt").read_text() == "broken\nfixed\n"
-        types = [r["type"] for r in d.json("log", "agent")]
-        assert types.count("approval.requested") == 1  # the same intent was not asked again
-        assert types.count("approval.granted") == 1
-        edit = [
-            r
-            for r in d.json("log", "agent", "--type", "tool.finished")
-            if r["data"]["tool"] == "edit_file"
-        ]
-        assert len(edit) == 1
-        assert edit[0]["data"]["diff"] is not None  # the text change is kept as a diff
-        model = d.json("log", "agent", "--type", "model.requested")[0]["data"]
-        assert model["model"] == "scripted-1"
-        assert model["ordinal"] == 2  # read_file was step 1
-        context = d.state_dir / "sessions" / "agent" / "artifacts" / model["context"]["ref"][7:]
-        assert orjson.loads(context.read_bytes())["note"] == "scripted model"
-        responded = d.json("log", "agent", "--type", "model.responded")[0]["data"]
-        assert (responded["tokens_in"], responded["tokens_out"]) == (120, 8)
-        verified = d.json("log", "agent", "--type", "verification.finished")[-1]["data"]
-        assert verified["ok"] is True
-        policy = [r["data"]["rule"] for r in d.json("log", "agent", "--type", "policy.decided")]
-        assert "default: read allowed" in policy
-        assert "ask: edit_file" in policy
-
-
-def test_a_denial_is_replayed_as_a_denial_in_every_later_run_of_the_turn() -> None:
-    with running() as d:
-        make_agent(d)
-        d.ctl("activate", "agent", check=True)
-        wait_event(d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
-        d.ctl("deny", "agent", "--reason", "not today", check=True)
-        assert not (d.root / "edits.count").exists()
-        first = d.json("show", "agent")["seq"]
-        d.ctl("activate", "agent", check=True)  # continues the turn: the program runs again
-        slept = wait_event(
-            d,
-            "agent",
-            "lifecycle.changed",
-            since=first + 1,
-            match=lambda r: r["data"]["to"] == "sleeping",
-        )
-        assert slept["data"]["reason"] == "the program chose to sleep"
-        # The rerun got Denied at the same step without a new question, and ran nothing.
-        assert (d.root / "denied.count").read_text() == "denied\n"
-        assert not (d.root / "edits.count").exists()
-        types = [r["type"] for r in d.json("log", "agent")]
-        assert types.count("approval.requested") == 1
-        assert (d.root / "read.count").read_text() == "read\n"  # replayed, not read again
-        assert (d.root / "model.count").read_text() == "model\n"
-        view = d.json("replay", "agent", "--view", "messages")
-        assert any("edit_file was denied" in m["content"] for m in view)
-
-
-def test_an_expired_approval_blocks_at_the_gate() -> None:
-    with running() as d:
-        make_agent(d, ttl="1s")
-        d.ctl("activate", "agent", check=True)
-        wait_event(d, "agent", "lifecycle.changed", match=lambda r: r["data"]["to"] == "blocked")
-        d.ctl("suspend", "agent", check=True)
-        d.ctl("approve", "agent", check=True)  # recorded; a suspended session does not run
-        # The approval's time to live runs out (real time is what it measures): the
-        # dry-run gate says so once it has.
-        wait_for(
-            lambda: "expired" in d.ctl("gate", "agent").stdout,
-            timeout=30,
-            what="the approval to expire",
-        )
-        d.ctl("resume", "agent", check=True)
-        d.ctl("activate", "agent")
-        gate = d.json("log", "agent", "--type", "gate.evaluated")[-1]["data"]
-        assert gate["ok"] is False
-        assert any("expired" in c["detail"] for c in gate["checks"])
-        assert d.json("show", "agent")["state"] == "blocked"
-        assert not (d.root / "edits.count").exists()
 
 
 def test_a_run_token_works_only_for_its_own_run_and_session() -> None:
@@ -176,52 +76,6 @@ def _rpc(d: Daemon, method: str, params: dict[str, object]) -> dict[str, Any]:
     return reply
 
 
-def test_failed_runs_retry_with_backoff_then_block() -> None:
-    with running() as d:
-        spec = (
-            'name = "flaky"\n[run]\nexec = ["sh", "-c", "echo try >> tries; exit 3"]\n'
-            'cwd = "."\nretries = 2\n'
-        )
-        d.ctl("create", str(d.write_spec("flaky", spec)), check=True)
-        d.ctl("activate", "flaky", check=True)
-        blocked = wait_event(
-            d,
-            "flaky",
-            "lifecycle.changed",
-            match=lambda r: r["data"]["to"] == "blocked",
-            timeout=30,
-        )
-        assert "run failed 3 times in a row" in blocked["data"]["reason"]
-        assert (d.root / "tries").read_text().count("try") == 3  # the first run and 2 retries
-        reasons = [
-            r["data"]["reason"] for r in d.json("log", "flaky", "--type", "lifecycle.changed")
-        ]
-        assert any("retry 1 of 2 in 1s" in r for r in reasons)
-        assert any("retry 2 of 2 in 2s" in r for r in reasons)
-
-
-def test_a_spent_daily_budget_suspends_with_the_reason() -> None:
-    with running() as d:
-        spec = (
-            'name = "b"\n[run]\nexec = ["true"]\n[budget]\nruns_per_day = 1\n'
-            '[[trigger]]\ntype = "message"\n'
-        )
-        d.ctl("create", str(d.write_spec("b", spec)), check=True)
-        d.ctl("activate", "b", check=True)
-        wait_event(d, "b", "run.finished")
-        d.ctl("send", "b", "again", check=True)
-        suspended = wait_event(
-            d, "b", "lifecycle.changed", match=lambda r: r["data"]["to"] == "suspended"
-        )
-        assert suspended["data"]["reason"].startswith("budget: runs_per_day: 1 of 1 used today")
-        exhausted = d.json("log", "b", "--type", "budget.exhausted")[0]["data"]
-        assert (exhausted["budget"], exhausted["limit"], exhausted["used"]) == (
-            "runs_per_day",
-            1,
-            1,
-        )
-
-
 def test_redact_patterns_are_masked_in_artifacts() -> None:
     with running() as d:
         spec = (
@@ -236,22 +90,6 @@ def test_redact_patterns_are_masked_in_artifacts() -> None:
         assert stored == "key=[REDACTED]\n"
         log = (d.state_dir / "sessions" / "r" / "events.jsonl").read_text()
         assert "sk-abcdefghijklmnop" not in log
-
-
-def test_policy_ask_on_a_command_blocks_until_approved() -> None:
-    with running() as d:
-        spec = (
-            'name = "c"\n[run]\nexec = ["sh", "-c", "echo ran >> ran.txt"]\ncwd = "."\n'
-            '[policy]\nask = ["command"]\n'
-        )
-        d.ctl("create", str(d.write_spec("c", spec)), check=True)
-        d.ctl("activate", "c", check=True)
-        assert d.json("show", "c")["state"] == "blocked"
-        assert not (d.root / "ran.txt").exists()
-        d.ctl("approve", "c", check=True)
-        wait_event(d, "c", "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated")
-        assert (d.root / "ran.txt").read_text() == "ran\n"
-        assert os.path.exists(d.root / "ran.txt")
 
 
 def test_an_interrupt_lets_the_current_block_finish_then_stops() -> None:

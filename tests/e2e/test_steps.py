@@ -75,30 +75,6 @@ def d() -> Iterator[Daemon]:
         stop(daemon)
 
 
-def test_an_approval_continues_the_turn_and_repeats_no_finished_step(d: Daemon) -> None:
-    make(d)
-    d.ctl("activate", "agent", check=True)
-    wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
-    assert (lines(d, "charge"), lines(d, "model"), lines(d, "edits")) == (1, 1, 0)
-    run1 = d.json("show", "agent")["last_run"]
-    assert run1["status"] != "failed"  # a stop for an approval is not a failed run
-    d.ctl("approve", "agent", check=True)
-    done = wait_event(d, "agent", "lifecycle.changed", match=to("terminated"))
-    assert done["data"]["outcome"] == "completed"
-    assert_done_once(d)
-    runs = d.json("log", "agent", "--type", "run.started")
-    assert [r["data"]["turn"] for r in runs] == [1, 1]  # two runs, one turn
-    # Both runs saw the turn's own wake, not the approval that continued it.
-    seen = (d.root / "context.seen").read_text().splitlines()
-    assert len(seen) == 2
-    assert seen[0] == seen[1]
-    assert seen[0].endswith(" manual")
-    # The charge's stable key is the same in both runs (the second got it replayed).
-    assert (d.root / "receipt.seen").read_text() == "42 agent.t1.2\n"
-    finished = d.json("log", "agent", "--type", "run.finished")
-    assert [r["data"]["ends_turn"] for r in finished] == [False, True]
-
-
 def test_a_session_program_cannot_loop_after_complete_when_answered_mid_run(d: Daemon) -> None:
     hold = d.root / "go"
     make(d, env=f', AGENT_HOLD_IN_EDIT = "{hold}"')

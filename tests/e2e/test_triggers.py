@@ -1,4 +1,6 @@
-"""Triggers through the real daemon: cron with the test clock, watch, dependency, git."""
+"""Triggers through the real daemon: watch, dependency and git on the real file system
+and repositories. Cron, every, limits and cool-downs run in process, on its manual
+clock (tests/inproc/test_triggers.py)."""
 
 from __future__ import annotations
 
@@ -22,38 +24,6 @@ def wakes(root: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [orjson.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def test_a_missed_cron_fire_runs_once_after_a_restart() -> None:
-    root = short_dir()
-    try:
-        d = Daemon(root)
-        d.start()
-        spec = (
-            'name = "payroll"\n[run]\nexec = ["sh", "-c", "echo ran >> ran.txt"]\ncwd = "."\n'
-            '[[trigger]]\ntype = "cron"\nschedule = "0 9 1 * *"\n'
-        )
-        d.ctl("create", str(d.write_spec("payroll", spec)), check=True)
-        assert "Z" in d.json("ps")[0]["next_wake"]  # the next 09:00 on the 1st
-        d.stop()
-        d.config.write_text('log_format = "json"\nclock_offset = 3456000\n')  # 40 days later
-        d.start()
-        finished = wait_event(d, "payroll", "run.finished")
-        assert finished["data"]["status"] == "ok"
-        wake = d.json("log", "payroll", "--type", "wake.requested")[-1]["data"]
-        assert (wake["trigger"], wake["details"]["catch_up"]) == ("cron", True)
-        assert (root / "ran.txt").read_text() == "ran\n"  # once, however many fires were missed
-        d.stop()
-        d.start()  # the same clock again: the catch-up covered everything up to it
-        # A catch-up is decided as the triggers are armed, before the socket opens,
-        # and its wake takes the session's lock before any request can: suspend
-        # waits for that lock, so once it returns such a wake would be on record.
-        d.ctl("suspend", "payroll", check=True)
-        assert (root / "ran.txt").read_text() == "ran\n"
-        assert len(d.json("log", "payroll", "--type", "wake.requested")) == 1
-        d.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_file_change_wakes_a_watching_session_with_the_paths() -> None:
@@ -256,70 +226,3 @@ def test_a_wake_storm_runs_each_session_a_few_times_and_loses_no_change() -> Non
         for i in range(sessions):
             runs = len(wakes(d.root / f"w{i}"))
             assert 1 <= runs <= int(elapsed / 0.2) + 3, (i, runs, elapsed)
-
-
-def test_a_concurrency_limit_queues_and_then_runs_the_next() -> None:
-    with running("max_running = 1\n") as d:
-        for name in ("first", "second"):
-            spec = (
-                f'name = "{name}"\n[run]\nexec = ["sh", "-c", "sleep 0.5; echo {name} >> order"]\n'
-                'cwd = "."\n[[trigger]]\ntype = "message"\n'
-            )
-            d.ctl("create", str(d.write_spec(name, spec)), check=True)
-        d.ctl("activate", "first", check=True)
-        queued = d.json("activate", "second")
-        assert queued["state"] == "ready"
-        assert queued["reason"].startswith("queued: 1 of 1 slots busy")
-        wait_event(d, "second", "run.finished")
-        assert (d.root / "order").read_text() == "first\nsecond\n"
-
-
-def test_a_wake_burst_over_the_limit_cools_down_visibly_then_runs_once() -> None:
-    with running() as d:
-        spec = (
-            'name = "r"\n[run]\nexec = ["sh", "-c", "echo run >> runs"]\ncwd = "."\n'
-            '[limits]\nburst = 2\ninterval = "10s"\ncool_down = "1s"\n'
-            '[[trigger]]\ntype = "message"\n'
-        )
-        d.ctl("create", str(d.write_spec("r", spec)), check=True)
-        for i in range(3):
-            d.ctl("send", "r", f"m{i}", check=True)
-            wait_event(
-                d,
-                "r",
-                "run.finished",
-                since=1,
-                match=lambda r, i=i: r["data"]["run"] == f"r{i + 1}",
-            )
-        for i in range(3, 6):
-            d.ctl("send", "r", f"m{i}", check=True)
-        cooling = d.json("show", "r")
-        assert cooling["state"] == "sleeping"
-        assert cooling["reason"].startswith("rate limit: more than 2 wakes in 10s")
-        assert cooling["until"] is not None
-        over = wait_event(
-            d, "r", "lifecycle.changed", match=lambda r: r["data"]["reason"] == "cool-down over"
-        )
-        wait_event(d, "r", "run.finished", since=over["seq"])
-        assert (d.root / "runs").read_text().count("run") >= 3
-
-
-def test_bad_trigger_settings_are_refused_naming_the_key() -> None:
-    with running() as d:
-        cases = {
-            "cron": ('[[trigger]]\ntype = "cron"\nschedule = "99 * * * *"\n', "trigger[0]"),
-            "tz": (
-                '[[trigger]]\ntype = "cron"\nschedule = "0 9 * * *"\ntimezone = "Mars/Olympus"\n',
-                "Mars/Olympus",
-            ),
-            "escape": (
-                '[[trigger]]\ntype = "watch"\npaths = ["../../etc/*"]\n', "inside the workspace"
-            ),
-            "norepo": ('[[trigger]]\ntype = "git"\nrepo = "."\n', "trigger[0].repo"),
-        }  # fmt: skip
-        for name, (trigger, message) in cases.items():
-            spec = f'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n{trigger}'
-            done = d.ctl("create", str(d.write_spec(name, spec)))
-            assert done.returncode == 5, name
-            assert message in done.stderr, (name, done.stderr)
-        assert d.json("ps") == []
