@@ -271,7 +271,7 @@ class Harness:
         )
         answers = writer.answers()
         assert answers, f"{method}: no answer"
-        return result_of(answers[0])
+        return result_of(cast(Any, answers[0]))  # a frame as read back from the wire
 
     async def call(self, method: str, **params: Any) -> Any:
         """``sessionctl``'s request for ``method`` (on the control socket)."""

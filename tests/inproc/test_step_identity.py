@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessiond.codec import EventRecord
 from tests.e2e.test_steps_attack import PRELUDE
 from tests.inproc.fakes import FakeRun
 from tests.inproc.harness import Harness
@@ -53,7 +54,7 @@ async def settled(h: Harness) -> str:
     return h.session("agent").state
 
 
-async def blocked_after(h: Harness, since: int) -> dict[str, Any]:
+async def blocked_after(h: Harness, since: int) -> EventRecord:
     return await h.event("agent", "lifecycle.changed", to("blocked"), after=since - 1)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from sessiond.codec import EventRecord
 from tests.inproc.fakes import FakeRun
 from tests.inproc.harness import Harness
 
@@ -29,7 +30,7 @@ def recording(h: Harness, name: str = "record") -> list[dict[str, Any]]:
     return seen
 
 
-def run_is(run: str) -> Callable[[dict[str, Any]], bool]:
+def run_is(run: str) -> Callable[[EventRecord], bool]:
     return lambda r: bool(r["data"]["run"] == run)
 
 
