@@ -31,6 +31,7 @@ from sessiond.ipc.runpeer import Examiner
 from sessiond.paths import program_socket
 from sessiond.sandboxconfig import dynamic_uids_on, run_uids
 from sessiond.syscalls.kernel import Kernel
+from sessiond.syscalls.seams import Follows, Router
 from sessiond.wire import last_word_path
 
 log = structlog.get_logger(__name__)
@@ -51,6 +52,8 @@ class Server:
         reload: Callable[[], Awaitable[Any]],
         *,
         endpoint: Literal["control", "program"] = "control",
+        router: Router | None = None,
+        follows: Follows | None = None,
     ) -> None:
         self.config = config
         self.endpoint = endpoint
@@ -61,7 +64,8 @@ class Server:
         self._per_uid: Counter[int] = Counter()
         self.activated = False
         self.peers = Peers(config.access, run_uids(config))
-        self.dispatch = Dispatch(kernel, reload)
+        # a cluster node's seams: requests carried to other nodes, follows across them
+        self.dispatch = Dispatch(kernel, reload, router, follows)
 
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""

@@ -45,6 +45,7 @@ class Logins:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "web" / "logins.json"
+        self.port: int | None = None  # the port the web console bound, once it has
         self._logins: dict[str, dict[str, Any]] | None = None
 
     def _load(self) -> dict[str, dict[str, Any]]:
@@ -73,6 +74,10 @@ class Logins:
             if hmac.compare_digest(str(entry.get("sha256", "")), wanted):
                 found = WebUser(user, entry.get("uid"))
         return found
+
+    def bound(self, port: int) -> None:
+        """The console listens on ``port`` now: the URL of a login names it."""
+        self.port = port
 
     def login(self, web: WebConfig, port: int | None, who: dict[str, Any]) -> dict[str, Any]:
         """``sessionctl web``: a fresh login for the caller and the URL that uses it."""

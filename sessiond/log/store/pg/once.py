@@ -13,7 +13,7 @@ one transaction of its own that
 
 All or nothing: the key exists exactly when the wake is in the log.
 
-A message carried from another node (daemon/mailbox.py) is taken the same way:
+A message carried from another node (cluster/mailbox.py) is taken the same way:
 its ``message.received`` names its row (``message_id`` ``cluster:<id>``), and
 the batch that holds it marks the row taken in the same transaction. A node
 killed after delivering it and before a separate mark would have left it to be

@@ -1,4 +1,4 @@
-"""Placement on a cluster node (docs/design.md section 10): wiring only.
+"""Placement on a cluster node (docs/design.md section 10).
 
 The rules are the database's (sessiond/log/store/pg/placement.py): which node a
 session may run on, checked in the statement that claims or hands it over. Here
@@ -9,7 +9,8 @@ the node
   it fits, at a stable point, or lets go of it when no such node is up;
 - refuses ``migrate --node`` to a node the session does not fit, saying why;
 - lists, in ``ps`` and ``show``, the sessions no live node runs and what each
-  waits for ("waiting for node n2");
+  waits for ("waiting for node n2"): the kernel's placement seam
+  (sessiond.syscalls.seams), which the inspection and control families call;
 - re-homes, on an operator's word (``migrate S --node N --force``), a session
   whose node is down and whose workspace is on node N now (restored there, or
   the disk moved): N takes it over as after a crash.
@@ -27,7 +28,7 @@ import structlog
 from sessiond.errors import NoSuchSession, Refused
 
 if TYPE_CHECKING:
-    from sessiond.daemon.cluster import Node
+    from sessiond.cluster.host import Node
     from sessiond.log.store.pg.pgstore import PgStore
     from sessiond.table.sessions import Session
 
@@ -37,70 +38,62 @@ HandOver = Callable[["Session", "str | None"], Awaitable["str | None"]]
 
 
 class Placer:
-    def __init__(self, store: PgStore, node: Node, hand_over: HandOver) -> None:
+    """The kernel's :class:`~sessiond.syscalls.seams.Placement` on a cluster node.
+    Until :meth:`start` (the node takes part in the cluster) it adds nothing and
+    moves nothing: ``ps`` and ``show`` are the local ones, and the take-over's
+    sweep moves on what was made meanwhile."""
+
+    def __init__(self, store: PgStore, hand_over: HandOver) -> None:
         self.store = store
-        self.node = node
         self.hand_over = hand_over  # LeaseKeeper's: at a stable point, or let go
+        self.node: Node | None = None
 
-    def install(self) -> None:
-        """Wrap the syscalls placement changes (the socket looks them up per call)."""
-        kernel = self.node.kernel
-        local_ps, local_show = kernel.ps, kernel.show
-        local_create, local_create_spec = kernel.create, kernel.create_spec
+    def start(self, node: Node) -> None:
+        self.node = node
 
-        async def ps() -> list[dict[str, Any]]:
-            rows = await local_ps()
-            have = {r["name"] for r in rows}
-            waiting = await asyncio.to_thread(self.store.waiting)
-            rows += [_row(w) for w in waiting if w["name"] not in have]
-            return sorted(rows, key=lambda r: str(r["name"]))
+    async def waiting(self) -> list[dict[str, Any]]:
+        """``ps`` rows of the sessions no live node runs."""
+        if self.node is None:
+            return []
+        return [_row(w) for w in await asyncio.to_thread(self.store.waiting)]
 
-        async def show(name: str) -> dict[str, Any]:
-            try:
-                return await local_show(name)
-            except NoSuchSession:
-                found = await asyncio.to_thread(self.store.placement, name)
-                if found is None or found[2]:
-                    raise  # no such session, or a live node runs it
-                placed, owner, _ = found
-                # here, not at the top: a daemon on files never imports the pg package
-                from sessiond.log.store.pg.placement import waiting_reason
+    async def show_waiting(self, name: str) -> dict[str, Any] | None:
+        """``show`` of a session no live node runs: what it waits for."""
+        if self.node is None:
+            return None
+        found = await asyncio.to_thread(self.store.placement, name)
+        if found is None or found[2]:
+            return None  # no such session, or a live node runs it
+        placed, owner, _ = found
+        # here, not at the top: a daemon on files never imports the pg package
+        from sessiond.log.store.pg.placement import waiting_reason
 
-                return {
-                    **_row({"name": name, "node": placed.home or owner}),
-                    "reason": waiting_reason(placed, owner),
-                    "program": None,
-                    "triggers": [],
-                    "seq": None,
-                }
-
-        async def create(spec: str, base: str, source: str = "spec") -> dict[str, Any]:
-            answer = await local_create(spec, base, source)
-            moved = await self.place(answer["name"])
-            return answer if moved is None else {**answer, "handed_to": moved}
-
-        async def create_spec(spec: Any) -> Session:
-            s = await local_create_spec(spec)
-            await self.place(s.name)
-            return s
-
-        kernel.ps, kernel.show = ps, show
-        kernel.create, kernel.create_spec = create, create_spec
+        return {
+            **_row({"name": name, "node": placed.home or owner}),
+            "reason": waiting_reason(placed, owner),
+            "program": None,
+            "triggers": [],
+            "seq": None,
+        }
 
     async def place(self, name: str) -> str | None:
         """A session just made here that may not run here goes now: the node it
         went to, or None (it stays, or waits for a node it fits)."""
+        node = self.node
+        if node is None:
+            return None  # not in the cluster yet: the take-over's sweep moves it
         if name in await asyncio.to_thread(self.store.misplaced):
-            s = self.node.table.sessions.get(name)
+            s = node.table.sessions.get(name)
             if s is not None:
                 return await self.hand_over(s, None)
-        if name in self.node.table.sessions:
+        if name in node.table.sessions:
             return None
         # the take-over's sweep handed it over first: say where it went
         return await asyncio.to_thread(self.store.owner_of, name)
 
     async def sweep(self) -> None:
         """Each take-over tick: move on what this node holds and may not run."""
+        assert self.node is not None  # started before the take-over
         for name in await asyncio.to_thread(self.store.misplaced):
             s = self.node.table.sessions.get(name)
             if s is None or s.run is not None or s.state in ("running", "ready"):
@@ -123,6 +116,7 @@ class Placer:
         and labels still hold; only where its workspace is changes. The epoch goes
         up with ``to``'s claim, so a node that comes back writes nothing of it."""
         me = self.store.lease.name
+        assert self.node is not None  # the take-over started it before it serves
         if name in self.node.table.sessions:
             raise Refused(
                 f"session {name!r} runs on node {me!r}, which is up: --force is for a "
@@ -173,7 +167,7 @@ def _row(w: dict[str, Any]) -> dict[str, Any]:
 
 def placeholder(name: str, state: str, reason: str | None, node: str | None) -> dict[str, Any]:
     """A ``ps`` row for a session no live node runs or answered for (here, and in
-    daemon/forward.py's ``ps`` of the whole cluster)."""
+    cluster/forward.py's ``ps`` of the whole cluster)."""
     return {
         "name": name,
         "state": state,
