@@ -430,13 +430,11 @@ class Daemon:
                 fresh = fresh.model_copy(update={"run": run})
             if fresh.notify != self.config.notify:
                 notes.append("[[notify]] changes take effect at the next start")
-            self.server.allow(fresh.access)
-            self.program_server.allow(fresh.access)
+            self.server.reconfigure(fresh)
+            self.program_server.reconfigure(fresh)
             self.config = fresh
             self.table.config = fresh
             self.kernel.reconfigure(fresh)
-            self.server.config = fresh
-            self.program_server.config = fresh
             scheduler = self.kernel.scheduler
             scheduler.max_running = fresh.max_running
             scheduler.per_agent = fresh.max_running_per_agent

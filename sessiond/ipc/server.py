@@ -39,7 +39,7 @@ log = structlog.get_logger(__name__)
 
 class Server:
     """Owns the listening socket and the connection tasks; the daemon starts and
-    closes it, and on a reload swaps ``config`` and calls ``allow``.
+    closes it, and on a reload calls ``reconfigure``.
 
     The daemon has two: the control socket (``endpoint="control"``, for people:
     a peer that is a process of a run may only ping there) and the program
@@ -70,6 +70,11 @@ class Server:
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""
         self.peers.allow(access, run_uids(self.config))
+
+    def reconfigure(self, config: DaemonConfig) -> None:
+        """A reload: who may connect next, and the configuration the server reads."""
+        self.allow(config.access)
+        self.config = config
 
     # --- the socket -----------------------------------------------------------------
 
