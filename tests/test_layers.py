@@ -222,6 +222,8 @@ def rewired(source: str) -> list[tuple[int, str]]:
     kernel's ``self.kernel.x = …`` in another class is rewiring it."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.stmt | ast.expr):
+            continue  # a module, an argument list: nothing is assigned by it
         objects: list[ast.expr] = []
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):

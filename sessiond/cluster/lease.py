@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sessiond.cluster.coordination import Coordination
 from sessiond.cluster.host import Node
-from sessiond.cluster.placement import Placer, refused
+from sessiond.cluster.placement import Placer, placement_for, refused
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
 from sessiond.errors import (
@@ -74,6 +75,8 @@ def make_store(
     try:
         import psycopg
 
+        from sessiond.cluster.once import keys_of
+        from sessiond.cluster.pg.coordination import PgCoordination
         from sessiond.log.store.pg.pgstore import PgStore
         from sessiond.log.store.pg.schema import SchemaMismatch
     except ImportError as exc:
@@ -91,9 +94,10 @@ def make_store(
             lease_ttl=cluster.lease_ttl,
             prepared=cluster.prepared,
             labels=cluster.labels,
-            shared_paths=cluster.shared_paths,
             clock=clock,
             local_dir=Path(config.state_dir) / "sessions",
+            placement_for=placement_for(cluster.node, cluster.shared_paths),
+            keys_of=keys_of,
         )
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
@@ -102,7 +106,10 @@ def make_store(
             raise unavailable(cluster.dsn, cluster.node, exc) from exc
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
-    return store, LeaseKeeper(store, socket=config.socket, database=where(cluster.dsn))
+    keeper = LeaseKeeper(
+        store, PgCoordination(store), socket=config.socket, database=where(cluster.dsn)
+    )
+    return store, keeper
 
 
 def _check_node(name: str) -> None:
@@ -134,8 +141,16 @@ class LeaseKeeper:
     """Renews the node's lease every third of ``lease_ttl``; ends the node when it
     cannot."""
 
-    def __init__(self, store: PgStore, *, socket: Path | None = None, database: str = "") -> None:
+    def __init__(
+        self,
+        store: PgStore,
+        coordination: Coordination,
+        *,
+        socket: Path | None = None,
+        database: str = "",
+    ) -> None:
         self.store = store
+        self.coordination = coordination  # what the nodes agree on beside the store
         self.socket = socket  # beside it, the last word when the lease is lost
         self.database = database  # named in that last word
         self.last_error = ""  # why the last renewal failed, if it did
@@ -144,7 +159,9 @@ class LeaseKeeper:
         self._fence: Callable[[float], None] | None = None
         self._node: Node | None = None
         # the kernel's placement seam: it acts once take_over has started it
-        self.placer = Placer(store, lambda s, to: self._hand_over(s, to, release=True))
+        self.placer = Placer(
+            coordination, store, lambda s, to: self._hand_over(s, to, release=True)
+        )
         self._closing = threading.Event()  # a clean stop lets go of the lease itself
         self._watchdog: threading.Thread | None = None
 
@@ -209,6 +226,10 @@ class LeaseKeeper:
         self.placer.start(node)
         self._takeover = asyncio.ensure_future(self._take_over(node))
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """``sessionctl nodes``: the cluster's nodes (docs/design.md section 10)."""
+        return await asyncio.to_thread(self.coordination.nodes)
+
     async def migrate_node(
         self,
         name: str,
@@ -252,7 +273,7 @@ class LeaseKeeper:
         assert self._node is not None
         node = self._node
         _at_stable_point(s)
-        target = await asyncio.to_thread(self.store.target_for, s.name, to)
+        target = await asyncio.to_thread(self.coordination.target_for, s.name, to)
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
         async with s.lock:
@@ -277,9 +298,9 @@ class LeaseKeeper:
         moved = (
             None
             if target is None
-            else await asyncio.to_thread(self.store.hand_over, s.name, target)
+            else await asyncio.to_thread(self.coordination.hand_over, s.name, target)
         )
-        if moved is None and release and await asyncio.to_thread(self.store.release, s.name):
+        if moved is None and release and await asyncio.to_thread(self.coordination.release, s.name):
             log.warning("cluster.released", session=s.name, why="it may not run on this node")
         elif moved is None:  # nobody took it: it stays, claimed again, as after a restart
             await self._take(node, s.name)
@@ -290,17 +311,17 @@ class LeaseKeeper:
     async def drain(self, name: str) -> dict[str, Any]:
         """``sessionctl drain N``: node N hands all its sessions to the others."""
         _check_node(name)
-        count = await asyncio.to_thread(self.store.drain, name)
+        count = await asyncio.to_thread(self.coordination.drain, name)
         if count is None:
             raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
         # pinned there, or their workspace is only there: they stay (placement.py)
-        staying = await asyncio.to_thread(self.store.homed_on, name)
+        staying = await asyncio.to_thread(self.coordination.homed_on, name)
         return {"node": name, "state": "draining", "sessions": count, "staying": staying}
 
     async def _drain_some(self, node: Node, at_most: int) -> None:
         """A draining node moves a few sleeping sessions a tick (rate-limited);
         those that may run only here stay."""
-        movable = await asyncio.to_thread(self.store.movable)
+        movable = await asyncio.to_thread(self.coordination.movable)
         sessions = [s for name in movable if (s := node.table.sessions.get(name)) is not None]
         for s in sessions[: at_most * 4]:
             if at_most <= 0:
@@ -322,7 +343,7 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(step)
             try:
-                names = await asyncio.to_thread(self.store.orphans)
+                names = await asyncio.to_thread(self.coordination.orphans)
             except Exception as exc:  # the database is away: the lease keeper decides
                 log.warning("cluster.orphans_failed", error=repr(exc))
                 continue

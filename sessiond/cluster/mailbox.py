@@ -32,10 +32,11 @@ from typing import Any
 
 import structlog
 
+from sessiond.cluster.once import CARRIED
 from sessiond.cluster.pg import mail
 from sessiond.cluster.pg.mail import Hint, Message
 from sessiond.errors import InvalidInput, Refused
-from sessiond.log.store.pg.once import CARRIED, AlreadyFired
+from sessiond.log.store.pg.once import AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.table.sessions import Table
 

@@ -1,8 +1,9 @@
 """Placement on a cluster node (docs/design.md section 10).
 
-The rules are the database's (sessiond/log/store/pg/placement.py): which node a
-session may run on, checked in the statement that claims or hands it over. Here
-the node
+What a spec asks for (:func:`placement_of`, read from the parsed spec) is
+recorded in the session's row by the store, whose claims check it
+(sessiond/log/store/pg/placement.py), as do coordination's hand-overs
+(sessiond.cluster.coordination). Here the node
 
 - hands a session it may not run (created, forked, imported or reloaded here
   with a spec that pins it elsewhere or needs labels this node lacks) to a node
@@ -19,17 +20,22 @@ the node
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from sessiond.errors import NoSuchSession, Refused
+from sessiond.errors import InvalidInput, NoSuchSession, Refused
+from sessiond.log.store.pg.placement import Placement, PlacementFor, format_labels
+from sessiond.table.spec import GitTriggerSpec, SessionSpec, parse_spec
 
 if TYPE_CHECKING:
+    from sessiond.cluster.coordination import Coordination
     from sessiond.cluster.host import Node
-    from sessiond.log.store.pg.pgstore import PgStore
+    from sessiond.log.store.base import Store
     from sessiond.table.sessions import Session
 
 log = structlog.get_logger("sessiond.cluster")
@@ -43,7 +49,8 @@ class Placer:
     moves nothing: ``ps`` and ``show`` are the local ones, and the take-over's
     sweep moves on what was made meanwhile."""
 
-    def __init__(self, store: PgStore, hand_over: HandOver) -> None:
+    def __init__(self, coordination: Coordination, store: Store, hand_over: HandOver) -> None:
+        self.coordination = coordination
         self.store = store
         self.hand_over = hand_over  # LeaseKeeper's: at a stable point, or let go
         self.node: Node | None = None
@@ -55,19 +62,16 @@ class Placer:
         """``ps`` rows of the sessions no live node runs."""
         if self.node is None:
             return []
-        return [_row(w) for w in await asyncio.to_thread(self.store.waiting)]
+        return [_row(w) for w in await asyncio.to_thread(self.coordination.waiting)]
 
     async def show_waiting(self, name: str) -> dict[str, Any] | None:
         """``show`` of a session no live node runs: what it waits for."""
         if self.node is None:
             return None
-        found = await asyncio.to_thread(self.store.placement, name)
+        found = await asyncio.to_thread(self.coordination.placement, name)
         if found is None or found[2]:
             return None  # no such session, or a live node runs it
         placed, owner, _ = found
-        # here, not at the top: a daemon on files never imports the pg package
-        from sessiond.log.store.pg.placement import waiting_reason
-
         return {
             **_row({"name": name, "node": placed.home or owner}),
             "reason": waiting_reason(placed, owner),
@@ -82,7 +86,7 @@ class Placer:
         node = self.node
         if node is None:
             return None  # not in the cluster yet: the take-over's sweep moves it
-        if name in await asyncio.to_thread(self.store.misplaced):
+        if name in await asyncio.to_thread(self.coordination.misplaced):
             s = node.table.sessions.get(name)
             if s is not None:
                 return await self.hand_over(s, None)
@@ -94,7 +98,7 @@ class Placer:
     async def sweep(self) -> None:
         """Each take-over tick: move on what this node holds and may not run."""
         assert self.node is not None  # started before the take-over
-        for name in await asyncio.to_thread(self.store.misplaced):
+        for name in await asyncio.to_thread(self.coordination.misplaced):
             s = self.node.table.sessions.get(name)
             if s is None or s.run is not None or s.state in ("running", "ready"):
                 continue  # not loaded here, or at its next stable point
@@ -103,8 +107,8 @@ class Placer:
     async def refusal(self, name: str, to: str) -> str | None:
         """Why ``name`` may not go to node ``to`` (None: it may, as far as placement goes)."""
         found, target = await asyncio.gather(
-            asyncio.to_thread(self.store.placement, name),
-            asyncio.to_thread(self.store.node_row, to),
+            asyncio.to_thread(self.coordination.placement, name),
+            asyncio.to_thread(self.coordination.node_row, to),
         )
         if found is None or target is None:
             return None  # refused by the hand-over itself, with its own reason
@@ -115,7 +119,7 @@ class Placer:
         owner hands it over at a stable point instead (without --force). Its pin
         and labels still hold; only where its workspace is changes. The epoch goes
         up with ``to``'s claim, so a node that comes back writes nothing of it."""
-        me = self.store.lease.name
+        me = self.coordination.node
         assert self.node is not None  # the take-over started it before it serves
         if name in self.node.table.sessions:
             raise Refused(
@@ -124,8 +128,8 @@ class Placer:
                 "hands it over at a stable point"
             )
         found, target = await asyncio.gather(
-            asyncio.to_thread(self.store.placement, name),
-            asyncio.to_thread(self.store.node_row, to),
+            asyncio.to_thread(self.coordination.placement, name),
+            asyncio.to_thread(self.coordination.node_row, to),
         )
         if found is None:
             raise NoSuchSession(
@@ -151,7 +155,7 @@ class Placer:
                 f"session {name!r} has no workspace tied to a node: a node it fits takes it "
                 f"over by itself (`sessionctl show {name}` says what it waits for)"
             )
-        if not await asyncio.to_thread(self.store.rehome, name, to):
+        if not await asyncio.to_thread(self.coordination.rehome, name, to):
             raise Refused(
                 f"session {name!r} was not re-homed: its node came back or {to!r} went "
                 "away meanwhile; `sessionctl ps` and `sessionctl nodes` say where things are"
@@ -187,3 +191,55 @@ def placeholder(name: str, state: str, reason: str | None, node: str | None) -> 
 
 def refused(name: str, to: str, why: str) -> Refused:
     return Refused(f"session {name!r} cannot go to node {to!r}: {why}")
+
+
+def _under(path: str, shared: Sequence[Path]) -> bool:
+    # the stored workspace is resolved (symlinks followed): so is each shared folder
+    p = Path(path)
+    roots = {r for root in shared for r in (root, Path(os.path.realpath(root)))}
+    return any(p.is_relative_to(root) for root in roots)
+
+
+def placement_of(spec: SessionSpec | None, *, here: str, shared: Sequence[Path]) -> Placement:
+    """Where ``spec`` lets its session run, written on node ``here``: its pin
+    (``node``), the labels it needs (``node_labels``), and the node its workspace
+    lives on (``run.cwd`` and any git trigger's ``repo``), unless each of those lies
+    under a ``[cluster] shared_paths`` folder or there is none."""
+    if spec is None:
+        return Placement()
+    paths = [spec.run.cwd] if spec.run is not None else []
+    paths += [t.repo for t in spec.trigger if isinstance(t, GitTriggerSpec)]
+    local = [p for p in paths if not _under(p, shared)]
+    workspace = (local or paths)[0] if paths else None
+    pinned = spec.node
+    return Placement(pinned, dict(spec.node_labels), workspace, (pinned or here) if local else None)
+
+
+def placement_for(here: str, shared: Sequence[Path]) -> PlacementFor:
+    """The store's ``placement_for`` on node ``here``: a stored spec's text, parsed
+    as the table parses it (paths resolved already), to its placement."""
+    folders = list(shared)
+
+    def placed(text: str | None) -> Placement:
+        if not text:
+            return Placement()
+        try:
+            spec = parse_spec(text, base=Path("/"), source="spec.toml")
+        except InvalidInput:
+            return Placement()  # a spec that does not parse is refused elsewhere, with the reason
+        return placement_of(spec, here=here, shared=folders)
+
+    return placed
+
+
+def waiting_reason(p: Placement, owner: str | None) -> str:
+    """What a session nobody runs now waits for, as ``ps`` and ``show`` say it."""
+    if p.pinned is not None:
+        return f"waiting for node {p.pinned} (its spec pins it there)"
+    if p.workspace_node is not None:
+        return f"waiting for node {p.workspace_node} (its workspace {p.workspace} lives there)"
+    if p.needs:
+        return f"waiting for a node with labels {format_labels(p.needs)}"
+    if owner is not None:
+        return f"waiting for a node to take it over from node {owner}"
+    return "waiting for a node to take it"

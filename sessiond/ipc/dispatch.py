@@ -228,7 +228,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
     handlers: dict[str, Handler] = {
         "ping": functools.partial(no_params, insp.ping),
         "ps": ps,
-        "nodes": functools.partial(no_params, insp.nodes),
+        "nodes": functools.partial(no_params, k.nodes),
         "show": fields(insp.show, "name"),
         "replay": fields(insp.replay, "name", "upto", "view", "cursor", "limit"),
         "gate": fields(insp.gate, "name"),

@@ -6,7 +6,6 @@ run machinery: only the table, the store and the configuration.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections import deque
@@ -16,7 +15,7 @@ import orjson
 
 from sessiond import __version__
 from sessiond.codec import TRAILER_LEN
-from sessiond.errors import InvalidInput, NoSuchSession, Refused
+from sessiond.errors import InvalidInput, NoSuchSession
 from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
@@ -60,16 +59,6 @@ class Inspection:
         have = {r["name"] for r in rows}
         rows += [w for w in await self.placement.waiting() if w["name"] not in have]
         return sorted(rows, key=lambda r: str(r["name"]))
-
-    async def nodes(self) -> list[dict[str, Any]]:
-        """The cluster's nodes (docs/design.md section 10); refused on a files daemon."""
-        rows = await asyncio.to_thread(self.ctx.store.cluster_nodes)
-        if rows is None:
-            raise Refused(
-                "this sessiond is not a cluster node: it keeps its sessions in files; "
-                "set [cluster] dsn in its configuration to make it one"
-            )
-        return rows
 
     async def show(self, name: str) -> dict[str, Any]:
         try:

@@ -74,13 +74,15 @@ class Kernel:
         self.ps = self.inspection.ps
         # a cluster node's (sessiond.cluster.lease); refused on one machine
         nodes = seams.nodes
+        self.nodes: Callable[..., Awaitable[Any]] = (
+            nodes.nodes if nodes is not None else _not_a_node
+        )
         self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = (
             nodes.migrate_node if nodes is not None else _not_a_node
         )
         self.drain: Callable[..., Awaitable[dict[str, Any]]] = (
             nodes.drain if nodes is not None else _not_a_node
         )
-        self.nodes = self.inspection.nodes
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay

@@ -36,7 +36,9 @@ class Placement(Protocol):
 
 
 class Nodes(Protocol):
-    """The syscalls that act on the cluster's nodes: ``migrate --node`` and ``drain``."""
+    """The syscalls of the cluster's nodes: ``nodes``, ``migrate --node``, ``drain``."""
+
+    async def nodes(self) -> list[dict[str, Any]]: ...
 
     async def migrate_node(
         self,
