@@ -298,3 +298,44 @@ def test_the_dispatch_table_is_built_from_bound_methods() -> None:
     assert len(tables) == 2
     lambdas = [n.lineno for fn in tables for n in ast.walk(fn) if isinstance(n, ast.Lambda)]
     assert not lambdas, f"ipc/dispatch.py: lambdas in the method tables at lines {lambdas}"
+
+
+def _module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Who imports whom among the modules of ``packages`` (every import, lazy and
+    TYPE_CHECKING ones too; ``from p import m`` names the module m)."""
+    known = {module: path for path, module in modules() if module.startswith(packages)}
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join([*base, node.module or ""]) if node.level else node.module or ""
+                name = name.rstrip(".")
+                found.update(f"{name}.{a.name}" for a in node.names)
+                found.add(name)
+        graph[module] = {m for m in found if m in known and m != module}
+    return graph
+
+
+def test_no_import_circle_in_the_cluster_floor_or_its_store() -> None:
+    """daemon/cluster ↔ daemon/placement and pg/nodes ↔ pg/placement were circles:
+    each module of the cluster, the daemon and the PostgreSQL store reaches
+    itself through no chain of imports."""
+    graph = _module_graph(("sessiond.cluster", "sessiond.daemon", "sessiond.log.store.pg"))
+    circles = []
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph[module])
+    assert not circles, f"modules that import themselves through others: {sorted(circles)}"
