@@ -56,7 +56,6 @@ class Kernel:
         self.ctx = ctx = RunContext(config, table, env)
         self.table: Table = table
         self.store: Store = table.store
-        self.seams = seams
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
         self.inspection = Inspection(ctx, seams.placement)
