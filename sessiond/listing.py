@@ -4,7 +4,7 @@ On the ground floor because both ends need the same rules: sessionctl checks
 ``--state``, ``--label`` and ``--sort`` before it sends them (a bad one is a
 usage error, with no round trip, and a did-you-mean), and the daemon filters and
 sorts with these very functions, on one daemon and across a cluster's nodes
-(daemon/forward.py), so that thousands of rows are never sent only to be dropped.
+(cluster/forward.py), so that thousands of rows are never sent only to be dropped.
 
 Terminated sessions stay in the table (and in ``ps --all``), but a listing
 leaves out those terminated more than ``HIDE_TERMINATED_AFTER`` ago, as
@@ -24,7 +24,7 @@ from typing import Any, TypedDict, TypeVar
 R = TypeVar("R", bound=Mapping[str, Any])
 
 # The states of a session (table/lifecycle.py), then the ones a cluster's ps gives a
-# session no live node answered for (daemon/forward.py, daemon/placement.py).
+# session no live node answered for (cluster/forward.py, cluster/placement.py).
 STATES = ("created", "ready", "running", "sleeping", "suspended", "blocked", "arriving",
           "terminated", "waiting", "unowned", "unknown")  # fmt: skip
 # --sort state: what needs a person first, what is over last

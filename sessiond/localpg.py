@@ -160,7 +160,7 @@ def _answers(sock: Path) -> bool:
     return True
 
 
-# Why a node ended, by its exit code (sessiond's: daemon/service.py, daemon/cluster.py).
+# Why a node ended, by its exit code (sessiond's: daemon/service.py, cluster/lease.py).
 ENDINGS = {
     1: "it could not start",
     2: "its configuration was refused",

@@ -17,7 +17,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "sessiond"
 
 # top-down: a floor may import the floors after it in this list, never one before
-FLOORS = ["daemon", "web", "ipc", "syscalls", "notify", "otel", "runs", "wake", "table", "log"]
+FLOORS = [
+    "daemon",
+    "web",
+    "cluster",
+    "ipc",
+    "syscalls",
+    "notify",
+    "otel",
+    "runs",
+    "wake",
+    "table",
+    "log",
+]
 GROUND = {
     "__init__",
     "codec",
@@ -169,17 +181,9 @@ def test_no_module_is_over_600_lines() -> None:
 # the two together: neither can be understood without the other) and inside a
 # function (a lazy import is a circle postponed, not removed).
 
-# Circles known today and being removed by the cluster floor's move (issue 28):
-# the lead empties this after merging it. A circle that no longer exists must
+# Circles known and allowed for now (none): a circle that no longer exists must
 # leave the list, so that the list can only shrink.
-KNOWN_CIRCLES: dict[str, frozenset[str]] = {
-    "daemon/ cluster <-> placement": frozenset(
-        {"sessiond.daemon.cluster", "sessiond.daemon.placement"}
-    ),
-    "pg/ nodes <-> placement": frozenset(
-        {"sessiond.log.store.pg.nodes", "sessiond.log.store.pg.placement"}
-    ),
-}
+KNOWN_CIRCLES: dict[str, frozenset[str]] = {}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -276,3 +280,173 @@ def test_the_checker_sees_a_circle() -> None:
     }
     assert sorted(sorted(c) for c in circles(graph)) == [["a", "b", "c"], ["f", "g"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+# --- the cluster floor (issue 28) ---------------------------------------------------
+
+# What is left of daemon/ once the cluster is a floor: start-up, shutdown, signals,
+# systemd, its command line and its test-only faults. Wiring only.
+DAEMON_MODULES = {"__init__", "cli", "faults", "service", "systemd"}
+# What the store keeps in PostgreSQL: events, snapshots, artifacts, the schema,
+# and the lease and epochs that fence every append. Coordination went up.
+COORDINATION = {"mail", "requests"}
+
+
+def test_the_cluster_floor_sits_between_the_syscalls_and_the_daemon() -> None:
+    order = [FLOORS.index(f) for f in ("daemon", "web", "cluster", "ipc", "syscalls")]
+    assert order == sorted(order), f"the floors are out of order: {FLOORS}"
+    assert (ROOT / "cluster" / "__init__.py").is_file()
+    daemon = {p.stem for p in (ROOT / "daemon").glob("*.py")}
+    assert daemon <= DAEMON_MODULES, f"cluster behaviour in daemon/: {daemon - DAEMON_MODULES}"
+    pg = {p.stem for p in (ROOT / "log" / "store" / "pg").glob("*.py")}
+    assert not pg & COORDINATION, f"coordination in the store: {pg & COORDINATION}"
+
+
+# The parts the daemon wires: each gets what it needs when it is constructed
+# (sessiond.syscalls.seams on a cluster node) and is never rewired afterwards, so
+# what a syscall does is read in its family, not in whichever start-up code ran.
+WIRED = {"kernel", "k", "dispatch", "sdk", "server", "program_server", "web"}
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names an object expression goes through: ``self.kernel.sdk`` ->
+    [self, kernel, sdk]; ``node.kernel`` -> [node, kernel]."""
+    names: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            if isinstance(node, ast.Name):
+                names.append(node.id)
+            return names[::-1]
+
+
+def rewired(source: str) -> list[tuple[int, str]]:
+    """Each attribute assigned (``=``, ``+=``, an annotated assignment, a
+    ``setattr``) on a wired part by anything but the part itself: (line, object).
+    An object's own ``self.x = …`` (or ``cls.x``) is its own business; the
+    kernel's ``self.kernel.x = …`` in another class is rewiring it."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.stmt | ast.expr):
+            continue  # a module, an argument list: nothing is assigned by it
+        objects: list[ast.expr] = []
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and node.args
+        ):
+            objects.append(node.args[0])
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List):
+                targets.extend(target.elts)
+            elif isinstance(target, ast.Attribute):
+                objects.append(target.value)
+        for obj in objects:
+            chain = _chain(obj)
+            if chain in (["self"], ["cls"]):
+                continue
+            if WIRED & set(chain):
+                found.append((node.lineno, ast.unparse(obj)))
+    return found
+
+
+def test_nothing_is_rewired_after_construction() -> None:
+    """No attribute of the kernel, its families, the dispatch, the SDK endpoint,
+    the servers or the console is assigned from outside: cluster mode is given
+    to them as seams when they are made."""
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{line}: {obj}.… = …"
+        for path, _ in modules()
+        for line, obj in rewired(path.read_text())
+    ]
+    assert not found, "assigned after construction:\n" + "\n".join(found)
+
+
+def test_the_rewiring_check_sees_a_rewiring() -> None:
+    """The check itself can fail: each way the cluster used to rewire the core is
+    seen, and an object's own attributes are not."""
+    seen = rewired(
+        "def install(kernel, node, dispatch, d):\n"
+        "    kernel.ps, kernel.show = 1, 2\n"
+        "    node.kernel.drain = 3\n"
+        "    node.kernel.sdk.sends.elsewhere = 4\n"
+        "    dispatch.forward = 5\n"
+        "    dispatch.logs.tail = 6\n"
+        "    d.web.cluster.forward = 7\n"
+        "    setattr(kernel, 'send', 8)\n"
+        "class Daemon:\n"
+        "    def __init__(self):\n"
+        "        self.kernel.triggers = 9\n"
+        "        self.kernel = 10\n"
+    )
+    assert [line for line, _ in seen] == [2, 2, 3, 4, 5, 6, 7, 8, 11]
+    assert not rewired("class K:\n    def reload(self, c):\n        self.config = c\n")
+
+
+def test_the_dispatch_table_is_built_from_bound_methods() -> None:
+    """No lambda in the method tables: a lambda over ``k.ps`` looks the kernel up
+    per call, which is what let start-up code swap a syscall after the fact. The
+    tables bind the families' methods once, when the dispatch is made."""
+    tree = ast.parse((ROOT / "ipc" / "dispatch.py").read_text())
+    tables = [
+        fn
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef) and fn.name in ("method_table", "answer_table")
+    ]
+    assert len(tables) == 2
+    lambdas = [n.lineno for fn in tables for n in ast.walk(fn) if isinstance(n, ast.Lambda)]
+    assert not lambdas, f"ipc/dispatch.py: lambdas in the method tables at lines {lambdas}"
+
+
+def _module_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Who imports whom among the modules of ``packages`` (every import, lazy and
+    TYPE_CHECKING ones too; ``from p import m`` names the module m)."""
+    known = {module: path for path, module in modules() if module.startswith(packages)}
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join([*base, node.module or ""]) if node.level else node.module or ""
+                name = name.rstrip(".")
+                found.update(f"{name}.{a.name}" for a in node.names)
+                found.add(name)
+        graph[module] = {m for m in found if m in known and m != module}
+    return graph
+
+
+def test_no_import_circle_in_the_cluster_floor_or_its_store() -> None:
+    """daemon/cluster ↔ daemon/placement and pg/nodes ↔ pg/placement were circles:
+    each module of the cluster, the daemon and the PostgreSQL store reaches
+    itself through no chain of imports."""
+    graph = _module_graph(("sessiond.cluster", "sessiond.daemon", "sessiond.log.store.pg"))
+    circles = []
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph[module])
+    assert not circles, f"modules that import themselves through others: {sorted(circles)}"

@@ -40,9 +40,10 @@ from typing import Any
 import psycopg
 
 from sessiond.bench import machine, run_async
+from sessiond.cluster.pg import mail
 from sessiond.localpg import LocalPostgres, bindir
 from sessiond.log.event_data import MessageReceived
-from sessiond.log.store.pg import mail, schema
+from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.arrays import ByteaArray, Int8Array, TextArray
 from sessiond.log.store.pg.committer import Batch, statement
 from sessiond.log.store.pg.pgstore import PgStore

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fsck":
         return _fsck(args)
     if args.command == "db":
-        from sessiond.daemon.clusterdb import migrate
+        from sessiond.cluster.clusterdb import migrate
 
         return migrate(args.dsn, as_json=args.json)
     from sessiond.daemon.service import run
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fsck(args: argparse.Namespace) -> int:
     if args.fsck_dsn is not None:
-        from sessiond.daemon.clusterdb import fsck_db
+        from sessiond.cluster.clusterdb import fsck_db
 
         report = fsck_db(args.fsck_dsn, repair=args.repair)
         if report is None:

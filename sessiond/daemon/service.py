@@ -27,8 +27,8 @@ import structlog
 import uvloop
 
 from sessiond import __version__, logs
+from sessiond.cluster.lease import LEASE_LOST_EXIT, make_store
 from sessiond.config import BadConfig, DaemonConfig, load_config
-from sessiond.daemon.cluster import LEASE_LOST_EXIT, make_store
 from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
@@ -42,14 +42,15 @@ from sessiond.runs.leftovers import kill_marked
 from sessiond.runs.secrets import known as known_secrets
 from sessiond.runs.subreaper import adopt_orphans
 from sessiond.syscalls.kernel import Kernel
+from sessiond.syscalls.seams import ONE_MACHINE
 from sessiond.table.sessions import Session, Table
 from sessiond.table.spec import BadSpec, load_spec_file, spec_to_toml
 from sessiond.wake.triggers import Triggers, wall_clock
 from sessiond.wire import leave_last_word
 
 if TYPE_CHECKING:
-    from sessiond.daemon.cluster import LeaseKeeper
-    from sessiond.daemon.forward import Forward
+    from sessiond.cluster.forward import Forward
+    from sessiond.cluster.node import ClusterNode
 
 log = structlog.get_logger(__name__)
 
@@ -154,26 +155,49 @@ class Daemon:
             hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
         # plain files, or a cluster node's database and its lease ([cluster] dsn)
         self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
-        self.forward: Forward | None = None  # a cluster node's carried requests
+        self.cluster: ClusterNode | None = None
+        if self.lease is not None:
+            from sessiond.cluster.node import ClusterNode  # psycopg: the cluster extra
+
+            self.cluster = ClusterNode(self.lease)
         self.table = Table(config, self.store)
         self.table.secret_values = lambda spec: known_secrets(spec, env)
-        self.kernel = Kernel(config, self.table, env, faults(config))
-        self.triggers = Triggers(self.kernel, wall_clock(config.clock_offset), config.watch_step_ms)
-        self.kernel.triggers = self.triggers
+        self.notices = Notices(config, self.table, self.store)
+
+        def triggers(kernel: Kernel) -> Triggers:
+            return Triggers(kernel, wall_clock(config.clock_offset), config.watch_step_ms)
+
+        self.kernel = Kernel(
+            config,
+            self.table,
+            env,
+            self.cluster.seams if self.cluster is not None else ONE_MACHINE,
+            notices=self.notices,
+            triggers=triggers,
+            faults=faults(config),
+        )
+        assert isinstance(self.kernel.triggers, Triggers)
+        self.triggers: Triggers = self.kernel.triggers
         self.table.next_wake_fn = self.triggers.next_wake
-        self.server = Server(config, self.kernel, self.reload)
+        # a cluster node's carried requests: any node's socket serves the whole cluster
+        self.forward: Forward | None = None
+        if self.cluster is not None:
+            self.forward = self.cluster.forwarding(self)
+        hints = self.forward.hints if self.forward is not None else None
+        self.server = Server(config, self.kernel, self.reload, router=self.forward, follows=hints)
         # the programs' own socket (docs/design.md section 8): never the control socket
-        self.program_server = Server(config, self.kernel, self.reload, endpoint="program")
+        self.program_server = Server(
+            config, self.kernel, self.reload, endpoint="program", router=self.forward, follows=hints
+        )
         self.web: Any = None
         if metrics is not None:
             from sessiond.web.server import WebServer
 
             metrics.watch(self.table)
-            self.web = WebServer(config.web, self.kernel, metrics)
+            # on a cluster node its table, inbox and actions are the whole cluster's
+            self.web = WebServer(config.web, self.kernel, metrics, self.forward, hints)
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
-        self.notices = Notices(config, self.table, self.store)
-        self.kernel.observe.notices = self.notices
         self.traces = Traces(config, self.table)
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -187,16 +211,6 @@ class Daemon:
                 f"the web console cannot listen on {self.config.web.listen}: "
                 f"{exc.strerror or exc}; change [web] listen or free the port"
             ) from exc
-
-    def _forward(self, lease: LeaseKeeper) -> Forward:
-        from sessiond.daemon.forward import Forward  # psycopg: the cluster extra
-
-        forward = Forward(lease, self, self.server.dispatch)
-        forward.start(self.program_server.dispatch)
-        if self.web is not None:  # its table, inbox and actions: the whole cluster's
-            self.web.cluster.forward = forward
-            self.web.cluster.hints = forward.hints
-        return forward
 
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
@@ -244,10 +258,10 @@ class Daemon:
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
         await self._start_web()  # before the socket: `sessionctl web` needs its port
-        if self.lease is not None:  # from now on, take over what dead nodes leave
-            self.lease.take_over(self)
-            self.lease.carry_messages(self)
-            self.forward = self._forward(self.lease)  # any node serves the whole cluster
+        if self.cluster is not None and self.forward is not None:
+            # from now on: take over what dead nodes leave, deliver messages, carry
+            # requests (nothing awaits in between: no request comes before)
+            self.cluster.start(self, self.forward, self.server.dispatch)
         await self.server.start(activated_socket(self.env))
         await self.program_server.start()
         self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)
@@ -419,13 +433,11 @@ class Daemon:
                 fresh = fresh.model_copy(update={"run": run})
             if fresh.notify != self.config.notify:
                 notes.append("[[notify]] changes take effect at the next start")
-            self.server.allow(fresh.access)
-            self.program_server.allow(fresh.access)
+            self.server.reconfigure(fresh)
+            self.program_server.reconfigure(fresh)
             self.config = fresh
             self.table.config = fresh
-            self.kernel.config = fresh
-            self.server.config = fresh
-            self.program_server.config = fresh
+            self.kernel.reconfigure(fresh)
             scheduler = self.kernel.scheduler
             scheduler.max_running = fresh.max_running
             scheduler.per_agent = fresh.max_running_per_agent
@@ -444,7 +456,7 @@ class Daemon:
             # graceful stop whose every append the fence refuses.
             self.lease.end_if_lapsed()
         self.notifier.stopping()
-        self.kernel.stopping = True  # nothing new starts from here on
+        self.kernel.shut()  # nothing new starts from here on
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         await self.kernel.retention.aclose()
@@ -473,10 +485,8 @@ class Daemon:
         await self.server.close()
         await self.program_server.close()
         await self.table.close()
-        if self.forward is not None:
-            await self.forward.close()
-        if self.lease is not None:
-            await self.lease.close()
+        if self.cluster is not None:
+            await self.cluster.close(self.forward)
         write_durable(self.config.state_dir / CLEAN_MARKER, b"clean\n")
         self.notifier.close()
         log.info("daemon.stopped")

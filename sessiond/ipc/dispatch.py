@@ -2,7 +2,7 @@
 request, and turning what happens into exactly one answer.
 
 The table maps each wire method to its params model (sessiond.ipc.params) and the
-Kernel call it makes; nothing else is reachable from the socket. A SessiondError
+syscall it makes; nothing else is reachable from the socket. A SessiondError
 becomes an error answer with its stable code and exit code; anything else is a bug,
 logged and answered as ``internal`` so the connection (and the daemon) goes on.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import pwd
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ import structlog
 from sessiond.errors import InvalidInput, SessiondError, recognised
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
-from sessiond.ipc.forwarding import Forwarding
 from sessiond.ipc.frames import Frames, error, reply
 from sessiond.ipc.params import (
     ApplyParams,
@@ -61,6 +61,7 @@ from sessiond.listing import Listing
 from sessiond.replies import JsonObject, Who
 from sessiond.syscalls import console
 from sessiond.syscalls.kernel import Kernel
+from sessiond.syscalls.seams import Follows, Router
 from sessiond.wire import Frame
 from sessiond.wire import Params as WireParams
 
@@ -137,70 +138,133 @@ def listing_of(p: PsParams) -> Listing:
         raise InvalidInput(str(exc)) from None
 
 
+# Every one-answer method and its params model (``log`` streams: LogStream answers
+# it). Known without a kernel: the hostile tests fuzz each of them.
+METHOD_PARAMS: dict[str, type[Params]] = {
+    "ping": NoParams,
+    "ps": PsParams,
+    "nodes": NoParams,
+    "show": NameParams,
+    "replay": ReplayParams,
+    "gate": NameParams,
+    "create": CreateParams,
+    "activate": NameParams,
+    "suspend": NameParams,
+    "resume": NameParams,
+    "interrupt": NameParams,
+    "cancel": NameParams,
+    "fork": ForkParams,
+    "merge": MergeParams,
+    "send": SendParams,
+    "migrate": MigrateParams,
+    "drain": NameParams,
+    "compact": CompactParams,
+    # daemon to daemon: the end of a hand-over (sessiond.syscalls.handover)
+    "handover.finish": HandoverParams,
+    "handover.abort": HandoverParams,
+    "handover.status": HandoverParams,
+    "reload": NoParams,
+    "notify": NoParams,
+    # the web console's lists, a node's own: any node's console lists the cluster's
+    "web.rows": NoParams,
+    "web.approvals": ConsoleParams,
+    "cat": NameParams,
+    "trace.export": NameParams,
+    "output": OutputParams,
+    "sdk.context": SdkContextParams,
+    "sdk.step": SdkStepParams,
+    "sdk.step_done": SdkStepDoneParams,
+    "sdk.verify": SdkVerifyParams,
+    "sdk.send": SdkSendParams,
+    "sdk.end": SdkEndParams,
+}
+
+# The operator's answers and their params models.
+ANSWER_PARAMS: dict[str, type[Params]] = {
+    "approve": ApproveParams,
+    "deny": ApproveParams,
+    "resolve": ResolveParams,
+    "web.login": NoParams,
+    "apply": ApplyParams,
+    "gc": GcParams,
+}
+
+
+def fields(fn: Callable[..., Awaitable[Any]], *names: str) -> Handler:
+    """A handler that calls ``fn`` with the params' fields ``names``, in order.
+    ``fn`` is a bound method of a syscall family, looked up once, here."""
+
+    def handler(p: Any) -> Awaitable[Any]:
+        return fn(*(getattr(p, name) for name in names))
+
+    return handler
+
+
 def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
-    """Every one-answer method: its params model and the Kernel call it makes.
-    (``log`` streams, so LogStream answers it.) Building the table only wires
-    lambdas: nothing is called until a request comes."""
-    return {
-        "ping": (NoParams, lambda _: k.ping()),
-        "ps": (PsParams, lambda p: k.ps_listed(listing_of(p), p.footer)),
-        "nodes": (NoParams, lambda _: k.nodes()),
-        "show": (NameParams, lambda p: k.show(p.name)),
-        "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),
-        "gate": (NameParams, lambda p: k.gate(p.name)),
-        "create": (CreateParams, lambda p: k.create(p.spec, p.base, p.source)),
-        "activate": (NameParams, lambda p: k.activate(p.name)),
-        "suspend": (NameParams, lambda p: k.suspend(p.name)),
-        "resume": (NameParams, lambda p: k.resume(p.name)),
-        "interrupt": (NameParams, lambda p: k.interrupt(p.name)),
-        "cancel": (NameParams, lambda p: k.cancel(p.name)),
-        "fork": (ForkParams, lambda p: k.fork(p.name, p.new, p.at, p.with_triggers)),
-        "merge": (MergeParams, lambda p: k.merge(p.child, p.into, p.summary)),
-        "send": (SendParams, lambda p: k.send(p.to, p.text, p.sender)),
-        "migrate": (
-            MigrateParams,
-            lambda p: (
-                k.migrate(p.name, p.profile, p.to)
-                if p.node is None
-                else k.migrate_node(p.name, p.node, p.profile, p.to, force=p.force)
-            ),
-        ),
-        "drain": (NameParams, lambda p: k.drain(p.name)),
-        "compact": (CompactParams, lambda p: k.compact(p.name, p.keep)),
-        # daemon to daemon: the end of a hand-over (sessiond.syscalls.handover)
-        "handover.finish": (HandoverParams, lambda p: k.handover_finish(p.name, p.handover)),
-        "handover.abort": (HandoverParams, lambda p: k.handover_abort(p.name, p.handover)),
-        "handover.status": (HandoverParams, lambda p: k.handover_status(p.name, p.handover)),
-        "reload": (NoParams, lambda _: reload()),
-        "notify": (NoParams, lambda _: k.observe.notify_status()),
-        # the web console's lists, a node's own: any node's console lists the cluster's
-        "web.rows": (NoParams, lambda _: console.rows(k.table, console.node_of(k.config))),
-        "web.approvals": (
-            ConsoleParams,
-            lambda p: console.approvals(
-                k.table if p.name is None else [k.table.get(p.name)], console.node_of(k.config)
-            ),
-        ),
-        "cat": (NameParams, lambda p: k.observe.cat(p.name)),
-        "trace.export": (NameParams, lambda p: k.observe.trace_export(p.name)),
-        "output": (
-            OutputParams,
-            lambda p: k.output(
-                p.name, p.run, p.stream, offset=p.offset, wait=p.wait, after=p.after
-            ),
-        ),
-        "sdk.context": (SdkContextParams, lambda p: k.sdk_context(p.token, p.cursor, p.limit)),
-        # lambdas, not bound methods: the table is built before (and in the hostile
-        # tests, without) a kernel; nothing is looked up until a request comes
-        "sdk.step": (SdkStepParams, lambda p: k.sdk_step(p)),  # noqa: PLW0108
-        "sdk.step_done": (SdkStepDoneParams, lambda p: k.sdk_step_done(p)),  # noqa: PLW0108
-        "sdk.verify": (
-            SdkVerifyParams,
-            lambda p: k.sdk_verify(p.token, p.check, p.ok, p.output),
-        ),
-        "sdk.send": (SdkSendParams, lambda p: k.sdk_send(p)),  # noqa: PLW0108
-        "sdk.end": (SdkEndParams, lambda p: k.sdk_end(p.token, p.intent, p.summary)),
+    """Every one-answer method: its params model and the syscall it makes, bound
+    when the table is built (the kernel's families never change after their
+    construction: a cluster node's differences are their seams)."""
+    insp, ctl, lin, ho, obs, sdk = k.inspection, k.control, k.lineage, k.handover, k.observe, k.sdk
+    ps_listed, migrate_node, output = k.ps_listed, k.migrate_node, k.output
+    table, node = k.table, console.node_of(k.config)
+
+    async def ps(p: PsParams) -> Any:
+        return await ps_listed(listing_of(p), p.footer)
+
+    async def migrate(p: MigrateParams) -> Any:
+        if p.node is None:
+            return await lin.migrate(p.name, p.profile, p.to)
+        return await migrate_node(p.name, p.node, p.profile, p.to, force=p.force)
+
+    async def web_rows(_: NoParams) -> Any:
+        return await console.rows(table, node)
+
+    async def web_approvals(p: ConsoleParams) -> Any:
+        return await console.approvals(table if p.name is None else [table.get(p.name)], node)
+
+    async def output_of(p: OutputParams) -> Any:
+        return await output(p.name, p.run, p.stream, offset=p.offset, wait=p.wait, after=p.after)
+
+    async def no_params(fn: Callable[[], Awaitable[Any]], _: NoParams) -> Any:
+        return await fn()
+
+    handlers: dict[str, Handler] = {
+        "ping": functools.partial(no_params, insp.ping),
+        "ps": ps,
+        "nodes": functools.partial(no_params, k.nodes),
+        "show": fields(insp.show, "name"),
+        "replay": fields(insp.replay, "name", "upto", "view", "cursor", "limit"),
+        "gate": fields(insp.gate, "name"),
+        "create": fields(ctl.create, "spec", "base", "source"),
+        "activate": fields(ctl.activate, "name"),
+        "suspend": fields(ctl.suspend, "name"),
+        "resume": fields(ctl.resume, "name"),
+        "interrupt": fields(ctl.interrupt, "name"),
+        "cancel": fields(ctl.cancel, "name"),
+        "fork": fields(lin.fork, "name", "new", "at", "with_triggers"),
+        "merge": fields(lin.merge, "child", "into", "summary"),
+        "send": fields(lin.send, "to", "text", "sender"),
+        "migrate": migrate,
+        "drain": fields(k.drain, "name"),
+        "compact": fields(lin.compact, "name", "keep"),
+        "handover.finish": fields(ho.finish, "name", "handover"),
+        "handover.abort": fields(ho.discard, "name", "handover"),
+        "handover.status": fields(ho.status, "name", "handover"),
+        "reload": functools.partial(no_params, reload),
+        "notify": functools.partial(no_params, obs.notify_status),
+        "web.rows": web_rows,
+        "web.approvals": web_approvals,
+        "cat": fields(obs.cat, "name"),
+        "trace.export": fields(obs.trace_export, "name"),
+        "output": output_of,
+        "sdk.context": fields(sdk.sdk_context, "token", "cursor", "limit"),
+        "sdk.step": sdk.sdk_step,
+        "sdk.step_done": sdk.sdk_step_done,
+        "sdk.verify": fields(sdk.sdk_verify, "token", "check", "ok", "output"),
+        "sdk.send": sdk.sdk_send,
+        "sdk.end": fields(sdk.sdk_end, "token", "intent", "summary"),
     }
+    return {method: (model, handlers[method]) for method, model in METHOD_PARAMS.items()}
 
 
 Still = Callable[[Any], None] | None
@@ -211,20 +275,35 @@ def answer_table(k: Kernel) -> dict[str, tuple[type[Params], AnswerHandler]]:
     """The operator's answers: each records who gave it, from the peer's credentials
     (``by`` in the request is a free-text note beside it, never the identity).
     ``c`` (approve, deny): the peer is checked again under the session's lock."""
-    return {
-        "approve": (ApproveParams, lambda p, w, c: k.approve(p.name, p.call, p.by, who=w, check=c)),
-        "deny": (
-            ApproveParams,
-            lambda p, w, c: k.deny(p.name, p.call, p.by, p.reason, who=w, check=c),
-        ),
-        "resolve": (ResolveParams, lambda p, w, _c: k.resolve(p.name, p.option, p.by, who=w)),
-        "web.login": (NoParams, lambda _, w, _c: k.web_login(w)),
-        "apply": (
-            ApplyParams,
-            lambda p, w, _c: k.apply(p.name, p.spec, p.base, p.source, p.by, who=w),
-        ),
-        "gc": (GcParams, lambda p, w, _c: k.gc(p.dry_run, who=w)),
+    approvals, resolve, web_login, gc = k.approvals, k.resolve, k.web_login, k.retention.gc
+
+    async def approve(p: ApproveParams, w: Who | None, c: Still) -> Any:
+        return await approvals.approve(p.name, p.call, p.by, who=w, check=c)
+
+    async def deny(p: ApproveParams, w: Who | None, c: Still) -> Any:
+        return await approvals.deny(p.name, p.call, p.by, p.reason, who=w, check=c)
+
+    async def resolve_(p: ResolveParams, w: Who | None, _c: Still) -> Any:
+        return await resolve(p.name, p.option, p.by, who=w)
+
+    async def login(_: NoParams, w: Who | None, _c: Still) -> Any:
+        return await web_login(w)
+
+    async def apply(p: ApplyParams, w: Who | None, _c: Still) -> Any:
+        return await approvals.apply(p.name, p.spec, p.base, p.source, p.by, who=w)
+
+    async def gc_(p: GcParams, w: Who | None, _c: Still) -> Any:
+        return await gc(p.dry_run, who=w)
+
+    handlers: dict[str, AnswerHandler] = {
+        "approve": approve,
+        "deny": deny,
+        "resolve": resolve_,
+        "web.login": login,
+        "apply": apply,
+        "gc": gc_,
     }
+    return {method: (model, handlers[method]) for method, model in ANSWER_PARAMS.items()}
 
 
 def failed(request_id: Any, exc: Exception) -> Frame:
@@ -247,15 +326,22 @@ def failed(request_id: Any, exc: Exception) -> Frame:
 class Dispatch:
     """Answers one request frame on a connection: decode, check, call, reply."""
 
-    def __init__(self, kernel: Kernel, reload: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        reload: Callable[[], Awaitable[Any]],
+        router: Router | None = None,
+        follows: Follows | None = None,
+    ) -> None:
         self.kernel = kernel
         self.methods = method_table(kernel, reload)
         self.answers = answer_table(kernel)
-        self.logs = LogStream(kernel)
+        # a cluster node's: `log S --follow` reads S's events wherever S runs
+        self.logs = LogStream(kernel, follows)
         self.bundles = BundleStream(kernel)
         self.guard = ProgramGuard(kernel.table, kernel.tokens.session_for)
         # a cluster node's: requests for sessions other nodes own go there
-        self.forward: Forwarding | None = None
+        self.forward = router
 
     def _admit(self, caller: Caller, method: str, request: JsonObject, params: Any) -> Any:
         """The params to serve ``method`` with for ``caller``, or a refusal."""

@@ -27,7 +27,7 @@ import structlog
 from sessiond.errors import FellBehind, InvalidInput
 from sessiond.ipc.frames import Frames, error, reply, reply_encoded
 from sessiond.ipc.params import LogParams
-from sessiond.ipc.tail import Tail
+from sessiond.ipc.tail import Hints, Tail
 from sessiond.log.events import EVENT_TYPES
 from sessiond.log.store.base import Record
 from sessiond.syscalls.kernel import Kernel
@@ -76,11 +76,11 @@ class Buffer:
 class LogStream:
     """Answers ``log`` requests from the kernel's logs and the table's listeners."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, hints: Hints | None = None) -> None:
         self.kernel = kernel
-        # a cluster node's: one session is followed from the database, wherever it
-        # runs, and across a take-over (sessiond.ipc.tail)
-        self.tail: Tail | None = None
+        # a cluster node's (its hints given): one session is followed from the
+        # database, wherever it runs, and across a take-over (sessiond.ipc.tail)
+        self.tail = Tail(kernel, hints) if hints is not None else None
 
     async def serve(
         self,

@@ -1,23 +1,22 @@
 """Which requests a cluster node carries to the node that owns their session
 (docs/design.md section 10: any node's socket serves the whole cluster).
 
-The dispatch asks its ``Forwarding`` (set by the daemon on a cluster node, None
-otherwise) before it serves a request, after the peer checks: a process of a
-run is refused on the control socket here, on the node it connected to, and
-never reaches another node; on the program endpoint a program gets only what
-its spec grants (never an operator action), checked here too. The forwarding
-itself (the database, the waiting) is the daemon's (sessiond.daemon.forward);
-this floor only names what is carried and how a reply turns back into the
-error it was.
+The dispatch asks its router (a :class:`~sessiond.syscalls.seams.Router`, given
+at its construction on a cluster node, None otherwise) before it serves a
+request, after the peer checks: a process of a run is refused on the control
+socket here, on the node it connected to, and never reaches another node; on
+the program endpoint a program gets only what its spec grants (never an
+operator action), checked here too. The forwarding itself (the database, the
+waiting) is the cluster floor's (sessiond.cluster.forward); this floor only
+names what is carried and how a reply turns back into the error it was.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from sessiond.errors import SessiondError
-from sessiond.replies import JsonObject, Who
 
 # Each carried method and the param that names its session. The others are
 # answered here: ping, nodes, create, drain, reload, gc, web.login, notify, the
@@ -47,16 +46,6 @@ ROUTED: dict[str, str] = {
     "apply": "name",
     "web.approvals": "name",  # without a name: the node's own (sessiond.syscalls.console)
 }
-
-
-class Forwarding(Protocol):
-    """Carries a request to the node that should answer it."""
-
-    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]:
-        """(True, the result) when another node answered it (or this node's view of
-        the whole cluster, for ``ps``); (False, None) when it is this node's to
-        answer. Raises the SessiondError the owner raised."""
-        ...
 
 
 class Carried(SessiondError):

@@ -31,6 +31,7 @@ from sessiond.ipc.runpeer import Examiner
 from sessiond.paths import program_socket
 from sessiond.sandboxconfig import dynamic_uids_on, run_uids
 from sessiond.syscalls.kernel import Kernel
+from sessiond.syscalls.seams import Follows, Router
 from sessiond.wire import last_word_path
 
 log = structlog.get_logger(__name__)
@@ -38,7 +39,7 @@ log = structlog.get_logger(__name__)
 
 class Server:
     """Owns the listening socket and the connection tasks; the daemon starts and
-    closes it, and on a reload swaps ``config`` and calls ``allow``.
+    closes it, and on a reload calls ``reconfigure``.
 
     The daemon has two: the control socket (``endpoint="control"``, for people:
     a peer that is a process of a run may only ping there) and the program
@@ -51,6 +52,8 @@ class Server:
         reload: Callable[[], Awaitable[Any]],
         *,
         endpoint: Literal["control", "program"] = "control",
+        router: Router | None = None,
+        follows: Follows | None = None,
     ) -> None:
         self.config = config
         self.endpoint = endpoint
@@ -61,11 +64,17 @@ class Server:
         self._per_uid: Counter[int] = Counter()
         self.activated = False
         self.peers = Peers(config.access, run_uids(config))
-        self.dispatch = Dispatch(kernel, reload)
+        # a cluster node's seams: requests carried to other nodes, follows across them
+        self.dispatch = Dispatch(kernel, reload, router, follows)
 
     def allow(self, access: AccessConfig) -> None:
         """Who may connect (see Peers.allow); a reload applies it to the next connections."""
         self.peers.allow(access, run_uids(self.config))
+
+    def reconfigure(self, config: DaemonConfig) -> None:
+        """A reload: who may connect next, and the configuration the server reads."""
+        self.allow(config.access)
+        self.config = config
 
     # --- the socket -----------------------------------------------------------------
 

@@ -7,7 +7,7 @@ the seq after the last one it dealt with: it gets every committed event once,
 in order, and a take-over changes nothing for it (the new owner appends the
 next seqs to the same table). What wakes it is a hint, never the data: this
 node's own appends (the table's listeners) and, for a session another node
-runs, that node's NOTIFY (``Hints``: sessiond.daemon.follows); a lost hint costs
+runs, that node's NOTIFY (``Hints``: sessiond.cluster.follows); a lost hint costs
 at most one poll (``POLL``), the backstop.
 
 Unlike the owner's in-memory follow (sessiond.ipc.follow) it never falls

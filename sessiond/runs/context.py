@@ -81,7 +81,7 @@ class RunContext:
         # a retry's backoff, or a daily budget's renewal, per session
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
         self.background: set[asyncio.Task[Any]] = set()
-        self.triggers: TriggerHooks | None = None  # sessiond.wake, set by the daemon
+        self.triggers: TriggerHooks | None = None  # sessiond.wake, made by the Kernel
         self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
         self._cgroups: tuple[RunConfig, CgroupSupport | None, str] | None = None

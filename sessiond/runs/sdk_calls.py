@@ -25,7 +25,7 @@ from sessiond.log.state import State
 from sessiond.log.store.base import Draft
 from sessiond.replies import Sent
 from sessiond.runs.context import RunContext
-from sessiond.runs.sends import Sends
+from sessiond.runs.sends import Elsewhere, Sends
 from sessiond.runs.steps import Steps
 from sessiond.runs.tokens import Tokens
 from sessiond.sdkwire import Ack, ContextAnswer, StepAnswer, StepReply, TranscriptItem, TurnContext
@@ -39,12 +39,18 @@ Send = Callable[..., Awaitable[Sent]]
 class SdkCalls:
     """The ``sdk.*`` calls of a running program, checked against its run token."""
 
-    def __init__(self, ctx: RunContext, tokens: Tokens, send: Send) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        tokens: Tokens,
+        send: Send,
+        elsewhere: Elsewhere | None = None,
+    ) -> None:
         self.ctx = ctx
         self.tokens = tokens
-        self.send = send
+        self.send = send  # the ``send`` syscall: on a cluster node, to any node's session
         self.steps = Steps(ctx)
-        self.sends = Sends(self.steps)
+        self.sends = Sends(self.steps, elsewhere)
         # the context each session's open turn began with: (turn, the seq it began
         # after, the fold up to there, the context but its messages)
         self._turn_context: dict[str, tuple[int, int, State, TurnContext]] = {}

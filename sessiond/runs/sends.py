@@ -25,16 +25,19 @@ from sessiond.sdkwire import StepAnswer, StepReply
 from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 
+# Is a session this node does not have one of the cluster's (on another node)?
+Elsewhere = Callable[[str], Awaitable[bool]]
+
 
 class Sends:
     """``sdk.send``: a step whose work is the daemon's own ``send`` syscall."""
 
-    def __init__(self, steps: Steps) -> None:
+    def __init__(self, steps: Steps, elsewhere: Elsewhere | None = None) -> None:
         self.steps = steps
         self.ctx = steps.ctx
-        # A cluster node's (daemon/forward.py): is a session this node does not
-        # have one of the cluster's? Then the message goes to its owner.
-        self.elsewhere: Callable[[str], Awaitable[bool]] | None = None
+        # A cluster node's (sessiond.cluster.mailbox): is a session this node does
+        # not have one of the cluster's? Then the message goes to its owner.
+        self.elsewhere = elsewhere
 
     async def send(
         self, s: Session, grant: RunGrant, p: Any, deliver: Deliver, answer: Answer

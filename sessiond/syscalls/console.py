@@ -4,7 +4,7 @@ its pending approvals (docs/design.md section 11).
 Here, under the web floor, because on a cluster node the console lists the whole
 cluster (docs/design.md section 10): each node answers ``web.rows`` and
 ``web.approvals`` for its own sessions, carried to it like ``ps``
-(sessiond.daemon.forward), and the web floor merges the answers.
+(sessiond.cluster.forward), and the web floor merges the answers.
 """
 
 from __future__ import annotations

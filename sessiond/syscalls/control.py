@@ -19,6 +19,7 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import covered
 from sessiond.runs.runs import Runs
 from sessiond.runs.sandbox import spec_refusal
+from sessiond.syscalls.seams import Placement
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
 from sessiond.table.sessions import Session, file_hash
@@ -30,9 +31,11 @@ log = structlog.get_logger(__name__)
 class Control:
     """Creating sessions and moving them through their lifecycle on request."""
 
-    def __init__(self, ctx: RunContext, runs: Runs) -> None:
+    def __init__(self, ctx: RunContext, runs: Runs, placement: Placement | None = None) -> None:
         self.ctx = ctx
         self.runs = runs
+        # a cluster node's: a session made here that may not run here goes on
+        self.placement = placement
 
     def _usable(self, name: str) -> Session:
         """The session, refused with the reason when its log cannot be used (corrupt,
@@ -52,8 +55,10 @@ class Control:
     async def create(self, spec: str, base: str, source: str = "spec") -> SessionDetail:
         parsed = parse_spec(spec, base=Path(base), source=source)
         # the session itself, not the table's: on a cluster node it may be handed
-        # to another node as soon as it is made (daemon/placement.py)
-        return detail(await self.create_spec(parsed))
+        # to another node as soon as it is made (sessiond.cluster.placement)
+        answer = detail(await self._create_here(parsed))
+        moved = await self.placement.place(parsed.name) if self.placement else None
+        return answer if moved is None else {**answer, "handed_to": moved}
 
     def check_spec(self, spec: SessionSpec) -> None:
         """What this daemon can run: ``check_environment`` with its own pids
@@ -65,7 +70,15 @@ class Control:
             raise BadSpec(f"{spec.name}: {refusal}")
 
     async def create_spec(self, spec: SessionSpec) -> Session:
-        """A new session from a parsed spec (``create``, and the daemon's spec folder)."""
+        """A new session from a parsed spec (the daemon's spec folder); on a cluster
+        node, handed on when it may not run here."""
+        s = await self._create_here(spec)
+        if self.placement is not None:
+            await self.placement.place(s.name)
+        return s
+
+    async def _create_here(self, spec: SessionSpec) -> Session:
+        """A new session from a parsed spec, made on this node."""
         self.check_spec(spec)
         if spec.name in self.ctx.table.sessions:
             raise AlreadyExists(

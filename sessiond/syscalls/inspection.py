@@ -6,7 +6,6 @@ run machinery: only the table, the store and the configuration.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections import deque
@@ -16,21 +15,23 @@ import orjson
 
 from sessiond import __version__
 from sessiond.codec import TRAILER_LEN
-from sessiond.errors import InvalidInput, Refused
+from sessiond.errors import InvalidInput, NoSuchSession
 from sessiond.log.pace import Pacer, fetched
 from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
-from sessiond.replies import GateReport, Ping, PsRow, SessionDetail
+from sessiond.replies import GateReport, Ping, PsRow, SessionDetail, WaitingSession
 from sessiond.runs.context import RunContext
 from sessiond.sandboxconfig import dynamic_uids_on
+from sessiond.syscalls.seams import Placement
 from sessiond.syscalls.views import detail, gate_report, replay_view
 
 
 class Inspection:
     """What a person or a program may look at: the table, a session, its log."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, placement: Placement | None = None) -> None:
         self.ctx = ctx
+        self.placement = placement  # a cluster node's: the sessions no live node runs
 
     async def ping(self) -> Ping:
         return {
@@ -54,20 +55,21 @@ class Inspection:
         boundary = "sandbox" if self.ctx.config.run.sandbox == "on" else "off"
         for row in rows:  # where runs are confined, or that they are not
             row["boundary"] = boundary
-        return rows
+        if self.placement is None:
+            return rows
+        have = {r["name"] for r in rows}
+        rows += [w for w in await self.placement.waiting() if w["name"] not in have]
+        return sorted(rows, key=lambda r: str(r["name"]))
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        """The cluster's nodes (docs/design.md section 10); refused on a files daemon."""
-        rows = await asyncio.to_thread(self.ctx.store.cluster_nodes)
-        if rows is None:
-            raise Refused(
-                "this sessiond is not a cluster node: it keeps its sessions in files; "
-                "set [cluster] dsn in its configuration to make it one"
-            )
-        return rows
-
-    async def show(self, name: str) -> SessionDetail:
-        s = self.ctx.table.get(name)
+    async def show(self, name: str) -> SessionDetail | WaitingSession:
+        try:
+            s = self.ctx.table.get(name)
+        except NoSuchSession:
+            # on a cluster node: one no live node runs says what it waits for
+            waiting = await self.placement.show_waiting(name) if self.placement else None
+            if waiting is None:
+                raise
+            return waiting
         shown = detail(s)
         run = s.spec.run if s.spec is not None else None
         config = self.ctx.config.run

@@ -19,6 +19,7 @@ from sessiond.config import DaemonConfig
 from sessiond.errors import Refused
 from sessiond.listing import Listing
 from sessiond.log.store.base import Record, Store
+from sessiond.notify import Notices
 from sessiond.replies import SessionDetail, WaitingSession, WebLogin, Who
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.faults import NO_FAULTS, Faults
@@ -34,16 +35,25 @@ from sessiond.syscalls.logins import Logins
 from sessiond.syscalls.observe import Observe
 from sessiond.syscalls.output import RunOutput
 from sessiond.syscalls.retention import Retention
+from sessiond.syscalls.seams import ONE_MACHINE, Seams
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
 
 
 class Kernel:
+    """``seams``: what a cluster node changes (sessiond.syscalls.seams), given here
+    and never swapped later; ``notices``: the notification targets, if any;
+    ``triggers``: makes the wake sources of this kernel (the daemon's), if any."""
+
     def __init__(  # noqa: PLR0915 - one attribute per syscall family
         self,
         config: DaemonConfig,
         table: Table,
         env: dict[str, str],
+        seams: Seams = ONE_MACHINE,
+        *,
+        notices: Notices | None = None,
+        triggers: Callable[[Kernel], TriggerHooks] | None = None,
         faults: Faults = NO_FAULTS,
     ) -> None:
         self.ctx = ctx = RunContext(config, table, env, faults)
@@ -51,23 +61,30 @@ class Kernel:
         self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
-        self.inspection = Inspection(ctx)
-        self.control = Control(ctx, runs)
+        self.inspection = Inspection(ctx, seams.placement)
+        self.control = Control(ctx, runs, seams.placement)
         self.handover = Handovers(ctx)
-        self.lineage = Lineage(ctx, runs, self.handover)
+        self.lineage = Lineage(ctx, runs, self.handover, seams.mail)
         self.approvals = Approvals(ctx, runs)
         self.retention = Retention(ctx)
-        self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send)
+        elsewhere = seams.mail.exists if seams.mail is not None else None
+        self.sdk = sdk = SdkCalls(ctx, self.tokens, self.lineage.send, elsewhere)
         self.logins = Logins(config.state_dir)  # the web console's (docs/design.md section 11)
-        self.web_port: int | None = None  # the port the web console bound (the daemon sets it)
 
         # inspection
         self.ping = self.inspection.ping
         self.ps = self.inspection.ps
-        # a cluster node's daemon replaces these two (daemon/cluster.py)
-        self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
-        self.drain: Callable[..., Awaitable[dict[str, Any]]] = _not_a_node
-        self.nodes = self.inspection.nodes
+        # a cluster node's (sessiond.cluster.lease); refused on one machine
+        nodes = seams.nodes
+        self.nodes: Callable[..., Awaitable[Any]] = (
+            nodes.nodes if nodes is not None else _not_a_node
+        )
+        self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = (
+            nodes.migrate_node if nodes is not None else _not_a_node
+        )
+        self.drain: Callable[..., Awaitable[dict[str, Any]]] = (
+            nodes.drain if nodes is not None else _not_a_node
+        )
         self.show: Callable[[str], Awaitable[SessionDetail | WaitingSession]]
         self.show = self.inspection.show
         self.log_ = self.inspection.log_
@@ -100,7 +117,7 @@ class Kernel:
         self.resolve = self.handover.resolving(self.approvals.resolve)  # arriving: there
         self.apply = self.approvals.apply
         # notifications, traces, the stored spec (section 11)
-        self.observe = Observe(ctx)
+        self.observe = Observe(ctx, notices)
         self.output = RunOutput(ctx, self.tokens).output  # a run's stdout/stderr
         self.gc = self.retention.gc  # [retention] (docs/design.md section 6)
         # the SDK (a running program's calls)
@@ -114,6 +131,8 @@ class Kernel:
         # the run machinery (the triggers and the daemon)
         self.stop_run = runs.stop_run
         self.spawn = ctx.spawn
+        # the wake sources last: they read the syscalls above
+        ctx.triggers = triggers(self) if triggers is not None else None
 
     async def wake(
         self,
@@ -132,7 +151,7 @@ class Kernel:
     ) -> Any:
         """``ps``: the rows ``listing`` asks for, in its order (filtered here, not by
         the client: a table of thousands is not sent to be dropped). ``self.ps`` is
-        looked up per call: a cluster node's placement adds the sessions no live node
+        the inspection's: a cluster node's placement adds the sessions no live node
         runs. With ``footer``: how many terminated rows hid, and every name seen."""
         rows = await self.ps()
         kept, hidden = listing.apply(rows, self.store.clock() / 1e9)
@@ -144,33 +163,30 @@ class Kernel:
         """`sessionctl web`: a login for the calling user, and the URL that uses it."""
         if who is None:  # a request carried from another node without its asker
             raise Refused("a console login is made for the user who asks; this request names none")
-        return self.logins.login(self.config.web, self.web_port, who)
+        return self.logins.login(self.config.web, self.logins.port, who)
 
-    # The parts read these from the shared context; the daemon sets them here.
+    # The parts read these from the shared context; they change by what happens
+    # (a reload, a shutdown), never by rewiring.
 
     @property
     def config(self) -> DaemonConfig:
         return self.ctx.config
 
-    @config.setter
-    def config(self, config: DaemonConfig) -> None:  # a reload
+    def reconfigure(self, config: DaemonConfig) -> None:
+        """A reload: the parts read the new configuration from here on."""
         self.ctx.config = config
 
     @property
     def triggers(self) -> TriggerHooks | None:
         return self.ctx.triggers
 
-    @triggers.setter
-    def triggers(self, triggers: TriggerHooks | None) -> None:
-        self.ctx.triggers = triggers
-
     @property
     def stopping(self) -> bool:
         return self.ctx.stopping
 
-    @stopping.setter
-    def stopping(self, stopping: bool) -> None:  # shutdown: nothing new starts
-        self.ctx.stopping = stopping
+    def shut(self) -> None:
+        """Shutdown: nothing new starts from here on."""
+        self.ctx.stopping = True
 
     @property
     def scheduler(self) -> Scheduler:

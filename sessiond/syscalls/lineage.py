@@ -33,6 +33,7 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
 from sessiond.sdkwire import TranscriptItem
 from sessiond.syscalls.handover import Handovers
+from sessiond.syscalls.seams import Mail
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
 from sessiond.table.sessions import Session
@@ -44,10 +45,13 @@ log = structlog.get_logger(__name__)
 class Lineage:
     """Sessions made from, merged into, sent to and moved between others."""
 
-    def __init__(self, ctx: RunContext, runs: Runs, handover: Handovers) -> None:
+    def __init__(
+        self, ctx: RunContext, runs: Runs, handover: Handovers, mail: Mail | None = None
+    ) -> None:
         self.ctx = ctx
         self.runs = runs
         self.handover = handover
+        self.mail = mail  # a cluster node's: a message for a session another node runs
 
     async def fork(
         self, name: str, new: str, at: int | None = None, with_triggers: bool = False
@@ -227,8 +231,20 @@ class Lineage:
     async def send(
         self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
     ) -> Sent:
-        """``message_id``: the row a message carried from another node came by
-        (log/store/pg/once.py takes that row with the message's commit)."""
+        """``send``: to a session here, or (on a cluster node) left for the node
+        that runs it (sessiond.cluster.mailbox delivers it there)."""
+        if self.mail is not None and to not in self.ctx.table.sessions:
+            posted = await self.mail.post(to, text, sender)
+            if posted is not None:
+                return posted
+            message_id = None  # refused here, as on one machine
+        return await self.deliver(to, text, sender, message_id)
+
+    async def deliver(
+        self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
+    ) -> Sent:
+        """A message to a session of this node. ``message_id``: the row a message
+        carried from another node came by (its commit takes that row: pg/once.py)."""
         s = self.ctx.table.get(to)
         if s.state == "terminated":
             raise Refused(f"cannot send to session {to!r}: it is terminated")

@@ -53,6 +53,7 @@ class Logins:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "web" / "logins.json"
+        self.port: int | None = None  # the port the web console bound, once it has
         self._logins: dict[str, _Login] | None = None
 
     def _load(self) -> dict[str, _Login]:
@@ -84,6 +85,10 @@ class Logins:
             if hmac.compare_digest(str(entry.get("sha256", "")), wanted):
                 found = WebUser(user, entry.get("uid"))
         return found
+
+    def bound(self, port: int) -> None:
+        """The console listens on ``port`` now: the URL of a login names it."""
+        self.port = port
 
     def login(self, web: WebConfig, port: int | None, who: Who) -> WebLogin:
         """``sessionctl web``: a fresh login for the caller and the URL that uses it."""

@@ -16,9 +16,9 @@ from sessiond.runs.context import RunContext
 
 
 class Observe:
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, notices: Notices | None = None) -> None:
         self.ctx = ctx
-        self.notices: Notices | None = None  # set by the daemon once it has started them
+        self.notices = notices  # the daemon's notification targets, if any
 
     async def notify_status(self) -> NotifyStatus:
         targets = self.notices.status() if self.notices is not None else []

@@ -30,7 +30,7 @@ REFRESH = 2.0  # seconds: how often a live page of the whole cluster is rendered
 
 
 class Carrier(Protocol):
-    """What the console needs of the daemon's forwarding (sessiond.daemon.forward)."""
+    """What the console needs of a node's forwarding (sessiond.cluster.forward)."""
 
     async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]: ...
 
@@ -46,10 +46,12 @@ class Hinted(Protocol):
 class ClusterView:
     """Where a session is, and the syscalls for it wherever it runs."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(
+        self, kernel: Kernel, forward: Carrier | None = None, hints: Hinted | None = None
+    ) -> None:
         self.kernel = kernel
-        self.forward: Carrier | None = None  # set by the daemon on a cluster node
-        self.hints: Hinted | None = None  # commits of sessions other nodes run
+        self.forward = forward  # a cluster node's carried requests (sessiond.cluster.forward)
+        self.hints = hints  # commits of sessions other nodes run
 
     @property
     def clustered(self) -> bool:

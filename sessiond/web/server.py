@@ -27,7 +27,7 @@ from sessiond.sandboxconfig import run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.web.api import Api
 from sessiond.web.auth import Auth, Handler, Login, connected
-from sessiond.web.cluster import ClusterView
+from sessiond.web.cluster import Carrier, ClusterView, Hinted
 from sessiond.web.links import LinkPages
 from sessiond.web.metrics import Metrics
 from sessiond.web.pages import Pages
@@ -69,11 +69,18 @@ def wants_html(request: web.Request) -> bool:
 class WebServer:
     """Serves the console on ``[web] listen`` until closed."""
 
-    def __init__(self, config: WebConfig, kernel: Kernel, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: WebConfig,
+        kernel: Kernel,
+        metrics: Metrics,
+        forward: Carrier | None = None,
+        hints: Hinted | None = None,
+    ) -> None:
         self.config = config
         self.kernel = kernel
         self.metrics = metrics
-        observe = kernel.observe  # its notices are set once the daemon has started them
+        observe = kernel.observe
         metrics.notify_failed = lambda: sum(
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
@@ -81,8 +88,8 @@ class WebServer:
         peers = WebPeers(run_uids(kernel.config))  # a run's uid is never an operator's
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown
-        # the whole cluster's sessions on a cluster node (its forward set by the daemon)
-        self.cluster = ClusterView(kernel)
+        # the whole cluster's sessions on a cluster node (its forward and hints given)
+        self.cluster = ClusterView(kernel, forward, hints)
         self.pages = Pages(self)
         self.api = Api(self)
         self.links = LinkPages(self)
@@ -182,7 +189,7 @@ class WebServer:
         server = site._server  # the bound port, for port 0
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else port
-        self.kernel.web_port = self.port
+        self.kernel.logins.bound(self.port)
         url = self.config.url(self.port)
         log.info("web.listening", url=url, listen=self.config.listen)
         return url

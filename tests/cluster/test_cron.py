@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
+from sessiond.cluster.once import keys_of
 from sessiond.errors import Fenced
 from sessiond.log.event_data import LifecycleChanged, MessageReceived, WakeRequested
 from sessiond.log.store.base import Draft
@@ -74,8 +75,9 @@ FIRE = {"schedule": "0 9 1 * *", "fire": "2026-12-01T09:00:00+00:00"}
 def test_a_cron_fire_is_taken_once_in_the_database_in_the_fenced_write_of_its_wake(
     pg_dsn: str,
 ) -> None:
-    a = PgStore(pg_dsn, node="a", lease_ttl=60)
-    b = PgStore(pg_dsn, node="b", lease_ttl=60)
+    # the cluster's rules of what commits once (a daemon's store has them: make_store)
+    a = PgStore(pg_dsn, node="a", lease_ttl=60, keys_of=keys_of)
+    b = PgStore(pg_dsn, node="b", lease_ttl=60, keys_of=keys_of)
 
     async def go() -> None:
         old = await a.create("payroll")

@@ -13,7 +13,7 @@ import psycopg
 import psycopg_pool
 import pytest
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from sessiond.errors import DatabaseUnavailable
 from sessiond.localpg import LocalPostgres
 from sessiond.log.store.pg.reach import is_gone, where

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from tests.cluster.conftest import HELLO, SHARED, TTL, taken_over
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 

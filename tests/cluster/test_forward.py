@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from tests.cluster.conftest import HELLO, SHARED, node_name, nodes_of, taken_over
 from tests.e2e.harness import SESSIONCTL, Daemon, wait_event, wait_for
 

@@ -1,4 +1,4 @@
-"""Messages between nodes in the database (log/store/pg/mail.py), on a real
+"""Messages between nodes in the database (cluster/pg/mail.py), on a real
 PostgreSQL: the row is the truth, and its notification carries the message when
 it fits, equal to the row."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from sessiond.log.store.pg import mail
-from sessiond.log.store.pg.mail import Hint, Message
+from sessiond.cluster.pg import mail
+from sessiond.cluster.pg.mail import Hint, Message
 
 
 def _with_pool(dsn: str, body: Callable[[AsyncConnectionPool, Any], Awaitable[Any]]) -> Any:

@@ -1,4 +1,4 @@
-"""``send`` across nodes (daemon/mailbox.py): NOTIFY is the hint, the table the
+"""``send`` across nodes (cluster/mailbox.py): NOTIFY is the hint, the table the
 truth. A message whose notification is lost still arrives (the poll); one too
 long for a notification's payload arrives whole; a message a poll and its
 notification both bring is delivered once."""
@@ -13,8 +13,8 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from sessiond.daemon.mailbox import Mailbox
-from sessiond.log.store.pg import mail
+from sessiond.cluster.mailbox import Mailbox
+from sessiond.cluster.pg import mail
 from sessiond.log.store.pg.pgstore import PgStore
 from tests.cluster.conftest import HELLO, nodes_of
 from tests.e2e.harness import Daemon, wait_event
@@ -89,7 +89,8 @@ def test_a_message_a_poll_and_its_notification_both_bring_is_delivered_once(
             await log.close()
             pool = await store.connect()
             node = SimpleNamespace(table=SimpleNamespace(sessions={"w": None}))
-            box = Mailbox(store, cast(Any, node), cast(Any, local))
+            box = Mailbox(store)
+            box.deliver_to(cast(Any, node.table), cast(Any, local))
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
                 await conn.execute(f"LISTEN {mail.CHANNEL}")
                 posted = await mail.post(pool, "w", "n1", "once")

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from sessiond.log.store.pg.pgstore import PgStore
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 

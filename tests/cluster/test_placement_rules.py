@@ -1,5 +1,6 @@
-"""Where a spec lets a session run (sessiond/log/store/pg/placement.py): the rules
-alone, on stored specs; the three-node tests are in test_placement.py."""
+"""Where a spec lets a session run (sessiond/cluster/placement.py): the rules
+alone, on stored specs as the store's ``placement_for`` reads them; the
+three-node tests are in test_placement.py."""
 
 from __future__ import annotations
 
@@ -7,15 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.log.store.pg.placement import Placement, placement_of, waiting_reason
-from sessiond.table.spec import BadSpec, parse_spec, spec_to_toml
+from sessiond.cluster.placement import placement_for, placement_of, waiting_reason
+from sessiond.log.store.pg.placement import Placement
+from sessiond.table.spec import BadSpec, SessionSpec, parse_spec, spec_to_toml
 
 SHARED = [Path("/srv/shared")]
 
 
-def stored(text: str, base: str = "/home/ann/docs") -> str:
-    """A spec as the daemon stores it: paths resolved from its folder."""
-    return spec_to_toml(parse_spec(text, base=Path(base)))
+def stored(text: str, base: str = "/home/ann/docs") -> SessionSpec:
+    """A spec as the daemon stores it (paths resolved from its folder), read back."""
+    return parse_spec(spec_to_toml(parse_spec(text, base=Path(base))), base=Path("/"))
+
+
+def test_the_store_records_what_the_parsed_stored_spec_asks_for() -> None:
+    text = spec_to_toml(parse_spec('name = "a"\nnode = "n2"\n', base=Path("/home/ann")))
+    assert placement_for("n1", SHARED)(text) == Placement("n2", {}, None, None)
+    assert placement_for("n1", SHARED)(None) == Placement()
+    assert placement_for("n1", SHARED)("not [ toml") == Placement()  # refused elsewhere
 
 
 def test_a_workspace_outside_the_shared_paths_belongs_to_the_node_that_wrote_it() -> None:

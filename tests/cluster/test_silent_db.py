@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from sessiond.localpg import LocalPostgres
 from tests.cluster.conftest import SHARED, TTL, taken_over
 from tests.cluster.proxy import FrozenProxy

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.daemon.cluster import LEASE_LOST_EXIT
+from sessiond.cluster.lease import LEASE_LOST_EXIT
 from tests.e2e.harness import SESSIONCTL, SESSIOND, Daemon, short_dir
 
 ROOT = Path(__file__).parents[2]
@@ -151,7 +151,7 @@ def test_the_units_delegate_a_cgroup_the_daemon_can_write(unit: str) -> None:
 
 def test_the_cluster_node_template_starts_a_node_again_when_it_exits_75() -> None:
     """A node ends with 75 when its lease lapses or its database is away
-    (daemon/cluster.py): the template restarts it for that, without a start limit
+    (cluster/lease.py): the template restarts it for that, without a start limit
     that would give up while the database is down, and not for a refused config."""
     lines = [x.strip() for x in (ROOT / "systemd" / "sessiond@.service").read_text().splitlines()]
     settings = [x for x in lines if x and not x.startswith("#")]

@@ -113,13 +113,16 @@ def build(config: DaemonConfig, store: Store, env: dict[str, str], harness: Harn
     same way: the one place a change of the kernel's construction touches here."""
     table = Table(config, store)
     table.secret_values = lambda spec: known_secrets(spec, env)
-    kernel = Kernel(config, table, env)
-    kernel.ctx.spawner = FakeSpawner(harness)  # the one part that is not real
-    triggers = Triggers(kernel, harness.clock.wall, config.watch_step_ms)
-    kernel.triggers = triggers
-    table.next_wake_fn = triggers.next_wake
     notices = Notices(config, table, store)
-    kernel.observe.notices = notices
+
+    def triggers_of(kernel: Kernel) -> Triggers:
+        return Triggers(kernel, harness.clock.wall, config.watch_step_ms)
+
+    kernel = Kernel(config, table, env, notices=notices, triggers=triggers_of)
+    kernel.ctx.spawner = FakeSpawner(harness)  # the one part that is not real
+    assert isinstance(kernel.triggers, Triggers)
+    triggers: Triggers = kernel.triggers
+    table.next_wake_fn = triggers.next_wake
     return Parts(
         table=table,
         kernel=kernel,
@@ -205,7 +208,7 @@ class Harness:
 
     async def __aexit__(self, *exc: object) -> None:
         """``Daemon.stop``'s steps for these parts: runs stopped and recorded, logs closed."""
-        self.kernel.stopping = True
+        self.kernel.shut()
         await self.kernel.retention.aclose()
         running = [s for s in self.table if s.run is not None]
         await asyncio.gather(*(self.kernel.stop_run(s, "shutdown") for s in running))

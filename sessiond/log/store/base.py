@@ -265,10 +265,6 @@ class Store(abc.ABC):
         session from ``lines`` (an import's arrival): none on files."""
         return None
 
-    def cluster_nodes(self) -> list[dict[str, Any]] | None:
-        """The nodes sharing this store (None: it is not a cluster's)."""
-        return None
-
     def owner_of(self, name: str) -> str | None:  # noqa: ARG002
         """The node that owns session ``name`` (None: none, or not a cluster's store)."""
         return None

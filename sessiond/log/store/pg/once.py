@@ -1,8 +1,10 @@
 """Cron fires once for the whole cluster (docs/design.md section 10, "Wakes").
 
-A cron ``wake.requested`` carries its schedule and fire time. When a batch of a
-session's log holds one, that batch is not written by the group commit but by
-one transaction of its own that
+What a batch must commit once is its caller's word, not this module's: the
+store is given a ``keys_of`` (sessiond.cluster.once reads the records: a cron
+``wake.requested`` carries its schedule and fire time, a carried message its
+row, a termination the row's end). When a batch has keys, it is not written by
+the group commit but by one transaction of its own that
 
 1. fences the session's row as every append does (epoch, end of the log, the
    owner's lease unexpired by ``now()``): the row stays locked to the commit, so
@@ -13,7 +15,7 @@ one transaction of its own that
 
 All or nothing: the key exists exactly when the wake is in the log.
 
-A message carried from another node (daemon/mailbox.py) is taken the same way:
+A message carried from another node (cluster/mailbox.py) is taken the same way:
 its ``message.received`` names its row (``message_id`` ``cluster:<id>``), and
 the batch that holds it marks the row taken in the same transaction. A node
 killed after delivering it and before a separate mark would have left it to be
@@ -35,7 +37,7 @@ database's guarantee behind theirs, whatever the clocks say.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,51 +93,6 @@ class AlreadyFired(Fenced):
     """A cron fire time this session has on record already: nothing was written."""
 
 
-def cron_fires(session: str, records: list[Record]) -> list[tuple[str, str, str]]:
-    """(dedup key, fire, schedule) of each cron wake among ``records``."""
-    out = []
-    for r in records:
-        data = r.get("data") or {}
-        if r.get("type") != "wake.requested" or data.get("trigger") != "cron":
-            continue
-        details = data.get("details") or {}
-        fire, schedule = str(details.get("fire", "")), str(details.get("schedule", ""))
-        out.append((f"cron|{session}|{schedule}|{fire}", fire, schedule))
-    return out
-
-
-CARRIED = "cluster:"  # a carried message's message_id: this prefix, then its row's id
-
-
-def ends(records: Iterable[Record]) -> bool | None:
-    """What ``records`` make of the row's ``ended``: True when their last lifecycle
-    change terminates the session, False when it leaves ``terminated`` (a fork of a
-    terminated session starts: log/lineage.py copies its parent's end first), None
-    when they change nothing of it."""
-    out: bool | None = None
-    for r in records:
-        if r.get("type") != "lifecycle.changed":
-            continue
-        data = r.get("data") or {}
-        if data.get("to") == "terminated":
-            out = True
-        elif data.get("from") == "terminated":
-            out = False
-    return out
-
-
-def carried_messages(records: list[Record]) -> list[int]:
-    """The ``messages`` rows whose delivery ``records`` hold."""
-    out = []
-    for r in records:
-        if r.get("type") != "message.received":
-            continue
-        mid = (r.get("data") or {}).get("message_id")
-        if isinstance(mid, str) and mid.startswith(CARRIED) and mid[len(CARRIED) :].isdigit():
-            out.append(int(mid[len(CARRIED) :]))
-    return out
-
-
 @dataclass(frozen=True)
 class Keys:
     """What a batch commits besides its events, in the same transaction."""
@@ -148,8 +105,13 @@ class Keys:
         return bool(self.fires or self.messages or self.ended is not None)
 
 
-def keys_of(session: str, records: list[Record]) -> Keys:
-    return Keys(cron_fires(session, records), carried_messages(records), ends(records))
+# What a batch of ``session``'s records commits besides its events: the store's
+# caller says (sessiond.cluster.once); a store without one commits none.
+KeysOf = Callable[[str, list[Record]], Keys]
+
+
+def no_keys(_session: str, _records: list[Record]) -> Keys:
+    return Keys([], [], None)
 
 
 async def commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, keys: Keys) -> bool:

@@ -43,7 +43,7 @@ from sessiond.log.store.base import (
 from sessiond.log.store.lines import RecordBuilder
 from sessiond.log.store.pg.committer import Batch, Committer
 from sessiond.log.store.pg.nodes import Lease
-from sessiond.log.store.pg.once import Keys, keys_of
+from sessiond.log.store.pg.once import Keys, KeysOf, no_keys
 from sessiond.log.store.pg.reach import is_gone
 
 READ_BATCH = 1000  # events a query of a reader fetches at most
@@ -96,6 +96,7 @@ class PgEventLog(EventLog):
         query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
         on_close: Callable[[], Awaitable[None]],
         once: Callable[[Batch, Keys], Awaitable[bool]] | None = None,
+        keys_of: KeysOf = no_keys,
     ) -> None:
         self.session = session
         # Durability is PostgreSQL's (synchronous_commit): an append is acknowledged
@@ -109,6 +110,7 @@ class PgEventLog(EventLog):
         # a batch with a cron wake, a carried message or the session's end commits
         # in a transaction of its own, with its keys (once.py)
         self._once = once
+        self._keys_of = keys_of  # which records are such (the store's caller says)
         self._once_tasks: set[asyncio.Task[None]] = set()
         self._builder = RecordBuilder(session, clock)
         self._builder.stamp = {"node": lease.name, "epoch": epoch}
@@ -216,7 +218,7 @@ class PgEventLog(EventLog):
             [r["id"] for r in records],
             lines,
         )
-        keys = keys_of(self.session, records) if self._once is not None else None
+        keys = self._keys_of(self.session, records) if self._once is not None else None
         if keys:
             # not the group commit's: one transaction of its own with the fire's
             # dedup keys (once.py); it settles this batch as the committer would

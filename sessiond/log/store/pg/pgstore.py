@@ -38,10 +38,10 @@ from sessiond.log.store.base import Durability, LogPosition, Record, Store
 from sessiond.log.store.pg import schema
 from sessiond.log.store.pg.committer import Committer
 from sessiond.log.store.pg.nodes import Lease
-from sessiond.log.store.pg.once import commit_once, ends
+from sessiond.log.store.pg.once import KeysOf, commit_once, no_keys
 from sessiond.log.store.pg.pglog import PgEventLog, read_events
 from sessiond.log.store.pg.pgparts import PUT, PgArtifacts, PgSnapshots
-from sessiond.log.store.pg.placement import PLACE, PlacementQueries, fits
+from sessiond.log.store.pg.placement import PLACE, PlacementFor, fits, unplaced
 from sessiond.log.store.pg.reach import AsyncPool, Pool
 from sessiond.names import check_name
 
@@ -61,8 +61,15 @@ FROM unnest(%(seqs)s::bigint[], %(ids)s::text[], %(lines)s::bytea[]) AS e(seq, i
 """
 
 
-class PgStore(PlacementQueries, Store):
-    """Every session of the cluster; this node's lease; its open logs."""
+class PgStore(Store):
+    """Every session of the cluster; this node's lease; its open logs.
+
+    ``placement_for``: what the row of a session records of the spec it is
+    written with (the cluster floor's rules, sessiond.cluster.placement; none
+    without them). ``keys_of``: what a batch of records commits once with its
+    events (sessiond.cluster.once; nothing without it). What the nodes do about
+    each other (take-overs, hand-overs, draining) is the cluster's coordination
+    (sessiond.cluster.coordination)."""
 
     def __init__(
         self,
@@ -76,10 +83,12 @@ class PgStore(PlacementQueries, Store):
         snapshots_keep: int = 2,
         pool_size: int = 8,
         local_dir: Path | None = None,
-        shared_paths: Sequence[Path] = (),
+        placement_for: PlacementFor = unplaced,
+        keys_of: KeysOf = no_keys,
     ) -> None:
         self.dsn = dsn
-        self.shared_paths = list(shared_paths)  # [cluster] shared_paths (placement.py)
+        self.placement_for = placement_for
+        self.keys_of = keys_of
         # the node's own caches (a parsed spec, a git cursor); not the sessions
         self.sessions_dir = local_dir if local_dir is not None else Path("/nonexistent")
         self.clock = clock
@@ -192,74 +201,6 @@ class PgStore(PlacementQueries, Store):
         )
         return [r[0] for r in rows]
 
-    def cluster_nodes(self) -> list[dict[str, Any]]:
-        rows = self._query(
-            "SELECT n.name, n.incarnation, n.state, n.lease_until > now(), "
-            "extract(epoch FROM now() - n.renewed_at)::float8, "
-            "extract(epoch FROM n.lease_until - now())::float8, n.started_at, n.labels, "
-            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name) "
-            "FROM nodes AS n ORDER BY n.name",
-            {},
-        )
-        return [
-            {
-                "name": name,
-                "incarnation": int(inc),
-                "state": state if alive else ("stopped" if state == "stopped" else "lapsed"),
-                "alive": bool(alive),
-                "lease_age_s": round(float(age), 3),
-                "lease_left_s": round(max(float(left), 0.0), 3),
-                "started_at": started.isoformat(),
-                "labels": labels,
-                "sessions": int(count),
-                "self": name == self.lease.name,
-            }
-            for name, inc, state, alive, age, left, started, labels, count in rows
-        ]
-
-    def hand_over(self, name: str, to: str | None) -> str | None:
-        """Give ``name`` (ours) to node ``to``, or to the live node with the fewest
-        sessions that is not draining; the epoch goes up, so nothing of ours lands
-        after. The node it went to, or None when no such node is alive."""
-        rows = self._query(
-            "UPDATE sessions AS s SET owner = t.name, epoch = s.epoch + 1 "
-            "FROM (SELECT n.name FROM nodes AS n, sessions AS s WHERE n.lease_until > now() "
-            "AND n.state = 'up' AND n.name <> %(me)s "
-            "AND (%(to)s::text IS NULL OR n.name = %(to)s) "
-            f"AND s.name = %(n)s AND {fits('n.name', 'n.labels')} "
-            "ORDER BY (SELECT count(*) FROM sessions AS c WHERE c.owner = n.name), n.name "
-            "LIMIT 1) AS t "
-            "WHERE s.name = %(n)s AND s.owner = %(me)s RETURNING t.name",
-            {"n": check_name(name), "to": to, "me": self.lease.name},
-        )
-        return str(rows[0][0]) if rows else None
-
-    def drain(self, node: str) -> int | None:
-        """Mark ``node`` draining (it hands its sessions to the others itself); how
-        many sessions it has, or None when no live node has that name."""
-        rows = self._query(
-            "UPDATE nodes AS n SET state = 'draining' WHERE n.name = %(n)s "
-            "AND n.lease_until > now() RETURNING "
-            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name)",
-            {"n": node},
-        )
-        return int(rows[0][0]) if rows else None
-
-    def orphans(self, limit: int = 100) -> list[str]:
-        """Sessions of nobody, of nodes whose lease lapsed, or handed to this node
-        (migrate --node, drain): the ones to take (those in the table are had).
-
-        ``SKIP LOCKED`` passes over rows another node is claiming right now; the
-        claim itself (nodes.py) is what decides who gets a session."""
-        rows = self._query(
-            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
-            "WHERE s.owner = %(me)s OR ((s.owner IS NULL OR n.lease_until <= now()) "
-            f"AND {fits('%(me)s', '%(labels)s::jsonb')}) "
-            "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
-            {"me": self.lease.name, "n": limit, "labels": self.lease.labels},
-        )
-        return [r[0] for r in rows]
-
     def owner_of(self, name: str) -> str | None:
         rows = self._query("SELECT owner FROM sessions WHERE name = %(n)s", {"n": check_name(name)})
         return str(rows[0][0]) if rows and rows[0][0] is not None else None
@@ -321,7 +262,7 @@ class PgStore(PlacementQueries, Store):
                         "inc": self.lease.incarnation,
                         # an import of a terminated session arrives terminated: its
                         # row says so, as a termination committed here does (once.py)
-                        "ended": bool(ends(changes)),
+                        "ended": bool(self.keys_of(name, changes).ended),
                     },
                 )
                 if await cur.fetchone() is None:
@@ -369,6 +310,7 @@ class PgStore(PlacementQueries, Store):
             query=self._query,
             on_close=lambda: self._release(name),
             once=functools.partial(commit_once, pool, self.lease),
+            keys_of=self.keys_of,
         )
 
     async def open_log(self, name: str, *, durability: Durability = "fsync") -> PgEventLog:

@@ -1,8 +1,10 @@
 """A daemon as a node of a cluster (docs/design.md section 10): its store, its lease.
 
-Wiring only, like the rest of daemon/: which store the config asks for, and the
-task that keeps the node's lease. psycopg is imported only when ``[cluster] dsn``
-is set, so a files-only install never needs it.
+Which store the config asks for; the task that keeps the node's lease; taking
+over what dead nodes leave; and the ``migrate --node`` and ``drain`` syscalls
+(the kernel's :class:`~sessiond.syscalls.seams.Nodes` seam). psycopg is
+imported only when ``[cluster] dsn`` is set, so a files-only install never
+needs it.
 
 A node that cannot renew its lease before last renewal + ``lease_ttl`` - a margin
 (measured on the monotonic clock, whatever the database says meanwhile) ends at
@@ -21,13 +23,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sessiond.cluster.coordination import Coordination
+from sessiond.cluster.host import Node
+from sessiond.cluster.placement import Placer, placement_for, refused
 from sessiond.codec import Clock
 from sessiond.config import DaemonConfig
-from sessiond.daemon.placement import Placer, refused
 from sessiond.errors import (
     InvalidInput,
     LogLocked,
@@ -38,24 +42,11 @@ from sessiond.errors import (
 )
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
-from sessiond.syscalls.kernel import Kernel
-from sessiond.table.sessions import Session, Table
-from sessiond.wake.triggers import Triggers
+from sessiond.table.sessions import Session
 from sessiond.wire import leave_last_word
 
 if TYPE_CHECKING:
-    from sessiond.daemon.mailbox import Mailbox
     from sessiond.log.store.pg.pgstore import PgStore
-
-
-class Node(Protocol):
-    """What taking a session over needs of the daemon (service.py's Daemon)."""
-
-    table: Table
-    triggers: Triggers
-    kernel: Kernel
-
-    def resume(self, s: Session, *, cut_off: bool) -> None: ...
 
 
 log = structlog.get_logger("sessiond.cluster")
@@ -84,6 +75,8 @@ def make_store(
     try:
         import psycopg
 
+        from sessiond.cluster.once import keys_of
+        from sessiond.cluster.pg.coordination import PgCoordination
         from sessiond.log.store.pg.pgstore import PgStore
         from sessiond.log.store.pg.schema import SchemaMismatch
     except ImportError as exc:
@@ -101,9 +94,10 @@ def make_store(
             lease_ttl=cluster.lease_ttl,
             prepared=cluster.prepared,
             labels=cluster.labels,
-            shared_paths=cluster.shared_paths,
             clock=clock,
             local_dir=Path(config.state_dir) / "sessions",
+            placement_for=placement_for(cluster.node, cluster.shared_paths),
+            keys_of=keys_of,
         )
     except SchemaMismatch as exc:
         raise InvalidInput(str(exc)) from exc
@@ -112,7 +106,10 @@ def make_store(
             raise unavailable(cluster.dsn, cluster.node, exc) from exc
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
-    return store, LeaseKeeper(store, socket=config.socket, database=where(cluster.dsn))
+    keeper = LeaseKeeper(
+        store, PgCoordination(store), socket=config.socket, database=where(cluster.dsn)
+    )
+    return store, keeper
 
 
 def _check_node(name: str) -> None:
@@ -144,17 +141,27 @@ class LeaseKeeper:
     """Renews the node's lease every third of ``lease_ttl``; ends the node when it
     cannot."""
 
-    def __init__(self, store: PgStore, *, socket: Path | None = None, database: str = "") -> None:
+    def __init__(
+        self,
+        store: PgStore,
+        coordination: Coordination,
+        *,
+        socket: Path | None = None,
+        database: str = "",
+    ) -> None:
         self.store = store
+        self.coordination = coordination  # what the nodes agree on beside the store
         self.socket = socket  # beside it, the last word when the lease is lost
         self.database = database  # named in that last word
         self.last_error = ""  # why the last renewal failed, if it did
         self._task: asyncio.Task[None] | None = None
         self._takeover: asyncio.Task[None] | None = None
         self._fence: Callable[[float], None] | None = None
-        self._mailbox: Mailbox | None = None
         self._node: Node | None = None
-        self.placer: Placer | None = None
+        # the kernel's placement seam: it acts once take_over has started it
+        self.placer = Placer(
+            coordination, store, lambda s, to: self._hand_over(s, to, release=True)
+        )
         self._closing = threading.Event()  # a clean stop lets go of the lease itself
         self._watchdog: threading.Thread | None = None
 
@@ -216,11 +223,12 @@ class LeaseKeeper:
         """From now on, look for sessions dead nodes left, and take them; serve
         ``migrate --node`` and ``drain``."""
         self._node = node
-        node.kernel.migrate_node = self.migrate_node
-        node.kernel.drain = self.drain
-        self.placer = Placer(self.store, node, lambda s, to: self._hand_over(s, to, release=True))
-        self.placer.install()
+        self.placer.start(node)
         self._takeover = asyncio.ensure_future(self._take_over(node))
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """``sessionctl nodes``: the cluster's nodes (docs/design.md section 10)."""
+        return await asyncio.to_thread(self.coordination.nodes)
 
     async def migrate_node(
         self,
@@ -232,21 +240,19 @@ class LeaseKeeper:
         force: bool = False,
     ) -> dict[str, Any]:
         """``sessionctl migrate S --node N``: hand a sleeping session to node N;
-        with ``force``, re-home one whose node is down (daemon/placement.py)."""
+        with ``force``, re-home one whose node is down (cluster/placement.py)."""
         if profile is not None or socket is not None:
             raise InvalidInput("say one of --profile P, --to SOCKET or --node N")
         _check_node(to)
         assert self._node is not None
         if to == self.store.lease.name and name in self._node.table.sessions:
             raise Refused(f"session {name!r} runs on node {to!r} already; nothing to move")
-        assert self.placer is not None
         if force:
             return await self.placer.rehome(name, to)
         s = self._node.table.sessions.get(name)
         if s is None:
             self._node.table.get(name)  # NoSuchSession, named as on one machine
         assert s is not None
-        assert self.placer is not None
         why = await self.placer.refusal(name, to)
         if why is not None:
             raise refused(name, to, why)
@@ -267,7 +273,7 @@ class LeaseKeeper:
         assert self._node is not None
         node = self._node
         _at_stable_point(s)
-        target = await asyncio.to_thread(self.store.target_for, s.name, to)
+        target = await asyncio.to_thread(self.coordination.target_for, s.name, to)
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
         async with s.lock:
@@ -292,9 +298,9 @@ class LeaseKeeper:
         moved = (
             None
             if target is None
-            else await asyncio.to_thread(self.store.hand_over, s.name, target)
+            else await asyncio.to_thread(self.coordination.hand_over, s.name, target)
         )
-        if moved is None and release and await asyncio.to_thread(self.store.release, s.name):
+        if moved is None and release and await asyncio.to_thread(self.coordination.release, s.name):
             log.warning("cluster.released", session=s.name, why="it may not run on this node")
         elif moved is None:  # nobody took it: it stays, claimed again, as after a restart
             await self._take(node, s.name)
@@ -305,17 +311,17 @@ class LeaseKeeper:
     async def drain(self, name: str) -> dict[str, Any]:
         """``sessionctl drain N``: node N hands all its sessions to the others."""
         _check_node(name)
-        count = await asyncio.to_thread(self.store.drain, name)
+        count = await asyncio.to_thread(self.coordination.drain, name)
         if count is None:
             raise Refused(f"no live node {name!r}; `sessionctl nodes` lists them")
         # pinned there, or their workspace is only there: they stay (placement.py)
-        staying = await asyncio.to_thread(self.store.homed_on, name)
+        staying = await asyncio.to_thread(self.coordination.homed_on, name)
         return {"node": name, "state": "draining", "sessions": count, "staying": staying}
 
     async def _drain_some(self, node: Node, at_most: int) -> None:
         """A draining node moves a few sleeping sessions a tick (rate-limited);
         those that may run only here stay."""
-        movable = await asyncio.to_thread(self.store.movable)
+        movable = await asyncio.to_thread(self.coordination.movable)
         sessions = [s for name in movable if (s := node.table.sessions.get(name)) is not None]
         for s in sessions[: at_most * 4]:
             if at_most <= 0:
@@ -337,7 +343,7 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(step)
             try:
-                names = await asyncio.to_thread(self.store.orphans)
+                names = await asyncio.to_thread(self.coordination.orphans)
             except Exception as exc:  # the database is away: the lease keeper decides
                 log.warning("cluster.orphans_failed", error=repr(exc))
                 continue
@@ -349,11 +355,10 @@ class LeaseKeeper:
                     return
                 if name not in node.table.sessions:
                     await self._take(node, name)
-            if self.placer is not None:
-                try:
-                    await self.placer.sweep()
-                except Exception as exc:  # the database is away: the lease keeper decides
-                    log.warning("cluster.placement_failed", error=repr(exc))
+            try:
+                await self.placer.sweep()
+            except Exception as exc:  # the database is away: the lease keeper decides
+                log.warning("cluster.placement_failed", error=repr(exc))
 
     async def _take(self, node: Node, name: str) -> None:
         """Claim a dead node's session and continue it as after a crash here:
@@ -371,17 +376,6 @@ class LeaseKeeper:
         node.triggers.arm(s)
         node.resume(s, cut_off=continues)
         log.warning("cluster.taken_over", session=name, node=self.store.lease.name)
-
-    def carry_messages(self, node: Node) -> None:
-        """``send`` reaches a session wherever it runs (daemon/mailbox.py): one this
-        node does not have is left in the database for its owner, which delivers
-        what is left for its sessions when told (NOTIFY) and at least every second
-        anyway."""
-        from sessiond.daemon.mailbox import Mailbox
-
-        self._mailbox = Mailbox(self.store, node, node.kernel.send)
-        node.kernel.send = self._mailbox.send
-        self._mailbox.start()
 
     def end_if_lapsed(self) -> None:
         """End the node now (exit 75) if its lease may have lapsed: past its last
@@ -411,8 +405,6 @@ class LeaseKeeper:
         for task in (self._task, self._takeover):
             if task is not None:
                 task.cancel()
-        if self._mailbox is not None:
-            self._mailbox.close()
         pool = await self.store.connect()
         async with pool.connection() as conn:
             await conn.execute(

@@ -2,7 +2,7 @@
 
 A request on this node's control socket for a session another node owns is
 carried out by that owner: it is written to the ``requests`` table
-(sessiond.log.store.pg.requests) with the caller's identity, the owner is told by
+(sessiond.cluster.pg.requests) with the caller's identity, the owner is told by
 NOTIFY (and looks every second anyway), takes it, runs it through its own
 dispatch (the same params, the same checks, the same errors) and writes the
 reply, which this node hands back as if it had answered itself.
@@ -13,8 +13,12 @@ path for reads and writes is one set of errors. ``ps`` is the exception: every
 live node is asked for its rows, and the sessions no live node answered for are
 listed from the process table (waiting for a dead node, or for a claim). So is
 ``log S --follow``: a stream, not one answer, it is served here from the events
-table (sessiond.ipc.tail, woken by sessiond.daemon.follows), so that it goes on
+table (sessiond.ipc.tail, woken by sessiond.cluster.follows), so that it goes on
 across a take-over.
+
+It is the dispatch's and the console's router (sessiond.syscalls.seams.Router),
+given to them when they are constructed; it answers through the dispatches it
+is started with.
 
 The peer checks happen here, where the caller connected: a process of a run is
 refused before anything is written. A request is carried out at most once: it
@@ -29,25 +33,21 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import psycopg
 import structlog
 
-from sessiond.daemon.follows import FollowHints
-from sessiond.daemon.placement import placeholder
+from sessiond.cluster.follows import FollowHints
+from sessiond.cluster.host import Host
+from sessiond.cluster.lease import LeaseKeeper
+from sessiond.cluster.pg.requests import REPLIES, REQUESTS, Owner, Requests
+from sessiond.cluster.placement import placeholder
 from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError, recognised
 from sessiond.ipc.dispatch import Dispatch, listing_of
 from sessiond.ipc.forwarding import ROUTED, error_of
 from sessiond.ipc.params import PsParams, parse
-from sessiond.ipc.tail import Tail
-from sessiond.log.store.pg.requests import REPLIES, REQUESTS, Owner, Requests
 from sessiond.replies import ConsoleApproval, Who
-from sessiond.syscalls.kernel import Kernel
-from sessiond.table.sessions import Table
-
-if TYPE_CHECKING:
-    from sessiond.daemon.cluster import LeaseKeeper
 
 log = structlog.get_logger("sessiond.forward")
 
@@ -57,67 +57,56 @@ PS_BOUND = 5.0
 ANSWER_BOUND = 120.0
 
 
-class Host(Protocol):
-    """What carrying requests needs of the daemon (service.py's Daemon)."""
-
-    table: Table
-    kernel: Kernel
-
-
 class Forward:
     """This node's side of carried requests: it asks, and it answers."""
 
-    def __init__(self, keeper: LeaseKeeper, host: Host, dispatch: Dispatch) -> None:
+    def __init__(self, keeper: LeaseKeeper, host: Host) -> None:
         store = keeper.store
         self.lease = store.lease
         self.dsn = store.dsn
         self.host = host
-        self.dispatch = dispatch
-        prepared = host.kernel.config.cluster.prepared
-        self.requests = Requests(store.dsn, node=store.lease.name, prepared=prepared)
+        self._dispatch: Dispatch | None = None  # the control socket's, once started
+        self._requests: Requests | None = None  # its connections, once started
         # A request nobody took within this is withdrawn: long enough for a dead
         # owner's sessions to be taken over (lease_ttl and a few seconds).
         self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
         self._tasks: set[asyncio.Task[None]] = set()
         self._serve: asyncio.Task[None] | None = None
-        self._dispatches: tuple[Dispatch, ...] = ()
         self._waiting: dict[int, asyncio.Event] = {}  # request id -> its reply came
         self._replies: asyncio.Task[None] | None = None
         self.hints = FollowHints(store.dsn, host.table)
 
-    def start(self, *also: Dispatch) -> None:
-        """Serve requests from other nodes; carry this node's (its control socket's
-        and ``also``'s: the program endpoint's, after its grants) to theirs."""
-        self._dispatches = (self.dispatch, *also)
-        tail = Tail(self.host.kernel, self.hints)
-        for dispatch in self._dispatches:
-            dispatch.forward = self
-            # `log S --follow` reads S's events from the database, wherever S runs
-            dispatch.logs.tail = tail
+    @property
+    def dispatch(self) -> Dispatch:
+        """The control socket's dispatch: what this node answers with."""
+        assert self._dispatch is not None, "the forwarding answers once started"
+        return self._dispatch
+
+    @property
+    def requests(self) -> Requests:
+        """The ``requests`` table (its connections open when the node serves)."""
+        assert self._requests is not None, "the forwarding carries once started"
+        return self._requests
+
+    def start(self, dispatch: Dispatch) -> None:
+        """Serve requests from other nodes through ``dispatch`` (the control
+        socket's, whose checks a carried request passed where it came in). The
+        dispatches carry this node's requests to theirs already: they were made
+        with this as their router."""
+        self._dispatch = dispatch
+        prepared = self.host.kernel.config.cluster.prepared
+        self._requests = Requests(self.dsn, node=self.lease.name, prepared=prepared)
         self.hints.start()
-        # A program's run.send reaches a session on any node: the same send as
-        # `sessionctl send` here (carry_messages made it the cluster's).
-        kernel = self.host.kernel
-        kernel.sdk.send = kernel.send
-        kernel.sdk.sends.elsewhere = self._exists
         self._serve = asyncio.ensure_future(self._serve_loop())
         self._replies = asyncio.ensure_future(self._listen_replies())
 
     async def close(self) -> None:
-        for dispatch in self._dispatches:
-            dispatch.forward = None
-            dispatch.logs.tail = None
         await self.hints.close()
         for task in (self._serve, self._replies, *self._tasks):
             if task is not None:
                 task.cancel()
-        await asyncio.to_thread(self.requests.close)
-
-    async def _exists(self, name: str) -> bool:
-        try:
-            return await asyncio.to_thread(self.requests.owner, name) is not None
-        except InvalidInput:
-            return False
+        if self._requests is not None:
+            await asyncio.to_thread(self._requests.close)
 
     # --- asking -----------------------------------------------------------------
 
@@ -149,7 +138,7 @@ class Forward:
             owner = await self._owner(name)
             if owner is not None and (owner.node is None or not owner.alive):
                 # nobody runs it: this node says what it waits for at once
-                # (daemon/placement.py), not after a request no node takes in time
+                # (cluster/placement.py), not after a request no node takes in time
                 return False, None
         return await self.call(method, params, who, session=name)
 
@@ -284,7 +273,7 @@ class Forward:
                 seen.update(str(name) for name in got["known"])
             else:
                 rows.extend(got)
-        # Every node lists the sessions no live node runs (daemon/placement.py), so
+        # Every node lists the sessions no live node runs (cluster/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
         unique: dict[str, Mapping[str, Any]] = {}

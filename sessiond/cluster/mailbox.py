@@ -1,5 +1,6 @@
-"""``send`` across the nodes of a cluster (docs/design.md section 10): wiring of the
-``messages`` table (log/store/pg/mail.py) into a node.
+"""``send`` across the nodes of a cluster (docs/design.md section 10): the kernel's
+:class:`~sessiond.syscalls.seams.Mail` seam, on the ``messages`` table
+(cluster/pg/mail.py).
 
 A send for a session this node does not have is left in the table for its owner
 (one statement, its NOTIFY with it), then flushed before it is acknowledged.
@@ -10,7 +11,7 @@ a notification that carries the message is delivered from it, one that does not
 owner reads the table anyway at least every :data:`POLL` seconds, and whenever
 its listener (re)connects: NOTIFY is the hint, the table the truth.
 
-Delivery is the local ``send`` (the same wake as on one machine), whose
+Delivery is the local send (``Lineage.deliver``: the same wake as on one machine), whose
 ``message.received`` names the row (``message_id``): the commit that makes the
 message durable marks the row taken in the same transaction (pg/once.py), so a
 crash after the delivery cannot deliver it again, and a crash before leaves it
@@ -27,14 +28,14 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 import structlog
 
+from sessiond.cluster.once import CARRIED
+from sessiond.cluster.pg import mail
+from sessiond.cluster.pg.mail import Hint, Message
 from sessiond.errors import InvalidInput, Refused
-from sessiond.log.store.pg import mail
-from sessiond.log.store.pg.mail import Hint, Message
-from sessiond.log.store.pg.once import CARRIED, AlreadyFired
+from sessiond.log.store.pg.once import AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.replies import Sent
 from sessiond.table.sessions import Table
@@ -50,24 +51,25 @@ SEEN = 4096
 Send = Callable[..., Awaitable[Sent]]
 
 
-class Holder(Protocol):
-    """What delivering needs of the daemon: which sessions this node has."""
-
-    table: Table
-
-
 class Mailbox:
-    """This node's side of cross-node ``send``: it posts, and it delivers."""
+    """This node's side of cross-node ``send``: it posts, and (once started) it
+    delivers."""
 
-    def __init__(self, store: PgStore, node: Holder, local: Send) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
-        self.node = node
-        self.local = local
+        self.table: Table | None = None  # this node's sessions, once started
+        self.local: Send | None = None  # the send to a session here, once started
         self._queue: asyncio.Queue[Message | Hint] = asyncio.Queue()
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
+    def deliver_to(self, table: Table, local: Send) -> None:
+        """Deliver what is left for the sessions of ``table``, through ``local``."""
+        self.table, self.local = table, local
+
+    def start(self, table: Table, local: Send) -> None:
+        """Deliver to ``table`` (:meth:`deliver_to`), told by NOTIFY and polling."""
+        self.deliver_to(table, local)
         self._tasks = [
             asyncio.ensure_future(self._listen()),
             asyncio.ensure_future(self._deliver()),
@@ -77,19 +79,24 @@ class Mailbox:
         for task in self._tasks:
             task.cancel()
 
-    async def send(
-        self, to: str, text: str, sender: str = "sessionctl", message_id: str | None = None
-    ) -> Sent:
-        """``send``, for a session on any node."""
-        if to in self.node.table.sessions:
-            return await self.local(to, text, sender, message_id)
+    async def post(self, to: str, text: str, sender: str) -> Sent | None:
+        """``send`` for a session this node does not have: left for its owner.
+        None: no node has it (the local send refuses it, as on one machine)."""
         pool = await self.store.connect()
         posted = await mail.post(pool, to, sender, text)
         if posted is None:
-            return await self.local(to, text, sender)  # refused there, as on one machine
+            return None
         await mail.flush(pool, posted[0])  # on disk before the user hears of it (mail.POST)
         log.info("cluster.message_posted", session=to, owner=posted[1], message=posted[0])
         return {"session": to, "seq": None, "woke": None, "node": posted[1]}
+
+    async def exists(self, name: str) -> bool:
+        """Is ``name`` a session of the cluster (a program's ``run.send`` to it is
+        recorded, then left for its owner)?"""
+        try:
+            return await asyncio.to_thread(self.store.exists, name)
+        except InvalidInput:
+            return False  # not a name: refused as on one machine
 
     # --- the owner's side --------------------------------------------------------
 
@@ -135,7 +142,8 @@ class Mailbox:
                 await asyncio.sleep(POLL)
 
     async def _poll(self) -> None:
-        names = list(self.node.table.sessions)
+        assert self.table is not None  # started
+        names = list(self.table.sessions)
         if names:
             pool = await self.store.connect()
             for message in await mail.pending(pool, names):
@@ -143,7 +151,9 @@ class Mailbox:
 
     async def _one(self, message: Message) -> None:
         """Deliver a message to its session here, once; then mark it taken."""
-        if message.id in self._seen or message.session not in self.node.table.sessions:
+        assert self.table is not None  # started
+        assert self.local is not None
+        if message.id in self._seen or message.session not in self.table.sessions:
             return  # delivered already, or not ours (its owner's poll finds it)
         self._seen[message.id] = None
         if len(self._seen) > SEEN:

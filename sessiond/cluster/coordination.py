@@ -1,0 +1,103 @@
+"""What the nodes of a cluster agree on beside their sessions' store.
+
+The split is APScheduler 4's between its data store and its event broker: the
+store (sessiond.log.store: events, snapshots, artifacts, specs, and on a
+cluster the lease and epochs that fence every append, the way APScheduler's
+store leases the jobs it hands out) keeps what a session *is*; coordination
+keeps what the nodes do *about* each other: who is up and who drains, which
+sessions a node should take over, hand over or let go, and where a spec lets a
+session run. The channels between nodes (requests carried to a session's owner,
+messages for its sessions, hints for followers) are coordination's too
+(``pg/requests.py``, ``pg/mail.py``, ``follows.py``).
+
+:class:`Coordination` is the interface; ``pg/coordination.py`` implements it on
+the cluster's PostgreSQL, and tests/cluster/test_coordination_contract.py is
+the contract each implementation passes. A new backend (another database, a
+consensus service) implements this and the store's interface
+(sessiond.log.store.base.Store), and ``lease.make_store`` chooses it.
+
+Every method is synchronous (a node calls them off its loop, in a thread) and
+speaks for the node it was made for (:attr:`node`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from sessiond.log.store.pg.placement import Placement
+
+
+class Coordination(ABC):
+    """One node's view of the cluster's coordination."""
+
+    node: str  # the node it speaks for
+
+    # --- membership ----------------------------------------------------------------
+
+    @abstractmethod
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node, as ``sessionctl nodes`` lists it: name, incarnation, state
+        (up, draining, stopped, lapsed), alive, its lease's age and time left,
+        labels, how many sessions it owns, and whether it is this node."""
+
+    @abstractmethod
+    def node_row(self, name: str) -> tuple[bool, str, dict[str, str]] | None:
+        """(alive, state, labels) of node ``name``; None: no such node."""
+
+    @abstractmethod
+    def drain(self, node: str) -> int | None:
+        """Mark ``node`` draining (it hands its sessions to the others itself); how
+        many sessions it has, or None when no live node has that name."""
+
+    # --- ownership -----------------------------------------------------------------
+
+    @abstractmethod
+    def orphans(self, limit: int = 100) -> list[str]:
+        """Sessions this node should take: nobody's, those of nodes whose lease
+        lapsed (that may run here), and those handed to it."""
+
+    @abstractmethod
+    def hand_over(self, name: str, to: str | None) -> str | None:
+        """Give ``name`` (this node's) to node ``to``, or to the live node it fits
+        with the fewest sessions that is not draining; its epoch goes up. The node
+        it went to, or None when no such node is alive."""
+
+    @abstractmethod
+    def release(self, name: str) -> bool:
+        """Let go of ``name`` (this node's) for the node it fits to claim; its epoch
+        goes up. False: it was not this node's."""
+
+    @abstractmethod
+    def target_for(self, name: str, to: str | None) -> str | None:
+        """The live node that is up, not this one, that ``name`` may run on: ``to``,
+        or the one with the fewest sessions. None: there is none."""
+
+    @abstractmethod
+    def rehome(self, name: str, to: str) -> bool:
+        """Say that the workspace of ``name``, whose node is down, is on ``to`` now
+        (``migrate --node --force``). False: it runs again somewhere, or ``to`` may
+        not run it."""
+
+    # --- placement -----------------------------------------------------------------
+
+    @abstractmethod
+    def placement(self, name: str) -> tuple[Placement, str | None, bool] | None:
+        """A session's placement, its owner and whether that owner's lease runs
+        (None: no such session)."""
+
+    @abstractmethod
+    def waiting(self) -> list[dict[str, Any]]:
+        """The sessions no live node runs: name, the node it waits for, and why."""
+
+    @abstractmethod
+    def misplaced(self) -> list[str]:
+        """This node's sessions it may not run (to hand over at a stable point)."""
+
+    @abstractmethod
+    def movable(self) -> list[str]:
+        """This node's sessions that may run elsewhere."""
+
+    @abstractmethod
+    def homed_on(self, node: str) -> int:
+        """How many sessions run only on ``node`` (pinned there, or their workspace is)."""
