@@ -1,9 +1,11 @@
-"""What a run of an agent CLI kind (``kind = "claude-code"``) gets besides a
-program's environment: its settings, and a private home that lasts from run to
-run (the CLI's config, its session transcripts), owner-only, under the state dir.
+"""What a run of an agent CLI kind (``kind = "claude-code"`` or ``"codex"``) gets
+besides a program's environment: its settings, and a private home that lasts from
+run to run (the CLI's config, its session transcripts), owner-only, under the
+state dir.
 
-A private ``HOME`` and ``CLAUDE_CONFIG_DIR`` mean no user's or workspace's
-settings can allow a tool the session's policy did not (docs/agents.md).
+A private ``HOME`` and ``CLAUDE_CONFIG_DIR`` / ``CODEX_HOME`` mean no user's or
+workspace's settings can allow a tool the session's policy did not
+(docs/agents.md).
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ def agent_home(state_dir: Path, session: str) -> Path:
     return state_dir / "agents" / session
 
 
+AGENT_KINDS = frozenset({"claude-code", "codex"})
+
+
 def agent_env(spec: SessionSpec, state_dir: Path, session: str) -> dict[str, str]:
     """SESSIOND_CLAUDE_CODE (the [claude_code] table and the policy's deny list, as
-    JSON) and SESSIOND_AGENT_HOME; nothing for other kinds."""
-    if spec.run is None or spec.run.kind != "claude-code":
+    JSON) or SESSIOND_CODEX (the [codex] table), and SESSIOND_AGENT_HOME; nothing
+    for other kinds."""
+    if spec.run is None or spec.run.kind not in AGENT_KINDS:
         return {}
     home = agent_home(state_dir, session)
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    if spec.run.kind == "codex":
+        table = spec.codex.model_dump(mode="json") if spec.codex else {}
+        return {"SESSIOND_CODEX": orjson.dumps(table).decode(), "SESSIOND_AGENT_HOME": str(home)}
     settings = spec.claude_code.model_dump(mode="json") if spec.claude_code else {}
     settings["deny"] = list(spec.policy.deny)
     return {
