@@ -1,0 +1,126 @@
+"""`kind = "codex"` against the real Codex CLI and the real daemon.
+
+The CLI is `@openai/codex` installed by `make agents` into tests/agents/node_modules;
+its model is a scripted Responses endpoint on loopback. The CLI, its JSON stream,
+its hooks and `codex exec resume` are the real ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agents.responses_stub import Endpoint, Turn, say, shell
+from tests.e2e.harness import Daemon, running, wait_event, wait_for
+
+CLI = Path(__file__).resolve().parent.parent / "agents" / "node_modules" / ".bin" / "codex"
+
+if not CLI.exists():
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"{CLI} is missing: `make agents` installs it (Node.js and npm)")
+    pytest.skip(
+        f"the Codex CLI is not installed at {CLI}: `make agents` installs it "
+        "(needs Node.js and npm)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _env(ep: Endpoint) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": ep.url + "/v1", "OPENAI_API_KEY": "sk-test-not-a-key"}
+
+
+def _spec(ws: Path, *, allow: str = "", ask: str = "", deny: str = "") -> str:
+    return f"""name = "cx"
+goal = "keep notes"
+[run]
+kind = "codex"
+cwd = "{ws}"
+timeout = "5m"
+retries = 0
+[codex]
+prompt = "Note it in log.txt."
+model = "gpt-test"
+cli = "{CLI}"
+[policy]
+allow = [{allow}]
+ask = [{ask}]
+deny = [{deny}]
+[[trigger]]
+type = "message"
+"""
+
+
+def _events(d: Daemon, etype: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = d.json("log", "cx", "--type", etype)
+    return out
+
+
+def _state(d: Daemon) -> str:
+    return str(d.json("show", "cx")["state"])
+
+
+def _outputs(request: dict[str, Any]) -> list[str]:
+    return [
+        str(i.get("output"))
+        for i in request.get("input") or []
+        if isinstance(i, dict) and i.get("type") == "function_call_output"
+    ]
+
+
+def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    append = f"echo noted >> {ws / 'log.txt'}"
+    script = [
+        Turn(say("Noting it."), shell(append)),
+        # the run after the approval resumes the CLI's thread: the model asks again
+        Turn(shell(append)),
+        Turn(say("Noted.")),
+        # the next wake: the thread goes on
+        Turn(say("Still here.")),
+    ]
+    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+        d.ctl("create", str(d.write_spec("cx", _spec(ws, ask='"Bash"'))), check=True)
+        d.ctl("activate", "cx", check=True)
+        asked = wait_event(d, "cx", "approval.requested", timeout=120)
+        assert asked["data"]["tool"] == "Bash"
+        wait_for(lambda: _state(d) == "blocked", 60, "the session blocked on the question")
+        assert not (ws / "log.txt").exists()  # nothing ran before a person said yes
+        assert len(ep.requests) == 1
+
+        d.ctl("approve", "cx", check=True)
+        wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
+        assert (ws / "log.txt").read_text() == "noted\n"  # approved once, run once
+        started = [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]
+        assert len(started) == 1
+        finished = [e["data"] for e in _events(d, "tool.finished") if e["data"]["tool"] == "Bash"]
+        assert finished[0]["status"] == "ok"
+        # the resumed thread was told of the approval
+        assert "approved your call to Bash" in repr(ep.requests[1]["input"])
+
+        d.ctl("send", "cx", "Anything else?", check=True)
+        wait_for(lambda: len(ep.requests) == 4 and _state(d) == "sleeping", 120, "turn 2")
+        flat = repr(ep.requests[3]["input"])
+        assert "Note it in log.txt." in flat  # the same thread: its history is sent
+        assert "Anything else?" in flat
+
+
+def test_a_denied_shell_call_is_blocked_and_the_model_reads_why(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [Turn(shell(f"echo no > {ws / 'c.txt'}")), Turn(say("Could not."))]
+    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+        d.ctl("create", str(d.write_spec("cx", _spec(ws, deny='"Bash"'))), check=True)
+        d.ctl("activate", "cx", check=True)
+        wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
+        assert not (ws / "c.txt").exists()
+        assert len(ep.requests) == 2
+        assert "denied by sessiond" in " ".join(_outputs(ep.requests[1]))
+        decided = [e["data"] for e in _events(d, "policy.decided") if e["data"]["tool"] == "Bash"]
+        assert decided[0]["decision"] == "deny"
+        assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]
