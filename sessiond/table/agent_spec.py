@@ -55,8 +55,10 @@ def check_allowed_tools(tools: list[str], policy: Any) -> None:
             )
 
 
-def driver_argv(kind: str = "claude-code") -> list[str]:
-    return [sys.executable, *DRIVERS[kind]]
+def driver_argv(kind: object = "claude-code") -> list[str] | None:
+    """The driver a run of an agent CLI kind runs; None for other kinds."""
+    driver = DRIVERS.get(kind) if isinstance(kind, str) else None
+    return None if driver is None else [sys.executable, *driver]
 
 
 def check_agent_tables(kind: str | None, claude_code: Any, codex: Any, policy: Any) -> None:

@@ -35,13 +35,7 @@ from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.names import NAME_RE
 from sessiond.sandboxconfig import SandboxKeys
-from sessiond.table.agent_spec import (
-    DRIVERS,
-    ClaudeCodeSpec,
-    CodexSpec,
-    check_agent_tables,
-    driver_argv,
-)
+from sessiond.table.agent_spec import ClaudeCodeSpec, CodexSpec, check_agent_tables, driver_argv
 from sessiond.table.compact_spec import CompactSpec
 
 MAX_SPEC_BYTES = 1 << 20
@@ -150,8 +144,9 @@ class RunSpec(_Strict, SandboxKeys):  # sandbox, network, writable, readable, hi
     @classmethod
     def _driver(cls, data: object) -> object:
         # An agent CLI run's program is sessiond's driver of the CLI.
-        if isinstance(data, dict) and data.get("kind") in DRIVERS and "exec" not in data:
-            return {**data, "exec": driver_argv(data["kind"])}
+        argv = driver_argv(data.get("kind")) if isinstance(data, dict) else None
+        if isinstance(data, dict) and "exec" not in data and argv is not None:
+            return {**data, "exec": argv}
         return data
 
     @field_validator("grants")
