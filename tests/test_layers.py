@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "sessiond"
 
 # top-down: a floor may import the floors after it in this list, never one before
-FLOORS = ["daemon", "web", "ipc", "syscalls", "notify", "otel", "runs", "wake", "table", "log"]
+FLOORS = ["daemon", "web", "gateway", "ipc", "syscalls", "notify", "otel", "runs", "wake", "table", "log"]
 GROUND = {
     "__init__",
     "codec",
@@ -29,6 +29,7 @@ GROUND = {
     "listing",
     "logquery",
     "logs",
+    "modelconfig",
     "names",
     "paths",
     "redaction",
