@@ -1,8 +1,9 @@
 """`kind = "codex"` against the real Codex CLI and the real daemon.
 
 The CLI is `@openai/codex` installed by `make agents` into tests/agents/node_modules;
-its model is a scripted Responses endpoint on loopback. The CLI, its JSON stream,
-its hooks and `codex exec resume` are the real ones.
+its model is the scripted upstream on loopback (sessiond.gateway.scripted, its
+Responses route). The CLI, its JSON stream, its hooks and `codex exec resume` are
+the real ones.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents.responses_stub import Endpoint, Turn, say, shell
+from sessiond.gateway.scripted import Reply, Upstream, text, tool
 from tests.e2e.harness import Daemon, running, wait_event, wait_for
 
 CLI = Path(__file__).resolve().parent.parent / "agents" / "node_modules" / ".bin" / "codex"
@@ -30,8 +31,21 @@ if not CLI.exists():
 pytestmark = pytest.mark.timeout(400)
 
 
-def _env(ep: Endpoint) -> dict[str, str]:
-    return {"OPENAI_BASE_URL": ep.url + "/v1", "OPENAI_API_KEY": "sk-test-not-a-key"}
+def _env(up: Upstream) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": up.url + "/v1", "OPENAI_API_KEY": "sk-test-not-a-key"}
+
+
+def shell(cmd: str) -> dict[str, object]:
+    """A call of Codex's shell tool (``exec_command``; its hooks name it Bash)."""
+    return tool("exec_command", cmd=cmd)
+
+
+def said(*blocks: dict[str, object]) -> Reply:
+    return Reply.of(*blocks, input_tokens=100, output_tokens=20)
+
+
+def _bodies(up: Upstream) -> list[dict[str, Any]]:
+    return [body for path, body in up.requests if path == "/v1/responses"]
 
 
 def _spec(ws: Path, *, allow: str = "", ask: str = "", deny: str = "") -> str:
@@ -77,21 +91,21 @@ def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: P
     ws.mkdir()
     append = f"echo noted >> {ws / 'log.txt'}"
     script = [
-        Turn(say("Noting it."), shell(append)),
+        said(text("Noting it."), shell(append)),
         # the run after the approval resumes the CLI's thread: the model asks again
-        Turn(shell(append)),
-        Turn(say("Noted.")),
+        said(shell(append)),
+        said(text("Noted.")),
         # the next wake: the thread goes on
-        Turn(say("Still here.")),
+        said(text("Still here.")),
     ]
-    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+    with Upstream(script) as up, running(env=_env(up)) as d:
         d.ctl("create", str(d.write_spec("cx", _spec(ws, ask='"Bash"'))), check=True)
         d.ctl("activate", "cx", check=True)
         asked = wait_event(d, "cx", "approval.requested", timeout=120)
         assert asked["data"]["tool"] == "Bash"
         wait_for(lambda: _state(d) == "blocked", 60, "the session blocked on the question")
         assert not (ws / "log.txt").exists()  # nothing ran before a person said yes
-        assert len(ep.requests) == 1
+        assert up.count == 1
 
         d.ctl("approve", "cx", check=True)
         wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
@@ -101,11 +115,11 @@ def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: P
         finished = [e["data"] for e in _events(d, "tool.finished") if e["data"]["tool"] == "Bash"]
         assert finished[0]["status"] == "ok"
         # the resumed thread was told of the approval
-        assert "approved your call to Bash" in repr(ep.requests[1]["input"])
+        assert "approved your call to Bash" in repr(_bodies(up)[1]["input"])
 
         d.ctl("send", "cx", "Anything else?", check=True)
-        wait_for(lambda: len(ep.requests) == 4 and _state(d) == "sleeping", 120, "turn 2")
-        flat = repr(ep.requests[3]["input"])
+        wait_for(lambda: up.count == 4 and _state(d) == "sleeping", 120, "turn 2")
+        flat = repr(_bodies(up)[3]["input"])
         assert "Note it in log.txt." in flat  # the same thread: its history is sent
         assert "Anything else?" in flat
 
@@ -113,14 +127,14 @@ def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: P
 def test_a_denied_shell_call_is_blocked_and_the_model_reads_why(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    script = [Turn(shell(f"echo no > {ws / 'c.txt'}")), Turn(say("Could not."))]
-    with Endpoint(script) as ep, running(env=_env(ep)) as d:
+    script = [said(shell(f"echo no > {ws / 'c.txt'}")), said(text("Could not."))]
+    with Upstream(script) as up, running(env=_env(up)) as d:
         d.ctl("create", str(d.write_spec("cx", _spec(ws, deny='"Bash"'))), check=True)
         d.ctl("activate", "cx", check=True)
         wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
         assert not (ws / "c.txt").exists()
-        assert len(ep.requests) == 2
-        assert "denied by sessiond" in " ".join(_outputs(ep.requests[1]))
+        assert up.count == 2
+        assert "denied by sessiond" in " ".join(_outputs(_bodies(up)[1]))
         decided = [e["data"] for e in _events(d, "policy.decided") if e["data"]["tool"] == "Bash"]
         assert decided[0]["decision"] == "deny"
         assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]
