@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest faults-cluster bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code example-codex faults faults-selftest faults-cluster bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,18 +64,23 @@ unit: $(STAMP) agents
 # The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
 # them; never committed). Skipped with a note where Node.js/npm are missing: the
 # tests then skip and say why (under CI=true they fail instead).
-AGENTS := tests/agents/node_modules/.bin/claude
+AGENTS := tests/agents/node_modules/.bin/claude tests/agents/node_modules/.bin/codex
 agents:
 	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(AGENTS); \
-	else echo "npm not found: the Claude Code tests will be skipped (install nodejs and npm)"; fi
+	else echo "npm not found: the Claude Code and Codex tests will be skipped (install nodejs and npm)"; fi
 
-$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+$(AGENTS) &: tests/agents/package.json tests/agents/package-lock.json
 	cd tests/agents && npm ci --no-audit --no-fund --loglevel=error
 	touch $(AGENTS)
 
 # examples/claude-code offline: the real CLI and daemon, a scripted model on loopback.
 example-claude-code: $(STAMP) agents
 	$(BIN)/python examples/claude-code/offline.py
+
+# examples/codex offline: the real Codex CLI and daemon, its model calls through the
+# daemon's gateway to a scripted upstream on loopback.
+example-codex: $(STAMP) agents
+	$(BIN)/python examples/codex/offline.py
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
 # (tests/faults/faultfs.py, FUSE), then 20 rounds with durability os: about 75 minutes
