@@ -78,6 +78,23 @@ def _state(d: Daemon) -> str:
     return str(d.json("show", "cx")["state"])
 
 
+def _run_processes(home: Path) -> list[int]:
+    """Processes of the session's runs (the driver, the CLI, its hooks): each has the
+    session's private agent home in its environment."""
+    mark = f"SESSIOND_AGENT_HOME={home}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours
+        if mark in env:
+            pids.append(int(entry.name))
+    return pids
+
+
 def _outputs(request: dict[str, Any]) -> list[str]:
     return [
         str(i.get("output"))
@@ -138,3 +155,53 @@ def test_a_denied_shell_call_is_blocked_and_the_model_reads_why(tmp_path: Path) 
         decided = [e["data"] for e in _events(d, "policy.decided") if e["data"]["tool"] == "Bash"]
         assert decided[0]["decision"] == "deny"
         assert not [e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]
+
+
+def test_a_kill_9_of_the_daemon_mid_turn_resumes_the_thread_and_runs_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    append = f"echo ran >> {ws / 'ran.txt'}"
+    script = [
+        said(shell(append)),
+        # the CLI asks the model again with the call's output: held there (mid-stream)
+        # while the daemon is killed
+        Reply.of(text("Never delivered."), hold=True),
+        # the restarted daemon's run resumes the CLI's thread
+        said(text("Done after the restart.")),
+    ]
+    with Upstream(script) as up, running(env=_env(up)) as d:
+        d.ctl("create", str(d.write_spec("cx", _spec(ws, allow='"Bash"'))), check=True)
+        d.ctl("activate", "cx", check=True)
+        wait_event(d, "cx", "tool.finished", match=lambda r: r["data"]["tool"] == "Bash",
+                   timeout=120)  # fmt: skip
+        assert up.wait_count(2) == 2, "the CLI asked the model again"
+        home = d.state_dir / "agents" / "cx"
+        cut_off = set(_run_processes(home))
+        assert cut_off, "the driver and the CLI are up"
+        before_kill = int(d.json("show", "cx")["seq"])
+
+        d.kill9()
+        d.start()
+        # nothing of the cut-off run is left beside the next one
+        wait_for(lambda: not cut_off & set(_run_processes(home)), 120,
+                 "the cut-off run's processes stopped")  # fmt: skip
+        wait_for(lambda: up.count == 3 and _state(d) == "sleeping", 180, "the turn ended")
+
+        assert (ws / "ran.txt").read_text() == "ran\n"  # the finished call never reran
+        assert len([e for e in _events(d, "tool.started") if e["data"]["tool"] == "Bash"]) == 1
+        gates = [e["data"] for e in _events(d, "gate.evaluated")
+                 if e["seq"] > before_kill and not e["data"]["dry_run"]]  # fmt: skip
+        assert gates, "the restart gated the session before its next run"
+        assert all(g["ok"] for g in gates), gates
+        runs = _events(d, "run.started")
+        assert len(runs) == 2
+        assert runs[0]["data"]["turn"] == runs[1]["data"]["turn"]  # the same turn
+        # `codex exec resume`: the thread's history, the call's output in it, is sent
+        last = _bodies(up)[-1]
+        assert "Note it in log.txt." in repr(last["input"])
+        call_id = script[0].blocks[0]["id"]
+        outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
+        assert [o["call_id"] for o in outputs] == [call_id]
+        assert not _run_processes(home)
