@@ -111,6 +111,7 @@ class Scripted:
         self.active = 0
         self.max_active = 0
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.keys: list[str] = []  # the API key each request carried (x-api-key, Bearer)
         self._minute: deque[float] = deque()
         self._released = asyncio.Event()
         self.changed = threading.Condition()
@@ -175,6 +176,8 @@ class Scripted:
                 error_body(api, 400, "the body is not a JSON object"), status=400
             )
         self._note(request.path, body)
+        auth = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        self.keys.append(request.headers.get("x-api-key") or auth)
         if self._limited():
             with self.changed:
                 self.throttled += 1
@@ -301,6 +304,11 @@ class Upstream:
     def counts(self) -> dict[str, int]:
         assert self.scripted is not None
         return self.scripted.counts()
+
+    @property
+    def keys(self) -> list[str]:
+        assert self.scripted is not None
+        return list(self.scripted.keys)
 
     def release(self) -> None:
         assert self.scripted is not None
