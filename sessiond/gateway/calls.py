@@ -36,6 +36,7 @@ from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.modelconfig import ModelConfig, ProviderConfig
+from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.tokens import RunGrant, TokenRefused
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session
@@ -187,9 +188,14 @@ class Calls:
         if refusal is not None:
             await self._over_budget(c, refusal)
         c.grant.gateway_calls += 1
+        key = f"gw.{c.grant.gateway_calls}"
+        if spec.run is not None and spec.run.kind in AGENT_KINDS:
+            # An agent CLI resumes its own history in a later run of the turn: its
+            # calls there are new ones, never answered with an earlier run's.
+            key = f"gw.{c.grant.run}.{c.grant.gateway_calls}"
         asked = SdkStepParams(
             token=c.token, kind="model", name=c.model, ordinal=1,
-            key=f"gw.{c.grant.gateway_calls}", key_is_id=True, request=c.body,
+            key=key, key_is_id=True, request=c.body,
             strict=spec.model.strict,
         )  # fmt: skip
         try:

@@ -1,14 +1,17 @@
 """`kind = "codex"` against the real Codex CLI and the real daemon.
 
 The CLI is `@openai/codex` installed by `make agents` into tests/agents/node_modules;
-its model is the scripted upstream on loopback (sessiond.gateway.scripted, its
-Responses route). The CLI, its JSON stream, its hooks and `codex exec resume` are
-the real ones.
+its model calls go through the daemon's gateway to the scripted upstream on
+loopback (sessiond.gateway.scripted, its Responses route), which counts what it
+receives. The CLI, its JSON stream, its hooks and `codex exec resume` are the
+real ones.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +34,27 @@ if not CLI.exists():
 pytestmark = pytest.mark.timeout(400)
 
 
-def _env(up: Upstream) -> dict[str, str]:
-    return {"OPENAI_BASE_URL": up.url + "/v1", "OPENAI_API_KEY": "sk-test-not-a-key"}
+KEY = "sk-openai-test-0123456789-never-in-a-run"
+PROVIDER = """
+[[model.provider]]
+name = "openai-test"
+kind = "openai"
+base_url = "{url}/v1"
+key_env = "CX_TEST_OPENAI_KEY"
+models = ["gpt-*"]
+price_in = 2.0
+price_out = 8.0
+"""
+
+
+@contextmanager
+def codex_daemon(script: list[Reply]) -> Iterator[tuple[Daemon, Upstream]]:
+    """A scripted upstream, and a daemon whose gateway sends to it."""
+    with (
+        Upstream(script) as up,
+        running(PROVIDER.format(url=up.url), env={"CX_TEST_OPENAI_KEY": KEY}) as d,
+    ):
+        yield d, up
 
 
 def shell(cmd: str) -> dict[str, object]:
@@ -60,6 +82,8 @@ retries = 0
 prompt = "Note it in log.txt."
 model = "gpt-test"
 cli = "{CLI}"
+[model]
+allow = ["gpt-test"]
 [policy]
 allow = [{allow}]
 ask = [{ask}]
@@ -115,7 +139,7 @@ def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: P
         # the next wake: the thread goes on
         said(text("Still here.")),
     ]
-    with Upstream(script) as up, running(env=_env(up)) as d:
+    with codex_daemon(script) as (d, up):
         d.ctl("create", str(d.write_spec("cx", _spec(ws, ask='"Bash"'))), check=True)
         d.ctl("activate", "cx", check=True)
         asked = wait_event(d, "cx", "approval.requested", timeout=120)
@@ -133,6 +157,12 @@ def test_a_shell_call_asks_a_person_and_runs_once_after_the_approval(tmp_path: P
         assert finished[0]["status"] == "ok"
         # the resumed thread was told of the approval
         assert "approved your call to Bash" in repr(_bodies(up)[1]["input"])
+        # every model call went through the gateway: on record, none answered from an
+        # earlier run's place (the resumed thread's calls are new ones)
+        responded = _events(d, "model.responded")
+        assert len(responded) == up.count == 3
+        assert all(r["data"]["model"] == "gpt-test" for r in responded)
+        assert d.json("show", "cx")["budget_used"]["tokens"] == 3 * 120
 
         d.ctl("send", "cx", "Anything else?", check=True)
         wait_for(lambda: up.count == 4 and _state(d) == "sleeping", 120, "turn 2")
@@ -145,7 +175,7 @@ def test_a_denied_shell_call_is_blocked_and_the_model_reads_why(tmp_path: Path) 
     ws = tmp_path / "ws"
     ws.mkdir()
     script = [said(shell(f"echo no > {ws / 'c.txt'}")), said(text("Could not."))]
-    with Upstream(script) as up, running(env=_env(up)) as d:
+    with codex_daemon(script) as (d, up):
         d.ctl("create", str(d.write_spec("cx", _spec(ws, deny='"Bash"'))), check=True)
         d.ctl("activate", "cx", check=True)
         wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
@@ -171,7 +201,7 @@ def test_a_kill_9_of_the_daemon_mid_turn_resumes_the_thread_and_runs_nothing_twi
         # the restarted daemon's run resumes the CLI's thread
         said(text("Done after the restart.")),
     ]
-    with Upstream(script) as up, running(env=_env(up)) as d:
+    with codex_daemon(script) as (d, up):
         d.ctl("create", str(d.write_spec("cx", _spec(ws, allow='"Bash"'))), check=True)
         d.ctl("activate", "cx", check=True)
         wait_event(d, "cx", "tool.finished", match=lambda r: r["data"]["tool"] == "Bash",
