@@ -61,6 +61,16 @@ MCP_ENV = {"MCP_CONNECT_TIMEOUT_MS": "120000", "MCP_TIMEOUT": "120000"}
 PERMISSION_TOOL = "mcp__sessiond__permission"
 
 
+def through_gateway(env: dict[str, str] | os._Environ[str]) -> bool:
+    """The run's model calls go to the daemon's gateway: ANTHROPIC_BASE_URL is the
+    gateway's address for this very run (``…/run/SESSION/RUN``), which the daemon
+    sets where it has a ``[[model.provider]]``. Otherwise it is whatever the
+    daemon's environment or the spec gave (a provider, a proxy)."""
+    base = (env.get("ANTHROPIC_BASE_URL") or "").rstrip("/")
+    session, run = env.get("SESSIOND_SESSION"), env.get("SESSIOND_RUN")
+    return bool(session and run) and base.endswith(f"/run/{session}/{run}")
+
+
 def _wake_text(ctx: dict[str, Any]) -> str:
     """The text of the messages waiting for this turn (a ``message`` wake), if any."""
     texts = [m.get("text") for m in ctx.get("mailbox") or [] if isinstance(m, dict)]
@@ -143,7 +153,7 @@ class Driver:
         # The run's model calls go through the daemon's gateway, which records each
         # (model.requested / model.responded, tokens, cost) and counts it against
         # the budgets: the stream's copies are not recorded again.
-        self.gateway = bool(os.environ.get("SESSIOND_GATEWAY"))
+        self.gateway = through_gateway(os.environ)
 
     # --- the CLI's command line and environment ---------------------------------------
 
