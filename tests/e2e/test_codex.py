@@ -9,6 +9,7 @@ real ones.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -210,6 +211,9 @@ def test_a_kill_9_of_the_daemon_mid_turn_resumes_the_thread_and_runs_nothing_twi
         home = d.state_dir / "agents" / "cx"
         cut_off = set(_run_processes(home))
         assert cut_off, "the driver and the CLI are up"
+        for pid in cut_off:  # the driver, the CLI: the run's token, never the key
+            with contextlib.suppress(OSError):
+                assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
         before_kill = int(d.json("show", "cx")["seq"])
 
         d.kill9()
