@@ -58,7 +58,7 @@ def held() -> Iterator[tuple[Daemon, Any, dict[str, str], Path]]:
         cwd = session(d, "held", [], allow=["claude-ok*", "gpt-*"], program=HOLDER)
         os.mkfifo(cwd / "go")
         d.ctl("activate", "held", check=True)
-X
+        wait_for((cwd / "env.json").exists, 60, "the run's env.json")
         env = json.loads((cwd / "env.json").read_text())
         yield d, up, env, cwd
 
