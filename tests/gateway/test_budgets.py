@@ -10,7 +10,7 @@ from sessiond.gateway.budgets import Budgets, MemoryLedger, SessionSpend, TableL
 from sessiond.log.event_data import BudgetExhausted, ModelResponded
 from sessiond.log.replay import apply
 from sessiond.log.state import State
-from sessiond.table.spec import BudgetSpec
+from sessiond.table.budget_spec import BudgetSpec
 
 DAY = "2026-12-06"
 
