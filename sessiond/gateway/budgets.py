@@ -119,12 +119,11 @@ class Budgets:
         self.agents = dict(agents or {})
         self.today = today
 
-    def check(
+    def check(  # noqa: PLR0917 (the gateway's one call, in the order of the interface)
         self,
         session: str,
-        *,
         run: int,
-        turn: int,
+        turn: int | None,
         agent: str | None,
         spec_budget: Any,
         est_tokens: int,
@@ -136,7 +135,7 @@ class Budgets:
         scopes = (
             ("", spent.total),
             ("_per_run", spent.of_run(run)),
-            ("_per_turn", spent.of_turn(turn)),
+            ("_per_turn", spent.of_turn(turn) if turn is not None else Spend()),
             ("_per_day", spent.day(day)),
         )
         for suffix, used in scopes:
@@ -157,12 +156,11 @@ class Budgets:
                 return Refusal("agent_cost_usd_per_day", cost, round(used.cost_usd, 6), agent)
         return None
 
-    def charge(
+    def charge(  # noqa: PLR0917 (as check)
         self,
         session: str,
-        *,
         run: int,
-        turn: int,
+        turn: int | None,
         agent: str | None,
         tokens_in: int,
         tokens_out: int,
@@ -173,7 +171,7 @@ class Budgets:
         (the unit tests') is told here."""
         charge = getattr(self.ledger, "charge", None)
         if charge is not None:
-            charge(session, run, turn, agent, tokens_in + tokens_out, cost_usd, self.today())
+            charge(session, run, turn or 0, agent, tokens_in + tokens_out, cost_usd, self.today())
 
     def agent_day(self, agent: str, day: str | None = None) -> Spend:
         """What all the agent's sessions spent on ``day`` (today)."""
