@@ -45,6 +45,8 @@ V = TypeVar("V")
 WINDOW = 60.0  # the rate limits' window, seconds
 BACKOFF_BASE = 0.5  # the first backoff without Retry-After, seconds
 BACKOFF_CAP = 30.0
+# the waits' histogram (/metrics): from a millisecond to five minutes
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ class _Grant:
     ask: Ask
     limiters: list[_Limiter]
     tokens: list[list[float]]  # the tpm entries charged, one per limiter with tpm
+    at: float = 0.0  # when it was given
     released: bool = False
 
 
@@ -231,6 +234,8 @@ class Scheduler:
         self._unsettled: dict[Ask, deque[_Grant]] = {}
         self.served = 0
         self.throttled = 0
+        # per provider: how long calls waited for their slot (counts per bucket, sum)
+        self.waits: dict[str, tuple[list[int], list[float]]] = {}
 
     # --- the interface -------------------------------------------------------------
 
@@ -260,7 +265,7 @@ class Scheduler:
             except BaseException:
                 self._release(grant)
                 raise
-            self._succeeded(grant)
+            self._succeeded(grant, since)
             return Held(self, grant, value)
 
     def settle(self, ask: Ask, used_tokens: int) -> None:
@@ -335,6 +340,10 @@ class Scheduler:
             "queue": queue,
             "served": self.served,
             "throttled": self.throttled,
+            "waits": {
+                p: {"buckets": list(counts), "sum": total[0]}
+                for p, (counts, total) in self.waits.items()
+            },
         }
 
     # --- order ---------------------------------------------------------------------
@@ -388,8 +397,6 @@ class Scheduler:
                 self._release(w.future.result())  # granted as we were cancelled
             self._pump()
             raise
-        for fn in self.listeners:
-            fn("waited", ask, self.clock.now() - since)
         return grant
 
     def _activate(self, ask: Ask) -> None:
@@ -445,7 +452,7 @@ class Scheduler:
         self._session_floor[group] = max(self._session_floor.get(group, 0.0), sv)
         self._group_v[group] = gv + 1
         self._session_v[w.ask.session] = sv + 1
-        grant = _Grant(w.ask, limiters, tokens)
+        grant = _Grant(w.ask, limiters, tokens, now)
         self._unsettled.setdefault(w.ask, deque()).append(grant)
         self.served += 1
         w.future.set_result(grant)
@@ -471,7 +478,17 @@ class Scheduler:
             lim.in_flight -= 1
         self._pump()
 
-    def _succeeded(self, grant: _Grant) -> None:
+    def _succeeded(self, grant: _Grant, since: float) -> None:
+        """A call answered: count its wait (its last slot's, from its first ask, so
+        the time it spent backing off is in it) and let the learned limits grow."""
+        ask = grant.ask
+        waited = max(0.0, grant.at - since)
+        # one count per bucket, the last for longer waits than the last bound
+        counts, total = self.waits.setdefault(ask.provider, ([0] * (len(WAIT_BUCKETS) + 1), [0.0]))
+        counts[next((i for i, b in enumerate(WAIT_BUCKETS) if waited <= b), -1)] += 1
+        total[0] += waited
+        for fn in self.listeners:
+            fn("waited", ask, waited)
         for lim in grant.limiters:
             if lim.learned is not None:
                 lim.learned += 1 / max(1.0, lim.learned)  # additive increase

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sessiond.gateway.sched import Limits, Scheduler
+from sessiond.gateway.sched import WAIT_BUCKETS, Limits, Scheduler
 
 
 def limits_of(providers: Iterable[Any]) -> dict[str, Limits]:
@@ -61,6 +61,8 @@ class QueueView:
             "queue": snap["queue"],
             "served": snap["served"],
             "throttled": snap["throttled"],
+            "waits": snap["waits"],  # per provider, for /metrics (WAIT_BUCKETS)
+            "wait_buckets": list(WAIT_BUCKETS),
         }
 
 
