@@ -165,7 +165,7 @@ class _Limiter:
         return wait if wait > now else None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Waiter:
     ask: Ask
     seq: int
@@ -174,7 +174,7 @@ class _Waiter:
     not_before: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Grant:
     ask: Ask
     limiters: list[_Limiter]
