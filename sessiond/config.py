@@ -30,6 +30,7 @@ from pydantic import (
 
 from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
+from sessiond.modelconfig import ModelConfig
 from sessiond.paths import default_socket, default_state_dir
 from sessiond.sandboxconfig import DaemonSandboxKeys
 from sessiond.webconfig import WebConfig
@@ -393,6 +394,7 @@ class DaemonConfig(_Strict):
     otel: OtelConfig = Field(default_factory=OtelConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)  # the model gateway
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (
@@ -522,6 +524,10 @@ def load_config(
             for key in ("tls_cert", "tls_key"):
                 if isinstance(web.get(key), str):
                     web[key] = base / web[key]
+        model = data.get("model")
+        for provider in model.get("provider", []) if isinstance(model, dict) else []:
+            if isinstance(provider, dict) and isinstance(provider.get("key_file"), str):
+                provider["key_file"] = base / provider["key_file"]
         data["source"] = path.resolve()
     if env.get("SESSIOND_STATE_DIR"):
         data["state_dir"] = Path(env["SESSIOND_STATE_DIR"])

@@ -41,6 +41,7 @@ GROUND = {
     "listing",
     "logquery",
     "logs",
+    "modelconfig",
     "names",
     "paths",
     "redaction",

@@ -33,6 +33,7 @@ from sessiond.config import ProfileConfig
 from sessiond.durations import Duration
 from sessiond.errors import InvalidInput
 from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
+from sessiond.modelconfig import ModelSpec
 from sessiond.names import NAME_RE
 from sessiond.sandboxconfig import SandboxKeys
 from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
@@ -329,6 +330,7 @@ class SessionSpec(_Strict):
     run: RunSpec | None = None
     # factories, not shared instances: pydantic would deep-copy a model default
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)  # what the model gateway serves it
     bind: BindSpec = Field(default_factory=BindSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
