@@ -104,6 +104,13 @@ class Refusal:
         )
 
 
+def run_number(run: int | str) -> int:
+    """N of a run id "rN" (the fold keeps the open run by its number)."""
+    if isinstance(run, int):
+        return run
+    return int(run[1:]) if run[:1] == "r" and run[1:].isdigit() else 0
+
+
 def utc_day(now: float | None = None) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(time.time() if now is None else now))
 
@@ -112,17 +119,22 @@ class Budgets:
     def __init__(
         self,
         ledger: Ledger,
-        agents: Mapping[str, AgentLimits] | None = None,
+        agents: Mapping[str, AgentLimits] | Callable[[], Mapping[str, AgentLimits]] | None = None,
         today: Callable[[], str] = utc_day,
     ) -> None:
         self.ledger = ledger
-        self.agents = dict(agents or {})
+        # the agents' budgets, or what reads them now (the daemon's config: a reload)
+        self._agents = agents if callable(agents) else (lambda: dict(agents or {}))
         self.today = today
+
+    @property
+    def agents(self) -> Mapping[str, AgentLimits]:
+        return self._agents()
 
     def check(  # noqa: PLR0917 (the gateway's one call, in the order of the interface)
         self,
         session: str,
-        run: int,
+        run: int | str,
         turn: int | None,
         agent: str | None,
         spec_budget: Any,
@@ -134,7 +146,7 @@ class Budgets:
         day = self.today()
         scopes = (
             ("", spent.total),
-            ("_per_run", spent.of_run(run)),
+            ("_per_run", spent.of_run(run_number(run))),
             ("_per_turn", spent.of_turn(turn) if turn is not None else Spend()),
             ("_per_day", spent.day(day)),
         )
@@ -159,7 +171,7 @@ class Budgets:
     def charge(  # noqa: PLR0917 (as check)
         self,
         session: str,
-        run: int,
+        run: int | str,
         turn: int | None,
         agent: str | None,
         tokens_in: int,
@@ -171,7 +183,15 @@ class Budgets:
         (the unit tests') is told here."""
         charge = getattr(self.ledger, "charge", None)
         if charge is not None:
-            charge(session, run, turn or 0, agent, tokens_in + tokens_out, cost_usd, self.today())
+            charge(
+                session,
+                run_number(run),
+                turn or 0,
+                agent,
+                tokens_in + tokens_out,
+                cost_usd,
+                self.today(),
+            )
 
     def agent_day(self, agent: str, day: str | None = None) -> Spend:
         """What all the agent's sessions spent on ``day`` (today)."""
