@@ -91,6 +91,21 @@ class ProfileBudget(_Strict):
     tool_calls_per_run: int | None = Field(default=None, ge=0)
 
 
+class AgentBudget(_Strict):
+    """An agent's budget over all its sessions (those whose spec names it as
+    ``agent``), enforced by the model gateway at each call; 0 means no limit.
+    A day is a UTC day."""
+
+    tokens_per_day: int = Field(default=0, ge=0)
+    cost_usd_per_day: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
+class AgentConfig(_Strict):
+    """``[agents.NAME]``: what the daemon knows of an agent (a spec's ``agent``)."""
+
+    budget: AgentBudget = Field(default_factory=AgentBudget)
+
+
 class ProfileConfig(_Strict):
     """A runner profile: what a session's program runs with (e.g. which model).
 
@@ -372,6 +387,7 @@ class DaemonConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
     run: RunConfig = Field(default_factory=RunConfig)
     notify: list[NotifyConfig] = Field(default_factory=list)
     web: WebConfig = Field(default_factory=WebConfig)

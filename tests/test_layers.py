@@ -17,7 +17,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "sessiond"
 
 # top-down: a floor may import the floors after it in this list, never one before
-FLOORS = ["daemon", "web", "gateway", "ipc", "syscalls", "notify", "otel", "runs", "wake", "table", "log"]
+FLOORS = [
+    "daemon",
+    "web",
+    "gateway",
+    "ipc",
+    "syscalls",
+    "notify",
+    "otel",
+    "runs",
+    "wake",
+    "table",
+    "log",
+]
 GROUND = {
     "__init__",
     "codec",

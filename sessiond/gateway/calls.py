@@ -30,7 +30,8 @@ import structlog
 from aiohttp import web
 
 from sessiond.errors import InvalidInput, Refused
-from sessiond.gateway.passthrough import Ask, Budgets, GaveUp, Held, Scheduler, Throttled
+from sessiond.gateway.budgets import Budgets, Refusal
+from sessiond.gateway.sched import Ask, GaveUp, Held, Scheduler, Throttled
 from sessiond.gateway.shapes import Assembler, error_body, events, stop_of, text_of, usage_of
 from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
@@ -210,19 +211,17 @@ class Calls:
             raise Refuse(400, f"the daemon does not send this call: {why}")
         return await self._send(request, c, answer["call"])
 
-    async def _over_budget(self, c: Call, refusal: Any) -> None:
+    async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the
         session is suspended with the reason (runs.settle), as any spent budget does."""
         s = c.s
         async with s.lock:
             await self.kernel.ctx.table.append(
                 s,
-                BudgetExhausted(
-                    budget=refusal.budget, limit=int(refusal.limit), used=int(refusal.used)
-                ),
+                BudgetExhausted(budget=refusal.budget, limit=refusal.limit, used=refusal.used),
             )
             if s.run is not None and s.run.stop_requested is None:
-                s.run.stop_requested = f"budget: {refusal.budget} {refusal.message}"
+                s.run.stop_requested = refusal.reason  # "budget: tokens_per_day: N of M used"
         raise Refuse(429, f"budget spent: {refusal.message}", "insufficient_quota")
 
     async def _replay(self, request: web.Request, c: Call, recorded: Any) -> web.StreamResponse:

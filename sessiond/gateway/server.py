@@ -17,8 +17,10 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from sessiond.gateway.budgets import Budgets, TableLedger
 from sessiond.gateway.calls import Calls
-from sessiond.gateway.passthrough import Budgets, Limits, Scheduler
+from sessiond.gateway.sched import Scheduler
+from sessiond.gateway.view import QueueView, limits_of
 from sessiond.ipc.fence import READ, WRITE, grant
 from sessiond.paths import gateway_socket
 from sessiond.sandboxconfig import dynamic_uids_on
@@ -29,24 +31,21 @@ log = structlog.get_logger(__name__)
 PREFIX = "/run/{session}/{run}"
 
 
-def limits_of(kernel: Kernel) -> dict[str, Limits]:
-    """The scheduler's limits: per provider, and per ``provider/model``."""
-    out: dict[str, Limits] = {}
-    for p in kernel.ctx.config.model.provider:
-        out[p.name] = Limits(p.concurrency, p.rpm, p.tpm)
-        for model, lim in p.limits.items():
-            out[f"{p.name}/{model}"] = Limits(lim.concurrency, lim.rpm, lim.tpm)
-    return out
-
-
 class Gateway:
     """The gateway of one daemon: ``start()`` before any run starts (runs get its
     address), ``close()`` at the end."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.scheduler = Scheduler(limits_of(kernel))
-        self.budgets = Budgets()
+        config = kernel.ctx.config
+        self.scheduler = Scheduler(limits_of(config.model.provider))
+        table = kernel.ctx.table
+        self.budgets = Budgets(
+            TableLedger(lambda: table, table.get),
+            lambda: {n: a.budget for n, a in kernel.ctx.config.agents.items()},  # reloads
+        )
+        # what `sessionctl models`, ps/show, the console and /metrics read of it
+        kernel.model_source = QueueView(self.scheduler, lambda: kernel.ctx.config.model.provider)
         self.calls = Calls(kernel, self.scheduler, self.budgets)
         self.socket: Path = gateway_socket(kernel.ctx.config.socket)
         self.port = 0

@@ -142,6 +142,7 @@ def method_table(k: Kernel, reload: Callable[[], Awaitable[Any]]) -> Methods:
         "ping": (NoParams, lambda _: k.ping()),
         "ps": (PsParams, lambda p: k.ps_listed(listing_of(p), p.footer)),
         "nodes": (NoParams, lambda _: k.nodes()),
+        "models": (NoParams, lambda _: k.models()),
         "show": (NameParams, lambda p: k.show(p.name)),
         "replay": (ReplayParams, lambda p: k.replay(p.name, p.upto, p.view, p.cursor, p.limit)),
         "gate": (NameParams, lambda p: k.gate(p.name)),

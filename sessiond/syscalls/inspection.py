@@ -22,14 +22,16 @@ from sessiond.log.store.base import Record
 from sessiond.logquery import LogQuery
 from sessiond.runs.context import RunContext
 from sessiond.sandboxconfig import dynamic_uids_on
+from sessiond.syscalls.models import Models
 from sessiond.syscalls.views import detail, gate_report, replay_view
 
 
 class Inspection:
     """What a person or a program may look at: the table, a session, its log."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, models: Models | None = None) -> None:
         self.ctx = ctx
+        self.models = models or Models(ctx)
 
     async def ping(self) -> dict[str, Any]:
         return {
@@ -51,8 +53,11 @@ class Inspection:
             for row in rows:
                 row["node"] = cluster.node
         boundary = "sandbox" if self.ctx.config.run.sandbox == "on" else "off"
+        waiting = self.models.positions()
         for row in rows:  # where runs are confined, or that they are not
             row["boundary"] = boundary
+            if waiting:  # a call waits for the model: how many are ahead of it
+                self.models.mark(row, waiting)
         return rows
 
     async def nodes(self) -> list[dict[str, Any]]:
@@ -75,6 +80,7 @@ class Inspection:
             "network": (run.network if run is not None else None) or config.network,
             "uid": self.ctx.boundary.uids.peek(name) if dynamic_uids_on(self.ctx.config) else None,
         }
+        self.models.mark(shown, self.models.positions())
         return shown
 
     def query(

@@ -29,6 +29,7 @@ from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.logins import Logins
+from sessiond.syscalls.models import Models, ModelsSource
 from sessiond.syscalls.observe import Observe
 from sessiond.syscalls.output import RunOutput
 from sessiond.syscalls.retention import Retention
@@ -45,7 +46,8 @@ class Kernel:
         self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
-        self.inspection = Inspection(ctx)
+        self.models_view = Models(ctx)  # the model gateway's, once the daemon runs one
+        self.inspection = Inspection(ctx, self.models_view)
         self.control = Control(ctx, runs)
         self.handover = Handovers(ctx)
         self.lineage = Lineage(ctx, runs, self.handover)
@@ -66,6 +68,7 @@ class Kernel:
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay
         self.gate = self.inspection.gate
+        self.models = self.models_view.models
         # the lifecycle
         self.create = self.control.create
         self.create_spec = self.control.create_spec
@@ -162,6 +165,14 @@ class Kernel:
     @stopping.setter
     def stopping(self, stopping: bool) -> None:  # shutdown: nothing new starts
         self.ctx.stopping = stopping
+
+    @property
+    def model_source(self) -> ModelsSource | None:
+        return self.models_view.source
+
+    @model_source.setter
+    def model_source(self, source: ModelsSource | None) -> None:  # the gateway
+        self.models_view.source = source
 
     @property
     def scheduler(self) -> Scheduler:

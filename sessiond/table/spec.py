@@ -37,6 +37,7 @@ from sessiond.modelconfig import ModelSpec
 from sessiond.names import NAME_RE
 from sessiond.sandboxconfig import SandboxKeys
 from sessiond.table.agent_spec import ClaudeCodeSpec, CodexSpec, check_agent_tables, driver_argv
+from sessiond.table.budget_spec import BudgetSpec
 from sessiond.table.compact_spec import CompactSpec
 
 MAX_SPEC_BYTES = 1 << 20
@@ -219,15 +220,6 @@ class RunSpec(_Strict, SandboxKeys):  # sandbox, network, writable, readable, hi
         if value <= 0:
             raise ValueError("the timeout must be more than 0 seconds")
         return value
-
-
-class BudgetSpec(_Strict):
-    """Limits per session; 0 means no limit."""
-
-    runs_per_day: int = Field(default=0, ge=0)
-    seconds_per_run: int = Field(default=0, ge=0)
-    tokens: int = Field(default=0, ge=0)
-    tool_calls_per_run: int = Field(default=0, ge=0)
 
 
 class BindSpec(_Strict):
