@@ -256,11 +256,12 @@ class Scheduler:
             try:
                 value = await send()
             except Throttled as t:
-                self._throttled(grant, t)
                 attempt += 1
+                delay = self._delay(t, attempt)
+                self._throttled(grant, t, delay)
                 if attempt > self.max_retries:
                     raise GaveUp(t, attempt) from t
-                not_before = self.clock.now() + self._delay(t, attempt)
+                not_before = self.clock.now() + delay
                 continue
             except BaseException:
                 self._release(grant)
@@ -496,13 +497,13 @@ class Scheduler:
                 if configured is not None and lim.learned >= configured:
                     lim.learned = None
 
-    def _throttled(self, grant: _Grant, t: Throttled) -> None:
-        """A 429/529: pause the limits, lower what they allow, give the call's
-        share and tokens back (it was not served), and free its slot."""
+    def _throttled(self, grant: _Grant, t: Throttled, pause: float) -> None:
+        """A 429/529: pause the limits for as long as the call backs off (so no
+        call passes it meanwhile: it keeps its place), lower what they allow, give
+        the call's share and tokens back (it was not served), and free its slot."""
         now = self.clock.now()
         self.throttled += 1
         ask = grant.ask
-        pause = t.retry_after if t.retry_after is not None else BACKOFF_BASE
         for lim in grant.limiters:
             lim.throttles += 1
             if lim.paused_until <= now:

@@ -231,7 +231,7 @@ async def test_a_429_pauses_the_provider_for_every_call() -> None:
     t2 = asyncio.create_task(sched.call(ask("b"), up.send("b")))
     await settle()
     assert up.seen == []  # the provider is paused: b waits too
-    assert sched.snapshot()["limits"][0]["paused_for"] == 5.0
+    assert 5.0 <= sched.snapshot()["limits"][0]["paused_for"] <= 5.5  # Retry-After, never less
     await clock.run_until_idle()
     assert await t1 == "first"
     assert await t2 == "b"
@@ -344,3 +344,30 @@ async def test_a_model_limit_and_the_providers_both_apply() -> None:
     assert up.seen == ["a", "c"]  # b waits for p/m; c's model has room under p
     await up.open_all()
     await asyncio.gather(a, b, c)
+
+
+@aio
+async def test_a_throttled_call_keeps_its_place() -> None:
+    """Its backoff pauses the provider as long: no lower call passes it meanwhile."""
+    clock = ManualClock()
+    sched = Scheduler({"p": Limits(concurrency=4)}, clock=clock, rng=random.Random(5))
+    seen: list[str] = []
+
+    async def high() -> str:
+        seen.append("high")
+        if seen.count("high") == 1:
+            raise Throttled(retry_after=3.0)
+        return "high"
+
+    async def low() -> str:
+        seen.append("low")
+        return "low"
+
+    first = asyncio.create_task(sched.call(ask("h", 9), high))
+    await settle()
+    second = asyncio.create_task(sched.call(ask("l", 1), low))
+    await settle()
+    await clock.run_until_idle()
+    assert await first == "high"
+    assert await second == "low"
+    assert seen == ["high", "high", "low"]
