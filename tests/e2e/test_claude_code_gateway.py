@@ -156,3 +156,26 @@ def test_a_kill_9_mid_turn_sends_no_finished_call_again(tmp_path: Path) -> None:
         assert runs[0]["data"]["turn"] == runs[1]["data"]["turn"]
         # --resume: the CLI sent the conversation so far, the tool's result in it
         assert "Note that you ran." in repr(_calls(up)[-1]["messages"])
+
+
+def test_a_call_past_the_budget_is_refused_and_the_session_suspended(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    append = f"echo ran >> {ws / 'ran.txt'}"
+    script = [
+        # $0.0045 at the provider's prices: past the turn's budget once spent
+        said(tool("Bash", command=append, description="note it")),
+        said(text("Never asked for.")),
+    ]
+    with gateway(script) as (d, up):
+        spec = _spec(ws, allow='"Bash"', budget="cost_usd_per_turn = 0.001")
+        d.ctl("create", str(d.write_spec("cc", spec)), check=True)
+        d.ctl("activate", "cc", check=True)
+        wait_for(lambda: _state(d) == "suspended", 120, "the session suspended")
+        shown = d.json("show", "cc")
+        assert "cost_usd_per_turn" in shown["reason"], shown["reason"]
+        assert (ws / "ran.txt").read_text() == "ran\n"
+        assert up.count == 1  # the call past the budget never reached the upstream
+        assert shown["budget_used"]["cost_usd"] == pytest.approx(1000 * 3e-6 + 100 * 15e-6)
+        exhausted = _events(d, "budget.exhausted")
+        assert [e["data"]["budget"] for e in exhausted] == ["cost_usd_per_turn"]

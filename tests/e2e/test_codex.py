@@ -71,7 +71,7 @@ def _bodies(up: Upstream) -> list[dict[str, Any]]:
     return [body for path, body in up.requests if path == "/v1/responses"]
 
 
-def _spec(ws: Path, *, allow: str = "", ask: str = "", deny: str = "") -> str:
+def _spec(ws: Path, *, allow: str = "", ask: str = "", deny: str = "", budget: str = "") -> str:
     return f"""name = "cx"
 goal = "keep notes"
 [run]
@@ -85,6 +85,8 @@ model = "gpt-test"
 cli = "{CLI}"
 [model]
 allow = ["gpt-test"]
+[budget]
+{budget}
 [policy]
 allow = [{allow}]
 ask = [{ask}]
@@ -239,3 +241,28 @@ def test_a_kill_9_of_the_daemon_mid_turn_resumes_the_thread_and_runs_nothing_twi
         outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
         assert [o["call_id"] for o in outputs] == [call_id]
         assert not _run_processes(home)
+
+
+def test_its_calls_count_against_the_budget_and_one_past_it_suspends_the_session(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [
+        # $0.0028 at the provider's prices: past the turn's budget once spent
+        Reply.of(shell(f"echo ran >> {ws / 'ran.txt'}"), input_tokens=1000, output_tokens=100),
+        said(text("Never asked for.")),
+    ]
+    with codex_daemon(script) as (d, up):
+        spec = _spec(ws, allow='"Bash"', budget="cost_usd_per_turn = 0.001")
+        d.ctl("create", str(d.write_spec("cx", spec)), check=True)
+        d.ctl("activate", "cx", check=True)
+        wait_for(lambda: _state(d) == "suspended", 120, "the session suspended")
+        shown = d.json("show", "cx")
+        assert "cost_usd_per_turn" in shown["reason"], shown["reason"]
+        assert (ws / "ran.txt").read_text() == "ran\n"
+        assert up.count == 1  # the call past the budget never reached the upstream
+        assert len(_events(d, "model.responded")) == 1
+        assert shown["budget_used"]["cost_usd"] == pytest.approx(1000 * 2e-6 + 100 * 8e-6)
+        exhausted = _events(d, "budget.exhausted")
+        assert [e["data"]["budget"] for e in exhausted] == ["cost_usd_per_turn"]
