@@ -36,7 +36,13 @@ run: $(STAMP)
 	@echo "Open that link in a browser and confirm: deploy runs once (or: $(BIN)/sessionctl approve deploy)."
 	@echo "Traces: each session's OpenTelemetry spans, from its log, as OTLP JSON:"
 	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
+	@echo "Models: the daemon's gateway sends the runs' model calls to a scripted upstream"
+	@echo "on 127.0.0.1:8766 ([[model.provider]]); the ask session calls it with no key:"
+	@echo "  $(BIN)/sessionctl activate ask && $(BIN)/sessionctl models"
+	@echo "  $(BIN)/sessionctl log ask --type model.requested --type model.responded"
 	@echo
+	$(BIN)/python -m sessiond.gateway.scripted --port 8766 & up=$$!; \
+	trap 'kill $$up 2>/dev/null' EXIT INT TERM; \
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
 # A local cluster: a PostgreSQL from the machine's binaries (initdb into
