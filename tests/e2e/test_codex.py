@@ -266,3 +266,25 @@ def test_its_calls_count_against_the_budget_and_one_past_it_suspends_the_session
         assert shown["budget_used"]["cost_usd"] == pytest.approx(1000 * 2e-6 + 100 * 8e-6)
         exhausted = _events(d, "budget.exhausted")
         assert [e["data"]["budget"] for e in exhausted] == ["cost_usd_per_turn"]
+
+
+def test_a_command_no_hook_allowed_stops_the_cli_and_fails_the_run(tmp_path: Path) -> None:
+    """The CLI runs a tool unasked when its hooks do not run (untrusted, disabled,
+    broken): the driver stops it at the first such command and fails the run."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    wrapper = tmp_path / "codex-without-hooks"
+    run_cli = f'exec "{CLI}" "$first" --disable hooks "$@"'
+    wrapper.write_text(f'#!/bin/sh\nfirst="$1"; shift\n{run_cli}\n')
+    wrapper.chmod(0o755)
+    script = [said(shell(f"echo one >> {ws / 'ran.txt'}")), said(text("Done."))]
+    with codex_daemon(script) as (d, up):
+        spec = _spec(ws, allow='"Bash"').replace(f'cli = "{CLI}"', f'cli = "{wrapper}"')
+        d.ctl("create", str(d.write_spec("cx", spec)), check=True)
+        d.ctl("activate", "cx", check=True)
+        finished = wait_event(d, "cx", "run.finished", timeout=120)
+        assert finished["data"]["status"] == "failed"
+        err = d.ctl("output", "cx", "--stderr", check=True).stdout
+        assert "codex ran a call no hook allowed" in err
+        assert not _events(d, "tool.started")  # nothing of it is a step: it was never asked
+        assert up.count == 1  # stopped before it could ask the model again
