@@ -288,3 +288,19 @@ def test_a_command_no_hook_allowed_stops_the_cli_and_fails_the_run(tmp_path: Pat
         assert "codex ran a call no hook allowed" in err
         assert not _events(d, "tool.started")  # nothing of it is a step: it was never asked
         assert up.count == 1  # stopped before it could ask the model again
+
+
+def test_a_run_without_a_network_still_reaches_the_model_through_the_gateway(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [said(shell(f"echo ran >> {ws / 'ran.txt'}")), said(text("Done."))]
+    with codex_daemon(script) as (d, up):
+        spec = _spec(ws, allow='"Bash"').replace("retries = 0\n", 'retries = 0\nnetwork = "none"\n')
+        d.ctl("create", str(d.write_spec("cx", spec)), check=True)
+        d.ctl("activate", "cx", check=True)
+        wait_for(lambda: _state(d) == "sleeping", 120, "the turn ended")
+        assert (ws / "ran.txt").read_text() == "ran\n"
+        assert up.count == len(_events(d, "model.responded")) == 2
+        assert d.json("show", "cx")["boundary"]["network"] == "none"
