@@ -225,6 +225,24 @@ class Driver:
         return code
 
 
+def store_transcript(run: Run, codex_home: Path, thread_id: str) -> None:
+    """The thread's rollout, as an artifact of the session: a fork or another
+    machine puts it back in place (sessiond.runs.agents.restore_transcript) and
+    resumes the thread."""
+    found = sorted((codex_home / "sessions").glob(f"*/*/*/rollout-*-{thread_id}.jsonl"))
+    if not thread_id or not found:
+        return
+    data = found[-1].read_bytes()
+    path = found[-1].relative_to(codex_home).as_posix()
+    run.step(
+        # the step sessiond.runs.agents restores a fork's thread from
+        "codex.transcript", lambda: data, args={"thread_id": thread_id, "path": path},
+        side_effect="none", idempotency="safe", resume="replay-from-event",
+        key=f"cx.transcript.{run.run_id}", key_is_id=True,  # one per run
+        observe=lambda _r: f"Codex thread {thread_id} ({len(data)} bytes)",
+    )  # fmt: skip
+
+
 def main() -> int:
     settings = json.loads(os.environ.get("SESSIOND_CODEX") or "{}")
     home = Path(os.environ["SESSIOND_AGENT_HOME"])
@@ -267,6 +285,7 @@ def main() -> int:
             # in a later run, which resumes the CLI's thread.
             print(f"sessiond: the CLI was stopped: {driver.asked[-1]}", file=sys.stderr)
             return 0
+        store_transcript(run, driver.codex_home, driver.thread_id)
         if code != 0 or driver.failed:
             print(f"sessiond: codex exited with {code}: {driver.failed}", file=sys.stderr)
             return 1

@@ -304,3 +304,28 @@ def test_a_run_without_a_network_still_reaches_the_model_through_the_gateway(
         assert (ws / "ran.txt").read_text() == "ran\n"
         assert up.count == len(_events(d, "model.responded")) == 2
         assert d.json("show", "cx")["boundary"]["network"] == "none"
+
+
+def test_a_fork_resumes_the_thread_from_the_stored_rollout(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = [said(text("Parent here.")), said(text("Child here."))]
+    with codex_daemon(script) as (d, up):
+        d.ctl("create", str(d.write_spec("cx", _spec(ws))), check=True)
+        d.ctl("activate", "cx", check=True)
+        wait_event(d, "cx", "tool.finished", timeout=120,
+                   match=lambda r: r["data"]["tool"] == "codex.transcript")  # fmt: skip
+        wait_for(lambda: _state(d) == "sleeping", 60, "turn 1 ended")
+        d.ctl("fork", "cx", "--as", "kid", "--with-triggers", check=True)
+        d.ctl("send", "kid", "And you?", check=True)
+        wait_for(lambda: d.json("show", "kid")["state"] == "sleeping" and up.count == 2, 120,
+                 "the child's turn")  # fmt: skip
+        flat = repr(_bodies(up)[1]["input"])
+        # the child's CLI had the parent's thread: restored, then `codex exec resume`
+        assert "Note it in log.txt." in flat
+        assert "Parent here." in flat
+        assert "And you?" in flat
+        kid_home = d.state_dir / "agents" / "kid"
+        assert (kid_home / "thread-id").read_text() == (
+            d.state_dir / "agents" / "cx" / "thread-id"
+        ).read_text()
