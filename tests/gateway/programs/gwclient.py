@@ -4,7 +4,8 @@
 | "responses", "stream": bool, "text": str, "model": str}``. Each call's outcome is
 a JSON line in ``results.jsonl``: the text, stop reason, usage and tool calls as the
 SDK parsed them, or the error the SDK raised. With ``GW_FAIL_ONCE=1`` the first run
-exits 1 after its calls (the turn goes on in a later run), leaving ``failed.once``.
+exits 1 after its calls (the turn goes on in a later run), leaving ``failed.once``;
+a later run sends a step's ``text_again`` where it has one.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def responses(step: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     plan = json.loads(pathlib.Path("plan.json").read_text())
+    if pathlib.Path("failed.once").exists():  # a later run: its requests may differ
+        plan = [{**step, "text": step.get("text_again", step.get("text"))} for step in plan]
     with open("results.jsonl", "a") as out:
         for step in plan:
             try:
