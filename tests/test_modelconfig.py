@@ -4,6 +4,7 @@ listener, a spec's [model] allow; and a run's environment with no provider key."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,15 @@ def test_a_runs_environment_holds_no_provider_key() -> None:
         "ANTHROPIC_API_KEY": "tok",
         "OPENAI_API_KEY": "tok",
     }
+
+
+def test_a_program_cannot_create_a_session_allowed_more_models(tmp_path: Path) -> None:
+    from sessiond.table.policy import widening
+    from sessiond.table.spec import parse_spec
+
+    def spec(allow: str) -> Any:
+        return parse_spec(f'name = "x"\n[model]\nallow = {allow}\n', base=tmp_path)
+
+    assert widening(spec('["claude-haiku*"]'), spec('["claude-haiku*", "gpt-4o"]')) == []
+    problems = widening(spec('["claude-*"]'), spec('["claude-haiku*"]'))
+    assert problems == ["it may use models claude-* ([model] allow), this one not"]
