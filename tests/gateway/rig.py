@@ -82,7 +82,7 @@ def gateway(
 def session(
     d: Daemon,
     name: str,
-    plan: list[dict[str, Any]],
+    plan: list[dict[str, Any]] | dict[str, Any],
     *,
     allow: list[str] | None = None,
     retries: int = 0,

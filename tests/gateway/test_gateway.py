@@ -115,3 +115,17 @@ def test_a_changed_request_is_answered_from_the_log_or_diverges_where_the_spec_s
         assert got[0]["text"] == "strictly"
         assert got[1]["error"] == 400
         wait_for(lambda: d.json("show", "strict")["state"] == "blocked", 60, "strict blocked")
+
+
+def test_calls_sent_at_once_find_their_own_records_in_any_order() -> None:
+    calls = [{"api": "chat", "text": t} for t in ("red", "green", "blue")]
+    plan = {"calls": calls, "parallel_first": True, "reverse_again": True}
+    with gateway() as (d, up):  # the upstream echoes each request's text
+        cwd = session(d, "racing", plan, retries=1, fail_once=True)
+        d.ctl("activate", "racing", check=True)
+        wait_event(d, "racing", "run.finished", match=lambda r: r["data"].get("run") != "r1",
+                   timeout=90)  # fmt: skip
+        got = results(cwd)
+        assert [r["text"] for r in got[3:]] == ["echo: blue", "echo: green", "echo: red"]
+        assert sorted(r["text"] for r in got[:3]) == ["echo: blue", "echo: green", "echo: red"]
+        assert up.count == 3

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -99,18 +100,30 @@ def responses(step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def one(step: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"api": step["api"], **globals()[step["api"]](step)}
+    except (anthropic.APIStatusError, openai.APIStatusError) as exc:
+        return {"api": step["api"], "error": exc.status_code, "body": exc.body}
+
+
 def main() -> None:
     plan = json.loads(pathlib.Path("plan.json").read_text())
-    if pathlib.Path("failed.once").exists():  # a later run: its requests may differ
-        plan = [{**step, "text": step.get("text_again", step.get("text"))} for step in plan]
+    steps = plan["calls"] if isinstance(plan, dict) else plan
+    again = pathlib.Path("failed.once").exists()
+    if again:  # a later run: its requests may differ
+        steps = [{**step, "text": step.get("text_again", step.get("text"))} for step in steps]
+        if isinstance(plan, dict) and plan.get("reverse_again"):
+            steps.reverse()
+    parallel = isinstance(plan, dict) and plan.get("parallel_first") and not again
+    if parallel:  # all at once, as asyncio.gather or threads send them
+        with ThreadPoolExecutor(len(steps)) as pool:
+            results = list(pool.map(one, steps))
+    else:
+        results = [one(step) for step in steps]
     with open("results.jsonl", "a") as out:
-        for step in plan:
-            try:
-                result = {"api": step["api"], **globals()[step["api"]](step)}
-            except (anthropic.APIStatusError, openai.APIStatusError) as exc:
-                result = {"api": step["api"], "error": exc.status_code, "body": exc.body}
+        for result in results:
             out.write(json.dumps(result) + "\n")
-            out.flush()
     if os.environ.get("GW_FAIL_ONCE") and not pathlib.Path("failed.once").exists():
         pathlib.Path("failed.once").touch()
         sys.exit(1)
