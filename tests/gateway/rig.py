@@ -49,6 +49,7 @@ network = "{network}"
 env = {{ GW_FAIL_ONCE = "{fail_once}" }}
 [model]
 allow = {allow}
+strict = {strict}
 """
 
 
@@ -81,12 +82,13 @@ def gateway(
 def session(
     d: Daemon,
     name: str,
-    plan: list[dict[str, Any]],
+    plan: list[dict[str, Any]] | dict[str, Any],
     *,
     allow: list[str] | None = None,
     retries: int = 0,
     network: str = "host",
     fail_once: bool = False,
+    strict: bool = False,
     program: Path = CLIENT,
 ) -> Path:
     """A session running ``program`` with ``plan``; its working folder."""
@@ -98,6 +100,7 @@ def session(
         name=name, python=sys.executable, client=program, cwd=cwd, retries=retries,
         network=network, fail_once="1" if fail_once else "",
         allow=json.dumps(allow if allow is not None else ["claude-*", "gpt-*"]),
+        strict="true" if strict else "false",
     )  # fmt: skip
     d.ctl("create", str(d.write_spec(name, text)), check=True)
     return cwd
