@@ -36,7 +36,7 @@ import asyncio
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -350,20 +350,37 @@ class Scheduler:
     # --- order ---------------------------------------------------------------------
 
     def order(self) -> list[_Waiter]:
-        """The waiting calls, best first."""
+        """The waiting calls, best first: the order they would start in."""
+        return list(self._ordered())
+
+    def _ordered(self) -> Iterator[_Waiter]:
+        """The waiting calls one by one, best first. The fair share is played
+        forward: each call yielded counts as served for the ones after it, so two
+        calls of one session do not go before another session's first."""
         now = self.clock.now()
 
-        def key(w: _Waiter) -> tuple[float, float, float, int]:
-            band = w.ask.priority + math.floor(max(0.0, now - w.since) / self.aging)
-            group = _group(w.ask)
-            return (
-                -band,
-                self._group_v.get(group, 0.0),
-                self._session_v.get(w.ask.session, 0.0),
-                w.seq,
-            )
+        def band(w: _Waiter) -> int:
+            return w.ask.priority + math.floor(max(0.0, now - w.since) / self.aging)
 
-        return sorted(self.waiting, key=key)
+        queues: dict[str, deque[_Waiter]] = {}
+        for w in sorted(self.waiting, key=lambda w: (-band(w), w.seq)):
+            queues.setdefault(w.ask.session, deque()).append(w)
+        groups = {s: _group(q[0].ask) for s, q in queues.items()}
+        vg = {g: self._group_v.get(g, 0.0) for g in groups.values()}
+        vs = {s: self._session_v.get(s, 0.0) for s in queues}
+
+        def key(s: str) -> tuple[int, float, float, int]:
+            head = queues[s][0]
+            return (-band(head), vg[groups[s]], vs[s], head.seq)
+
+        while queues:
+            session = min(queues, key=key)
+            waiting = queues[session]
+            yield waiting.popleft()
+            vg[groups[session]] += 1
+            vs[session] += 1
+            if not waiting:
+                del queues[session]
 
     # --- the machinery -------------------------------------------------------------
 
@@ -415,8 +432,11 @@ class Scheduler:
             return
         now = self.clock.now()
         blocked: set[str] = set()
+        providers = {w.ask.provider for w in self.waiting}
         wake = math.inf
-        for w in self.order():
+        for w in self._ordered():
+            if providers <= blocked:
+                break  # every provider's limit is reached: nothing after starts now
             if w.not_before > now:
                 wake = min(wake, w.not_before)
                 continue
