@@ -117,12 +117,12 @@ def test_a_429_storm_is_absorbed_in_priority_order_and_fairly() -> None:
             session_of = [s.split("#")[0] for s in seen]
             waiting = [s for s, _ in planned]
             assert sorted(session_of) == sorted(waiting)
-            priority = sessions()
-            got = [priority[s] for s in session_of]
+            rank = sessions()
+            got = [rank[s] for s in session_of]
             for i, p in enumerate(got):
                 assert all(q <= p for q in got[i + WINDOW :]), (i, got)
             for band in BANDS:
-                order = [s for s in session_of if priority[s] == band]
+                order = [s for s in session_of if rank[s] == band]
                 firsts = {s: order.index(s) for s in order}
                 seconds = [i for i, s in enumerate(order) if i != firsts[s]]
                 # equal priority: each session's first waiting call before any second
