@@ -84,8 +84,8 @@ class Refusal:
     @property
     def detail(self) -> str:
         unit = "$" if "cost" in self.budget else ""
-        used = f"{self.used:.4f}".rstrip("0").rstrip(".") if unit else str(self.used)
-        limit = f"{self.limit:.4f}".rstrip("0").rstrip(".") if unit else str(self.limit)
+        used = f"{self.used:.6f}".rstrip("0").rstrip(".") if unit else str(self.used)
+        limit = f"{self.limit:.6f}".rstrip("0").rstrip(".") if unit else str(self.limit)
         whose = f" (agent {self.agent}, all its sessions)" if self.agent else ""
         return f"{self.budget}: {unit}{used} of {unit}{limit} used{whose}"
 

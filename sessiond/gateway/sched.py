@@ -36,7 +36,7 @@ import asyncio
 import math
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -221,6 +221,8 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.limiters: dict[str, _Limiter] = {k: _Limiter(k, v) for k, v in limits.items()}
         self.waiting: list[_Waiter] = []
+        # how many calls wait per session and per fair-share group (for _activate)
+        self._waiting_in: dict[str, int] = {}
         self.listeners: list[Listener] = []
         self._seq = 0
         # virtual time (calls served) per group and per session, and the floors a
@@ -279,7 +281,8 @@ class Scheduler:
             del self._unsettled[ask]
         for entry in grant.tokens:
             entry[1] = max(0, used_tokens)
-        self._pump()  # a smaller use may let a waiting call start
+        if grant.tokens:
+            self._pump()  # a smaller use may let a waiting call start
 
     def ahead(self, session: str) -> int | None:
         """How many calls are ahead of this session's first waiting call (in its
@@ -350,20 +353,37 @@ class Scheduler:
     # --- order ---------------------------------------------------------------------
 
     def order(self) -> list[_Waiter]:
-        """The waiting calls, best first."""
-        now = self.clock.now()
+        """The waiting calls, best first: the order they would start in."""
+        return list(self._ordered())
 
-        def key(w: _Waiter) -> tuple[float, float, float, int]:
-            band = w.ask.priority + math.floor(max(0.0, now - w.since) / self.aging)
-            group = _group(w.ask)
-            return (
-                -band,
-                self._group_v.get(group, 0.0),
-                self._session_v.get(w.ask.session, 0.0),
-                w.seq,
-            )
+    def _ordered(self) -> Iterator[_Waiter]:
+        """The waiting calls one by one, best first. The fair share is played
+        forward: each call yielded counts as served for the ones after it, so two
+        calls of one session do not go before another session's first."""
+        now, aging = self.clock.now(), self.aging
+        ranked = sorted(
+            (-(w.ask.priority + math.floor(max(0.0, now - w.since) / aging)), w.seq, w)
+            for w in self.waiting
+        )
+        queues: dict[str, deque[tuple[int, int, _Waiter]]] = {}
+        for item in ranked:
+            queues.setdefault(item[2].ask.session, deque()).append(item)
+        groups = {s: _group(q[0][2].ask) for s, q in queues.items()}
+        vg = {g: self._group_v.get(g, 0.0) for g in groups.values()}
+        vs = {s: self._session_v.get(s, 0.0) for s in queues}
 
-        return sorted(self.waiting, key=key)
+        def key(s: str) -> tuple[int, float, float, int]:
+            band, seq, _ = queues[s][0]
+            return (band, vg[groups[s]], vs[s], seq)
+
+        while queues:
+            session = min(queues, key=key)
+            waiting = queues[session]
+            yield waiting.popleft()[2]
+            vg[groups[session]] += 1
+            vs[session] += 1
+            if not waiting:
+                del queues[session]
 
     # --- the machinery -------------------------------------------------------------
 
@@ -387,13 +407,13 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         w = _Waiter(ask, seq, since, loop.create_future(), not_before)
         self._activate(ask)
-        self.waiting.append(w)
+        self._add(w)
         self._pump()
         try:
             grant = await w.future
         except BaseException:
             if w in self.waiting:
-                self.waiting.remove(w)
+                self._remove(w)
             elif w.future.done() and not w.future.cancelled():
                 self._release(w.future.result())  # granted as we were cancelled
             self._pump()
@@ -403,11 +423,25 @@ class Scheduler:
     def _activate(self, ask: Ask) -> None:
         """A group or session coming back after an idle spell starts at the floor."""
         group = _group(ask)
-        if not any(_group(w.ask) == group for w in self.waiting):
+        if not self._waiting_in.get(group):
             self._group_v[group] = max(self._group_v.get(group, 0.0), self._group_floor)
-        if not any(w.ask.session == ask.session for w in self.waiting):
+        if not self._waiting_in.get(ask.session):
             floor = self._session_floor.get(group, 0.0)
             self._session_v[ask.session] = max(self._session_v.get(ask.session, 0.0), floor)
+
+    def _add(self, w: _Waiter) -> None:
+        self.waiting.append(w)
+        for key in (w.ask.session, _group(w.ask)):
+            self._waiting_in[key] = self._waiting_in.get(key, 0) + 1
+
+    def _remove(self, w: _Waiter) -> None:
+        self.waiting.remove(w)
+        for key in (w.ask.session, _group(w.ask)):
+            left = self._waiting_in[key] - 1
+            if left:
+                self._waiting_in[key] = left
+            else:
+                del self._waiting_in[key]
 
     def _pump(self) -> None:
         """Start every waiting call that may start now, best first."""
@@ -415,8 +449,22 @@ class Scheduler:
             return
         now = self.clock.now()
         blocked: set[str] = set()
+        providers = {w.ask.provider for w in self.waiting}
         wake = math.inf
-        for w in self.order():
+        # the common case under load: every provider is full, nothing starts (and
+        # the queue need not be ordered to know it)
+        for p in providers:
+            at = (self.limiters.get(p) or self._new(p)).ready_at(now, 0)
+            if at is None:
+                break
+            blocked.add(p)
+            wake = min(wake, at)
+        else:
+            self._arm(wake)
+            return
+        blocked.clear()
+        wake = math.inf
+        for w in self._ordered():
             if w.not_before > now:
                 wake = min(wake, w.not_before)
                 continue
@@ -430,13 +478,18 @@ class Scheduler:
                     blocked.add(lim.key)
                     wake = min(wake, at)
                     refused = True
-            if refused:
-                continue
-            self._start(w, limiters, now)
+            if not refused:
+                self._start(w, limiters, now)
+                at = limiters[0].ready_at(now, 0)  # its provider: full now?
+                if at is not None:
+                    blocked.add(limiters[0].key)
+                    wake = min(wake, at)
+            if providers <= blocked:
+                break  # every provider's limit is reached: nothing after starts now
         self._arm(wake)
 
     def _start(self, w: _Waiter, limiters: list[_Limiter], now: float) -> None:
-        self.waiting.remove(w)
+        self._remove(w)
         tokens: list[list[float]] = []
         for lim in limiters:
             lim.in_flight += 1

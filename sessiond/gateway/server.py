@@ -38,7 +38,8 @@ class Gateway:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         config = kernel.ctx.config
-        self.scheduler = Scheduler(limits_of(config.model.provider))
+        # one point of priority for each `aging` waited, as the table's scheduler
+        self.scheduler = Scheduler(limits_of(config.model.provider), aging=config.aging)
         table = kernel.ctx.table
         self.budgets = Budgets(
             TableLedger(lambda: table, table.get),

@@ -371,3 +371,27 @@ async def test_a_throttled_call_keeps_its_place() -> None:
     assert await first == "high"
     assert await second == "low"
     assert seen == ["high", "high", "low"]
+
+
+@aio
+async def test_the_queue_shows_and_keeps_the_fair_order_when_slots_free_together() -> None:
+    clock = ManualClock()
+    sched = Scheduler({"p": Limits(concurrency=2)}, clock=clock)
+    up = Upstream(clock)
+    holders = [
+        asyncio.create_task(sched.call(ask(f"h{i}"), up.send(f"h{i}", True))) for i in range(2)
+    ]
+    await settle()
+    tasks = []
+    for name, session in [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b"), ("b2", "b")]:
+        tasks.append(asyncio.create_task(sched.call(ask(session), up.send(name, True))))
+    await settle()
+    shown = [q["session"] for q in sched.snapshot()["queue"]]
+    assert shown == ["a", "b", "a", "b", "a"]
+    assert sched.ahead("b") == 1
+    for gate in up.gates[:2]:  # both slots free at once
+        gate.set()
+    await settle()
+    assert up.seen[2:4] == ["a1", "b1"]  # not a1, a2
+    await up.open_all()
+    await asyncio.gather(*holders, *tasks)
