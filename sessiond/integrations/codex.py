@@ -142,7 +142,7 @@ class Driver:
         """Written at every start: what an earlier run (or a command the model ran)
         left in the private config does not count."""
         self.codex_home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        base_url = os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        base_url = gateway_url(os.environ) or ""  # main() runs only through it
         hook = [sys.executable, "-m", "sessiond.integrations.codex_hook"]
         (self.codex_home / "config.toml").write_text(config_toml(base_url, hook))
         for stray in ("hooks.json", "requirements.toml", "managed_config.toml"):
@@ -243,7 +243,27 @@ def store_transcript(run: Run, codex_home: Path, thread_id: str) -> None:
     )  # fmt: skip
 
 
+def gateway_url(env: dict[str, str] | os._Environ[str]) -> str | None:
+    """The run's OPENAI_BASE_URL where it is the daemon's gateway for this very run
+    (``…/run/SESSION/RUN/v1``, set where the daemon has a ``[[model.provider]]``);
+    None otherwise."""
+    base = (env.get("OPENAI_BASE_URL") or "").rstrip("/")
+    session, run = env.get("SESSIOND_SESSION"), env.get("SESSIOND_RUN")
+    ok = bool(session and run) and base.endswith(f"/run/{session}/{run}/v1")
+    return base if ok else None
+
+
 def main() -> int:
+    if gateway_url(os.environ) is None:
+        # Its calls would go to whatever the environment names, unrecorded and
+        # unbudgeted, with a key the run holds: it runs only through the gateway.
+        print(
+            "sessiond: a codex run sends its model calls through the daemon's model "
+            "gateway, and this daemon has none: add a [[model.provider]] serving the "
+            "session's model to the daemon's configuration (README, \"Models\")",
+            file=sys.stderr,
+        )
+        return 2
     settings = json.loads(os.environ.get("SESSIOND_CODEX") or "{}")
     home = Path(os.environ["SESSIOND_AGENT_HOME"])
     with connect() as run:

@@ -329,3 +329,19 @@ def test_a_fork_resumes_the_thread_from_the_stored_rollout(tmp_path: Path) -> No
         assert (kid_home / "thread-id").read_text() == (
             d.state_dir / "agents" / "cx" / "thread-id"
         ).read_text()
+
+
+def test_without_a_gateway_a_codex_run_refuses_to_start_the_cli(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # a daemon with no provider: a key and an address in its environment would
+    # otherwise reach the CLI, its calls unrecorded and unbudgeted
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-not-for-runs"}
+    with running(env=env) as d:
+        d.ctl("create", str(d.write_spec("cx", _spec(ws))), check=True)
+        d.ctl("activate", "cx", check=True)
+        finished = wait_event(d, "cx", "run.finished", timeout=120)
+        assert finished["data"]["status"] == "failed"
+        err = d.ctl("output", "cx", "--stderr", check=True).stdout
+        assert "add a [[model.provider]]" in err
+        assert not (d.state_dir / "agents" / "cx" / "thread-id").exists()  # no CLI ran
