@@ -4,8 +4,9 @@ The run is known by its token (the ``x-api-key`` or ``Authorization: Bearer`` of
 request: the run's own token, runs.tokens) and the address it called (``/run/
 <session>/<run>/``): both must name the same live run. Then the request is checked
 (JSON, a model some provider serves, a model the session's spec allows, a size we
-take) and becomes a step at its place in the turn: the run's n-th gateway call is
-keyed ``gw.<n>`` (in the order the calls arrive). runs.steps answers it:
+take) and becomes a step at its place in the turn, keyed ``gw.<n>``: the place an
+earlier run recorded the same request at, else the run's next (:func:`place`).
+runs.steps answers it:
 
 - ``replayed``: a call of an earlier run of the turn finished at this place: its
   recorded response is answered, streamed as the provider streams it when the call
@@ -37,6 +38,7 @@ from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.modelconfig import ModelConfig, ProviderConfig
+from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session
@@ -181,17 +183,21 @@ class Calls:
         spec = c.s.spec
         assert spec is not None
         turn = c.s.j.state.turn
-        refusal = self.budgets.check(
-            c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None, spec.budget,
-            len(c.raw) // 4,
-        )  # fmt: skip
-        if refusal is not None:
-            await self._over_budget(c, refusal)
-        c.grant.gateway_calls += 1
+        # its place, taken before any await (the run's calls may race each other)
+        steps = turn["steps"] if turn is not None else {}
+        n = place(steps, c.grant.gateway_places, digest_of(c.body))
+        c.grant.gateway_places.add(n)
+        recorded = steps.get(f"k:gw.{n}")
+        if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
+            refusal = self.budgets.check(
+                c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
+                spec.budget, len(c.raw) // 4,
+            )  # fmt: skip
+            if refusal is not None:
+                await self._over_budget(c, refusal)
         asked = SdkStepParams(
-            token=c.token, kind="model", name=c.model, ordinal=1,
-            key=f"gw.{c.grant.gateway_calls}", key_is_id=True, request=c.body,
-            strict=spec.model.strict,
+            token=c.token, kind="model", name=c.model, ordinal=1, key=f"gw.{n}",
+            key_is_id=True, request=c.body, strict=spec.model.strict,
         )  # fmt: skip
         try:
             answer = await self.kernel.sdk.steps.begin(c.s, c.grant, asked, _plain)
@@ -362,6 +368,29 @@ class Calls:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+
+
+def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
+    """The place ``gw.<n>`` of a call in its turn: the first place an earlier run
+    recorded for the very same request (its digest) that this run has not taken, so
+    calls sent at once (``asyncio.gather``, threads) find their own records whatever
+    order they arrive in; else the first place this run has not taken (in call order:
+    a changed request, or a new call)."""
+    same = sorted(
+        int(slot[5:])
+        for slot, st in steps.items()
+        if slot.startswith("k:gw.")
+        and slot[5:].isdigit()
+        and st.get("digest") == digest
+        and st.get("status") == "ok"
+        and int(slot[5:]) not in taken
+    )
+    if same:
+        return same[0]
+    n = 1
+    while n in taken:
+        n += 1
+    return n
 
 
 def _plain(_s: Session, **values: Any) -> dict[str, Any]:

@@ -105,7 +105,12 @@ class RunContext:
         plan = await self.boundary.plan(
             self.config, spec, s.name, others=others, wake_file=wake_file
         )
-        if plan is not None and plan.network == "none" and self.gateway is not None:
+        if (
+            plan is not None
+            and plan.network == "none"
+            and self.gateway is not None
+            and spec.model.allow  # a run that may call no model has no use for it
+        ):
             # its own loopback: the gateway through a relay in the sandbox (runs.gwrelay)
             port = int(self.gateway.rpartition(":")[2])
             plan = replace(plan, relay=(str(gateway_socket(self.config.socket)), port))

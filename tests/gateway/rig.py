@@ -4,6 +4,7 @@ whose program calls models through it (programs/gwclient.py)."""
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import sys
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ from sessiond.gateway.scripted import Reply, Upstream
 from tests.e2e.harness import Daemon, short_dir
 
 CLIENT = Path(__file__).parent / "programs" / "gwclient.py"
-ANTHROPIC_KEY = "sk-ant-test-0123456789-never-in-a-run"
-OPENAI_KEY = "sk-openai-test-9876543210-never-in-a-run"
+# new for every test process: found anywhere, they came from here
+ANTHROPIC_KEY = f"sk-gwtest-anthropic-{secrets.token_hex(16)}"
+OPENAI_KEY = f"sk-gwtest-openai-{secrets.token_hex(16)}"
 
 PROVIDERS = """
 [[model.provider]]
@@ -47,21 +49,28 @@ network = "{network}"
 env = {{ GW_FAIL_ONCE = "{fail_once}" }}
 [model]
 allow = {allow}
+strict = {strict}
 """
 
 
 @contextmanager
 def gateway(
-    script: list[Reply] | None = None, config: str = "", **limits: Any
+    script: list[Reply] | None = None,
+    config: str = "",
+    *,
+    env: dict[str, str] | None = None,
+    key_dir: Path | None = None,
+    **limits: Any,
 ) -> Iterator[tuple[Daemon, Upstream]]:
-    """A scripted upstream and a daemon whose providers point at it."""
+    """A scripted upstream and a daemon whose providers point at it (the OpenAI key in
+    a file: in ``key_dir``, else the daemon's folder)."""
     root = short_dir()
-    key_file = root / "openai.key"
+    key_file = (key_dir or root) / "openai.key"
     key_file.write_text(OPENAI_KEY + "\n")
     key_file.chmod(0o600)
     with Upstream(script, **limits) as up:
         text = PROVIDERS.format(url=up.url, key_file=key_file) + config
-        d = Daemon(root, text, env={"GW_TEST_ANTHROPIC_KEY": ANTHROPIC_KEY})
+        d = Daemon(root, text, env={"GW_TEST_ANTHROPIC_KEY": ANTHROPIC_KEY, **(env or {})})
         try:
             yield d.start(), up
         finally:
@@ -73,12 +82,13 @@ def gateway(
 def session(
     d: Daemon,
     name: str,
-    plan: list[dict[str, Any]],
+    plan: list[dict[str, Any]] | dict[str, Any],
     *,
     allow: list[str] | None = None,
     retries: int = 0,
     network: str = "host",
     fail_once: bool = False,
+    strict: bool = False,
     program: Path = CLIENT,
 ) -> Path:
     """A session running ``program`` with ``plan``; its working folder."""
@@ -90,6 +100,7 @@ def session(
         name=name, python=sys.executable, client=program, cwd=cwd, retries=retries,
         network=network, fail_once="1" if fail_once else "",
         allow=json.dumps(allow if allow is not None else ["claude-*", "gpt-*"]),
+        strict="true" if strict else "false",
     )  # fmt: skip
     d.ctl("create", str(d.write_spec(name, text)), check=True)
     return cwd

@@ -88,3 +88,44 @@ def test_a_later_run_of_the_turn_is_answered_from_the_log_in_the_same_shape() ->
         assert second == EXPECTED  # streamed and parsed as the first time
         assert up.count == 6  # and not one call went upstream again
         assert len(d.json("log", "again", "--type", "model.responded")) == 6
+
+
+def test_a_changed_request_is_answered_from_the_log_or_diverges_where_the_spec_says() -> None:
+    plan = [{"api": "chat", "stream": True, "text": "at 10:00", "text_again": "at 10:05"}]
+    with gateway([Reply.of(text("plain"))]) as (d, up):
+        # frameworks put timestamps in requests: by default the record answers
+        cwd = session(d, "loose", plan, retries=1, fail_once=True)
+        d.ctl("activate", "loose", check=True)
+        wait_event(d, "loose", "run.finished", match=lambda r: r["data"].get("run") != "r1",
+                   timeout=90)  # fmt: skip
+        assert [r.get("text") for r in results(cwd)] == ["plain", "plain"]
+        assert up.count == 1
+        requested = d.json("log", "loose", "--type", "model.requested")
+        assert [r["data"]["replayed"] for r in requested] == [False, True]
+        assert requested[0]["data"]["request_sha256"] != requested[1]["data"]["request_sha256"]
+
+        # [model] strict: the changed request is a divergence, and nothing is sent
+        cwd = session(d, "strict", plan, retries=1, fail_once=True, strict=True)
+        up.add(Reply.of(text("strictly")))
+        d.ctl("activate", "strict", check=True)
+        wait_event(d, "strict", "gate.evaluated", match=lambda r: r["data"].get("divergence"),
+                   timeout=90)  # fmt: skip
+        assert up.count == 2
+        got = results(cwd)
+        assert got[0]["text"] == "strictly"
+        assert got[1]["error"] == 400
+        wait_for(lambda: d.json("show", "strict")["state"] == "blocked", 60, "strict blocked")
+
+
+def test_calls_sent_at_once_find_their_own_records_in_any_order() -> None:
+    calls = [{"api": "chat", "text": t} for t in ("red", "green", "blue")]
+    plan = {"calls": calls, "parallel_first": True, "reverse_again": True}
+    with gateway() as (d, up):  # the upstream echoes each request's text
+        cwd = session(d, "racing", plan, retries=1, fail_once=True)
+        d.ctl("activate", "racing", check=True)
+        wait_event(d, "racing", "run.finished", match=lambda r: r["data"].get("run") != "r1",
+                   timeout=90)  # fmt: skip
+        got = results(cwd)
+        assert [r["text"] for r in got[3:]] == ["echo: blue", "echo: green", "echo: red"]
+        assert sorted(r["text"] for r in got[:3]) == ["echo: blue", "echo: green", "echo: red"]
+        assert up.count == 3

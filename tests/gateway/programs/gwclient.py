@@ -4,7 +4,8 @@
 | "responses", "stream": bool, "text": str, "model": str}``. Each call's outcome is
 a JSON line in ``results.jsonl``: the text, stop reason, usage and tool calls as the
 SDK parsed them, or the error the SDK raised. With ``GW_FAIL_ONCE=1`` the first run
-exits 1 after its calls (the turn goes on in a later run), leaving ``failed.once``.
+exits 1 after its calls (the turn goes on in a later run), leaving ``failed.once``;
+a later run sends a step's ``text_again`` where it has one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import pathlib
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -98,16 +100,30 @@ def responses(step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def one(step: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"api": step["api"], **globals()[step["api"]](step)}
+    except (anthropic.APIStatusError, openai.APIStatusError) as exc:
+        return {"api": step["api"], "error": exc.status_code, "body": exc.body}
+
+
 def main() -> None:
     plan = json.loads(pathlib.Path("plan.json").read_text())
+    steps = plan["calls"] if isinstance(plan, dict) else plan
+    again = pathlib.Path("failed.once").exists()
+    if again:  # a later run: its requests may differ
+        steps = [{**step, "text": step.get("text_again", step.get("text"))} for step in steps]
+        if isinstance(plan, dict) and plan.get("reverse_again"):
+            steps.reverse()
+    parallel = isinstance(plan, dict) and plan.get("parallel_first") and not again
+    if parallel:  # all at once, as asyncio.gather or threads send them
+        with ThreadPoolExecutor(len(steps)) as pool:
+            results = list(pool.map(one, steps))
+    else:
+        results = [one(step) for step in steps]
     with open("results.jsonl", "a") as out:
-        for step in plan:
-            try:
-                result = {"api": step["api"], **globals()[step["api"]](step)}
-            except (anthropic.APIStatusError, openai.APIStatusError) as exc:
-                result = {"api": step["api"], "error": exc.status_code, "body": exc.body}
+        for result in results:
             out.write(json.dumps(result) + "\n")
-            out.flush()
     if os.environ.get("GW_FAIL_ONCE") and not pathlib.Path("failed.once").exists():
         pathlib.Path("failed.once").touch()
         sys.exit(1)
