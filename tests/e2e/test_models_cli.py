@@ -38,8 +38,9 @@ def spend(d: Daemon) -> dict[str, Any]:
     answer = d.json("models")
     return {
         "sessions": {r["session"]: (r["agent"], r["tokens"]) for r in answer["sessions"]},
-        "agents": {a["agent"]: (a["sessions"], a["tokens"], a["tokens_per_day"])
-                   for a in answer["agents"]},  # fmt: skip
+        "agents": {
+            a["agent"]: (a["sessions"], a["tokens"], a["tokens_per_day"]) for a in answer["agents"]
+        },
         "gateway": answer["gateway"],
         "queue": answer["queue"],
     }

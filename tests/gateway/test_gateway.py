@@ -10,9 +10,14 @@ from sessiond.gateway.scripted import Reply, text, tool
 from tests.e2e.harness import Daemon, wait_event, wait_for
 from tests.gateway.rig import ANTHROPIC_KEY, OPENAI_KEY, gateway, results, session
 
+READ = {
+    "name": "Read",
+    "description": "read a file",
+    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+}
 SIX = [
     {"api": "messages", "stream": False, "text": "a"},
-    {"api": "messages", "stream": True, "text": "b"},
+    {"api": "messages", "stream": True, "text": "b", "tools": [READ]},
     {"api": "chat", "stream": False, "text": "c"},
     {"api": "chat", "stream": True, "text": "d"},
     {"api": "responses", "stream": False, "text": "e"},
@@ -63,6 +68,8 @@ def test_the_three_apis_streamed_and_not_through_the_sdks_and_recorded() -> None
         responded = d.json("log", "six", "--type", "model.responded")
         assert [r["data"]["key"] for r in requested] == [f"gw.{n}" for n in range(1, 7)]
         assert [r["data"]["model"] for r in requested] == ["claude-test"] * 2 + ["gpt-test"] * 4
+        assert [r["data"]["tool_count"] for r in requested] == [0, 1, 0, 0, 0, 0]
+        assert len(requested[1]["data"]["tools_sha256"]) == 64
         assert [(r["data"]["tokens_in"], r["data"]["tokens_out"]) for r in responded] == [
             tuple(e["usage"]) for e in EXPECTED
         ]

@@ -28,6 +28,8 @@ def messages(step: dict[str, Any]) -> dict[str, Any]:
             "max_tokens": 100,
             "messages": [{"role": "user", "content": step.get("text", "hi")}],
         }
+        if step.get("tools"):
+            kw["tools"] = step["tools"]
         if step.get("stream"):
             with client.messages.stream(**kw) as s:
                 m = s.get_final_message()
@@ -116,14 +118,14 @@ def main() -> None:
         if isinstance(plan, dict) and plan.get("reverse_again"):
             steps.reverse()
     parallel = isinstance(plan, dict) and plan.get("parallel_first") and not again
-    if parallel:  # all at once, as asyncio.gather or threads send them
-        with ThreadPoolExecutor(len(steps)) as pool:
-            results = list(pool.map(one, steps))
-    else:
-        results = [one(step) for step in steps]
     with open("results.jsonl", "a") as out:
-        for result in results:
-            out.write(json.dumps(result) + "\n")
+        if parallel:  # all at once, as asyncio.gather or threads send them
+            with ThreadPoolExecutor(len(steps)) as pool:
+                out.writelines(json.dumps(r) + "\n" for r in pool.map(one, steps))
+        else:
+            for step in steps:  # each written as it comes: a crash keeps what was done
+                out.write(json.dumps(one(step)) + "\n")
+                out.flush()
     if os.environ.get("GW_FAIL_ONCE") and not pathlib.Path("failed.once").exists():
         pathlib.Path("failed.once").touch()
         sys.exit(1)
