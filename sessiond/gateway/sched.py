@@ -317,7 +317,8 @@ class Scheduler:
                     "learned_concurrency": None if lim.learned is None else int(cap),
                     "in_flight": lim.in_flight,
                     "requests_last_minute": len(lim.starts),
-                    "tokens_last_minute": lim.tokens_used(),
+                    # counted only where there is a tpm to keep
+                    "tokens_last_minute": lim.tokens_used() if lim.limits.tpm else None,
                     "paused_for": round(max(0.0, lim.paused_until - now), 3),
                     "calls": lim.calls,
                     "throttles": lim.throttles,

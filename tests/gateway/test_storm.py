@@ -94,7 +94,9 @@ def test_a_429_storm_is_absorbed_in_priority_order_and_fairly() -> None:
                 assert not seconds or max(firsts.values()) < min(seconds), order
             ps = {r["name"]: r for r in d.json("ps")}
             behind = queue[-1]["session"]
-            assert ps[behind]["reason"].startswith("waiting for model: ")
+            first = next(q for q in queue if q["session"] == behind)
+            assert ps[behind]["reason"] == f"waiting for model: {first['ahead']} ahead"
+            assert d.json("show", behind)["model_ahead"] == first["ahead"]
             up.release()
             for name in sessions():
                 wait_event(d, name, "run.finished", timeout=240)
