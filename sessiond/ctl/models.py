@@ -38,7 +38,9 @@ def providers_table(providers: list[dict[str, Any]]) -> list[list[str]]:
                     models,
                     _of(lim.get("in_flight", 0), conc),
                     _of(lim.get("requests_last_minute", 0), lim.get("rpm")),
-                    _of(lim.get("tokens_last_minute", 0), lim.get("tpm")),
+                    _of(lim.get("tokens_last_minute"), lim.get("tpm"))
+                    if lim.get("tokens_last_minute") is not None
+                    else "-",
                     str(lim.get("throttles", 0)),
                     f"{paused:g}s" if paused else "-",
                 ]

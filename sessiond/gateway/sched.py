@@ -199,11 +199,6 @@ class Held(Generic[V]):
         self.release()
 
 
-Listener = Callable[
-    [str, Ask, float], None
-]  # ("waited", ask, seconds) / ("throttled", ask, status)
-
-
 class Scheduler:
     def __init__(
         self,
@@ -223,7 +218,6 @@ class Scheduler:
         self.waiting: list[_Waiter] = []
         # how many calls wait per session and per fair-share group (for _activate)
         self._waiting_in: dict[str, int] = {}
-        self.listeners: list[Listener] = []
         self._seq = 0
         # virtual time (calls served) per group and per session, and the floors a
         # returning one starts from
@@ -260,7 +254,7 @@ class Scheduler:
             except Throttled as t:
                 attempt += 1
                 delay = self._delay(t, attempt)
-                self._throttled(grant, t, delay)
+                self._throttled(grant, delay)
                 if attempt > self.max_retries:
                     raise GaveUp(t, attempt) from t
                 not_before = self.clock.now() + delay
@@ -317,7 +311,8 @@ class Scheduler:
                     "learned_concurrency": None if lim.learned is None else int(cap),
                     "in_flight": lim.in_flight,
                     "requests_last_minute": len(lim.starts),
-                    "tokens_last_minute": lim.tokens_used(),
+                    # counted only where there is a tpm to keep
+                    "tokens_last_minute": lim.tokens_used() if lim.limits.tpm else None,
                     "paused_for": round(max(0.0, lim.paused_until - now), 3),
                     "calls": lim.calls,
                     "throttles": lim.throttles,
@@ -507,9 +502,21 @@ class Scheduler:
         self._group_v[group] = gv + 1
         self._session_v[w.ask.session] = sv + 1
         grant = _Grant(w.ask, limiters, tokens, now)
-        self._unsettled.setdefault(w.ask, deque()).append(grant)
+        if tokens:  # a tpm counts it: its usage will correct the estimate
+            if len(self._unsettled) > 1024:
+                self._forget_unsettled(now)
+            self._unsettled.setdefault(w.ask, deque()).append(grant)
         self.served += 1
         w.future.set_result(grant)
+
+    def _forget_unsettled(self, now: float) -> None:
+        """Calls never settled (failed, cut off) whose tokens left the window."""
+        for ask in list(self._unsettled):
+            grants = self._unsettled[ask]
+            while grants and grants[0].at + WINDOW <= now:
+                grants.popleft()
+            if not grants:
+                del self._unsettled[ask]
 
     def _arm(self, at: float) -> None:
         """One timer, for the earliest moment a blocked call might start."""
@@ -541,8 +548,6 @@ class Scheduler:
         counts, total = self.waits.setdefault(ask.provider, ([0] * (len(WAIT_BUCKETS) + 1), [0.0]))
         counts[next((i for i, b in enumerate(WAIT_BUCKETS) if waited <= b), -1)] += 1
         total[0] += waited
-        for fn in self.listeners:
-            fn("waited", ask, waited)
         for lim in grant.limiters:
             if lim.learned is not None:
                 lim.learned += 1 / max(1.0, lim.learned)  # additive increase
@@ -550,7 +555,7 @@ class Scheduler:
                 if configured is not None and lim.learned >= configured:
                     lim.learned = None
 
-    def _throttled(self, grant: _Grant, t: Throttled, pause: float) -> None:
+    def _throttled(self, grant: _Grant, pause: float) -> None:
         """A 429/529: pause the limits for as long as the call backs off (so no
         call passes it meanwhile: it keeps its place), lower what they allow, give
         the call's share and tokens back (it was not served), and free its slot."""
@@ -576,8 +581,6 @@ class Scheduler:
         self._group_v[group] = self._group_v.get(group, 1.0) - 1
         self._session_v[ask.session] = self._session_v.get(ask.session, 1.0) - 1
         self.served -= 1
-        for fn in self.listeners:
-            fn("throttled", ask, float(t.status))
         self._release(grant)
 
     def _delay(self, t: Throttled, attempt: int) -> float:

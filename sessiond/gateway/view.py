@@ -76,7 +76,7 @@ def _idle(key: str, lim: Any) -> dict[str, Any]:
         "learned_concurrency": None,
         "in_flight": 0,
         "requests_last_minute": 0,
-        "tokens_last_minute": 0,
+        "tokens_last_minute": 0 if lim.tpm else None,
         "paused_for": 0.0,
         "calls": 0,
         "throttles": 0,

@@ -58,6 +58,9 @@ def test_a_call_past_the_days_tokens_is_refused_and_the_session_suspended() -> N
         shown = d.json("show", "thrifty")
         assert shown["state"] == "suspended"
         assert d.json("models")["sessions"][0]["tokens"] == 100
+        shown = d.ctl("models", check=True).stdout
+        assert "anthropic-test" in shown
+        assert "100/120" in shown  # its tokens today of its daily budget
 
 
 def test_an_agents_daily_cost_counts_all_its_sessions() -> None:

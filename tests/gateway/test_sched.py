@@ -395,3 +395,17 @@ async def test_the_queue_shows_and_keeps_the_fair_order_when_slots_free_together
     assert up.seen[2:4] == ["a1", "b1"]  # not a1, a2
     await up.open_all()
     await asyncio.gather(*holders, *tasks)
+
+
+@aio
+async def test_nothing_is_kept_for_calls_no_tpm_counts_or_never_settled() -> None:
+    clock = ManualClock()
+    sched = Scheduler({"p": Limits(concurrency=2), "q": Limits(tpm=10**9)}, clock=clock)
+    up = Upstream(clock)
+    for i in range(3):
+        await sched.call(ask(f"s{i}"), up.send(f"s{i}"))
+    assert sched._unsettled == {}
+    for i in range(1100):  # answered, never settled (failed upstream, say)
+        await sched.call(Ask(f"t{i}", None, 0, "q", "m", 1), up.send("t"))
+        await clock.advance(0.1)
+    assert len(sched._unsettled) < 1100

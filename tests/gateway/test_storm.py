@@ -15,6 +15,7 @@ import pytest
 
 from sessiond.gateway.scripted import Reply, Upstream, text
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
+from tests.e2e.webclient import logged_in
 from tests.gateway.rig import ANTHROPIC_KEY
 
 BURST = Path(__file__).parent / "programs" / "burst.py"
@@ -24,6 +25,8 @@ CALLS = 2  # each session's calls, sent at once
 CONFIG = """
 max_running = 20
 aging = "1h"
+[web]
+listen = "127.0.0.1:0"
 [[model.provider]]
 name = "up"
 kind = "anthropic"
@@ -94,7 +97,17 @@ def test_a_429_storm_is_absorbed_in_priority_order_and_fairly() -> None:
                 assert not seconds or max(firsts.values()) < min(seconds), order
             ps = {r["name"]: r for r in d.json("ps")}
             behind = queue[-1]["session"]
-            assert ps[behind]["reason"].startswith("waiting for model: ")
+            first = next(q for q in queue if q["session"] == behind)
+            assert ps[behind]["reason"] == f"waiting for model: {first['ahead']} ahead"
+            assert d.json("show", behind)["model_ahead"] == first["ahead"]
+            # the console's page of the session, and /metrics, say the same
+            console = logged_in(d)
+            page = console.get(f"/s/{behind}").body.decode()
+            assert f"waiting for model: {first['ahead']} ahead" in page
+            metrics = console.get("/metrics").body.decode()
+            assert f'sessiond_model_queue_depth{{provider="up"}} {total - 5}.0' in metrics
+            assert 'sessiond_model_throttles_total{provider="up"} 1.0' in metrics
+            assert 'sessiond_model_in_flight{provider="up"} 5.0' in metrics
             up.release()
             for name in sessions():
                 wait_event(d, name, "run.finished", timeout=240)
