@@ -16,6 +16,12 @@ run to run under the state dir), and reads the stream as it comes:
   ``--disallowedTools``) are recorded here as the stream shows them. The end of
   each (``tool.finished`` with the result) is recorded from the tool result.
 
+Where the daemon has a model gateway (a ``[[model.provider]]``), the run's
+``ANTHROPIC_BASE_URL`` is the gateway's address for the run and its key the run's
+token, so the CLI's calls go through it: the gateway records each one
+(``model.requested``/``model.responded``, with the cost at the configured
+prices) and the driver records no model steps of its own from the stream.
+
 The CLI's session id is kept, so the next wake (and the next run of a turn)
 continues it with ``--resume``; its transcript is stored as an artifact at the
 end of every run (a ``claude-code.transcript`` step).
