@@ -30,6 +30,7 @@ from pydantic import (
 
 from sessiond.durations import MAX_DURATION, Duration, format_duration
 from sessiond.errors import InvalidInput
+from sessiond.modelconfig import ModelConfig
 from sessiond.paths import default_socket, default_state_dir
 from sessiond.sandboxconfig import DaemonSandboxKeys
 from sessiond.webconfig import WebConfig
@@ -88,6 +89,21 @@ class ProfileBudget(_Strict):
     seconds_per_run: int | None = Field(default=None, ge=0)
     tokens: int | None = Field(default=None, ge=0)
     tool_calls_per_run: int | None = Field(default=None, ge=0)
+
+
+class AgentBudget(_Strict):
+    """An agent's budget over all its sessions (those whose spec names it as
+    ``agent``), enforced by the model gateway at each call; 0 means no limit.
+    A day is a UTC day."""
+
+    tokens_per_day: int = Field(default=0, ge=0)
+    cost_usd_per_day: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
+class AgentConfig(_Strict):
+    """``[agents.NAME]``: what the daemon knows of an agent (a spec's ``agent``)."""
+
+    budget: AgentBudget = Field(default_factory=AgentBudget)
 
 
 class ProfileConfig(_Strict):
@@ -371,12 +387,14 @@ class DaemonConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access: AccessConfig = Field(default_factory=AccessConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=lambda: {"default": ProfileConfig()})
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
     run: RunConfig = Field(default_factory=RunConfig)
     notify: list[NotifyConfig] = Field(default_factory=list)
     web: WebConfig = Field(default_factory=WebConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)  # the model gateway
     # TEST ONLY: the daemon kills itself (SIGKILL) when a run reaches this point;
     # the crash tests use it to stop at exact places. Never set it in production.
     fault: (
@@ -506,6 +524,10 @@ def load_config(
             for key in ("tls_cert", "tls_key"):
                 if isinstance(web.get(key), str):
                     web[key] = base / web[key]
+        model = data.get("model")
+        for provider in model.get("provider", []) if isinstance(model, dict) else []:
+            if isinstance(provider, dict) and isinstance(provider.get("key_file"), str):
+                provider["key_file"] = base / provider["key_file"]
         data["source"] = path.resolve()
     if env.get("SESSIOND_STATE_DIR"):
         data["state_dir"] = Path(env["SESSIOND_STATE_DIR"])

@@ -33,3 +33,9 @@ def program_socket(control: Path) -> Path:
     """The program endpoint beside the control socket ``control``: ``s.sock`` ->
     ``s.program.sock``. Programs get this path as ``SESSIOND_SOCKET``."""
     return control.with_name(f"{control.stem}.program{control.suffix or '.sock'}")
+
+
+def gateway_socket(control: Path) -> Path:
+    """The model gateway's socket beside the control socket ``control``: ``s.sock`` ->
+    ``s.gateway.sock``. A run without a network reaches the gateway through it."""
+    return control.with_name(f"{control.stem}.gateway{control.suffix or '.sock'}")

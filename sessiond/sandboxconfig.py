@@ -4,8 +4,9 @@ session spec (sessiond/runs/sandbox.py applies them).
 ``sandbox``: ``"on"`` (default) confines every run with bubblewrap; ``"off"``
 only in the daemon's configuration (a spec cannot lift the boundary the
 operator set). ``network``: ``"host"`` (default) or ``"none"`` (no interface
-but ``lo``). ``writable`` / ``readable`` / ``hide``: absolute paths a run may
-write, may read although the boundary hides them, or may not see at all.
+but ``lo``, where the model gateway answers for a run whose spec allows models).
+``writable`` / ``readable`` / ``hide``: absolute paths a run may write, may read
+although the boundary hides them, or may not see at all.
 
 In the daemon's configuration only: ``bwrap`` (the program, a name on PATH or
 an absolute path), ``setpriv`` (what drops to a run's uid inside the sandbox)
@@ -56,7 +57,8 @@ class SandboxKeys(BaseModel):
     def _network(cls, value: str) -> str:
         if value == "gateway":
             raise ValueError(
-                'network = "gateway" comes with the model gateway and is not available yet: '
+                'network = "gateway" is not a value: with network = "none" a run reaches the '
+                "model gateway, and nothing else, where its spec allows models ([model] allow); "
                 'use "host" (the default) or "none"'
             )
         if value not in ("host", "none"):

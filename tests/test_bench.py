@@ -139,3 +139,13 @@ def test_the_memory_benchmark_runs_on_state_written_offline() -> None:
     assert warm["snapshots_mb"] > 0  # the offline snapshots (a clean stop keeps them)
     assert cold["cold_mb"] > 0
     assert cold["mb"] > 0
+
+
+def test_the_gateway_benchmark_helpers() -> None:
+    from sessiond.bench import run_async
+    from sessiond.bench.gateway import _sched, jain
+
+    assert jain([5, 5, 5, 5]) == 1.0
+    assert jain([8, 0, 0, 0]) == 0.25
+    assert run_async(lambda: _sched(None, 3)) > 0
+    assert run_async(lambda: _sched(2, 3)) > 0

@@ -24,6 +24,7 @@ from sessiond.bench import (
     daemon,
     fsinfo,
     gate,
+    gateway,
     loop,
     machine,
     memory,
@@ -62,6 +63,12 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "loop_export_ping_p99_ms": ("<=", 10.0, "ms (... exported)"),
     "rss_long_short_ratio": ("<=", 1.1, "RSS 10k sessions x 1,000 events / 10k x 100"),
     "rss_1m_session_over_empty_mb": ("<=", 50.0, "MB (one 1M-event session vs none)"),
+    "gateway_added_p50_ms": ("<=", 1.0, "ms (a call through the gateway minus direct)"),
+    "gateway_added_p99_ms": ("<=", 5.0, "ms"),
+    "gateway_ttft_added_p50_ms": ("<=", 2.0, "ms (to a stream's first event)"),
+    "gateway_calls_per_s": (">=", 500.0, "calls/s (50 runs at once, upstream instant)"),
+    "gateway_jain_index": (">=", 0.95, "(equal priority, saturated)"),
+    "gateway_replay_ratio": ("<=", 2.0, "x (a replayed call / an HTTP round trip)"),
 }
 
 
@@ -81,10 +88,13 @@ def measure(
     skip_daemon: bool = False,
     loop_only: bool = False,
     memory_only: bool = False,
+    gateway_only: bool = False,
     baseline: Path | None = None,
 ) -> dict[str, object]:
     """The figures (numbers), with the file system's type beside them."""
     results: dict[str, object] = {}
+    if gateway_only:
+        return dict(gateway.measure(work, quick, say))
     if loop_only:
         return loop.measure(work, quick, say, baseline)
     if memory_only:
@@ -153,6 +163,7 @@ def measure(
         results.update(wakes.measure(work, quick, say))
         say("measuring sdk_step_roundtrip_p50_ms beside its floor, sdk_replay_step_p50_ms ...")
         results.update(steps.measure(work, quick))
+        results.update(gateway.measure(work, quick, say))
         results.update(loop.measure(work, quick, say, baseline))
         results.update(memory.measure(work, quick, say))
     return results
@@ -195,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         "session vs none (writes about 4 GB of logs)",
     )
     parser.add_argument(
+        "--gateway-only",
+        action="store_true",
+        help="only the model gateway's figures: added latency and time to first token, "
+        "calls/s with 50 runs, Jain's fairness, a replayed call against a round trip",
+    )
+    parser.add_argument(
         "--sandbox-only",
         action="store_true",
         help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
@@ -227,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 skip_daemon=args.storage_only,
                 loop_only=args.loop_only,
                 memory_only=args.memory_only,
+                gateway_only=args.gateway_only,
                 baseline=args.baseline,
             )
     finally:

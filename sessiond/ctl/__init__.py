@@ -26,6 +26,7 @@ from sessiond.ctl import (
     gc,
     logcmd,
     migrate,
+    models,
     offline,
     ops,
     ps,
@@ -286,6 +287,7 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
 
     add("ping", cmd_ping, "is the daemon there, which version")
     add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
+    models.add_parser(add)
     ps.add_parsers(add)
     add("show", cmd_show, "one session in detail", "name")
     logcmd.add_parser(add)

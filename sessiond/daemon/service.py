@@ -32,6 +32,7 @@ from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
+from sessiond.gateway.server import Gateway
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
@@ -196,6 +197,8 @@ class Daemon:
             metrics.watch(self.table)
             # on a cluster node its table, inbox and actions are the whole cluster's
             self.web = WebServer(config.web, self.kernel, metrics, self.forward, hints)
+        # the model gateway (docs/design.md, "The model gateway"): when providers are set
+        self.gateway = Gateway(self.kernel) if config.model.enabled else None
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
         self.traces = Traces(config, self.table)
@@ -249,6 +252,8 @@ class Daemon:
         self.kernel.ctx.spawner.start()
         if self.lease is not None:  # its programs stop before its lease can lapse
             self.lease.fence_programs(self.kernel.ctx.spawner.fence)
+        if self.gateway is not None:  # before any run starts: runs get its address
+            await self.gateway.start()
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         await self.kernel.handover.recover()  # hand-overs a crash left half recorded
         if self.config.specs is not None:
@@ -479,6 +484,8 @@ class Daemon:
         # Whatever did not stop in time goes with the spawner: it kills all it
         # started when its socket closes, and exits. Before the clean marker.
         await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
+        if self.gateway is not None:  # after the runs: their last calls are recorded
+            await self.gateway.close()
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.notices.close()  # after the runs; what is undelivered goes at the next start
         await self.traces.close()

@@ -19,7 +19,7 @@ from typing import Any
 from sessiond.errors import SessiondError
 
 # Each carried method and the param that names its session. The others are
-# answered here: ping, nodes, create, drain, reload, gc, web.login, notify, the
+# answered here: ping, nodes, models, create, drain, reload, gc, web.login, notify, the
 # daemon-to-daemon hand-over, send (messages go through the messages table),
 # export and import (bundles, streamed), and every sdk.* call (a run talks to
 # its own node).

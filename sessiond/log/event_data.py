@@ -39,7 +39,6 @@ LifecycleState = Literal[
 Outcome = Literal["completed", "failed", "cancelled", "merged", "migrated"]
 Decision = Literal["allow", "ask", "deny"]
 RecoveryOption = Literal["rerun", "discard", "accept"]
-BudgetName = Literal["runs_per_day", "seconds_per_run", "tokens", "tool_calls_per_run"]
 
 
 def _check_ref(value: str) -> str:
@@ -309,7 +308,7 @@ class RecoveryResolved(EventData):
 class RunStarted(EventData):
     EVENT_TYPE = "run.started"
     run: str
-    kind: Literal["command", "sdk", "claude-code"] = "command"
+    kind: Literal["command", "sdk", "claude-code", "codex"] = "command"
     pid: int | None = None
     pgid: int | None = None
     proc_start: int | None = None  # start time of the process (clock ticks), to tell pids apart
@@ -507,9 +506,9 @@ class VerificationFinished(EventData):
 
 class BudgetExhausted(EventData):
     EVENT_TYPE = "budget.exhausted"
-    budget: BudgetName
-    limit: int = Field(ge=0)
-    used: int = Field(ge=0)
+    budget: str = Field(pattern=r"^[a-z][a-z_]{0,40}$")  # a [budget] key; agent_ + an agent's
+    limit: int | float = Field(ge=0)  # a cost budget's are dollars
+    used: int | float = Field(ge=0)
 
 
 class BindingObserved(EventData):

@@ -297,10 +297,31 @@ def _model_responded(s: State, r: EventRecord, d: ModelRespondedData) -> None:
     s.tokens_in += d["tokens_in"]
     s.tokens_out += d["tokens_out"]
     s.cost_usd += d.get("cost_usd") or 0.0
+    _spend(s, r["ts"][:10], d["tokens_in"] + d["tokens_out"], d.get("cost_usd") or 0.0)
     _ref(s, d["response"])
     if d["text"]:
         _keep(s, {"seq": r["seq"], "role": "assistant", "kind": "model", "text": d["text"],
                   "model": d["model"]})  # fmt: skip
+
+
+def _spend(s: State, day: str, tokens: int, cost: float) -> None:
+    """A reply's tokens and cost, by day and for the open run and turn."""
+    spend = s.model_spend
+    days = spend.setdefault("days", {})
+    used = days.setdefault(day, [0, 0.0])
+    used[0] += tokens
+    used[1] += cost
+    if len(days) > RUN_DAYS_KEEP:
+        for old in sorted(days)[:-RUN_DAYS_KEEP]:
+            del days[old]
+    run = _run_number(s.current_run["run"]) if s.current_run is not None else s.run_number
+    turn = s.turn["n"] if s.turn is not None else s.turn_number
+    for key, n in (("run", run), ("turn", turn)):
+        mine = spend.get(key)
+        if mine is None or mine[0] != n:
+            spend[key] = mine = [n, 0, 0.0]
+        mine[1] += tokens
+        mine[2] += cost
 
 
 # --- tool calls ---------------------------------------------------------------------

@@ -43,7 +43,8 @@ from sessiond.sdkwire import ArtifactJson, TranscriptItem
 # 7: the transcript is the newest TRANSCRIPT_KEEP items only, beside the summaries
 # in force and the artifacts the view shows (the view is built from the log).
 # 8: the replies' reported cost is summed (cost_usd).
-REDUCER_VERSION = 8
+# 9: the replies' tokens and cost by day, run and turn (model_spend: the gateway's budgets).
+REDUCER_VERSION = 9
 
 # The state must stay small however long a session lives, because start-up loads
 # it from a snapshot: history is in the log, the state keeps what continuing
@@ -112,6 +113,11 @@ class State:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # the model replies' reported cost (model.responded cost_usd)
+    # The same by day (the last RUN_DAYS_KEEP), for the open run and the open turn:
+    # {"days": {"YYYY-MM-DD": [tokens, cost]}, "run": [n, tokens, cost],
+    # "turn": [n, tokens, cost]}. The gateway's budgets read it, so what was spent
+    # survives a restart of the daemon.
+    model_spend: dict[str, Any] = field(default_factory=dict)
     tool_calls: int = 0
     tool_calls_this_run: int = 0
     budget_exhausted: BudgetRecord | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from sessiond.codec import rfc3339
 from sessiond.config import DaemonConfig, RunConfig
 from sessiond.log.event_records import JsonObject
 from sessiond.log.store.base import Record, Store
+from sessiond.paths import gateway_socket
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.sandbox import Boundary, MountPlan
@@ -81,6 +83,8 @@ class RunContext:
         # a retry's backoff, or a daily budget's renewal, per session
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
         self.background: set[asyncio.Task[Any]] = set()
+        # the model gateway's address (http://127.0.0.1:port), once it listens
+        self.gateway: str | None = None
         self.triggers: TriggerHooks | None = None  # sessiond.wake, made by the Kernel
         self.stopping = False  # set at shutdown: nothing new starts
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
@@ -101,9 +105,19 @@ class RunContext:
             for o in self.table
             if o is not s and o.spec is not None and o.spec.run is not None
         ]
-        return await self.boundary.plan(
+        plan = await self.boundary.plan(
             self.config, spec, s.name, others=others, wake_file=wake_file
         )
+        if (
+            plan is not None
+            and plan.network == "none"
+            and self.gateway is not None
+            and spec.model.allow  # a run that may call no model has no use for it
+        ):
+            # its own loopback: the gateway through a relay in the sandbox (runs.gwrelay)
+            port = int(self.gateway.rpartition(":")[2])
+            plan = replace(plan, relay=(str(gateway_socket(self.config.socket)), port))
+        return plan
 
     def cgroups(self) -> tuple[CgroupSupport | None, str]:
         """The cgroups runs may use (sessiond.runs.cgroups) and, without any, why;

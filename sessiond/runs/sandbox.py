@@ -48,13 +48,14 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from sessiond.config import DaemonConfig, RunConfig
-from sessiond.paths import program_socket
-from sessiond.runs.agents import agent_home
+from sessiond.paths import gateway_socket, program_socket
+from sessiond.runs.agents import AGENT_KINDS, agent_home
 from sessiond.runs.uids import DynamicUids, open_to, own, reach
 from sessiond.sandboxconfig import dynamic_uids_on
 from sessiond.table.spec import SessionSpec
 
 PROBE_TIMEOUT = 10.0
+RELAY = str(Path(__file__).with_name("gwrelay.py"))  # shown to runs with the package
 OFF_HINT = 'or set [run] sandbox = "off" in the daemon\'s configuration (runs are then unconfined)'
 
 
@@ -75,6 +76,8 @@ class MountPlan:
     env: tuple[tuple[str, str], ...]  # --setenv
     drop: tuple[str, int, int] | None  # (setpriv's path, uid, gid) for a root daemon
     home: str
+    # a run without a network that may call the model gateway: (its socket, its port)
+    relay: tuple[str, int] | None = None
 
     @property
     def uid(self) -> int | None:
@@ -108,6 +111,9 @@ def confine(argv: list[str], plan: MountPlan) -> list[str]:
             "--bounding-set=-all",
             "--",
         ]
+    if plan.relay is not None:  # the gateway at the same address (runs.gwrelay)
+        sock, port = plan.relay
+        argv = [sys.executable, "-I", RELAY, str(port), sock, "--", *argv]
     return out + list(argv)
 
 
@@ -134,6 +140,7 @@ def protected(config: DaemonConfig) -> list[str]:
     # the socket's file too: its folder may be an ancestor of a workspace
     paths = [str(config.state_dir), str(config.socket.parent), str(config.socket)]
     paths += [str(p) for p in (config.source, config.web.tls_key) if p is not None]
+    paths += config.model.key_files()  # a provider's key never enters a run
     return [os.path.normpath(p) for p in paths + _notice_files(config)]
 
 
@@ -183,15 +190,19 @@ def runtime() -> list[str]:
 
 
 def agent_cli(spec: SessionSpec) -> list[str]:
-    """The agent CLI a ``claude-code`` run starts (``[claude_code] cli``, else
-    ``claude`` on the run's PATH): the folder it is found in and its package (up to
-    its ``node_modules``), shown to the run like the daemon's Python. Installed in a
-    checkout under /tmp (`make agents`), or a home folder (npm's user prefix, nvm),
-    the run could not see or reach it otherwise: "No such file or directory: 'claude'"."""
+    """The agent CLI a ``claude-code`` or ``codex`` run starts (``[claude_code] cli``,
+    else ``claude`` on the run's PATH; ``[codex] cli``, else ``codex``): the folder it
+    is found in and its package (up to its ``node_modules``), shown to the run like
+    the daemon's Python. Installed in a checkout under /tmp (`make agents`), or a
+    home folder (npm's user prefix, nvm), the run could not see or reach it
+    otherwise: "No such file or directory: 'claude'"."""
     assert spec.run is not None
-    if spec.run.kind != "claude-code":
+    if spec.run.kind == "codex":
+        name = (spec.codex.cli if spec.codex is not None else None) or "codex"
+    elif spec.run.kind == "claude-code":
+        name = (spec.claude_code.cli if spec.claude_code is not None else None) or "claude"
+    else:
         return []
-    name = (spec.claude_code.cli if spec.claude_code is not None else None) or "claude"
     path = spec.run.env.get("PATH", os.environ.get("PATH"))
     found = shutil.which(name, path=path) if "/" not in name else name
     if found is None or not os.path.exists(found):
@@ -385,7 +396,7 @@ class Boundary:
         if run.writes:
             ops.append((_depth(workspace), 1, "--ro-bind", workspace, workspace))
         rw += [str(home), *config.run.writable, *run.writable]
-        if run.kind == "claude-code":  # the CLI's private home: its ~/.claude
+        if run.kind in AGENT_KINDS:  # the CLI's private home: its ~/.claude, ~/.codex
             agents = agent_home(config.state_dir, session)
             if uid is not None:
                 own(agents, uid, deep=True)
@@ -422,6 +433,9 @@ class Boundary:
             ops.append((_depth(path), 1, "--ro-bind-try", path, path))
         endpoint = str(program_socket(config.socket))
         ops.append((_depth(endpoint), 1, "--bind", endpoint, endpoint))
+        if config.model.enabled:  # the model gateway, for a run without a network
+            gateway = str(gateway_socket(config.socket))
+            ops.append((_depth(gateway), 1, "--bind-try", gateway, gateway))
         ops = _needed(ops)
         ops += _folders(ops)
         ops.sort(key=lambda op: (op[0], op[1]))

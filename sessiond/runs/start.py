@@ -46,6 +46,7 @@ from sessiond.runs.agents import agent_env
 from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_prefix
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
+from sessiond.runs.modelenv import model_env
 from sessiond.runs.runner import Outcome, Program, program_env
 from sessiond.runs.secrets import SecretMissing
 from sessiond.runs.secrets import resolve as resolve_secrets
@@ -448,6 +449,16 @@ class Starter:
         # path is not given to it (docs/design.md section 8, "Who may approve").
         env["SESSIOND_SOCKET"] = str(program_socket(self.ctx.config.socket))
         env["SESSIOND_TOKEN"] = self.tokens.issue(s, run_id)
+        # the model gateway's address and the token as the API key; no provider key
+        model_env(
+            env,
+            self.ctx.config.model,
+            self.ctx.gateway,
+            self.ctx.env,
+            session=s.name,
+            run=run_id,
+            token=env["SESSIOND_TOKEN"],
+        )
         # Inherited by every process of the run: what a restart looks for when
         # neither this daemon nor its spawner is left to stop them (runs/leftovers.py).
         env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)

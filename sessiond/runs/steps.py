@@ -88,6 +88,15 @@ def args_hash(tool: str, args: Mapping[str, Any]) -> str:
     return digest_of([tool, args])
 
 
+def tool_list(request: Any) -> dict[str, Any]:
+    """The hash and size of the tool list a model request shows the model (its
+    ``tools``, in every API's request), for ``model.requested``."""
+    tools = request.get("tools") if isinstance(request, dict) else None
+    if not isinstance(tools, list) or not tools:
+        return {}
+    return {"tools_sha256": digest_of(tools), "tool_count": len(tools)}
+
+
 def _mask(s: Session, data: bytes) -> bytes:
     """``data`` as the session stores it: its ``redact`` patterns, its secrets' values
     and its run token masked (event text is masked as it is appended)."""
@@ -395,6 +404,7 @@ class Steps:
                 request_sha256=digest,
                 replayed=replayed,
                 parent=parent,
+                **tool_list(p.request),
             ),
             durable=False,
         )

@@ -31,6 +31,8 @@ class RunGrant:
     run: str
     calls: int = 0  # tool calls started (the budget's tool_calls_per_run)
     calls_model: int = 0
+    # the places its model calls through the gateway took: the n of step keys gw.<n>
+    gateway_places: set[int] = field(default_factory=set)
     before: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     frames: set[str] = field(default_factory=set)  # calls that took nested steps
     exit_intent: str | None = None  # sleep | complete

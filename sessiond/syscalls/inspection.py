@@ -22,6 +22,7 @@ from sessiond.logquery import LogQuery
 from sessiond.replies import GateReport, Ping, PsRow, SessionDetail, WaitingSession
 from sessiond.runs.context import RunContext
 from sessiond.sandboxconfig import dynamic_uids_on
+from sessiond.syscalls.models import Models
 from sessiond.syscalls.seams import Placement
 from sessiond.syscalls.views import detail, gate_report, replay_view
 
@@ -29,9 +30,12 @@ from sessiond.syscalls.views import detail, gate_report, replay_view
 class Inspection:
     """What a person or a program may look at: the table, a session, its log."""
 
-    def __init__(self, ctx: RunContext, placement: Placement | None = None) -> None:
+    def __init__(
+        self, ctx: RunContext, placement: Placement | None = None, models: Models | None = None
+    ) -> None:
         self.ctx = ctx
         self.placement = placement  # a cluster node's: the sessions no live node runs
+        self.models = models or Models(ctx)
 
     async def ping(self) -> Ping:
         return {
@@ -53,8 +57,11 @@ class Inspection:
             for row in rows:
                 row["node"] = cluster.node
         boundary = "sandbox" if self.ctx.config.run.sandbox == "on" else "off"
+        waiting = self.models.positions()
         for row in rows:  # where runs are confined, or that they are not
             row["boundary"] = boundary
+            if waiting:  # a call waits for the model: how many are ahead of it
+                self.models.mark(row, waiting)
         if self.placement is None:
             return rows
         have = {r["name"] for r in rows}
@@ -78,6 +85,7 @@ class Inspection:
             "network": (run.network if run is not None else None) or config.network,
             "uid": self.ctx.boundary.uids.peek(name) if dynamic_uids_on(self.ctx.config) else None,
         }
+        self.models.mark(shown, self.models.positions())
         return shown
 
     def query(

@@ -32,6 +32,7 @@ from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.inspection import Inspection
 from sessiond.syscalls.lineage import Lineage
 from sessiond.syscalls.logins import Logins
+from sessiond.syscalls.models import Models, ModelsSource
 from sessiond.syscalls.observe import Observe
 from sessiond.syscalls.output import RunOutput
 from sessiond.syscalls.retention import Retention
@@ -61,7 +62,8 @@ class Kernel:
         self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
-        self.inspection = Inspection(ctx, seams.placement)
+        self.models_view = Models(ctx)  # the model gateway's, once the daemon runs one
+        self.inspection = Inspection(ctx, seams.placement, self.models_view)
         self.control = Control(ctx, runs, seams.placement)
         self.handover = Handovers(ctx)
         self.lineage = Lineage(ctx, runs, self.handover, seams.mail)
@@ -90,6 +92,7 @@ class Kernel:
         self.log_ = self.inspection.log_
         self.replay = self.inspection.replay
         self.gate = self.inspection.gate
+        self.models = self.models_view.models
         # the lifecycle
         self.create = self.control.create
         self.create_spec = self.control.create_spec
@@ -187,6 +190,14 @@ class Kernel:
     def shut(self) -> None:
         """Shutdown: nothing new starts from here on."""
         self.ctx.stopping = True
+
+    @property
+    def model_source(self) -> ModelsSource | None:
+        return self.models_view.source
+
+    @model_source.setter
+    def model_source(self, source: ModelsSource | None) -> None:  # the gateway
+        self.models_view.source = source
 
     @property
     def scheduler(self) -> Scheduler:

@@ -38,7 +38,8 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
     Nor may its run reach more of the host: its workspace and ``writable`` lie in
     what the caller's run may write, its ``readable`` in what it may read, it
     hides all the caller's run hides, has no network if the caller has none, no
-    secret the caller's run is not given, and the caller's profile.
+    secret the caller's run is not given, and the caller's profile. Its ``[model]
+    allow`` names only patterns the caller's names (the models it may call).
     """
     mine, theirs = caller.policy, new.policy
     problems = []
@@ -52,6 +53,8 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
         problems.append(
             f"its approvals last {theirs.approval_ttl:g}s, longer than {mine.approval_ttl:g}s"
         )
+    if extra := [m for m in new.model.allow if m not in caller.model.allow]:
+        problems.append(f"it may use models {', '.join(extra)} ([model] allow), this one not")
     granted = set(caller.run.grants) if caller.run is not None else set()
     if new.compact is not None and caller.run is None:
         problems.append("it has a [compact] exec command, a program too, and this session has none")

@@ -85,6 +85,9 @@ class WebServer:
             t.failed_total for t in (observe.notices.targets if observe.notices else [])
         )
         metrics.sandbox = lambda: kernel.config.run.sandbox == "on"  # the current config
+        metrics.models = lambda: (
+            kernel.model_source.models_view() if kernel.model_source is not None else None
+        )
         peers = WebPeers(run_uids(kernel.config))  # a run's uid is never an operator's
         self.auth = Auth(kernel.logins, peers, config)
         self.closing = asyncio.Event()  # ends the event streams at shutdown

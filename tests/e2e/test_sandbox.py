@@ -276,7 +276,7 @@ def test_a_spec_cannot_lift_the_boundary_nor_ask_for_the_gateway_yet() -> None:
             "create", str(d.write_spec("gw", spec("gw", ws, ["true"], 'network = "gateway"\n')))
         )
         assert done.returncode != 0
-        assert "comes with the model gateway" in done.stderr
+        assert "reaches the model gateway, and nothing else" in done.stderr
         done = d.ctl(
             "create", str(d.write_spec("rel", spec("rel", ws, ["true"], 'writable = ["cache"]\n')))
         )

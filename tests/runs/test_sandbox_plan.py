@@ -34,7 +34,7 @@ def config(tmp_path: Path, text: str = "") -> object:
 def test_the_daemons_run_table_refuses_bad_boundary_values(tmp_path: Path) -> None:
     for text, why in [
         ('[run]\nsandbox = "maybe"\n', "run.sandbox: Input should be 'on' or 'off'"),
-        ('[run]\nnetwork = "gateway"\n', "comes with the model gateway"),
+        ('[run]\nnetwork = "gateway"\n', "reaches the model gateway, and nothing else"),
         ('[run]\nnetwork = "lan"\n', 'network is "host" (the default) or "none"'),
         ('[run]\ndynamic_uids = "0-10"\n', "write dynamic_uids as FIRST-LAST"),
         ('[run]\ndynamic_uids = "60000-70000"\n', "overlaps systemd's DynamicUser range"),
@@ -56,7 +56,7 @@ def test_a_spec_takes_the_boundary_keys_and_refuses_bad_ones(tmp_path: Path) -> 
         ["/var/cache/x"],
         "on",
     )
-    with pytest.raises(BadSpec, match="comes with the model gateway"):
+    with pytest.raises(BadSpec, match="reaches the model gateway, and nothing else"):
         parse_spec('name = "s"\n[run]\nexec = ["true"]\nnetwork = "gateway"\n', base=tmp_path)
 
 

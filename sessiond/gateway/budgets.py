@@ -1,0 +1,270 @@
+"""Budgets enforced at the gateway: tokens and cost per run, turn, day and agent.
+
+Before a call goes upstream, :meth:`Budgets.check` asks whether it would pass
+one of the session's ``[budget]`` keys (``tokens``, ``tokens_per_run``,
+``tokens_per_turn``, ``tokens_per_day``, ``cost_usd``, ``cost_usd_per_run``,
+``cost_usd_per_turn``, ``cost_usd_per_day``; 0 means no limit) or its agent's
+``[agents.NAME.budget]`` (``tokens_per_day``, ``cost_usd_per_day``, over all the
+agent's sessions). A call is refused when what was spent plus its estimate would
+go past a limit; the caller answers it in the provider's error shape and
+suspends the session with :attr:`Refusal.reason`.
+
+What was spent is read from each session's fold (``State.model_spend``, built
+from its ``model.responded`` events), never kept only in memory: a restart of
+the daemon, a fork or an import keeps it. A day is a UTC day.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Spend:
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class SessionSpend:
+    """A session's spend as its fold has it."""
+
+    total: Spend = Spend()
+    days: Mapping[str, Spend] = field(default_factory=dict)
+    run: tuple[int, Spend] = (0, Spend())
+    turn: tuple[int, Spend] = (0, Spend())
+
+    def day(self, day: str) -> Spend:
+        return self.days.get(day, Spend())
+
+    def of_run(self, n: int) -> Spend:
+        return self.run[1] if self.run[0] == n else Spend()
+
+    def of_turn(self, n: int) -> Spend:
+        return self.turn[1] if self.turn[0] == n else Spend()
+
+    @classmethod
+    def from_state(cls, tokens: int, cost: float, spend: Mapping[str, Any]) -> SessionSpend:
+        """From a State's ``tokens_in + tokens_out``, ``cost_usd`` and ``model_spend``."""
+        days = {d: Spend(int(v[0]), float(v[1])) for d, v in spend.get("days", {}).items()}
+        run = spend.get("run") or [0, 0, 0.0]
+        turn = spend.get("turn") or [0, 0, 0.0]
+        return cls(
+            Spend(tokens, cost),
+            days,
+            (int(run[0]), Spend(int(run[1]), float(run[2]))),
+            (int(turn[0]), Spend(int(turn[1]), float(turn[2]))),
+        )
+
+
+class Ledger(Protocol):
+    """Where spend is read from (the table's folds; a dict in unit tests)."""
+
+    def session(self, name: str) -> SessionSpend: ...
+    def agent_sessions(self, agent: str) -> Iterable[str]: ...
+
+
+class AgentLimits(Protocol):
+    @property
+    def tokens_per_day(self) -> int: ...
+    @property
+    def cost_usd_per_day(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    budget: str  # the key: "tokens_per_day", ... or "agent_tokens_per_day"
+    limit: int | float
+    used: int | float
+    agent: str | None = None
+
+    @property
+    def detail(self) -> str:
+        unit = "$" if "cost" in self.budget else ""
+        used = f"{self.used:.6f}".rstrip("0").rstrip(".") if unit else str(self.used)
+        limit = f"{self.limit:.6f}".rstrip("0").rstrip(".") if unit else str(self.limit)
+        whose = f" (agent {self.agent}, all its sessions)" if self.agent else ""
+        return f"{self.budget}: {unit}{used} of {unit}{limit} used{whose}"
+
+    @property
+    def reason(self) -> str:
+        """The session's reason when it is suspended (as the gate's budget reasons)."""
+        return f"budget: {self.detail}"
+
+    @property
+    def message(self) -> str:
+        """What the program's SDK raises."""
+        return (
+            f"sessiond: this call would pass the session's budget ({self.detail}); "
+            "the session is suspended until an operator raises the budget "
+            "(sessionctl apply) or it renews"
+        )
+
+
+def run_number(run: int | str) -> int:
+    """N of a run id "rN" (the fold keeps the open run by its number)."""
+    if isinstance(run, int):
+        return run
+    return int(run[1:]) if run[:1] == "r" and run[1:].isdigit() else 0
+
+
+def utc_day(now: float | None = None) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(time.time() if now is None else now))
+
+
+class Budgets:
+    def __init__(
+        self,
+        ledger: Ledger,
+        agents: Mapping[str, AgentLimits] | Callable[[], Mapping[str, AgentLimits]] | None = None,
+        today: Callable[[], str] = utc_day,
+    ) -> None:
+        self.ledger = ledger
+        # the agents' budgets, or what reads them now (the daemon's config: a reload)
+        self._agents = agents if callable(agents) else (lambda: dict(agents or {}))
+        self.today = today
+
+    @property
+    def agents(self) -> Mapping[str, AgentLimits]:
+        return self._agents()
+
+    def check(  # noqa: PLR0917 (the gateway's one call, in the order of the interface)
+        self,
+        session: str,
+        run: int | str,
+        turn: int | None,
+        agent: str | None,
+        spec_budget: Any,
+        est_tokens: int,
+        est_cost_usd: float = 0.0,
+    ) -> Refusal | None:
+        """A refusal if this call (``est_tokens``, ``est_cost_usd``) would pass a budget."""
+        spent = self.ledger.session(session)
+        day = self.today()
+        scopes = (
+            ("", spent.total),
+            ("_per_run", spent.of_run(run_number(run))),
+            ("_per_turn", spent.of_turn(turn) if turn is not None else Spend()),
+            ("_per_day", spent.day(day)),
+        )
+        for suffix, used in scopes:
+            limit = getattr(spec_budget, "tokens" + suffix, 0) or 0
+            if limit and used.tokens + est_tokens > limit:
+                return Refusal("tokens" + suffix, limit, used.tokens)
+            cost = getattr(spec_budget, "cost_usd" + suffix, 0.0) or 0.0
+            if cost and (used.cost_usd + est_cost_usd > cost or used.cost_usd >= cost):
+                return Refusal("cost_usd" + suffix, cost, round(used.cost_usd, 6))
+        limits = self.agents.get(agent) if agent else None
+        if limits is not None and (limits.tokens_per_day or limits.cost_usd_per_day):
+            assert agent is not None
+            used = self.agent_day(agent, day)
+            if limits.tokens_per_day and used.tokens + est_tokens > limits.tokens_per_day:
+                return Refusal("agent_tokens_per_day", limits.tokens_per_day, used.tokens, agent)
+            cost = limits.cost_usd_per_day
+            if cost and (used.cost_usd + est_cost_usd > cost or used.cost_usd >= cost):
+                return Refusal("agent_cost_usd_per_day", cost, round(used.cost_usd, 6), agent)
+        return None
+
+    def charge(  # noqa: PLR0917 (as check)
+        self,
+        session: str,
+        run: int | str,
+        turn: int | None,
+        agent: str | None,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+    ) -> None:
+        """A reply's use. The session's own spend is its fold's (its
+        ``model.responded``, appended by the caller); a ledger that keeps its own
+        (the unit tests') is told here."""
+        charge = getattr(self.ledger, "charge", None)
+        if charge is not None:
+            charge(
+                session,
+                run_number(run),
+                turn or 0,
+                agent,
+                tokens_in + tokens_out,
+                cost_usd,
+                self.today(),
+            )
+
+    def agent_day(self, agent: str, day: str | None = None) -> Spend:
+        """What all the agent's sessions spent on ``day`` (today)."""
+        day = day or self.today()
+        tokens, cost = 0, 0.0
+        for name in self.ledger.agent_sessions(agent):
+            used = self.ledger.session(name).day(day)
+            tokens += used.tokens
+            cost += used.cost_usd
+        return Spend(tokens, cost)
+
+
+class TableLedger:
+    """Spend from the process table's folds (``State.model_spend``)."""
+
+    def __init__(self, sessions: Callable[[], Iterable[Any]], get: Callable[[str], Any]) -> None:
+        self._sessions, self._get = sessions, get
+
+    def session(self, name: str) -> SessionSpend:
+        try:
+            s = self._get(name)
+        except Exception:
+            return SessionSpend()
+        journal = getattr(s, "journal", None)
+        if journal is None:
+            return SessionSpend()
+        st = journal.state
+        return SessionSpend.from_state(st.tokens_in + st.tokens_out, st.cost_usd, st.model_spend)
+
+    def agent_sessions(self, agent: str) -> Iterable[str]:
+        for s in self._sessions():
+            if s.spec is not None and s.spec.agent == agent:
+                yield s.name
+
+
+class MemoryLedger:
+    """Spend kept in memory (unit tests, the benchmarks)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, dict[str, Any]] = {}
+        self.agents: dict[str, set[str]] = {}
+
+    def session(self, name: str) -> SessionSpend:
+        d = self.spent.get(name)
+        if d is None:
+            return SessionSpend()
+        return SessionSpend.from_state(d["tokens"], d["cost"], d["spend"])
+
+    def agent_sessions(self, agent: str) -> Iterable[str]:
+        return sorted(self.agents.get(agent, ()))
+
+    def charge(  # noqa: PLR0917 (Budgets.charge's one call)
+        self,
+        session: str,
+        run: int,
+        turn: int,
+        agent: str | None,
+        tokens: int,
+        cost: float,
+        day: str,
+    ) -> None:
+        d = self.spent.setdefault(session, {"tokens": 0, "cost": 0.0, "spend": {}})
+        d["tokens"] += tokens
+        d["cost"] += cost
+        spend = d["spend"]
+        used = spend.setdefault("days", {}).setdefault(day, [0, 0.0])
+        used[0] += tokens
+        used[1] += cost
+        for key, n in (("run", run), ("turn", turn)):
+            mine = spend.get(key)
+            if mine is None or mine[0] != n:
+                spend[key] = mine = [n, 0, 0.0]
+            mine[1] += tokens
+            mine[2] += cost
+        if agent:
+            self.agents.setdefault(agent, set()).add(session)
