@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code faults faults-selftest faults-cluster bench compare load install install-user clean man
+.PHONY: run demo test cluster bench-cluster lint typecheck unit agents example-claude-code example-codex faults faults-selftest faults-cluster bench compare load install install-user clean man
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +36,13 @@ run: $(STAMP)
 	@echo "Open that link in a browser and confirm: deploy runs once (or: $(BIN)/sessionctl approve deploy)."
 	@echo "Traces: each session's OpenTelemetry spans, from its log, as OTLP JSON:"
 	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
+	@echo "Models: the daemon's gateway sends the runs' model calls to a scripted upstream"
+	@echo "on 127.0.0.1:8766 ([[model.provider]]); the ask session calls it with no key:"
+	@echo "  $(BIN)/sessionctl activate ask && $(BIN)/sessionctl models"
+	@echo "  $(BIN)/sessionctl log ask --type model.requested --type model.responded"
 	@echo
+	$(BIN)/python -m sessiond.gateway.scripted --port 8766 & up=$$!; \
+	trap 'kill $$up 2>/dev/null' EXIT INT TERM; \
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/sessiond --config config/sessiond.toml
 
 # A local cluster: a PostgreSQL from the machine's binaries (initdb into
@@ -64,18 +70,23 @@ unit: $(STAMP) agents
 # The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
 # them; never committed). Skipped with a note where Node.js/npm are missing: the
 # tests then skip and say why (under CI=true they fail instead).
-AGENTS := tests/agents/node_modules/.bin/claude
+AGENTS := tests/agents/node_modules/.bin/claude tests/agents/node_modules/.bin/codex
 agents:
 	@if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory $(AGENTS); \
-	else echo "npm not found: the Claude Code tests will be skipped (install nodejs and npm)"; fi
+	else echo "npm not found: the Claude Code and Codex tests will be skipped (install nodejs and npm)"; fi
 
-$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+$(AGENTS) &: tests/agents/package.json tests/agents/package-lock.json
 	cd tests/agents && npm ci --no-audit --no-fund --loglevel=error
 	touch $(AGENTS)
 
 # examples/claude-code offline: the real CLI and daemon, a scripted model on loopback.
 example-claude-code: $(STAMP) agents
 	$(BIN)/python examples/claude-code/offline.py
+
+# examples/codex offline: the real Codex CLI and daemon, its model calls through the
+# daemon's gateway to a scripted upstream on loopback.
+example-codex: $(STAMP) agents
+	$(BIN)/python examples/codex/offline.py
 
 # The whole kill -9 campaign: 200 rounds, power cuts on the fault file system
 # (tests/faults/faultfs.py, FUSE), then 20 rounds with durability os: about 75 minutes

@@ -38,6 +38,7 @@ from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.modelconfig import ModelConfig, ProviderConfig
+from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
 from sessiond.syscalls.kernel import Kernel
@@ -186,6 +187,8 @@ class Calls:
         # its place, taken before any await (the run's calls may race each other)
         steps = turn["steps"] if turn is not None else {}
         n = place(steps, c.grant.gateway_places, digest_of(c.body))
+        if spec.run is not None and spec.run.kind in AGENT_KINDS:
+            n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
         c.grant.gateway_places.add(n)
         recorded = steps.get(f"k:gw.{n}")
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
@@ -389,6 +392,19 @@ def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
         return same[0]
     n = 1
     while n in taken:
+        n += 1
+    return n
+
+
+def resumed_place(steps: dict[str, Any], taken: set[int], digest: str, n: int) -> int:
+    """The place of an agent CLI's call (``claude-code``, ``codex``): the CLI resumes
+    its own history in a later run of the turn, so a call is an earlier run's only
+    for the very same request; any other is a new place after those the turn
+    recorded, never answered with the response to another request."""
+    recorded = steps.get(f"k:gw.{n}")
+    if recorded is None or recorded.get("digest") == digest:
+        return n
+    while n in taken or f"k:gw.{n}" in steps:
         n += 1
     return n
 

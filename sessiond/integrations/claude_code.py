@@ -61,6 +61,16 @@ MCP_ENV = {"MCP_CONNECT_TIMEOUT_MS": "120000", "MCP_TIMEOUT": "120000"}
 PERMISSION_TOOL = "mcp__sessiond__permission"
 
 
+def through_gateway(env: dict[str, str] | os._Environ[str]) -> bool:
+    """The run's model calls go to the daemon's gateway: ANTHROPIC_BASE_URL is the
+    gateway's address for this very run (``…/run/SESSION/RUN``), which the daemon
+    sets where it has a ``[[model.provider]]``. Otherwise it is whatever the
+    daemon's environment or the spec gave (a provider, a proxy)."""
+    base = (env.get("ANTHROPIC_BASE_URL") or "").rstrip("/")
+    session, run = env.get("SESSIOND_SESSION"), env.get("SESSIOND_RUN")
+    return bool(session and run) and base.endswith(f"/run/{session}/{run}")
+
+
 def _wake_text(ctx: dict[str, Any]) -> str:
     """The text of the messages waiting for this turn (a ``message`` wake), if any."""
     texts = [m.get("text") for m in ctx.get("mailbox") or [] if isinstance(m, dict)]
@@ -140,6 +150,10 @@ class Driver:
         self.totals = (0, 0)
         self.recorded = [0, 0]
         self.flushed: set[Any] = set()  # ids of the responses recorded
+        # The run's model calls go through the daemon's gateway, which records each
+        # (model.requested / model.responded, tokens, cost) and counts it against
+        # the budgets: the stream's copies are not recorded again.
+        self.gateway = through_gateway(os.environ)
 
     # --- the CLI's command line and environment ---------------------------------------
 
@@ -250,6 +264,20 @@ class Driver:
         if message is None:
             return
         self.flushed.add(message.get("id"))
+        if not self.gateway:
+            self.record(message, last=last)
+        # The permission tool waits for this before it asks about the response's
+        # calls (claude_permission.Asker.wait_recorded). Through the gateway the
+        # response is on record once the CLI has it whole.
+        recorded = self.rundir / "recorded"
+        recorded.mkdir(exist_ok=True)
+        for block in message.get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
+                (recorded / str(block["id"])).touch()
+
+    def record(self, message: dict[str, Any], *, last: bool) -> None:
+        """A response as a model step, from the stream: without the gateway, the
+        daemon sees the model's calls only here."""
         usage = message.get("usage") or {}
         tin = int(usage.get("input_tokens") or 0) + int(usage.get("cache_read_input_tokens") or 0)
         tout = int(usage.get("output_tokens") or 0)
@@ -274,13 +302,6 @@ class Driver:
             text=lambda _r: _text_of(message),
             cost=lambda _r: cost,
         )
-        # The permission tool waits for this before it asks about the response's
-        # calls (claude_permission.Asker.wait_recorded).
-        recorded = self.rundir / "recorded"
-        recorded.mkdir(exist_ok=True)
-        for block in message.get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
-                (recorded / str(block["id"])).touch()
 
     def tool_result(self, block: dict[str, Any]) -> None:
         use_id = str(block.get("tool_use_id") or "")

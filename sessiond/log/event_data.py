@@ -308,7 +308,7 @@ class RecoveryResolved(EventData):
 class RunStarted(EventData):
     EVENT_TYPE = "run.started"
     run: str
-    kind: Literal["command", "sdk", "claude-code"] = "command"
+    kind: Literal["command", "sdk", "claude-code", "codex"] = "command"
     pid: int | None = None
     pgid: int | None = None
     proc_start: int | None = None  # start time of the process (clock ticks), to tell pids apart

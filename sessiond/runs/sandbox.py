@@ -49,7 +49,7 @@ from urllib.parse import unquote, urlsplit
 
 from sessiond.config import DaemonConfig, RunConfig
 from sessiond.paths import gateway_socket, program_socket
-from sessiond.runs.agents import agent_home
+from sessiond.runs.agents import AGENT_KINDS, agent_home
 from sessiond.runs.uids import DynamicUids, open_to, own, reach
 from sessiond.sandboxconfig import dynamic_uids_on
 from sessiond.table.spec import SessionSpec
@@ -190,15 +190,19 @@ def runtime() -> list[str]:
 
 
 def agent_cli(spec: SessionSpec) -> list[str]:
-    """The agent CLI a ``claude-code`` run starts (``[claude_code] cli``, else
-    ``claude`` on the run's PATH): the folder it is found in and its package (up to
-    its ``node_modules``), shown to the run like the daemon's Python. Installed in a
-    checkout under /tmp (`make agents`), or a home folder (npm's user prefix, nvm),
-    the run could not see or reach it otherwise: "No such file or directory: 'claude'"."""
+    """The agent CLI a ``claude-code`` or ``codex`` run starts (``[claude_code] cli``,
+    else ``claude`` on the run's PATH; ``[codex] cli``, else ``codex``): the folder it
+    is found in and its package (up to its ``node_modules``), shown to the run like
+    the daemon's Python. Installed in a checkout under /tmp (`make agents`), or a
+    home folder (npm's user prefix, nvm), the run could not see or reach it
+    otherwise: "No such file or directory: 'claude'"."""
     assert spec.run is not None
-    if spec.run.kind != "claude-code":
+    if spec.run.kind == "codex":
+        name = (spec.codex.cli if spec.codex is not None else None) or "codex"
+    elif spec.run.kind == "claude-code":
+        name = (spec.claude_code.cli if spec.claude_code is not None else None) or "claude"
+    else:
         return []
-    name = (spec.claude_code.cli if spec.claude_code is not None else None) or "claude"
     path = spec.run.env.get("PATH", os.environ.get("PATH"))
     found = shutil.which(name, path=path) if "/" not in name else name
     if found is None or not os.path.exists(found):
@@ -392,7 +396,7 @@ class Boundary:
         if run.writes:
             ops.append((_depth(workspace), 1, "--ro-bind", workspace, workspace))
         rw += [str(home), *config.run.writable, *run.writable]
-        if run.kind == "claude-code":  # the CLI's private home: its ~/.claude
+        if run.kind in AGENT_KINDS:  # the CLI's private home: its ~/.claude, ~/.codex
             agents = agent_home(config.state_dir, session)
             if uid is not None:
                 own(agents, uid, deep=True)

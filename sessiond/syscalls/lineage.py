@@ -28,7 +28,7 @@ from sessiond.log.event_data import (
 )
 from sessiond.log.lineage import fork as fork_log
 from sessiond.redaction import Redactor, redactor
-from sessiond.runs.agents import restore_transcript
+from sessiond.runs.agents import AGENT_KINDS, restore_transcript
 from sessiond.runs.context import RunContext
 from sessiond.runs.runs import Runs
 from sessiond.syscalls.handover import Handovers
@@ -76,11 +76,11 @@ class Lineage:
                 update["bind"] = parent.spec.bind.model_copy(update={"files": []})
             spec = parent.spec.model_copy(update=update)
             self.ctx.store.write_spec(new, spec_to_toml(spec))
-        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+        if spec is not None and spec.run is not None and spec.run.kind in AGENT_KINDS:
             # Before it can run: the child resumes the CLI session as it was at the
             # fork, in a home of its own.
             await asyncio.to_thread(
-                restore_transcript, self.ctx.store, self.ctx.config.state_dir, new
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, new, spec.run.kind
             )
         child = Session(new, child_journal, spec, None)
         self.ctx.table.adopt(child)
@@ -344,11 +344,12 @@ class Lineage:
         if spec is not None and spec.name != journal.session:
             spec = spec.model_copy(update={"name": journal.session})
             self.ctx.store.write_spec(journal.session, spec_to_toml(spec))
-        if spec is not None and spec.run is not None and spec.run.kind == "claude-code":
+        if spec is not None and spec.run is not None and spec.run.kind in AGENT_KINDS:
             # Another machine's session: its CLI session goes on from the transcript.
             await asyncio.to_thread(
-                restore_transcript, self.ctx.store, self.ctx.config.state_dir, journal.session
-            )
+                restore_transcript, self.ctx.store, self.ctx.config.state_dir, journal.session,
+                spec.run.kind,
+            )  # fmt: skip
         s = Session(journal.session, journal, spec, spec_text)
         self.ctx.table.adopt(s)
         asked = await self._ask_again(s)

@@ -1,10 +1,13 @@
-"""The ``[claude_code]`` table of a spec whose ``[run] kind = "claude-code"``.
+"""The ``[claude_code]`` table of a spec whose ``[run] kind = "claude-code"``, and
+the ``[codex]`` table of one whose ``[run] kind = "codex"``.
 
 Such a run is the Claude Code CLI headless (``claude -p … --output-format
 stream-json``), driven by ``sessiond.integrations.claude_code``: its stream is
 parsed into ``model.*`` and ``tool.*`` events, its tool permissions are the
-session's policy (docs/agents.md). Kept apart from sessiond.table.spec so that
-module stays the size of one idea.
+session's policy (docs/agents.md). A codex run is the Codex CLI (``codex exec
+--json``), driven by ``sessiond.integrations.codex``: its model calls go through
+the daemon's gateway, its tool calls are decided by the policy through a hook.
+Kept apart from sessiond.table.spec so that module stays the size of one idea.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# What a run of kind "claude-code" executes unless the spec names its own program.
+# What a run of an agent CLI kind executes unless the spec names its own program.
 DRIVER = ["-m", "sessiond.integrations.claude_code"]
+DRIVERS = {"claude-code": DRIVER, "codex": ["-m", "sessiond.integrations.codex"]}
 
 # Claude Code's tool names (Read, Bash, mcp__server__tool) and its rule forms (Bash(git *)).
 TOOL_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\(.{1,500}\))?")
@@ -51,8 +55,24 @@ def check_allowed_tools(tools: list[str], policy: Any) -> None:
             )
 
 
-def driver_argv() -> list[str]:
-    return [sys.executable, *DRIVER]
+def driver_argv(kind: object = "claude-code") -> list[str] | None:
+    """The driver a run of an agent CLI kind runs; None for other kinds."""
+    driver = DRIVERS.get(kind) if isinstance(kind, str) else None
+    return None if driver is None else [sys.executable, *driver]
+
+
+def check_agent_tables(kind: str | None, claude_code: Any, codex: Any, policy: Any) -> None:
+    """An agent CLI's table goes with its kind; a tool the Claude Code CLI runs
+    unasked must be one the policy allows."""
+    for table, its_kind, name in ((claude_code, "claude-code", "claude_code"),
+                                  (codex, "codex", "codex")):  # fmt: skip
+        if table is not None and kind != its_kind:
+            raise ValueError(
+                f'[{name}] configures a run of kind "{its_kind}": set [run] kind = '
+                f'"{its_kind}", or remove the table'
+            )
+    if claude_code is not None:
+        check_allowed_tools(claude_code.allowed_tools, policy)
 
 
 class ClaudeCodeSpec(BaseModel):
@@ -88,4 +108,29 @@ class ClaudeCodeSpec(BaseModel):
     def _cli(cls, cli: str) -> str:
         if not cli.strip():
             raise ValueError("cli must name the Claude Code program (a path or 'claude')")
+        return cli
+
+
+class CodexSpec(BaseModel):
+    """``[codex]``: how a ``kind = "codex"`` run drives ``codex exec``. Its tool
+    calls are the session's policy (every one is asked of the daemon by a hook:
+    there is no list of tools run unasked), its model calls go through the
+    daemon's gateway (the OpenAI Responses route)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # The prompt of a turn; a message's text (a `message` wake) is added below it.
+    prompt: str = Field(default="", max_length=100_000)
+    model: str = ""  # --model; empty: the CLI's default (the gateway must serve it)
+    # Added to the model's instructions (the CLI's developer_instructions).
+    developer_instructions: str = Field(default="", max_length=100_000)
+    # The CLI to run: a path (relative to the spec file's folder once parsed) or a
+    # name looked up in PATH.
+    cli: str = "codex"
+
+    @field_validator("cli")
+    @classmethod
+    def _cli(cls, cli: str) -> str:
+        if not cli.strip():
+            raise ValueError("cli must name the Codex program (a path or 'codex')")
         return cli

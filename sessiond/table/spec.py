@@ -36,7 +36,7 @@ from sessiond.log.event_data import Idempotency, ResumeRule, SideEffect
 from sessiond.modelconfig import ModelSpec
 from sessiond.names import NAME_RE
 from sessiond.sandboxconfig import SandboxKeys
-from sessiond.table.agent_spec import ClaudeCodeSpec, check_allowed_tools, driver_argv
+from sessiond.table.agent_spec import ClaudeCodeSpec, CodexSpec, check_agent_tables, driver_argv
 from sessiond.table.budget_spec import BudgetSpec
 from sessiond.table.compact_spec import CompactSpec
 
@@ -120,8 +120,8 @@ class SecretRef(_Strict):
 
 
 class RunSpec(_Strict, SandboxKeys):  # sandbox, network, writable, readable, hide
-    # "claude-code": the Claude Code CLI headless, see the [claude_code] table
-    kind: Literal["command", "sdk", "claude-code"] = "command"
+    # "claude-code" / "codex": an agent CLI headless, see [claude_code] / [codex]
+    kind: Literal["command", "sdk", "claude-code", "codex"] = "command"
     exec: list[str] = Field(min_length=1)
     cwd: str = "."
     # Stored with the spec (session.created, spec.toml, bundles): never a secret here.
@@ -145,9 +145,10 @@ class RunSpec(_Strict, SandboxKeys):  # sandbox, network, writable, readable, hi
     @model_validator(mode="before")
     @classmethod
     def _driver(cls, data: object) -> object:
-        # A claude-code run's program is sessiond's driver of the CLI.
-        if isinstance(data, dict) and data.get("kind") == "claude-code" and "exec" not in data:
-            return {**data, "exec": driver_argv()}
+        # An agent CLI run's program is sessiond's driver of the CLI.
+        argv = driver_argv(data.get("kind")) if isinstance(data, dict) else None
+        if isinstance(data, dict) and "exec" not in data and argv is not None:
+            return {**data, "exec": argv}
         return data
 
     @field_validator("grants")
@@ -336,6 +337,7 @@ class SessionSpec(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     compact: CompactSpec | None = None
     claude_code: ClaudeCodeSpec | None = None  # [run] kind = "claude-code"
+    codex: CodexSpec | None = None  # [run] kind = "codex"
     trigger: list[TriggerSpec] = Field(default_factory=list)
 
     @field_validator("name")
@@ -366,13 +368,7 @@ class SessionSpec(_Strict):
     @model_validator(mode="after")
     def _agent_table(self) -> SessionSpec:
         kind = self.run.kind if self.run else None
-        if self.claude_code is not None and kind != "claude-code":
-            raise ValueError(
-                '[claude_code] configures a run of kind "claude-code": set [run] kind = '
-                '"claude-code", or remove the table'
-            )
-        if self.claude_code is not None:
-            check_allowed_tools(self.claude_code.allowed_tools, self.policy)
+        check_agent_tables(kind, self.claude_code, self.codex, self.policy)
         return self
 
     @property
@@ -439,9 +435,10 @@ def _resolve(data: dict[str, Any], base: Path) -> tuple[dict[str, Any], list[str
             workspace = Path(run["cwd"])
             written = os.path.abspath(base / cwd) if isinstance(cwd, str) else str(workspace)
         data["run"] = run
-    agent = data.get("claude_code")
-    if isinstance(agent, dict) and isinstance(agent.get("cli"), str) and "/" in agent["cli"]:
-        data["claude_code"] = {**agent, "cli": os.path.normpath(os.path.join(base, agent["cli"]))}
+    for table in ("claude_code", "codex"):
+        agent = data.get(table)
+        if isinstance(agent, dict) and isinstance(agent.get("cli"), str) and "/" in agent["cli"]:
+            data[table] = {**agent, "cli": os.path.normpath(os.path.join(base, agent["cli"]))}
     triggers = data.get("trigger")
     if isinstance(triggers, list):
         resolved = []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 
+from sessiond.gateway.scripted import Upstream
 from tests.e2e.harness import BIN, Daemon, short_dir, wait_event, wait_for
 from tests.e2e.test_links import ended, free_port, use
 
@@ -40,7 +41,9 @@ def test_every_command_of_the_make_run_tour_works_as_written() -> None:
     what its hint promises. The approve link's line printed a "blocked" notice, which
     has no link, and the hint said "an approval's carry links"."""
     root = short_dir()
+    upstream = Upstream()  # what `make run` starts on 127.0.0.1:8766, on a free port here
     try:
+        upstream.__enter__()
         (root / ".venv").symlink_to(BIN.parent)  # the clone's venv, as `make run` has it
         printed = tour(root)
         assert "carries signed approve and deny links" in " ".join(printed)
@@ -52,6 +55,7 @@ def test_every_command_of_the_make_run_tour_works_as_written() -> None:
         port = free_port()
         text = (SHIPPED / "sessiond.toml").read_text()
         text = text.replace('listen = "127.0.0.1:8765"', f'listen = "127.0.0.1:{port}"')
+        text = text.replace("http://127.0.0.1:8766", upstream.url)
         d.config.write_text(text.replace('specs = "sessions"', f'specs = "{SHIPPED / "sessions"}"'))
         d.start()
         notices = d.state_dir / "notices.jsonl"
@@ -59,6 +63,8 @@ def test_every_command_of_the_make_run_tour_works_as_written() -> None:
         for command in commands:
             if "notices.jsonl" in command:  # a person reads it once the notice is there
                 wait_for(lambda: notices.exists() and b"approve_url" in notices.read_bytes())
+            if "log ask" in command:  # a person looks once the model has answered
+                wait_event(d, "ask", "model.responded", timeout=120)
             line = command.replace("127.0.0.1:8765", f"127.0.0.1:{port}")
             env = {k: v for k, v in d.env.items() if k != "SESSIOND_SOCKET"}
             done = subprocess.run(
@@ -86,8 +92,15 @@ def test_every_command_of_the_make_run_tour_works_as_written() -> None:
         finished = wait_event(d, "deploy", "lifecycle.changed", match=ended)
         assert finished["data"]["outcome"] == "completed"
         assert (root / "state" / "hello.otlp.json").is_file()
+        # the gateway: its provider, and the ask session's call through it, on record
+        assert "scripted" in printed_by("sessionctl models")
+        logged = printed_by("log ask")
+        assert "model.requested" in logged
+        assert "model.responded        scripted-model ok" in logged
+        assert upstream.count == 1
         assert d.stop() == 0
     finally:
+        upstream.__exit__(None, None, None)
         shutil.rmtree(root, ignore_errors=True)
 
 
