@@ -215,6 +215,17 @@ class Daemon:
                 f"{exc.strerror or exc}; change [web] listen or free the port"
             ) from exc
 
+    async def _start_gateway(self) -> None:
+        if self.gateway is None:
+            return
+        try:
+            await self.gateway.start()
+        except OSError as exc:
+            raise StartupError(
+                f"the model gateway cannot listen on {self.config.model.listen}: "
+                f"{exc.strerror or exc}; change [model] listen or free the port"
+            ) from exc
+
     async def start(self) -> None:
         marker = self.config.state_dir / CLEAN_MARKER
         clean = marker.exists()
@@ -252,8 +263,7 @@ class Daemon:
         self.kernel.ctx.spawner.start()
         if self.lease is not None:  # its programs stop before its lease can lapse
             self.lease.fence_programs(self.kernel.ctx.spawner.fence)
-        if self.gateway is not None:  # before any run starts: runs get its address
-            await self.gateway.start()
+        await self._start_gateway()  # before any run starts: runs get its address
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         await self.kernel.handover.recover()  # hand-overs a crash left half recorded
         if self.config.specs is not None:

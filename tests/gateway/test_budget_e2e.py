@@ -61,6 +61,17 @@ def test_a_call_past_the_days_tokens_is_refused_and_the_session_suspended() -> N
         shown = d.ctl("models", check=True).stdout
         assert "anthropic-test" in shown
         assert "100/120" in shown  # its tokens today of its daily budget
+        # what was spent is read from the log: after a restart the budget still holds
+        d.stop()
+        d.start()
+        d.ctl("resume", "thrifty", check=True)
+        d.ctl("activate", "thrifty")
+        again = wait_event(
+            d, "thrifty", "lifecycle.changed", since=suspended["seq"] + 1,
+            match=lambda r: r["data"]["to"] == "suspended",
+        )  # fmt: skip
+        assert again["data"]["reason"] == "budget: tokens_per_day: 100 of 120 used"
+        assert up.count == 2
 
 
 def test_an_agents_daily_cost_counts_all_its_sessions() -> None:

@@ -117,11 +117,13 @@ def test_a_changed_request_is_answered_from_the_log_or_diverges_where_the_spec_s
         d.ctl("activate", "strict", check=True)
         wait_event(d, "strict", "gate.evaluated", match=lambda r: r["data"].get("divergence"),
                    timeout=90)  # fmt: skip
+        # (blocked once its run ended: the program wrote what it got by then)
+        wait_for(lambda: d.json("show", "strict")["state"] == "blocked", 60, "strict blocked")
         assert up.count == 2
         got = results(cwd)
         assert got[0]["text"] == "strictly"
         assert got[1]["error"] == 400
-        wait_for(lambda: d.json("show", "strict")["state"] == "blocked", 60, "strict blocked")
+        assert "--discard" in got[1]["body"]["message"]  # the divergence, and what to do
 
 
 def test_calls_sent_at_once_find_their_own_records_in_any_order() -> None:

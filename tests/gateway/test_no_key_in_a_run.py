@@ -18,6 +18,7 @@ from tests.e2e.harness import wait_event
 from tests.gateway.rig import ANTHROPIC_KEY, OPENAI_KEY, gateway, session
 
 HUNTER = Path(__file__).parent / "programs" / "keyhunt.py"
+KNOCK = Path(__file__).parent / "programs" / "knock.py"
 
 
 @pytest.mark.parametrize("network", ["host", "none"])
@@ -66,3 +67,14 @@ def look(network: str, env: dict[str, str], key_dir: Path) -> None:
         assert report["files"] > (100_000 if network == "host" else 10)
         assert report["proc_files"] > 20
         assert report["found"] == [str(cwd / "decoy.txt")]
+
+
+@pytest.mark.parametrize(("allow", "expected"), [([], "closed"), (["claude-*"], "open")])
+def test_a_run_without_a_network_reaches_the_gateway_only_where_it_may_call_models(
+    allow: list[str], expected: str
+) -> None:
+    with gateway() as (d, _up):
+        cwd = session(d, "knock", [], program=KNOCK, network="none", allow=allow)
+        d.ctl("activate", "knock", check=True)
+        wait_event(d, "knock", "run.finished", timeout=60)
+        assert (cwd / "knock.txt").read_text() == expected

@@ -143,3 +143,20 @@ def test_bad_input_is_refused_in_each_providers_shape_and_changes_nothing(
     assert "ended" in gone.value.message
     assert d.json("show", "held")["seq"] == seq
     assert up.count == 0
+
+
+def test_a_gateway_that_cannot_listen_stops_the_start_saying_why() -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        with (
+            pytest.raises(AssertionError, match=f"model gateway cannot listen on 127.0.0.1:{port}"),
+            gateway(config=f'[model]\nlisten = "127.0.0.1:{port}"\n') as (_d, _up),
+        ):
+            pass
+    finally:
+        taken.close()

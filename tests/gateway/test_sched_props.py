@@ -116,3 +116,49 @@ def test_priority_order_and_equal_shares(queued: list[tuple[int, int]]) -> None:
             total[s] = total.get(s, 0) + 1
 
     run(go())
+
+
+@given(
+    queued=st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from(["x", "y", None])), min_size=2, max_size=30
+    )
+)
+def test_agents_share_first_then_their_sessions(queued: list[tuple[int, str | None]]) -> None:
+    """At equal priority the least served agent (a session without one is its own
+    group) goes first, then its least served session."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        sched = Scheduler({"p": Limits(concurrency=1)}, clock=clock, aging=1e9)
+        seen: list[tuple[str, str]] = []
+        gate = asyncio.Event()
+
+        async def hold() -> None:
+            await gate.wait()
+
+        first = asyncio.create_task(sched.call(Ask("h", None, 0, "p", "m", 1), hold))
+        await settle()
+        agent_of: dict[str, str | None] = {}
+        tasks = []
+        for session, asked_agent in queued:
+            name = f"s{session}"
+            agent = agent_of.setdefault(name, asked_agent)  # a session has one agent
+            group = f"a:{agent}" if agent else f"s:{name}"
+
+            async def send(g: str = group, s: str = name) -> None:
+                seen.append((g, s))
+
+            tasks.append(asyncio.create_task(sched.call(Ask(name, agent, 0, "p", "m", 1), send)))
+        await settle()
+        gate.set()
+        await asyncio.gather(first, *tasks)
+        groups: dict[str, int] = {}
+        sessions: dict[str, int] = {}
+        for i, (g, s) in enumerate(seen):
+            waiting = seen[i:]
+            assert all(groups.get(g, 0) <= groups.get(h, 0) for h, _ in waiting)
+            assert all(sessions.get(s, 0) <= sessions.get(t, 0) for h, t in waiting if h == g)
+            groups[g] = groups.get(g, 0) + 1
+            sessions[s] = sessions.get(s, 0) + 1
+
+    run(go())
