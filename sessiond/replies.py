@@ -75,6 +75,7 @@ class PsRow(TypedDict):
     labels: dict[str, str]
     node: NotRequired[str | None]  # on a cluster node: which node runs it (None: none)
     boundary: NotRequired[str]  # "sandbox" or "off"
+    model_ahead: NotRequired[int]  # a call of it waits for the model: how many ahead
 
 
 class NodeRow(TypedDict):
@@ -152,6 +153,7 @@ class SessionDetail(SpecFacts):
     reason: str | None
     seq: int | None
     held: NotRequired[bool]  # blocked in memory, not yet recorded (a full disk)
+    model_ahead: NotRequired[int]  # a call of it waits for the model: how many ahead
     outcome: NotRequired[str | None]
     until: NotRequired[str | None]
     created_at: NotRequired[str | None]

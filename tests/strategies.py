@@ -41,6 +41,9 @@ def for_type(tp: Any, meta: tuple[Any, ...] = ()) -> st.SearchStrategy[Any]:
     if tp is JsonValue:
         return JSON
     if tp is str:
+        patterns = [m.pattern for m in meta if isinstance(getattr(m, "pattern", None), str)]
+        if patterns:  # a Field(pattern=...): generated to match it, not filtered to it
+            return st.from_regex(patterns[0], fullmatch=True)
         return TEXT
     if tp is bool:
         return st.booleans()

@@ -80,6 +80,22 @@ class Verdict(TypedDict):
     met: bool
 
 
+def _alone(
+    work: Path,
+    quick: bool,
+    say: Callable[[str], None],
+    *,
+    gateway_only: bool,
+    loop_only: bool,
+    baseline: Path | None,
+) -> dict[str, object]:
+    if gateway_only:
+        return dict(gateway.measure(work, quick, say))
+    if loop_only:
+        return loop.measure(work, quick, say, baseline)
+    return {**memory.measure(work, quick, say)}
+
+
 def measure(
     work: Path,
     quick: bool,
@@ -92,13 +108,11 @@ def measure(
     baseline: Path | None = None,
 ) -> dict[str, object]:
     """The figures (numbers), with the file system's type beside them."""
+    if gateway_only or loop_only or memory_only:  # one group of figures alone
+        return _alone(
+            work, quick, say, gateway_only=gateway_only, loop_only=loop_only, baseline=baseline
+        )
     results: dict[str, object] = {}
-    if gateway_only:
-        return dict(gateway.measure(work, quick, say))
-    if loop_only:
-        return loop.measure(work, quick, say, baseline)
-    if memory_only:
-        return {**memory.measure(work, quick, say)}
 
     def step(name: str) -> Path:
         say(f"measuring {name} ...")

@@ -32,7 +32,8 @@ from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
-from sessiond.gateway.server import Gateway
+from sessiond.gateway.server import Gateway, queue_of
+from sessiond.gateway.view import QueueView
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
@@ -168,6 +169,15 @@ class Daemon:
         def triggers(kernel: Kernel) -> Triggers:
             return Triggers(kernel, wall_clock(config.clock_offset), config.watch_step_ms)
 
+        # the model's queue (docs/design.md, "The model gateway"), when providers are
+        # set: made first, so that `models`, ps and show read it from their start
+        queue = queue_of(config) if config.model.enabled else None
+        source = (
+            QueueView(queue, lambda: self.kernel.ctx.config.model.provider)  # after a reload too
+            if queue is not None
+            else None
+        )
+
         self.kernel = Kernel(
             config,
             self.table,
@@ -176,6 +186,7 @@ class Daemon:
             notices=self.notices,
             triggers=triggers,
             faults=faults(config),
+            model_source=source,
         )
         assert isinstance(self.kernel.triggers, Triggers)
         self.triggers: Triggers = self.kernel.triggers
@@ -197,8 +208,7 @@ class Daemon:
             metrics.watch(self.table)
             # on a cluster node its table, inbox and actions are the whole cluster's
             self.web = WebServer(config.web, self.kernel, metrics, self.forward, hints)
-        # the model gateway (docs/design.md, "The model gateway"): when providers are set
-        self.gateway = Gateway(self.kernel) if config.model.enabled else None
+        self.gateway = Gateway(self.kernel, queue) if queue is not None else None
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
         self.traces = Traces(config, self.table)

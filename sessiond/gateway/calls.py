@@ -41,6 +41,7 @@ from sessiond.modelconfig import ModelConfig, ProviderConfig
 from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
+from sessiond.sdkwire import StepAnswer, StepReply
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session
 
@@ -409,8 +410,10 @@ def resumed_place(steps: dict[str, Any], taken: set[int], digest: str, n: int) -
     return n
 
 
-def _plain(_s: Session, **values: Any) -> dict[str, Any]:
-    return values
+def _plain(_s: Session, reply: StepReply) -> StepAnswer:
+    # the gateway answers HTTP, not the SDK: a stop the daemon wants reaches the
+    # program at its next SDK call or by its run's end, not in a model's answer
+    return {"stop": False, **reply}
 
 
 def _sse_response() -> web.StreamResponse:

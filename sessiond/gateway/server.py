@@ -17,10 +17,11 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from sessiond.config import DaemonConfig
 from sessiond.gateway.budgets import Budgets, TableLedger
 from sessiond.gateway.calls import Calls
 from sessiond.gateway.sched import Scheduler
-from sessiond.gateway.view import QueueView, limits_of
+from sessiond.gateway.view import limits_of
 from sessiond.ipc.fence import READ, WRITE, grant
 from sessiond.paths import gateway_socket
 from sessiond.sandboxconfig import dynamic_uids_on
@@ -31,22 +32,26 @@ log = structlog.get_logger(__name__)
 PREFIX = "/run/{session}/{run}"
 
 
+def queue_of(config: DaemonConfig) -> Scheduler:
+    """The model's queue: limits per provider and model from ``[[model.provider]]``,
+    one point of priority for each ``aging`` waited (as the table's scheduler)."""
+    return Scheduler(limits_of(config.model.provider), aging=config.aging)
+
+
 class Gateway:
     """The gateway of one daemon: ``start()`` before any run starts (runs get its
     address), ``close()`` at the end."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Kernel, scheduler: Scheduler) -> None:
+        """``scheduler``: the model's queue, made before the kernel (``queue_of``),
+        whose ``models``, ``ps`` and ``show`` read it through a QueueView."""
         self.kernel = kernel
-        config = kernel.ctx.config
-        # one point of priority for each `aging` waited, as the table's scheduler
-        self.scheduler = Scheduler(limits_of(config.model.provider), aging=config.aging)
+        self.scheduler = scheduler
         table = kernel.ctx.table
         self.budgets = Budgets(
             TableLedger(lambda: table, table.get),
             lambda: {n: a.budget for n, a in kernel.ctx.config.agents.items()},  # reloads
         )
-        # what `sessionctl models`, ps/show, the console and /metrics read of it
-        kernel.model_source = QueueView(self.scheduler, lambda: kernel.ctx.config.model.provider)
         self.calls = Calls(kernel, self.scheduler, self.budgets)
         self.socket: Path = gateway_socket(kernel.ctx.config.socket)
         self.port = 0
@@ -99,7 +104,7 @@ class Gateway:
             grant(self.socket, READ | WRITE, {user[0]}, set())
         elif dynamic_uids_on(config):
             os.chmod(self.socket, 0o666)
-        self.kernel.ctx.gateway = self.address
+        self.kernel.ctx.gateway_listens(self.address)
         log.info("gateway.listening", address=self.address, socket=str(self.socket))
 
     async def close(self) -> None:

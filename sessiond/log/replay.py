@@ -55,6 +55,7 @@ from sessiond.log.records import (
     SummaryRecord,
     WakeRecord,
 )
+from sessiond.log.spend import run_number, spent
 from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, TRANSCRIPT_KEEP, State
 from sessiond.sdkwire import TranscriptItem
 
@@ -213,15 +214,9 @@ def _recovery(s: State, r: EventRecord, d: RecoveryResolvedData) -> None:
 # --- runs ------------------------------------------------------------------------
 
 
-def _run_number(run: str) -> int:
-    """N of a run id "rN" (or a call id "rN.command..."); 0 for anything else."""
-    head = run.split(".", 1)[0]
-    return int(head[1:]) if head[:1] == "r" and head[1:].isdigit() else 0
-
-
 def _run_started(s: State, r: EventRecord, d: RunStartedData) -> None:
     s.runs += 1
-    s.run_number = max(s.run_number, _run_number(d["run"]))
+    s.run_number = max(s.run_number, run_number(d["run"]))
     s.current_run = {
         "run": d["run"],
         "kind": d["kind"],
@@ -297,31 +292,11 @@ def _model_responded(s: State, r: EventRecord, d: ModelRespondedData) -> None:
     s.tokens_in += d["tokens_in"]
     s.tokens_out += d["tokens_out"]
     s.cost_usd += d.get("cost_usd") or 0.0
-    _spend(s, r["ts"][:10], d["tokens_in"] + d["tokens_out"], d.get("cost_usd") or 0.0)
+    spent(s, r["ts"][:10], d["tokens_in"] + d["tokens_out"], d.get("cost_usd") or 0.0)
     _ref(s, d["response"])
     if d["text"]:
         _keep(s, {"seq": r["seq"], "role": "assistant", "kind": "model", "text": d["text"],
                   "model": d["model"]})  # fmt: skip
-
-
-def _spend(s: State, day: str, tokens: int, cost: float) -> None:
-    """A reply's tokens and cost, by day and for the open run and turn."""
-    spend = s.model_spend
-    days = spend.setdefault("days", {})
-    used = days.setdefault(day, [0, 0.0])
-    used[0] += tokens
-    used[1] += cost
-    if len(days) > RUN_DAYS_KEEP:
-        for old in sorted(days)[:-RUN_DAYS_KEEP]:
-            del days[old]
-    run = _run_number(s.current_run["run"]) if s.current_run is not None else s.run_number
-    turn = s.turn["n"] if s.turn is not None else s.turn_number
-    for key, n in (("run", run), ("turn", turn)):
-        mine = spend.get(key)
-        if mine is None or mine[0] != n:
-            spend[key] = mine = [n, 0, 0.0]
-        mine[1] += tokens
-        mine[2] += cost
 
 
 # --- tool calls ---------------------------------------------------------------------

@@ -84,6 +84,7 @@ class RunContext:
         self.retry_timers: dict[str, asyncio.TimerHandle] = {}
         self.background: set[asyncio.Task[Any]] = set()
         # the model gateway's address (http://127.0.0.1:port), once it listens
+        # (gateway_listens): the runs started from then on get it
         self.gateway: str | None = None
         self.triggers: TriggerHooks | None = None  # sessiond.wake, made by the Kernel
         self.stopping = False  # set at shutdown: nothing new starts
@@ -137,6 +138,11 @@ class RunContext:
         task = asyncio.ensure_future(coro)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+    def gateway_listens(self, address: str) -> None:
+        """The model gateway listens at ``address`` (its port is known only once it
+        is bound): every run started from now on gets it in its environment."""
+        self.gateway = address
 
     def now(self) -> str:
         return rfc3339(self.store.clock())

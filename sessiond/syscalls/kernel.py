@@ -56,13 +56,14 @@ class Kernel:
         notices: Notices | None = None,
         triggers: Callable[[Kernel], TriggerHooks] | None = None,
         faults: Faults = NO_FAULTS,
+        model_source: ModelsSource | None = None,
     ) -> None:
         self.ctx = ctx = RunContext(config, table, env, faults)
         self.table: Table = table
         self.store: Store = table.store
         self.tokens = Tokens(table)
         self.runs = runs = Runs(ctx, self.tokens)
-        self.models_view = Models(ctx)  # the model gateway's, once the daemon runs one
+        self.models_view = Models(ctx, model_source)  # the model gateway's queue, if any
         self.inspection = Inspection(ctx, seams.placement, self.models_view)
         self.control = Control(ctx, runs, seams.placement)
         self.handover = Handovers(ctx)
@@ -194,10 +195,6 @@ class Kernel:
     @property
     def model_source(self) -> ModelsSource | None:
         return self.models_view.source
-
-    @model_source.setter
-    def model_source(self, source: ModelsSource | None) -> None:  # the gateway
-        self.models_view.source = source
 
     @property
     def scheduler(self) -> Scheduler:

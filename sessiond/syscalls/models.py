@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sessiond.log.pace import Pacer
+from sessiond.replies import PsRow, SessionDetail
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
@@ -34,14 +35,14 @@ def waiting_text(ahead: int) -> str:
 
 
 class Models:
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, source: ModelsSource | None = None) -> None:
         self.ctx = ctx
-        self.source: ModelsSource | None = None
+        self.source = source  # the gateway's queue; None: this daemon runs no gateway
 
     def positions(self) -> dict[str, int]:
         return self.source.positions() if self.source is not None else {}
 
-    def mark(self, row: dict[str, Any], positions: dict[str, int]) -> None:
+    def mark(self, row: PsRow | SessionDetail, positions: dict[str, int]) -> None:
         """A ``ps`` row or ``show`` of a session whose call waits for the model."""
         ahead = positions.get(row["name"])
         if ahead is not None:

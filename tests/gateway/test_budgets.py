@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
+from sessiond.codec import EventRecord
 from sessiond.config import AgentBudget, DaemonConfig
 from sessiond.gateway.budgets import Budgets, MemoryLedger, SessionSpend, TableLedger
 from sessiond.log.event_data import BudgetExhausted, ModelResponded
+from sessiond.log.records import CurrentRun, TurnRecord
 from sessiond.log.replay import apply
 from sessiond.log.state import State
 from sessiond.table.budget_spec import BudgetSpec
@@ -96,8 +98,8 @@ def test_no_budget_means_no_limit() -> None:
     )
 
 
-def _record(seq: int, ts: str, data: Any) -> dict[str, Any]:
-    return {
+def _record(seq: int, ts: str, data: Any) -> EventRecord:
+    record = {
         "type": data.EVENT_TYPE,
         "v": 1,
         "seq": seq,
@@ -105,14 +107,15 @@ def _record(seq: int, ts: str, data: Any) -> dict[str, Any]:
         "ts": ts,
         "data": data.model_dump(mode="json"),
     }
+    return cast(EventRecord, record)  # what the fold reads of a record
 
 
 def test_spend_comes_from_the_fold_of_model_responded() -> None:
     """What a restart keeps: the budgets read the fold, so replaying the log
     gives the same refusal as before the restart."""
     state = State(session="s")
-    state.current_run = {"run": "r3"}
-    state.turn = {"n": 2, "calls": {}, "steps": {}}
+    state.current_run = cast(CurrentRun, {"run": "r3"})
+    state.turn = cast(TurnRecord, {"n": 2, "calls": {}, "steps": {}})
     for seq, ts, n, cost in ((1, f"{DAY}T09:00:00Z", 300, 0.1), (2, f"{DAY}T10:00:00Z", 500, 0.2)):
         reply = ModelResponded(
             model="m", request_id=f"q{seq}", tokens_in=n, tokens_out=0, cost_usd=cost
