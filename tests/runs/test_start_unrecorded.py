@@ -54,7 +54,7 @@ def test_a_run_started_that_fails_validation_fails_the_run_with_why() -> None:
     session = SimpleNamespace(name="job")
     recorded = arun(
         starter._record_start(
-            session, spec=_spec("codex"), program=program, run_id="r1", pid=123,
+            session, spec=_spec("no-such-kind"), program=program, run_id="r1", pid=123,
             wakes=[], cause=None, turn=1,
         )
     )  # fmt: skip
