@@ -215,7 +215,7 @@ class TableLedger:
             s = self._get(name)
         except Exception:
             return SessionSpend()
-        journal = getattr(s, "journal", None)
+        journal = s.journal  # None: a session whose log could not be opened
         if journal is None:
             return SessionSpend()
         st = journal.state
