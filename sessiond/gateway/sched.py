@@ -38,7 +38,9 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
+
+from sessiond.replies import LimitUse, QueuedCall, WaitCounts
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -199,6 +201,16 @@ class Held(Generic[V]):
         self.release()
 
 
+class Snapshot(TypedDict):
+    """The scheduler's limits, what they hold now, and the queue in order."""
+
+    limits: list[LimitUse]
+    queue: list[QueuedCall]
+    served: int
+    throttled: int
+    waits: dict[str, WaitCounts]  # per provider (WAIT_BUCKETS)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -294,11 +306,11 @@ class Scheduler:
             counts[p] = counts.get(p, 0) + 1
         return out
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         """The limits, what they hold now, and the queue in order (for `sessionctl
         models`, /metrics and the console)."""
         now = self.clock.now()
-        limits = []
+        limits: list[LimitUse] = []
         for lim in self.limiters.values():
             lim.prune(now)
             cap = lim.cap()
@@ -318,7 +330,7 @@ class Scheduler:
                     "throttles": lim.throttles,
                 }
             )
-        queue = []
+        queue: list[QueuedCall] = []
         counts: dict[str, int] = {}
         for w in self.order():
             p = w.ask.provider
