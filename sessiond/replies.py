@@ -93,6 +93,32 @@ class NodeRow(TypedDict):
     self: bool  # the node that answered
 
 
+class Unplaced(TypedDict):
+    """A session no live node runs (cluster/placement.py makes its ``ps`` row)."""
+
+    name: str
+    node: str | None  # the node it waits for, if one
+    reason: str
+
+
+class NodeMove(TypedDict):
+    """``migrate --node``: where the session went; with ``--force``, where it was."""
+
+    session: str
+    node: str
+    rehomed: NotRequired[bool]
+    was: NotRequired[str | None]
+
+
+class Draining(TypedDict):
+    """``drain``: the node, its sessions, and those that stay (pinned, or homed there)."""
+
+    node: str
+    state: Literal["draining"]
+    sessions: int
+    staying: int
+
+
 class PsPage(TypedDict):
     """``ps`` with ``footer``: the rows, how many terminated ones hid, every name seen."""
 

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out, table
 from sessiond.ctl.safeterm import terminal_safe
-from sessiond.replies import AgentSpent, LimitUse, ModelsReply, ProviderUse, QueuedCall, SessionSpent
 from sessiond.wire import Connection
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import (
+        AgentSpent,
+        LimitUse,
+        ModelsReply,
+        ProviderUse,
+        QueuedCall,
+        SessionSpent,
+    )
 
 
 def _of(used: Any, limit: Any) -> str:
@@ -27,7 +37,9 @@ def providers_table(providers: list[ProviderUse]) -> list[list[str]]:
     cells = [["PROVIDER", "KIND", "MODELS", "IN FLIGHT", "REQ/MIN", "TOKENS/MIN", "THROTTLES",
               "PAUSED"]]  # fmt: skip
     for p in providers:
-        rows: list[tuple[str, str, str, LimitUse]] = [(p["name"], p.get("kind") or "-", ",".join(p.get("models") or []) or "-", p)]
+        rows: list[tuple[str, str, str, LimitUse]] = [
+            (p["name"], p.get("kind") or "-", ",".join(p.get("models") or []) or "-", p)
+        ]
         rows += [("  " + m["key"], "", "", m) for m in p.get("model_limits") or []]
         for name, kind, models, lim in rows:
             conc = lim.get("learned_concurrency") or lim.get("concurrency")

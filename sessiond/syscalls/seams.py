@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sessiond.replies import PsRow, Sent, WaitingSession, Who
+from sessiond.replies import Draining, NodeMove, NodeRow, PsRow, Sent, WaitingSession, Who
 
 
 class Placement(Protocol):
@@ -40,7 +40,7 @@ class Placement(Protocol):
 class Nodes(Protocol):
     """The syscalls of the cluster's nodes: ``nodes``, ``migrate --node``, ``drain``."""
 
-    async def nodes(self) -> list[dict[str, Any]]: ...
+    async def nodes(self) -> list[NodeRow]: ...
 
     async def migrate_node(
         self,
@@ -50,9 +50,9 @@ class Nodes(Protocol):
         socket: str | None = None,
         *,
         force: bool = False,
-    ) -> dict[str, Any]: ...
+    ) -> NodeMove: ...
 
-    async def drain(self, name: str) -> dict[str, Any]: ...
+    async def drain(self, name: str) -> Draining: ...
 
 
 class Mail(Protocol):

@@ -18,9 +18,8 @@ class ModelCollector(Collector):
         self.view = view  # the gateway's models_view, or None where it runs none
 
     def collect(self) -> Iterator[Any]:
-        view: ModelsView = self.view() or {
-            "providers": [], "queue": [], "served": 0, "throttled": 0, "waits": {}, "wait_buckets": []
-        }  # fmt: skip
+        view: ModelsView = self.view() or {"providers": [], "queue": [], "served": 0,
+                                           "throttled": 0}  # fmt: skip
         depth = GaugeMetricFamily(
             "sessiond_model_queue_depth", "Model calls waiting for a slot", labels=["provider"]
         )
