@@ -119,6 +119,21 @@ class Draining(TypedDict):
     staying: int
 
 
+class Synced(TypedDict):
+    """The spec folder read again: sessions made, specs changed, and what was refused."""
+
+    created: list[str]
+    updated: list[str]
+    unchanged: int
+    errors: list[str]
+
+
+class Reloaded(Synced):
+    """``reload``: the specs synced, and what takes effect only at the next start."""
+
+    notes: list[str]
+
+
 class PsPage(TypedDict):
     """``ps`` with ``footer``: the rows, how many terminated ones hid, every name seen."""
 

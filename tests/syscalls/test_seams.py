@@ -115,7 +115,12 @@ def test_the_dispatch_calls_what_the_kernel_was_built_with(tmp_path: Path) -> No
 
     async def go() -> None:
         _, drain = methods["drain"]
-        assert await drain(NameParams(name="n2")) == {"node": "n2", "state": "draining"}
+        assert await drain(NameParams(name="n2")) == {
+            "node": "n2",
+            "state": "draining",
+            "sessions": 0,
+            "staying": 0,
+        }
         _, nodes = methods["nodes"]
         assert [n["name"] for n in await nodes(None)] == ["n1", "n2"]
         _, send = methods["send"]
