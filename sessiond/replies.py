@@ -40,6 +40,7 @@ class Who(TypedDict):
     channel: Literal["cli", "web", "link"]
 
 
+# **-spread into an event model's keywords: the models check them
 def who_fields(who: Who | None) -> Mapping[str, Any]:
     """``who`` as the keyword arguments of an event that records it (uid, user,
     channel), or none: an act nobody is named for keeps the event's defaults."""

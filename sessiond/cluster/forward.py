@@ -278,6 +278,7 @@ class Forward:
         # Every node lists the sessions no live node runs (cluster/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
+        # the rows above, by name: as their nodes' answers decoded them
         unique: dict[str, Mapping[str, Any]] = {}
         for r in rows:
             unique.setdefault(str(r["name"]), r)

@@ -222,6 +222,7 @@ class State:
         return asdict(self)
 
     @classmethod
+    # a snapshot's state as JSON: the fields' names are checked here, cls(**) takes them
     def from_dict(cls, data: dict[str, Any]) -> State:
         unknown = data.keys() - _FIELDS
         if unknown:

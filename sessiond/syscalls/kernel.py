@@ -142,6 +142,7 @@ class Kernel:
         self,
         s: Session,
         trigger: str,
+        # a wake's details: each trigger kind's own (recorded in session.woken)
         details: dict[str, Any],
         paths: frozenset[str] = frozenset(),
     ) -> Record:

@@ -95,6 +95,7 @@ class PgStore(Store):
         self.snapshots_keep = snapshots_keep
         self.pool_size = pool_size
         self.lease = Lease(node, lease_ttl, json.dumps(labels or {}))
+        # psycopg.connect's and its pool's **kwargs (Any in their signatures)
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "prepare_threshold": 5 if prepared else None,
