@@ -523,6 +523,16 @@ class WaitCounts(TypedDict):
     sum: float
 
 
+class SchedulerSnapshot(TypedDict):
+    """The gateway's scheduler: its limits, what they hold now, the queue in order."""
+
+    limits: list[LimitUse]
+    queue: list[QueuedCall]
+    served: int
+    throttled: int
+    waits: dict[str, WaitCounts]  # per provider (WAIT_BUCKETS)
+
+
 class ModelsView(TypedDict):
     """The gateway's providers and queue (no ``waits`` where the daemon runs none)."""
 

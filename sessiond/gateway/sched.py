@@ -38,9 +38,9 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from sessiond.replies import LimitUse, QueuedCall, WaitCounts
+from sessiond.replies import LimitUse, QueuedCall, SchedulerSnapshot
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -201,16 +201,6 @@ class Held(Generic[V]):
         self.release()
 
 
-class Snapshot(TypedDict):
-    """The scheduler's limits, what they hold now, and the queue in order."""
-
-    limits: list[LimitUse]
-    queue: list[QueuedCall]
-    served: int
-    throttled: int
-    waits: dict[str, WaitCounts]  # per provider (WAIT_BUCKETS)
-
-
 class Scheduler:
     def __init__(
         self,
@@ -306,7 +296,7 @@ class Scheduler:
             counts[p] = counts.get(p, 0) + 1
         return out
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> SchedulerSnapshot:
         """The limits, what they hold now, and the queue in order (for `sessionctl
         models`, /metrics and the console)."""
         now = self.clock.now()

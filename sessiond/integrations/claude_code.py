@@ -303,7 +303,7 @@ class Driver:
             if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
                 (recorded / str(block["id"])).touch()
 
-    # a stream-json message of the CLI (CliJson: its own format, read with .get)
+    # a stream-json message of the CLI: its own format, read with .get
     def record(self, message: dict[str, Any], *, last: bool) -> None:
         """A response as a model step, from the stream: without the gateway, the
         daemon sees the model's calls only here."""
