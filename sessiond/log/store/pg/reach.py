@@ -76,7 +76,7 @@ def recogniser(dsn: str, node: str) -> Callable[[BaseException], SessiondError |
 # if it answers, the pool is only busy and the caller waits on.
 
 
-# the pool's connection kwargs: psycopg's own dict[str, Any]
+# the pool's connection kwargs: psycopg's own type for them
 def _probe(pool: ConnectionPool[Any] | AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
     """What a direct connection to the pool's database takes: its DSN, its options."""
     dsn, given = pool.conninfo, pool.kwargs
