@@ -68,6 +68,7 @@ def unframe(line: bytes) -> bytes | None:
     return body if crc32(body) == want else None
 
 
+# any record: a Record, an upcast old one, a test's own (orjson encodes it whole)
 def encode_line(record: Mapping[str, Any]) -> bytes:
     return frame(orjson.dumps(record))
 

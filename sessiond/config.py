@@ -504,6 +504,7 @@ def load_config(
     socket: Path | None = None,
 ) -> DaemonConfig:
     """Read the file (if any), then apply the environment and the flags."""
+    # the TOML file as parsed, then the environment's and flags' overrides: DaemonConfig checks it
     data: dict[str, Any] = {}
     path = path or (Path(env["SESSIOND_CONFIG"]) if env.get("SESSIOND_CONFIG") else None)
     if path is not None:

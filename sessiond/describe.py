@@ -123,6 +123,7 @@ def _who(d: Payload) -> str:
     return f"{who}, note: {note}" if note else who
 
 
+# a record of any event type, as the log or a remote node gave it (its data per type)
 def describe(record: Mapping[str, Any]) -> str:
     """A one-line summary of an event's data."""
     describe_data = _DESCRIBE.get(record["type"])

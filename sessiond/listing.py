@@ -92,6 +92,7 @@ class Listing:
         agent_set = {part.strip() for a in agents for part in a.split(",") if part.strip()}
         return cls(frozenset(wanted), frozenset(agent_set), tuple(pairs), all, sort)
 
+    # a ps row, or one as another node's answer decoded it (R above)
     def matches(self, row: Mapping[str, Any]) -> bool:
         if self.states and row.get("state") not in self.states:
             return False
@@ -100,6 +101,7 @@ class Listing:
         labels = row.get("labels") or {}
         return all(labels.get(k) == v for k, v in self.labels)
 
+    # a ps row, or one as another node's answer decoded it (R above)
     def hides(self, row: Mapping[str, Any], now: float) -> bool:
         """A row left out unless ``--all``: terminated more than an hour ago."""
         if self.all or "terminated" in self.states or row.get("state") != "terminated":

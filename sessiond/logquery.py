@@ -205,6 +205,7 @@ class LogQuery:
         latest = parse_until(until, now_ns)
         return cls(first, earliest, frozenset(types), compile_grep(grep), latest)
 
+    # a record of any event type (its data per type), read by key
     def match(self, record: Mapping[str, Any]) -> bool:
         if record["seq"] < self.first_seq or (self.types and record["type"] not in self.types):
             return False

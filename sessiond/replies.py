@@ -14,7 +14,7 @@ cannot be read has no ``outcome``; ``node`` only on a cluster node).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, final
 
 # Any JSON value, and a JSON object whose keys are not this floor's to know: a
 # request's params (each method's own, checked by the daemon's models in
@@ -40,6 +40,7 @@ class Who(TypedDict):
     channel: Literal["cli", "web", "link"]
 
 
+# **-spread into an event model's keywords: the models check them
 def who_fields(who: Who | None) -> Mapping[str, Any]:
     """``who`` as the keyword arguments of an event that records it (uid, user,
     channel), or none: an act nobody is named for keeps the event's defaults."""
@@ -91,6 +92,47 @@ class NodeRow(TypedDict):
     labels: dict[str, str]
     sessions: int
     self: bool  # the node that answered
+
+
+class Unplaced(TypedDict):
+    """A session no live node runs (cluster/placement.py makes its ``ps`` row)."""
+
+    name: str
+    node: str | None  # the node it waits for, if one
+    reason: str
+
+
+class NodeMove(TypedDict):
+    """``migrate --node``: where the session went; with ``--force``, where it was."""
+
+    session: str
+    node: str
+    rehomed: NotRequired[bool]
+    was: NotRequired[str | None]
+
+
+class Draining(TypedDict):
+    """``drain``: the node, its sessions, and those that stay (pinned, or homed there)."""
+
+    node: str
+    state: Literal["draining"]
+    sessions: int
+    staying: int
+
+
+class Synced(TypedDict):
+    """The spec folder read again: sessions made, specs changed, and what was refused."""
+
+    created: list[str]
+    updated: list[str]
+    unchanged: int
+    errors: list[str]
+
+
+class Reloaded(Synced):
+    """``reload``: the specs synced, and what takes effect only at the next start."""
+
+    notes: list[str]
 
 
 class PsPage(TypedDict):
@@ -429,3 +471,107 @@ class ConsoleApproval(TypedDict):
     expires_at: str | None
     seq: int | None
     node: NotRequired[str]
+
+
+# --- the model gateway (``models``; /metrics reads the same view) ------------------
+
+
+class LimitUse(TypedDict):
+    """A limit of the gateway (a provider's, or ``provider/model``'s) and what it holds now."""
+
+    key: str
+    concurrency: int | None
+    rpm: int | None
+    tpm: int | None
+    learned_concurrency: int | None  # after a 429: the calls at once it allows now
+    in_flight: int
+    requests_last_minute: int
+    tokens_last_minute: int | None  # counted only where there is a tpm to keep
+    paused_for: float
+    calls: int
+    throttles: int
+
+
+class ProviderUse(LimitUse):
+    """A ``[[model.provider]]`` beside what its limit holds, and its models' limits."""
+
+    name: str
+    kind: str
+    base_url: str
+    models: list[str]
+    price_in: float | None
+    price_out: float | None
+    model_limits: list[LimitUse]
+
+
+class QueuedCall(TypedDict):
+    """A model call waiting for its slot."""
+
+    session: str
+    agent: str | None
+    priority: int
+    provider: str
+    model: str
+    waited: float
+    ahead: int  # calls before it for the same provider
+
+
+class WaitCounts(TypedDict):
+    """How long a provider's calls waited: counts per bucket of WAIT_BUCKETS, and the sum."""
+
+    buckets: list[int]
+    sum: float
+
+
+class SchedulerSnapshot(TypedDict):
+    """The gateway's scheduler: its limits, what they hold now, the queue in order."""
+
+    limits: list[LimitUse]
+    queue: list[QueuedCall]
+    served: int
+    throttled: int
+    waits: dict[str, WaitCounts]  # per provider (WAIT_BUCKETS)
+
+
+class ModelsView(TypedDict):
+    """The gateway's providers and queue (no ``waits`` where the daemon runs none)."""
+
+    providers: list[ProviderUse]
+    queue: list[QueuedCall]
+    served: int
+    throttled: int
+    waits: NotRequired[dict[str, WaitCounts]]  # per provider, for /metrics
+    wait_buckets: NotRequired[list[float]]
+
+
+@final  # so that a row's keys tell the two apart (ctl/models.py)
+class SessionSpent(TypedDict):
+    """What a session's model calls spent today, beside its budget (0: none)."""
+
+    session: str
+    agent: str | None
+    tokens: int
+    cost_usd: float
+    tokens_per_day: int
+    cost_usd_per_day: float
+
+
+@final
+class AgentSpent(TypedDict):
+    """What an agent's sessions spent today, beside the agent's budget (0: none)."""
+
+    agent: str
+    sessions: int
+    tokens: int
+    cost_usd: float
+    tokens_per_day: int
+    cost_usd_per_day: float
+
+
+class ModelsReply(ModelsView):
+    """``models``: the gateway's view, and today's (a UTC day) spend."""
+
+    day: str
+    gateway: bool  # False: this daemon runs no gateway
+    sessions: list[SessionSpent]
+    agents: list[AgentSpent]

@@ -294,6 +294,7 @@ class Run:
         name: str,
         fn: Callable[[], Any],
         *,
+        # a tool's arguments as the program gives them: any JSON
         args: Mapping[str, Any] | None = None,
         side_effect: str = "external-write",
         idempotency: str = "unsafe",
@@ -453,6 +454,7 @@ class AsyncRun:
         name: str,
         fn: Callable[[], Any],
         *,
+        # a tool's arguments as the program gives them: any JSON
         args: Mapping[str, Any] | None = None,
         side_effect: str = "external-write",
         idempotency: str = "unsafe",

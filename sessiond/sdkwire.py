@@ -100,7 +100,7 @@ class TurnContext(TypedDict):
     # the turn's wake cause and the session's approvals: the fold's records as they
     # are (log/records.py: RunWake, ApprovalRecord), read by key
     wakes: Sequence[Mapping[str, Any]]
-    approvals: Sequence[Mapping[str, Any]]
+    approvals: Sequence[Mapping[str, Any]]  # (as wakes: the fold's records, a floor above)
     profile: str
     turn: NotRequired[int]
 
@@ -116,8 +116,9 @@ class ContextAnswer(TypedDict):
     state: NotRequired[str]
     seq: NotRequired[int]
     mailbox: NotRequired[list[TranscriptItem]]
+    # the fold's records, as in TurnContext (log/records.py), read by key
     wakes: NotRequired[Sequence[Mapping[str, Any]]]
-    approvals: NotRequired[Sequence[Mapping[str, Any]]]
+    approvals: NotRequired[Sequence[Mapping[str, Any]]]  # (as wakes)
     profile: NotRequired[str]
     turn: NotRequired[int | None]
     messages: list[Message]

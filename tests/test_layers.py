@@ -10,6 +10,7 @@ and each must point at the module's own floor or one below it. The clients
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -452,3 +453,71 @@ def test_no_import_circle_in_the_cluster_floor_or_its_store() -> None:
                 seen.add(module)
                 todo.extend(graph[module])
     assert not circles, f"modules that import themselves through others: {sorted(circles)}"
+
+
+# --- open dicts ----------------------------------------------------------------------
+
+# ``dict[str, Any]`` and ``Mapping[str, Any]``: what has a shape is typed (a TypedDict,
+# a dataclass, JsonObject); what stays open says why, on its line or the line above.
+OPEN_DICT = re.compile(r"\b(?:dict|Mapping)\[str, Any\]")
+OPEN_DICTS_MAX = 160  # issue 28's bar for the text dict[str, Any] in sessiond/
+PRAGMA = re.compile(r"#\s*(?:fmt:|noqa|type:|pragma)[^#]*")
+# Files another branch is reworking, whose open dicts are not annotated yet. Empty it
+# once they are: the test fails for a file here that no longer needs to be.
+UNANNOTATED_ELSEWHERE = {
+    "sessiond/gateway/calls.py",
+    "sessiond/gateway/shapes.py",
+    "sessiond/runs/steps.py",
+}
+
+
+def says_why(line: str) -> bool:
+    """A comment that is more than a tool's pragma (fmt, noqa, type: ignore)."""
+    _, hash_, comment = line.partition("#")
+    return bool(hash_) and bool(PRAGMA.sub("", "#" + comment).strip("# \t"))
+
+
+def unexplained(lines: list[str]) -> list[int]:
+    """The lines (1-based) with an open dict and no reason on them or just above."""
+    return [
+        n + 1
+        for n, line in enumerate(lines)
+        if OPEN_DICT.search(line)
+        and not says_why(line)
+        and not (n > 0 and lines[n - 1].lstrip().startswith("#") and says_why(lines[n - 1]))
+    ]
+
+
+def test_every_open_dict_says_why() -> None:
+    missing: list[str] = []
+    left: set[str] = set()
+    total = 0
+    for path, _ in modules():
+        lines = path.read_text().splitlines()
+        total += sum(line.count("dict[str, Any]") for line in lines)
+        name = str(path.relative_to(ROOT.parent))
+        found = unexplained(lines)
+        if name in UNANNOTATED_ELSEWHERE:
+            if found:
+                left.add(name)
+        else:
+            missing += [f"{name}:{n}: {lines[n - 1].strip()}" for n in found]
+    assert not missing, "type these, or say on the line (or above) why they stay open:\n" + (
+        "\n".join(missing)
+    )
+    assert left == UNANNOTATED_ELSEWHERE, (
+        f"{sorted(UNANNOTATED_ELSEWHERE - left)} say why now: take them out of "
+        "UNANNOTATED_ELSEWHERE"
+    )
+    assert total <= OPEN_DICTS_MAX, (
+        f"dict[str, Any] {total} times in sessiond/ (at most {OPEN_DICTS_MAX})"
+    )
+
+
+def test_the_open_dict_check_sees_a_silent_one() -> None:
+    assert unexplained(["x: dict[str, Any] = {}"]) == [1]
+    assert unexplained(["def f(row: Mapping[str, Any]) -> None:  # fmt: skip"]) == [1]
+    assert unexplained(["y = 1  # a count", "x: dict[str, Any] = {}"]) == [2]
+    assert unexplained(["x: dict[str, Any] = {}  # TOML as parsed: the models check it"]) == []
+    assert unexplained(["# a tool's own arguments", "args: Mapping[str, Any]"]) == []
+    assert unexplained(["x: dict[str, object] = {}", "y: JsonObject = {}"]) == []

@@ -35,6 +35,7 @@ import orjson
 
 from sessiond.bench import run_async
 from sessiond.bench.daemon import BenchDaemon, _wait_file, call
+from sessiond.replies import JsonObject
 
 HEAD = """
 import http.client, json, os, statistics, sys, time, urllib.parse
@@ -150,12 +151,12 @@ def jain(counts: list[int]) -> float:
     return total * total / (len(counts) * squares) if squares else 1.0
 
 
-def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, object]:
     from sessiond.gateway.scripted import Upstream
 
     root = (work / "gateway").resolve()
     root.mkdir()
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     with Upstream() as up:
         d = BenchDaemon(root, config=CONFIG.format(url=up.url))
         d.state_dir.mkdir(parents=True)
@@ -199,7 +200,7 @@ async def _sched(concurrency: int | None, calls: int) -> float:
     return (time.perf_counter() - start) / (50 * calls) * 1e6
 
 
-def _latency(d: BenchDaemon, root: Path, direct: str, n: int) -> dict[str, Any]:
+def _latency(d: BenchDaemon, root: Path, direct: str, n: int) -> dict[str, float]:
     cwd = root / "probe"
     cwd.mkdir()
     program = root / "probe.py"
@@ -245,7 +246,7 @@ def _start_load(
     return go, folders
 
 
-def _load(d: BenchDaemon, root: Path, model: str, runs: int, calls: int) -> dict[str, Any]:
+def _load(d: BenchDaemon, root: Path, model: str, runs: int, calls: int) -> dict[str, float]:
     go, folders = _start_load(d, root, model, runs, calls)
     go.touch()
     done = [orjson.loads(_wait_file(cwd / "done.json", timeout=600)) for cwd in folders]
@@ -253,7 +254,7 @@ def _load(d: BenchDaemon, root: Path, model: str, runs: int, calls: int) -> dict
     return {"gateway_calls_per_s": round(runs * calls / seconds, 1)}
 
 
-def _fairness(d: BenchDaemon, root: Path, up: Any, calls: int) -> dict[str, Any]:
+def _fairness(d: BenchDaemon, root: Path, up: Any, calls: int) -> dict[str, object]:
     before = len(up.requests)
     go, folders = _start_load(d, root, "tight", 10, calls)
     go.touch()
@@ -270,8 +271,13 @@ def _fairness(d: BenchDaemon, root: Path, up: Any, calls: int) -> dict[str, Any]
     return {"gateway_jain_index": round(jain(every), 3), "gateway_jain_counts": every}
 
 
-def asked(body: dict[str, Any]) -> str:
-    return str(body["messages"][0]["content"])
+def asked(body: JsonObject) -> str:
+    """The first message's text: the name of the session that asked (the load's programs)."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    first = messages[0]
+    assert isinstance(first, dict)
+    return str(first["content"])
 
 
 def _wait_file_exists(path: Path, timeout: float = 300.0) -> None:

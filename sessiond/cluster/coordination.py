@@ -23,9 +23,9 @@ speaks for the node it was made for (:attr:`node`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
 from sessiond.log.store.pg.placement import Placement
+from sessiond.replies import NodeRow, Unplaced
 
 
 class Coordination(ABC):
@@ -36,7 +36,7 @@ class Coordination(ABC):
     # --- membership ----------------------------------------------------------------
 
     @abstractmethod
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeRow]:
         """Every node, as ``sessionctl nodes`` lists it: name, incarnation, state
         (up, draining, stopped, lapsed), alive, its lease's age and time left,
         labels, how many sessions it owns, and whether it is this node."""
@@ -87,7 +87,7 @@ class Coordination(ABC):
         (None: no such session)."""
 
     @abstractmethod
-    def waiting(self) -> list[dict[str, Any]]:
+    def waiting(self) -> list[Unplaced]:
         """The sessions no live node runs: name, the node it waits for, and why."""
 
     @abstractmethod

@@ -47,7 +47,7 @@ from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondErro
 from sessiond.ipc.dispatch import Dispatch, listing_of
 from sessiond.ipc.forwarding import ROUTED, error_of
 from sessiond.ipc.params import PsParams, parse
-from sessiond.replies import ConsoleApproval, Who
+from sessiond.replies import ConsoleApproval, JsonObject, Who
 
 log = structlog.get_logger("sessiond.forward")
 
@@ -110,7 +110,7 @@ class Forward:
 
     # --- asking -----------------------------------------------------------------
 
-    async def route(self, method: str, params: dict[str, Any], who: Who) -> tuple[bool, Any]:
+    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]:
         if method == "ps":
             return True, await self.ps(who, "ps", params)
         key = ROUTED.get(method)
@@ -151,7 +151,7 @@ class Forward:
     async def call(
         self,
         method: str,
-        params: dict[str, Any],
+        params: Mapping[str, object],  # what is sent: any JSON orjson encodes
         who: Who | None,
         *,
         session: str | None = None,
@@ -245,7 +245,7 @@ class Forward:
             "`sessionctl nodes` shows the nodes; try again when its node is up"
         )
 
-    async def ps(self, who: Who, method: str = "ps", params: dict[str, Any] | None = None) -> Any:
+    async def ps(self, who: Who, method: str = "ps", params: JsonObject | None = None) -> Any:
         """Every session of the cluster: this node's rows, each live node's own, and
         the process table's for the sessions no live node answered for. ``method``:
         ``ps``, or ``web.rows`` (the console's rows: labels, approvals). A ``ps``'s
@@ -255,7 +255,9 @@ class Forward:
         p = parse(PsParams, params or {}) if method == "ps" else None
         listing = listing_of(p) if p is not None else None
         # each node: its rows, how many terminated rows it hid, every name it has
-        ask = {**listing.params(), "footer": True} if listing is not None else {}
+        ask: Mapping[str, object] = (
+            {**listing.params(), "footer": True} if listing is not None else {}
+        )
         answers = [("", await self.dispatch.execute(method, ask, who))]
         silent: set[str] = set()
         for n, got in await self._each_node(method, who, ask):
@@ -276,6 +278,7 @@ class Forward:
         # Every node lists the sessions no live node runs (cluster/placement.py), so
         # one name may come from several: the owner's own row first, then one of those.
         rows.sort(key=lambda r: r.get("state") == "waiting")
+        # the rows above, by name: as their nodes' answers decoded them
         unique: dict[str, Mapping[str, Any]] = {}
         for r in rows:
             unique.setdefault(str(r["name"]), r)
@@ -312,7 +315,7 @@ class Forward:
         return items
 
     async def _each_node(
-        self, method: str, who: Who, params: dict[str, Any] | None = None
+        self, method: str, who: Who, params: Mapping[str, object] | None = None
     ) -> list[tuple[str, Any]]:
         """Each other live node's answer to ``method`` (its own sessions), or why not."""
         others = await asyncio.to_thread(self.requests.live_nodes)
@@ -325,7 +328,7 @@ class Forward:
                 log.warning("forward.node_unanswered", node=n, method=method, error=repr(got))
         return list(zip(others, answers, strict=True))
 
-    async def _rows_of(self, node: str, who: Who, method: str, params: dict[str, Any]) -> Any:
+    async def _rows_of(self, node: str, who: Who, method: str, params: Mapping[str, object]) -> Any:
         _, rows = await self.call(method, params, who, node=node, take_bound=PS_BOUND)
         return rows
 
@@ -355,10 +358,8 @@ class Forward:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _carry(
-        self, request: int, method: str, params: dict[str, Any], who: Who | None
-    ) -> None:
-        reply: dict[str, Any]
+    async def _carry(self, request: int, method: str, params: JsonObject, who: Who | None) -> None:
+        reply: JsonObject
         try:
             result = await self.dispatch.execute(method, params, who)
             reply = {"ok": True, "result": result}
@@ -371,7 +372,7 @@ class Forward:
             known = recognised(exc)  # the cluster's database away, not a bug
             if known is None:
                 log.exception("forward.request_failed", request=request, method=method)
-            error = (
+            error: JsonObject = (
                 {"code": known.code, "message": str(known), "exit": known.exit_code}
                 if known is not None
                 else {

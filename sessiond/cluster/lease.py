@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -42,6 +42,7 @@ from sessiond.errors import (
 )
 from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.replies import Draining, NodeMove, NodeRow
 from sessiond.table.sessions import Session
 from sessiond.wire import leave_last_word
 
@@ -226,7 +227,7 @@ class LeaseKeeper:
         self.placer.start(node)
         self._takeover = asyncio.ensure_future(self._take_over(node))
 
-    async def nodes(self) -> list[dict[str, Any]]:
+    async def nodes(self) -> list[NodeRow]:
         """``sessionctl nodes``: the cluster's nodes (docs/design.md section 10)."""
         return await asyncio.to_thread(self.coordination.nodes)
 
@@ -238,7 +239,7 @@ class LeaseKeeper:
         socket: str | None = None,
         *,
         force: bool = False,
-    ) -> dict[str, Any]:
+    ) -> NodeMove:
         """``sessionctl migrate S --node N``: hand a sleeping session to node N;
         with ``force``, re-home one whose node is down (cluster/placement.py)."""
         if profile is not None or socket is not None:
@@ -308,7 +309,7 @@ class LeaseKeeper:
             log.info("cluster.handed_over", session=s.name, to=moved)
         return moved
 
-    async def drain(self, name: str) -> dict[str, Any]:
+    async def drain(self, name: str) -> Draining:
         """``sessionctl drain N``: node N hands all its sessions to the others."""
         _check_node(name)
         count = await asyncio.to_thread(self.coordination.drain, name)

@@ -24,13 +24,13 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from sessiond.errors import InvalidInput, NoSuchSession, Refused
 from sessiond.log.store.pg.placement import Placement, PlacementFor, format_labels
-from sessiond.replies import PsRow, WaitingSession
+from sessiond.replies import NodeMove, PsRow, Unplaced, WaitingSession
 from sessiond.table.spec import GitTriggerSpec, SessionSpec, parse_spec
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class Placer:
             return None  # refused by the hand-over itself, with its own reason
         return found[0].refusal(to, target[2])
 
-    async def rehome(self, name: str, to: str) -> dict[str, Any]:
+    async def rehome(self, name: str, to: str) -> NodeMove:
         """``migrate S --node N --force``. Only for a session nobody runs: a live
         owner hands it over at a stable point instead (without --force). Its pin
         and labels still hold; only where its workspace is changes. The epoch goes
@@ -161,9 +161,9 @@ class Placer:
         return {"session": name, "node": to, "rehomed": True, "was": placed.workspace_node}
 
 
-def _row(w: dict[str, Any]) -> PsRow:
+def _row(w: Unplaced) -> PsRow:
     """A ``ps`` row of a session no live node runs."""
-    return placeholder(w["name"], "waiting", w.get("reason"), w.get("node"))
+    return placeholder(w["name"], "waiting", w["reason"], w["node"])
 
 
 def placeholder(name: str, state: str, reason: str | None, node: str | None) -> PsRow:

@@ -5,12 +5,23 @@ today (a UTC day)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out, table
 from sessiond.ctl.safeterm import terminal_safe
 from sessiond.wire import Connection
+
+# the reply types, for mypy only: sessionctl starts without building them
+if TYPE_CHECKING:
+    from sessiond.replies import (
+        AgentSpent,
+        LimitUse,
+        ModelsReply,
+        ProviderUse,
+        QueuedCall,
+        SessionSpent,
+    )
 
 
 def _of(used: Any, limit: Any) -> str:
@@ -22,11 +33,13 @@ def _money(value: float) -> str:
     return f"${value:.4f}" if value else "-"
 
 
-def providers_table(providers: list[dict[str, Any]]) -> list[list[str]]:
+def providers_table(providers: list[ProviderUse]) -> list[list[str]]:
     cells = [["PROVIDER", "KIND", "MODELS", "IN FLIGHT", "REQ/MIN", "TOKENS/MIN", "THROTTLES",
               "PAUSED"]]  # fmt: skip
     for p in providers:
-        rows = [(p["name"], p.get("kind") or "-", ",".join(p.get("models") or []) or "-", p)]
+        rows: list[tuple[str, str, str, LimitUse]] = [
+            (p["name"], p.get("kind") or "-", ",".join(p.get("models") or []) or "-", p)
+        ]
         rows += [("  " + m["key"], "", "", m) for m in p.get("model_limits") or []]
         for name, kind, models, lim in rows:
             conc = lim.get("learned_concurrency") or lim.get("concurrency")
@@ -48,7 +61,7 @@ def providers_table(providers: list[dict[str, Any]]) -> list[list[str]]:
     return cells
 
 
-def queue_table(queue: list[dict[str, Any]]) -> list[list[str]]:
+def queue_table(queue: list[QueuedCall]) -> list[list[str]]:
     cells = [["AHEAD", "SESSION", "AGENT", "PRI", "PROVIDER", "MODEL", "WAITED"]]
     for q in queue:
         cells.append(
@@ -65,14 +78,19 @@ def queue_table(queue: list[dict[str, Any]]) -> list[list[str]]:
     return cells
 
 
-def spend_table(rows: list[dict[str, Any]], key: str) -> list[list[str]]:
-    head = "SESSION" if key == "session" else "AGENT"
-    cells = [[head, *(["AGENT"] if key == "session" else ["SESSIONS"]), "TOKENS", "COST"]]
+def spend_table(rows: Sequence[SessionSpent] | Sequence[AgentSpent]) -> list[list[str]]:
+    by_session = any("session" in r for r in rows)
+    head = "SESSION" if by_session else "AGENT"
+    cells = [[head, *(["AGENT"] if by_session else ["SESSIONS"]), "TOKENS", "COST"]]
     for r in rows:
+        if "session" in r:
+            name, second = r["session"], r["agent"] or "-"
+        else:
+            name, second = r["agent"], str(r["sessions"])
         cells.append(
             [
-                r[key],
-                (r.get("agent") or "-") if key == "session" else str(r["sessions"]),
+                name,
+                second,
                 _of(r["tokens"], r.get("tokens_per_day")),
                 _money(r["cost_usd"])
                 + (f" of {_money(r['cost_usd_per_day'])}" if r.get("cost_usd_per_day") else ""),
@@ -82,11 +100,11 @@ def spend_table(rows: list[dict[str, Any]], key: str) -> list[list[str]]:
 
 
 def cmd_models(conn: Connection, _args: argparse.Namespace, out: Out) -> int:
-    d = conn.call("models", {})
+    reply: ModelsReply = conn.call("models", {})
     if out.json:
-        out.emit_json(d)
+        out.emit_json(reply)
         return 0
-    d = terminal_safe(d)  # a model's name is what a program asked for
+    d: ModelsReply = terminal_safe(reply)  # a model's name is what a program asked for
     if d["providers"]:
         table(providers_table(d["providers"]), out, colour_col=None)
     else:
@@ -99,12 +117,12 @@ def cmd_models(conn: Connection, _args: argparse.Namespace, out: Out) -> int:
         table(queue_table(queue), out, colour_col=None)
     print(f"\nspent today ({d['day']} UTC), by session:")
     if d["sessions"]:
-        table(spend_table(d["sessions"], "session"), out, colour_col=None)
+        table(spend_table(d["sessions"]), out, colour_col=None)
     else:
         print("nothing yet")
     if d["agents"]:
         print("\nby agent:")
-        table(spend_table(d["agents"], "agent"), out, colour_col=None)
+        table(spend_table(d["agents"]), out, colour_col=None)
     return 0
 
 

@@ -39,6 +39,7 @@ from sessiond.log.store.durable import private_dir, write_durable
 from sessiond.notify import Notices
 from sessiond.otel import Traces
 from sessiond.redaction import use_key_file
+from sessiond.replies import Reloaded, Synced
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
 from sessiond.runs.secrets import known as known_secrets
@@ -385,10 +386,10 @@ class Daemon:
                 self.notifier.watchdog()
             self.notifier.status(self.status_line())
 
-    async def sync_specs(self) -> dict[str, Any]:
+    async def sync_specs(self) -> Synced:
         """Create sessions for new spec files, update changed ones, never drop one."""
         folder = self.config.specs
-        result: dict[str, Any] = {"created": [], "updated": [], "unchanged": 0, "errors": []}
+        result: Synced = {"created": [], "updated": [], "unchanged": 0, "errors": []}
         if folder is None or not folder.is_dir():
             if folder is not None:
                 result["errors"].append(f"spec folder {folder} does not exist")
@@ -425,7 +426,7 @@ class Daemon:
             log.info("spec.updated", session=spec.name, source=str(path))
         return result
 
-    async def reload(self) -> dict[str, Any]:
+    async def reload(self) -> Reloaded:
         """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
         self.notifier.reloading()
         try:
@@ -433,7 +434,7 @@ class Daemon:
         finally:
             self.notifier.reloaded(self.status_line())
 
-    async def _reload(self) -> dict[str, Any]:
+    async def _reload(self) -> Reloaded:
         notes: list[str] = []
         source = self.config.source
         if source is not None:
@@ -468,10 +469,9 @@ class Daemon:
             scheduler.per_agent = fresh.max_running_per_agent
             scheduler.aging = fresh.aging
         self.kernel.retention.start()  # the interval may have changed
-        result = await self.sync_specs()
-        result["notes"] = notes
-        log.info("daemon.reloaded", created=result["created"], updated=result["updated"])
-        return result
+        synced = await self.sync_specs()
+        log.info("daemon.reloaded", created=synced["created"], updated=synced["updated"])
+        return {**synced, "notes": notes}
 
     async def stop(self) -> None:
         """Stop accepting, ask running programs to stop, record, close the logs."""

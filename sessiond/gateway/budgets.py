@@ -19,7 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
+
+from sessiond.log.state import ModelSpend, SpendKey
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class SessionSpend:
         return self.turn[1] if self.turn[0] == n else Spend()
 
     @classmethod
-    def from_state(cls, tokens: int, cost: float, spend: Mapping[str, Any]) -> SessionSpend:
+    def from_state(cls, tokens: int, cost: float, spend: ModelSpend) -> SessionSpend:
         """From a State's ``tokens_in + tokens_out``, ``cost_usd`` and ``model_spend``."""
         days = {d: Spend(int(v[0]), float(v[1])) for d, v in spend.get("days", {}).items()}
         run = spend.get("run") or [0, 0, 0.0]
@@ -227,11 +229,17 @@ class TableLedger:
                 yield s.name
 
 
+class _Charged(TypedDict):
+    tokens: int
+    cost: float
+    spend: ModelSpend
+
+
 class MemoryLedger:
     """Spend kept in memory (unit tests, the benchmarks)."""
 
     def __init__(self) -> None:
-        self.spent: dict[str, dict[str, Any]] = {}
+        self.spent: dict[str, _Charged] = {}
         self.agents: dict[str, set[str]] = {}
 
     def session(self, name: str) -> SessionSpend:
@@ -260,7 +268,8 @@ class MemoryLedger:
         used = spend.setdefault("days", {}).setdefault(day, [0, 0.0])
         used[0] += tokens
         used[1] += cost
-        for key, n in (("run", run), ("turn", turn)):
+        keys: tuple[tuple[SpendKey, int], ...] = (("run", run), ("turn", turn))
+        for key, n in keys:
             mine = spend.get(key)
             if mine is None or mine[0] != n:
                 spend[key] = mine = [n, 0, 0.0]

@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from sessiond.replies import LimitUse, QueuedCall, SchedulerSnapshot
+
 T = TypeVar("T")
 V = TypeVar("V")
 WINDOW = 60.0  # the rate limits' window, seconds
@@ -294,11 +296,11 @@ class Scheduler:
             counts[p] = counts.get(p, 0) + 1
         return out
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> SchedulerSnapshot:
         """The limits, what they hold now, and the queue in order (for `sessionctl
         models`, /metrics and the console)."""
         now = self.clock.now()
-        limits = []
+        limits: list[LimitUse] = []
         for lim in self.limiters.values():
             lim.prune(now)
             cap = lim.cap()
@@ -318,7 +320,7 @@ class Scheduler:
                     "throttles": lim.throttles,
                 }
             )
-        queue = []
+        queue: list[QueuedCall] = []
         counts: dict[str, int] = {}
         for w in self.order():
             p = w.ask.provider

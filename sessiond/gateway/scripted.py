@@ -32,23 +32,24 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from aiohttp import web
 
 from sessiond.gateway.shapes import error_body, events, response_of
+from sessiond.replies import JsonObject
 
 ROUTES = {"/v1/messages": "messages", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 _ids = itertools.count(1)
 
 
-def text(value: str) -> dict[str, Any]:
+def text(value: str) -> JsonObject:
     return {"type": "text", "text": value}
 
 
-def tool(name: str, **tool_input: Any) -> dict[str, Any]:
+def tool(name: str, **tool_input: Any) -> JsonObject:
     return {"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": name, "input": tool_input}
 
 
@@ -58,7 +59,7 @@ class Reply:
     ``status`` to answer that HTTP error instead; ``hold`` to stop mid-stream (a
     non-streamed reply: before answering) until :meth:`Upstream.release`."""
 
-    blocks: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[JsonObject] = field(default_factory=list)
     input_tokens: int = 10
     output_tokens: int = 5
     stop: str | None = None
@@ -66,18 +67,19 @@ class Reply:
     hold: bool = False
 
     @classmethod
-    def of(cls, *blocks: dict[str, Any], **kw: Any) -> Reply:
+    def of(cls, *blocks: JsonObject, **kw: Any) -> Reply:
         return cls(list(blocks), **kw)
 
 
-def _last_user_text(api: str, body: dict[str, Any]) -> str:
+def _last_user_text(api: str, body: JsonObject) -> str:
     if api == "responses":
         given = body.get("input")
         if isinstance(given, str):
             return given
         items = given if isinstance(given, list) else []
     else:
-        items = body.get("messages") or []
+        messages = body.get("messages")
+        items = messages if isinstance(messages, list) else []
     for item in reversed(items):
         if isinstance(item, dict) and item.get("role") == "user":
             content = item.get("content")
@@ -110,7 +112,7 @@ class Scripted:
         self.throttled = 0
         self.active = 0
         self.max_active = 0
-        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.requests: list[tuple[str, JsonObject]] = []
         self.keys: list[str] = []  # the API key each request carried (x-api-key, Bearer)
         self._minute: deque[float] = deque()
         self._released = asyncio.Event()
@@ -151,7 +153,7 @@ class Scripted:
     async def _count_tokens(self, _: web.Request) -> web.Response:
         return web.json_response({"input_tokens": 10})
 
-    def _note(self, path: str, body: dict[str, Any]) -> None:
+    def _note(self, path: str, body: JsonObject) -> None:
         with self.changed:
             self.count += 1
             self.requests.append((path, body))
@@ -199,9 +201,7 @@ class Scripted:
                 self.served += 1
                 self.changed.notify_all()
 
-    async def _answer(
-        self, request: web.Request, api: str, body: dict[str, Any]
-    ) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, api: str, body: JsonObject) -> web.StreamResponse:
         reply = (
             self.script.popleft()
             if self.script
@@ -227,7 +227,8 @@ class Scripted:
             if reply.hold:
                 await self._released.wait()
             return web.json_response(whole)
-        if api == "chat" and not (body.get("stream_options") or {}).get("include_usage"):
+        options = body.get("stream_options")
+        if api == "chat" and not (isinstance(options, dict) and options.get("include_usage")):
             whole.pop("usage", None)
         out = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -297,7 +298,7 @@ class Upstream:
         return self.scripted.count
 
     @property
-    def requests(self) -> list[tuple[str, dict[str, Any]]]:
+    def requests(self) -> list[tuple[str, JsonObject]]:
         assert self.scripted is not None
         return list(self.scripted.requests)
 
@@ -326,7 +327,18 @@ class Upstream:
         return self.count
 
 
-def _reply(item: dict[str, Any]) -> Reply:
+class ScriptItem(TypedDict, total=False):
+    """One reply of a script file (``--script``), as :class:`Reply` takes it."""
+
+    blocks: list[JsonObject]
+    input_tokens: int
+    output_tokens: int
+    stop: str | None
+    status: int | None
+    hold: bool
+
+
+def _reply(item: ScriptItem) -> Reply:
     return Reply(
         blocks=list(item.get("blocks") or []),
         input_tokens=int(item.get("input_tokens", 10)),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sessiond.gateway.sched import WAIT_BUCKETS, Limits, Scheduler
+from sessiond.replies import LimitUse, ModelsView, ProviderUse
 
 
 def limits_of(providers: Iterable[Any]) -> dict[str, Limits]:
@@ -33,10 +34,10 @@ class QueueView:
     def positions(self) -> dict[str, int]:
         return self.scheduler.positions()
 
-    def models_view(self) -> dict[str, Any]:
+    def models_view(self) -> ModelsView:
         snap = self.scheduler.snapshot()
         by_key = {lim["key"]: lim for lim in snap["limits"]}
-        providers = []
+        providers: list[ProviderUse] = []
         for p in self.providers():
             name = p.name
             held = by_key.get(name) or _idle(name, p)
@@ -66,7 +67,7 @@ class QueueView:
         }
 
 
-def _idle(key: str, lim: Any) -> dict[str, Any]:
+def _idle(key: str, lim: Any) -> LimitUse:
     """A limit the scheduler has not used yet."""
     return {
         "key": key,

@@ -102,6 +102,7 @@ def _wake_text(ctx: ContextAnswer) -> str:
     return "\n\n".join(t for t in texts if isinstance(t, str) and t)
 
 
+# approvals as the log's answers or the context's records have them (read by key)
 def _approvals(run: Run, ctx: ContextAnswer, call: str) -> list[Mapping[str, Any]]:
     """The answer to ``call`` from the log (``log`` is granted by default): the
     context is the session as the turn began, before the answer. (Approvals as the
@@ -120,6 +121,7 @@ def _approvals(run: Run, ctx: ContextAnswer, call: str) -> list[Mapping[str, Any
         return list(ctx.get("approvals") or [])
 
 
+# _approvals' answers: read by key
 def _answer_note(approvals: Sequence[Mapping[str, Any]], call: str) -> str:
     """What the model is told of a person's answer to the question the last run
     stopped at."""
@@ -301,6 +303,7 @@ class Driver:
             if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id"):
                 (recorded / str(block["id"])).touch()
 
+    # a stream-json message of the CLI: its own format, read with .get
     def record(self, message: dict[str, Any], *, last: bool) -> None:
         """A response as a model step, from the stream: without the gateway, the
         daemon sees the model's calls only here."""

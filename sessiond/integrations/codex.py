@@ -99,6 +99,7 @@ def _shell(arg: str) -> str:
 
 
 class Driver:
+    # the agent's settings table from the configuration: any TOML, Codex's own keys
     def __init__(self, run: Run, settings: dict[str, Any], home: Path) -> None:
         self.run = run
         self.s = settings
@@ -111,6 +112,7 @@ class Driver:
         self.thread_id = ""
         self.started = 0  # items that ran something of the host
         self.unchecked = ""  # the first one no hook allowed
+        # Codex's token usage JSON as its last turn.completed gave it (its own format)
         self.usage: dict[str, Any] = {}
         self.failed = ""
         self.seen_items: set[Any] = set()
@@ -150,6 +152,7 @@ class Driver:
 
     # --- the stream -----------------------------------------------------------------
 
+    # a line of `codex exec --json`: Codex's own event format, read with .get
     def line(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "thread.started":

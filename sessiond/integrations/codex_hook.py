@@ -54,6 +54,7 @@ def codex_risk(tool: str) -> dict[str, str]:
     return risk_of("Edit" if tool in WORKSPACE_TOOLS else tool)
 
 
+# Codex's hook answer JSON (its format, not ours)
 def deny(reason: str) -> dict[str, Any]:
     return {
         "hookSpecificOutput": {
@@ -91,10 +92,12 @@ class Hook:
         with open(self.rundir / "notice", "a", encoding="utf-8") as f:
             f.write(what + "\n")
 
+    # a syscall's params: each method's own, checked by the daemon
     def call(self, method: str, params: dict[str, Any]) -> Any:
         with Connection(self.socket, 60) as conn:
             return conn.call(method, {"token": self.token, "session": self.session, **params})
 
+    # Codex's hook event in, its hook answer out: Codex's JSON formats
     def pre(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """None: the call runs. Otherwise the block to print."""
         tool = str(event.get("tool_name") or "unknown")
@@ -106,6 +109,7 @@ class Hook:
             "args": tool_input, "risk": codex_risk(tool),
         }  # fmt: skip
         try:
+            # the daemon's sdk.step answer, read by key
             answer: dict[str, Any] = self.call("sdk.step", params)
         except (RemoteError, OSError) as exc:
             return deny(f"sessiond could not decide: {exc}")
@@ -134,6 +138,7 @@ class Hook:
         reason = answer.get("reason") or answer.get("rule") or status
         return deny(f"sessiond stops this run: {reason}")
 
+    # Codex's PostToolUse hook event: its JSON format
     def post(self, event: dict[str, Any]) -> None:
         use_id = str(event.get("tool_use_id") or "")
         handed = self.calls / f"{use_id}.json"

@@ -147,8 +147,10 @@ def _key(call: ToolCallPart) -> str:
     return "tool:" + hashlib.sha256(cid.encode()).hexdigest()[:32]
 
 
+# pydantic-ai's own JSON form of a response (its format, changes with it)
 def _dump(response: ModelResponse) -> dict[str, Any]:
     """A response in pydantic-ai's JSON form (its own format): what the step records."""
+    # pydantic's dump_python: Any by its own type
     value: dict[str, Any] = ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
     return value
 

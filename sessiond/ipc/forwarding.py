@@ -53,6 +53,7 @@ class Carried(SessiondError):
     class for; :func:`error_of` makes a subclass with that code and exit code."""
 
 
+# a reply's error as another daemon sent it: checked key by key here
 def error_of(reply: Mapping[str, Any]) -> SessiondError:
     """The error a node's reply names, as the class with that code when there is
     a plain one (so ``except NoSuchSession`` still works here), else as Carried."""

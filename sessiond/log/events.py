@@ -96,6 +96,7 @@ EVENT_TYPES: tuple[str, ...] = tuple(PAYLOAD_BY_TYPE)
 
 
 def upcast(
+    # a record as written at any version: only its version says its shape
     record: Mapping[str, Any],
     *,
     current: Mapping[str, int] = CURRENT_VERSION,
@@ -139,6 +140,7 @@ def upcast(
     return cast(EventRecord, record)
 
 
+# a record as read (any version, any type): the envelope's model checks it
 def decode(record: Mapping[str, Any]) -> Envelope:
     """Fully validate a record from outside (after upcasting) into its typed envelope."""
     current = upcast(record)

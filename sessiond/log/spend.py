@@ -5,7 +5,7 @@ counted again in memory."""
 
 from __future__ import annotations
 
-from sessiond.log.state import RUN_DAYS_KEEP, State
+from sessiond.log.state import RUN_DAYS_KEEP, SpendKey, State
 
 
 def run_number(run: str) -> int:
@@ -26,7 +26,8 @@ def spent(s: State, day: str, tokens: int, cost: float) -> None:
             del days[old]
     run = run_number(s.current_run["run"]) if s.current_run is not None else s.run_number
     turn = s.turn["n"] if s.turn is not None else s.turn_number
-    for key, n in (("run", run), ("turn", turn)):
+    keys: tuple[tuple[SpendKey, int], ...] = (("run", run), ("turn", turn))
+    for key, n in keys:
         mine = spend.get(key)
         if mine is None or mine[0] != n:
             spend[key] = mine = [n, 0, 0.0]

@@ -15,7 +15,7 @@ its ``tool.started`` and ``tool.finished`` events under ``started`` and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from sessiond.log.event_records import JsonObject
 from sessiond.log.records import (
@@ -54,6 +54,17 @@ TRANSCRIPT_KEEP = 8
 RUN_DAYS_KEEP = 7
 
 PENDING_STAGES = frozenset({"intent", "decided", "approval", "approved"})
+
+
+class ModelSpend(TypedDict, total=False):
+    """What the model replies cost: lists, as JSON keeps them (a snapshot's own form)."""
+
+    days: dict[str, list[float]]  # "YYYY-MM-DD": [tokens, cost]
+    run: list[float]  # [run n, tokens, cost]
+    turn: list[float]  # [turn n, tokens, cost]
+
+
+SpendKey = Literal["run", "turn"]
 
 
 @dataclass(slots=True)
@@ -113,11 +124,9 @@ class State:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # the model replies' reported cost (model.responded cost_usd)
-    # The same by day (the last RUN_DAYS_KEEP), for the open run and the open turn:
-    # {"days": {"YYYY-MM-DD": [tokens, cost]}, "run": [n, tokens, cost],
-    # "turn": [n, tokens, cost]}. The gateway's budgets read it, so what was spent
-    # survives a restart of the daemon.
-    model_spend: dict[str, Any] = field(default_factory=dict)
+    # The same by day (the last RUN_DAYS_KEEP), for the open run and the open turn.
+    # The gateway's budgets read it, so what was spent survives a restart.
+    model_spend: ModelSpend = field(default_factory=ModelSpend)
     tool_calls: int = 0
     tool_calls_this_run: int = 0
     budget_exhausted: BudgetRecord | None = None
@@ -213,6 +222,7 @@ class State:
         return asdict(self)
 
     @classmethod
+    # a snapshot's state as JSON: the fields' names are checked here, cls(**) takes them
     def from_dict(cls, data: dict[str, Any]) -> State:
         unknown = data.keys() - _FIELDS
         if unknown:

@@ -171,6 +171,7 @@ def approval_links(
     key: LinkKey,
     base: str,
     s: Session,
+    # a record of any event type, read by key
     record: Mapping[str, Any],
     *,
     target: str,

@@ -22,6 +22,7 @@ NotifyType = Literal["info", "success", "warning", "failure"]
 FAILED_RUNS = frozenset({"failed", "timeout", "killed", "lost"})
 
 
+# a record of any event type, read by key
 def kinds(record: Mapping[str, Any]) -> list[str]:
     """The notice events (``[[notify]] events``) this record is, most specific
     first; its own event type last (a target may ask for any)."""
@@ -29,6 +30,7 @@ def kinds(record: Mapping[str, Any]) -> list[str]:
     return named if record["type"] in named else [*named, record["type"]]
 
 
+# a record of any event type, read by key
 def _named(record: Mapping[str, Any]) -> list[str]:
     etype, data = record["type"], record.get("data") or {}
     if etype in ("approval.requested", "approval.granted", "approval.denied"):
@@ -129,7 +131,10 @@ def one_line(text: str) -> str:
 
 
 def notice_for(
-    session: str, record: Mapping[str, Any], wanted: frozenset[str], public_url: str | None
+    session: str,
+    record: Mapping[str, Any],  # of any event type, read by key
+    wanted: frozenset[str],
+    public_url: str | None,
 ) -> Notice | None:
     """The notice a target that wants ``wanted`` gets for ``record`` of ``session``'s
     log (named by the table: a forked log's copied records keep the parent's name)."""

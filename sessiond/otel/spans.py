@@ -65,6 +65,7 @@ class SpanBuilder:
         self.run: Span | None = None
         self.steps: dict[str, Span] = {}  # open tool calls by call id, model calls by request
 
+    # a record of any event type (a live one, or read back), read by key
     def feed(self, record: Mapping[str, Any]) -> list[Span]:
         etype, data = record["type"], record.get("data") or {}
         if etype == "session.created":
@@ -146,6 +147,7 @@ class SpanBuilder:
             if span.parent_id is None and call.startswith(run_id + "."):
                 span.trace_id, span.parent_id = self.run.trace_id, self.run.span_id
 
+    # feed's record: any event type
     def _open(self, record: Mapping[str, Any], name: str, kind: str, key: str) -> Span:
         """A span beginning at ``record``; a step's parent is the open run, if any."""
         parent = None if kind == "run" else self.run
@@ -164,6 +166,7 @@ class SpanBuilder:
         )
 
     @staticmethod
+    # feed's record: any event type
     def _close(span: Span, record: Mapping[str, Any]) -> Span:
         span.end_ns = max(ts_ns(record["ts"]), span.start_ns)
         span.last_seq = record["seq"]

@@ -135,6 +135,7 @@ class Sends:
         r = s.redactor()
         text = r.text(p.text) if r is not None else p.text
         try:
+            # a Sent here, or as another node's answer decoded it: read by key
             result: Mapping[str, Any] = await deliver(p.to, text, sender=s.name)
             status, text = "ok", f"sent a message to {p.to}"
         except Exception as exc:

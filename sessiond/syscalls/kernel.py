@@ -13,14 +13,14 @@ object whatever the split.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from sessiond.config import DaemonConfig
 from sessiond.errors import Refused
 from sessiond.listing import Listing
 from sessiond.log.store.base import Record, Store
 from sessiond.notify import Notices
-from sessiond.replies import SessionDetail, WaitingSession, WebLogin, Who
+from sessiond.replies import Draining, NodeMove, SessionDetail, WaitingSession, WebLogin, Who
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.runs import Runs
@@ -82,10 +82,10 @@ class Kernel:
         self.nodes: Callable[..., Awaitable[Any]] = (
             nodes.nodes if nodes is not None else _not_a_node
         )
-        self.migrate_node: Callable[..., Awaitable[dict[str, Any]]] = (
+        self.migrate_node: Callable[..., Awaitable[NodeMove]] = (
             nodes.migrate_node if nodes is not None else _not_a_node
         )
-        self.drain: Callable[..., Awaitable[dict[str, Any]]] = (
+        self.drain: Callable[..., Awaitable[Draining]] = (
             nodes.drain if nodes is not None else _not_a_node
         )
         self.show: Callable[[str], Awaitable[SessionDetail | WaitingSession]]
@@ -142,6 +142,7 @@ class Kernel:
         self,
         s: Session,
         trigger: str,
+        # a wake's details: each trigger kind's own (recorded in session.woken)
         details: dict[str, Any],
         paths: frozenset[str] = frozenset(),
     ) -> Record:
@@ -201,7 +202,7 @@ class Kernel:
         return self.ctx.scheduler
 
 
-async def _not_a_node(*_args: object, **_kwargs: object) -> dict[str, Any]:
+async def _not_a_node(*_args: object, **_kwargs: object) -> NoReturn:
     raise Refused(
         "this sessiond is not a cluster node: it keeps its sessions in files; "
         "set [cluster] dsn in its configuration to make it one"

@@ -9,14 +9,14 @@ is the same before and after a restart.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from sessiond.log.pace import Pacer
-from sessiond.replies import PsRow, SessionDetail
+from sessiond.replies import AgentSpent, ModelsReply, ModelsView, PsRow, SessionDetail, SessionSpent
 from sessiond.runs.context import RunContext
 from sessiond.table.sessions import Session
 
-NO_GATEWAY: dict[str, Any] = {"providers": [], "queue": [], "served": 0, "throttled": 0}
+NO_GATEWAY: ModelsView = {"providers": [], "queue": [], "served": 0, "throttled": 0}
 
 
 class ModelsSource(Protocol):
@@ -24,7 +24,7 @@ class ModelsSource(Protocol):
         """Each session with a call waiting for the model: the calls ahead of it."""
         ...
 
-    def models_view(self) -> dict[str, Any]:
+    def models_view(self) -> ModelsView:
         """``providers`` (each with its limits and their use now), ``queue``,
         ``served``, ``throttled``."""
         ...
@@ -49,13 +49,13 @@ class Models:
             row["model_ahead"] = ahead
             row["reason"] = waiting_text(ahead)
 
-    async def models(self) -> dict[str, Any]:
+    async def models(self) -> ModelsReply:
         """`sessionctl models`: providers, limits, the queue, today's spend."""
-        view = self.source.models_view() if self.source is not None else dict(NO_GATEWAY)
+        view = self.source.models_view() if self.source is not None else NO_GATEWAY.copy()
         day = self.ctx.now()[:10]
         agents_config = self.ctx.config.agents
-        sessions: list[dict[str, Any]] = []
-        agents: dict[str, dict[str, Any]] = {}
+        sessions: list[SessionSpent] = []
+        agents: dict[str, AgentSpent] = {}
         pacer = Pacer()
         for s in sorted(self.ctx.table, key=lambda s: s.name):
             if pacer.due():
@@ -77,19 +77,14 @@ class Models:
                 }
             )
             if agent:
-                a = agents.setdefault(agent, {"agent": agent, "sessions": 0, "tokens": 0,
-                                              "cost_usd": 0.0})  # fmt: skip
+                a = agents.setdefault(agent, _agent(agent))
                 a["sessions"] += 1
                 a["tokens"] += tokens
                 a["cost_usd"] = round(a["cost_usd"] + cost, 6)
         for name, conf in agents_config.items():
-            a = agents.setdefault(name, {"agent": name, "sessions": 0, "tokens": 0,
-                                         "cost_usd": 0.0})  # fmt: skip
+            a = agents.setdefault(name, _agent(name))
             a["tokens_per_day"] = conf.budget.tokens_per_day
             a["cost_usd_per_day"] = conf.budget.cost_usd_per_day
-        for a in agents.values():
-            a.setdefault("tokens_per_day", 0)
-            a.setdefault("cost_usd_per_day", 0.0)
         return {
             **view,
             "day": day,
@@ -97,6 +92,12 @@ class Models:
             "sessions": sessions,
             "agents": sorted(agents.values(), key=lambda a: a["agent"]),
         }
+
+
+def _agent(name: str) -> AgentSpent:
+    """An agent nothing has been counted for yet (no budget until its configuration's)."""
+    return {"agent": name, "sessions": 0, "tokens": 0, "cost_usd": 0.0, "tokens_per_day": 0,
+            "cost_usd_per_day": 0.0}  # fmt: skip
 
 
 def _today(s: Session, day: str) -> tuple[int, float] | None:

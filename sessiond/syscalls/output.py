@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import re
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from sessiond.errors import InvalidInput, NoSuchSession, Refused
+from sessiond.log.event_records import RunFinishedData
 from sessiond.log.store.base import Record
 from sessiond.redaction import Redactor
 from sessiond.replies import Output, RunFacts
@@ -148,7 +148,7 @@ class RunOutput:
             raw = program.output_so_far(index) if isinstance(program, Program) else b""
             raw = raw[: raw.rfind(b"\n") + 1]  # whole lines only (see the module's doc)
             return self._masked(s, raw), {"running": True, "status": "running"}
-        finished: Mapping[str, Any] | None = (
+        finished: RunFinishedData | None = (
             state.last_run if state.last_run and state.last_run["run"] == run else None
         )
         if finished is None:
@@ -163,7 +163,7 @@ class RunOutput:
             "exit_code": finished.get("exit_code"),
             "cut": finished.get("error") or "",
         }
-        ref = finished.get(stream)
+        ref = finished.get("stdout") if stream == "stdout" else finished.get("stderr")
         if not ref:
             return "", facts
         store = self.ctx.store.artifacts(s.name)
@@ -176,12 +176,12 @@ class RunOutput:
         redactor = Redactor(patterns, [*s.masked, *self.tokens.grants])
         return redactor.data(raw).decode(errors="replace")
 
-    def _find(self, name: str, run: str) -> dict[str, Any] | None:
+    def _find(self, name: str, run: str) -> RunFinishedData | None:
         """The ``run.finished`` of ``run`` (a worker thread: the log is read)."""
-        found: dict[str, Any] | None = None
+        found: RunFinishedData | None = None
         for record in self.ctx.store.read(name):
             if record["type"] == "run.finished" and record["data"].get("run") == run:
-                found = dict(record["data"])
+                found = cast(RunFinishedData, dict(record["data"]))  # its type's data
         return found
 
 

@@ -16,7 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sessiond.replies import PsRow, Sent, WaitingSession, Who
+from sessiond.replies import (
+    Draining,
+    JsonObject,
+    NodeMove,
+    NodeRow,
+    PsRow,
+    Sent,
+    WaitingSession,
+    Who,
+)
 
 
 class Placement(Protocol):
@@ -40,7 +49,7 @@ class Placement(Protocol):
 class Nodes(Protocol):
     """The syscalls of the cluster's nodes: ``nodes``, ``migrate --node``, ``drain``."""
 
-    async def nodes(self) -> list[dict[str, Any]]: ...
+    async def nodes(self) -> list[NodeRow]: ...
 
     async def migrate_node(
         self,
@@ -50,9 +59,9 @@ class Nodes(Protocol):
         socket: str | None = None,
         *,
         force: bool = False,
-    ) -> dict[str, Any]: ...
+    ) -> NodeMove: ...
 
-    async def drain(self, name: str) -> dict[str, Any]: ...
+    async def drain(self, name: str) -> Draining: ...
 
 
 class Mail(Protocol):
@@ -72,7 +81,7 @@ class Router(Protocol):
     """Requests for sessions other nodes run, carried to them (the dispatch's and
     the console's seam)."""
 
-    async def route(self, method: str, params: dict[str, Any], who: Who) -> tuple[bool, Any]:
+    async def route(self, method: str, params: JsonObject, who: Who) -> tuple[bool, Any]:
         """(True, the owner's answer), or (False, None): answer it here."""
         ...
 

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from sessiond.log.event_records import DivergenceJson, RiskJson, StepRefJson
 from sessiond.log.records import CallRecord
 from sessiond.log.state import State
 from sessiond.log.turns import bad_steps
+from sessiond.replies import GateCheck
 from sessiond.table.policy_rules import decide
 from sessiond.table.recovery import POLICY_DENIES, RUN_FAILED, Cause, cause, options_of
 from sessiond.table.spec import SessionSpec
@@ -64,7 +64,7 @@ class Check:
     ok: bool
     detail: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> GateCheck:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
 
 

@@ -27,7 +27,11 @@ class WakeHost(Protocol):
         ...
 
     async def wake(
-        self, s: Session, trigger: str, details: dict[str, Any], paths: frozenset[str] = frozenset()
+        self,
+        s: Session,
+        trigger: str,
+        details: dict[str, Any],  # each trigger kind's own (recorded in session.woken)
+        paths: frozenset[str] = frozenset(),
     ) -> Record:
         """Record a wake; continue the session now if it is free."""
         ...
@@ -41,6 +45,7 @@ def last_wake(
     host: WakeHost,
     s: Session,
     trigger: str,
+    # a waiting wake's details: each trigger kind's own
     which: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Record | None:
     """The newest wake of this kind (and, given ``which``, with these details)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from sessiond.log.pace import Pacer
 from sessiond.log.store.base import Record
+from sessiond.replies import ModelsView
 from sessiond.table.sessions import Table
 from sessiond.web.model_metrics import ModelCollector
 
@@ -122,12 +122,12 @@ class Metrics:
         self.sandbox: Callable[[], bool] = lambda: True  # set by the web server
         r.register(_Boundary(self._sandbox))
         # the model gateway's view (set by the web server; None: no gateway)
-        self.models: Callable[[], dict[str, Any] | None] = lambda: None
+        self.models: Callable[[], ModelsView | None] = lambda: None
         r.register(ModelCollector(self._models))
         self.table_counts: TableCollector | None = None
         self._woken: dict[str, float] = {}  # session -> when its oldest waiting wake came
 
-    def _models(self) -> dict[str, Any] | None:
+    def _models(self) -> ModelsView | None:
         return self.models()  # read late, as notify_failed
 
     def _sandbox(self) -> bool:

@@ -10,13 +10,16 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sessiond.replies import ModelsView
+
 
 class ModelCollector(Collector):
-    def __init__(self, view: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, view: Callable[[], ModelsView | None]) -> None:
         self.view = view  # the gateway's models_view, or None where it runs none
 
     def collect(self) -> Iterator[Any]:
-        view = self.view() or {"providers": [], "queue": [], "waits": {}, "wait_buckets": []}
+        view: ModelsView = self.view() or {"providers": [], "queue": [], "served": 0,
+                                           "throttled": 0}  # fmt: skip
         depth = GaugeMetricFamily(
             "sessiond_model_queue_depth", "Model calls waiting for a slot", labels=["provider"]
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sessiond.errors import InvalidInput
 from sessiond.log.pace import Pacer
@@ -16,7 +16,7 @@ from sessiond.log.projections import ViewScan, goal_message, message
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore, Record
 from sessiond.replies import ConsoleApproval, ConsoleRow, TablePage
-from sessiond.sdkwire import Message
+from sessiond.sdkwire import ArtifactJson, Message
 from sessiond.syscalls.console import approvals, expires, row
 from sessiond.table.sessions import Session, Table
 from sessiond.web.humane import actions_for
@@ -125,15 +125,26 @@ ARTIFACT_TYPES = [
 ]
 
 
-def artifact_refs(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class ArtifactSeen(ArtifactJson):
+    """An artifact an event names, with where: the event's field, type and seq."""
+
+    field: str
+    type: str
+    seq: int
+    diff: bool  # the field is a diff: the page colours its lines
+
+
+# records: as the log or another node gave them, an event of any type (read by key)
+def artifact_refs(records: Sequence[Mapping[str, Any]]) -> list[ArtifactSeen]:
     """The artifacts a session's events name (newest first), each once, with where."""
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, ArtifactSeen] = {}
     for r in records:
         for field, value in r["data"].items():
             for ref in value if isinstance(value, list) else [value]:
                 if isinstance(ref, dict) and str(ref.get("ref", "")).startswith("sha256:"):
-                    seen[ref["ref"]] = {**ref, "field": field, "type": r["type"],
-                                        "seq": r["seq"], "diff": field == "diff"}  # fmt: skip
+                    # an ArtifactRef as the event wrote it (its model checked it then)
+                    seen[ref["ref"]] = cast(ArtifactSeen, {**ref, "field": field,
+                        "type": r["type"], "seq": r["seq"], "diff": field == "diff"})  # fmt: skip
     return sorted(seen.values(), key=lambda a: (-a["seq"], a["name"]))
 
 

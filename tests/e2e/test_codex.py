@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sessiond.gateway.scripted import Reply, Upstream, text, tool
+from sessiond.replies import JsonObject
 from tests.e2e.harness import Daemon, running, wait_event, wait_for
 
 CLI = Path(__file__).resolve().parent.parent / "agents" / "node_modules" / ".bin" / "codex"
@@ -58,12 +59,12 @@ def codex_daemon(script: list[Reply]) -> Iterator[tuple[Daemon, Upstream]]:
         yield d, up
 
 
-def shell(cmd: str) -> dict[str, object]:
+def shell(cmd: str) -> JsonObject:
     """A call of Codex's shell tool (``exec_command``; its hooks name it Bash)."""
     return tool("exec_command", cmd=cmd)
 
 
-def said(*blocks: dict[str, object]) -> Reply:
+def said(*blocks: JsonObject) -> Reply:
     return Reply.of(*blocks, input_tokens=100, output_tokens=20)
 
 

@@ -160,6 +160,8 @@ def test_every_reply_has_the_shape_its_type_declares(daemon: Daemon) -> None:
         fits(conn.call("cat", {"name": "notes"}), replies.SpecText)
         fits(conn.call("notify", {}), replies.NotifyStatus)
         fits(conn.call("trace.export", {"name": "hello"}), replies.TraceExport)
+        fits(conn.call("models", {}), replies.ModelsReply)
+        fits(conn.call("reload", {}), replies.Reloaded)
 
         # lineage and bundles
         fits(conn.call("fork", {"name": "notes", "new": "draft"}), replies.SessionDetail)

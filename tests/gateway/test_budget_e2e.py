@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from sessiond.gateway.scripted import Reply, text
+from sessiond.replies import ModelsReply
 from tests.e2e.harness import Daemon, wait_event
+from tests.e2e.test_replies import fits
 from tests.gateway.rig import CLIENT, gateway, results
 
 SPEC = """name = "{name}"
@@ -57,7 +59,11 @@ def test_a_call_past_the_days_tokens_is_refused_and_the_session_suspended() -> N
         assert spent["data"] == {"budget": "tokens_per_day", "limit": 120, "used": 100}
         shown = d.json("show", "thrifty")
         assert shown["state"] == "suspended"
-        assert d.json("models")["sessions"][0]["tokens"] == 100
+        models = d.json("models")
+        assert models["sessions"][0]["tokens"] == 100
+        assert models["providers"]  # a gateway's whole view
+        assert models["waits"]
+        fits(models, ModelsReply)
         shown = d.ctl("models", check=True).stdout
         assert "anthropic-test" in shown
         assert "100/120" in shown  # its tokens today of its daily budget

@@ -43,6 +43,7 @@ from sessiond.log.store.base import Record, Store
 from sessiond.log.store.memory import MemoryStore
 from sessiond.notify import Notices
 from sessiond.otel import Traces
+from sessiond.replies import Reloaded, Synced
 from sessiond.runs.secrets import known as known_secrets
 from sessiond.syscalls.kernel import Kernel
 from sessiond.table.sessions import Session, Table
@@ -218,15 +219,13 @@ class Harness:
         await self.traces.close()
         await self.table.close()
 
-    async def sync_specs(self) -> dict[str, Any]:
+    async def sync_specs(self) -> Synced:
         return await Daemon.sync_specs(cast(Daemon, self))
 
-    async def reload(self) -> dict[str, Any]:
+    async def reload(self) -> Reloaded:
         """``sessionctl reload`` with the configuration unchanged: the spec folder."""
         self.kernel.retention.start()
-        result = await self.sync_specs()
-        result["notes"] = []
-        return result
+        return {**await self.sync_specs(), "notes": []}
 
     # --- programs -----------------------------------------------------------------
 

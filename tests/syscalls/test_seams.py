@@ -6,7 +6,7 @@ the methods the kernel was built with. (The real nodes: tests/cluster/.)"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -15,7 +15,7 @@ from sessiond.errors import NoSuchSession, Refused
 from sessiond.ipc.dispatch import method_table
 from sessiond.ipc.params import NameParams, SendParams
 from sessiond.log.store.files import FileStore
-from sessiond.replies import PsRow, Sent, WaitingSession
+from sessiond.replies import Draining, NodeMove, NodeRow, PsRow, Sent, WaitingSession
 from sessiond.syscalls.kernel import Kernel
 from sessiond.syscalls.seams import Seams
 from sessiond.table.sessions import Table
@@ -39,8 +39,8 @@ class Elsewhere:
         self.placed.append(name)
         return "n2"
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        return [{"name": "n1"}, {"name": "n2"}]
+    async def nodes(self) -> list[NodeRow]:
+        return [cast(NodeRow, {"name": "n1"}), cast(NodeRow, {"name": "n2"})]
 
     async def migrate_node(
         self,
@@ -50,11 +50,11 @@ class Elsewhere:
         socket: str | None = None,
         *,
         force: bool = False,
-    ) -> dict[str, Any]:
+    ) -> NodeMove:
         return {"session": name, "node": to}
 
-    async def drain(self, name: str) -> dict[str, Any]:
-        return {"node": name, "state": "draining"}
+    async def drain(self, name: str) -> Draining:
+        return {"node": name, "state": "draining", "sessions": 0, "staying": 0}
 
     async def post(self, to: str, text: str, sender: str) -> Sent | None:
         if to != "there":
@@ -115,7 +115,12 @@ def test_the_dispatch_calls_what_the_kernel_was_built_with(tmp_path: Path) -> No
 
     async def go() -> None:
         _, drain = methods["drain"]
-        assert await drain(NameParams(name="n2")) == {"node": "n2", "state": "draining"}
+        assert await drain(NameParams(name="n2")) == {
+            "node": "n2",
+            "state": "draining",
+            "sessions": 0,
+            "staying": 0,
+        }
         _, nodes = methods["nodes"]
         assert [n["name"] for n in await nodes(None)] == ["n1", "n2"]
         _, send = methods["send"]

@@ -10,13 +10,12 @@ it left.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sessiond.cluster.coordination import Coordination
 from sessiond.cluster.placement import waiting_reason
 from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.log.store.pg.placement import Placement, fits, from_row
 from sessiond.names import check_name
+from sessiond.replies import NodeRow, Unplaced
 
 # ``migrate S --node N --force``: the workspace moves to N, in one statement that
 # holds only while nobody runs the session (no owner, or its lease lapsed) and N is
@@ -43,7 +42,7 @@ class PgCoordination(Coordination):
 
     # --- membership ----------------------------------------------------------------
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeRow]:
         rows = self._query(
             "SELECT n.name, n.incarnation, n.state, n.lease_until > now(), "
             "extract(epoch FROM now() - n.renewed_at)::float8, "
@@ -151,14 +150,14 @@ class PgCoordination(Coordination):
         pinned, needs, workspace, node, owner, alive = rows[0]
         return from_row(pinned, needs, workspace, node), owner, bool(alive)
 
-    def waiting(self) -> list[dict[str, Any]]:
+    def waiting(self) -> list[Unplaced]:
         rows = self._query(
             "SELECT s.name, s.owner, s.pinned, s.needs, s.workspace, s.workspace_node "
             "FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
             "WHERE s.owner IS NULL OR n.lease_until <= now() ORDER BY s.name",
             {},
         )
-        out = []
+        out: list[Unplaced] = []
         for name, owner, pinned, needs, workspace, node in rows:
             p = from_row(pinned, needs, workspace, node)
             out.append({"name": name, "node": p.home or owner, "reason": waiting_reason(p, owner)})

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -108,7 +107,7 @@ async def post(
     when it was left), or None when the cluster has no such session. Not durable
     yet: :func:`flush` before saying so. A terminated session (its row says so:
     once.py) is refused here, as its own node refuses it."""
-    params: dict[str, Any] = {"n": to, "f": sender, "t": text, "ch": CHANNEL, "max": PAYLOAD_MAX}
+    params: dict[str, object] = {"n": to, "f": sender, "t": text, "ch": CHANNEL, "max": PAYLOAD_MAX}
     async with pool.connection() as conn:
         cur = await conn.execute(POST, params)
         row = await cur.fetchone()

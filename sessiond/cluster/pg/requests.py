@@ -17,6 +17,7 @@ a reply: its asker says so, and never asks again on its own.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 from sessiond.log.store.pg.reach import Pool
 from sessiond.names import check_name
-from sessiond.replies import Who
+from sessiond.replies import JsonObject, Who
 
 REQUESTS = "sessiond_requests"
 REPLIES = "sessiond_replies"
@@ -79,7 +80,7 @@ class Status:
     """Where a request is: not taken yet, taken (by a node alive or not), answered."""
 
     taken_by: str | None
-    reply: dict[str, Any] | None
+    reply: JsonObject | None
     abandoned: bool
     taker_alive: bool
 
@@ -118,7 +119,7 @@ class Requests:
     def post(
         self,
         method: str,
-        params: dict[str, Any],
+        params: Mapping[str, object],  # any JSON orjson encodes (_jsonb)
         who: Who | None,
         *,
         session: str | None = None,
@@ -146,7 +147,7 @@ class Requests:
 
     def take(
         self, incarnation: int, names: list[str]
-    ) -> list[tuple[int, str, dict[str, Any], Who | None]]:
+    ) -> list[tuple[int, str, JsonObject, Who | None]]:
         """Take what this node should carry out: (id, method, params, who) each."""
         with self._pool.connection() as conn:
             rows = conn.execute(
@@ -154,7 +155,7 @@ class Requests:
             ).fetchall()
         return [(int(i), m, p, w) for i, m, p, w in rows]
 
-    def answer(self, request: int, reply: dict[str, Any]) -> None:
+    def answer(self, request: int, reply: JsonObject) -> None:
         """Write the reply of a request this node took, and tell its asker."""
         with self._pool.connection() as conn, conn.transaction():
             conn.execute(

@@ -147,7 +147,7 @@ class Source(Protocol):
         fate is unknown (the error)."""
 
 
-def statement(batches: list[Batch], lease: Lease) -> tuple[str, dict[str, Any]]:
+def statement(batches: list[Batch], lease: Lease) -> tuple[str, dict[str, object]]:
     """The fenced statement that commits ``batches`` (one per session), and its
     parameters."""
     if len(batches) == 1 and len(batches[0].seqs) == 1:
@@ -165,7 +165,7 @@ def statement(batches: list[Batch], lease: Lease) -> tuple[str, dict[str, Any]]:
     return APPEND_MANY, params(batches, lease)
 
 
-def params(batches: list[Batch], lease: Lease) -> dict[str, Any]:
+def params(batches: list[Batch], lease: Lease) -> dict[str, object]:
     """:data:`APPEND_MANY`'s parameters for ``batches`` (one per session)."""
     return {
         "sessions": TextArray.of([b.session for b in batches]),

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -131,7 +130,7 @@ async def commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, key
 
 async def _commit_once(pool: AsyncConnectionPool, lease: Lease, batch: Batch, keys: Keys) -> bool:
     fires, messages = keys.fires, keys.messages
-    params: dict[str, Any] = {
+    params: dict[str, object] = {
         "s": batch.session,
         "epoch": batch.epoch,
         "after": batch.after,

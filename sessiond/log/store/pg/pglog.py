@@ -21,7 +21,7 @@ a new claim, through replay and the gate.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -50,7 +50,7 @@ READ_BATCH = 1000  # events a query of a reader fetches at most
 
 
 def read_events(
-    query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
+    query: Callable[[str, Mapping[str, object]], list[tuple[Any, ...]]],
     session: str,
     since: int,
     upto: int | None,
@@ -93,7 +93,7 @@ class PgEventLog(EventLog):
         committer: Committer,
         lease: Lease,
         epoch: int,
-        query: Callable[[str, dict[str, Any]], list[tuple[Any, ...]]],
+        query: Callable[[str, Mapping[str, object]], list[tuple[Any, ...]]],
         on_close: Callable[[], Awaitable[None]],
         once: Callable[[Batch, Keys], Awaitable[bool]] | None = None,
         keys_of: KeysOf = no_keys,

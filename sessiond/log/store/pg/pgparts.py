@@ -12,7 +12,7 @@ that does not decode reads as none.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,8 +22,8 @@ from sessiond.errors import ArtifactCorrupt, ArtifactMissing, BadArtifactRef
 from sessiond.log.event_data import SHA256_REF, ArtifactRef
 from sessiond.log.store.base import ArtifactStore, LogPosition, Snapshot, SnapshotStore
 
-Query = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]
-Execute = Callable[[list[tuple[str, dict[str, Any]]]], None]
+Query = Callable[[str, Mapping[str, object]], list[tuple[Any, ...]]]
+Execute = Callable[[Sequence[tuple[str, Mapping[str, object]]]], None]
 
 PUT = [
     "INSERT INTO artifacts (digest, data) VALUES (%(d)s, %(data)s) ON CONFLICT DO NOTHING",

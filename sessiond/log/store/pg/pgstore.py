@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ class PgStore(Store):
         self.snapshots_keep = snapshots_keep
         self.pool_size = pool_size
         self.lease = Lease(node, lease_ttl, json.dumps(labels or {}))
+        # psycopg.connect's and its pool's **kwargs (Any in their signatures)
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "prepare_threshold": 5 if prepared else None,
@@ -118,15 +119,15 @@ class PgStore(Store):
 
     # --- connections --------------------------------------------------------------
 
-    def _query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, params: Mapping[str, object]) -> list[tuple[Any, ...]]:
         with self._sync.connection() as conn:
             return conn.execute(sql.encode(), params).fetchall()
 
-    def select(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def select(self, sql: str, params: Mapping[str, object]) -> list[tuple[Any, ...]]:
         """Rows of a read-only query (fsck's own checks)."""
         return self._query(sql, params)
 
-    def _execute(self, statements: list[tuple[str, dict[str, Any]]]) -> None:
+    def _execute(self, statements: Sequence[tuple[str, Mapping[str, object]]]) -> None:
         with self._sync.connection() as conn, conn.transaction():
             for sql, params in statements:
                 conn.execute(sql.encode(), params)
@@ -369,7 +370,7 @@ class PgStore(Store):
         )
 
 
-def _connect_timeout(dsn: str) -> dict[str, Any]:
+def _connect_timeout(dsn: str) -> dict[str, Any]:  # psycopg.connect's **kwargs (Any there)
     """A bound on the first connection unless the DSN (or PGCONNECT_TIMEOUT) sets one:
     an address that drops packets would otherwise wait for the OS's TCP timeout."""
     if "connect_timeout" in conninfo_to_dict(dsn) or os.environ.get("PGCONNECT_TIMEOUT"):

@@ -52,7 +52,7 @@ class Placement:
     workspace: str | None = None  # the first local path (or the first path) of the workspace
     workspace_node: str | None = None
 
-    def params(self, name: str) -> dict[str, Any]:
+    def params(self, name: str) -> dict[str, object]:
         return {
             "n": name,
             "pinned": self.pinned,

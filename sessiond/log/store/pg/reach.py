@@ -76,11 +76,13 @@ def recogniser(dsn: str, node: str) -> Callable[[BaseException], SessiondError |
 # if it answers, the pool is only busy and the caller waits on.
 
 
+# the pool's connection kwargs: psycopg's own type for them
 def _probe(pool: ConnectionPool[Any] | AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
     """What a direct connection to the pool's database takes: its DSN, its options."""
     dsn, given = pool.conninfo, pool.kwargs
     assert isinstance(dsn, str)  # the stores give a DSN and a dict, never functions
     assert isinstance(given, dict)
+    # psycopg.connect's **kwargs, as the pool keeps them
     kwargs: dict[str, Any] = dict(given)
     if "connect_timeout" not in conninfo_to_dict(dsn):
         kwargs.setdefault("connect_timeout", 2)
