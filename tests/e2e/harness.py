@@ -24,7 +24,11 @@ from tests.patience import Patience
 BIN = Path(sys.executable).parent
 SESSIOND = str(BIN / "sessiond")
 SESSIONCTL = str(BIN / "sessionctl")
-READY_TIMEOUT = 30.0
+# A wall-clock bound in these tests only catches a hang: it never decides an
+# outcome a busy machine could change. A test's own bound is a floor raised to
+# this (two suites at once on two cores have made 30 s waits run out on good code).
+HANG = float(os.environ.get("SESSIOND_TEST_HANG", "180"))
+READY_TIMEOUT = HANG  # an exit wakes the waiter at once (_read_log)
 LIVE: set[Daemon] = set()  # started and not yet reaped: see conftest.py
 
 
@@ -214,7 +218,7 @@ class Daemon:
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=max(timeout, HANG),
             check=False,
         )
         if check and done.returncode != 0:
@@ -273,7 +277,7 @@ def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> 
 
     Bounded, with a growing interval; used only where no event exists to wait on.
     """
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + max(timeout, HANG)
     delay = 0.01
     while True:
         value = predicate()
