@@ -42,6 +42,18 @@ def state_dir(tmp_path: Path) -> Path:
 # in-process daemon (tests/inproc/harness.py), marked `inproc`.
 PROCESS_DIRS = frozenset({"e2e", "cluster", "faults", "integrations"})
 PROCESS_FILES = frozenset({"test_bench.py", "test_pgwatch.py", "test_demo.py"})
+# the gateway's end-to-end tests: a real daemon and runs (tests/gateway/rig.py)
+PROCESS_PATHS = frozenset(
+    f"gateway/{name}.py"
+    for name in (
+        "test_budget_e2e",
+        "test_crash",
+        "test_gateway",
+        "test_no_key_in_a_run",
+        "test_refusals",
+        "test_storm",
+    )
+)
 PROCESS_TESTS = frozenset({"test_cron_jitter_is_the_same_in_every_process"})
 TESTS = Path(__file__).parent
 
@@ -53,6 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if (
             parts[0] in PROCESS_DIRS
             or parts[-1] in PROCESS_FILES
+            or "/".join(parts) in PROCESS_PATHS
             or getattr(item, "originalname", item.name) in PROCESS_TESTS
             or "pg_dsn" in getattr(item, "fixturenames", ())
             or (params is not None and "postgres" in params.params.values())
