@@ -192,13 +192,27 @@ class Calls:
             n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
         c.grant.gateway_places.add(n)
         recorded = steps.get(f"k:gw.{n}")
+        hold = None
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
-            refusal = self.budgets.check(
+            # what the calls in flight may still spend counts: sent at once, calls
+            # pass a budget no further than sent one after another
+            admitted = await self.budgets.admit(
                 c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
-                spec.budget, len(c.raw) // 4,
+                spec.budget, len(c.raw) // 4, most_of(c),
             )  # fmt: skip
-            if refusal is not None:
-                await self._over_budget(c, refusal)
+            if isinstance(admitted, Refusal):
+                await self._over_budget(c, admitted)
+            else:
+                hold = admitted
+        try:
+            return await self._begun(request, c, n)
+        finally:
+            if hold is not None:
+                self.budgets.release(hold)
+
+    async def _begun(self, request: web.Request, c: Call, n: int) -> web.StreamResponse:
+        spec = c.s.spec
+        assert spec is not None
         asked = SdkStepParams(
             token=c.token, kind="model", name=c.model, ordinal=1, key=f"gw.{n}",
             key_is_id=True, request=c.body, strict=spec.model.strict,
@@ -372,6 +386,21 @@ class Calls:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+
+
+# where each API asks for at most so many output tokens
+OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def most_of(c: Call) -> tuple[int | None, float | None]:
+    """What a call may spend at most: its input's estimate and the output it caps
+    (tokens, dollars); no bound (``None``) where it asks no cap."""
+    est = max(1, len(c.raw) // 4)
+    caps = [v for k in OUTPUT_CAPS if type(v := c.body.get(k)) is int and v >= 0]
+    if not caps:
+        return None, (0.0 if c.provider.cost(1, 1) is None else None)
+    cost = c.provider.cost(est, min(caps))
+    return est + min(caps), cost or 0.0
 
 
 def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
