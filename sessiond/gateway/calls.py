@@ -20,9 +20,11 @@ Anything refused is answered in the provider's own error shape and changes nothi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -69,6 +71,8 @@ class Call:
     body: dict[str, Any]
     raw: bytes
     stream: bool
+    # what the call gives back once its upstream answer is in (its budget hold)
+    settled: list[Callable[[], None]] = field(default_factory=list)
 
 
 def token_of(request: web.Request) -> str | None:
@@ -204,6 +208,7 @@ class Calls:
                 await self._over_budget(c, admitted)
             else:
                 hold = admitted
+                c.settled.append(lambda: self.budgets.release(admitted))
         try:
             return await self._begun(request, c, n)
         finally:
@@ -301,6 +306,7 @@ class Calls:
                 await self._failed(c, call, started, f"upstream answered {resp.status}")
                 return _passed(c.api, resp.status, body)
             if "text/event-stream" in resp.headers.get("Content-Type", ""):
+                c.settled.append(held.release)
                 return await self._stream(request, c, call, resp, ask=ask, started=started)
             data = await resp.read()
             try:
@@ -326,28 +332,35 @@ class Calls:
     ) -> web.StreamResponse:
         out = _sse_response()
         await out.prepare(request)
-        assembler, listening = Assembler(c.api), True
+        # the upstream is read at its own pace, whatever the program's: a program
+        # that reads slowly, or never, holds its connection, never the model's slot
+        # nor its budget (they are given back once the answer is in)
+        assembler, chunks = Assembler(c.api), asyncio.Queue[bytes | None]()
+        writer = asyncio.create_task(_write_all(out, chunks))
+        complete = False
         try:
-            async for chunk in resp.content.iter_any():
-                assembler.feed(chunk)
-                if listening:
-                    try:
-                        await out.write(chunk)
-                    except (ConnectionError, RuntimeError):
-                        # the program went away: the stream is read to its end all the
-                        # same, so what it cost is recorded and a later run replays it
-                        listening = False
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            await self._failed(c, call, started, f"the stream broke: {exc!r}")
+            try:
+                async for chunk in resp.content.iter_any():
+                    assembler.feed(chunk)
+                    chunks.put_nowait(chunk)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                await self._failed(c, call, started, f"the stream broke: {exc!r}")
+                return out
+            if assembler.result is None or not assembler.done:
+                await self._failed(c, call, started, "the stream ended before its end")
+                return out
+            # the program may have gone away: the stream was read to its end all the
+            # same, so what it cost is recorded and a later run replays it
+            await self._record(c, call, ask, assembler.result, started)
+            complete = True
             return out
-        if assembler.result is None or not assembler.done:
-            await self._failed(c, call, started, "the stream ended before its end")
-            return out
-        await self._record(c, call, ask, assembler.result, started)
-        if listening:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await out.write_eof()
-        return out
+        finally:
+            for settle in c.settled:  # the upstream is done with: its slot, its hold
+                settle()
+            chunks.put_nowait(None)
+            if await writer and complete:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await out.write_eof()
 
     # --- the record ------------------------------------------------------------------
 
@@ -443,6 +456,17 @@ def _plain(_s: Session, reply: StepReply) -> StepAnswer:
     # the gateway answers HTTP, not the SDK: a stop the daemon wants reaches the
     # program at its next SDK call or by its run's end, not in a model's answer
     return {"stop": False, **reply}
+
+
+async def _write_all(out: web.StreamResponse, chunks: asyncio.Queue[bytes | None]) -> bool:
+    """Write the chunks to the program until ``None``: whether it was listening to
+    the end (``False``: it went away; the rest is not written)."""
+    while (chunk := await chunks.get()) is not None:
+        try:
+            await out.write(chunk)
+        except (ConnectionError, RuntimeError):
+            return False
+    return True
 
 
 def _sse_response() -> web.StreamResponse:
