@@ -41,6 +41,7 @@ from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.modelconfig import ModelConfig, ProviderConfig
 from sessiond.runs.agents import AGENT_KINDS
+from sessiond.runs.modelenv import provider_keys
 from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
 from sessiond.sdkwire import StepAnswer, StepReply
@@ -340,9 +341,17 @@ class Calls:
         complete = False
         try:
             try:
+                keys, held_back = _keys(self.config, self.upstreams.env), b""
                 async for chunk in resp.content.iter_any():
                     assembler.feed(chunk)
-                    chunks.put_nowait(chunk)
+                    # a provider's key never reaches the program, even echoed (its
+                    # record is then refused): masked, and what may begin one is held
+                    # back until the next chunk says
+                    safe, held_back = _masked(held_back + chunk, keys)
+                    if safe:  # (an empty write may end a chunked answer)
+                        chunks.put_nowait(safe)
+                if held_back:
+                    chunks.put_nowait(held_back)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 await self._failed(c, call, started, f"the stream broke: {exc!r}")
                 return out
@@ -351,7 +360,10 @@ class Calls:
                 return out
             # the program may have gone away: the stream was read to its end all the
             # same, so what it cost is recorded and a later run replays it
-            await self._record(c, call, ask, assembler.result, started)
+            try:
+                await self._record(c, call, ask, assembler.result, started)
+            except Refuse:  # (logged) the program's stream ends without its end
+                return out
             complete = True
             return out
         finally:
@@ -456,6 +468,27 @@ def _plain(_s: Session, reply: StepReply) -> StepAnswer:
     # the gateway answers HTTP, not the SDK: a stop the daemon wants reaches the
     # program at its next SDK call or by its run's end, not in a model's answer
     return {"stop": False, **reply}
+
+
+MASK = b"[a provider key]"
+
+
+def _keys(config: ModelConfig, env: dict[str, str]) -> list[bytes]:
+    return [key.encode() for key in provider_keys(config, env)]
+
+
+def _masked(data: bytes, keys: list[bytes]) -> tuple[bytes, bytes]:
+    """``data`` with every key masked, split into what may go to the program now and
+    the tail that could begin a key (held back until more comes)."""
+    for key in keys:
+        data = data.replace(key, MASK)
+    hold = 0
+    for key in keys:
+        for n in range(min(len(key) - 1, len(data)), hold, -1):
+            if data.endswith(key[:n]):
+                hold = n
+                break
+    return data[: len(data) - hold], data[len(data) - hold :]
 
 
 async def _write_all(out: web.StreamResponse, chunks: asyncio.Queue[bytes | None]) -> bool:
