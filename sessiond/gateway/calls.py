@@ -289,7 +289,7 @@ class Calls:
         except GaveUp as g:
             await self._failed(c, call, started, f"upstream answered {g.last.status}")
             body = g.last.body if isinstance(g.last.body, bytes) else b""
-            return _passed(c.api, g.last.status, body)
+            return _passed(c.api, g.last.status, body, _keys(self.config, self.upstreams.env))
         except KeyError as exc:
             await self._failed(c, call, started, "no key")
             raise Refuse(
@@ -305,7 +305,7 @@ class Calls:
             if resp.status != 200:
                 body = await resp.read()
                 await self._failed(c, call, started, f"upstream answered {resp.status}")
-                return _passed(c.api, resp.status, body)
+                return _passed(c.api, resp.status, body, _keys(self.config, self.upstreams.env))
             if "text/event-stream" in resp.headers.get("Content-Type", ""):
                 c.settled.append(held.release)
                 return await self._stream(request, c, call, resp, ask=ask, started=started)
@@ -508,9 +508,12 @@ def _sse_response() -> web.StreamResponse:
     )
 
 
-def _passed(api: str, status: int, body: bytes) -> web.Response:
+def _passed(api: str, status: int, body: bytes, keys: list[bytes]) -> web.Response:
     """An upstream's error answered as it came where it is the provider's JSON, else
-    in the provider's shape."""
+    in the provider's shape; never with a provider's key in it (one that says which
+    key it refused)."""
+    for key in keys:
+        body = body.replace(key, MASK)
     try:
         parsed = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:

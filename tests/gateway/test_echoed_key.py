@@ -5,7 +5,7 @@ naming where, never the key."""
 
 from __future__ import annotations
 
-from sessiond.gateway.calls import MASK, _masked
+from sessiond.gateway.calls import MASK, _masked, _passed
 from sessiond.gateway.scripted import Reply, text
 from tests.e2e.harness import wait_event
 from tests.gateway.rig import ANTHROPIC_KEY, gateway, results, session
@@ -52,3 +52,13 @@ def test_masking_holds_back_only_what_may_begin_a_key() -> None:
         safe, held = _masked(held + part, keys)
         sent += safe
     assert sent + held == b"x " + MASK + b" y"
+
+
+def test_an_upstreams_error_naming_the_key_is_passed_on_masked() -> None:
+    key = b"sk-secret-123"
+    said = b'{"error": {"message": "invalid key sk-secret-123", "type": "auth"}}'
+    answered = _passed("chat", 401, said, [key])
+    assert answered.status == 401
+    assert isinstance(answered.body, bytes)
+    assert key not in answered.body
+    assert b"invalid key [a provider key]" in answered.body
