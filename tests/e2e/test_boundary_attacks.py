@@ -355,7 +355,7 @@ def test_a_session_a_program_creates_stands_no_higher_and_spends_no_more(
             spec = (
                 f'name = "prog"\ngoal = "attack"\nagent = "scribe"\npriority = 10\n'
                 f'[run]\nkind = "sdk"\nexec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\n'
-                f'retries = 0\ngrants = ["create", "ps"]\n'
+                f'retries = 0\ngrants = ["create", "log", "ps", "send", "show"]\n'
                 f'env = {{ ATTACK_MODE = "standing", ATTACK_LEDGER = "{ledger}" }}\n'
                 "[budget]\ntokens_per_day = 1000\n"
             )
