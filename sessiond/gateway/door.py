@@ -64,18 +64,22 @@ def _kernel_form(host: str, port: int) -> set[str]:
 
 
 def tcp_uid(peer: tuple[str, int], us: tuple[str, int]) -> int:
-    """The uid owning the local socket at ``peer`` connected to ``us``."""
+    """The uid owning the local socket at ``peer`` connected to ``us``. Found by a
+    plain text search (in C) of the tables, not by splitting their lines: they may
+    hold many thousand connections (TIME_WAIT ones too), and each new connection
+    is looked up on the daemon's loop."""
     local, remote = _kernel_form(*peer[:2]), _kernel_form(*us[:2])
     for table in TABLES:
         try:
             with open(table) as f:
-                lines = f.readlines()[1:]
+                text = f.read()
         except OSError:
             continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 7 and fields[1] in local and fields[2] in remote:
-                return int(fields[7])
+        for pair in (f" {a} {b} " for a in local for b in remote):
+            at = text.find(pair)
+            if at >= 0:
+                fields = text[at : text.find("\n", at)].split()
+                return int(fields[6]) if len(fields) > 6 else UNKNOWN
     return UNKNOWN
 
 
