@@ -84,7 +84,13 @@ class Gateway:
     async def start(self) -> None:
         config = self.kernel.ctx.config
         host, _, port = config.model.listen.rpartition(":")
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # at the daemon's stop the runs are gone: a call still in flight (an upstream
+        # that stalls, a program that never read its stream) is given the stop's
+        # grace, not aiohttp's minute, and is then cut as a crash would cut it
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False,
+            shutdown_timeout=config.shutdown_grace,
+        )  # fmt: skip
         await self._runner.setup()
         # every connection goes through the door: so many at once, a share per uid
         server = self._runner.server

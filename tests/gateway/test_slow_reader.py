@@ -56,3 +56,14 @@ def test_a_stream_nobody_reads_keeps_no_other_session_from_the_model() -> None:
             hog.close()
             with open(cwd / "go", "w") as f:
                 f.write("go")
+
+
+def test_a_call_in_flight_does_not_hold_the_daemons_stop() -> None:
+    # the upstream stalls mid-stream: the daemon still stops within its grace (3 s
+    # here), not after aiohttp's minute of waiting for the call
+    with gateway([Reply.of(text("never finished"), hold=True)]) as (d, up):
+        session(d, "stalled", [{"api": "messages", "stream": True, "text": "x"}])
+        d.ctl("activate", "stalled", check=True)
+        up.wait_count(1)
+        assert d.stop() == 0  # (within the harness's 30 s)
+        up.release()
