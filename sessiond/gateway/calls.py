@@ -101,6 +101,8 @@ class Calls:
         self.scheduler = scheduler
         self.budgets = budgets
         self.upstreams = Upstreams(kernel.ctx.env)
+        # the calls sent upstream and not yet answered, by (session, turn, place)
+        self._flying: dict[tuple[str, int | None, int], asyncio.Event] = {}
 
     @property
     def config(self) -> ModelConfig:
@@ -196,6 +198,15 @@ class Calls:
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
             n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
         c.grant.gateway_places.add(n)
+        flying = self._flying.get((c.s.name, turn["n"] if turn else None, n))
+        if flying is not None:
+            # an earlier run's call at this place is still in flight (its program went
+            # away mid-stream, and the stream is read to its end): its answer is
+            # waited for and replayed, never bought twice
+            log.info("gateway.waits_for_earlier_call", session=c.s.name, place=n)
+            await flying.wait()
+            turn = c.s.j.state.turn
+            steps = turn["steps"] if turn is not None else {}
         recorded = steps.get(f"k:gw.{n}")
         hold = None
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
@@ -233,7 +244,16 @@ class Calls:
         if status != "run":
             why = answer.get("rule") or answer.get("reason") or status
             raise Refuse(400, f"the daemon does not send this call: {why}")
-        return await self._send(request, c, answer["call"])
+        turn = c.s.j.state.turn
+        here = (c.s.name, turn["n"] if turn else None, n)
+        flying = self._flying[here] = asyncio.Event()
+        c.settled.append(flying.set)  # its answer is on record (or it failed)
+        try:
+            return await self._send(request, c, answer["call"])
+        finally:
+            flying.set()
+            if self._flying.get(here) is flying:
+                del self._flying[here]
 
     async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the

@@ -67,3 +67,28 @@ def test_a_call_in_flight_does_not_hold_the_daemons_stop() -> None:
         up.wait_count(1)
         assert d.stop() == 0  # (within the harness's 30 s)
         up.release()
+
+
+def test_a_rerun_waits_for_the_call_its_crashed_run_left_in_flight() -> None:
+    # the program dies mid-stream; the gateway reads the stream to its end, and the
+    # next run of the turn, sent the same call meanwhile, gets that answer replayed
+    # instead of buying it again
+    program = Path(__file__).parent / "programs" / "midcrash.py"
+    with gateway([Reply.of(text("a long answer"), hold=True)]) as (d, up):
+        cwd = session(d, "crashy", [], program=program, retries=1)
+        d.ctl("activate", "crashy", check=True)
+        up.wait_count(1)
+        first = wait_event(d, "crashy", "run.finished")
+        assert first["data"]["status"] == "failed"
+
+        def waiting() -> bool:
+            return any(x.get("event") == "gateway.waits_for_earlier_call" for x in d.lines)
+
+        # the next run's call is at the gateway: sent again (count 2), or waiting
+        wait_for(lambda: up.count >= 2 or waiting(), 60, "the rerun's call")
+        up.release()
+        wait_event(d, "crashy", "run.finished", since=first["seq"] + 1)
+        assert up.count == 1
+        assert (cwd / "final.txt").read_text() == "a long answer"
+        (responded,) = d.json("log", "crashy", "--type", "model.responded")
+        assert responded["data"]["status"] == "ok"
