@@ -75,6 +75,13 @@ class ProviderConfig(Limits):
     def _url(cls, url: str) -> str:
         if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        # a key in the address would be shown (sessionctl models, errors): by reference only
+        if "@" in url.split("/", 3)[2] or "?" in url or "#" in url:
+            raise ValueError(
+                "base_url holds credentials or a query: a provider's key is never written "
+                'in the configuration; name it by reference: key_env = "VARIABLE" or '
+                'key_file = "/path"'
+            )
         return url.rstrip("/")
 
     @model_validator(mode="after")

@@ -34,6 +34,15 @@ def test_a_key_written_inline_is_refused_naming_the_reference(tmp_path: Path, in
         config(tmp_path, PROVIDER.format(extra=f'{inline} = "sk-1234"'))
 
 
+@pytest.mark.parametrize(
+    "url", ["https://user:sk-1234@api.example.test", "https://api.example.test/v1?key=sk-1234"]
+)
+def test_a_key_written_in_the_base_url_is_refused(tmp_path: Path, url: str) -> None:
+    # sessionctl models shows the base_url, and errors name it: no key may ride in it
+    with pytest.raises(BadConfig, match=r"credentials or a query.*key_env"):
+        config(tmp_path, PROVIDER.format(extra="").replace("https://api.example.test", url))
+
+
 def test_bad_providers_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BadConfig, match="not both"):
         config(tmp_path, PROVIDER.format(extra='key_env = "K"\nkey_file = "k"'))

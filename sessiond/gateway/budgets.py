@@ -16,12 +16,17 @@ the daemon, a fork or an import keeps it. A day is a UTC day.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
 from sessiond.log.state import ModelSpend, SpendKey
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,42 @@ class Refusal:
         )
 
 
+@dataclass(eq=False)
+class Hold:
+    """What a call in flight may still spend, until it settles (``None``: no bound,
+    it asked no cap on its output)."""
+
+    session: str
+    run: int
+    turn: int | None
+    agent: str | None
+    tokens: int | None
+    cost_usd: float | None
+
+    def counts(self, suffix: str, session: str, run: int, turn: int | None) -> bool:
+        """Whether this hold counts in a session's budget scope (``suffix``)."""
+        if self.session != session:
+            return False
+        if suffix == "_per_run":
+            return self.run == run
+        if suffix == "_per_turn":
+            return turn is not None and self.turn == turn
+        return True
+
+
+def _held(holds: Iterable[Hold]) -> tuple[int | None, float | None]:
+    tokens: int | None = 0
+    cost: float | None = 0.0
+    for h in holds:
+        tokens = None if tokens is None or h.tokens is None else tokens + h.tokens
+        cost = None if cost is None or h.cost_usd is None else cost + h.cost_usd
+    return tokens, cost
+
+
+def _passes(limit: float, used: float, est: float, held: float | None) -> bool:
+    return bool(limit) and (held is None or used + held + est > limit)
+
+
 def run_number(run: int | str) -> int:
     """N of a run id "rN" (the fold keeps the open run by its number)."""
     if isinstance(run, int):
@@ -128,6 +169,8 @@ class Budgets:
         # the agents' budgets, or what reads them now (the daemon's config: a reload)
         self._agents = agents if callable(agents) else (lambda: dict(agents or {}))
         self.today = today
+        self.holds: list[Hold] = []  # the calls in flight (admit, release)
+        self._settled: list[asyncio.Future[None]] = []
 
     @property
     def agents(self) -> Mapping[str, AgentLimits]:
@@ -142,33 +185,84 @@ class Budgets:
         spec_budget: Any,
         est_tokens: int,
         est_cost_usd: float = 0.0,
+        held: Sequence[Hold] = (),
     ) -> Refusal | None:
-        """A refusal if this call (``est_tokens``, ``est_cost_usd``) would pass a budget."""
+        """A refusal if this call (``est_tokens``, ``est_cost_usd``) would pass a budget,
+        with what the calls in ``held`` may still spend."""
         spent = self.ledger.session(session)
         day = self.today()
+        n = run_number(run)
         scopes = (
             ("", spent.total),
-            ("_per_run", spent.of_run(run_number(run))),
+            ("_per_run", spent.of_run(n)),
             ("_per_turn", spent.of_turn(turn) if turn is not None else Spend()),
             ("_per_day", spent.day(day)),
         )
         for suffix, used in scopes:
+            tokens_held, cost_held = _held(h for h in held if h.counts(suffix, session, n, turn))
             limit = getattr(spec_budget, "tokens" + suffix, 0) or 0
-            if limit and used.tokens + est_tokens > limit:
+            if _passes(limit, used.tokens, est_tokens, tokens_held):
                 return Refusal("tokens" + suffix, limit, used.tokens)
             cost = getattr(spec_budget, "cost_usd" + suffix, 0.0) or 0.0
-            if cost and (used.cost_usd + est_cost_usd > cost or used.cost_usd >= cost):
+            if _passes(cost, used.cost_usd, est_cost_usd, cost_held) or (
+                cost and used.cost_usd >= cost
+            ):
                 return Refusal("cost_usd" + suffix, cost, round(used.cost_usd, 6))
         limits = self.agents.get(agent) if agent else None
         if limits is not None and (limits.tokens_per_day or limits.cost_usd_per_day):
             assert agent is not None
             used = self.agent_day(agent, day)
-            if limits.tokens_per_day and used.tokens + est_tokens > limits.tokens_per_day:
+            tokens_held, cost_held = _held(h for h in held if h.agent == agent)
+            if _passes(limits.tokens_per_day, used.tokens, est_tokens, tokens_held):
                 return Refusal("agent_tokens_per_day", limits.tokens_per_day, used.tokens, agent)
             cost = limits.cost_usd_per_day
-            if cost and (used.cost_usd + est_cost_usd > cost or used.cost_usd >= cost):
+            if _passes(cost, used.cost_usd, est_cost_usd, cost_held) or (
+                cost and used.cost_usd >= cost
+            ):
                 return Refusal("agent_cost_usd_per_day", cost, round(used.cost_usd, 6), agent)
         return None
+
+    async def admit(  # noqa: PLR0917 (as check)
+        self,
+        session: str,
+        run: int | str,
+        turn: int | None,
+        agent: str | None,
+        spec_budget: Any,
+        est_tokens: int,
+        most: tuple[int | None, float | None],
+    ) -> Refusal | Hold:
+        """A refusal if this call would pass a budget by what was spent; else, once the
+        calls in flight leave it room, a hold of ``most`` (what it may spend at most:
+        tokens, dollars; ``None`` for no bound) that :meth:`release` gives back when
+        it settles."""
+        args = (session, run, turn, agent, spec_budget, est_tokens)
+        while True:
+            refusal = self.check(*args)
+            if refusal is not None:
+                return refusal
+            if self.check(*args, held=self.holds) is None:
+                hold = Hold(session, run_number(run), turn, agent, *most)
+                self.holds.append(hold)
+                return hold
+            log.info("gateway.budget_wait", session=session, in_flight=len(self.holds))
+            settled = asyncio.get_running_loop().create_future()
+            self._settled.append(settled)
+            try:
+                await settled
+            finally:
+                if settled in self._settled:
+                    self._settled.remove(settled)
+
+    def release(self, hold: Hold) -> None:
+        """A call settled (what it spent is in its session's fold, or it spent
+        nothing): the calls waiting on it are judged again."""
+        if hold in self.holds:
+            self.holds.remove(hold)
+        waiting, self._settled = self._settled, []
+        for settled in waiting:
+            if not settled.done():
+                settled.set_result(None)
 
     def charge(  # noqa: PLR0917 (as check)
         self,

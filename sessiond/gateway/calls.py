@@ -20,9 +20,11 @@ Anything refused is answered in the provider's own error shape and changes nothi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -39,6 +41,7 @@ from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.modelconfig import ModelConfig, ProviderConfig
 from sessiond.runs.agents import AGENT_KINDS
+from sessiond.runs.modelenv import provider_keys
 from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
 from sessiond.sdkwire import StepAnswer, StepReply
@@ -69,6 +72,8 @@ class Call:
     body: dict[str, Any]
     raw: bytes
     stream: bool
+    # what the call gives back once its upstream answer is in (its budget hold)
+    settled: list[Callable[[], None]] = field(default_factory=list)
 
 
 def token_of(request: web.Request) -> str | None:
@@ -96,6 +101,8 @@ class Calls:
         self.scheduler = scheduler
         self.budgets = budgets
         self.upstreams = Upstreams(kernel.ctx.env)
+        # the calls sent upstream and not yet answered, by (session, turn, place)
+        self._flying: dict[tuple[str, int | None, int], asyncio.Event] = {}
 
     @property
     def config(self) -> ModelConfig:
@@ -191,14 +198,38 @@ class Calls:
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
             n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
         c.grant.gateway_places.add(n)
+        flying = self._flying.get((c.s.name, turn["n"] if turn else None, n))
+        if flying is not None:
+            # an earlier run's call at this place is still in flight (its program went
+            # away mid-stream, and the stream is read to its end): its answer is
+            # waited for and replayed, never bought twice
+            log.info("gateway.waits_for_earlier_call", session=c.s.name, place=n)
+            await flying.wait()
+            turn = c.s.j.state.turn
+            steps = turn["steps"] if turn is not None else {}
         recorded = steps.get(f"k:gw.{n}")
+        hold = None
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
-            refusal = self.budgets.check(
+            # what the calls in flight may still spend counts: sent at once, calls
+            # pass a budget no further than sent one after another
+            admitted = await self.budgets.admit(
                 c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
-                spec.budget, len(c.raw) // 4,
+                spec.budget, len(c.raw) // 4, most_of(c),
             )  # fmt: skip
-            if refusal is not None:
-                await self._over_budget(c, refusal)
+            if isinstance(admitted, Refusal):
+                await self._over_budget(c, admitted)
+            else:
+                hold = admitted
+                c.settled.append(lambda: self.budgets.release(admitted))
+        try:
+            return await self._begun(request, c, n)
+        finally:
+            if hold is not None:
+                self.budgets.release(hold)
+
+    async def _begun(self, request: web.Request, c: Call, n: int) -> web.StreamResponse:
+        spec = c.s.spec
+        assert spec is not None
         asked = SdkStepParams(
             token=c.token, kind="model", name=c.model, ordinal=1, key=f"gw.{n}",
             key_is_id=True, request=c.body, strict=spec.model.strict,
@@ -213,7 +244,16 @@ class Calls:
         if status != "run":
             why = answer.get("rule") or answer.get("reason") or status
             raise Refuse(400, f"the daemon does not send this call: {why}")
-        return await self._send(request, c, answer["call"])
+        turn = c.s.j.state.turn
+        here = (c.s.name, turn["n"] if turn else None, n)
+        flying = self._flying[here] = asyncio.Event()
+        c.settled.append(flying.set)  # its answer is on record (or it failed)
+        try:
+            return await self._send(request, c, answer["call"])
+        finally:
+            flying.set()
+            if self._flying.get(here) is flying:
+                del self._flying[here]
 
     async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the
@@ -269,7 +309,7 @@ class Calls:
         except GaveUp as g:
             await self._failed(c, call, started, f"upstream answered {g.last.status}")
             body = g.last.body if isinstance(g.last.body, bytes) else b""
-            return _passed(c.api, g.last.status, body)
+            return _passed(c.api, g.last.status, body, _keys(self.config, self.upstreams.env))
         except KeyError as exc:
             await self._failed(c, call, started, "no key")
             raise Refuse(
@@ -285,8 +325,9 @@ class Calls:
             if resp.status != 200:
                 body = await resp.read()
                 await self._failed(c, call, started, f"upstream answered {resp.status}")
-                return _passed(c.api, resp.status, body)
+                return _passed(c.api, resp.status, body, _keys(self.config, self.upstreams.env))
             if "text/event-stream" in resp.headers.get("Content-Type", ""):
+                c.settled.append(held.release)
                 return await self._stream(request, c, call, resp, ask=ask, started=started)
             data = await resp.read()
             try:
@@ -312,28 +353,46 @@ class Calls:
     ) -> web.StreamResponse:
         out = _sse_response()
         await out.prepare(request)
-        assembler, listening = Assembler(c.api), True
+        # the upstream is read at its own pace, whatever the program's: a program
+        # that reads slowly, or never, holds its connection, never the model's slot
+        # nor its budget (they are given back once the answer is in)
+        assembler, chunks = Assembler(c.api), asyncio.Queue[bytes | None]()
+        writer = asyncio.create_task(_write_all(out, chunks))
+        complete = False
         try:
-            async for chunk in resp.content.iter_any():
-                assembler.feed(chunk)
-                if listening:
-                    try:
-                        await out.write(chunk)
-                    except (ConnectionError, RuntimeError):
-                        # the program went away: the stream is read to its end all the
-                        # same, so what it cost is recorded and a later run replays it
-                        listening = False
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            await self._failed(c, call, started, f"the stream broke: {exc!r}")
+            try:
+                keys, held_back = _keys(self.config, self.upstreams.env), b""
+                async for chunk in resp.content.iter_any():
+                    assembler.feed(chunk)
+                    # a provider's key never reaches the program, even echoed (its
+                    # record is then refused): masked, and what may begin one is held
+                    # back until the next chunk says
+                    safe, held_back = _masked(held_back + chunk, keys)
+                    if safe:  # (an empty write may end a chunked answer)
+                        chunks.put_nowait(safe)
+                if held_back:
+                    chunks.put_nowait(held_back)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                await self._failed(c, call, started, f"the stream broke: {exc!r}")
+                return out
+            if assembler.result is None or not assembler.done:
+                await self._failed(c, call, started, "the stream ended before its end")
+                return out
+            # the program may have gone away: the stream was read to its end all the
+            # same, so what it cost is recorded and a later run replays it
+            try:
+                await self._record(c, call, ask, assembler.result, started)
+            except Refuse:  # (logged) the program's stream ends without its end
+                return out
+            complete = True
             return out
-        if assembler.result is None or not assembler.done:
-            await self._failed(c, call, started, "the stream ended before its end")
-            return out
-        await self._record(c, call, ask, assembler.result, started)
-        if listening:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await out.write_eof()
-        return out
+        finally:
+            for settle in c.settled:  # the upstream is done with: its slot, its hold
+                settle()
+            chunks.put_nowait(None)
+            if await writer and complete:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await out.write_eof()
 
     # --- the record ------------------------------------------------------------------
 
@@ -372,6 +431,21 @@ class Calls:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+
+
+# where each API asks for at most so many output tokens
+OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def most_of(c: Call) -> tuple[int | None, float | None]:
+    """What a call may spend at most: its input's estimate and the output it caps
+    (tokens, dollars); no bound (``None``) where it asks no cap."""
+    est = max(1, len(c.raw) // 4)
+    caps = [v for k in OUTPUT_CAPS if type(v := c.body.get(k)) is int and v >= 0]
+    if not caps:
+        return None, (0.0 if c.provider.cost(1, 1) is None else None)
+    cost = c.provider.cost(est, min(caps))
+    return est + min(caps), cost or 0.0
 
 
 def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
@@ -416,15 +490,50 @@ def _plain(_s: Session, reply: StepReply) -> StepAnswer:
     return {"stop": False, **reply}
 
 
+MASK = b"[a provider key]"
+
+
+def _keys(config: ModelConfig, env: dict[str, str]) -> list[bytes]:
+    return [key.encode() for key in provider_keys(config, env)]
+
+
+def _masked(data: bytes, keys: list[bytes]) -> tuple[bytes, bytes]:
+    """``data`` with every key masked, split into what may go to the program now and
+    the tail that could begin a key (held back until more comes)."""
+    for key in keys:
+        data = data.replace(key, MASK)
+    hold = 0
+    for key in keys:
+        for n in range(min(len(key) - 1, len(data)), hold, -1):
+            if data.endswith(key[:n]):
+                hold = n
+                break
+    return data[: len(data) - hold], data[len(data) - hold :]
+
+
+async def _write_all(out: web.StreamResponse, chunks: asyncio.Queue[bytes | None]) -> bool:
+    """Write the chunks to the program until ``None``: whether it was listening to
+    the end (``False``: it went away; the rest is not written)."""
+    while (chunk := await chunks.get()) is not None:
+        try:
+            await out.write(chunk)
+        except (ConnectionError, RuntimeError):
+            return False
+    return True
+
+
 def _sse_response() -> web.StreamResponse:
     return web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
 
 
-def _passed(api: str, status: int, body: bytes) -> web.Response:
+def _passed(api: str, status: int, body: bytes, keys: list[bytes]) -> web.Response:
     """An upstream's error answered as it came where it is the provider's JSON, else
-    in the provider's shape."""
+    in the provider's shape; never with a provider's key in it (one that says which
+    key it refused)."""
+    for key in keys:
+        body = body.replace(key, MASK)
     try:
         parsed = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:

@@ -10,6 +10,7 @@ address is the same inside and out, and a run reaches nothing but the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from pathlib import Path
@@ -20,6 +21,7 @@ from aiohttp import web
 from sessiond.config import DaemonConfig
 from sessiond.gateway.budgets import Budgets, TableLedger
 from sessiond.gateway.calls import Calls
+from sessiond.gateway.door import Door, limit_of
 from sessiond.gateway.sched import Scheduler
 from sessiond.gateway.view import limits_of
 from sessiond.ipc.fence import READ, WRITE, grant
@@ -56,6 +58,7 @@ class Gateway:
         self.socket: Path = gateway_socket(kernel.ctx.config.socket)
         self.port = 0
         self._runner: web.AppRunner | None = None
+        self._servers: list[asyncio.Server] = []
 
     def app(self) -> web.Application:
         # the body's size is checked by the calls (their own error shape)
@@ -81,20 +84,30 @@ class Gateway:
     async def start(self) -> None:
         config = self.kernel.ctx.config
         host, _, port = config.model.listen.rpartition(":")
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # at the daemon's stop the runs are gone: a call still in flight (an upstream
+        # that stalls, a program that never read its stream) is given the stop's
+        # grace, not aiohttp's minute, and is then cut as a crash would cut it
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False,
+            shutdown_timeout=config.shutdown_grace,
+        )  # fmt: skip
         await self._runner.setup()
-        tcp = web.TCPSite(self._runner, host.strip("[]"), int(port), reuse_address=True)
-        await tcp.start()
-        server = tcp._server
+        # every connection goes through the door: so many at once, a share per uid
+        server = self._runner.server
         assert server is not None
-        self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        door = Door(server, lambda: server.connections, limit_of(config.max_connections))
+        loop = asyncio.get_running_loop()
+        tcp = await loop.create_server(
+            door.protocol, host.strip("[]"), int(port), reuse_address=True
+        )
+        self._servers.append(tcp)
+        self.port = int(tcp.sockets[0].getsockname()[1])
         # beside the control socket, in the daemon's own folder (which the control
         # server checks as it starts: after this, the runs need the address first)
         self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        unix = web.UnixSite(self._runner, str(self.socket))
-        await unix.start()
+        self._servers.append(await loop.create_unix_server(door.protocol, str(self.socket)))
         os.chmod(self.socket, 0o600)
         # as the program endpoint: the [run] user may connect, dynamic uids through the
         # bind in their sandbox (the 0700 folder fences everyone else); the token is
@@ -109,6 +122,8 @@ class Gateway:
 
     async def close(self) -> None:
         await self.calls.upstreams.close()
+        for listening in self._servers:
+            listening.close()
         if self._runner is not None:
             await self._runner.cleanup()
         with contextlib.suppress(FileNotFoundError):

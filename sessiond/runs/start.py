@@ -46,7 +46,7 @@ from sessiond.runs.agents import agent_env
 from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_prefix
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
-from sessiond.runs.modelenv import model_env
+from sessiond.runs.modelenv import model_env, provider_keys
 from sessiond.runs.runner import Outcome, Program, program_env
 from sessiond.runs.secrets import SecretMissing
 from sessiond.runs.secrets import resolve as resolve_secrets
@@ -463,6 +463,10 @@ class Starter:
         # neither this daemon nor its spawner is left to stop them (runs/leftovers.py).
         env[MARK] = mark(self.ctx.config.state_dir, s.name, run_id)
         masked.add(env["SESSIOND_TOKEN"])
+        # a provider's key is never stored nor shown, even where an upstream echoes it
+        # back in an answer (a proxy's error, a model told it): such an answer is
+        # refused when it is recorded, as any answer holding a secret
+        masked |= provider_keys(self.ctx.config.model, self.ctx.env)
         s.masked = frozenset(masked)
         return env, unresolved
 

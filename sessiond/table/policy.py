@@ -55,6 +55,7 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
         )
     if extra := [m for m in new.model.allow if m not in caller.model.allow]:
         problems.append(f"it may use models {', '.join(extra)} ([model] allow), this one not")
+    problems += _standing(new, caller)
     granted = set(caller.run.grants) if caller.run is not None else set()
     if new.compact is not None and caller.run is None:
         problems.append("it has a [compact] exec command, a program too, and this session has none")
@@ -65,6 +66,28 @@ def widening(new: SessionSpec, caller: SessionSpec) -> list[str]:
             if extra := sorted(set(new.run.grants) - granted):
                 problems.append(f"its program is granted {', '.join(extra)}, which this one is not")
             problems += _reach(new.run, caller.run)
+    return problems
+
+
+def _standing(new: SessionSpec, caller: SessionSpec) -> list[str]:
+    """Nor may it stand higher at the model and the run queue, or spend more: its
+    priority is no higher, its agent is the caller's (an agent's daily budget and
+    its fair share of the model count all its sessions: another name would escape
+    both), and each budget the caller has it has too, no larger."""
+    problems = []
+    if new.priority > caller.priority:
+        problems.append(f"its priority {new.priority} is above this session's {caller.priority}")
+    if new.agent != caller.agent:
+        problems.append(
+            f"it runs as agent {new.agent or '(none)'!r}, this session as "
+            f"{caller.agent or '(none)'!r}"
+        )
+    mine, theirs = caller.budget.model_dump(), new.budget.model_dump()
+    for key, limit in mine.items():
+        if limit and not 0 < theirs[key] <= limit:
+            problems.append(
+                f"its [budget] {key} is {theirs[key] or 'unlimited'}, this session's {limit:g}"
+            )
     return problems
 
 

@@ -341,3 +341,33 @@ def test_one_run_cannot_take_every_connection_of_the_program_endpoint(
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_session_a_program_creates_stands_no_higher_and_spends_no_more(
+    ledger: Path, program: Path
+) -> None:
+    """Grant ``create``: the new session asks priority 100, another agent's name and
+    no budget, to go first at the model and spend outside its creator's budget.
+    Refused, naming each; no such session exists."""
+    ws = short_dir()
+    try:
+        with running() as d:
+            spec = (
+                f'name = "prog"\ngoal = "attack"\nagent = "scribe"\npriority = 10\n'
+                f'[run]\nkind = "sdk"\nexec = ["{PYTHON}", "-I", "{program}"]\ncwd = "{ws}"\n'
+                f'retries = 0\ngrants = ["create", "log", "ps", "send", "show"]\n'
+                f'env = {{ ATTACK_MODE = "standing", ATTACK_LEDGER = "{ledger}" }}\n'
+                "[budget]\ntokens_per_day = 1000\n"
+            )
+            d.ctl("create", str(d.write_spec("prog", spec)), check=True)
+            d.ctl("activate", "prog", check=True)
+            wait_event(d, "prog", "run.finished")
+            created = read(ws / "program.json")["create"]
+            assert not created.get("ok"), created
+            message = created["error"]["message"]
+            assert "priority 100 is above this session's 10" in message, message
+            assert "runs as agent 'someone-else'" in message, message
+            assert "tokens_per_day is unlimited" in message, message
+            assert [s["name"] for s in d.json("ps", "--all")] == ["prog"]
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)

@@ -137,3 +137,37 @@ def test_a_run_that_may_write_more_of_the_workspace_is_wider() -> None:
     assert narrower == [], narrower
     inside = widening(child(policy, run=run.replace("/srv/ws", "/srv/ws/out")), caller)
     assert inside == [], inside
+
+
+STANDING = 'name = "{name}"\nagent = "{agent}"\npriority = {priority}\n[run]\nexec = ["true"]\n'
+STANDING += (
+    'grants = ["ps"]\n[policy]\ndeny = ["rm_*"]\nask = ["pay", "edit_*"]\n[budget]\n{budget}\n'
+)
+BUDGET = "tokens_per_day = 1000\ncost_usd = 2.5"
+
+
+def standing(agent: str = "scribe", priority: int = 10, budget: str = BUDGET) -> SessionSpec:
+    return spec(STANDING.format(name="child", agent=agent, priority=priority, budget=budget))
+
+
+@pytest.mark.parametrize(
+    ("new", "why"),
+    [
+        (standing(priority=90), "priority 90 is above this session's 10"),
+        (standing(agent="someone-else"), "runs as agent 'someone-else'"),
+        (standing(agent=""), "runs as agent '(none)'"),
+        (standing(budget="cost_usd = 2.5"), "tokens_per_day is unlimited"),
+        (standing(budget="tokens_per_day = 5000\ncost_usd = 2"), "is 5000, this session's 1000"),
+        (standing(budget="tokens_per_day = 1000"), "cost_usd is unlimited"),
+    ],
+)
+def test_a_session_that_stands_higher_at_the_model_or_spends_more_is_wider(
+    new: SessionSpec, why: str
+) -> None:
+    # a program that creates a session of a higher priority, under another agent's
+    # name or without its budget would jump the model's queue or escape the budget
+    caller = standing()
+    problems = widening(new, caller)
+    assert any(why in p for p in problems), problems
+    lower = standing(priority=5, budget="tokens_per_day = 800\ncost_usd = 1.5\ntokens = 9")
+    assert widening(lower, caller) == []

@@ -13,6 +13,8 @@ controls (tests/e2e/test_boundary_attacks.py). Standard library only.
 - ``ATTACK_MODE=symlink``: its paths the spec declares (``writes``, ``writable``)
   made symlinks out of the workspace between two runs.
 - ``ATTACK_MODE=secrets``: it creates a session whose secrets are the daemon's.
+- ``ATTACK_MODE=standing``: it creates a session of a higher priority, another
+  agent and no budget.
 - ``ATTACK_MODE=create``: it creates a session ``child`` whose ``[run]`` writes a
   folder outside its own workspace (``writable``), or whose workspace is that
   folder (``cwd``), and whose program writes a file there.
@@ -96,6 +98,16 @@ def create_attack(results: dict[str, Any]) -> None:
     where = f'cwd = "{target}"\n' if how == "cwd" else f'writable = ["{target}"]\n'
     spec = (
         f'name = "child"\ngoal = "help"\n[run]\nexec = {json.dumps(program)}\n{where}retries = 0\n'
+    )
+    results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
+
+
+def standing_attack(results: dict[str, Any]) -> None:
+    """A session first at the model's queue, under another agent's name and with no
+    budget: the same program and workspace as its own otherwise."""
+    spec = (
+        'name = "child"\ngoal = "help"\nagent = "someone-else"\npriority = 100\n'
+        f'[run]\nexec = ["/bin/true"]\ncwd = "{WORKSPACE}"\nretries = 0\n'
     )
     results["create"] = call("create", {"spec": spec, "base": WORKSPACE})
 
@@ -203,6 +215,8 @@ def main() -> None:
             git_attack(results)
         elif MODE == "create":
             create_attack(results)
+        elif MODE == "standing":
+            standing_attack(results)
         elif MODE == "secrets":
             secrets_attack(results)
         elif MODE == "githead":
