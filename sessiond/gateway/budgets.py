@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
-from sessiond.log.state import ModelSpend, SpendKey
-
 import structlog
+
+from sessiond.log.state import ModelSpend, SpendKey
 
 log = structlog.get_logger(__name__)
 
