@@ -3,6 +3,7 @@ default) and a longer one locally with HYPOTHESIS_PROFILE=long."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -42,20 +43,16 @@ def state_dir(tmp_path: Path) -> Path:
 # in-process daemon (tests/inproc/harness.py), marked `inproc`.
 PROCESS_DIRS = frozenset({"e2e", "cluster", "faults", "integrations"})
 PROCESS_FILES = frozenset({"test_bench.py", "test_pgwatch.py", "test_demo.py"})
-# the gateway's end-to-end tests: a real daemon and runs (tests/gateway/rig.py)
-PROCESS_PATHS = frozenset(
-    f"gateway/{name}.py"
-    for name in (
-        "test_budget_e2e",
-        "test_crash",
-        "test_gateway",
-        "test_no_key_in_a_run",
-        "test_refusals",
-        "test_storm",
-    )
-)
+# a module that starts the real daemon through the e2e harness, wherever it lives
+# (tests/gateway's end-to-end tests use it through tests/gateway/rig.py)
+PROCESS_IMPORTS = ("tests.e2e.harness", "tests.gateway.rig")
 PROCESS_TESTS = frozenset({"test_cron_jitter_is_the_same_in_every_process"})
 TESTS = Path(__file__).parent
+
+
+@functools.cache
+def _starts_daemons(path: Path) -> bool:
+    return path.suffix == ".py" and any(name in path.read_text() for name in PROCESS_IMPORTS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -65,7 +62,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if (
             parts[0] in PROCESS_DIRS
             or parts[-1] in PROCESS_FILES
-            or "/".join(parts) in PROCESS_PATHS
+            or _starts_daemons(item.path)
             or getattr(item, "originalname", item.name) in PROCESS_TESTS
             or "pg_dsn" in getattr(item, "fixturenames", ())
             or (params is not None and "postgres" in params.params.values())
