@@ -106,7 +106,7 @@ class Calls:
             call = await self._checked(request, api)
             return await self._step(request, call)
         except Refuse as r:
-            return web.json_response(error_body(api, r.status, r.message, r.code), status=r.status)
+            return _json(error_body(api, r.status, r.message, r.code), r.status)
 
     # --- the checks: who, what (nothing recorded) ------------------------------------
 
@@ -185,11 +185,12 @@ class Calls:
         spec = c.s.spec
         assert spec is not None
         turn = c.s.j.state.turn
+        digest = digest_of(c.body)  # once a call: a long conversation is costly to hash
         # its place, taken before any await (the run's calls may race each other)
         steps = turn["steps"] if turn is not None else {}
-        n = place(steps, c.grant.gateway_places, digest_of(c.body))
+        n = place(steps, c.grant.gateway_places, digest)
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
-            n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
+            n = resumed_place(steps, c.grant.gateway_places, digest, n)
         c.grant.gateway_places.add(n)
         recorded = steps.get(f"k:gw.{n}")
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
@@ -203,8 +204,10 @@ class Calls:
             token=c.token, kind="model", name=c.model, ordinal=1, key=f"gw.{n}",
             key_is_id=True, request=c.body, strict=spec.model.strict,
         )  # fmt: skip
+        sdk_steps = self.kernel.sdk.steps
         try:
-            answer = await self.kernel.sdk.steps.begin(c.s, c.grant, asked, _plain)
+            # early: sent while its request is recorded (runs.asking says why that is safe)
+            answer = await sdk_steps.begin(c.s, c.grant, asked, _plain, digest=digest, early=True)
         except (InvalidInput, Refused) as exc:
             raise Refuse(400, str(exc)) from None
         status = answer["status"]
@@ -213,7 +216,10 @@ class Calls:
         if status != "run":
             why = answer.get("rule") or answer.get("reason") or status
             raise Refuse(400, f"the daemon does not send this call: {why}")
-        return await self._send(request, c, answer["call"])
+        try:
+            return await self._send(request, c, answer["call"])
+        finally:
+            sdk_steps.asking.forget(answer["call"])
 
     async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the
@@ -238,7 +244,7 @@ class Calls:
             )
         response = recorded["response"]
         if not c.stream:
-            return web.json_response(response)
+            return _json(response)
         out = _sse_response()
         await out.prepare(request)
         for chunk in events(c.api, response):
@@ -310,6 +316,11 @@ class Calls:
         ask: Ask,
         started: float,
     ) -> web.StreamResponse:
+        try:
+            # nothing of the response reaches the program before its request is in the log
+            await self.kernel.sdk.steps.asking.recorded(call)
+        except Refused as exc:
+            raise Refuse(500, str(exc)) from None
         out = _sse_response()
         await out.prepare(request)
         assembler, listening = Assembler(c.api), True
@@ -380,18 +391,23 @@ def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
     calls sent at once (``asyncio.gather``, threads) find their own records whatever
     order they arrive in; else the first place this run has not taken (in call order:
     a changed request, or a new call)."""
-    same = sorted(
-        int(slot[5:])
-        for slot, st in steps.items()
-        if slot.startswith("k:gw.")
-        and slot[5:].isdigit()
-        and st.get("digest") == digest
-        and st.get("status") == "ok"
-        and int(slot[5:]) not in taken
-    )
-    if same:
-        return same[0]
-    n = 1
+    # one plain pass, the digest first (it rules out nearly every other step): this
+    # runs for every call, over every step of the turn
+    best = 0
+    for slot, st in steps.items():
+        if (
+            st.get("digest") == digest
+            and st.get("status") == "ok"
+            and slot.startswith("k:gw.")
+            and slot[5:].isdigit()
+        ):
+            n = int(slot[5:])
+            if n not in taken and (not best or n < best):
+                best = n
+    if best:
+        return best
+    # the places a run takes are mostly 1..k: then the next is k + 1 at once
+    n = len(taken) + 1 if taken and max(taken) == len(taken) else 1
     while n in taken:
         n += 1
     return n
@@ -431,4 +447,9 @@ def _passed(api: str, status: int, body: bytes) -> web.Response:
         parsed = None
     if not isinstance(parsed, dict) or "error" not in parsed:
         parsed = error_body(api, status, f"the provider answered {status}")
-    return web.json_response(parsed, status=status)
+    return _json(parsed, status)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    """A JSON answer encoded by orjson (aiohttp's json_response: the standard json)."""
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")
