@@ -37,6 +37,7 @@ from sessiond.gateway.shapes import Assembler, error_body, events, stop_of, text
 from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
+from sessiond.log.records import TurnRecord
 from sessiond.modelconfig import ModelConfig, ProviderConfig
 from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.steps import digest_of
@@ -96,6 +97,7 @@ class Calls:
         self.scheduler = scheduler
         self.budgets = budgets
         self.upstreams = Upstreams(kernel.ctx.env)
+        self._earlier = Earlier()
 
     @property
     def config(self) -> ModelConfig:
@@ -188,7 +190,7 @@ class Calls:
         digest = digest_of(c.body)  # once a call: a long conversation is costly to hash
         # its place, taken before any await (the run's calls may race each other)
         steps = turn["steps"] if turn is not None else {}
-        n = place(steps, c.grant.gateway_places, digest)
+        n = self._place(c, turn, digest)
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
             n = resumed_place(steps, c.grant.gateway_places, digest, n)
         c.grant.gateway_places.add(n)
@@ -219,7 +221,21 @@ class Calls:
         try:
             return await self._send(request, c, answer["call"])
         finally:
-            sdk_steps.asking.forget(answer["call"])
+            sdk_steps.asking.forget(c.s.name, answer["call"])
+
+    def _place(self, c: Call, turn: TurnRecord | None, digest: str) -> int:
+        """``place``, without a pass over every step of a long turn for each call: the
+        first run of a turn has no earlier run's places to find, and a later run
+        looks its request up among those recorded finished before it began."""
+        taken = c.grant.gateway_places
+        if turn is None or turn["runs"] <= 1:
+            return place({}, taken, digest)
+        steps = turn["steps"]
+        for n in self._earlier.places(c.s.name, turn).get(digest, ()):
+            st = steps.get(f"k:gw.{n}") if n not in taken else None
+            if st is not None and st.get("digest") == digest and st.get("status") == "ok":
+                return n
+        return place(steps, taken, digest)  # a new request (or one finished since)
 
     async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the
@@ -316,11 +332,7 @@ class Calls:
         ask: Ask,
         started: float,
     ) -> web.StreamResponse:
-        try:
-            # nothing of the response reaches the program before its request is in the log
-            await self.kernel.sdk.steps.asking.recorded(call)
-        except Refused as exc:
-            raise Refuse(500, str(exc)) from None
+        await self._asked(c, call)  # before the stream's first event
         out = _sse_response()
         await out.prepare(request)
         assembler, listening = Assembler(c.api), True
@@ -368,11 +380,22 @@ class Calls:
             tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost,
             text=text_of(c.api, response), duration_ms=int((time.monotonic() - started) * 1000),
         )  # fmt: skip
+        await self._asked(c, call)
         try:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
             raise Refuse(400, str(exc)) from None
+
+    async def _asked(self, c: Call, call: str) -> None:
+        """Wait until the call's request is in the log: nothing of a response reaches
+        the program before (runs.asking). Where it could not be recorded (a full
+        disk, say), the response is not given: nothing of the call is in the log."""
+        try:
+            await self.kernel.sdk.steps.asking.recorded(c.s.name, call)
+        except Refused as exc:
+            log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+            raise Refuse(500, str(exc)) from None
 
     async def _failed(self, c: Call, call: str, started: float, why: str) -> None:
         done = SdkStepDoneParams(
@@ -383,6 +406,31 @@ class Calls:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+
+
+class Earlier:
+    """The places the earlier runs of each session's open turn recorded finished,
+    by request digest: read at a run's first call (what earlier runs recorded does
+    not change while it runs), one pass, then looked up."""
+
+    def __init__(self) -> None:
+        # session -> ((turn, runs), digest -> places, ascending)
+        self._of: dict[str, tuple[tuple[int, int], dict[str, list[int]]]] = {}
+
+    def places(self, session: str, turn: TurnRecord) -> dict[str, list[int]]:
+        at = (turn["n"], turn["runs"])
+        known = self._of.get(session)
+        if known is not None and known[0] == at:
+            return known[1]
+        found: dict[str, list[int]] = {}
+        for slot, st in turn["steps"].items():
+            digest = st.get("digest")
+            if digest and st["status"] == "ok" and slot.startswith("k:gw.") and slot[5:].isdigit():
+                found.setdefault(digest, []).append(int(slot[5:]))
+        for places in found.values():
+            places.sort()
+        self._of[session] = (at, found)
+        return found
 
 
 def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:

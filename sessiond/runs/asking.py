@@ -29,19 +29,20 @@ from sessiond.errors import InvalidInput, Refused
 
 
 class Asking:
-    """The requests being recorded, by call id."""
+    """The requests being recorded, by session and call id (``r1.m2``: each
+    session's runs count from 1)."""
 
     def __init__(self) -> None:
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    def start(self, call: str, record: Coroutine[Any, Any, None]) -> None:
-        self._tasks[call] = asyncio.create_task(record)
+    def start(self, session: str, call: str, record: Coroutine[Any, Any, None]) -> None:
+        self._tasks[session, call] = asyncio.create_task(record)
 
-    async def recorded(self, call: str) -> None:
+    async def recorded(self, session: str, call: str) -> None:
         """Once the request of ``call`` is in the log (at once if it was not begun
         early). Raises Refused where it could not be recorded: nothing of the call
         is then in the log, and its response must not be given."""
-        task = self._tasks.pop(call, None)
+        task = self._tasks.pop((session, call), None)
         if task is None:
             return
         try:
@@ -51,11 +52,11 @@ class Asking:
         except Exception as exc:  # a full disk, a failed log: nothing recorded
             raise Refused(f"the request of model call {call} could not be recorded: {exc}") from exc
 
-    def forget(self, call: str) -> None:
+    def forget(self, session: str, call: str) -> None:
         """The caller is done with ``call`` (answered, refused or cancelled): a request
         still being recorded goes on alone (a step started and never finished,
         asked again by a later run), and a failure of it is nobody's to raise."""
-        task = self._tasks.pop(call, None)
+        task = self._tasks.pop((session, call), None)
         if task is not None:
             task.add_done_callback(_retrieved)
 

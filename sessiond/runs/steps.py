@@ -381,7 +381,7 @@ class Steps:
         call_id = f"{grant.run}.m{grant.calls_model}"
         if early:  # the gateway sends the call while its request is stored (runs.asking)
             record = self._early(s, grant, p, call_id, digest, turn=turn["n"], parent=parent)
-            self.asking.start(call_id, record)
+            self.asking.start(s.name, call_id, record)
         else:
             await self._request(s, p, call_id, digest, turn=turn["n"], parent=parent)
         return {"status": "run", "call": call_id, "rule": "a model call"}
@@ -440,7 +440,7 @@ class Steps:
     async def done(self, s: Session, grant: RunGrant, p: Any) -> None:
         spec = s.spec
         assert spec is not None
-        await self.asking.recorded(p.call)
+        await self.asking.recorded(s.name, p.call)
         if p.result_b64 is not None:
             try:
                 data = base64.b64decode(p.result_b64, validate=True)
