@@ -85,8 +85,10 @@ if not Path("first.json").exists():
         via.append(post(g, path, body("claude-fast")))
         direct_ttft.append(post(d, "/v1/messages", body("claude-fast", stream=True), True))
         via_ttft.append(post(g, path, body("claude-fast", stream=True), True))
-    Path("first.json").write_text(json.dumps(
+    # whole or not at all: the bench reads it as soon as it is there
+    Path("first.tmp").write_text(json.dumps(
         {{"via": via, "direct": direct, "via_ttft": via_ttft, "direct_ttft": direct_ttft}}))
+    os.replace("first.tmp", "first.json")
     sys.exit(1)  # the turn goes on in a later run, which gets its calls from the log
 replay, floor = [], []
 for i in range(N):
@@ -96,7 +98,8 @@ for i in range(N):
     d.request("GET", "/_count")
     d.getresponse().read()
     floor.append((time.perf_counter() - start) * 1000)
-Path("replay.json").write_text(json.dumps({{"replay": replay, "floor": floor}}))
+Path("replay.tmp").write_text(json.dumps({{"replay": replay, "floor": floor}}))
+os.replace("replay.tmp", "replay.json")
 """
 )
 
@@ -113,7 +116,8 @@ while not Path("{go}").exists():
 start = time.time()
 for i in range(calls):
     post(g, path, body(model, text=me))
-Path("done.json").write_text(json.dumps({{"start": start, "end": time.time()}}))
+Path("done.tmp").write_text(json.dumps({{"start": start, "end": time.time()}}))
+os.replace("done.tmp", "done.json")
 """
 )
 
