@@ -159,6 +159,7 @@ def jain(counts: list[int]) -> float:
     return total * total / (len(counts) * squares) if squares else 1.0
 
 
+# figures by name: numbers, and a list of counts (printed as JSON, as every bench's)
 def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
     from sessiond.gateway.scripted import Upstream
 
@@ -306,7 +307,7 @@ def _fairness(d: BenchDaemon, root: Path, up: Any, calls: int) -> dict[str, Any]
     return {"gateway_jain_index": round(jain(every), 3), "gateway_jain_counts": every}
 
 
-def asked(body: dict[str, Any]) -> str:
+def asked(body: dict[str, Any]) -> str:  # a request the upstream received: any JSON
     return str(body["messages"][0]["content"])
 
 

@@ -39,6 +39,7 @@ from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
 from sessiond.log.records import TurnRecord
 from sessiond.modelconfig import ModelConfig, ProviderConfig
+from sessiond.replies import JsonObject
 from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.steps import digest_of
 from sessiond.runs.tokens import RunGrant, TokenRefused
@@ -67,7 +68,7 @@ class Call:
     api: str
     model: str
     provider: ProviderConfig
-    body: dict[str, Any]
+    body: JsonObject  # a provider API's request: any JSON object naming its model
     raw: bytes
     stream: bool
 
@@ -136,9 +137,9 @@ class Calls:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise Refuse(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
             raise Refuse(400, 'the request must be a JSON object naming its model ("model")')
-        model = body["model"]
         provider = self.config.provider_for(model)
         if provider is None:
             served = ", ".join(m for p in self.config.provider for m in p.models)
@@ -361,7 +362,7 @@ class Calls:
     # --- the record ------------------------------------------------------------------
 
     async def _record(
-        self, c: Call, call: str, ask: Ask, response: dict[str, Any], started: float
+        self, c: Call, call: str, ask: Ask, response: JsonObject, started: float
     ) -> None:
         spec = c.s.spec
         assert spec is not None
@@ -433,6 +434,7 @@ class Earlier:
         return found
 
 
+# steps: the turn's (StepRecord by slot), any mapping of the keys read (the unit tests')
 def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
     """The place ``gw.<n>`` of a call in its turn: the first place an earlier run
     recorded for the very same request (its digest) that this run has not taken, so
@@ -461,7 +463,7 @@ def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
     return n
 
 
-def resumed_place(steps: dict[str, Any], taken: set[int], digest: str, n: int) -> int:
+def resumed_place(steps: dict[str, Any], taken: set[int], digest: str, n: int) -> int:  # as place
     """The place of an agent CLI's call (``claude-code``, ``codex``): the CLI resumes
     its own history in a later run of the turn, so a call is an earlier run's only
     for the very same request; any other is a new place after those the turn

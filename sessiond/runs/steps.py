@@ -89,7 +89,7 @@ def args_hash(tool: str, args: Mapping[str, Any]) -> str:
     return digest_of([tool, args])
 
 
-def tool_list(request: Any) -> dict[str, Any]:
+def tool_list(request: Any) -> dict[str, Any]:  # ModelRequested's keyword arguments
     """The hash and size of the tool list a model request shows the model (its
     ``tools``, in every API's request), for ``model.requested``."""
     tools = request.get("tools") if isinstance(request, dict) else None
