@@ -10,8 +10,8 @@ to the provider instead of during it. So the gateway begins its steps
 Why that keeps every promise: a model call changes nothing in the world. A call
 whose request a crash lost before it was durable is the same as a step started
 and not finished: the next run of the turn asks it again (runs.steps: an
-earlier run's model step left waiting is asked again; the gate reruns model
-steps), and no response of it was given to anyone. What must hold is the
+earlier run's model step left waiting for its response is asked again, and the
+gate holds no model step), and no response of it was given to anyone. What must hold is the
 order: ``model.requested`` is in the log before ``model.responded`` and before
 any of the response (a stream's first event included) reaches the program, and
 the response reaches it only once ``model.responded`` is durable, so a program
