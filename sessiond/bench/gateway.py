@@ -8,6 +8,11 @@ this process, answering at once), and runs that call it over plain HTTP
   (a durable step: ``model.requested`` and ``model.responded`` written) minus the
   same call sent to the upstream directly, alternately, by the same run.
 * ``gateway_ttft_added_p50_ms``: the same for a stream, to its first event.
+* ``gateway_durable_floor_p50_ms``: what a recorded call cannot avoid on this
+  disk, measured in the same run right after the calls, with no daemon: a new
+  file made durable in a folder (the response: write, fsync, rename, fsync the
+  folder), then a line appended to a log and fsynced (``model.responded``);
+  ``gateway_added_over_floor_p50_ms`` is the added latency less that.
 * ``gateway_calls_per_s``: 50 runs at once, each sending its calls one after the
   other, all through one daemon, the upstream with no limit.
 * ``gateway_jain_index``: 10 runs of equal priority sending calls in a loop to a
@@ -81,8 +86,10 @@ if not Path("first.json").exists():
         via.append(post(g, path, body("claude-fast")))
         direct_ttft.append(post(d, "/v1/messages", body("claude-fast", stream=True), True))
         via_ttft.append(post(g, path, body("claude-fast", stream=True), True))
-    Path("first.json").write_text(json.dumps(
+    # whole or not at all: the bench reads it as soon as it is there
+    Path("first.tmp").write_text(json.dumps(
         {{"via": via, "direct": direct, "via_ttft": via_ttft, "direct_ttft": direct_ttft}}))
+    os.replace("first.tmp", "first.json")
     sys.exit(1)  # the turn goes on in a later run, which gets its calls from the log
 replay, floor = [], []
 for i in range(N):
@@ -92,7 +99,8 @@ for i in range(N):
     d.request("GET", "/_count")
     d.getresponse().read()
     floor.append((time.perf_counter() - start) * 1000)
-Path("replay.json").write_text(json.dumps({{"replay": replay, "floor": floor}}))
+Path("replay.tmp").write_text(json.dumps({{"replay": replay, "floor": floor}}))
+os.replace("replay.tmp", "replay.json")
 """
 )
 
@@ -109,7 +117,8 @@ while not Path("{go}").exists():
 start = time.time()
 for i in range(calls):
     post(g, path, body(model, text=me))
-Path("done.json").write_text(json.dumps({{"start": start, "end": time.time()}}))
+Path("done.tmp").write_text(json.dumps({{"start": start, "end": time.time()}}))
+os.replace("done.tmp", "done.json")
 """
 )
 
@@ -151,6 +160,7 @@ def jain(counts: list[int]) -> float:
     return total * total / (len(counts) * squares) if squares else 1.0
 
 
+# figures by name: numbers, and a list of counts (printed as JSON, as every bench's)
 def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, object]:
     from sessiond.gateway.scripted import Upstream
 
@@ -163,7 +173,12 @@ def measure(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, ob
         try:
             d.start()
             say("measuring gateway_added_p50_ms, gateway_ttft_added_p50_ms, replays ...")
-            out.update(_latency(d, root, up.url, 200 if quick else 1000))
+            latency = _latency(d, root, up.url, 200 if quick else 1000)
+            floor = _durable_floor(root, 200 if quick else 500)
+            out.update(latency)
+            out.update(floor)
+            over = latency["gateway_added_p50_ms"] - floor["gateway_durable_floor_p50_ms"]
+            out["gateway_added_over_floor_p50_ms"] = round(over, 3)
             say("measuring gateway_calls_per_s (50 runs at once) ...")
             out.update(_load(d, root, "fast", 50, 10 if quick else 40))
             say("measuring gateway_jain_index (10 runs, 2 calls at a time) ...")
@@ -224,6 +239,30 @@ def _latency(d: BenchDaemon, root: Path, direct: str, n: int) -> dict[str, float
         "gateway_roundtrip_p50_ms": round(floor, 3),
         "gateway_replay_ratio": round(replay / floor, 2),
     }
+
+
+def _durable_floor(root: Path, n: int) -> dict[str, float]:
+    """The response's artifact and ``model.responded`` made durable, as the daemon
+    does it (durable.py), with no daemon: the fsyncs a recorded call waits for."""
+    import os
+
+    from sessiond.log.store.durable import write_durable
+
+    folder = root / "floor"
+    folder.mkdir()
+    took = []
+    fd = os.open(folder / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for i in range(n):
+            start = time.perf_counter()
+            write_durable(folder / f"{i:064x}", b'{"id":"msg_%d","content":[]}' % i)
+            os.write(fd, b'{"type":"model.responded","seq":%d}\n' % i)
+            os.fsync(fd)
+            took.append((time.perf_counter() - start) * 1000)
+    finally:
+        os.close(fd)
+    floor = statistics.median(took)
+    return {"gateway_durable_floor_p50_ms": round(floor, 3)}
 
 
 def _start_load(

@@ -34,12 +34,15 @@ from aiohttp import web
 
 from sessiond.errors import InvalidInput, Refused
 from sessiond.gateway.budgets import Budgets, Refusal
+from sessiond.gateway.places import Earlier, place, resumed_place
 from sessiond.gateway.sched import Ask, GaveUp, Held, Scheduler, Throttled
 from sessiond.gateway.shapes import Assembler, error_body, events, stop_of, text_of, usage_of
 from sessiond.gateway.upstream import KIND_OF, Upstreams
 from sessiond.ipc.params import SdkStepDoneParams, SdkStepParams
 from sessiond.log.event_data import BudgetExhausted
+from sessiond.log.records import TurnRecord
 from sessiond.modelconfig import ModelConfig, ProviderConfig
+from sessiond.replies import JsonObject
 from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.modelenv import provider_keys
 from sessiond.runs.steps import digest_of
@@ -69,7 +72,7 @@ class Call:
     api: str
     model: str
     provider: ProviderConfig
-    body: dict[str, Any]
+    body: JsonObject  # a provider API's request: any JSON object naming its model
     raw: bytes
     stream: bool
     # what the call gives back once its upstream answer is in (its budget hold)
@@ -103,6 +106,7 @@ class Calls:
         self.upstreams = Upstreams(kernel.ctx.env)
         # the calls sent upstream and not yet answered, by (session, turn, place)
         self._flying: dict[tuple[str, int | None, int], asyncio.Event] = {}
+        self._earlier = Earlier()
 
     @property
     def config(self) -> ModelConfig:
@@ -113,7 +117,7 @@ class Calls:
             call = await self._checked(request, api)
             return await self._step(request, call)
         except Refuse as r:
-            return web.json_response(error_body(api, r.status, r.message, r.code), status=r.status)
+            return _json(error_body(api, r.status, r.message, r.code), r.status)
 
     # --- the checks: who, what (nothing recorded) ------------------------------------
 
@@ -141,9 +145,9 @@ class Calls:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise Refuse(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
             raise Refuse(400, 'the request must be a JSON object naming its model ("model")')
-        model = body["model"]
         provider = self.config.provider_for(model)
         if provider is None:
             served = ", ".join(m for p in self.config.provider for m in p.models)
@@ -192,11 +196,12 @@ class Calls:
         spec = c.s.spec
         assert spec is not None
         turn = c.s.j.state.turn
+        digest = digest_of(c.body)  # once a call: a long conversation is costly to hash
         # its place, taken before any await (the run's calls may race each other)
         steps = turn["steps"] if turn is not None else {}
-        n = place(steps, c.grant.gateway_places, digest_of(c.body))
+        n = self._place(c, turn, digest)
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
-            n = resumed_place(steps, c.grant.gateway_places, digest_of(c.body), n)
+            n = resumed_place(steps, c.grant.gateway_places, digest, n)
         c.grant.gateway_places.add(n)
         flying = self._flying.get((c.s.name, turn["n"] if turn else None, n))
         if flying is not None:
@@ -222,20 +227,24 @@ class Calls:
                 hold = admitted
                 c.settled.append(lambda: self.budgets.release(admitted))
         try:
-            return await self._begun(request, c, n)
+            return await self._begun(request, c, n, digest)
         finally:
             if hold is not None:
                 self.budgets.release(hold)
 
-    async def _begun(self, request: web.Request, c: Call, n: int) -> web.StreamResponse:
+    async def _begun(
+        self, request: web.Request, c: Call, n: int, digest: str
+    ) -> web.StreamResponse:
         spec = c.s.spec
         assert spec is not None
         asked = SdkStepParams(
             token=c.token, kind="model", name=c.model, ordinal=1, key=f"gw.{n}",
             key_is_id=True, request=c.body, strict=spec.model.strict,
         )  # fmt: skip
+        sdk_steps = self.kernel.sdk.steps
         try:
-            answer = await self.kernel.sdk.steps.begin(c.s, c.grant, asked, _plain)
+            # early: sent while its request is recorded (runs.asking says why that is safe)
+            answer = await sdk_steps.begin(c.s, c.grant, asked, _plain, digest=digest, early=True)
         except (InvalidInput, Refused) as exc:
             raise Refuse(400, str(exc)) from None
         status = answer["status"]
@@ -254,6 +263,21 @@ class Calls:
             flying.set()
             if self._flying.get(here) is flying:
                 del self._flying[here]
+            sdk_steps.asking.forget(c.s.name, answer["call"])
+
+    def _place(self, c: Call, turn: TurnRecord | None, digest: str) -> int:
+        """``place``, without a pass over every step of a long turn for each call: the
+        first run of a turn has no earlier run's places to find, and a later run
+        looks its request up among those recorded finished before it began."""
+        taken = c.grant.gateway_places
+        if turn is None or turn["runs"] <= 1:
+            return place({}, taken, digest)
+        steps = turn["steps"]
+        for n in self._earlier.places(c.s.name, turn).get(digest, ()):
+            st = steps.get(f"k:gw.{n}") if n not in taken else None
+            if st is not None and st.get("digest") == digest and st.get("status") == "ok":
+                return n
+        return place(steps, taken, digest)  # a new request (or one finished since)
 
     async def _over_budget(self, c: Call, refusal: Refusal) -> None:
         """Refused for a budget: recorded as a spent budget, and the run stops so the
@@ -278,7 +302,7 @@ class Calls:
             )
         response = recorded["response"]
         if not c.stream:
-            return web.json_response(response)
+            return _json(response)
         out = _sse_response()
         await out.prepare(request)
         for chunk in events(c.api, response):
@@ -351,6 +375,7 @@ class Calls:
         ask: Ask,
         started: float,
     ) -> web.StreamResponse:
+        await self._asked(c, call)  # before the stream's first event
         out = _sse_response()
         await out.prepare(request)
         # the upstream is read at its own pace, whatever the program's: a program
@@ -397,7 +422,7 @@ class Calls:
     # --- the record ------------------------------------------------------------------
 
     async def _record(
-        self, c: Call, call: str, ask: Ask, response: dict[str, Any], started: float
+        self, c: Call, call: str, ask: Ask, response: JsonObject, started: float
     ) -> None:
         spec = c.s.spec
         assert spec is not None
@@ -416,11 +441,22 @@ class Calls:
             tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost,
             text=text_of(c.api, response), duration_ms=int((time.monotonic() - started) * 1000),
         )  # fmt: skip
+        await self._asked(c, call)
         try:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:
             log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
             raise Refuse(400, str(exc)) from None
+
+    async def _asked(self, c: Call, call: str) -> None:
+        """Wait until the call's request is in the log: nothing of a response reaches
+        the program before (runs.asking). Where it could not be recorded (a full
+        disk, say), the response is not given: nothing of the call is in the log."""
+        try:
+            await self.kernel.sdk.steps.asking.recorded(c.s.name, call)
+        except Refused as exc:
+            log.warning("gateway.unrecorded", session=c.s.name, call=call, error=str(exc))
+            raise Refuse(500, str(exc)) from None
 
     async def _failed(self, c: Call, call: str, started: float, why: str) -> None:
         done = SdkStepDoneParams(
@@ -446,42 +482,6 @@ def most_of(c: Call) -> tuple[int | None, float | None]:
         return None, (0.0 if c.provider.cost(1, 1) is None else None)
     cost = c.provider.cost(est, min(caps))
     return est + min(caps), cost or 0.0
-
-
-def place(steps: dict[str, Any], taken: set[int], digest: str) -> int:
-    """The place ``gw.<n>`` of a call in its turn: the first place an earlier run
-    recorded for the very same request (its digest) that this run has not taken, so
-    calls sent at once (``asyncio.gather``, threads) find their own records whatever
-    order they arrive in; else the first place this run has not taken (in call order:
-    a changed request, or a new call)."""
-    same = sorted(
-        int(slot[5:])
-        for slot, st in steps.items()
-        if slot.startswith("k:gw.")
-        and slot[5:].isdigit()
-        and st.get("digest") == digest
-        and st.get("status") == "ok"
-        and int(slot[5:]) not in taken
-    )
-    if same:
-        return same[0]
-    n = 1
-    while n in taken:
-        n += 1
-    return n
-
-
-def resumed_place(steps: dict[str, Any], taken: set[int], digest: str, n: int) -> int:
-    """The place of an agent CLI's call (``claude-code``, ``codex``): the CLI resumes
-    its own history in a later run of the turn, so a call is an earlier run's only
-    for the very same request; any other is a new place after those the turn
-    recorded, never answered with the response to another request."""
-    recorded = steps.get(f"k:gw.{n}")
-    if recorded is None or recorded.get("digest") == digest:
-        return n
-    while n in taken or f"k:gw.{n}" in steps:
-        n += 1
-    return n
 
 
 def _plain(_s: Session, reply: StepReply) -> StepAnswer:
@@ -540,4 +540,9 @@ def _passed(api: str, status: int, body: bytes, keys: list[bytes]) -> web.Respon
         parsed = None
     if not isinstance(parsed, dict) or "error" not in parsed:
         parsed = error_body(api, status, f"the provider answered {status}")
-    return web.json_response(parsed, status=status)
+    return _json(parsed, status)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    """A JSON answer encoded by orjson (aiohttp's json_response: the standard json)."""
+    return web.Response(body=orjson.dumps(value), status=status, content_type="application/json")

@@ -17,6 +17,11 @@ from typing import Any
 
 import orjson
 
+# A provider API's body, block or stream event. Its schema is the provider's and
+# changes between their versions (new fields, new block types), so it is read with
+# .get and passed on as it came: any JSON object.
+ProviderJson = dict[str, Any]
+
 API = str  # "messages" | "chat" | "responses"
 
 
@@ -47,7 +52,7 @@ _OPENAI_TYPES = {
 }
 
 
-def error_body(api: API, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+def error_body(api: API, status: int, message: str, code: str | None = None) -> ProviderJson:
     """The body a provider answers an error with: Anthropic's
     ``{"type": "error", "error": {"type", "message"}}``, OpenAI's
     ``{"error": {"message", "type", "param", "code"}}``."""
@@ -63,14 +68,14 @@ def error_body(api: API, status: int, message: str, code: str | None = None) -> 
 
 def response_of(
     api: API,
-    blocks: list[dict[str, Any]],
+    blocks: list[ProviderJson],
     *,
     model: str,
     n: int,
     input_tokens: int,
     output_tokens: int,
     stop: str | None = None,
-) -> dict[str, Any]:
+) -> ProviderJson:
     """A whole response of ``api`` holding ``blocks`` (``{"type": "text", "text"}`` or
     ``{"type": "tool_use", "id", "name", "input"}``). ``stop``: ``"max_tokens"`` for a
     cut reply, else it follows from the blocks (a tool call or the end of the turn)."""
@@ -88,7 +93,7 @@ def response_of(
         }
     text = "".join(b["text"] for b in blocks if b["type"] == "text")
     if api == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
+        message: ProviderJson = {"role": "assistant", "content": text or None, "refusal": None}
         if tools:
             message["tool_calls"] = [
                 {
@@ -113,7 +118,7 @@ def response_of(
                 "total_tokens": input_tokens + output_tokens,
             },
         }
-    output: list[dict[str, Any]] = []
+    output: list[ProviderJson] = []
     if text:
         output.append(
             {
@@ -165,12 +170,12 @@ def response_of(
 # --- a whole response as server-sent events --------------------------------------------
 
 
-def sse(event: str | None, data: dict[str, Any] | str) -> bytes:
+def sse(event: str | None, data: ProviderJson | str) -> bytes:
     body = data if isinstance(data, str) else orjson.dumps(data).decode()
     return (f"event: {event}\n" if event else "").encode() + f"data: {body}\n\n".encode()
 
 
-def events(api: API, response: dict[str, Any]) -> list[bytes]:
+def events(api: API, response: ProviderJson) -> list[bytes]:
     """``response`` streamed as ``api`` streams it (each item one SSE event)."""
     if api == "messages":
         return list(_messages_events(response))
@@ -179,7 +184,7 @@ def events(api: API, response: dict[str, Any]) -> list[bytes]:
     return list(_responses_events(response))
 
 
-def _messages_events(m: dict[str, Any]) -> Iterator[bytes]:
+def _messages_events(m: ProviderJson) -> Iterator[bytes]:
     usage = dict(m.get("usage") or {})
     start = {**m, "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {**usage, "output_tokens": min(1, int(usage.get("output_tokens") or 0))}
@@ -187,8 +192,8 @@ def _messages_events(m: dict[str, Any]) -> Iterator[bytes]:
     for i, block in enumerate(m.get("content") or []):
         kind = block.get("type")
         if kind == "text":
-            first: dict[str, Any] = {"type": "text", "text": ""}
-            delta: dict[str, Any] = {"type": "text_delta", "text": block.get("text", "")}
+            first: ProviderJson = {"type": "text", "text": ""}
+            delta: ProviderJson = {"type": "text_delta", "text": block.get("text", "")}
         elif kind == "tool_use":
             first = {**block, "input": {}}
             delta = {
@@ -225,13 +230,13 @@ def _messages_events(m: dict[str, Any]) -> Iterator[bytes]:
     yield sse("message_stop", {"type": "message_stop"})
 
 
-def _chat_events(c: dict[str, Any]) -> Iterator[bytes]:
-    head: dict[str, Any] = {k: c[k] for k in ("id", "created", "model") if k in c}
+def _chat_events(c: ProviderJson) -> Iterator[bytes]:
+    head: ProviderJson = {k: c[k] for k in ("id", "created", "model") if k in c}
     head["object"] = "chat.completion.chunk"
     for choice in c.get("choices") or []:
         i, message = choice.get("index", 0), choice.get("message") or {}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, i: int = i) -> bytes:
+        def chunk(delta: ProviderJson, finish: str | None = None, i: int = i) -> bytes:
             one = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
             return sse(None, {**head, "choices": [one]})
 
@@ -261,7 +266,7 @@ def _chat_events(c: dict[str, Any]) -> Iterator[bytes]:
     yield sse(None, "[DONE]")
 
 
-def _responses_events(r: dict[str, Any]) -> Iterator[bytes]:
+def _responses_events(r: ProviderJson) -> Iterator[bytes]:
     seq = iter(range(1 << 30))
 
     def ev(kind: str, **fields: Any) -> bytes:
@@ -345,7 +350,7 @@ class Assembler:
     def __init__(self, api: API) -> None:
         self.api = api
         self._buffer = b""
-        self.result: dict[str, Any] | None = None
+        self.result: ProviderJson | None = None
         self.done = False
         self._args: dict[int, str] = {}  # a tool_use block's input, as it streams
 
@@ -367,7 +372,7 @@ class Assembler:
             if isinstance(value, dict):
                 self._event(value)
 
-    def _event(self, e: dict[str, Any]) -> None:
+    def _event(self, e: ProviderJson) -> None:
         if self.api == "messages":
             self._message_event(e)
         elif self.api == "chat":
@@ -377,7 +382,7 @@ class Assembler:
         elif e.get("type") == "response.failed":
             self.done = True
 
-    def _message_event(self, e: dict[str, Any]) -> None:
+    def _message_event(self, e: ProviderJson) -> None:
         kind = e.get("type")
         m = self.result
         if kind == "message_start":
@@ -410,7 +415,7 @@ class Assembler:
         elif kind == "message_stop":
             self.done = True
 
-    def _chat_event(self, e: dict[str, Any]) -> None:
+    def _chat_event(self, e: ProviderJson) -> None:
         c = self.result
         if c is None:
             c = self.result = {k: e[k] for k in ("id", "created", "model") if k in e}
@@ -453,7 +458,7 @@ class Assembler:
 # --- what the record keeps of a response -------------------------------------------------
 
 
-def usage_of(api: API, response: dict[str, Any]) -> tuple[int, int]:
+def usage_of(api: API, response: ProviderJson) -> tuple[int, int]:
     """(input tokens, output tokens) as the response reports them."""
     u = response.get("usage") or {}
     if api == "chat":
@@ -465,7 +470,7 @@ def usage_of(api: API, response: dict[str, Any]) -> tuple[int, int]:
     return tin, int(u.get("output_tokens") or 0)
 
 
-def stop_of(api: API, response: dict[str, Any]) -> str | None:
+def stop_of(api: API, response: ProviderJson) -> str | None:
     if api == "messages":
         found = response.get("stop_reason")
     elif api == "chat":
@@ -475,7 +480,7 @@ def stop_of(api: API, response: dict[str, Any]) -> str | None:
     return str(found) if found is not None else None
 
 
-def text_of(api: API, response: dict[str, Any]) -> str:
+def text_of(api: API, response: ProviderJson) -> str:
     """The response's text (what the log shows of it)."""
     if api == "messages":
         return "".join(

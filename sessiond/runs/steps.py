@@ -25,7 +25,6 @@ not be replayed.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
@@ -52,8 +51,10 @@ from sessiond.log.event_data import (
 from sessiond.log.places import Asked, judge
 from sessiond.log.records import StepRecord, TurnRecord
 from sessiond.log.store.base import Draft
+from sessiond.log.store.disk import on_disk
 from sessiond.redaction import matches
 from sessiond.replies import Sent
+from sessiond.runs.asking import Asking
 from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
@@ -84,11 +85,12 @@ def digest_of(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+# args: a tool call's arguments as the program gave them, any JSON
 def args_hash(tool: str, args: Mapping[str, Any]) -> str:
     return digest_of([tool, args])
 
 
-def tool_list(request: Any) -> dict[str, Any]:
+def tool_list(request: Any) -> dict[str, Any]:  # ModelRequested's keyword arguments
     """The hash and size of the tool list a model request shows the model (its
     ``tools``, in every API's request), for ``model.requested``."""
     tools = request.get("tools") if isinstance(request, dict) else None
@@ -126,6 +128,8 @@ class Steps:
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        # model steps begun ``early``: their requests being recorded
+        self.asking = Asking()
 
     def _budget(self, s: Session) -> Any:
         """The budget a run under the session's runner profile has (the profile may
@@ -139,8 +143,19 @@ class Steps:
 
     # --- the start of a step ----------------------------------------------------------
 
-    async def begin(self, s: Session, grant: RunGrant, p: Any, answer: Answer) -> StepAnswer:
-        """Answer ``sdk.step`` (the caller checked the token; ``answer`` adds ``stop``)."""
+    async def begin(
+        self,
+        s: Session,
+        grant: RunGrant,
+        p: Any,
+        answer: Answer,
+        *,
+        digest: str | None = None,
+        early: bool = False,
+    ) -> StepAnswer:
+        """Answer ``sdk.step`` (the caller checked the token; ``answer`` adds ``stop``).
+        ``digest``: the request's, if the caller has it. ``early``: a model step
+        answered ``run`` before its request is recorded (runs.asking)."""
         spec = s.spec
         assert spec is not None
         async with s.lock:
@@ -148,7 +163,8 @@ class Steps:
             turn = state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
-            digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
+            if digest is None:
+                digest = args_hash(p.name, p.args) if p.kind == "tool" else digest_of(p.request)
             # name and key as the log keeps them (masked where they match a secret), so
             # the step is found and judged against its record
             asked = Asked(
@@ -190,7 +206,9 @@ class Steps:
                 return answer(s, {"status": "stop", "key": key, "reason": s.run.stop_requested})
             parent = asked.parent
             if p.kind == "model":
-                began = await self._begin_model(s, grant, p, turn, digest, parent=parent)
+                began = await self._begin_model(
+                    s, grant, p, turn, digest, parent=parent, early=early
+                )
             else:
                 began = await self._begin_tool(s, grant, p, turn, digest, parent=parent)
             return answer(s, {"key": key, **began})
@@ -358,62 +376,72 @@ class Steps:
         digest: str,
         *,
         parent: str | None,
+        early: bool,
     ) -> StepReply:
-        spec = s.spec
-        assert spec is not None
         grant.calls_model += 1
         call_id = f"{grant.run}.m{grant.calls_model}"
-        await self._request(s, p, call_id, digest, turn=turn["n"], replayed=False, parent=parent)
+        if early:  # the gateway sends the call while its request is stored (runs.asking)
+            record = self._early(s, grant, p, call_id, digest, turn=turn["n"], parent=parent)
+            self.asking.start(s.name, call_id, record)
+        else:
+            await self._request(s, p, call_id, digest, turn=turn["n"], parent=parent)
         return {"status": "run", "call": call_id, "rule": "a model call"}
 
+    async def _early(
+        self, s: Session, grant: RunGrant, p: Any, call: str, digest: str, *, turn: int,
+        parent: str | None,
+    ) -> None:  # fmt: skip
+        context = await self._context(s, p)
+        # then under the lock, as a begin's append is, and only while the run that
+        # asked is the session's: a run gone meanwhile records nothing of the call
+        # (whose answer ``done`` then refuses)
+        async with s.lock:
+            if s.run is None or s.run.run_id != grant.run:
+                raise Refused(f"run {grant.run} ended before its model call was recorded")
+            await self._requested(s, p, call, digest, context, turn=turn, parent=parent)
+
+    async def _context(self, s: Session, p: Any) -> ArtifactRef:
+        """A model step's exact request stored (hashing and fsyncs: in a disk thread,
+        off the loop), as chunks shared with the turn's other calls (log/chunks.py):
+        an agent re-sends its history with every call, which stored whole is O(n^2)."""
+        artifacts = self.ctx.store.artifacts(s.name)
+        # masked as a value, then encoded: a secret holding a quote or a backslash
+        # is escaped in the JSON, where its raw form is not found
+        data = orjson.dumps(r.walk(p.request) if (r := s.redactor()) is not None else p.request)
+        return await on_disk(lambda: put_context(artifacts, data, "context.json"))
+
     async def _request(
-        self,
-        s: Session,
-        p: Any,
-        call: str,
-        digest: str,
-        *,
-        turn: int | None,
-        replayed: bool,
-        parent: str | None = None,
-    ) -> None:
-        """Record a model step's request: the exact context as an artifact (hashing and
-        two fsyncs: in a thread, off the loop), and ``model.requested``. Not made
-        durable on its own: a model call changes nothing in the world, so one whose
-        request a crash lost is simply asked again; the response's durable write
-        covers this line."""
-        # as chunks shared with the turn's other calls (log/chunks.py): an agent
-        # re-sends its history with every call, which stored whole is O(n^2)
-        context = await asyncio.to_thread(
-            put_context,
-            self.ctx.store.artifacts(s.name),
-            # masked as a value, then encoded: a secret holding a quote or a
-            # backslash is escaped in the JSON, where its raw form is not found
-            orjson.dumps(r.walk(p.request) if (r := s.redactor()) is not None else p.request),
-            "context.json",
-        )
+        self, s: Session, p: Any, call: str, digest: str, *, turn: int | None,
+        replayed: bool = False, parent: str | None = None,
+    ) -> None:  # fmt: skip
+        """Record a model step's request: its context, then ``model.requested``."""
+        context = await self._context(s, p)
+        await self._requested(s, p, call, digest, context, turn=turn, replayed=replayed,
+                              parent=parent)  # fmt: skip
+
+    async def _requested(
+        self, s: Session, p: Any, call: str, digest: str, context: ArtifactRef, *,
+        turn: int | None, replayed: bool = False, parent: str | None = None,
+    ) -> None:  # fmt: skip
+        """``model.requested``, not made durable on its own: a model call changes
+        nothing in the world, so one whose request a crash lost is simply asked
+        again; the response's durable write covers this line."""
         await self.ctx.table.append(
             s,
             ModelRequested(
-                model=p.name,
-                request_id=call,
-                context=context,
-                turn=turn,
-                ordinal=p.ordinal,
-                key=p.key,
-                request_sha256=digest,
-                replayed=replayed,
-                parent=parent,
+                model=p.name, request_id=call, context=context, turn=turn, ordinal=p.ordinal,
+                key=p.key, request_sha256=digest, replayed=replayed, parent=parent,
                 **tool_list(p.request),
             ),
             durable=False,
-        )
+        )  # fmt: skip
 
     # --- the end of a step -----------------------------------------------------------
 
     async def done(self, s: Session, grant: RunGrant, p: Any) -> None:
         spec = s.spec
         assert spec is not None
+        await self.asking.recorded(s.name, p.call)
         if p.result_b64 is not None:
             try:
                 data = base64.b64decode(p.result_b64, validate=True)
@@ -530,10 +558,9 @@ class Steps:
         spec = s.spec
         assert spec is not None
         ok = p.status == "ok" and refused is None
+        artifacts = self.ctx.store.artifacts(s.name)
         response = (
-            await asyncio.to_thread(
-                self.ctx.store.artifacts(s.name).put, encoded, "response.json", "application/json"
-            )
+            await on_disk(lambda: artifacts.put(encoded, "response.json", "application/json"))
             if ok
             else None
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sessiond.gateway.calls import place, resumed_place
+from sessiond.gateway.places import place, resumed_place
 
 
 def _steps(*recorded: tuple[int, str, str]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from sessiond.codec import Clock
 from sessiond.errors import AlreadyExists, LogCorrupt, NoSuchSession, StorageError
 from sessiond.log.pace import Pacer
 from sessiond.log.store.base import START, Durability, LogPosition, Record, Snapshot, Store
+from sessiond.log.store.disk import DISK_THREADS
 from sessiond.log.store.durable import (
     DIR_MODE,
     FILE_MODE,
@@ -94,14 +95,15 @@ class FileStore(Store):
         self._fsync_threads: ThreadPoolExecutor | None = None
 
     def fsync_threads(self) -> ThreadPoolExecutor:
-        """The threads the logs' group-commit fsyncs run in (as many as the loop's
-        default executor would have), started on first use. The store and every
+        """The threads the logs' group-commit fsyncs run in, started on first use:
+        one a log that waits, up to DISK_THREADS (disk.py: fsyncs of many sessions'
+        logs at once share the file system's journal commits). The store and every
         log it opened hold them; once none does, the idle threads exit by
         themselves (ThreadPoolExecutor's own weak reference), so a log may outlive
         its store."""
         if self._fsync_threads is None:
             self._fsync_threads = ThreadPoolExecutor(
-                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="fsync"
+                max_workers=DISK_THREADS, thread_name_prefix="fsync"
             )
         return self._fsync_threads
 
