@@ -2,7 +2,7 @@
 
 ``make man`` (``python -m sessiond.manpages man``) writes ``man/sessiond.8``
 and ``man/sessionctl.1``; the files are committed, and
-``tests/test_cli_polish.py`` fails when they differ from what the parsers say
+``tests/test_cli_completion_and_man_pages.py`` fails when they differ from what the parsers say
 now, so a new option cannot be left out of them. A tool, beside bench/ and
 demo.py: it imports both commands.
 """

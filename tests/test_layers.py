@@ -76,7 +76,7 @@ def rank(floor: str) -> int:
 
 
 # The one exception for the clients: `sessionctl check` refuses a spec with the
-# daemon's own models and words, imported inside the command only (test_cli_polish
+# daemon's own models and words, imported inside the command only (test_cli_completion_and_man_pages
 # checks that `sessionctl ps` loads none of it).
 CLIENT_LAZY = {
     ("sessiond.ctl.offline", "sessiond.table.spec"),

@@ -21,7 +21,7 @@ from sessiond.log.journal import Journal
 from sessiond.log.store.files import FileStore
 from sessiond.log.store.hashcache import RACY_NS
 from sessiond.runs.workspace import workspace_hasher
-from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.gate import GateVerdict, evaluate
 from sessiond.table.spec import parse_spec
 
 SPEC = 'name = "evidence"\n[run]\nexec = ["true"]\n[[trigger]]\ntype = "message"\n'
@@ -49,7 +49,7 @@ async def gate_ms(
     spec = parse_spec(SPEC, base=folder)
     hash_file = workspace_hasher(spec)
 
-    def one() -> Verdict:
+    def one() -> GateVerdict:
         state = journal.state
         damaged = store.artifacts("evidence").verify_many(state.live_artifacts())
         return evaluate(

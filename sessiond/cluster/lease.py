@@ -288,7 +288,7 @@ class LeaseKeeper:
             _at_stable_point(s)
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
-            if s.journal is not None:
+            if s.journal_or_none is not None:
                 # requests queued on the lock behind us are told where it went
                 s.journal.log.closed_why = (
                     f"was handed over to node {target!r}"
@@ -370,7 +370,7 @@ class LeaseKeeper:
             log.info("cluster.not_taken", session=name, why=str(exc))
             return
         node.table.adopt(s)
-        if s.journal is None:  # its log is unusable: listed blocked, with the reason
+        if s.journal_or_none is None:  # its log is unusable: listed blocked, with the reason
             log.error("cluster.taken_unusable", session=name, why=s.broken)
             return
         continues = await node.kernel.runs.recovery.cut_off(s, local=False)

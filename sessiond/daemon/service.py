@@ -353,9 +353,9 @@ class Daemon:
 
     def resume(self, s: Session, *, cut_off: bool) -> None:
         """One session of :meth:`_resume_waiting` (also one a cluster node took over)."""
-        if s.journal is None:
+        if s.journal_or_none is None:
             return
-        state = s.j.state
+        state = s.journal.state
         if cut_off or (
             s.state == "sleeping"
             and (
@@ -420,7 +420,7 @@ class Daemon:
                 continue
             self.store.write_spec(spec.name, text)
             existing.spec, existing.spec_text = spec, text
-            if existing.journal is not None:
+            if existing.journal_or_none is not None:
                 self.triggers.rearm(existing)
             result["updated"].append(spec.name)
             log.info("spec.updated", session=spec.name, source=str(path))

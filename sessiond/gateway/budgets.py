@@ -311,7 +311,7 @@ class TableLedger:
             s = self._get(name)
         except Exception:
             return SessionSpend()
-        journal = s.journal  # None: a session whose log could not be opened
+        journal = s.journal_or_none  # None: a session whose log could not be opened
         if journal is None:
             return SessionSpend()
         st = journal.state

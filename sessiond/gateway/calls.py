@@ -195,7 +195,7 @@ class Calls:
     async def _step(self, request: web.Request, c: Call) -> web.StreamResponse:
         spec = c.s.spec
         assert spec is not None
-        turn = c.s.j.state.turn
+        turn = c.s.journal.state.turn
         digest = digest_of(c.body)  # once a call: a long conversation is costly to hash
         # its place, taken before any await (the run's calls may race each other)
         steps = turn["steps"] if turn is not None else {}
@@ -210,7 +210,7 @@ class Calls:
             # waited for and replayed, never bought twice
             log.info("gateway.waits_for_earlier_call", session=c.s.name, place=n)
             await flying.wait()
-            turn = c.s.j.state.turn
+            turn = c.s.journal.state.turn
             steps = turn["steps"] if turn is not None else {}
         recorded = steps.get(f"k:gw.{n}")
         hold = None
@@ -253,7 +253,7 @@ class Calls:
         if status != "run":
             why = answer.get("rule") or answer.get("reason") or status
             raise Refuse(400, f"the daemon does not send this call: {why}")
-        turn = c.s.j.state.turn
+        turn = c.s.journal.state.turn
         here = (c.s.name, turn["n"] if turn else None, n)
         flying = self._flying[here] = asyncio.Event()
         c.settled.append(flying.set)  # its answer is on record (or it failed)
@@ -430,7 +430,7 @@ class Calls:
         cost = c.provider.cost(tokens_in, tokens_out)
         stop = stop_of(c.api, response)
         self.scheduler.settle(ask, tokens_in + tokens_out)
-        turn = c.s.j.state.turn
+        turn = c.s.journal.state.turn
         self.budgets.charge(
             c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
             tokens_in, tokens_out, cost or 0.0,

@@ -134,7 +134,7 @@ class LogStream:
             # it reaches the buffer once durable, and only if the stream had ended
             # before that would `last_seq` overstate it: a window of one fsync.)
             for s in self.kernel.table:
-                if s.journal is not None and (p.name is None or s.name == p.name):
+                if s.journal_or_none is not None and (p.name is None or s.name == p.name):
                     dealt[s.name] = s.journal.state.seq
             sent: dict[str, int] = {}
             for name, record in await self._backlog(p):
@@ -182,7 +182,7 @@ class LogStream:
             return []
         each = []
         for s in sorted(self.kernel.table, key=lambda s: s.name):
-            if s.journal is None:
+            if s.journal_or_none is None:
                 continue  # a broken log; `show` says why
             records = await self.kernel.log_(
                 s.name, p.since, p.types, 0, grep=p.grep, after=after.get(s.name, 0)

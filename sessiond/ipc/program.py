@@ -109,7 +109,7 @@ class ProgramGuard:
         elif method == "merge":
             params = {**params, **_masked(s, params, "summary")}  # as a message's text
             child = self.table.get(str(params.get("child", "")))
-            into = params.get("into") or child.j.state.parent
+            into = params.get("into") or child.journal.state.parent
             if into != s.name:
                 raise NotGranted(
                     f"session {s.name!r}'s program may merge only into its own session, "

@@ -92,7 +92,7 @@ class Notices:
         kept = target.cursor.positions
         positions: dict[str, int] = {}
         for s in self.table:
-            if s.journal is None:  # a log that cannot be read: its place is kept
+            if s.journal_or_none is None:  # a log that cannot be read: its place is kept
                 if s.name in kept:
                     positions[s.name] = kept[s.name]
                 continue

@@ -142,7 +142,7 @@ def call_digest(s: Session, call: str) -> str | None:
     command session's call once the spec's command is no longer the one it asked
     for (a spec applied since: approving it would run nothing it showed). None: no
     such call."""
-    if s.journal is None:
+    if s.journal_or_none is None:
         return None
     recorded = s.journal.state.calls.get(call)
     if recorded is None:

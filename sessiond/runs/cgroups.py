@@ -39,7 +39,7 @@ through ``asyncio.to_thread``):
    ``cgroup.procs`` files and the holder joins them before its program exists
    (runs/spawner.py), so everything the program forks — double forks and
    ``setsid`` included — is born in the group. If the spawn fails, ``remove()``.
-3. A stop past the grace, and the run's end (runs/runner.py): ``kill()`` then
+3. A stop past the grace, and the run's end (runs/program.py): ``kill()`` then
    ``remove()``. ``kill()`` returns once the group is empty.
 
 Without a support (``detect`` returned None) runs have no cgroup and the

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sessiond.runs.cgroups import CgroupError
 from sessiond.runs.leftovers import MARK, mark
-from sessiond.runs.runner import Outcome, scrubbed_env
+from sessiond.runs.program import Outcome, scrubbed_env
 from sessiond.runs.start import Starter
 from sessiond.table.sessions import Session
 from sessiond.table.spec import RunSpec, SessionSpec

@@ -29,7 +29,7 @@ from sessiond.paths import gateway_socket
 from sessiond.runs.cgroups import CgroupSupport, pids_refusal, probe
 from sessiond.runs.faults import NO_FAULTS, Faults
 from sessiond.runs.sandbox import Boundary, MountPlan
-from sessiond.runs.spawn import Spawner
+from sessiond.runs.spawner_client import SpawnerClient
 from sessiond.table import lifecycle
 from sessiond.table.scheduler import Scheduler
 from sessiond.table.sessions import Session, Table
@@ -91,7 +91,7 @@ class RunContext:
         self.scheduler = Scheduler(config.max_running, config.max_running_per_agent, config.aging)
         self._cgroups: tuple[RunConfig, CgroupSupport | None, str] | None = None
         # every run's processes are started, held and reaped by it (runs/spawner.py)
-        self.spawner = Spawner()
+        self.spawner = SpawnerClient()
         self.boundary = Boundary(config.state_dir)  # runs/sandbox.py
 
     async def confinement(

@@ -30,7 +30,7 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.recover import Recovery
 from sessiond.runs.start import Starter
 from sessiond.runs.workspace import workspace_hasher
-from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.gate import GateVerdict, evaluate
 from sessiond.table.sessions import Session
 from sessiond.table.spec import SessionSpec, under_profile
 
@@ -51,9 +51,9 @@ async def covered(s: Session, durable: bool = False) -> AsyncIterator[None]:
         yield
     except BaseException:
         with contextlib.suppress(Exception):
-            await s.j.flush()
+            await s.journal.flush()
         raise
-    await s.j.flush()
+    await s.journal.flush()
 
 
 class Continuation:
@@ -115,7 +115,7 @@ class Continuation:
 
     async def _cool_down(self, s: Session, end: float) -> None:
         """Over its [limits]: sleep visibly until ``end``, then run the recorded wakes once."""
-        if s.state not in ("sleeping", "created") or s.j.state.until is not None:
+        if s.state not in ("sleeping", "created") or s.journal.state.until is not None:
             return  # running or already cooling: the wake waits as a pending one
         until = rfc3339(int(end * 1e9))
         limits = s.spec.limits if s.spec else None
@@ -139,19 +139,21 @@ class Continuation:
 
     async def _after_cool_down(self, s: Session) -> None:
         async with s.lock:
-            if s.state == "sleeping" and s.j.state.until is not None:
+            if s.state == "sleeping" and s.journal.state.until is not None:
                 await self.ctx.table.append(
                     s,
                     LifecycleChanged.model_validate(
                         {"from": "sleeping", "to": "sleeping", "reason": "cool-down over"}
                     ),
                 )
-                if s.j.state.pending_wakes and s.spec is not None and s.spec.run is not None:
+                if s.journal.state.pending_wakes and s.spec is not None and s.spec.run is not None:
                     await self.proceed(s, None)
 
-    async def gate_now(self, s: Session, cause: Record | None, paths: frozenset[str]) -> Verdict:
+    async def gate_now(
+        self, s: Session, cause: Record | None, paths: frozenset[str]
+    ) -> GateVerdict:
         """Evaluate the gate on the replayed state and record the result."""
-        state = s.j.state
+        state = s.journal.state
         # The storage checks are made here, the verdict stays a pure function.
         damaged = self.ctx.store.artifacts(s.name).verify_many(state.live_artifacts())
         verdict = evaluate(
@@ -160,7 +162,7 @@ class Continuation:
             now=self.ctx.now(),
             hash_file=workspace_hasher(s.spec),
             cause_paths=paths,
-            log_error=s.j.log.verify(),
+            log_error=s.journal.log.verify(),
             check_artifact=damaged.get,
         )
         await self.ctx.table.append(
@@ -191,7 +193,7 @@ class Continuation:
             # woke the session are its cause, not something held against it.
             paths = frozenset(
                 p
-                for w in s.j.state.pending_wakes
+                for w in s.journal.state.pending_wakes
                 if w["trigger"] in ("watch", "dependency")
                 # (a watch's or a dependency's wake names its paths: a list of strings)
                 for p in cast(list[str], w["details"].get("paths", []))
@@ -210,7 +212,7 @@ class Continuation:
         if s.spec is None or s.spec.run is None:
             if s.state == "blocked":
                 await self.ctx.transition(s, "sleeping", why="unblock", reason="gate ok")
-            await s.j.flush()
+            await s.journal.flush()
             return False
         running = self._running()
         if not self.ctx.scheduler.admits(s, running):
@@ -220,7 +222,7 @@ class Continuation:
                 await self.ctx.transition(
                     s, "ready", why="queue", reason=f"queued: {len(running)} of {limit} slots busy"
                 )
-            await s.j.flush()
+            await s.journal.flush()
             return False
         self.ctx.scheduler.queue.pop(s.name, None)
         # Counted as running from now on, before anything is awaited, so that
@@ -232,7 +234,7 @@ class Continuation:
             # The steps written without a flush were to be covered by the start's
             # durable append, which did not come: flush them now (best effort).
             with contextlib.suppress(Exception):
-                await s.j.flush()
+                await s.journal.flush()
             raise
         finally:
             self.ctx.scheduler.starting.discard(s.name)
@@ -259,12 +261,12 @@ class Continuation:
         """The spec under the session's runner profile (which may change the budget)."""
         if s.spec is None:
             return None
-        return under_profile(s.spec, s.j.state.profile, self.ctx.config.profiles)
+        return under_profile(s.spec, s.journal.state.profile, self.ctx.config.profiles)
 
-    async def _suspend_for_budget(self, s: Session, verdict: Verdict) -> None:
+    async def _suspend_for_budget(self, s: Session, verdict: GateVerdict) -> None:
         spec = self._run_spec(s)
         assert spec is not None
-        state = s.j.state
+        state = s.journal.state
         detail = next(c.detail for c in verdict.checks if c.name == "budget left")
         name = detail.split(":", 1)[0]
         limit = getattr(spec.budget, name, 0)
@@ -291,7 +293,7 @@ class Continuation:
 
     async def _after_renewal(self, s: Session) -> None:
         async with s.lock:
-            if s.state == "suspended" and s.j.state.reason.startswith("budget: runs_per_day"):
+            if s.state == "suspended" and s.journal.state.reason.startswith("budget: runs_per_day"):
                 await self.ctx.transition(s, "sleeping", why="renew", reason="daily budget renewed")
-                if s.j.state.pending_wakes:
+                if s.journal.state.pending_wakes:
                     await self.proceed(s, None)

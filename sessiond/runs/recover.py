@@ -21,10 +21,10 @@ from sessiond.log.event_data import ObservationProjected, RunFinished, ToolFinis
 from sessiond.log.records import CallRecord, TurnRecord
 from sessiond.log.store.base import Draft
 from sessiond.runs.context import Continues, RunContext
-from sessiond.runs.runner import Outcome, proc_start_time, signal_group
+from sessiond.runs.program import Outcome, proc_start_time, signal_group
 from sessiond.runs.settle import Settler
 from sessiond.runs.workspace import workspace_hasher
-from sessiond.table.gate import CLOSE_INTERRUPTED, DROP_UNSTARTED, REBUILD_OBSERVATION, Verdict
+from sessiond.table.gate import CLOSE_INTERRUPTED, DROP_UNSTARTED, REBUILD_OBSERVATION, GateVerdict
 from sessiond.table.sessions import Session
 
 log = structlog.get_logger(__name__)
@@ -80,9 +80,9 @@ class Recovery:
         self.settler = settler
         self.then = then
 
-    async def apply(self, s: Session, verdict: Verdict) -> None:
+    async def apply(self, s: Session, verdict: GateVerdict) -> None:
         """Make the state stable before continuing, as the gate prescribed."""
-        state = s.j.state
+        state = s.journal.state
         hasher = workspace_hasher(s.spec)
         drafts: list[Draft] = []
         for call_id, action in sorted(verdict.actions.items()):
@@ -131,12 +131,12 @@ class Recovery:
         node takes over from a dead one: ``local`` False, its program ran on
         another machine): whether its turn continues."""
         ctx = self.ctx
-        if s.journal is not None and s.state == "ready":
+        if s.journal_or_none is not None and s.state == "ready":
             # It passed a gate but never started: start over, through the gate.
             return True
-        if s.journal is None or s.state != "running":
+        if s.journal_or_none is None or s.state != "running":
             return False
-        current = s.j.state.current_run
+        current = s.journal.state.current_run
         note = "daemon restarted during run"
         pid, started = (current["pid"], current["proc_start"]) if current else (None, None)
         if local and pid and started and proc_start_time(pid) == started:
@@ -146,10 +146,10 @@ class Recovery:
             note += f"; its program (pid {pid}) was still running and was stopped"
         finished = [
             (k, c)
-            for k, c in s.j.state.calls.items()
+            for k, c in s.journal.state.calls.items()
             if c["tool"] == "command" and c["stage"] == "finished"
         ]
-        observed = _observed_ok(s.j.state.turn, s.j.state.calls) if current else None
+        observed = _observed_ok(s.journal.state.turn, s.journal.state.calls) if current else None
         if finished or observed is not None:
             # The command ran to its end before the crash: its work is done.
             # Record the observation (unless it is on record: the crash came between
@@ -187,8 +187,8 @@ class Recovery:
             )
             log.warning("session.cut_off", session=s.name, reason=note, rerun=False)
             return False
-        last = s.j.state.last_run
-        if not current and s.j.state.turn is None and last and last.get("ends_turn"):
+        last = s.journal.state.last_run
+        if not current and s.journal.state.turn is None and last and last.get("ends_turn"):
             # Its run.finished ended the turn; only the session's next state is
             # missing. Going on through the gate would start a turn nobody asked
             # for: a one-shot command would run twice. A command's end calls for

@@ -75,7 +75,7 @@ class SdkCalls:
         next call (with the page's ``next_cursor``) the next page only. They are read
         from the log when asked, never kept: a long session's view is large."""
         s, grant = self.tokens.session_for(token)
-        state = s.j.state
+        state = s.journal.state
         turn = state.turn
         cached = self._turn_context.get(s.name)
         if turn is not None and cached is not None and cached[0] == turn["n"]:
@@ -88,7 +88,7 @@ class SdkCalls:
                 context["turn"] = turn["n"]
                 self._turn_context[s.name] = (turn["n"], upto, at_start, context)
         page, next_cursor = await messages_page(
-            s.j.read(upto=upto), at_start, cursor=cursor, limit=limit or PAGE_DEFAULT
+            s.journal.read(upto=upto), at_start, cursor=cursor, limit=limit or PAGE_DEFAULT
         )
         stop = self._stop(s)
         if cursor is not None:  # a next page: the rest the first call gave already
@@ -101,12 +101,12 @@ class SdkCalls:
         """The state folded from the log up to ``upto``, and the context a program sees
         of it but its messages; read a slice at a time so the loop serves others."""
         state = State(session=s.name)
-        async for batch in batches(s.j.read(upto=upto)):
+        async for batch in batches(s.journal.read(upto=upto)):
             replay(batch, state)
         mailbox: list[TranscriptItem] = []
         if state.mailbox:  # the unread messages' text, from the log (the state keeps seqs)
             unread, summaries = set(state.mailbox), state.summaries
-            async for batch in batches(s.j.read(upto=upto)):
+            async for batch in batches(s.journal.read(upto=upto)):
                 for record in batch:
                     seq = record["seq"]
                     if seq in unread and not hidden(seq, summaries):

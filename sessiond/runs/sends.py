@@ -50,7 +50,7 @@ class Sends:
         args = {"to": p.to, "text_sha256": hashlib.sha256(p.text.encode()).hexdigest()}
         digest = args_hash("send", args)
         async with s.lock:
-            turn = s.j.state.turn
+            turn = s.journal.state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
             asked = Asked(

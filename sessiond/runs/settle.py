@@ -26,7 +26,7 @@ from sessiond.log.event_data import (
 from sessiond.log.store.base import Draft
 from sessiond.redaction import Redactor
 from sessiond.runs.context import Continues, RunContext
-from sessiond.runs.runner import Outcome
+from sessiond.runs.program import Outcome
 from sessiond.runs.tokens import Tokens
 from sessiond.runs.workspace import read_in, text_diff, workspace_hasher
 from sessiond.table import lifecycle
@@ -102,7 +102,7 @@ class Settler:
         stdout = await put(outcome.stdout, "stdout")
         stderr = await put(outcome.stderr, "stderr")
         truncated = outcome.stdout_total > len(outcome.stdout)
-        recorded = s.j.state.calls.get(call_id) if call_id is not None else None
+        recorded = s.journal.state.calls.get(call_id) if call_id is not None else None
         if call_id is not None and recorded is not None and recorded["stage"] == "started":
             hasher = workspace_hasher(spec)
             diff = await put(text_diff(before, spec.workspace), "diff")
@@ -188,14 +188,14 @@ class Settler:
             stop = s.run.stop_requested if s.run else None
             # the program's own word wins over a question it chose not to wait for
             return stop is None or stop.startswith("approval pending")
-        state = s.j.state
+        state = s.journal.state
         stop = s.run.stop_requested if s.run else None
         return stop is None and not state.pending_approvals() and not state.in_flight()
 
     def _left_a_step(self, s: Session) -> bool:
         """The program exited with a step started and not finished, of its own accord
         (no stop was asked, no approval waits)."""
-        state = s.j.state
+        state = s.journal.state
         stop = s.run.stop_requested if s.run else None
         return stop is None and not state.pending_approvals() and bool(state.in_flight())
 
@@ -212,7 +212,7 @@ class Settler:
                 ),
                 correlation=k,
             )
-            for k, c in sorted(s.j.state.calls.items())
+            for k, c in sorted(s.journal.state.calls.items())
             if c["stage"] in ("intent", "decided", "approval", "approved")
         ]
         if drafts:
@@ -236,7 +236,7 @@ class Settler:
             self.ctx.spawn(self._record_hold(s, run_id, reason))
 
     async def _block_recorded(self, s: Session, run_id: str, reason: str) -> None:
-        journal = s.j
+        journal = s.journal
         if journal.state.current_run is not None:
             await journal.append(
                 RunFinished(run=run_id, status="failed", error=reason, ends_turn=False)
@@ -270,7 +270,7 @@ class Settler:
         transition = ctx.transition
         stop = s.run.stop_requested if s.run else None
         grant = self.tokens.grant_of(s)
-        ended = s.j.state.turn is None
+        ended = s.journal.state.turn is None
         if grant is not None and grant.exit_intent and outcome.status == "ok" and ended:
             if grant.exit_intent == "complete":
                 await transition(
@@ -284,14 +284,14 @@ class Settler:
                 await transition(s, "sleeping", why="sleep", reason="the program chose to sleep")
             return
         if stop is not None and stop.startswith("approval pending") and stop != "cancel":
-            if s.j.state.pending_approvals():
+            if s.journal.state.pending_approvals():
                 await transition(s, "blocked", why="ask", reason=stop)
             else:  # answered while the program was still finishing: the turn goes on
                 await transition(s, "sleeping", why="sleep", reason="approval answered")
                 ctx.spawn(self.then.wake(s, "approval", {"answered": "during the run"}))
             return
         if stop is not None and stop.startswith("divergence"):
-            gate = s.j.state.last_gate
+            gate = s.journal.state.last_gate
             checks = gate["checks"] if gate else []
             detail = next((c["detail"] for c in checks if not c["ok"]), stop)
             await transition(s, "blocked", why="block", reason=f"gate: steps match: {detail}")
@@ -326,7 +326,7 @@ class Settler:
         if outcome.status != "ok" and outcome.error:
             text += f": {outcome.error}"  # why, where the daemon knows it
         if outcome.status == "ok":
-            if spec.has_triggers or s.j.state.pending_wakes:
+            if spec.has_triggers or s.journal.state.pending_wakes:
                 await ctx.transition(s, "sleeping", why="sleep", reason=f"last run: {text}")
             else:
                 await ctx.transition(
@@ -353,7 +353,7 @@ class Settler:
                 reason=f"budget: seconds_per_run {spec.budget.seconds_per_run}s used up",
             )
             return
-        failures = s.j.state.failures_in_a_row
+        failures = s.journal.state.failures_in_a_row
         refusal = (
             rerun_refusal(
                 {

@@ -385,7 +385,7 @@ def _supervise(program: int, flags: dict[str, bool], wake_r: int, sandboxed: boo
             os.read(wake_r, 64)
 
 
-class Spawner:
+class SpawnerLoop:
     """The spawner's loop: requests from the daemon, exits of the holders."""
 
     def __init__(self, chan: socket.socket) -> None:
@@ -569,7 +569,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        Spawner(chan).serve()
+        SpawnerLoop(chan).serve()
     finally:
         kill_tree_and_reap()
     return 0

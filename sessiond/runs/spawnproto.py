@@ -1,4 +1,4 @@
-"""The messages between the daemon (runs/spawn.py) and the spawner process
+"""The messages between the daemon (runs/spawner_client.py) and the spawner process
 (runs/spawner.py): one JSON object a packet on their socket, each way.
 
 The daemon asks: ``spawn`` a run (its program, held until the daemon says go),

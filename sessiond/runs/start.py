@@ -47,7 +47,7 @@ from sessiond.runs.cgroups import BadCgroupConfig, CgroupError, RunCgroup, run_p
 from sessiond.runs.context import RunContext
 from sessiond.runs.leftovers import MARK, mark
 from sessiond.runs.modelenv import model_env, provider_keys
-from sessiond.runs.runner import Outcome, Program, program_env
+from sessiond.runs.program import Outcome, Program, program_env
 from sessiond.runs.secrets import SecretMissing
 from sessiond.runs.secrets import resolve as resolve_secrets
 from sessiond.runs.settle import Settler
@@ -55,10 +55,9 @@ from sessiond.runs.supervise import Supervisor
 from sessiond.runs.tokens import Tokens
 from sessiond.runs.workspace import git_head, read_in, workspace_hasher
 from sessiond.table import lifecycle
-from sessiond.table.policy_rules import Verdict as PolicyVerdict
-from sessiond.table.policy_rules import decide
+from sessiond.table.policy_rules import PolicyVerdict, decide
 from sessiond.table.recovery import POLICY_DENIES
-from sessiond.table.sessions import Run, Session, file_hash
+from sessiond.table.sessions import LiveRun, Session, file_hash
 from sessiond.table.spec import SessionSpec, under_profile
 
 log = structlog.get_logger(__name__)
@@ -81,7 +80,7 @@ class Starter:
         since created, or the one ``migrate --profile`` chose), which may replace
         ``run.exec`` and budget keys."""
         assert s.spec is not None
-        return under_profile(s.spec, s.j.state.profile, self.ctx.config.profiles)
+        return under_profile(s.spec, s.journal.state.profile, self.ctx.config.profiles)
 
     def _command_policy(self, spec: SessionSpec) -> PolicyVerdict:
         assert spec.run is not None
@@ -106,7 +105,7 @@ class Starter:
             await self.ctx.transition(
                 s, "ready", why="start", reason=f"gate ok ({trigger})", durable=False
             )
-        state = s.j.state
+        state = s.journal.state
         # Never a number given out before, even to a run cut off before its
         # run.started: its program may have run, under that run and call id.
         run_id = f"r{max(state.runs, state.run_number) + 1}"
@@ -135,7 +134,7 @@ class Starter:
             if approved is not None:
                 call_id = approved
             elif call_id in used:  # a discarded approval had it: one id, one call
-                call_id = f"{run_id}.command.{s.j.state.tool_calls + 1}"
+                call_id = f"{run_id}.command.{s.journal.state.tool_calls + 1}"
             if approved is None:
                 verdict = self._command_policy(spec)
                 risk = RiskContract(
@@ -210,7 +209,7 @@ class Starter:
         if s.stop_pending is None:
             return False
         log.info("run.not_started", session=s.name, run=run_id, stop=s.stop_pending)
-        await s.j.flush()  # what the start recorded so far (a decided call) stays
+        await s.journal.flush()  # what the start recorded so far (a decided call) stays
         return True
 
     async def _launch(
@@ -218,7 +217,7 @@ class Starter:
     ) -> None:
         spec = self._spec(s)
         assert spec.run is not None
-        state = s.j.state
+        state = s.journal.state
         trigger = cause["data"]["trigger"] if cause else "follow-up"
         turn, wakes = _turn_and_wakes(state, cause)
         workspace = spec.workspace
@@ -288,7 +287,7 @@ class Starter:
             pid = await self._spawn_and_record(s, program, run_id, record)
         except (OSError, ValueError, CgroupError) as exc:  # ValueError: a NUL in an argument
             why = f"could not start {spec.run.exec[0]!r}: {getattr(exc, 'strerror', None) or exc}"
-            s.run = Run(run_id, 0, time.time(), program)
+            s.run = LiveRun(run_id, 0, time.time(), program)
             await settle(Outcome("failed", None, None, 0, b"", why.encode(), 0, 0, error=why))
             return
         if pid is None:
@@ -353,7 +352,7 @@ class Starter:
             # the start right after the spawn, which wants the two steps apart.
             if holder is not None and not self.ctx.faults.armed("after-spawn"):
                 program.proc_start = holder[1]
-                s.run = Run(run_id, holder[0], time.time(), program)
+                s.run = LiveRun(run_id, holder[0], time.time(), program)
                 recording = asyncio.ensure_future(record(pid=holder[0]))
             pid = await program.start()
         except BaseException:
@@ -366,7 +365,7 @@ class Starter:
             await self.ctx.faults.hold("after-spawn", s.name)
             # Known as running before anything is awaited: the program may call the
             # daemon (the SDK) at once.
-            s.run = Run(run_id, pid, time.time(), program)
+            s.run = LiveRun(run_id, pid, time.time(), program)
             recording = asyncio.ensure_future(record(pid=pid))
         if not await recording:
             await program.stop("run.started could not be recorded")  # held: never goes

@@ -136,10 +136,10 @@ class Steps:
         set its own keys)."""
         spec = s.spec
         assert spec is not None
-        profile = self.ctx.config.profiles.get(s.j.state.profile)
+        profile = self.ctx.config.profiles.get(s.journal.state.profile)
         if profile is None or not profile.budget.model_fields_set:
             return spec.budget  # the common case, with nothing to copy
-        return under_profile(spec, s.j.state.profile, self.ctx.config.profiles).budget
+        return under_profile(spec, s.journal.state.profile, self.ctx.config.profiles).budget
 
     # --- the start of a step ----------------------------------------------------------
 
@@ -159,7 +159,7 @@ class Steps:
         spec = s.spec
         assert spec is not None
         async with s.lock:
-            state = s.j.state
+            state = s.journal.state
             turn = state.turn
             if turn is None or s.run is None:
                 raise Refused("this run has no open turn: a step can only be taken while it runs")
@@ -451,7 +451,7 @@ class Steps:
         else:
             kind, encoded = "json", orjson.dumps(p.result)
         async with s.lock:
-            state = s.j.state
+            state = s.journal.state
             turn = state.turn
             slot = turn["calls"].get(p.call) if turn else None
             step = turn["steps"].get(slot) if turn and slot else None
@@ -579,7 +579,7 @@ class Steps:
                 error_class=None if ok else ("validation" if refused else "provider"),
             ),
         )
-        state = s.j.state
+        state = s.journal.state
         limit = self._budget(s).tokens
         used = state.tokens_in + state.tokens_out
         if ok and limit and used >= limit:

@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 
 from sessiond.runs.context import Continues
-from sessiond.runs.runner import Program
+from sessiond.runs.program import Program
 from sessiond.runs.settle import Settler
 from sessiond.table.sessions import Session
 
@@ -63,7 +63,7 @@ class Supervisor:
                 before=before,
                 wake_file=wake_file,
             )
-            if s.state == "sleeping" and s.j.state.pending_wakes and stop is None:
+            if s.state == "sleeping" and s.journal.state.pending_wakes and stop is None:
                 # Wakes that came while it ran: one follow-up run carries them all.
                 await self.then.proceed(s, None)
 

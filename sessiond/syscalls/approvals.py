@@ -29,8 +29,8 @@ from sessiond.log.store.base import Draft
 from sessiond.log.turns import bad_steps
 from sessiond.replies import SessionDetail, Who, who_fields
 from sessiond.runs.context import RunContext
+from sessiond.runs.floor import Runs
 from sessiond.runs.recover import close_cut_off
-from sessiond.runs.runs import Runs
 from sessiond.runs.workspace import workspace_hasher
 from sessiond.syscalls.views import causes_of, detail, gate_verdict
 from sessiond.table.recovery import refusal
@@ -75,7 +75,7 @@ class Approvals:
                 ),
                 correlation=approval["call"],
             )
-            if s.state == "blocked" and not s.j.state.pending_approvals():
+            if s.state == "blocked" and not s.journal.state.pending_approvals():
                 await self.ctx.transition(s, "sleeping", why="approve", reason="approved")
         if s.state == "sleeping":
             await self.runs.wake(s, "approval", {"call": approval["call"], "answer": "granted"})
@@ -107,7 +107,7 @@ class Approvals:
                 ),
                 correlation=approval["call"],
             )
-            if s.state == "blocked" and not s.j.state.pending_approvals():
+            if s.state == "blocked" and not s.journal.state.pending_approvals():
                 await self.ctx.transition(s, "sleeping", why="deny", reason="approval denied")
         return detail(s)
 
@@ -132,7 +132,7 @@ class Approvals:
                     f"cannot resolve session {name!r}: it is {s.state}; resolve is for a blocked "
                     "session ('sessionctl show' gives the reason it is blocked)"
                 )
-            state = s.j.state
+            state = s.journal.state
             turn = state.turn
             divergence = turn.get("divergence") if turn else None
             if divergence is not None and option == "rerun":
@@ -222,7 +222,7 @@ class Approvals:
                 )
             )
             await self.ctx.table.append_many(s, drafts)
-            if ends_turn or (rests and not s.j.state.pending_wakes):
+            if ends_turn or (rests and not s.journal.state.pending_wakes):
                 return await self._rest(s, option, accepted=rests and option == "accept")
             await self.ctx.transition(s, "sleeping", why="resolve", reason=f"resolved: --{option}")
             cause = await self.ctx.table.append(
@@ -236,14 +236,19 @@ class Approvals:
         it. Wakes that came meanwhile are new work: they start the next turn."""
         spec = s.spec
         reason = f"resolved: --{option}; the turn ends and its program is not started again"
-        if accepted and spec is not None and not spec.has_triggers and not s.j.state.pending_wakes:
+        if (
+            accepted
+            and spec is not None
+            and not spec.has_triggers
+            and not s.journal.state.pending_wakes
+        ):
             # its work stands: the session ends the way a finished run ends it
             await self.ctx.transition(
                 s, "terminated", why="resolve", reason=reason, outcome="completed"
             )
             return detail(s)
         await self.ctx.transition(s, "sleeping", why="resolve", reason=reason)
-        if s.j.state.pending_wakes and spec is not None and spec.run is not None:
+        if s.journal.state.pending_wakes and spec is not None and spec.run is not None:
             await self.runs.proceed(s, None)
         return detail(s)
 
@@ -298,7 +303,7 @@ class Approvals:
 
 
 def _pending(s: Session, call: str | None) -> ApprovalRecord:
-    pending = s.j.state.pending_approvals()
+    pending = s.journal.state.pending_approvals()
     if not pending:
         raise Refused(f"session {s.name!r} has no pending approval")
     if call is None:

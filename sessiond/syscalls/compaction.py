@@ -97,7 +97,7 @@ async def run_compact_command(
 async def view_transcript(session: Session) -> list[TranscriptItem]:
     """The messages view's items as the state stands, from the log (the state keeps
     only the newest few), read a slice at a time so the loop serves others."""
-    journal = session.j
+    journal = session.journal
     state = journal.state
     scan = ViewScan(state.summaries)
     items: list[TranscriptItem] = []

@@ -33,7 +33,7 @@ def row(table: Table, s: Session, node: str | None = None) -> ConsoleRow:
     out["labels"] = dict(s.spec.labels) if s.spec else {}
     out["runnable"] = s.spec is not None and s.spec.run is not None  # activate has a program
     out["pending_approvals"] = (
-        len(s.journal.state.pending_approvals()) if s.journal is not None else 0
+        len(s.journal.state.pending_approvals()) if s.journal_or_none is not None else 0
     )
     if node is not None:
         out["node"] = node
@@ -68,7 +68,7 @@ async def approvals(sessions: Iterable[Session], node: str | None = None) -> lis
     for s in list(sessions):
         if pacer.due():
             await pacer.pause()
-        if s.journal is None or not s.journal.state.approvals:
+        if s.journal_or_none is None or not s.journal.state.approvals:
             continue
         state = s.journal.state
         ttl = s.spec.policy.approval_ttl if s.spec else 3600.0

@@ -17,7 +17,7 @@ from sessiond.log.event_data import BindingObserved, SessionCreated, WakeRequest
 from sessiond.replies import SessionDetail
 from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import covered
-from sessiond.runs.runs import Runs
+from sessiond.runs.floor import Runs
 from sessiond.runs.sandbox import spec_refusal
 from sessiond.syscalls.seams import Placement
 from sessiond.syscalls.views import detail
@@ -42,7 +42,7 @@ class Control:
         a symlink planted in the state dir): its state reads "blocked", and "approve or
         resolve it" would send the operator the wrong way."""
         s = self.ctx.table.get(name)
-        _ = s.j  # raises Refused naming why there is no log
+        _ = s.journal  # raises Refused naming why there is no log
         return s
 
     async def _bind_hashes(self, s: Session) -> None:
@@ -162,7 +162,7 @@ class Control:
         async with s.lock:
             if s.state != "suspended":
                 raise Refused(f"cannot resume session {name!r}: it is {s.state}, not suspended")
-            pending = s.j.state.pending_wakes
+            pending = s.journal.state.pending_wakes
             await self.ctx.transition(s, "sleeping", why="resume", reason="resumed")
             if pending and s.spec is not None and s.spec.run is not None:
                 await self.runs.proceed(s, None)

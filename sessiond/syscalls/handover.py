@@ -103,7 +103,7 @@ class Handovers:
             bundle = outbox / f"{s.name}.{h}.bundle"
             offer = {"id": h, "source": str(self.ctx.config.socket)}
             try:
-                await export_paced(self.ctx.store, s.name, bundle, upto=s.j.state.seq)
+                await export_paced(self.ctx.store, s.name, bundle, upto=s.journal.state.seq)
                 # the bytes cross the socket: the target reads no path of ours
                 await send_bundle_async(to, bundle, {"name": s.name, "handover": offer})
             except Exception as exc:  # not committed, whatever went wrong: abort
@@ -178,9 +178,9 @@ class Handovers:
         """``handover.status``, asked by a target: how did hand-over ``h`` end here?
         committed | aborted | pending (being sent now) | unknown."""
         s = self.ctx.table.sessions.get(name)
-        if s is None or s.journal is None:
+        if s is None or s.journal_or_none is None:
             return {"result": "unknown"}
-        hv = s.j.state.handover
+        hv = s.journal.state.handover
         if hv is None or hv["role"] != "source":
             return {"result": "unknown"}
         if hv["id"] != h:
@@ -248,7 +248,7 @@ class Handovers:
     def _live(self, s: Session, by: str) -> LifecycleChanged:
         """The finish's lifecycle change: what the copy was at the source (a ``ready``
         or ``running`` one arrives not running, as an import does)."""
-        hv = s.j.state.handover
+        hv = s.journal.state.handover
         assert hv is not None
         restore = hv["restore"]
         if restore in ("ready", "running"):
@@ -304,7 +304,7 @@ class Handovers:
     async def _drop(self, s: Session, h: str) -> None:
         """Out of the table, its folder into ``discarded/`` (after its last event)."""
         self.ctx.table.sessions.pop(s.name, None)
-        if s.journal is not None:
+        if s.journal_or_none is not None:
             await s.journal.close()
         where = private_dir(self.ctx.config.state_dir / "discarded")
         folder = self.ctx.store.sessions_dir / s.name
@@ -320,8 +320,8 @@ class Handovers:
         if _phase(s, h, "target") != "arriving":
             return True
         assert s is not None
-        assert s.j.state.handover is not None
-        source = Path(s.j.state.handover["peer"])
+        assert s.journal.state.handover is not None
+        source = Path(s.journal.state.handover["peer"])
         try:
             answer = await call_async(
                 source, "handover.status", {"name": name, "handover": h}, TIMEOUT
@@ -357,7 +357,7 @@ class Handovers:
             name: str, option: str, by: str = "", *, who: Who | None = None
         ) -> SessionDetail | Discarded:
             s = self.ctx.table.get(name)
-            if s.journal is not None and s.state == "arriving":
+            if s.journal_or_none is not None and s.state == "arriving":
                 return await self.settle(s, option, by, who)
             return await resolve(name, option, by, who=who)
 
@@ -371,7 +371,7 @@ class Handovers:
         the choice to the operator."""
         from sessiond.wire import RemoteError, call_async
 
-        hv = s.j.state.handover
+        hv = s.journal.state.handover
         assert hv is not None
         h, source = hv["id"], hv["peer"]
         judge(s.name, source, option, "unknown")  # --rerun is refused before asking
@@ -405,9 +405,9 @@ class Handovers:
         left half done (a commit without its lifecycle change, a discard without its
         move), so that no copy runs that should not."""
         for s in list(self.ctx.table):
-            if s.journal is None or s.j.state.handover is None:
+            if s.journal_or_none is None or s.journal.state.handover is None:
                 continue
-            hv = s.j.state.handover
+            hv = s.journal.state.handover
             if hv["role"] == "source" and hv["phase"] == "started":
                 # cut off before its commit: this copy stays the session; the target is
                 # told to drop whatever it holds (resume, from the marker)
@@ -444,8 +444,8 @@ class Handovers:
             h = marker.stem
             self.ctx.spawn(self._first_try(h, self.tell))
         for s in self.ctx.table:
-            if s.journal is not None and s.state == "arriving" and s.j.state.handover:
-                self.ctx.spawn(self._first_try(s.j.state.handover["id"], self._asker(s.name)))
+            if s.journal_or_none is not None and s.state == "arriving" and s.journal.state.handover:
+                self.ctx.spawn(self._first_try(s.journal.state.handover["id"], self._asker(s.name)))
 
     def _asker(self, name: str) -> Callable[[str], Awaitable[bool]]:
         async def ask(h: str) -> bool:
@@ -510,9 +510,9 @@ def judge(name: str, source: str, option: str, said: str | None) -> str:
 
 def _phase(s: Session | None, h: str, role: str) -> str | None:
     """The phase of hand-over ``h`` in session ``s``, where ``s`` is its ``role``."""
-    if s is None or s.journal is None:
+    if s is None or s.journal_or_none is None:
         return None
-    hv = s.j.state.handover
+    hv = s.journal.state.handover
     if hv is None or hv["id"] != h or hv["role"] != role:
         return None
     phase: str = hv["phase"]

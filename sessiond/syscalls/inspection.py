@@ -142,7 +142,7 @@ class Inspection:
         start = max(q.first_seq, after + 1)
         # What the log holds now: appends that come while it is read are not this
         # answer's (a follower gets them), and the loop serves others between slices.
-        end = s.journal.state.seq if s.journal is not None else None
+        end = s.journal.state.seq if s.journal_or_none is not None else None
         kept: deque[bytes] | list[bytes] = deque(maxlen=limit) if limit else []
         pacer = Pacer()
         lines = self.ctx.store.read_lines(name, upto=end)
@@ -168,7 +168,7 @@ class Inspection:
     ) -> Any:
         s = self.ctx.table.get(name)
         live = None
-        if s.journal is not None and upto in (None, s.journal.state.seq):
+        if s.journal_or_none is not None and upto in (None, s.journal.state.seq):
             upto = s.journal.state.seq  # the log as it is now, not as it grows meanwhile
             if view == "messages":
                 live = s.journal.state  # its fold is the state: no need to fold again

@@ -23,7 +23,7 @@ from sessiond.notify import Notices
 from sessiond.replies import Draining, NodeMove, SessionDetail, WaitingSession, WebLogin, Who
 from sessiond.runs.context import RunContext, TriggerHooks
 from sessiond.runs.faults import NO_FAULTS, Faults
-from sessiond.runs.runs import Runs
+from sessiond.runs.floor import Runs
 from sessiond.runs.sdk_calls import SdkCalls
 from sessiond.runs.tokens import Tokens
 from sessiond.syscalls.approvals import Approvals

@@ -30,7 +30,7 @@ from sessiond.redaction import Redactor, redactor
 from sessiond.replies import Arrived, Exported, Merged, Sent, SessionDetail
 from sessiond.runs.agents import AGENT_KINDS, restore_transcript
 from sessiond.runs.context import RunContext
-from sessiond.runs.runs import Runs
+from sessiond.runs.floor import Runs
 from sessiond.sdkwire import TranscriptItem
 from sessiond.syscalls.handover import Handovers
 from sessiond.syscalls.seams import Mail
@@ -67,7 +67,7 @@ class Lineage:
         async with parent.lock:
             child_journal = await fork_log(
                 self.ctx.store,
-                parent.j,
+                parent.journal,
                 new,
                 at_seq=at,
                 with_triggers=with_triggers,
@@ -134,7 +134,7 @@ class Lineage:
         self, child_name: str, into: str | None = None, summary: str | None = None
     ) -> Merged:
         child = self.ctx.table.get(child_name)
-        target = into or child.j.state.parent
+        target = into or child.journal.state.parent
         if target is None:
             raise InvalidInput(
                 f"session {child_name!r} has no parent; say which session to merge it into "
@@ -149,7 +149,7 @@ class Lineage:
             lifecycle.check(child.name, child.state, "terminated", "merge")
             if parent.state == "terminated":
                 raise Refused(f"cannot merge into session {parent.name!r}: it is terminated")
-            cs = child.j.state
+            cs = child.journal.state
             observed = cs.last_observation["text"] if cs.last_observation else None
             text = summary or observed or _last_said(cs.transcript)
             text = text or f"{child.name} finished at seq {cs.seq}"
@@ -271,7 +271,7 @@ class Lineage:
                 )
             except BaseException:
                 with contextlib.suppress(Exception):  # durable all the same, as before
-                    await s.j.flush()
+                    await s.journal.flush()
                 raise
         return {"session": to, "seq": record["seq"], "woke": woke}
 
@@ -290,7 +290,7 @@ class Lineage:
                 )
             async with s.lock:
                 await self.ctx.table.append(
-                    s, SessionMigrated(from_profile=s.j.state.profile, to_profile=profile)
+                    s, SessionMigrated(from_profile=s.journal.state.profile, to_profile=profile)
                 )
             return detail(s)
         assert to is not None
@@ -343,7 +343,7 @@ class Lineage:
         s = self.ctx.table.get(name)
         # The log as it is at this instant (what comes while it is read is not in it),
         # read a slice at a time and packed in a thread: the loop goes on meanwhile.
-        upto = s.journal.state.seq if s.journal is not None else None
+        upto = s.journal.state.seq if s.journal_or_none is not None else None
         manifest = await export_paced(self.ctx.store, name, Path(path), upto=upto)
         return {"path": path, "events": manifest["events"]["count"], "session": name}
 
@@ -401,8 +401,8 @@ class Lineage:
         wrote its answers too (a program can craft one). Each call approved there
         and not run yet is asked again; the reason to block on, if one was."""
         asked: list[str] = []
-        for call_id, approval in sorted(s.j.state.approvals.items()):
-            call = s.j.state.calls.get(call_id)
+        for call_id, approval in sorted(s.journal.state.approvals.items()):
+            call = s.journal.state.calls.get(call_id)
             if approval.get("status") != "granted" or (call and call["stage"] != "approved"):
                 continue
             await self.ctx.table.append(

@@ -102,7 +102,7 @@ def _agent(name: str) -> AgentSpent:
 
 def _today(s: Session, day: str) -> tuple[int, float] | None:
     """What the session's replies used on ``day``, from its fold; None if nothing."""
-    if s.journal is None:
+    if s.journal_or_none is None:
         return None
     used = s.journal.state.model_spend.get("days", {}).get(day)
     if not used or not (used[0] or used[1]):

@@ -28,7 +28,7 @@ from sessiond.log.store.base import Record
 from sessiond.redaction import Redactor
 from sessiond.replies import Output, RunFacts
 from sessiond.runs.context import RunContext
-from sessiond.runs.runner import Program
+from sessiond.runs.program import Program
 from sessiond.runs.tokens import Tokens
 from sessiond.table.sessions import Session
 
@@ -105,7 +105,7 @@ class RunOutput:
         *,
         waiting: bool,
     ) -> Output:
-        state = s.j.state
+        state = s.journal.state
         latest = state.current_run or state.last_run
         newest = latest["run"] if latest else None
         target = run or newest
@@ -140,7 +140,7 @@ class RunOutput:
         return answer
 
     async def _text(self, s: Session, run: str, stream: str) -> tuple[str, RunFacts]:
-        state = s.j.state
+        state = s.journal.state
         index = STREAMS.index(stream)
         live = s.run if s.run is not None and s.run.run_id == run else None
         if live is not None or (state.current_run and state.current_run["run"]) == run:

@@ -77,7 +77,7 @@ class Retention:
                 self._kept_refs -= _size(self._read.pop(gone)[0])
             if rules.rules():
                 for s in list(self.ctx.table):
-                    if s.journal is None:  # a broken log: fsck and a person first
+                    if s.journal_or_none is None:  # a broken log: fsck and a person first
                         continue
                     try:
                         p = await self._session(s, dry_run, who, trigger)
@@ -171,7 +171,7 @@ class Retention:
         artifacts = store.artifacts(s.name)
         snapshots = store.snapshots(s.name)
         now = datetime.fromisoformat(self.ctx.now().replace("Z", "+00:00"))
-        state = s.j.state
+        state = s.journal.state
         keep = needed(state, evidence, artifacts)
         # a stat of every file and a read of every context's manifest: off the loop
         p = await asyncio.to_thread(

@@ -16,7 +16,7 @@ from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.base import ArtifactStore, Record
 from sessiond.replies import CauseView, GateCheck, GateReport, SessionDetail, SpecFacts, TurnView
-from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.gate import GateVerdict, evaluate
 from sessiond.table.recovery import Cause, answers_of, cause, options_of
 from sessiond.table.sessions import Session, last_active, next_wake
 from sessiond.table.spec import under_profile
@@ -91,7 +91,7 @@ def detail(session: Session) -> SessionDetail:
     }
     # Written out, key by key, not unpacked: the answer's keys keep their order, and
     # mypy sees each one.
-    if session.journal is None:
+    if session.journal_or_none is None:
         return {
             "name": base["name"],
             "goal": base["goal"],
@@ -176,14 +176,14 @@ def gate_verdict(
     *,
     artifacts: ArtifactStore | None = None,
     profiles: dict[str, ProfileConfig] | None = None,
-) -> Verdict:
+) -> GateVerdict:
     """The resume gate evaluated now on a session that has its log; records nothing.
     The log is checked by its writer (``verify``), the artifacts continuing needs by
     ``artifacts.verify_many`` (``has_artifact``, the older form: only whether they
     are there)."""
     from sessiond.runs.workspace import workspace_hasher
 
-    state = session.j.state
+    state = session.journal.state
     damaged = artifacts.verify_many(state.live_artifacts()) if artifacts is not None else None
     spec = session.spec
     if spec is not None and profiles is not None:  # the budget under the runner profile
@@ -194,16 +194,16 @@ def gate_verdict(
         now=now,
         hash_file=workspace_hasher(spec),
         has_artifact=has_artifact,
-        log_error=session.j.log.verify(),
+        log_error=session.journal.log.verify(),
         check_artifact=damaged.get if damaged is not None else None,
     )
 
 
-def causes_of(session: Session, verdict: Verdict | None) -> tuple[Cause, ...]:
+def causes_of(session: Session, verdict: GateVerdict | None) -> tuple[Cause, ...]:
     """Why the session may not go on now, each with the answers that change it: the
     gate's causes, or what holds it outside the gate (no log, a hand-over, a block
     the disk did not take). A session that is not blocked has none to resolve."""
-    if session.journal is None:
+    if session.journal_or_none is None:
         return (cause("log", session.broken or "its log cannot be read"),)
     if session.held is not None:
         return (cause("held", session.held),)
@@ -223,7 +223,7 @@ def gate_report(
     """The resume gate evaluated now, as a dry run: each check, the outcome, the
     recovery options (exactly those that would change something: table.recovery)
     and why. Records nothing."""
-    if session.journal is None:
+    if session.journal_or_none is None:
         check: GateCheck = {"name": "log intact", "ok": False, "detail": session.broken or ""}
         broken = [_cause(c) for c in causes_of(session, None)]
         return {"session": session.name, "ok": False, "outcome": "blocked", "checks": [check],

@@ -51,7 +51,7 @@ from sessiond.table.policy_rules import decide
 from sessiond.table.recovery import POLICY_DENIES, RUN_FAILED, Cause, cause, options_of
 from sessiond.table.spec import SessionSpec
 
-# What the daemon does for a call before continuing (see Verdict.actions).
+# What the daemon does for a call before continuing (see GateVerdict.actions).
 CLOSE_INTERRUPTED = "close-interrupted"  # started, safe to run again: record it cut off
 REBUILD_OBSERVATION = "rebuild-observation"  # finished or denied: record the observation
 DROP_UNSTARTED = "drop-unstarted"  # intent not started: the program decides again
@@ -69,7 +69,7 @@ class Check:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class GateVerdict:
     checks: tuple[Check, ...]
     outcome: str  # ok | blocked | suspended
     options: tuple[str, ...] = ()
@@ -100,7 +100,7 @@ def evaluate(
     cause_paths: frozenset[str] = frozenset(),
     log_error: str | None = None,
     check_artifact: CheckArtifact | None = None,
-) -> Verdict:
+) -> GateVerdict:
     """Judge whether ``state`` may continue. ``now`` is RFC 3339 UTC; ``hash_file``
     hashes a workspace-relative path (None: absent); ``cause_paths`` are paths whose
     change is exactly what woke the session (they are not held against it);
@@ -108,7 +108,7 @@ def evaluate(
     what is wrong with an artifact (``has_artifact``, the older form, only says
     whether it is there)."""
     if log_error is not None:
-        return Verdict(
+        return GateVerdict(
             (Check("log intact", False, log_error),), "blocked", causes=(cause("log", log_error),)
         )
     checks = [Check("log intact", True, f"replayed to seq {state.seq}")]
@@ -120,7 +120,7 @@ def evaluate(
         why = describe_divergence(divergence)
         checks.append(Check("steps match", False, why))
         diverged = (cause("divergence", why),)
-        return Verdict(tuple(checks), "blocked", options_of(diverged), causes=diverged)
+        return GateVerdict(tuple(checks), "blocked", options_of(diverged), causes=diverged)
     causes: list[Cause] = []
     blocked = _blocked_by(state, spec)
     if blocked is not None:
@@ -156,14 +156,14 @@ def evaluate(
         checks.insert(1, Check("last block", False, state.reason or "blocked"))
         causes.append(cause("blocked", state.reason or "blocked", drop=drop))
     if all(c.ok for c in checks):
-        return Verdict(tuple(checks), "ok", actions=actions)
+        return GateVerdict(tuple(checks), "ok", actions=actions)
     if budget is not None and all(c.ok for c in checks if c.name != "budget left"):
-        return Verdict(
+        return GateVerdict(
             tuple(checks), "suspended", actions=actions, causes=(cause("budget", budget),)
         )
     if budget is not None:
         causes.append(cause("budget", budget))
-    return Verdict(tuple(checks), "blocked", options_of(causes), actions, tuple(causes))
+    return GateVerdict(tuple(checks), "blocked", options_of(causes), actions, tuple(causes))
 
 
 def _blocked_by(state: State, spec: SessionSpec | None) -> Cause | None:

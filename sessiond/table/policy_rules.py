@@ -34,16 +34,16 @@ DEFAULT_BY_SIDE_EFFECT = {
 
 
 @dataclass(frozen=True)
-class Verdict:
+class PolicyVerdict:
     decision: str  # allow | ask | deny
     rule: str  # e.g. "ask: edit_*" or "default: external-write asks"
 
 
-def decide(policy: PolicyLists, tool: str, side_effect: str) -> Verdict:
+def decide(policy: PolicyLists, tool: str, side_effect: str) -> PolicyVerdict:
     for decision, patterns in (("deny", policy.deny), ("ask", policy.ask), ("allow", policy.allow)):
         for pattern in patterns:
             if fnmatch.fnmatchcase(tool, pattern):
-                return Verdict(decision, f"{decision}: {pattern}")
+                return PolicyVerdict(decision, f"{decision}: {pattern}")
     default = DEFAULT_BY_SIDE_EFFECT.get(side_effect, "ask")
     verb = {"allow": "allowed", "ask": "asks"}[default]
-    return Verdict(default, f"default: {side_effect} {verb}")
+    return PolicyVerdict(default, f"default: {side_effect} {verb}")

@@ -46,15 +46,15 @@ SPEC_CACHE = "spec.cache.json"
 
 
 class Stoppable(Protocol):
-    """What the table needs of a running program (sessiond.runs.runner.Program is
+    """What the table needs of a running program (sessiond.runs.program.Program is
     one). A protocol, so that the table does not import the floor above it."""
 
     async def stop(self, reason: str) -> None: ...
 
 
 @dataclass
-class Run:
-    """A session program the daemon started (see sessiond.runs.runner)."""
+class LiveRun:
+    """A session program the daemon started (see sessiond.runs.program)."""
 
     run_id: str
     pid: int
@@ -67,7 +67,7 @@ class Run:
 @dataclass
 class Session:
     name: str
-    journal: Journal | None
+    journal_or_none: Journal | None
     spec: SessionSpec | None = None
     spec_text: str | None = None
     broken: str | None = None  # why the log cannot be used
@@ -75,7 +75,7 @@ class Session:
     # would have recorded the block (a full disk). Nothing else is appended until
     # the daemon has recorded it (see Runs._record_hold).
     held: str | None = None
-    run: Run | None = None
+    run: LiveRun | None = None
     # A cancel, suspend or interrupt asked for while a run of this session is being
     # started (the start holds the lock): the start sees it and spawns no program;
     # the syscall records the state it asked for once it has the lock.
@@ -103,18 +103,18 @@ class Session:
         return built
 
     @property
-    def j(self) -> Journal:
+    def journal(self) -> Journal:
         """The journal, or a refusal naming why there is none."""
-        if self.journal is None:
+        if self.journal_or_none is None:
             raise Refused(
                 f"session {self.name!r} cannot be changed: {self.broken}; run 'sessiond fsck' "
                 "and restore its log from a backup"
             )
-        return self.journal
+        return self.journal_or_none
 
     @property
     def state(self) -> str:
-        if self.journal is None or self.held is not None:
+        if self.journal_or_none is None or self.held is not None:
             return "blocked"
         return self.journal.state.state
 
@@ -188,7 +188,7 @@ class Table:
             # A copy another daemon is handing over: until the hand-over is settled
             # the source's copy may still be the session, and what is appended here
             # would be lost with a dropped copy (syscalls.handover).
-            handover = session.j.state.handover
+            handover = session.journal.state.handover
             source = handover["peer"] if handover else "another daemon"
             raise Refused(
                 f"session {session.name!r} is arriving from {source}: it is held, not "
@@ -196,7 +196,7 @@ class Table:
                 "before; if the source is gone for good, settle it with 'sessionctl "
                 f"resolve {session.name} --accept' (make it live here) or '--discard'"
             )
-        return await session.j.append_many(drafts, durable=durable)
+        return await session.journal.append_many(drafts, durable=durable)
 
     def _broadcast(self, name: str, record: Record) -> None:
         for listener in list(self._listeners):
@@ -204,7 +204,7 @@ class Table:
 
     def adopt(self, session: Session) -> Session:
         """Put a session in the table; its journal's appends reach the listeners."""
-        if session.journal is not None:
+        if session.journal_or_none is not None:
             name = session.name
             session.journal.listeners.append(lambda record: self._broadcast(name, record))
             session.journal.redaction = session.redactor
@@ -283,7 +283,9 @@ class Table:
     async def close(self) -> None:
         """Snapshot every session that moved since its last snapshot (so the next
         start-up replays nothing), then close every log."""
-        journals = [s.journal for s in self.sessions.values() if s.journal is not None]
+        journals = [
+            s.journal_or_none for s in self.sessions.values() if s.journal_or_none is not None
+        ]
         snapshots = [snap for j in journals if (snap := await j.take_snapshot()) is not None]
         await asyncio.get_running_loop().run_in_executor(None, self.store.save_snapshots, snapshots)
         for journal in journals:
@@ -309,7 +311,7 @@ def summary(session: Session, wake_fn: Callable[[Session], str | None] | None = 
     """A `ps` row."""
     wake_fn = wake_fn or next_wake
     spec = session.spec
-    if session.journal is None:
+    if session.journal_or_none is None:
         return {
             "name": session.name,
             "state": "blocked",

@@ -84,7 +84,7 @@ class GitTriggers:
         s = armed.session
         # Every wake already in the log is older than this seq; one still being
         # appended will be newer and win over the cursor (rescanning, never skipping).
-        after = s.j.state.seq
+        after = s.journal.state.seq
         cursor = {key: {"commit": c, "after_seq": after} for key, c in armed.git_seen.items()}
         try:
             write_durable(self._cursor_file(s), orjson.dumps(cursor))

@@ -68,7 +68,7 @@ class Timers:
             # a catch-up stands for every fire up to the moment it was made
             reference = datetime.fromisoformat(str(details.get("caught_up_to") or details["fire"]))
         else:
-            created = s.j.state.created_at
+            created = s.journal.state.created_at
             reference = datetime.fromisoformat(created.replace("Z", "+00:00")) if created else now
         missed = cron.first_missed(reference, now) if trig.catch_up == "once" else None
         if missed is not None:
@@ -110,7 +110,7 @@ class Timers:
 
     def arm_every(self, armed: Armed, key: str, trig: EveryTriggerSpec) -> None:
         s = armed.session
-        state = s.j.state
+        state = s.journal.state
         anchor = (state.last_run["ts"] if state.last_run else None) or state.created_at
         base = datetime.fromisoformat(anchor.replace("Z", "+00:00")) if anchor else self.now()
         fire = max(base + timedelta(seconds=trig.interval), self.now())

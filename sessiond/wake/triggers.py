@@ -55,7 +55,7 @@ class Triggers:
         """(Re)arm a session's triggers from its spec; disarm if it has none left."""
         self.disarm(s.name, restart=False)
         spec = s.spec
-        if spec is None or not spec.has_triggers or s.journal is None:
+        if spec is None or not spec.has_triggers or s.journal_or_none is None:
             return
         if s.state in ("terminated", "arriving"):  # arriving: armed when its hand-over ends
             return

@@ -174,7 +174,7 @@ class Watcher:
         s = armed.session
         spec = s.spec
         assert spec is not None
-        bound = s.j.state.bound
+        bound = s.journal.state.bound
         changed_bound = sorted(
             p
             for p in paths

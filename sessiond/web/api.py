@@ -137,7 +137,7 @@ class Api:
 
         async def changed() -> Changed:
             runnable = session.spec is not None and session.spec.run is not None
-            journal = session.journal
+            journal = session.journal_or_none
             reason = session.held or (journal.state.reason if journal is not None else "")
             seq = journal.state.seq if journal is not None else None
             return {

@@ -126,7 +126,7 @@ class LinkPages:
             )
         self.live(link)
         s = self.kernel.table.get(name)
-        pending = s.journal.state.pending_approvals() if s.journal is not None else {}
+        pending = s.journal.state.pending_approvals() if s.journal_or_none is not None else {}
         if call not in pending:
             raise LinkRefused(
                 f"session {name} has no pending approval {call}: it was answered, or it is "

@@ -52,7 +52,7 @@ class TableCollector(Collector):
             if pacer.due():
                 await pacer.pause()
             states[s.state] = states.get(s.state, 0) + 1
-            if s.journal is not None and s.journal.state.approvals:
+            if s.journal_or_none is not None and s.journal.state.approvals:
                 pending += len(s.journal.state.pending_approvals())
         self.states, self.pending = states, pending
 

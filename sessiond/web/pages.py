@@ -83,7 +83,7 @@ class Pages:
                 return None
         count = 0
         for s in list(self.kernel.table):
-            if s.journal is not None and s.journal.state.approvals:
+            if s.journal_or_none is not None and s.journal.state.approvals:
                 count += len(s.journal.state.pending_approvals())
         return count
 
@@ -169,7 +169,7 @@ class Pages:
             upto_here, folded = await self.server.cluster.folded(name, before)
             return await messages_before(upto_here, folded, before, MESSAGES_PAGE)
         s = self.kernel.table.get(name)
-        if s.journal is None:
+        if s.journal_or_none is None:
             return [], None
         state = s.journal.state
         upto = state.seq if before is None else min(state.seq, before)

@@ -44,7 +44,7 @@ async def table_page(
     for s in list(table):  # a copy: sessions may be created while this yields
         if pacer.due():
             await pacer.pause()
-        if s.journal is not None and s.journal.state.approvals:
+        if s.journal_or_none is not None and s.journal.state.approvals:
             waiting += len(s.journal.state.pending_approvals())
         if state and s.state != state:
             continue
@@ -101,7 +101,7 @@ def with_actions(r: ConsoleRow) -> ConsoleRow:
 
 
 def _agent(s: Session) -> str:
-    return s.journal.state.agent if s.journal is not None else ""
+    return s.journal.state.agent if s.journal_or_none is not None else ""
 
 
 async def find_approval(table: Table, name: str, call: str) -> ConsoleApproval | None:

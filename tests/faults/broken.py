@@ -53,10 +53,10 @@ def _gate_allows() -> None:
     patch(settle, "rerun_refusal", lambda *_a, **_k: None)
     real = gate.evaluate  # what continuation imported
 
-    def evaluate(*args: Any, **kwargs: Any) -> gate.Verdict:
+    def evaluate(*args: Any, **kwargs: Any) -> gate.GateVerdict:
         verdict = real(*args, **kwargs)
         if verdict.outcome == "blocked":
-            return gate.Verdict(verdict.checks, "ok", actions=verdict.actions)
+            return gate.GateVerdict(verdict.checks, "ok", actions=verdict.actions)
         return verdict
 
     patch(continuation, "evaluate", evaluate)
@@ -99,15 +99,15 @@ sys.exit(mod.main(sys.argv))
 
 def _no_orphan_stop() -> None:
     from sessiond.daemon import service
-    from sessiond.runs import spawn
+    from sessiond.runs import spawner_client
 
     # the runpeer check knows a spawner by its path's tail: keep it. Beside the state
     # dir, where whoever ran this finds (and ends) what it leaves running.
     state_dir = Path(sys.argv[sys.argv.index("--state-dir") + 1])
     folder = state_dir.parent / SPAWNER_DIR / "sessiond" / "runs"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spawner.py").write_text(SPAWNER.format(real=str(spawn.SPAWNER)))
-    patch(spawn, "SPAWNER", folder / "spawner.py")
+    (folder / "spawner.py").write_text(SPAWNER.format(real=str(spawner_client.SPAWNER)))
+    patch(spawner_client, "SPAWNER", folder / "spawner.py")
     patch(service, "kill_marked", lambda *_a, **_k: {})
 
 

@@ -135,7 +135,7 @@ def test_spend_comes_from_the_fold_of_model_responded() -> None:
     assert abs(spend.day(DAY).cost_usd - 0.3) < 1e-9
 
     session = SimpleNamespace(
-        name="s", journal=SimpleNamespace(state=state), spec=SimpleNamespace(agent="x")
+        name="s", journal_or_none=SimpleNamespace(state=state), spec=SimpleNamespace(agent="x")
     )
     ledger = TableLedger(lambda: [session], lambda name: session)
     b = Budgets(ledger, {"x": AgentBudget(cost_usd_per_day=0.3)}, today=lambda: DAY)

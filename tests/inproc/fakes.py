@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from sessiond.runs.spawn import Held, Request, Spawner
+from sessiond.runs.spawner_client import Held, Request, SpawnerClient
 
 if TYPE_CHECKING:
     from tests.inproc.harness import Harness
@@ -145,7 +145,7 @@ class _ThreadConnection:
         pass
 
 
-class FakeSpawner(Spawner):
+class FakeSpawner(SpawnerClient):
     """The spawner's interface with no process: ``go`` starts the script in a task,
     ``term`` cancels it (a script may catch that and exit as it likes), ``kill``
     ends it at once. Its end closes its pipes and answers ``Held.exited`` with a

@@ -18,7 +18,7 @@ def ends_turn(kind: str, status: str, stop: str | None) -> bool:
     session = SimpleNamespace(
         spec=SimpleNamespace(run=SimpleNamespace(kind=kind)),
         run=SimpleNamespace(stop_requested=stop),
-        j=SimpleNamespace(state=SimpleNamespace(pending_approvals=list, in_flight=list)),
+        journal=SimpleNamespace(state=SimpleNamespace(pending_approvals=list, in_flight=list)),
     )
     settler = cast(Any, object.__new__(Settler))
     settler.tokens = SimpleNamespace(grant_of=lambda _s: None)

@@ -1,5 +1,5 @@
 """The spawner process itself (sessiond/runs/spawner.py), driven through the
-daemon's side of it (sessiond/runs/spawn.py): real processes, no daemon."""
+daemon's side of it (sessiond/runs/spawner_client.py): real processes, no daemon."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sessiond.runs.runner import check_startable
-from sessiond.runs.spawn import Held, Request, Spawner
+from sessiond.runs.program import check_startable
+from sessiond.runs.spawner_client import Held, Request, SpawnerClient
 from tests.e2e.harness import alive, wait_for
 
 
-async def spawn(spawner: Spawner, script: str, cwd: Path) -> tuple[Held, int]:
+async def spawn(spawner: SpawnerClient, script: str, cwd: Path) -> tuple[Held, int]:
     """A held ``sh -c script``; its stdout's read end."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -40,7 +40,7 @@ def read_all(fd: int) -> bytes:
 
 def test_a_held_program_never_runs_if_the_daemon_goes_away(tmp_path: Path) -> None:
     async def main() -> None:
-        spawner = Spawner()
+        spawner = SpawnerClient()
         held, out = await spawn(spawner, "echo ran > ran.txt", tmp_path)
         assert alive(held.pid)
         await spawner.close()  # as the kernel does when the daemon dies
@@ -58,7 +58,7 @@ def test_the_holder_ends_with_the_programs_own_status(
     tmp_path: Path, script: str, code: int
 ) -> None:
     async def main() -> int:
-        spawner = Spawner()
+        spawner = SpawnerClient()
         held, out = await spawn(spawner, script, tmp_path)
         spawner.go(held)
         status = await asyncio.wait_for(held.exited, 30)
@@ -74,7 +74,7 @@ def test_what_the_program_leaves_is_killed_when_it_exits(tmp_path: Path) -> None
     the same, and the child with it."""
 
     async def main() -> int:
-        spawner = Spawner()
+        spawner = SpawnerClient()
         held, out = await spawn(
             spawner, "setsid sleep 1000 & echo $!; setsid sh -c 'sleep 1000' & echo $!", tmp_path
         )
@@ -101,7 +101,7 @@ def test_check_startable_refuses_what_exec_would(tmp_path: Path) -> None:
         check_startable(["sh", "a\0b"], str(tmp_path), env)
 
 
-def _send(spawner: Spawner, script: str, cwd: Path) -> Request:
+def _send(spawner: SpawnerClient, script: str, cwd: Path) -> Request:
     out_r, out_w = os.pipe()
     try:
         return spawner.send(
@@ -117,7 +117,7 @@ def test_the_next_holder_is_told_ahead_and_taken_by_the_next_spawn(tmp_path: Pat
     the spawner must hand the request to exactly that holder."""
 
     async def main() -> None:
-        spawner = Spawner()
+        spawner = SpawnerClient()
         spawner.start()
 
         async def told() -> None:
@@ -144,7 +144,7 @@ def test_a_burst_of_spawns_all_start_whatever_the_spawner_told_meanwhile(tmp_pat
     announcement must not be used by the next spawn (it would be refused)."""
 
     async def main() -> None:
-        spawner = Spawner()
+        spawner = SpawnerClient()
         spawner.start()
         first = _send(spawner, "exit 0", tmp_path)  # nothing told yet: names no holder
         assert first.holder is None

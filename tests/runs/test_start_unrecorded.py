@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from sessiond.runs.runner import Outcome
+from sessiond.runs.program import Outcome
 from sessiond.runs.settle import Settler
 from sessiond.runs.start import Starter
 from tests.helpers import arun
@@ -98,7 +98,9 @@ def _after_run(outcome: Outcome, *, failures: int, retries: int) -> list[tuple[s
             budget=SimpleNamespace(seconds_per_run=None),
             has_triggers=False,
         ),
-        j=SimpleNamespace(state=SimpleNamespace(failures_in_a_row=failures, pending_wakes=[])),
+        journal=SimpleNamespace(
+            state=SimpleNamespace(failures_in_a_row=failures, pending_wakes=[])
+        ),
     )
     settler = cast(Any, object.__new__(Settler))
     settler.ctx = SimpleNamespace(transition=transition)

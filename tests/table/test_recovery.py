@@ -14,7 +14,7 @@ import pytest
 
 from sessiond.log.event_data import RiskContract
 from sessiond.table import recovery
-from sessiond.table.gate import Verdict, evaluate
+from sessiond.table.gate import GateVerdict, evaluate
 from sessiond.table.spec import parse_spec
 from tests.table.test_gate import H_BEFORE, H_BOUND, H_OTHER, NOW, SPEC, _events, _state
 
@@ -26,7 +26,7 @@ def _spec(extra: str) -> Any:
     return parse_spec(f'name = "s"\n{extra}', base=Path("/"))
 
 
-def _verdict(events: str, **kw: Any) -> Verdict:
+def _verdict(events: str, **kw: Any) -> GateVerdict:
     risk = kw.pop("risk", RiskContract())
     state = _state(_events(events, risk) if events else [])
     for key, value in kw.pop("state", {}).items():
@@ -54,7 +54,7 @@ def _turn(**kw: Any) -> dict[str, Any]:
 
 
 # reason -> (how to bring it about, the resolve options that change it, other answers)
-CASES: dict[str, tuple[Callable[[], Verdict], tuple[str, ...], tuple[str, ...]]] = {
+CASES: dict[str, tuple[Callable[[], GateVerdict], tuple[str, ...], tuple[str, ...]]] = {
     "approval": (lambda: _verdict("approval"), ("discard",), ("approve", "deny")),
     "divergence": (
         lambda: _verdict("", state={"turn": _turn(divergence=DIVERGENCE)}),

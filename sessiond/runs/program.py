@@ -27,7 +27,7 @@ import structlog
 from sessiond.log.event_records import RunWake
 from sessiond.runs.cgroups import CgroupError, RunCgroup
 from sessiond.runs.sandbox import MountPlan, confine
-from sessiond.runs.spawn import Held, Request, Spawner
+from sessiond.runs.spawner_client import Held, Request, SpawnerClient
 from sessiond.table.spec import SessionSpec
 
 log = structlog.get_logger(__name__)
@@ -169,7 +169,7 @@ class Program:
         env: dict[str, str],
         max_output: int,
         grace: float,
-        spawner: Spawner,
+        spawner: SpawnerClient,
         timeout: float | None = None,
         cgroup: RunCgroup | None = None,
         user: tuple[int, int] | None = None,

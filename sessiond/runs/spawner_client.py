@@ -1,6 +1,6 @@
 """The daemon's side of the spawner (sessiond/runs/spawner.py, a process of its own).
 
-``Spawner`` starts that process on first use (or at the daemon's start-up),
+``SpawnerClient`` starts that process on first use (or at the daemon's start-up),
 sends it spawn / term / kill requests over a ``SOCK_SEQPACKET``
 socketpair, and turns its answers into futures: ``spawn`` returns a ``Held``
 run (the holder's pid and start time, the program not yet exec'd) and
@@ -54,7 +54,7 @@ class SpawnerGone(OSError):
 
 @dataclass
 class Request:
-    """A spawn asked for and not answered yet (``Spawner.send``)."""
+    """A spawn asked for and not answered yet (``SpawnerClient.send``)."""
 
     rid: int
     reply: asyncio.Future[Held] = field(repr=False)
@@ -78,7 +78,7 @@ class Held:
             os.close(fd)
 
 
-class Spawner:
+class SpawnerClient:
     """The channel to the spawner process; one per daemon, started on first use."""
 
     def __init__(self) -> None:
