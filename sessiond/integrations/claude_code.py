@@ -455,18 +455,25 @@ class Driver:
         )  # fmt: skip
 
 
-def main() -> int:
-    settings = json.loads(os.environ.get("SESSIOND_CLAUDE_CODE") or "{}")
-    home = Path(os.environ["SESSIOND_AGENT_HOME"])
-    with connect() as run:
-        ctx = run.context()
-        driver = Driver(run, settings, home)
-        saved = home / "session-id"
-        turn_file = home / "turn"
-        asked_file = home / "asked"
-        resume = saved.read_text().strip() if saved.exists() else None
-        same_turn = turn_file.exists() and turn_file.read_text().strip() == str(run.turn)
-        asked = asked_file.read_text().strip() if asked_file.exists() else ""
+class TurnFiles:
+    """What an agent CLI's driver keeps in the agent's home between the runs of a
+    turn (this kind's and the Codex kind's): the CLI's own session or thread id, the
+    turn it belongs to, and the call a person was asked about."""
+
+    def __init__(self, home: Path, saved: str) -> None:
+        self.saved, self.turn, self.asked = home / saved, home / "turn", home / "asked"
+
+    def opening(
+        self,
+        run: Run,
+        ctx: ContextAnswer,
+        # the kind's table as SESSIOND_CLAUDE_CODE or SESSIOND_CODEX carries it: any TOML
+        settings: Mapping[str, Any],
+    ) -> tuple[str | None, str]:
+        """(the CLI's id to resume, or None; the prompt of this run)."""
+        resume = self.saved.read_text().strip() if self.saved.exists() else None
+        same_turn = self.turn.exists() and self.turn.read_text().strip() == str(run.turn)
+        asked = self.asked.read_text().strip() if self.asked.exists() else ""
         note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ""
         if same_turn and resume:
             # The turn goes on after a question (or a stop): the CLI's session resumes.
@@ -475,22 +482,41 @@ def main() -> int:
             wake = _wake_text(ctx)
             prompt = "\n\n".join(p for p in (note, settings.get("prompt") or "", wake) if p)
             prompt = prompt or "Continue with your goal: " + (ctx.get("goal") or "")
-        turn_file.write_text(str(run.turn))
-        asked_file.unlink(missing_ok=True)
+        self.turn.write_text(str(run.turn))
+        self.asked.unlink(missing_ok=True)
+        return resume, prompt
+
+    def remember(self, cli_id: str | None) -> None:
+        if cli_id:
+            self.saved.write_text(cli_id)
+
+    def stopped(self, notes: Sequence[str]) -> bool:
+        """Whether the CLI was stopped for a person's answer (or by the daemon): the
+        turn goes on in a later run, which resumes the CLI's session."""
+        questions = [n.split()[1] for n in notes if n.startswith("ask ")]
+        if questions:
+            self.asked.write_text(questions[-1])
+        if any(n.startswith(("ask", "stop")) for n in notes):
+            print(f"sessiond: the CLI was stopped: {notes[-1]}", file=sys.stderr)
+            return True
+        return False
+
+
+def main() -> int:
+    settings = json.loads(os.environ.get("SESSIOND_CLAUDE_CODE") or "{}")
+    home = Path(os.environ["SESSIOND_AGENT_HOME"])
+    with connect() as run:
+        ctx = run.context()
+        driver = Driver(run, settings, home)
+        files = TurnFiles(home, "session-id")
+        resume, prompt = files.opening(run, ctx, settings)
         cwd = os.getcwd()
         try:
             code = driver.cli(prompt, resume, cwd)
         finally:  # this run's MCP config, notice pipe and call hand-offs
             shutil.rmtree(driver.rundir, ignore_errors=True)
-        if driver.session_id:
-            saved.write_text(driver.session_id)
-        questions = [n.split()[1] for n in driver.asked if n.startswith("ask ")]
-        if questions:
-            asked_file.write_text(questions[-1])
-        if any(n.startswith(("ask", "stop")) for n in driver.asked):
-            # A person must answer (or the daemon stops the run): the turn goes on
-            # in a later run, which resumes the CLI's session.
-            print(f"sessiond: the CLI was stopped: {driver.asked[-1]}", file=sys.stderr)
+        files.remember(driver.session_id)
+        if files.stopped(driver.asked):
             return 0
         driver.store_transcript()
         if code != 0:

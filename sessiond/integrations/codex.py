@@ -44,7 +44,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sessiond.integrations.claude_code import QUIET_ENV, _answer_note, _approvals, _wake_text
+from sessiond.integrations.claude_code import QUIET_ENV, TurnFiles
 from sessiond.sdk import Run, StopRun, connect
 
 # JSON items of the CLI that run something of the host: each needs a hook's "run".
@@ -272,41 +272,20 @@ def main() -> int:
     with connect() as run:
         ctx = run.context()
         driver = Driver(run, settings, home)
-        saved = home / "thread-id"
-        turn_file = home / "turn"
-        asked_file = home / "asked"
-        resume = saved.read_text().strip() if saved.exists() else None
-        same_turn = turn_file.exists() and turn_file.read_text().strip() == str(run.turn)
-        asked = asked_file.read_text().strip() if asked_file.exists() else ""
-        note = _answer_note(_approvals(run, ctx, asked), asked) if asked and resume else ""
-        if same_turn and resume:
-            # The turn goes on after a question (or a stop): the CLI's thread resumes.
-            prompt = note or "sessiond: this turn continues where it stopped."
-        else:
-            wake = _wake_text(ctx)
-            prompt = "\n\n".join(p for p in (note, settings.get("prompt") or "", wake) if p)
-            prompt = prompt or "Continue with your goal: " + (ctx.get("goal") or "")
-        turn_file.write_text(str(run.turn))
-        asked_file.unlink(missing_ok=True)
+        files = TurnFiles(home, "thread-id")
+        resume, prompt = files.opening(run, ctx, settings)
         try:
             code = driver.cli(prompt, resume, os.getcwd())
         finally:  # this run's notice pipe and call hand-offs
             shutil.rmtree(driver.rundir, ignore_errors=True)
-        if driver.thread_id:
-            saved.write_text(driver.thread_id)
+        files.remember(driver.thread_id)
         if driver.unchecked:
             # Fail closed: the CLI ran something its hooks never saw.
             print(
                 f"sessiond: codex ran a call no hook allowed: {driver.unchecked}", file=sys.stderr
             )
             return 1
-        questions = [n.split()[1] for n in driver.asked if n.startswith("ask ")]
-        if questions:
-            asked_file.write_text(questions[-1])
-        if any(n.startswith(("ask", "stop")) for n in driver.asked):
-            # A person must answer (or the daemon stops the run): the turn goes on
-            # in a later run, which resumes the CLI's thread.
-            print(f"sessiond: the CLI was stopped: {driver.asked[-1]}", file=sys.stderr)
+        if files.stopped(driver.asked):
             return 0
         store_transcript(run, driver.codex_home, driver.thread_id)
         if code != 0 or driver.failed:
