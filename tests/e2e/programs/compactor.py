@@ -34,9 +34,12 @@ from pathlib import Path
 
 def record(ledger: str, action: str, data: dict[str, object]) -> None:
     path = os.path.join(ledger, f"{action}.json")
-    with open(path + ".tmp", "w") as f:
+    # a temporary name of its own: two commands of one action may write at once,
+    # and in sandboxes of their own both may be pid 2
+    tmp = f"{path}.{os.urandom(4).hex()}.tmp"
+    with open(tmp, "w") as f:
         json.dump({"uid": os.getuid(), "pid": os.getpid(), **data}, f)
-    os.rename(path + ".tmp", path)
+    os.rename(tmp, path)
 
 
 def attempt(what: Callable[[], object]) -> object:
