@@ -40,7 +40,7 @@ run: $(STAMP)
 	@echo "  $(BIN)/sessionctl trace export hello -o state/hello.otlp.json"
 	@echo "Models: the daemon's gateway sends the runs' model calls to a scripted upstream"
 	@echo "on 127.0.0.1:8766 ([[model.provider]]); the ask session calls it with no key:"
-	@echo "  $(BIN)/sessionctl activate ask && $(BIN)/sessionctl models"
+	@echo "  $(BIN)/sessionctl activate ask --wait && $(BIN)/sessionctl models"
 	@echo "  $(BIN)/sessionctl log ask --type model.requested --type model.responded"
 	@echo
 	$(BIN)/python -m sessiond.gateway.scripted --port 8766 & up=$$!; \

@@ -296,7 +296,8 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
     rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
     add("gate", cmd_gate, "evaluate the resume checks now, as a dry run (exit 1 if not ok)", "name")
     add("create", cmd_create, "register a session from a spec file (TOML)", "spec")
-    add("activate", _simple("activate", "activated"), "wake a session now", "name")
+    act = add("activate", aliases.cmd_activate, "wake a session now", "name")
+    aliases.add_wait(act)
     add("suspend", _simple("suspend", "suspended"), "stop running on wakes", "name")
     add("resume", _simple("resume", "resumed"), "run on wakes again", "name")
     add(

@@ -10,6 +10,9 @@
 
 Each step is the syscall of that name, with its checks: a blocked or terminated
 session is refused with the reason those give.
+
+``activate``, ``start`` and ``restart`` take ``--wait``: return once the run they
+started has finished, with its outcome as the exit code (sessiond.ctl.waiting).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from sessiond.ctl.render import Out
+from sessiond.ctl.waiting import ended, the_run
 from sessiond.wire import Connection
 
 # the reply types, for mypy only: sessionctl starts without building them
@@ -26,17 +30,40 @@ if TYPE_CHECKING:
 
 
 def add_parsers(add: Any) -> None:
-    add("start", cmd_start, "run it now: resume if suspended, then activate", "name")
+    add_wait(add("start", cmd_start, "run it now: resume if suspended, then activate", "name"))
     add("stop", cmd_stop, "suspend: stop its program; no wake runs it until start", "name")
-    add("restart", cmd_restart, "stop the current run, then run it again now", "name")
+    add_wait(add("restart", cmd_restart, "stop the current run, then run it again now", "name"))
 
 
-def _said(out: Out, d: SessionDetail, text: str) -> int:
+def add_wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="return when the run it started has finished: exit 0 if it finished ok, "
+        "1 if not (as systemctl start --wait)",
+    )
+
+
+def _said(out: Out, d: SessionDetail, text: str, conn: Connection | None = None) -> int:
+    """Print the answer; with ``--wait`` (``conn`` given), then wait for the run the
+    command started and say how it ended."""
     if out.json:
         out.emit_json(d)
     else:
-        print(text + (f" ({d['reason']})" if d.get("reason") else ""))
-    return 0
+        print(text + (f" ({d['reason']})" if d.get("reason") else ""), flush=True)
+    run = the_run(d) if conn is not None else None
+    if conn is None or run is None:
+        return 0
+    line, code = ended(conn, d["name"], run)
+    if not out.json:  # --json prints the one answer above, and the exit code says the rest
+        print(line)
+    return code
+
+
+def cmd_activate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    d = conn.call("activate", {"name": args.name})
+    waits = conn if args.wait else None
+    return _said(out, d, f"activated {d['name']}: {d['state']}", waits)
 
 
 def _run_now(conn: Connection, name: str, d: SessionDetail) -> SessionDetail:
@@ -50,9 +77,9 @@ def _run_now(conn: Connection, name: str, d: SessionDetail) -> SessionDetail:
 def cmd_start(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     d = conn.call("show", {"name": args.name})
     if d["state"] == "running":
-        return _said(out, d, f"{args.name} is running already")
+        return _said(out, d, f"{args.name} is running already", conn if args.wait else None)
     d = _run_now(conn, args.name, d)
-    return _said(out, d, f"started {args.name}: {d['state']}")
+    return _said(out, d, f"started {args.name}: {d['state']}", conn if args.wait else None)
 
 
 def cmd_stop(conn: Connection, args: argparse.Namespace, out: Out) -> int:
@@ -68,4 +95,4 @@ def cmd_restart(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if d["state"] == "running":
         d = conn.call("interrupt", {"name": args.name})
     d = _run_now(conn, args.name, d)
-    return _said(out, d, f"restarted {args.name}: {d['state']}")
+    return _said(out, d, f"restarted {args.name}: {d['state']}", conn if args.wait else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import struct
 import subprocess
 import termios
@@ -186,3 +187,66 @@ def _on_a_terminal(d: Daemon, *args: str) -> str:
                 break
             chunks.append(chunk)
     return b"".join(chunks).decode()
+
+
+WAITS = """name = "waits"
+[run]
+exec = ["sh", "-c", "while [ ! -e release ]; do sleep 0.05; done; echo done; exit $(cat release)"]
+cwd = "{ws}"
+retries = 0
+
+[[trigger]]
+type = "message"
+"""
+
+
+def test_activate_start_and_restart_wait_for_the_run_they_started() -> None:
+    """``--wait`` returns only once the run has finished, and says how it ended in
+    its exit code: a script can read the run's log right after it."""
+    with running() as d:
+        release = d.root / "release"
+        d.ctl("create", str(d.write_spec("waits", WAITS.format(ws=d.root))), check=True)
+        plain = [("activate", "0", 1, "now sleeping"), ("restart", "3", None, "now blocked")]
+        for verb, code, run, after in plain:
+            waiting = subprocess.Popen(
+                [SESSIONCTL, verb, "waits", "--wait"],
+                env=d.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                wait_for(lambda: d.json("show", "waits")["state"] == "running", what="the run")
+                # the run is held on the release file: the command has not returned
+                assert waiting.poll() is None
+                release.write_text(code)
+                out, err = waiting.communicate(timeout=60)
+            finally:
+                if waiting.poll() is None:
+                    waiting.kill()
+                    waiting.communicate()
+            ok = code == "0"
+            assert waiting.returncode == (0 if ok else 1), (out, err)
+            said = f"run r{run or '[34]'} {'ok' if ok else 'failed'} exit={code}; {after}"
+            assert re.search(f"waits: {said}", out), out
+            release.unlink()
+            if ok:  # without --wait the command returns while the run goes on
+                d.ctl("start", "waits", check=True)
+                assert d.json("show", "waits")["state"] == "running"
+                again = subprocess.Popen(
+                    [SESSIONCTL, "start", "waits", "--wait"],  # waits for the run
+                    env=d.env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                try:
+                    release.write_text("0")
+                    done, _ = again.communicate(timeout=60)
+                finally:
+                    if again.poll() is None:
+                        again.kill()
+                        again.communicate()
+                # r2 (running already, if start asked before it ended) or a new r3
+                assert re.search(r"waits: run r[23] ok exit=0; now sleeping", done), done
+                assert "done" in d.ctl("output", "waits", check=True).stdout
+                release.unlink()
