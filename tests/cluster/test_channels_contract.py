@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
+import psycopg
 import pytest
 
 from sessiond.cluster.channels import (
@@ -349,5 +350,29 @@ def test_no_message_is_left_for_a_session_missing_or_terminated(backend: Backend
             with pytest.raises(Refused, match="terminated"):
                 await b.channels.mail.post("done", "s", "hi")
             assert await a.channels.mail.pending(["done", "nobody"]) == []
+
+    arun(go())
+
+
+# --- PostgreSQL's own ---------------------------------------------------------------
+
+
+def test_the_postgresql_broker_listens_again_when_its_connection_is_cut_and_says_so(
+    pg_dsn: str,
+) -> None:
+    """A notification sent while the listener reconnects is lost: the subscribers
+    are told (``Listening``), so that they look at their queues."""
+
+    async def go() -> None:
+        async with pg_member(pg_dsn, "a") as a:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                cut = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+                ).fetchall()
+            assert cut == [(True,)]  # the node's one listening connection
+            await a.heard.until(lambda got: got.count(Listening()) == 2)
+            await a.channels.broker.publish([Committed("after")])
+            await a.heard.heard(Committed("after"))
 
     arun(go())
