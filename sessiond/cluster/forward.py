@@ -73,8 +73,8 @@ class Forward:
         self.host = host
         self.broker = channels.broker
         self._dispatch: Dispatch | None = None  # the control socket's, once started
-        self._channel = channels.requests
-        self._requests: CarriedRequests | None = None  # its connections, once started
+        self._carried = channels.requests
+        self._requests: CarriedRequests | None = None  # the same, once connected (started)
         # A request nobody took within this is withdrawn: long enough for a dead
         # owner's sessions to be taken over (lease_ttl and a few seconds).
         self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
@@ -103,8 +103,8 @@ class Forward:
         dispatches carry this node's requests to theirs already: they were made
         with this as their router."""
         self._dispatch = dispatch
-        self._channel.open()
-        self._requests = self._channel
+        self._carried.open()
+        self._requests = self._carried
         self.hints.start()
         self._unsubscribe = [
             self.broker.subscribe(self._answered, (RequestAnswered,)),

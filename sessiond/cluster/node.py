@@ -7,8 +7,8 @@ at theirs. Each acts once :meth:`ClusterNode.start` has given it the daemon:
 until then a node answers as one machine (its table is being loaded). The parts
 reach the other nodes only through the channels (sessiond.cluster.channels)
 that ``lease.make_store`` made with the store and the coordination; the broker
-listens from the start on, and stops after the parts. Imported only when
-``[cluster] dsn`` is set (psycopg: the ``cluster`` extra).
+listens from :meth:`ClusterNode.start` on, and stops after the parts. Imported
+only when ``[cluster] dsn`` is set (psycopg: the ``cluster`` extra).
 """
 
 from __future__ import annotations
