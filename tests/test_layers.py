@@ -305,6 +305,32 @@ def test_the_cluster_floor_sits_between_the_syscalls_and_the_daemon() -> None:
     assert not pg & COORDINATION, f"coordination in the store: {pg & COORDINATION}"
 
 
+# The floor's parts that reach other nodes (carried requests, mail, follow hints,
+# and the node that wires them) know the channels by their interfaces only
+# (sessiond.cluster.channels); the database under them is cluster/pg's.
+CHANNEL_USERS = ("forward", "mailbox", "follows", "node")
+BACKENDS = ("sessiond.cluster.pg", "psycopg", "psycopg_pool")
+
+
+def test_the_cluster_parts_reach_other_nodes_only_through_the_channels() -> None:
+    found = []
+    for name in CHANNEL_USERS:
+        path = ROOT / "cluster" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found += [
+                f"cluster/{name}.py:{node.lineno}: {n}"
+                for n in names
+                if any(n == b or n.startswith(b + ".") for b in BACKENDS)
+            ]
+    assert not found, "a backend below the channels' interfaces:\n" + "\n".join(found)
+
+
 # The parts the daemon wires: each gets what it needs when it is constructed
 # (sessiond.syscalls.seams on a cluster node) and is never rewired afterwards, so
 # what a syscall does is read in its family, not in whichever start-up code ran.

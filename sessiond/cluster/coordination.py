@@ -6,15 +6,16 @@ cluster the lease and epochs that fence every append, the way APScheduler's
 store leases the jobs it hands out) keeps what a session *is*; coordination
 keeps what the nodes do *about* each other: who is up and who drains, which
 sessions a node should take over, hand over or let go, and where a spec lets a
-session run. The channels between nodes (requests carried to a session's owner,
-messages for its sessions, hints for followers) are coordination's too
-(``pg/requests.py``, ``pg/mail.py``, ``follows.py``).
+session run. How the nodes reach each other (requests carried to a session's
+owner, messages for its sessions, wake-ups: APScheduler's event broker) is the
+other half of coordination, behind its own interfaces in ``channels.py``.
 
 :class:`Coordination` is the interface; ``pg/coordination.py`` implements it on
 the cluster's PostgreSQL, and tests/cluster/test_coordination_contract.py is
 the contract each implementation passes. A new backend (another database, a
-consensus service) implements this and the store's interface
-(sessiond.log.store.base.Store), and ``lease.make_store`` chooses it.
+consensus service) implements this, the channels (``channels.py``) and the
+store's interface (sessiond.log.store.base.Store), and ``lease.make_store``
+chooses it.
 
 Every method is synchronous (a node calls them off its loop, in a thread) and
 speaks for the node it was made for (:attr:`node`).

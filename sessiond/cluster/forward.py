@@ -1,11 +1,12 @@
 """Any node's socket serves the whole cluster (docs/design.md section 10).
 
 A request on this node's control socket for a session another node owns is
-carried out by that owner: it is written to the ``requests`` table
-(sessiond.cluster.pg.requests) with the caller's identity, the owner is told by
-NOTIFY (and looks every second anyway), takes it, runs it through its own
-dispatch (the same params, the same checks, the same errors) and writes the
-reply, which this node hands back as if it had answered itself.
+carried out by that owner: it is left in the cluster's carried requests
+(sessiond.cluster.channels; the ``requests`` table on PostgreSQL) with the
+caller's identity, the owner is woken by the broker (and looks every second
+anyway), takes it, runs it through its own dispatch (the same params, the same
+checks, the same errors) and writes the reply, which this node hands back as if
+it had answered itself.
 
 Why carry, rather than answer reads from the database here: the owner's table
 holds what the log does not (a run's pid, the next wake, a held reason), and one
@@ -35,13 +36,20 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import psycopg
 import structlog
 
+from sessiond.cluster.channels import (
+    CarriedRequests,
+    Channels,
+    Listening,
+    Owner,
+    RequestAnswered,
+    RequestLeft,
+    WakeUp,
+)
 from sessiond.cluster.follows import FollowHints
 from sessiond.cluster.host import Host
 from sessiond.cluster.lease import LeaseKeeper
-from sessiond.cluster.pg.requests import REPLIES, REQUESTS, Owner, Requests
 from sessiond.cluster.placement import placeholder
 from sessiond.errors import InvalidInput, NodeUnavailable, Refused, SessiondError, recognised
 from sessiond.ipc.dispatch import Dispatch, listing_of
@@ -60,21 +68,22 @@ ANSWER_BOUND = 120.0
 class Forward:
     """This node's side of carried requests: it asks, and it answers."""
 
-    def __init__(self, keeper: LeaseKeeper, host: Host) -> None:
-        store = keeper.store
-        self.lease = store.lease
-        self.dsn = store.dsn
+    def __init__(self, keeper: LeaseKeeper, host: Host, channels: Channels) -> None:
+        self.lease = keeper.store.lease
         self.host = host
+        self.broker = channels.broker
         self._dispatch: Dispatch | None = None  # the control socket's, once started
-        self._requests: Requests | None = None  # its connections, once started
+        self._carried = channels.requests
+        self._requests: CarriedRequests | None = None  # the same, once connected (started)
         # A request nobody took within this is withdrawn: long enough for a dead
         # owner's sessions to be taken over (lease_ttl and a few seconds).
         self.take_bound = max(10.0, 2 * self.lease.ttl + 5)
         self._tasks: set[asyncio.Task[None]] = set()
         self._serve: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Event] = {}  # request id -> its reply came
-        self._replies: asyncio.Task[None] | None = None
-        self.hints = FollowHints(store.dsn, host.table)
+        self._left = asyncio.Event()  # a request was left: look for this node's
+        self._unsubscribe: list[Callable[[], None]] = []
+        self.hints = FollowHints(channels.broker, host.table)
 
     @property
     def dispatch(self) -> Dispatch:
@@ -83,8 +92,8 @@ class Forward:
         return self._dispatch
 
     @property
-    def requests(self) -> Requests:
-        """The ``requests`` table (its connections open when the node serves)."""
+    def requests(self) -> CarriedRequests:
+        """The carried requests (their connections open when the node serves)."""
         assert self._requests is not None, "the forwarding carries once started"
         return self._requests
 
@@ -94,15 +103,20 @@ class Forward:
         dispatches carry this node's requests to theirs already: they were made
         with this as their router."""
         self._dispatch = dispatch
-        prepared = self.host.kernel.config.cluster.prepared
-        self._requests = Requests(self.dsn, node=self.lease.name, prepared=prepared)
+        self._carried.open()
+        self._requests = self._carried
         self.hints.start()
+        self._unsubscribe = [
+            self.broker.subscribe(self._answered, (RequestAnswered,)),
+            self.broker.subscribe(lambda _: self._left.set(), (RequestLeft, Listening)),
+        ]
         self._serve = asyncio.ensure_future(self._serve_loop())
-        self._replies = asyncio.ensure_future(self._listen_replies())
 
     async def close(self) -> None:
         await self.hints.close()
-        for task in (self._serve, self._replies, *self._tasks):
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        for task in (self._serve, *self._tasks):
             if task is not None:
                 task.cancel()
         if self._requests is not None:
@@ -200,30 +214,20 @@ class Forward:
                         f"node {st.taken_by!r} has not answered the {method} request in "
                         f"{waited:.0f}s; see `sessionctl nodes`"
                     )
-                # the reply's NOTIFY (the listener sets it), or half a second: the
-                # table is the truth
+                # the reply's wake-up (:meth:`_answered` sets it), or half a second:
+                # the queue is the truth
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(answered.wait(), 0.5)
                 answered.clear()
         finally:
             self._waiting.pop(request, None)
 
-    async def _listen_replies(self) -> None:
-        """One connection LISTENs for every reply this node waits for."""
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {REPLIES}")
-                    async for note in conn.notifies():
-                        if note.payload.isdigit():
-                            event = self._waiting.get(int(note.payload))
-                            if event is not None:
-                                event.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database away: the waiters poll meanwhile
-                log.warning("forward.replies_failed", error=repr(exc))
-                await asyncio.sleep(1.0)
+    def _answered(self, wake: WakeUp) -> None:
+        """The broker's callback: the asker of this request, if it waits here, looks."""
+        if isinstance(wake, RequestAnswered):
+            event = self._waiting.get(wake.request)
+            if event is not None:
+                event.set()
 
     def _later(self, fn: Callable[[int], None], request: int) -> None:
         task = asyncio.ensure_future(asyncio.to_thread(fn, request))
@@ -337,13 +341,11 @@ class Forward:
     async def _serve_loop(self) -> None:
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {REQUESTS}")
-                    while True:
-                        await self._take_now()
-                        # a hint, or a second without one: the table is the truth
-                        async for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            pass
+                self._left.clear()
+                await self._take_now()
+                # a wake-up, or a second without one: the queue is the truth
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._left.wait(), 1.0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database away: the lease keeper decides

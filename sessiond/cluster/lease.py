@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from sessiond.cluster.channels import Channels
 from sessiond.cluster.coordination import Coordination
 from sessiond.cluster.host import Node
 from sessiond.cluster.placement import Placer, placement_for, refused
@@ -77,6 +78,7 @@ def make_store(
         import psycopg
 
         from sessiond.cluster.once import keys_of
+        from sessiond.cluster.pg.channels import pg_channels
         from sessiond.cluster.pg.coordination import PgCoordination
         from sessiond.log.store.pg.pgstore import PgStore
         from sessiond.log.store.pg.schema import SchemaMismatch
@@ -108,7 +110,11 @@ def make_store(
         why = " ".join(str(exc).split())  # one line: libpq's reasons span several
         raise StorageError(f"cannot use the cluster's database ([cluster] dsn): {why}") from exc
     keeper = LeaseKeeper(
-        store, PgCoordination(store), socket=config.socket, database=where(cluster.dsn)
+        store,
+        PgCoordination(store),
+        channels=pg_channels(store, prepared=cluster.prepared),
+        socket=config.socket,
+        database=where(cluster.dsn),
     )
     return store, keeper
 
@@ -147,11 +153,13 @@ class LeaseKeeper:
         store: PgStore,
         coordination: Coordination,
         *,
+        channels: Channels,
         socket: Path | None = None,
         database: str = "",
     ) -> None:
         self.store = store
         self.coordination = coordination  # what the nodes agree on beside the store
+        self.channels = channels  # how they reach each other (the node's parts use them)
         self.socket = socket  # beside it, the last word when the lease is lost
         self.database = database  # named in that last word
         self.last_error = ""  # why the last renewal failed, if it did

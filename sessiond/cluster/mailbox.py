@@ -1,15 +1,16 @@
 """``send`` across the nodes of a cluster (docs/design.md section 10): the kernel's
-:class:`~sessiond.syscalls.seams.Mail` seam, on the ``messages`` table
-(cluster/pg/mail.py).
+:class:`~sessiond.syscalls.seams.Mail` seam, on the cluster's mail queue and
+broker (sessiond.cluster.channels; on PostgreSQL the ``messages`` table and its
+NOTIFY, cluster/pg/mail.py).
 
-A send for a session this node does not have is left in the table for its owner
-(one statement, its NOTIFY with it), then flushed before it is acknowledged.
-The owner's listener has a connection of its own that does nothing but LISTEN,
-so a notification is read as soon as it comes, whatever a delivery waits for;
-a notification that carries the message is delivered from it, one that does not
-(a long message, or one from an older node) makes the owner read the table. The
-owner reads the table anyway at least every :data:`POLL` seconds, and whenever
-its listener (re)connects: NOTIFY is the hint, the table the truth.
+A send for a session this node does not have is left in the queue for its owner
+(one statement, its wake-up with it), then flushed before it is acknowledged.
+The owner hears the wake-up from the broker as soon as it comes, whatever a
+delivery waits for (the broker's callback only queues it); a wake-up that
+carries the message is delivered from it, one that does not (a long message,
+or one from an older node) makes the owner read the queue. The owner reads the
+queue anyway at least every :data:`POLL` seconds, and whenever the broker
+(re)connects: the wake-up is the hint, the queue the truth.
 
 Delivery is the local send (``Lineage.deliver``: the same wake as on one machine), whose
 ``message.received`` names the row (``message_id``): the commit that makes the
@@ -31,12 +32,11 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from sessiond.cluster.channels import Broker, Hint, Listening, MailQueue, Message, WakeUp
 from sessiond.cluster.once import CARRIED
-from sessiond.cluster.pg import mail
-from sessiond.cluster.pg.mail import Hint, Message
 from sessiond.errors import InvalidInput, Refused
+from sessiond.log.store.base import Store
 from sessiond.log.store.pg.once import AlreadyFired
-from sessiond.log.store.pg.pgstore import PgStore
 from sessiond.replies import Sent
 from sessiond.table.sessions import Table
 
@@ -55,38 +55,40 @@ class Mailbox:
     """This node's side of cross-node ``send``: it posts, and (once started) it
     delivers."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    def __init__(self, store: Store, mail: MailQueue, broker: Broker) -> None:
+        self.store = store  # which sessions the cluster has
+        self.mail = mail
+        self.broker = broker
         self.table: Table | None = None  # this node's sessions, once started
         self.local: Send | None = None  # the send to a session here, once started
         self._queue: asyncio.Queue[Message | Hint] = asyncio.Queue()
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
+        self._unsubscribe: Callable[[], None] | None = None
 
     def deliver_to(self, table: Table, local: Send) -> None:
         """Deliver what is left for the sessions of ``table``, through ``local``."""
         self.table, self.local = table, local
 
     def start(self, table: Table, local: Send) -> None:
-        """Deliver to ``table`` (:meth:`deliver_to`), told by NOTIFY and polling."""
+        """Deliver to ``table`` (:meth:`deliver_to`), told by the broker and polling."""
         self.deliver_to(table, local)
-        self._tasks = [
-            asyncio.ensure_future(self._listen()),
-            asyncio.ensure_future(self._deliver()),
-        ]
+        self._unsubscribe = self.broker.subscribe(self._heard, (Message, Hint, Listening))
+        self._tasks = [asyncio.ensure_future(self._deliver())]
 
     def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         for task in self._tasks:
             task.cancel()
 
     async def post(self, to: str, text: str, sender: str) -> Sent | None:
         """``send`` for a session this node does not have: left for its owner.
         None: no node has it (the local send refuses it, as on one machine)."""
-        pool = await self.store.connect()
-        posted = await mail.post(pool, to, sender, text)
+        posted = await self.mail.post(to, sender, text)
         if posted is None:
             return None
-        await mail.flush(pool, posted[0])  # on disk before the user hears of it (mail.POST)
+        await self.mail.flush(posted[0])  # on disk before the user hears of it (pg/mail.py)
         log.info("cluster.message_posted", session=to, owner=posted[1], message=posted[0])
         return {"session": to, "seq": None, "woke": None, "node": posted[1]}
 
@@ -100,25 +102,12 @@ class Mailbox:
 
     # --- the owner's side --------------------------------------------------------
 
-    async def _listen(self) -> None:
-        """Read notifications as they come, on a connection that does nothing else."""
-        import psycopg
-
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.store.dsn, autocommit=True
-                ) as conn:
-                    await conn.execute(f"LISTEN {mail.CHANNEL}")
-                    # what was sent while nobody listened is in the table only
-                    self._queue.put_nowait(Hint(None, None))
-                    async for note in conn.notifies():
-                        self._queue.put_nowait(mail.parse(note.payload))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database away: again; the poll goes on
-                log.warning("cluster.mailbox_failed", error=repr(exc))
-                await asyncio.sleep(POLL)
+    def _heard(self, wake: WakeUp) -> None:
+        """The broker's callback: queued, never waited for."""
+        if isinstance(wake, Message | Hint):
+            self._queue.put_nowait(wake)
+        else:  # (re)connected: what was sent while nobody listened is in the queue only
+            self._queue.put_nowait(Hint(None, None))
 
     async def _deliver(self) -> None:
         polled = time.monotonic()
@@ -145,8 +134,7 @@ class Mailbox:
         assert self.table is not None  # started
         names = list(self.table.sessions)
         if names:
-            pool = await self.store.connect()
-            for message in await mail.pending(pool, names):
+            for message in await self.mail.pending(names):
                 await self._one(message)
 
     async def _one(self, message: Message) -> None:
@@ -173,4 +161,4 @@ class Mailbox:
             # hand-over queued on the session's lock ahead of it closed the log.
             self._seen.pop(message.id, None)  # not delivered: a poll tries again
             raise
-        await mail.taken(await self.store.connect(), message.id)
+        await self.mail.taken(message.id)

@@ -15,6 +15,8 @@ import pytest
 
 from sessiond.cluster.mailbox import Mailbox
 from sessiond.cluster.pg import mail
+from sessiond.cluster.pg.channels import PgBroker
+from sessiond.cluster.pg.mail import PgMail
 from sessiond.log.store.pg.pgstore import PgStore
 from tests.cluster.conftest import HELLO, nodes_of
 from tests.e2e.harness import Daemon, wait_event
@@ -89,7 +91,7 @@ def test_a_message_a_poll_and_its_notification_both_bring_is_delivered_once(
             await log.close()
             pool = await store.connect()
             node = SimpleNamespace(table=SimpleNamespace(sessions={"w": None}))
-            box = Mailbox(store)
+            box = Mailbox(store, PgMail(store), PgBroker(pg_dsn))  # its broker not started
             box.deliver_to(cast(Any, node.table), cast(Any, local))
             async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
                 await conn.execute(f"LISTEN {mail.CHANNEL}")

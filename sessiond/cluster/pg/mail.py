@@ -15,16 +15,37 @@ the same wake a local ``send`` makes. Now the row and its NOTIFY are one
 statement whose commit does not wait for the flush, the owner has the message
 from the notification, and the sender waits for the flush (:func:`flush`)
 while the owner is already delivering.
+
+:class:`PgMail` is the cluster floor's mail queue
+(sessiond.cluster.channels.MailQueue) on these statements; the notification is
+the broker's :class:`~sessiond.cluster.channels.Message` or ``Hint``
+(pg/channels.py reads it with :func:`parse`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from psycopg_pool import AsyncConnectionPool
 
+from sessiond.cluster.channels import Hint, MailQueue, Message
 from sessiond.errors import Refused
+from sessiond.log.store.pg.pgstore import PgStore
+
+# Message and Hint are named here too: what a notification here says
+__all__ = [
+    "CHANNEL",
+    "PAYLOAD_MAX",
+    "Hint",
+    "Message",
+    "PgMail",
+    "flush",
+    "parse",
+    "payload",
+    "pending",
+    "post",
+    "taken",
+]
 
 CHANNEL = "sessiond_messages"
 
@@ -82,24 +103,6 @@ WHERE taken_at IS NULL AND session = ANY(%(n)s) ORDER BY id LIMIT %(l)s
 TAKEN = "UPDATE messages SET taken_at = now() WHERE id = %(i)s AND taken_at IS NULL"
 
 
-@dataclass(frozen=True)
-class Message:
-    """One message for a session: its id in the table, who sent it, its text."""
-
-    id: int
-    session: str
-    sender: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Hint:
-    """A notification without the message: look in the table (it may name one)."""
-
-    id: int | None
-    session: str | None
-
-
 async def post(
     pool: AsyncConnectionPool, to: str, sender: str, text: str
 ) -> tuple[int, str | None] | None:
@@ -155,3 +158,36 @@ def parse(payload: str) -> Message | Hint:
     if isinstance(sender, str) and isinstance(text, str):
         return Message(id_, session, sender, text)
     return Hint(id_, session)
+
+
+def payload(wake: Message | Hint) -> str:
+    """The notification :data:`POST` makes, made here (a node that publishes a
+    message it did not leave itself: the broker's): the message whole when it
+    fits, else its id and session. :func:`parse` reads either."""
+    hint = json.dumps({"id": wake.id, "session": wake.session}, ensure_ascii=False)
+    if isinstance(wake, Hint):
+        return hint
+    whole = json.dumps(
+        {"id": wake.id, "session": wake.session, "sender": wake.sender, "text": wake.text},
+        ensure_ascii=False,
+    )
+    return whole if len(whole.encode()) <= PAYLOAD_MAX else hint
+
+
+class PgMail(MailQueue):
+    """The ``messages`` table, on the store's pool (sessiond.cluster.channels.MailQueue)."""
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+
+    async def post(self, to: str, sender: str, text: str) -> tuple[int, str | None] | None:
+        return await post(await self.store.connect(), to, sender, text)
+
+    async def flush(self, message: int) -> None:
+        await flush(await self.store.connect(), message)
+
+    async def pending(self, names: list[str], limit: int = 100) -> list[Message]:
+        return await pending(await self.store.connect(), names, limit)
+
+    async def taken(self, message: int) -> None:
+        await taken(await self.store.connect(), message)

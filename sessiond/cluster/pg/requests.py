@@ -12,18 +12,23 @@ A request is carried out at most once: taking it is the only way to run it,
 and a request nobody took can be abandoned by its asker (then nobody takes it).
 A node that dies between taking and answering leaves the request taken, without
 a reply: its asker says so, and never asks again on its own.
+
+:class:`Requests` is the cluster floor's
+:class:`~sessiond.cluster.channels.CarriedRequests` on this table; its two
+notifications are the broker's ``RequestLeft`` and ``RequestAnswered``
+(pg/channels.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from psycopg.types.json import Jsonb
 
+from sessiond.cluster.channels import CarriedRequests, Owner, Status
 from sessiond.log.store.pg.reach import Pool
 from sessiond.names import check_name
 from sessiond.replies import JsonObject, Who
@@ -66,32 +71,14 @@ WHERE s.name = %(s)s
 """
 
 
-@dataclass(frozen=True)
-class Owner:
-    """Who owns a session now, as the database says."""
-
-    node: str | None  # None: nobody (it waits for a node to claim it)
-    alive: bool  # the owner's lease runs
-    state: str | None  # the owner's state: up, draining, stopped
-
-
-@dataclass(frozen=True)
-class Status:
-    """Where a request is: not taken yet, taken (by a node alive or not), answered."""
-
-    taken_by: str | None
-    reply: JsonObject | None
-    abandoned: bool
-    taker_alive: bool
-
-
 def _jsonb(value: Any) -> Jsonb:
     # orjson, as the wire: results hold datetimes and the like
     return Jsonb(value, dumps=lambda v: orjson.dumps(v).decode())
 
 
-class Requests:
-    """The ``requests`` table, through a small pool of its own (the loop's threads)."""
+class Requests(CarriedRequests):
+    """The ``requests`` table, through a small pool of its own (the loop's threads),
+    opened when the node serves."""
 
     def __init__(self, dsn: str, *, node: str, prepared: bool = True) -> None:
         self.node = node
@@ -103,6 +90,8 @@ class Requests:
             open=False,
             name="sessiond-requests",
         )
+
+    def open(self) -> None:
         self._pool.open(wait=True, timeout=30)
 
     def close(self) -> None:
