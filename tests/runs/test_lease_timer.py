@@ -1,0 +1,79 @@
+"""A cluster node's programs die at its lease deadline even while the whole node
+is paused (sessiond/runs/holder.py): real spawner, holder and program, the whole
+tree SIGSTOPped past the deadline and SIGCONTed leaves first."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from sessiond.runs.spawner_client import SpawnerClient
+from tests.e2e.harness import alive, wait_for
+from tests.freeze import freeze, frozen, state, thaw, tree
+
+# The program's own ledger: its pid once, then the machine's monotonic time, as
+# often as it can write it (a write right after any resume).
+WRITER = """import os, sys, time
+with open(sys.argv[1], "a", buffering=1) as f:
+    f.write(f"pid {os.getpid()}\\n")
+    while True:
+        f.write(f"{time.monotonic()!r}\\n")
+        time.sleep(0.005)
+"""
+
+
+def lines(ledger: Path) -> list[str]:
+    return ledger.read_text().splitlines() if ledger.exists() else []
+
+
+def test_a_frozen_nodes_program_is_dead_before_its_thaw(tmp_path: Path) -> None:
+    (tmp_path / "writer.py").write_text(WRITER)
+    ledger = tmp_path / "ledger"
+
+    async def main() -> tuple[list[int], float, int]:
+        spawner = SpawnerClient()
+        spawner.start()
+        assert spawner.pid is not None
+        # The node's deadline, as a lease renewal tells it: a few seconds from now,
+        # never moved again (the daemon that would move it is paused with the rest).
+        spawner.fence(time.monotonic() + 5)
+        out_r, out_w = os.pipe()
+        try:
+            held = await spawner.spawn(
+                ["python3", "writer.py", str(ledger)],
+                cwd=str(tmp_path),
+                env={"PATH": os.environ["PATH"]},
+                stdout=out_w,
+                stderr=out_w,
+            )
+        finally:
+            os.close(out_w)
+        spawner.go(held)
+        wait_for(lambda: len(lines(ledger)) >= 3, what="the program writing")
+        program = int(lines(ledger)[0].split()[1])
+
+        pids = freeze(spawner.pid)
+        assert program in pids
+        assert held.pid in pids
+        wait_for(lambda: frozen(pids), what="the whole tree stopped")
+        # Nothing of the node runs now. At its deadline the kernel kills the holder
+        # and, with it, the program: a stopped process dies of SIGKILL as it is.
+        wait_for(lambda: state(program) in ("Z", ""), what="the program killed while stopped")
+        assert not alive(held.pid)
+        thawed = time.monotonic()
+        thaw(pids)  # the program (were it alive) first: the worst order
+        wait_for(lambda: spawner.proc is not None and spawner.proc.poll() is not None,
+                 what="the spawner's end: past its deadline, it kills all and exits")  # fmt: skip
+        left = [p for p in tree(os.getpid()) if p in pids and alive(p)]
+        os.close(out_r)
+        await spawner.close()
+        return left, thawed, program
+
+    left, thawed, program = asyncio.run(main())
+    assert left == []
+    written = [float(t) for t in lines(ledger)[1:]]
+    assert written
+    assert max(written) < thawed  # nothing written once the node resumed
+    assert not alive(program)
