@@ -66,3 +66,22 @@ def thaw(pids: list[int]) -> None:
     for pid in reversed(pids):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def programs_of(daemon: int) -> list[int]:
+    """A daemon's runs' own processes: everything under its spawner's holders
+    (the programs, their sandboxes and children), parents first."""
+    found: list[int] = []
+    for spawner in children(daemon):
+        if b"runs/spawner.py" in cmdline(spawner):
+            for holder in children(spawner):
+                found += tree(holder)[1:]
+    return found
