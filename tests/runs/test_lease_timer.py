@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+from sessiond.bench.freeze import measure
 from sessiond.runs.spawner_client import SpawnerClient
 from tests.e2e.harness import alive, wait_for
 from tests.freeze import freeze, frozen, state, thaw, tree
@@ -77,3 +78,10 @@ def test_a_frozen_nodes_program_is_dead_before_its_thaw(tmp_path: Path) -> None:
     assert written
     assert max(written) < thawed  # nothing written once the node resumed
     assert not alive(program)
+
+
+def test_the_freeze_benchmark_runs_and_finds_nothing_written_after_the_resume() -> None:
+    figures = asyncio.run(measure(1, None))
+    assert figures["freeze_lines_after_max"] == 0
+    assert figures["freeze_acted_ms_max"] == 0
+    assert figures["fenced_start_ms"] > 0
