@@ -95,12 +95,21 @@ def handler(ledger: Ledger) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a writer gone before its answer (killed, as a stale one is): recorded
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8765, help="0: any free port")
     parser.add_argument("--ledger", type=Path, default=Path("ledger.jsonl"))
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(Ledger(args.ledger)))
+    server = Server(("127.0.0.1", args.port), handler(Ledger(args.ledger)))
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
     return 0
