@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from sessiond.bench.freeze import measure
 from sessiond.runs.spawner_client import SpawnerClient
 from tests.e2e.harness import alive, wait_for
@@ -85,3 +87,33 @@ def test_the_freeze_benchmark_runs_and_finds_nothing_written_after_the_resume() 
     assert figures["freeze_lines_after_max"] == 0
     assert figures["freeze_acted_ms_max"] == 0
     assert figures["fenced_start_ms"] > 0
+
+
+def test_a_fenced_program_under_a_run_user_runs_as_that_user(tmp_path: Path) -> None:
+    """The fenced start forks (for the parent-death signal) and drops to ``[run]
+    user`` first: the signal is asked for after the uid change, which clears it."""
+    if os.geteuid() != 0:
+        pytest.skip("changing the uid needs root")
+    tmp_path.chmod(0o777)
+
+    async def main() -> int:
+        spawner = SpawnerClient()
+        spawner.start()
+        spawner.fence(time.monotonic() + 3600)
+        out_r, out_w = os.pipe()
+        try:
+            held = await spawner.spawn(
+                ["sh", "-c", "id -u"], cwd=str(tmp_path), env={"PATH": os.defpath},
+                stdout=out_w, stderr=out_w, user=(65534, 65534),
+            )  # fmt: skip
+        finally:
+            os.close(out_w)
+        spawner.go(held)
+        status = await asyncio.wait_for(held.exited, 30)
+        with os.fdopen(out_r) as f:
+            printed = f.read()
+        await spawner.close()
+        assert os.waitstatus_to_exitcode(status) == 0, printed
+        return int(printed)
+
+    assert asyncio.run(main()) == 65534
