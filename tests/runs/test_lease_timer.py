@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -117,3 +118,45 @@ def test_a_fenced_program_under_a_run_user_runs_as_that_user(tmp_path: Path) -> 
         return int(printed)
 
     assert asyncio.run(main()) == 65534
+
+
+def test_a_renewed_deadline_keeps_the_program_running_and_a_lapsed_one_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Each renewal moves every holder's timer on (FENCE_SIG): the program outlives
+    its first deadline while renewals come, and dies once they stop."""
+    (tmp_path / "writer.py").write_text(WRITER)
+    ledger = tmp_path / "ledger"
+
+    async def main() -> tuple[bool, int]:
+        spawner = SpawnerClient()
+        spawner.start()
+        first = time.monotonic() + 1.5
+        spawner.fence(first)
+        out_r, out_w = os.pipe()
+        try:
+            held = await spawner.spawn(
+                ["python3", "writer.py", str(ledger)], cwd=str(tmp_path),
+                env={"PATH": os.environ["PATH"]}, stdout=out_w, stderr=out_w,
+            )  # fmt: skip
+        finally:
+            os.close(out_w)
+        spawner.go(held)
+        wait_for(lambda: len(lines(ledger)) >= 2, what="the program writing")
+        program = int(lines(ledger)[0].split()[1])
+        # renewed as a lease is, each time the program has written 40 more lines,
+        # until well past the first deadline
+        while time.monotonic() < first + 1.0:
+            seen = len(lines(ledger))
+            wait_for(lambda s=seen: len(lines(ledger)) >= s + 40, what="the program going on")
+            spawner.fence(time.monotonic() + 1.5)
+        survived = alive(program)
+        status = await asyncio.wait_for(held.exited, 60)  # no renewal now: it lapses
+        os.close(out_r)
+        await spawner.close()
+        return survived, status
+
+    survived, status = asyncio.run(main())
+    assert survived  # past its first deadline, renewed
+    assert os.WIFSIGNALED(status)
+    assert os.WTERMSIG(status) == signal.SIGKILL  # the holder's timer, then the spawner
