@@ -20,8 +20,9 @@ stopped or frozen process is killed by SIGKILL without running another
 instruction. The program is started with ``PR_SET_PDEATHSIG`` = SIGKILL, so the
 kernel kills it in the same moment, also while it is stopped; a sandboxed run's
 bubblewrap does the same for its whole PID namespace (``--die-with-parent``).
-What a program started outside its process (a double fork) reparents to the
-spawner, which kills it once it runs again, past its own deadline.
+The children of an unsandboxed program are not killed with it: they reparent
+to the spawner, which kills them once it runs again, past its own deadline
+(milliseconds after a thaw).
 ``CLOCK_BOOTTIME`` counts the time a machine spends suspended (``CLOCK_MONOTONIC``
 does not), so a node resumed after its lease lapsed finds its programs dead.
 A paused virtual machine whose clocks do not count the pause is not seen by
