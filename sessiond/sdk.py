@@ -41,9 +41,8 @@ started from threads pass ``key=`` (a name unique in the turn; join the threads
 before the next unkeyed step). ``run.key()`` inside a step's ``fn`` is the step's
 stable key for idempotency keys of your own.
 
-It reads ``SESSIOND_SOCKET`` (the program endpoint), ``SESSIOND_SESSION``,
-``SESSIOND_RUN``, ``SESSIOND_TURN`` and ``SESSIOND_TOKEN`` from the environment
-(the daemon sets them). Stdlib and orjson only: it starts fast inside any program.
+It reads ``SESSIOND_SOCKET``, ``_SESSION``, ``_RUN``, ``_TURN``, ``_TOKEN``, ``_EPOCH`` (its
+``run.fence()``, a token for writes outside the database). Stdlib and orjson: it starts fast.
 """
 
 from __future__ import annotations
@@ -66,7 +65,7 @@ from typing import Any
 
 import orjson
 
-from sessiond.sdkwire import ContextAnswer, StepAnswer, StepPlace
+from sessiond.sdkwire import ContextAnswer, Fence, StepAnswer, StepPlace
 from sessiond.wire import Connection, RemoteError
 
 
@@ -201,6 +200,7 @@ class Run:
         self.session = session
         self.run_id = run_id
         self.turn = int(os.environ.get("SESSIOND_TURN") or 0)
+        self.fence = lambda: Fence(session, int(_env("SESSIOND_EPOCH")))  # docs/sdk.md
         self.stop_requested = False
         # One request at a time on the connection, whatever thread calls; ordinals
         # are given under their own lock, at the call, in call order.
@@ -439,7 +439,7 @@ class AsyncRun:
 
     def __init__(self, run: Run) -> None:
         self.sync = run
-        self.key = Run.key
+        self.key, self.fence = Run.key, run.fence
 
     async def context(self) -> ContextAnswer:
         return await asyncio.to_thread(self.sync.context)
@@ -595,6 +595,6 @@ def connect_async() -> _AsyncConnect:
 
 
 __all__ = [
-    "ApprovalPending", "AsyncRun", "Denied", "Diverged", "RemoteError", "Run", "SdkError",
+    "ApprovalPending", "AsyncRun", "Denied", "Diverged", "Fence", "RemoteError", "Run", "SdkError",
     "StepFailed", "StopRequested", "StopRun", "connect", "connect_async",
 ]  # fmt: skip

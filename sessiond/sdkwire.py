@@ -9,7 +9,7 @@ they always were; these ``TypedDict``s only name what they hold.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
 
 # sdk.step's answer (docs/sdk.md): replayed, run, ask, denied, stop or diverged
 AnswerStatus = Literal["replayed", "run", "ask", "denied", "stop", "diverged"]
@@ -125,3 +125,18 @@ class ContextAnswer(TypedDict):
     # the next page's cursor (None: this was the last); the SDK takes it off as it
     # reads the pages
     next_cursor: NotRequired[int | None]
+
+
+class Fence(NamedTuple):
+    """A run's fencing token: its session and the ownership epoch it runs under
+    (``SESSIOND_EPOCH``). A cluster bumps the epoch whenever a node claims the
+    session, so a run of a later owner carries a higher one: a system outside the
+    database that keeps the highest epoch it has seen per session and refuses a
+    lower one refuses a stale writer. On one machine the epoch is 0.
+    ``str(fence)`` is ``session:epoch`` (a session name has no colon)."""
+
+    session: str
+    epoch: int
+
+    def __str__(self) -> str:
+        return f"{self.session}:{self.epoch}"

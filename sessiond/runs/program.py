@@ -65,9 +65,10 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
-def wake_payload(wakes: list[RunWake]) -> tuple[str, bytes]:
-    """SESSIOND_WAKE (cut to 32 KiB, with a `truncated` flag) and the whole cause."""
-    whole = orjson.dumps({"wakes": wakes, "truncated": False})
+def wake_payload(wakes: list[RunWake], epoch: int = 0) -> tuple[str, bytes]:
+    """SESSIOND_WAKE (cut to 32 KiB, with a `truncated` flag) and the whole cause,
+    with the run's fencing epoch (SESSIOND_EPOCH) in the file."""
+    whole = orjson.dumps({"wakes": wakes, "truncated": False, "epoch": epoch})
     if len(whole) <= WAKE_ENV_LIMIT:
         return whole.decode(), whole
     kept: list[RunWake] = []
@@ -434,13 +435,15 @@ def program_env(
     run_id: str,
     wakes: list[RunWake],
     wake_file: Path,
+    epoch: int = 0,
 ) -> dict[str, str]:
-    """The environment of a run: the daemon's, the profile's, the spec's, then ours."""
+    """The environment of a run: the daemon's, the profile's, the spec's, then ours
+    (``epoch``: the session's ownership epoch it runs under, its fencing token)."""
     env = scrubbed_env(base)
     env.update(profile_env)
     if spec.run is not None:
         env.update(spec.run.env)
-    wake_env, whole = wake_payload(wakes)
+    wake_env, whole = wake_payload(wakes, epoch)
     wake_file.write_bytes(whole)
     env.update(
         SESSIOND_SESSION=spec.name,
@@ -448,6 +451,7 @@ def program_env(
         SESSIOND_GOAL=spec.goal,
         SESSIOND_WAKE=wake_env,
         SESSIOND_WAKE_FILE=str(wake_file),
+        SESSIOND_EPOCH=str(epoch),
     )
     return env
 

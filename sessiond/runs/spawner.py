@@ -35,7 +35,8 @@ optionally the program's stdin: without it P reads /dev/null),
 ``term`` (id: SIGTERM to the run's subtree), ``kill`` (id: SIGKILL to it),
 ``fence`` (at: a ``time.monotonic()`` deadline; past it the spawner kills
 everything and exits on its own: a cluster node's programs stop before its
-lease can lapse, even when the daemon is paused or cut off).
+lease can lapse, even when the daemon is paused or cut off; each holder's kernel
+timer kills its program at it even when the whole node is stopped: holder.py).
 Spawner → daemon: ``idle`` (pid and start of the holder the next spawn will
 take, or None), ``spawned`` (id, pid, start) or ``refused`` (id, error), then
 ``exited`` (id, status: R's raw wait status, which is P's).
@@ -46,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import json
 import os
 import resource
@@ -54,17 +56,26 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only: the spawner runs as a script of its own (-I), importing nothing
+    from sessiond.runs import holder
     from sessiond.runs.spawnproto import SpawnerReply, SpawnerRequest
+else:  # but its sibling, by its path: run with -I, it has no package to import from
+    _HOLDER = importlib.util.spec_from_file_location(
+        "sessiond_holder", os.path.join(os.path.dirname(os.path.abspath(__file__)), "holder.py")
+    )
+    assert _HOLDER is not None
+    assert _HOLDER.loader is not None
+    holder = importlib.util.module_from_spec(_HOLDER)
+    _HOLDER.loader.exec_module(holder)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PACKET = 1 << 21  # a spawn request: argv and env (SESSIOND_WAKE alone may be 32 KiB)
 # R's signals: SIGTERM forwards a stop to the subtree; SIGUSR1 kills it (the
 # daemon's "kill", and the spawner's death, through PR_SET_PDEATHSIG).
-KILL_TREE = signal.SIGUSR1
+KILL_TREE = holder.KILL_TREE
 PREFORK_AFTER = 0.05  # seconds of quiet before the next run's holder is forked
 
 
@@ -143,85 +154,6 @@ def kill_tree_and_reap() -> None:
             return
 
 
-def _exec_path(argv0: str, env: dict[str, str]) -> str:
-    """The file ``execvpe`` would run: ``argv0`` itself when it has a slash,
-    otherwise the first executable file of that name on the program's PATH."""
-    if "/" in argv0:
-        return argv0
-    last: OSError = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
-    for folder in os.get_exec_path(env):
-        path = os.path.join(folder, argv0)
-        if os.path.isfile(path):
-            if os.access(path, os.X_OK):
-                return path
-            last = PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv0)
-    raise last
-
-
-def _launch(path: str, req: SpawnerRequest, out: int, err: int, stdin: int | None) -> int:
-    """P, started by R once it may go: posix_spawn (vfork and exec, as subprocess
-    does), so a start pays no fork of a Python process and no teardown of its
-    copied memory. P's pid; raises OSError when exec fails."""
-    if req.get("user"):
-        return _launch_as(path, req, out, err, stdin)
-    first: tuple[Any, ...] = (
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-        if stdin is None
-        else (os.POSIX_SPAWN_DUP2, stdin, 0)
-    )
-    return os.posix_spawn(
-        path,
-        req["argv"],
-        req["env"],
-        file_actions=[
-            first,
-            (os.POSIX_SPAWN_DUP2, out, 1),
-            (os.POSIX_SPAWN_DUP2, err, 2),
-        ],
-        setsigmask=(),
-        # caught signals are reset by exec; ignored ones (Python ignores SIGPIPE) are not
-        setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE),
-    )
-
-
-def _launch_as(path: str, req: SpawnerRequest, out: int, err: int, stdin: int | None) -> int:
-    """P under ``[run] user``: posix_spawn cannot change the uid, so R forks and the
-    child drops to the user's uid and gid (no supplementary groups) before exec; R
-    stays the daemon's. An exec that fails is reported back through a close-on-exec
-    pipe, as posix_spawn reports it, and raised here."""
-    uid, gid = req["user"]
-    report_r, report_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # P
-        try:
-            os.close(report_r)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, KILL_TREE):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin, 0)
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.execve(path, req["argv"], req["env"])
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.write(report_w, str(exc.errno or errno.EPERM).encode())
-        finally:
-            os._exit(127)
-    os.close(report_w)
-    try:
-        failed = os.read(report_r, 16)
-    finally:
-        os.close(report_r)
-    if failed:
-        os.waitpid(pid, 0)
-        code = int(failed)
-        raise OSError(code, os.strerror(code))
-    return pid
-
-
 def mirror(status: int) -> None:
     """End this process with the same wait status as ``status``. Never returns."""
     if os.WIFEXITED(status):
@@ -234,7 +166,7 @@ def mirror(status: int) -> None:
     os._exit(128 + sig)
 
 
-def _idle(sock: socket.socket, spawner: int) -> None:
+def _idle(sock: socket.socket, spawner: int, deadline: holder.Deadline) -> None:
     """R, forked ahead of its request (so that a start pays no fork and no /proc
     read of a process being forked): a session leader and subreaper, waiting for
     the one spawn it will hold. Never returns."""
@@ -272,19 +204,22 @@ def _idle(sock: socket.socket, spawner: int) -> None:
     if os.getppid() != spawner:
         os._exit(0)  # the spawner died before the line above
     path: str | None = None
+    timer = holder.KillTimer(deadline)  # a cluster node's: SIGKILL to R at its deadline
     try:
         os.chdir(req["cwd"])  # R's own cwd: P starts there (posix_spawn has no chdir here)
-        path = _exec_path(req["argv"][0], req["env"])
+        path = holder.exec_path(req["argv"][0], req["env"])
     except OSError as exc:  # the daemon checked before: a late change, said at go
         failed: OSError | None = exc
     else:
         failed = None
-    if not _wait_go(go, flags, wake_r):
+    if not _wait_go(go, flags, wake_r, timer):
         os._exit(0)  # the daemon died (or abandoned the start) before go
     try:
         if failed is not None or path is None:
             raise failed or OSError(errno.ENOENT, "no program")
-        program = _launch(path, req, out, err, fds[3] if len(fds) == 4 else None)
+        program = holder.launch(
+            path, req, out, err, fds[3] if len(fds) == 4 else None, timer.fenced
+        )
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         with contextlib.suppress(OSError):
@@ -293,13 +228,14 @@ def _idle(sock: socket.socket, spawner: int) -> None:
     # R holds no pipe of the run: the output reaches EOF once the subtree is gone.
     for fd in fds[:2] + fds[3:]:
         os.close(fd)
-    _supervise(program, flags, wake_r, bool(req.get("sandboxed")))
+    _supervise(program, flags, wake_r, bool(req.get("sandboxed")), timer)
 
 
-def _wait_go(go: int, flags: dict[str, bool], wake_r: int) -> bool:
+def _wait_go(go: int, flags: dict[str, bool], wake_r: int, timer: holder.KillTimer) -> bool:
     """R, held: True once the daemon says go; False if its pipe closes first. A
     stop while held ends R here, with the status a stopped program would have."""
     while True:
+        timer.rearm()
         if flags["kill"]:
             mirror(signal.SIGKILL)
         if flags["term"]:
@@ -357,10 +293,14 @@ def _unwrap(status: int) -> int:
     return status
 
 
-def _supervise(program: int, flags: dict[str, bool], wake_r: int, sandboxed: bool) -> None:
-    """R's loop: forward a stop, kill all on request or once P is gone. Never returns."""
+def _supervise(
+    program: int, flags: dict[str, bool], wake_r: int, sandboxed: bool, timer: holder.KillTimer
+) -> None:
+    """R's loop: forward a stop, kill all on request or once P is gone; keep the
+    timer at the node's deadline (woken by FENCE_SIG). Never returns."""
     status: int | None = None
     while True:
+        timer.rearm()
         while status is None:
             try:
                 pid, st = os.waitpid(-1, os.WNOHANG)
@@ -394,7 +334,8 @@ class SpawnerLoop:
         self.by_pid: dict[int, int] = {}
         self.pid = os.getpid()
         self.idle: tuple[int, int | None, socket.socket] | None = None  # pid, start, socket
-        self.fence: float | None = None  # the "fence" deadline (time.monotonic())
+        self.fence: float | None = None  # the "fence" deadline (CLOCK_BOOTTIME)
+        self.deadline = holder.Deadline()  # the same, shared with every holder
 
     def send(self, message: SpawnerReply, fds: tuple[int, ...] = ()) -> None:
         # the daemon gone: its end closing is seen by the loop
@@ -411,7 +352,7 @@ class SpawnerLoop:
                 ours.close()
                 if self.idle is not None:
                     self.idle[2].close()
-                _idle(theirs, self.pid)
+                _idle(theirs, self.pid, self.deadline)
             finally:
                 os._exit(126)
         theirs.close()
@@ -462,7 +403,11 @@ class SpawnerLoop:
             self.spawn(req, fds)
             return
         if op == "fence" and isinstance(req.get("at"), int | float):
-            self.fence = float(req["at"])
+            self.fence = holder.boottime_of(float(req["at"]))
+            self.deadline.set(self.fence)
+            for held in self.runs.values():  # each moves its kernel timer on
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(held, holder.FENCE_SIG)
         for fd in fds:
             os.close(fd)
         pid = self.runs.get(req.get("id", -1))
@@ -502,6 +447,8 @@ class SpawnerLoop:
     def serve(self) -> None:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        # inherited by every holder, before it could be sent one: it only wakes R
+        signal.signal(holder.FENCE_SIG, lambda *_: None)
         signal.set_wakeup_fd(wake_w)
         self.prefork()
         while True:
@@ -509,7 +456,8 @@ class SpawnerLoop:
             # the start that just took one (its program is being forked and let go).
             quiet = PREFORK_AFTER if self.idle is None else None
             if self.fence is not None:
-                left = self.fence - time.monotonic()
+                # CLOCK_BOOTTIME: a machine that was suspended finds its lease gone
+                left = self.fence - time.clock_gettime(time.CLOCK_BOOTTIME)
                 if left <= 0:
                     return  # main() kills the whole subtree on the way out
                 quiet = left if quiet is None else min(quiet, left)

@@ -424,8 +424,9 @@ class Starter:
             secrets, unresolved = {}, exc
         profile = self.ctx.config.profiles[spec.run.profile]  # _spec() made it one we have
         env = program_env(
-            self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file
-        )
+            self.ctx.env, spec, profile.env, run_id=run_id, wakes=wakes, wake_file=wake_file,
+            epoch=s.journal.log.epoch,
+        )  # fmt: skip
         env["SESSIOND_PROFILE"] = spec.run.profile
         env["SESSIOND_MODEL"] = profile.model
         env.update(secrets)

@@ -1,7 +1,12 @@
 """The kill -9 campaign against a cluster: two or three nodes on one real
 PostgreSQL, a random node killed with SIGKILL each round (most often the one the
-load talks to), restarted, and the same invariants checked, plus one of the
-cluster's own: no write under a stale epoch.
+load talks to), restarted, and the same invariants checked, plus the cluster's
+own: no write under a stale epoch. Every fourth round pauses a whole node
+instead (SIGSTOP of its daemon, spawner, holders and programs for 5 x
+``lease_ttl``, as a VM pause does), lets the others take its sessions over and
+run them, and resumes it, its runs' processes first: no program of the paused
+node may write to the ledger outside the database (tests/faults/fenced.py)
+once a take-over has started its session elsewhere.
 
     python -m tests.faults.cluster [--iterations 30] [--seed N] [--nodes 3]
 
@@ -43,7 +48,10 @@ from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir
 from tests.faults import checks, workload
 from tests.faults.campaign import Campaign, confined
+from tests.faults.fenced import NAME as FENCED
+from tests.faults.fenced import FencedLedger
 from tests.faults.tally import Tally
+from tests.freeze import freeze, frozen, programs_of, state, thaw
 from tests.patience import Patience
 
 TTL = 2.0
@@ -60,12 +68,22 @@ class ClusterTally(Tally):
     nodes: int = 3
     failovers: int = 0  # rounds whose killed node owned sessions, taken over by others
     stale: list[str] = field(default_factory=list)
+    freezes: int = 0  # whole-node pauses of 5 x lease_ttl
+    refused: int = 0  # attempts the fenced ledger refused (a stale epoch)
+    # a paused node's program that wrote to the ledger after its session was taken over
+    late_writes: list[str] = field(default_factory=list)
+    # pauses that caught no program writing to the ledger: they tested nothing
+    idle_pauses: list[str] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
         return [
             *super().rows(),
             ("writes under a stale epoch", str(len(self.stale)), "0", not self.stale),
-        ]
+            ("ledger writes by a paused node after take-over", str(len(self.late_writes)), "0",
+             not self.late_writes),
+            ("pauses that caught no program writing", str(len(self.idle_pauses)), "0",
+             not self.idle_pauses),
+        ]  # fmt: skip
 
     def table(self, seconds: float) -> str:
         text = super().table(seconds)
@@ -74,7 +92,14 @@ class ClusterTally(Tally):
         )
         moved = f"failovers: {self.failovers} of {self.rounds} kills moved sessions to another node"
         text = text.replace("\nkills at fault points: none", f"\n{moved}", 1)
+        frozen = (
+            f"whole-node pauses: {self.freezes} (5 x lease_ttl each); the fenced ledger "
+            f"refused {self.refused} attempts under a stale epoch"
+        )
+        text = text.replace(f"\n{moved}", f"\n{moved}\n{frozen}", 1)
         extra = [f"  stale epoch: {item}" for item in self.stale[:10]]
+        extra += [f"  written after take-over: {item}" for item in self.late_writes[:10]]
+        extra += [f"  paused with no program writing: {item}" for item in self.idle_pauses[:10]]
         return "\n".join([text, *extra])
 
 
@@ -101,6 +126,7 @@ class ClusterCampaign(Campaign):
             )
         self.daemon = self.nodes[0]  # the node the load talks to (the mailbox's owner)
         self.reader = PgStore(dsn, node="campaign")  # reads only: it holds no lease
+        self.fenced = FencedLedger(root)  # the ledger outside the database
         self.logs = root / "pglogs"
         self.logs.mkdir()
 
@@ -143,12 +169,14 @@ class ClusterCampaign(Campaign):
         workload.prepare(self.ws)
         self.world.mkdir()
         self.ledger.touch()
+        self.fenced.start()
         for node in self.nodes:
             node.start()
         for name, text in workload.specs(sys.executable, self.ledger, self.daemon.socket).items():
             spec = self.ws / f"{name}.toml"
             spec.write_text(text)
             self.daemon.ctl("create", str(spec), check=True)
+        self.daemon.ctl("create", str(self.fenced.spec(self.ws, sys.executable)), check=True)
 
     def round(self) -> None:
         t = self.tally
@@ -156,9 +184,13 @@ class ClusterCampaign(Campaign):
         self.daemon = self._owner_of("mailbox")
         # Odd rounds kill the mailbox's owner and wait for the others to take its
         # sessions over, so every run (even the 4 rounds of `make test`) has a
-        # failover; even rounds kill any node and restart it at once or later.
-        takeover = n % 2 == 1
+        # failover; even rounds kill any node and restart it at once or later;
+        # every fourth pauses the node that runs `fenced` instead, past its lease.
+        paused = n % 4 == 0
+        takeover = n % 2 == 1 or paused
         victim = self.daemon if takeover or self.rng.random() < 0.6 else self.rng.choice(self.nodes)
+        if paused:
+            victim = self._owner_of(FENCED)
         stop = threading.Event()
         workers = [
             threading.Thread(target=self._sender, args=(stop,), daemon=True),
@@ -168,8 +200,14 @@ class ClusterCampaign(Campaign):
             w.start()
         time.sleep(self.rng.uniform(0.2, 2.0))
         assert victim.proc is not None
-        os.kill(victim.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
-        victim.proc.wait(30)
+        if paused:  # the load stops first: its calls would wait on the paused node
+            stop.set()
+            for w in workers:
+                w.join(30)
+            pids, programs = self._pause(victim)
+        else:
+            os.kill(victim.proc.pid, signal.SIGKILL)  # no warning, no clean-up: a crash
+            victim.proc.wait(30)
         killed_at = time.monotonic()
         stop.set()
         for w in workers:
@@ -179,6 +217,8 @@ class ClusterCampaign(Campaign):
         self._check_acknowledged(killed_at)
         cut_off = {name: checks.cut_off_calls(self._log(name)) for name in owned}
         seqs = {name: self._last_seq(name) for name in owned}
+        if paused:
+            self._resume_after_take_over(victim, pids, programs, killed_at)
         if takeover or self.rng.random() < 0.5:  # once the others took its sessions over
             self._settle(victim)
         victim.start()
@@ -190,11 +230,73 @@ class ClusterCampaign(Campaign):
             self._check_after_restart(cut_off if i == 0 else {}, seqs)
         self._check_ledger()
         self._check_database()
+        self._check_fenced()
         for node in self.nodes:
             self.daemon = node
             self._answer_and_resolve()
 
+    # --- a whole node paused --------------------------------------------------------
+
+    def _pause(self, victim: Daemon) -> tuple[list[int], list[int]]:
+        """SIGSTOP the node's whole tree once its `fenced` program is writing; the
+        pids stopped, and those of its runs' own processes."""
+        assert victim.proc is not None
+        name, since = self._name(victim), time.monotonic()
+        patience = Patience(self._live(), quiet=TTL + 60)
+        while not self.fenced.tried_since(name, since) and patience.waiting():
+            patience.pause(0.05)
+        pids = freeze(victim.proc.pid)
+        if not self.fenced.tried_since(name, since):
+            self.cluster_tally.idle_pauses.append(f"round {self.tally.rounds + 1}: {name}")
+        patience = Patience(self._live(), quiet=TTL + 60)
+        while not frozen(pids) and patience.waiting():
+            patience.pause(0.01)
+        self.cluster_tally.freezes += 1
+        return pids, programs_of(victim.proc.pid)
+
+    def _resume_after_take_over(
+        self, victim: Daemon, pids: list[int], programs: list[int], paused_at: float
+    ) -> None:
+        """Once the others took its sessions over (and 5 x lease_ttl passed), SIGCONT
+        the node, its runs' processes first and alone: the worst order. The ledger
+        then must have nothing of it from the resume on: a take-over had started its
+        session elsewhere before."""
+        name, resumed = self._name(victim), paused_at
+        try:
+            self._settle(victim)
+            time.sleep(max(0.0, paused_at + 5 * TTL - time.monotonic()))
+            resumed = time.monotonic()
+            thaw(programs)
+            patience = Patience(self._live(), quiet=TTL + 60)
+            while patience.waiting() and not (
+                all(state(p) in ("Z", "") for p in programs)
+                or self.fenced.tried_since(name, resumed)
+            ):
+                patience.pause(0.01)
+        finally:
+            thaw(pids)
+        assert victim.proc is not None
+        victim.proc.wait(60)  # it found its lease lost and ended (exit 75)
+        self._judge_resume(name, resumed)
+
+    def _judge_resume(self, name: str, resumed: float) -> None:
+        """Whatever the paused node ``name``'s programs tried from ``resumed`` on."""
+        for e in self.fenced.tried_since(name, resumed):
+            self.cluster_tally.late_writes.append(
+                f"round {self.tally.rounds}: {name}'s run of {e.session} under epoch "
+                f"{e.epoch}, {e.at - resumed:.3f} s after the resume "
+                f"({'accepted' if e.ok else 'refused'})"
+            )
+
     # --- the cluster's own checks ---------------------------------------------------
+
+    def _check_fenced(self) -> None:
+        """The ledger outside the database: its fence refused what it should, and it
+        never accepted an epoch below one it had accepted."""
+        t = self.cluster_tally
+        t.refused = sum(1 for e in self.fenced.entries() if not e.ok)
+        for e in self.fenced.stale_accepted():
+            t.stale.append(f"the fenced ledger accepted {e.session} epoch {e.epoch} from {e.node}")
 
     def _check_database(self) -> None:
         """The database's fsck: a stale epoch is a write past the fence; any other
@@ -269,6 +371,7 @@ class ClusterCampaign(Campaign):
         self.tally.secrets += [f"the database: {s} seq {q}" for s, q in found]
 
     def close(self) -> None:
+        self.fenced.close()
         for node in self.nodes:
             node.reap()
         for node in self.nodes:  # whatever a node's runs left

@@ -106,6 +106,10 @@ class EventLog(abc.ABC):
     # Why this node closed it for good while others may still hold the session
     # (a cluster's hand-over): what an append after the close is told.
     closed_why: str | None = None
+    # The epoch of this writer's ownership, a run's fencing token (SESSIOND_EPOCH):
+    # a cluster's claim bumps it; on one machine nothing else ever writes the
+    # session, so it is 0 there, below every cluster's.
+    epoch: int = 0
 
     @property
     @abc.abstractmethod
