@@ -27,6 +27,8 @@ from sessiond.wake.triggers import Triggers
 
 log = structlog.get_logger(__name__)
 
+WAKE_LEAD = 1.0  # seconds: a session is opened this long before its next timed wake
+
 
 class Opening:
     """The table index of one daemon: read at start-up, kept up to date after."""
@@ -39,6 +41,8 @@ class Opening:
         self.sessions_dir = store.sessions_dir
         self._loader: asyncio.Task[None] | None = None
         self._watch_restart: asyncio.Handle | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._wakes: set[asyncio.Future[None]] = set()
         self.keeper = IndexKeeper(
             store.root / INDEX_NAME,
             self.sessions_dir,
@@ -85,6 +89,20 @@ class Opening:
         the daemon's, which calls :meth:`open_rest` and then needs every session)."""
         self.keeper.start()
         self._loader = asyncio.ensure_future(rest)
+        # A timed wake due before the load reaches its session opens it in time (it
+        # is armed when opened, from its log; a cron missed by then is caught up).
+        loop = asyncio.get_running_loop()
+        now = self.triggers.timers.clock()  # the daemon's clock, as the timers'
+        for name, entry in self.keeper.kept.items():
+            wake_at = entry["wake_at"]
+            if wake_at is not None and name in self.table.pending:
+                delay = max(0.0, wake_at - now - WAKE_LEAD)
+                self._timers.append(loop.call_later(delay, self._open_for_wake, name))
+
+    def _open_for_wake(self, name: str) -> None:
+        if name in self.table.pending:
+            self._wakes.add(task := asyncio.ensure_future(self.table.ensure(name)))
+            task.add_done_callback(self._wakes.discard)
 
     async def open_rest(self, faults: Faults) -> None:
         """Open every session still pending, then make what was appended meanwhile
@@ -114,6 +132,8 @@ class Opening:
     async def close(self) -> None:
         """At a stop: the load ends where it is (what is not opened keeps its entry),
         and every session's entry is written, durably: what the next start reads."""
+        for timer in self._timers:
+            timer.cancel()
         if self._loader is not None:
             self._loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
