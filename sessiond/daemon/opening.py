@@ -40,6 +40,7 @@ class Opening:
         self.resume = resume
         self.sessions_dir = store.sessions_dir
         self._loader: asyncio.Task[None] | None = None
+        self.incomplete = False  # the index lacked entries (or had stale ones) at start
         self._watch_restart: asyncio.Handle | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._wakes: set[asyncio.Future[None]] = set()
@@ -74,6 +75,7 @@ class Opening:
         planned = plan(self.sessions_dir, entries)
         self.keeper.kept = {name: entries[name] for name in planned["rest"]}
         self.keeper.lines = lines
+        self.incomplete = len(planned["first"]) > 0  # rewritten whole once all are open
         self.table.pending = {name: e["row"] for name, e in planned["rest"].items()}
         self.table.loading = True
         log.info(
@@ -116,6 +118,11 @@ class Opening:
         for s in list(self.table):
             if s.journal_or_none is not None:
                 await s.journal.flush()
+        if self.incomplete:
+            try:
+                await self.keeper.rewrite()
+            except OSError as exc:  # a cache: the next start opens those sessions first
+                log.warning("index.unwritten", path=str(self.keeper.path), why=str(exc))
 
     def opened(self, s: Session) -> None:
         """A session opened after the socket started: armed and resumed as the ones

@@ -310,14 +310,30 @@ class IndexKeeper:
         clean stop: what the next start reads first)."""
         entries: dict[str, Entry] = {}
         for name in self.names():
-            entry = self.entry_of(name)
+            self._put(entries, name)
+        self._write(entries, durable=durable)
+
+    async def rewrite(self) -> None:
+        """As ``write_whole`` (not durably), a slice of sessions at a time: after a
+        start that found entries missing or stale, so that the next one finds them."""
+        entries: dict[str, Entry] = {}
+        for n, name in enumerate(list(self.names())):
+            self._put(entries, name)
+            if n % 256 == 255:
+                await asyncio.sleep(0)  # the loop answers meanwhile
+        self._write(entries, durable=False)
+
+    def _put(self, entries: dict[str, Entry], name: str) -> None:
+        entry = self.entry_of(name)
+        if entry is None:
+            entry = self.kept.get(name)  # not opened since the start: as it was read
             if entry is None:
-                entry = self.kept.get(name)  # not opened since the start: as it was read
-                if entry is None:
-                    continue
-            else:
-                self.dirty.discard(name)
-            entries[name] = entry
+                return
+        else:
+            self.dirty.discard(name)
+        entries[name] = entry
+
+    def _write(self, entries: dict[str, Entry], *, durable: bool) -> None:
         body = HEADER + b"".join(orjson.dumps(e) + b"\n" for e in entries.values())
         if durable:
             write_durable(self.path, body)
