@@ -176,10 +176,11 @@ def read_index(path: Path) -> tuple[dict[str, Entry], int]:
             log.warning("index.ignored", path=str(path), why="not a version 1 index")
         return {}, 0
     entries: dict[str, Entry] = {}
-    skipped = 0
+    skipped = count = 0
     for line in lines[1:]:
         if not line:
             continue
+        count += 1
         try:
             entry = _entry(orjson.loads(line))
         except orjson.JSONDecodeError:
@@ -190,7 +191,7 @@ def read_index(path: Path) -> tuple[dict[str, Entry], int]:
         entries[entry["name"]] = entry
     if skipped:
         log.warning("index.lines_skipped", path=str(path), lines=skipped)
-    return entries, len(lines) - 1
+    return entries, count
 
 
 class Plan(TypedDict):
