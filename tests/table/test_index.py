@@ -80,7 +80,8 @@ def test_the_log_wins_over_its_entry(tmp_path: Path) -> None:
     fresh = session(sessions, "fresh")
     appended = session(sessions, "appended")
     respecced = session(sessions, "respecced")
-    busy = {**session(sessions, "busy"), "busy": True}
+    busy = session(sessions, "busy")
+    busy["busy"] = True
     session(sessions, "unlisted")
     gone = session(sessions, "gone")
     with open(sessions / "appended" / "events.jsonl", "ab") as f:
@@ -106,9 +107,10 @@ def test_a_log_cut_back_to_the_same_size_is_stale_too(tmp_path: Path) -> None:
 
 def test_the_rest_opens_in_order_of_the_next_timed_wake(tmp_path: Path) -> None:
     sessions = tmp_path / "sessions"
-    entries = {}
+    entries: dict[str, Entry] = {}
     for name, wake_at in (("a", None), ("b", 300.0), ("c", 100.0), ("d", None)):
-        entries[name] = {**session(sessions, name), "wake_at": wake_at}
+        entries[name] = session(sessions, name)
+        entries[name]["wake_at"] = wake_at
     assert list(plan(sessions, entries)["rest"]) == ["c", "b", "a", "d"]
 
 
