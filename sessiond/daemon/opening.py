@@ -40,6 +40,7 @@ class Opening:
         self.resume = resume
         self.sessions_dir = store.sessions_dir
         self._loader: asyncio.Task[None] | None = None
+        self._halter: asyncio.Task[None] | None = None
         self.incomplete = False  # the index lacked entries (or had stale ones) at start
         self._watch_restart: asyncio.Handle | None = None
         self._timers: list[asyncio.TimerHandle] = []
@@ -86,11 +87,13 @@ class Opening:
         )
         return planned["first"]
 
-    def begin(self, rest: Coroutine[Any, Any, None]) -> None:
+    def begin(self, rest: Coroutine[Any, Any, None], stopping: asyncio.Event) -> None:
         """Serving now: keep the index from here on, and open the rest (``rest``:
-        the daemon's, which calls :meth:`open_rest` and then needs every session)."""
+        the daemon's, which calls :meth:`open_rest` and then needs every session),
+        until the daemon stops (``stopping``: the load ends there, not later)."""
         self.keeper.start()
         self._loader = asyncio.ensure_future(rest)
+        self._halter = asyncio.ensure_future(self._halt_on(stopping))
         # A timed wake due before the load reaches its session opens it in time (it
         # is armed when opened, from its log; a cron missed by then is caught up).
         loop = asyncio.get_running_loop()
@@ -100,6 +103,16 @@ class Opening:
             if wake_at is not None and name in self.table.pending:
                 delay = max(0.0, wake_at - now - WAKE_LEAD)
                 self._timers.append(loop.call_later(delay, self._open_for_wake, name))
+
+    async def _halt_on(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        self._halt()
+
+    def _halt(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
 
     def _open_for_wake(self, name: str) -> None:
         if name in self.table.pending:
@@ -139,10 +152,10 @@ class Opening:
     async def close(self) -> None:
         """At a stop: the load ends where it is (what is not opened keeps its entry),
         and every session's entry is written, durably: what the next start reads."""
-        for timer in self._timers:
-            timer.cancel()
+        self._halt()
+        if self._halter is not None:
+            self._halter.cancel()
         if self._loader is not None:
-            self._loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loader
         await self.keeper.close()

@@ -194,7 +194,6 @@ class Daemon:
         assert isinstance(self.kernel.triggers, Triggers)
         self.triggers: Triggers = self.kernel.triggers
         self.table.next_wake_fn = self.triggers.next_wake
-        # one machine's files: served at once from the table index (daemon/opening.py)
         self.opening = opening_of(self.table, self.store, self.lease, self.triggers, self.resume)
         self.failure: BaseException | None = None  # what ended a start-up in the background
         # a cluster node's carried requests: any node's socket serves the whole cluster
@@ -287,7 +286,8 @@ class Daemon:
             await self._sync_specs_logged()
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
-        await self._start_web()  # before the socket: `sessionctl web` needs its port
+        if opening is None:  # before the socket: `sessionctl web` needs its port (which
+            await self._start_web()  # waits, from the index, for the whole start-up)
         if self.cluster is not None and self.forward is not None:
             # from now on: take over what dead nodes leave, deliver messages, carry
             # requests (nothing awaits in between: no request comes before)
@@ -306,7 +306,7 @@ class Daemon:
             self._ready()
             return
         log.info("daemon.serving", sessions=len(self.table), opening=len(self.table.pending))
-        opening.begin(self._open_rest(opening))
+        opening.begin(self._open_rest(opening), self.stopping)
 
     async def _open_rest(self, opening: Opening) -> None:
         """The rest of a start-up from the index, in the background: what needs every
@@ -315,6 +315,7 @@ class Daemon:
             await opening.open_rest(self.faults)
             self.notices.start()  # every log read since each cursor, then it listens
             await self._sync_specs_logged()
+            await self._start_web()  # its pages list every session
             self._ready()
         except Exception as exc:
             log.exception("daemon.start_failed")
