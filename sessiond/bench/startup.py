@@ -171,9 +171,11 @@ def _timed(args: list[str]) -> tuple[float, str]:
     return time.perf_counter() - start, done.stdout.strip()
 
 
-def measure(work: Path, quick: bool, say: Any, count: int | None = None) -> dict[str, float]:
+def measure(
+    work: Path, quick: bool, say: Any, count: int | None = None, repeats: int | None = None
+) -> dict[str, float]:
     count = count or (2_000 if quick else 10_000)
-    repeats = 3 if quick else 5
+    repeats = repeats or (3 if quick else 5)
     root = work / "startup"
     root.mkdir()
     say(f"writing {count} sessions of 100 events ...")
