@@ -248,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         default=None,
-        help="with the loop figures: measure them too with the daemon of this source tree "
-        "(e.g. an older commit unpacked with git archive), side by side",
+        help="with the loop (and --startup-only) figures: measure them too with the daemon "
+        "of this source tree (e.g. an older commit unpacked with git archive), side by side",
     )
     args = parser.parse_args(argv)
     base = args.dir or Path(".bench-work")
@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.sandbox_only:
             results = sandbox.measure(work, args.quick, say)
         elif args.startup_only is not None:
-            results = startup.measure(work, args.quick, say, args.startup_only)
+            results = startup.measure(
+                work, args.quick, say, args.startup_only, baseline=args.baseline
+            )
         else:
             results = measure(
                 work,

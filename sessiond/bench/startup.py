@@ -7,7 +7,8 @@ table index written). Then, in turns, several times each, side by side:
 - ``startup_*_clean``: a start after a clean stop;
 - ``startup_*_kill9``: a start after a kill -9 of a daemon that had served (its
   background load under way or done);
-- ``python_pass_s``: ``python -c pass`` from the same interpreter;
+- ``python_pass_s``: ``python -c pass`` from the same interpreter, and
+  ``daemon_import_s``: a process that only imports the daemon's service module;
 - ``index_read_s``: reading the table index and checking every entry against its
   log and spec (``sessiond.table.index``), in a process of its own, its imports
   excluded;
@@ -91,15 +92,19 @@ class Start:
     """One start of the benchmark daemon, timed from exec: first ping, first full
     ps, the ``daemon.ready`` line."""
 
-    def __init__(self, d: BenchDaemon, count: int) -> None:
+    def __init__(self, d: BenchDaemon, count: int, source: Path | None = None) -> None:
         self.d = d
         self.count = count
         self.ready_at = 0.0
         self._ready = threading.Event()
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
+        program = [str(BIN / "sessiond")]
+        if source is not None:  # another tree's daemon (a baseline), as BenchDaemon runs it
+            program = [sys.executable, "-P", "-m", "sessiond"]
+            env["PYTHONPATH"] = str(source)
         self.t0 = time.perf_counter()
         d.proc = subprocess.Popen(
-            [str(BIN / "sessiond"), "--config", str(d.config), "--state-dir", str(d.state_dir),
+            [*program, "--config", str(d.config), "--state-dir", str(d.state_dir),
              "--socket", str(d.socket)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
@@ -172,8 +177,16 @@ def _timed(args: list[str]) -> tuple[float, str]:
 
 
 def measure(
-    work: Path, quick: bool, say: Any, count: int | None = None, repeats: int | None = None
+    work: Path,
+    quick: bool,
+    say: Any,
+    count: int | None = None,
+    *,
+    repeats: int | None = None,
+    baseline: Path | None = None,
 ) -> dict[str, float]:
+    """The figures; with ``baseline`` (another source tree), its daemon's start
+    after a clean stop too, in each round (``baseline_*``)."""
     count = count or (2_000 if quick else 10_000)
     repeats = repeats or (3 if quick else 5)
     root = work / "startup"
@@ -182,33 +195,16 @@ def measure(
     write_sessions(root / "state", count, 100)
     d = BenchDaemon(root)
     figures: dict[str, list[float]] = {}
-
-    def keep(name: str, value: float) -> None:
-        figures.setdefault(name, []).append(value)
-
     try:
         say("startup: a first start (no index, no snapshots), then a clean stop ...")
         first = Start(d, count)
-        keep("startup_no_index_ps_s", first.ps_at)
-        keep("startup_no_index_ready_s", first.wait_ready())
+        figures["startup_no_index_ps_s"] = [first.ps_at]
+        figures["startup_no_index_ready_s"] = [first.wait_ready()]
         d.stop()
         for i in range(repeats):
             say(f"startup: round {i + 1} of {repeats} (clean, kill -9, floors) ...")
-            s = Start(d, count)
-            keep("startup_ping_clean_s", s.ping_at)
-            keep("startup_ps_clean_s", s.ps_at)
-            keep("startup_ready_clean_s", s.wait_ready())
-            _kill9(d)  # after it served and loaded: what the next start recovers from
-            s = Start(d, count)
-            keep("startup_ping_kill9_s", s.ping_at)
-            keep("startup_ps_kill9_s", s.ps_at)
-            keep("full_recovery_kill9_s", s.wait_ready())
-            d.stop()  # clean again for the next round
-            keep("python_pass_s", _timed([sys.executable, "-c", "pass"])[0])
-            _, said = _timed([sys.executable, "-c", INDEX_READ, str(d.state_dir)])
-            keep("index_read_s", float(said))
-            floor = [sys.executable, "-I", "-c", FLOOR, str(d.state_dir / "sessions")]
-            keep("recovery_floor_s", _timed(floor)[0])
+            for name, value in _round(d, count, baseline).items():
+                figures.setdefault(name, []).append(value)
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -222,4 +218,31 @@ def measure(
         out["full_recovery_kill9_s"] / out["recovery_floor_s"], 2
     )
     out["startup_sessions"] = count
+    return out
+
+
+def _round(d: BenchDaemon, count: int, baseline: Path | None) -> dict[str, float]:
+    """One round, side by side: a clean start, a start after kill -9, the floors
+    (and the baseline's clean start)."""
+    out: dict[str, float] = {}
+    s = Start(d, count)
+    out["startup_ping_clean_s"], out["startup_ps_clean_s"] = s.ping_at, s.ps_at
+    out["startup_ready_clean_s"] = s.wait_ready()
+    _kill9(d)  # after it served and loaded: what the next start recovers from
+    s = Start(d, count)
+    out["startup_ping_kill9_s"], out["startup_ps_kill9_s"] = s.ping_at, s.ps_at
+    out["full_recovery_kill9_s"] = s.wait_ready()
+    d.stop()  # clean again for the next round
+    if baseline is not None:
+        s = Start(d, count, baseline)
+        out["baseline_ping_clean_s"], out["baseline_ps_clean_s"] = s.ping_at, s.ps_at
+        out["baseline_ready_clean_s"] = s.wait_ready()
+        d.stop()
+    out["python_pass_s"] = _timed([sys.executable, "-c", "pass"])[0]
+    # what a start pays before it can read anything (issue 27's lean import path)
+    out["daemon_import_s"] = _timed([sys.executable, "-c", "import sessiond.daemon.service"])[0]
+    _, said = _timed([sys.executable, "-c", INDEX_READ, str(d.state_dir)])
+    out["index_read_s"] = float(said)
+    floor = [sys.executable, "-I", "-c", FLOOR, str(d.state_dir / "sessions")]
+    out["recovery_floor_s"] = _timed(floor)[0]
     return out
