@@ -309,8 +309,7 @@ class Daemon:
         opening.begin(self._open_rest(opening), self.stopping)
 
     async def _open_rest(self, opening: Opening) -> None:
-        """The rest of a start-up from the index, in the background: what needs every
-        session; a failure ends the daemon as it would have ended its start-up."""
+        """The start-up's rest, from the index: a failure ends it as it ended before."""
         try:
             await opening.open_rest(self.faults)
             self.notices.start()  # every log read since each cursor, then it listens
@@ -461,6 +460,7 @@ class Daemon:
 
     async def reload(self) -> Reloaded:
         """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
+        await self.table.ready.wait()  # (a SIGHUP during the background load: after it)
         self.notifier.reloading()
         try:
             return await self._reload()
