@@ -437,8 +437,10 @@ class DaemonConfig(_Strict):
     # TEST ONLY (the race tests): a run's start waits at this point until the file
     # ``fault_hold_until`` exists, so a test can act while a start is under way:
     # "before-spawn" (the gate said ok, the program is not started yet) or
-    # "after-spawn" (the program runs, the daemon does not supervise it yet).
-    fault_hold: Literal["before-spawn", "after-spawn"] | None = None
+    # "after-spawn" (the program runs, the daemon does not supervise it yet);
+    # "open-rest" (a start-up from the table index serves, the sessions without
+    # work in flight are not opened yet).
+    fault_hold: Literal["before-spawn", "after-spawn", "open-rest"] | None = None
     fault_hold_until: Path | None = None
     watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)

@@ -59,6 +59,20 @@ def test_the_wake_and_sdk_benchmarks_run(tmp_path: Path) -> None:
     assert figures["sdk_tool_roundtrip_p50_ms"] > 0
 
 
+def test_the_startup_benchmark_runs() -> None:
+    from sessiond.bench import startup
+
+    work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
+    try:
+        figures = startup.measure(work, True, lambda _text: None, count=20, repeats=1)
+    finally:
+        __import__("shutil").rmtree(work, ignore_errors=True)
+    assert figures["startup_sessions"] == 20
+    assert 0 < figures["startup_ping_clean_s"] <= figures["startup_ps_clean_s"]
+    assert figures["full_recovery_kill9_s"] > 0
+    assert figures["recovery_floor_s"] > 0
+
+
 def test_the_load_benchmark_runs_without_errors() -> None:
     from sessiond.bench import load
 

@@ -30,6 +30,7 @@ from sessiond.bench import (
     memory,
     run_async,
     sandbox,
+    startup,
     steps,
     storage,
     wakes,
@@ -46,6 +47,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "rpc_ping_p50_ms": ("<=", 0.5, "ms"),
     "ps_10k_ms": ("<=", 100.0, "ms"),
     "startup_10k_s": ("<=", 3.0, "s"),
+    "startup_first_answer_s": ("<=", 1.0, "s (start to ps answered, clean stop or kill -9)"),
+    "startup_first_answer_ratio": ("<=", 1.0, "x (3 x python -c pass + the index read)"),
+    "full_recovery_floor_ratio": ("<=", 2.0, "x (after kill -9 / reading and parsing the files)"),
     "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
@@ -172,6 +176,7 @@ def measure(
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
+        results.update(startup.measure(work, quick, say))
         say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms (the sandbox's floor) ...")
         results.update(sandbox.floor(quick))
         results.update(wakes.measure(work, quick, say))
@@ -231,11 +236,20 @@ def main(argv: list[str] | None = None) -> int:
         help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
     )
     parser.add_argument(
+        "--startup-only",
+        type=int,
+        nargs="?",
+        const=10_000,
+        metavar="N",
+        help="only the start-up figures with N sessions (default 10,000): first answer "
+        "after a clean stop and after kill -9, full recovery, beside their floors",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         default=None,
-        help="with the loop figures: measure them too with the daemon of this source tree "
-        "(e.g. an older commit unpacked with git archive), side by side",
+        help="with the loop (and --startup-only) figures: measure them too with the daemon "
+        "of this source tree (e.g. an older commit unpacked with git archive), side by side",
     )
     args = parser.parse_args(argv)
     base = args.dir or Path(".bench-work")
@@ -250,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         results: Mapping[str, object]
         if args.sandbox_only:
             results = sandbox.measure(work, args.quick, say)
+        elif args.startup_only is not None:
+            results = startup.measure(
+                work, args.quick, say, args.startup_only, baseline=args.baseline
+            )
         else:
             results = measure(
                 work,

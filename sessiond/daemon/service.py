@@ -30,6 +30,7 @@ from sessiond import __version__, logs
 from sessiond.cluster.lease import LEASE_LOST_EXIT, make_store
 from sessiond.config import BadConfig, DaemonConfig, load_config
 from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
+from sessiond.daemon.opening import Opening, collected, opening_of
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
 from sessiond.gateway.server import Gateway, queue_of
@@ -179,6 +180,7 @@ class Daemon:
             else None
         )
 
+        self.faults = faults(config)
         self.kernel = Kernel(
             config,
             self.table,
@@ -186,12 +188,14 @@ class Daemon:
             self.cluster.seams if self.cluster is not None else ONE_MACHINE,
             notices=self.notices,
             triggers=triggers,
-            faults=faults(config),
+            faults=self.faults,
             model_source=source,
         )
         assert isinstance(self.kernel.triggers, Triggers)
         self.triggers: Triggers = self.kernel.triggers
         self.table.next_wake_fn = self.triggers.next_wake
+        self.opening = opening_of(self.table, self.store, self.lease, self.triggers, self.resume)
+        self.failure: BaseException | None = None  # what ended a start-up in the background
         # a cluster node's carried requests: any node's socket serves the whole cluster
         self.forward: Forward | None = None
         if self.cluster is not None:
@@ -253,6 +257,7 @@ class Daemon:
         # scan them again and again for nothing. Collect once after, then freeze
         # them out of its way (the process table lives as long as the daemon).
         gc.disable()
+        opening = self.opening
         try:
             # A create, fork or import cut off by the crash left a folder that never
             # became a session (the rename is the commit): nothing to keep.
@@ -260,15 +265,15 @@ class Daemon:
                 log.warning("leftover.removed", folder=entry)
             if self.lease is not None:
                 await self.lease.start()
-            await self.table.load()
+            # from the index: only what it cannot vouch for now, the rest after serving
+            await self.table.load(opening.plan() if opening is not None else None)
         finally:
-            gc.enable()
-            gc.collect()
-            gc.freeze()
-        self.store.sync_on_recover = True
-        # before anything appends: what the logs hold since each target's cursor is
-        # queued, then every append reaches the targets
-        self.notices.start()
+            if opening is None:
+                collected()
+        if opening is None:  # (from the index: once every session is open, _open_rest)
+            self.store.sync_on_recover = True
+            # before anything appends: what the logs hold since each target's cursor
+            self.notices.start()  # is queued, then every append reaches the targets
         self.traces.start()
         await self._clear_leftovers()
         self.kernel.ctx.spawner.start()
@@ -277,13 +282,12 @@ class Daemon:
         await self._start_gateway()  # before any run starts: runs get its address
         cut_off = await self.kernel.runs.recover_cut_off_runs()
         await self.kernel.handover.recover()  # hand-overs a crash left half recorded
-        if self.config.specs is not None:
-            result = await self.sync_specs()
-            for error in result["errors"]:
-                log.error("spec.refused", error=error)
+        if opening is None:
+            await self._sync_specs_logged()
         self.triggers.arm_all()
         self._resume_waiting(cut_off)
-        await self._start_web()  # before the socket: `sessionctl web` needs its port
+        if opening is None:  # before the socket: `sessionctl web` needs its port (which
+            await self._start_web()  # waits, from the index, for the whole start-up)
         if self.cluster is not None and self.forward is not None:
             # from now on: take over what dead nodes leave, deliver messages, carry
             # requests (nothing awaits in between: no request comes before)
@@ -297,6 +301,34 @@ class Daemon:
             (signal.SIGHUP, lambda: asyncio.ensure_future(self.reload())),
         ):
             asyncio.get_running_loop().add_signal_handler(sig, handler)
+        self.table.recovered.set()
+        if opening is None:
+            self._ready()
+            return
+        log.info("daemon.serving", sessions=len(self.table), opening=len(self.table.pending))
+        opening.begin(self._open_rest(opening), self.stopping)
+
+    async def _open_rest(self, opening: Opening) -> None:
+        """The start-up's rest, from the index: a failure ends it as it ended before."""
+        try:
+            await opening.open_rest(self.faults)
+            self.notices.start()  # every log read since each cursor, then it listens
+            await self._sync_specs_logged()
+            await self._start_web()  # its pages list every session
+            self._ready()
+        except Exception as exc:
+            log.exception("daemon.start_failed")
+            self.failure = exc
+            self.stopping.set()
+
+    async def _sync_specs_logged(self) -> None:
+        if self.config.specs is not None:
+            for error in (await self.sync_specs())["errors"]:
+                log.error("spec.refused", error=error)
+
+    def _ready(self) -> None:
+        self.table.loading = False
+        self.table.ready.set()
         states: dict[str, int] = {}
         for s in self.table:
             states[s.state] = states.get(s.state, 0) + 1
@@ -428,6 +460,7 @@ class Daemon:
 
     async def reload(self) -> Reloaded:
         """SIGHUP / `sessionctl reload`: re-read configuration and specs."""
+        await self.table.ready.wait()  # (a SIGHUP during the background load: after it)
         self.notifier.reloading()
         try:
             return await self._reload()
@@ -506,6 +539,8 @@ class Daemon:
         await self.kernel.ctx.spawner.close(self.config.shutdown_grace + 5)
         if self.gateway is not None:  # after the runs: their last calls are recorded
             await self.gateway.close()
+        if self.opening is not None:  # after the runs, before the timers: the index
+            await self.opening.close()
         await self.triggers.close()  # after the runs: their ends re-arm `every` timers
         await self.notices.close()  # after the runs; what is undelivered goes at the next start
         await self.traces.close()
@@ -524,6 +559,8 @@ async def serve(config: DaemonConfig, env: dict[str, str]) -> None:
     await daemon.start()
     await daemon.stopping.wait()
     await daemon.stop()
+    if daemon.failure is not None:
+        raise daemon.failure
 
 
 def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -> int:

@@ -24,6 +24,7 @@ from sessiond.errors import InvalidInput, SessiondError, recognised
 from sessiond.ipc.bundles import BundleStream
 from sessiond.ipc.follow import LogStream
 from sessiond.ipc.frames import Frames, error, reply
+from sessiond.ipc.opening import opened_for
 from sessiond.ipc.params import (
     ApplyParams,
     ApproveParams,
@@ -414,6 +415,8 @@ class Dispatch:
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
             params = self._admit(caller, method, request, params)
+            # a start-up still opening sessions: the ones this request names first
+            await opened_for(self.kernel.table, method, params)
             # after the peer checks, here: a program's only as its spec grants
             if self.forward is not None and not method.startswith("sdk."):
                 routed, result = await self.forward.route(method, params, caller.who())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -43,7 +43,7 @@ class Inspection:
             "protocol": 1,
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.ctx.table.started, 3),
-            "sessions": len(self.ctx.table),
+            "sessions": len(self.ctx.table) + len(self.ctx.table.pending),
             "state_dir": str(self.ctx.config.state_dir),
         }
 
@@ -51,7 +51,11 @@ class Inspection:
         from sessiond.table.sessions import summary
 
         fn = self.ctx.table.next_wake_fn
-        rows = [summary(s, fn) for s in sorted(self.ctx.table, key=lambda s: s.name)]
+        table = self.ctx.table
+        rows = [summary(s, fn) for s in table]
+        if table.pending:  # a start-up still opening sessions: theirs from the table index
+            rows += [cast(PsRow, dict(row)) for row in table.pending.values()]
+        rows.sort(key=lambda r: str(r["name"]))
         cluster = self.ctx.config.cluster
         if cluster.dsn is not None:  # a cluster node's rows say which node runs them
             for row in rows:

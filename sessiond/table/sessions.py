@@ -139,6 +139,19 @@ class Table:
         # the daemon: sessiond.runs.secrets): masked from the moment a session is
         # in the table, not only from its first run (a message may bring one).
         self.secret_values: Callable[[SessionSpec], frozenset[str]] | None = None
+        # A start-up that serves before every session is open (the daemon, from the
+        # table index: sessiond.table.index) sets ``loading`` until all are. Meanwhile
+        # ``pending`` holds the ps rows of the sessions not opened yet; a request
+        # naming one opens it first (``ensure``); ``opened`` is told of each one
+        # opened so (the daemon arms its triggers and resumes what waits).
+        self.loading = False
+        self.pending: dict[str, PsRow] = {}
+        self.opened: Callable[[Session], None] | None = None
+        self._opening: dict[str, asyncio.Future[None]] = {}
+        # set once the sessions with work in flight are open and recovered (ps and a
+        # request naming a session wait for it), and once the whole start-up is done
+        self.recovered = asyncio.Event()
+        self.ready = asyncio.Event()
 
     def __iter__(self) -> Iterator[Session]:
         return iter(self.sessions.values())
@@ -273,12 +286,47 @@ class Table:
             os.replace(tmp, cache)
         return spec
 
-    async def load(self) -> None:
-        for name in self.store.names_to_load():
+    async def load(self, names: list[str] | None = None) -> None:
+        """Open every session (or those ``names``), one after the other."""
+        for name in self.store.names_to_load() if names is None else names:
             try:
                 self.adopt(await self.open_session(name))
             except LogLocked as exc:  # a cluster node that claimed it first keeps it
                 log.info("session.elsewhere", session=name, why=str(exc))
+
+    async def ensure(self, name: str) -> None:
+        """Open ``name`` now if it is listed and not opened yet; return once it is
+        in the table (or cannot be: the syscall then says why). Each session is
+        opened once, whoever asks first (a request, the background load)."""
+        if name not in self.pending:
+            return
+        task = self._opening.get(name)
+        if task is None:
+            task = self._opening[name] = asyncio.ensure_future(self._open_pending(name))
+        await asyncio.shield(task)
+
+    async def _open_pending(self, name: str) -> None:
+        try:
+            session = await self.open_session(name)
+        except LogLocked as exc:
+            log.info("session.elsewhere", session=name, why=str(exc))
+            self.pending.pop(name, None)
+            return
+        except Exception as exc:  # a bug: the session is listed, refused with the reason
+            log.exception("session.unopened", session=name)
+            session = Session(name, None, broken=f"cannot be opened: {exc}")
+        finally:
+            self._opening.pop(name, None)
+        # in the table and off the pending list at once: ps never misses it
+        self.pending.pop(name, None)
+        self.adopt(session)
+        if self.opened is not None:
+            self.opened(session)
+
+    async def open_pending(self) -> None:
+        """Open every listed session, in the order listed (the background load)."""
+        while self.pending:
+            await self.ensure(next(iter(self.pending)))
 
     async def close(self) -> None:
         """Snapshot every session that moved since its last snapshot (so the next

@@ -1,0 +1,186 @@
+"""A start-up that serves at once: the table index read, the sessions opened after.
+
+``Daemon.start`` opens first the sessions the index cannot vouch for (no entry,
+a log or spec that moved past its entry, work in flight), recovers them, starts
+the socket, then opens the rest in the background, soonest timed wake first
+(sessiond.table.index says how entries are checked; sessiond.ipc.opening what a
+request waits for meanwhile). This module wires the index to the table and the
+triggers: where an entry comes from, and what the daemon keeps of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from sessiond.log.store.base import Store
+from sessiond.log.store.files import FileStore
+from sessiond.runs.faults import Faults
+from sessiond.table.index import INDEX_NAME, Entry, IndexKeeper, entry_for, plan, read_index
+from sessiond.table.sessions import Session, Table
+from sessiond.wake.triggers import Triggers
+
+log = structlog.get_logger(__name__)
+
+WAKE_LEAD = 1.0  # seconds: a session is opened this long before its next timed wake
+
+
+class Opening:
+    """The table index of one daemon: read at start-up, kept up to date after."""
+
+    def __init__(self, table: Table, store: FileStore, triggers: Triggers, resume: Resume) -> None:
+        self.table = table
+        self.store = store
+        self.triggers = triggers
+        self.resume = resume
+        self.sessions_dir = store.sessions_dir
+        self._loader: asyncio.Task[None] | None = None
+        self._halter: asyncio.Task[None] | None = None
+        self.incomplete = False  # the index lacked entries (or had stale ones) at start
+        self._watch_restart: asyncio.Handle | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._wakes: set[asyncio.Future[None]] = set()
+        self.keeper = IndexKeeper(
+            store.root / INDEX_NAME,
+            self.sessions_dir,
+            self.entry_of,
+            lambda: [*table.sessions, *table.pending],
+        )
+        # every durable append marks its session; before anything appends
+        table.listen(self.keeper.note)
+        table.opened = self.opened
+
+    def entry_of(self, name: str) -> Entry | None:
+        s = self.table.sessions.get(name)
+        if s is None:
+            return None
+        return entry_for(s, self.sessions_dir, self.table.next_wake_fn, self.wake_at(name))
+
+    def wake_at(self, name: str) -> float | None:
+        """The session's next timed wake (cron, every), seconds since the epoch."""
+        armed = self.triggers.armed.get(name)
+        if armed is None or not armed.next_fires:
+            return None
+        return min(armed.next_fires.values()).timestamp()
+
+    def plan(self) -> list[str]:
+        """Read the index and check it against the logs: the sessions the index
+        vouches for are listed in the table as pending; return the others, the
+        ones to open (and recover) before serving."""
+        entries, lines = read_index(self.keeper.path)
+        planned = plan(self.sessions_dir, entries)
+        self.keeper.kept = {name: entries[name] for name in planned["rest"]}
+        self.keeper.lines = lines
+        self.incomplete = len(planned["first"]) > 0  # rewritten whole once all are open
+        self.table.pending = {name: e["row"] for name, e in planned["rest"].items()}
+        self.table.loading = True
+        log.info(
+            "index.read",
+            entries=len(entries),
+            listed=len(planned["rest"]),
+            opened_first=len(planned["first"]),
+        )
+        return planned["first"]
+
+    def begin(self, rest: Coroutine[Any, Any, None], stopping: asyncio.Event) -> None:
+        """Serving now: keep the index from here on, and open the rest (``rest``:
+        the daemon's, which calls :meth:`open_rest` and then needs every session),
+        until the daemon stops (``stopping``: the load ends there, not later)."""
+        self.keeper.start()
+        self._loader = asyncio.ensure_future(rest)
+        self._halter = asyncio.ensure_future(self._halt_on(stopping))
+        # A timed wake due before the load reaches its session opens it in time (it
+        # is armed when opened, from its log; a cron missed by then is caught up).
+        loop = asyncio.get_running_loop()
+        now = self.triggers.timers.clock()  # the daemon's clock, as the timers'
+        for name, entry in self.keeper.kept.items():
+            wake_at = entry["wake_at"]
+            if wake_at is not None and name in self.table.pending:
+                delay = max(0.0, wake_at - now - WAKE_LEAD)
+                self._timers.append(loop.call_later(delay, self._open_for_wake, name))
+
+    async def _halt_on(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        self._halt()
+
+    def _halt(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
+
+    def _open_for_wake(self, name: str) -> None:
+        if name in self.table.pending:
+            self._wakes.add(task := asyncio.ensure_future(self.table.ensure(name)))
+            task.add_done_callback(self._wakes.discard)
+
+    async def open_rest(self, faults: Faults) -> None:
+        """Open every session still pending, then make what was appended meanwhile
+        durable (a notify target reads each log up to its end before it listens)."""
+        try:
+            await faults.hold("open-rest", "")
+            await self.table.open_pending()
+        finally:
+            collected()
+        self.store.sync_on_recover = True
+        for s in list(self.table):
+            if s.journal_or_none is not None:
+                await s.journal.flush()
+        if self.incomplete:
+            try:
+                await self.keeper.rewrite()
+            except OSError as exc:  # a cache: the next start opens those sessions first
+                log.warning("index.unwritten", path=str(self.keeper.path), why=str(exc))
+
+    def opened(self, s: Session) -> None:
+        """A session opened after the socket started: armed and resumed as the ones
+        opened before it were (one watcher restart for a batch of them)."""
+        self.triggers.arm(s)
+        if self._watch_restart is None:
+            self._watch_restart = asyncio.get_running_loop().call_soon(self._restart_watcher)
+        self.resume(s)
+
+    def _restart_watcher(self) -> None:
+        self._watch_restart = None
+        self.triggers.watcher.restart()
+
+    async def close(self) -> None:
+        """At a stop: the load ends where it is (what is not opened keeps its entry),
+        and every session's entry is written, durably: what the next start reads."""
+        self._halt()
+        if self._halter is not None:
+            self._halter.cancel()
+        if self._loader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loader
+        await self.keeper.close()
+        try:
+            self.keeper.write_whole(durable=True)
+        except OSError as exc:  # a cache: the next start opens every session from its log
+            log.warning("index.unwritten", path=str(self.keeper.path), why=str(exc))
+
+
+Resume = Callable[[Session], None]
+
+
+def opening_of(
+    table: Table, store: Store, lease: object, triggers: Triggers, resume: Callable[..., None]
+) -> Opening | None:
+    """The daemon's table index: on one machine's files (a cluster node opens what
+    its lease gives it, and has no index)."""
+    if not isinstance(store, FileStore) or lease is not None:
+        return None
+    return Opening(table, store, triggers, lambda s: resume(s, cut_off=False))
+
+
+def collected() -> None:
+    """After a load: collect once, then freeze what was loaded out of the cyclic
+    collector's way (the process table lives as long as the daemon)."""
+    gc.enable()
+    gc.collect()
+    gc.freeze()

@@ -1,0 +1,41 @@
+"""What a request waits for while the daemon is still opening its sessions.
+
+A daemon started from its table index (sessiond.table.index) serves at once and
+opens its sessions in the background. Meanwhile, a request waits only for what
+it needs: ``ping`` for nothing; ``ps`` for the sessions with work in flight (the
+rest are listed from the index, checked against their logs); a request naming
+sessions for those (each opened at once if the background load has not reached
+it yet); anything else (``create``, ``reload``, ``gc``, a ``merge`` into a parent
+it does not name, …) for the whole start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sessiond.table.sessions import Table
+
+# The params that name a session (a name that is none is opened as none: nothing).
+NAMING = ("name", "new", "child", "into", "to", "session")
+# Methods that may reach a session they do not name: they wait for every session.
+WHOLE = frozenset({"merge", "create", "import", "reload", "gc", "web.rows", "web.login"})
+
+
+# params: the request's, unparsed (any method's; only its naming keys are read)
+async def opened_for(table: Table, method: str, params: Mapping[str, Any]) -> None:
+    """Return once ``method`` with ``params`` may be served (at once when the
+    table is loaded). ``params`` is the request's, not parsed yet (open: any
+    method's; only its naming keys are read, and a non-string is none)."""
+    if not table.loading or method == "ping":
+        return
+    if method == "ps":
+        await table.recovered.wait()
+        return
+    names = [v for key in NAMING if isinstance(v := params.get(key), str)]
+    if not names or method in WHOLE:
+        await table.ready.wait()
+        return
+    await table.recovered.wait()
+    for name in names:
+        await table.ensure(name)
