@@ -33,9 +33,13 @@ form asserts: every session placed and owned once, none lost, cron once).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import random
 import shutil
+import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -293,3 +297,123 @@ def run(
         db.close()
         shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.0f}"
+
+
+def spread(kib: list[int]) -> str:
+    return f"{mib(min(kib))}-{mib(max(kib))}"
+
+
+def skew(p: dict[str, Any]) -> str:
+    return f"{p['skew_max_over_mean']} (max {p['max']}, min {p['min']}, from {p['source']})"
+
+
+def table(f: dict[str, Any]) -> str:
+    """The figures of one fleet, a line each."""
+    fo, cron, tp = f["failover"], f["cron"], f.get("throughput")
+    rss = f["rss_kib_steady"]
+    rows = [
+        ("fleet", f"{f['nodes']} nodes x {f['sessions']} sessions, lease_ttl {f['lease_ttl_s']} s"),
+        ("load average", f"{f['load_before']} before, {f['load_after']} after"),
+        ("created", f"{f['create']['per_s']} sessions/s ({f['create']['seconds']} s)"),
+        ("skew, created", skew(f["placement_created"])),
+        (
+            "append throughput",
+            f"{tp['events_per_s']} events/s ({tp['sends_per_s']} sends/s, {tp['clients']} clients)"
+            if tp
+            else "-",
+        ),
+        (
+            "failover",
+            f"{fo['victim']}'s {fo['sessions']}: p50 {fo['p50_s']} s, p99 {fo['p99_s']} s, "
+            f"max {fo['max_s']} s; {fo['not_taken_over']} never taken over in {fo['waited_s']} s",
+        ),
+        ("skew, failed over", skew(f["placement_failed_over"])),
+        (f"skew, back {f['placement_returned']['after_s']} s", skew(f["placement_returned"])),
+        (
+            "cron once",
+            f"{cron['distinct']} fire times in {cron['minutes']} minutes: "
+            f"{cron['twice']} twice, {cron['missed']} missed",
+        ),
+        (
+            "PG connections",
+            f"{f['connections_idle_fleet']['total']} idle fleet, "
+            f"{f['connections_steady']['total']} steady, {f['connections_max']} max "
+            f"(max_connections {f['max_connections_setting']})",
+        ),
+        (
+            "RSS MiB per node",
+            f"daemon {spread([r[0] for r in rss.values()])}, "
+            f"spawner {spread([r[1] for r in rss.values()])}; "
+            f"both at most {mib(max(f['rss_kib_max'].values()))}",
+        ),
+    ]
+    return "\n".join(f"{k:<22}{v}" for k, v in rows)
+
+
+CURVE_COLUMNS = (
+    ("nodes", lambda f: f["nodes"]),
+    ("sessions", lambda f: f["sessions"]),
+    ("create/s", lambda f: f["create"]["per_s"]),
+    ("skew", lambda f: f["placement_created"]["skew_max_over_mean"]),
+    ("events/s", lambda f: (f.get("throughput") or {}).get("events_per_s", "-")),
+    ("fo p50 s", lambda f: f["failover"]["p50_s"]),
+    ("fo p99 s", lambda f: f["failover"]["p99_s"]),
+    ("stranded", lambda f: f["failover"]["not_taken_over"]),
+    ("skew fo", lambda f: f["placement_failed_over"]["skew_max_over_mean"]),
+    ("skew back", lambda f: f["placement_returned"]["skew_max_over_mean"]),
+    ("conns max", lambda f: f["connections_max"]),
+    ("RSS MiB", lambda f: mib(max(f["rss_kib_max"].values()))),
+    ("cron 2x/miss", lambda f: f"{f['cron']['twice']}/{f['cron']['missed']}"),
+)
+
+
+def curve_table(points: list[dict[str, Any]]) -> str:
+    head = [c for c, _ in CURVE_COLUMNS]
+    body = [[str(get(f)) for _, get in CURVE_COLUMNS] for f in points]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *body]
+    )
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(
+    points: list[tuple[int, int]], ttl: float, clients: int, send_s: float, settle: float
+) -> int:
+    """Each (nodes, sessions) point on a database of its own, one server: a table
+    each, the curve, then every figure as JSON."""
+    from sessiond.bench import machine
+    from sessiond.localpg import LocalPostgres, bindir
+    from sessiond.log.store.pg import schema
+
+    server = LocalPostgres(Path(tempfile.mkdtemp(prefix="sessiond-fleet-pg-")), bindir())
+    work = Path(tempfile.mkdtemp(prefix="sessiond-fleet-"))
+    figures: list[dict[str, Any]] = []
+    try:
+        server.init()
+        server.start()
+        for i, (count, sessions) in enumerate(points, 1):
+            server.createdb(f"fleet{i}")
+            dsn = server.dsn_for(f"fleet{i}")
+            schema.migrate(dsn)
+            before = load()
+            got = run(dsn, work / f"p{i}", count=count, sessions=sessions, ttl=ttl,
+                      clients=clients, send_seconds=send_s, settle=settle,
+                      say=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+            figures.append({**got, "load_before": before, "load_after": load()})
+            print(table(figures[-1]), end="\n\n", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(server.folder, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    if len(figures) > 1:
+        print(curve_table(figures), end="\n\n")
+    print(json.dumps({"machine": machine(), "fleets": figures}, indent=2))
+    return 0
