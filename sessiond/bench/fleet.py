@@ -283,6 +283,10 @@ def run(
         out["connections_max"] = sampler.max_connections
         out["rss_kib_max"] = dict(sampler.max_rss)
         out["max_connections_setting"] = int(db.one("SHOW max_connections"))
+        # a node that ended by itself (its lease lapsed under load: exit 75) says so
+        out["ended_by_itself"] = {
+            n.name: n.proc.returncode for n in nodes if n.proc is not None and not n.up
+        }
         correct["sessions_in_db"] = int(db.one("SELECT count(*) FROM sessions"))
         correct["unowned_in_db"] = int(db.one("SELECT count(*) FROM sessions WHERE owner IS NULL"))
         out["correct"] = correct

@@ -84,6 +84,7 @@ class FleetNode:
         self.taken: dict[str, float] = {}  # session: monotonic time its take-over was logged
         self.tail: deque[bytes] = deque(maxlen=20)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
 
     def launch(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
@@ -102,7 +103,8 @@ class FleetNode:
             stderr=subprocess.PIPE,
             env=env,
         )
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -126,6 +128,12 @@ class FleetNode:
                     self.taken.setdefault(session, now)
             else:
                 self.tail.append(raw)
+        proc.stderr.close()
+
+    def _reaped(self) -> None:
+        """Once its process has ended: its log read to the end, the pipe closed."""
+        if self._reader is not None:
+            self._reader.join(30)
 
     @property
     def up(self) -> bool:
@@ -142,6 +150,7 @@ class FleetNode:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(60)
+        self._reaped()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -150,6 +159,7 @@ class FleetNode:
                 self.proc.wait(120)
             except subprocess.TimeoutExpired:
                 self.kill9()
+        self._reaped()
 
 
 def start_all(nodes: list[FleetNode]) -> None:
