@@ -185,6 +185,10 @@ def failover(nodes: list[FleetNode], db: Db, victim: FleetNode, ttl: float) -> d
         "max_s": round(max(seconds), 2) if seconds else None,
         "moved_to": moved_to,
         "not_on_a_survivor": sum(1 for s in theirs if str(owners.get(s)) not in by_name),
+        # how fast the survivors claim, replay and arm: the fleet's take-over rate
+        "taken_per_s": round(len(seconds) / (max(seconds) - min(seconds)))
+        if len(seconds) > 1 and max(seconds) > min(seconds)
+        else None,
         "taken_over": len(seconds),
         "not_taken_over": len(theirs) - len(seconds),
         "waited_s": round(waited, 1),
@@ -240,6 +244,18 @@ def steady(
     return out
 
 
+def size(db: Db) -> dict[str, Any]:
+    """What the fleet left in the database: for the plan's arithmetic (docs/scale.md)."""
+    events, avg = db.rows("SELECT count(*), coalesce(avg(octet_length(line)), 0) FROM events")[0]
+    return {
+        "events": int(events),
+        "event_line_bytes_avg": round(float(avg)),
+        "events_table_bytes": int(db.one("SELECT pg_total_relation_size('events')")),
+        "sessions_table_bytes": int(db.one("SELECT pg_total_relation_size('sessions')")),
+        "database_bytes": int(db.one("SELECT pg_database_size(current_database())")),
+    }
+
+
 def run(
     dsn: str,
     folder: Path,
@@ -287,6 +303,7 @@ def run(
         out["ended_by_itself"] = {
             n.name: n.proc.returncode for n in nodes if n.proc is not None and not n.up
         }
+        out["database"] = size(db)
         correct["sessions_in_db"] = int(db.one("SELECT count(*) FROM sessions"))
         correct["unowned_in_db"] = int(db.one("SELECT count(*) FROM sessions WHERE owner IS NULL"))
         out["correct"] = correct
