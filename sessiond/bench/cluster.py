@@ -296,7 +296,7 @@ def main() -> int:
     fleet.add_argument(
         "--curve", metavar="NxM,...", help="several fleets in one run, e.g. 3x1000,5x5000,10x10000"
     )
-    fleet.add_argument("--lease-ttl", type=float, default=5.0, metavar="S", help="default 5")
+    fleet.add_argument("--lease-ttl", type=float, default=10.0, metavar="S", help="default 10")
     fleet.add_argument("--clients", type=int, default=8, help="requests at once (default 8)")
     fleet.add_argument("--send-seconds", type=float, default=10.0, metavar="S", help="default 10")
     fleet.add_argument(
