@@ -51,6 +51,7 @@ from sessiond.bench.daemon import call
 from sessiond.bench.fleet_nodes import (
     CRON,
     Db,
+    Figures,
     FleetNode,
     Sampler,
     calling,
@@ -88,7 +89,7 @@ def _until(check: Any, timeout: float, what: str) -> Any:
         time.sleep(0.05)  # a tool polling a fleet, not a test
 
 
-def owned_once(nodes: list[FleetNode], expected: set[str]) -> dict[str, Any]:
+def owned_once(nodes: list[FleetNode], expected: set[str]) -> Figures:
     """``ps`` through one node lists the whole fleet, each row from the node that
     runs it: every session once, each owned by a live node."""
     live = [n for n in nodes if n.up]
@@ -106,7 +107,7 @@ def owned_once(nodes: list[FleetNode], expected: set[str]) -> dict[str, Any]:
 
 def throughput(
     nodes: list[FleetNode], db: Db, names: list[str], seconds: float, clients: int
-) -> dict[str, Any]:
+) -> Figures:
     """``send`` through each session's owner, ``clients`` at once, for ``seconds``."""
     owner = dict(db.rows("SELECT name, owner FROM sessions WHERE name = ANY(%s)", (names,)))
     by_name = {n.name: n for n in nodes}
@@ -136,7 +137,7 @@ def throughput(
     }
 
 
-def failover(nodes: list[FleetNode], db: Db, victim: FleetNode, ttl: float) -> dict[str, Any]:
+def failover(nodes: list[FleetNode], db: Db, victim: FleetNode, ttl: float) -> Figures:
     """kill -9 of ``victim``: per session of its, kill until a survivor's take-over."""
     theirs = [
         str(r[0]) for r in db.rows("SELECT name FROM sessions WHERE owner = %s", (victim.name,))
@@ -198,7 +199,7 @@ def failover(nodes: list[FleetNode], db: Db, victim: FleetNode, ttl: float) -> d
     }
 
 
-def cron_once(db: Db, killed_at: datetime) -> dict[str, Any]:
+def cron_once(db: Db, killed_at: datetime) -> Figures:
     """The cron session's fires: each fire time once, one per minute it lived."""
     fires = _until(
         lambda: (
@@ -227,10 +228,10 @@ def cron_once(db: Db, killed_at: datetime) -> dict[str, Any]:
 
 def steady(
     nodes: list[FleetNode], db: Db, ws: Path, *, sessions: int, clients: int, send_s: float
-) -> dict[str, Any]:
+) -> Figures:
     """Steps 1 to 3: the cron session and ``sessions`` tiny ones created, placement,
     connections, append throughput, RSS."""
-    out: dict[str, Any] = {"connections_idle_fleet": db.connections()}
+    out: Figures = {"connections_idle_fleet": db.connections()}
     spec = CRON.format(name=CRON_NAME, ws=ws)
     call(nodes[0].socket, "create", {"spec": spec, "base": str(ws), "source": CRON_NAME})
     names = [f"s{i:06d}" for i in range(sessions)]
@@ -246,7 +247,7 @@ def steady(
     return out
 
 
-def size(db: Db) -> dict[str, Any]:
+def size(db: Db) -> Figures:
     """What the fleet left in the database: for the plan's arithmetic (docs/scale.md)."""
     events, avg = db.rows("SELECT count(*), coalesce(avg(octet_length(line)), 0) FROM events")[0]
     return {
@@ -269,7 +270,7 @@ def run(
     send_seconds: float = 10.0,
     settle: float = 15.0,
     say: Any = print,
-) -> dict[str, Any]:
+) -> Figures:
     """The fleet's figures (module docstring); ``folder`` holds the nodes and the
     sessions' shared workspace, and is removed after."""
     ws = folder / "ws"
@@ -277,13 +278,13 @@ def run(
     nodes = [FleetNode(folder / f"f{i}", dsn, f"f{i}", ttl, ws) for i in range(1, count + 1)]
     db = Db(dsn)
     sampler: Sampler | None = None
-    out: dict[str, Any] = {"nodes": count, "sessions": sessions, "lease_ttl_s": ttl}
+    out: Figures = {"nodes": count, "sessions": sessions, "lease_ttl_s": ttl}
     expected = {*(f"s{i:06d}" for i in range(sessions)), CRON_NAME}
     try:
         start_all(nodes)
         sampler = Sampler(db, nodes)
         out.update(steady(nodes, db, ws, sessions=sessions, clients=clients, send_s=send_seconds))
-        correct: dict[str, Any] = {"created": owned_once(nodes, expected)}
+        correct: Figures = {"created": owned_once(nodes, expected)}
         say(f"{count} nodes, {sessions} sessions created in {out['create']['seconds']} s")
         victim = next(n for n in nodes if n.name == db.owner_of([CRON_NAME])[CRON_NAME])
         killed_at = datetime.fromisoformat(str(db.one("SELECT now()")))
@@ -329,11 +330,11 @@ def spread(kib: list[int]) -> str:
     return f"{mib(min(kib))}-{mib(max(kib))}"
 
 
-def skew(p: dict[str, Any]) -> str:
+def skew(p: Figures) -> str:
     return f"{p['skew_max_over_mean']} (max {p['max']}, min {p['min']}, from {p['source']})"
 
 
-def table(f: dict[str, Any]) -> str:
+def table(f: Figures) -> str:
     """The figures of one fleet, a line each."""
     fo, cron, tp = f["failover"], f["cron"], f.get("throughput")
     rss = f["rss_kib_steady"]
@@ -393,7 +394,7 @@ CURVE_COLUMNS = (
 )
 
 
-def curve_table(points: list[dict[str, Any]]) -> str:
+def curve_table(points: list[Figures]) -> str:
     head = [c for c, _ in CURVE_COLUMNS]
     body = [[str(get(f)) for _, get in CURVE_COLUMNS] for f in points]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
@@ -417,7 +418,7 @@ def main(
 
     server = LocalPostgres(Path(tempfile.mkdtemp(prefix="sessiond-fleet-pg-")), bindir())
     work = Path(tempfile.mkdtemp(prefix="sessiond-fleet-"))
-    figures: list[dict[str, Any]] = []
+    figures: list[Figures] = []
     try:
         server.init()
         server.start()

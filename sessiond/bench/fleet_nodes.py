@@ -24,6 +24,10 @@ from sessiond.bench.daemon import BIN, call
 from sessiond.codec import decode_line
 from sessiond.wire import RemoteError
 
+# The bench's figures and a request's params: JSON as printed or sent, a shape a
+# phase (docs/scale.md says each), read back only by the table and the test.
+Figures = dict[str, Any]
+
 # A tiny program, run only when asked (no trigger): what 10,000 sleeping sessions
 # of a fleet cost, not what their programs do.
 TINY = (
@@ -179,7 +183,7 @@ def start_all(nodes: list[FleetNode]) -> None:
         node.wait_ready()
 
 
-def calling(node: FleetNode, method: str, params: dict[str, Any], ok: str = "") -> Any:
+def calling(node: FleetNode, method: str, params: Figures, ok: str = "") -> Any:
     """``call``, again while ``node`` is being started again (unreachable, exit 3),
     for up to two minutes; an error whose code is ``ok`` counts as done (a
     ``create`` that landed before its node ended)."""
@@ -282,11 +286,11 @@ class Sampler:
         self._thread.join(10)
 
 
-def placement(nodes: list[FleetNode], db: Db) -> dict[str, Any]:
+def placement(nodes: list[FleetNode], db: Db) -> Figures:
     """Sessions per live node: from ``nodes`` (``sessionctl nodes --json``), with
     the load figures it has when it has them; from the database where it has not."""
     live = [n for n in nodes if n.up]
-    rows: list[dict[str, Any]] = []
+    rows: list[Figures] = []
     for node in live:
         try:
             rows = call(node.socket, "nodes", {})
