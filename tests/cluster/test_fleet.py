@@ -26,7 +26,11 @@ def test_a_fleet_places_each_session_once_and_loses_none_when_a_node_dies(pg_dsn
         say=lambda _: None,
     )
     every = SESSIONS + 1  # and the cron session
-    correct = got["correct"]
+    # each listing, without how many looks it took (sessions move meanwhile)
+    correct = {
+        k: ({f: n for f, n in v.items() if f != "looks"} if isinstance(v, dict) else v)
+        for k, v in got["correct"].items()
+    }
     # placed: listed once by the fleet (each row from the node that runs it), on a live node
     whole = {"listed": every, "twice": 0, "missing": 0, "not_on_a_live_node": 0}
     assert correct["created"] == whole
