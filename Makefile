@@ -127,6 +127,14 @@ bench: $(STAMP)
 bench-cluster: $(STAMP)
 	$(BIN)/python -m sessiond.bench.cluster --nodes
 
+# A fleet on one PostgreSQL (docs/scale.md): 10 nodes x 10,000 sessions unless
+# FLEET says otherwise, e.g. FLEET='--curve 3x1000,5x5000,10x10000'; niced (a
+# shared machine). `make test` runs 3 x 1,000 for correctness (tests/cluster/test_fleet.py).
+.PHONY: bench-fleet
+FLEET ?= --fleet-nodes 10 --sessions 10000
+bench-fleet: $(STAMP)
+	nice $(BIN)/python -m sessiond.bench.cluster --fleet $(FLEET)
+
 # sessiond beside supervisord (installed into the venv for this), in one run.
 compare: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

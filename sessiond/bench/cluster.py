@@ -20,6 +20,11 @@ Starts a PostgreSQL of its own (sessiond.localpg: fsync on, ``synchronous_commit
 
 ``--nodes`` adds the figures of real ``sessiond`` nodes (cluster_nodes.py): a
 cross-node wake end to end, and failover over several rounds.
+
+``--fleet`` (``--fleet-nodes N --sessions M``, or ``--curve 3x1000,10x10000``)
+measures instead a fleet of N nodes and M sessions on one PostgreSQL: placement
+skew, append throughput, failover of a node's sessions, connections, cron once,
+RSS (fleet.py).
 """
 
 from __future__ import annotations
@@ -282,7 +287,38 @@ def main() -> int:
     parser.add_argument(
         "--nodes", action="store_true", help="also real nodes: wake end to end, failover rounds"
     )
+    fleet = parser.add_argument_group("the fleet (sessiond/bench/fleet.py)")
+    fleet.add_argument(
+        "--fleet", action="store_true", help="only the fleet: N real nodes on one PostgreSQL"
+    )
+    fleet.add_argument("--fleet-nodes", type=int, default=10, metavar="N", help="default 10")
+    fleet.add_argument("--sessions", type=int, default=10_000, metavar="M", help="default 10000")
+    fleet.add_argument(
+        "--curve", metavar="NxM,...", help="several fleets in one run, e.g. 3x1000,5x5000,10x10000"
+    )
+    fleet.add_argument("--lease-ttl", type=float, default=10.0, metavar="S", help="default 10")
+    fleet.add_argument("--clients", type=int, default=8, help="requests at once (default 8)")
+    fleet.add_argument("--send-seconds", type=float, default=10.0, metavar="S", help="default 10")
+    fleet.add_argument(
+        "--settle", type=float, default=15.0, metavar="S", help="after the return (default 15)"
+    )
     args = parser.parse_args()
+    if args.fleet or args.curve:
+        from sessiond.bench import fleet as fleet_bench
+
+        try:
+            points = (
+                [(int(n), int(m)) for n, m in (p.split("x") for p in args.curve.split(","))]
+                if args.curve
+                else [(args.fleet_nodes, args.sessions)]
+            )
+        except ValueError:
+            parser.error(f"--curve {args.curve!r}: say NODESxSESSIONS,..., e.g. 3x1000,10x10000")
+        if any(n < 2 or m < 1 for n, m in points):
+            parser.error("a fleet needs at least 2 nodes (one is killed) and 1 session")
+        return fleet_bench.main(
+            points, args.lease_ttl, args.clients, args.send_seconds, args.settle
+        )
     if args.worker:
         dsn, node, mode, seconds = args.worker
         print(run_async(lambda: worker(dsn, node, mode, float(seconds))))
