@@ -160,6 +160,7 @@ class SdkCalls:
         the run's end) is durable only with it (runs.steps: ``done``)."""
         s, grant = self.tokens.session_for(p.token)
         await self.steps.done(s, grant, p, durable=False)
+        self.ctx.faults.point("step-end-written")  # test only: not durable, not answered
         return {"stop": self._stop(s)}
 
     async def sdk_verify(self, token: str, check: str, ok: bool, output: str) -> Ack:
