@@ -56,8 +56,8 @@ def power_cut(d: Daemon, synced: Path) -> None:
     """Every log cut back to the last offset the daemon reported fsynced."""
     durable: dict[str, int] = {}
     for line in synced.read_text().splitlines():
-        name, offset = line.rsplit(" ", 1)
-        durable[name] = max(durable.get(name, 0), int(offset))
+        name, at = line.rsplit(" ", 1)
+        durable[name] = max(durable.get(name, 0), int(at))
     for name, offset in durable.items():
         os.truncate(d.state_dir / "sessions" / name / "events.jsonl", offset)
 
