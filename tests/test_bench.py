@@ -59,6 +59,19 @@ def test_the_wake_and_sdk_benchmarks_run(tmp_path: Path) -> None:
     assert figures["sdk_tool_roundtrip_p50_ms"] > 0
 
 
+def test_the_concurrent_commit_benchmark_runs() -> None:
+    from sessiond.bench import commits
+
+    work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
+    try:
+        figures = commits.measure(work, quick=True, seconds=0.2)
+    finally:
+        __import__("shutil").rmtree(work, ignore_errors=True)
+    assert figures["send_4x4_eps"] > 0
+    assert figures["fsync_4_loops_eps"] > 0
+    assert figures["send_4x4_ratio"] > 0
+
+
 def test_the_load_benchmark_runs_without_errors() -> None:
     from sessiond.bench import load
 

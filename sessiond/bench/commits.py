@@ -67,7 +67,7 @@ def fsync_loops_eps(folder: Path, seconds: float) -> float:
             os.close(fd)
 
 
-def measure(work: Path, quick: bool) -> dict[str, float]:
+def measure(work: Path, quick: bool, seconds: float | None = None) -> dict[str, float]:
     root = (work / "commits").resolve()
     root.mkdir()
     d = BenchDaemon(root)
@@ -84,7 +84,7 @@ def measure(work: Path, quick: bool) -> dict[str, float]:
             conns[i].call("send", {"to": f"notes{i}", "text": "a note of about the size of one"})
             return 1
 
-        seconds = 1.5 if quick else 4.0
+        seconds = seconds or (1.5 if quick else 4.0)
         for _ in range(3 if quick else 5):
             floors.append(fsync_loops_eps(root, seconds))
             sends.append(_together(send, seconds))
