@@ -232,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         "calls/s with 50 runs, Jain's fairness, a replayed call against a round trip",
     )
     parser.add_argument(
+        "--commits-only",
+        action="store_true",
+        help="only what a commit costs, each beside its floor: a step beside a SQLite commit, "
+        "group commit beside fsync-each, 4 clients beside 4 fsync loops, replay",
+    )
+    parser.add_argument(
         "--sandbox-only",
         action="store_true",
         help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         results: Mapping[str, object]
         if args.sandbox_only:
             results = sandbox.measure(work, args.quick, say)
+        elif args.commits_only:
+            results = commits.alone(work, args.quick, say)
         else:
             results = measure(
                 work,

@@ -7,6 +7,11 @@ running daemon; every answer waits for its ``message.received`` to be durable.
 its own and fsyncing it, in a loop, on the same disk (what four logs that sync
 concurrently can reach at best). Measured alternately, in the same run.
 ``send_4x4_ratio`` is the first over the second: target >= 0.7.
+
+``--commits-only`` (``alone``): these, with every other figure of a commit beside
+its floor, in one run: the step beside one SQLite commit (bench/steps.py), group
+commit beside fsync-each and replay beside its read-and-parse floor
+(bench/storage.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sessiond.bench import fsinfo, run_async, steps, storage
 from sessiond.bench.daemon import BenchDaemon, call
 from sessiond.wire import Connection
 
@@ -99,3 +105,23 @@ def measure(work: Path, quick: bool, seconds: float | None = None) -> dict[str, 
         "fsync_4_loops_eps": round(floor, 1),
         "send_4x4_ratio": round(sent / floor, 2),
     }
+
+
+def alone(work: Path, quick: bool, say: Callable[[str], None]) -> dict[str, object]:
+    """The commit figures, each beside its floor, in one run (``--commits-only``)."""
+    out: dict[str, object] = {"fs_type": fsinfo.fs_type(work)}
+    out["fsync_median_ms"] = round(fsinfo.fsync_median_ms(work), 3)
+    say("measuring append_fsync_each_eps, append_group_commit_eps ...")
+    (folder := work / "group").mkdir()
+    each = storage.fsync_each_eps(folder, seconds=2.0 if quick else 5.0)
+    eps, fsyncs = run_async(lambda: storage.group_commit_eps(folder, 32, 3.0 if quick else 8.0))
+    out |= {"append_fsync_each_eps": round(each, 1), "append_group_commit_eps": round(eps, 1),
+            "group_commit_fsyncs": fsyncs, "group_commit_ratio": round(eps / each, 2)}  # fmt: skip
+    say("measuring replay_eps beside replay_floor_eps ...")
+    (folder := work / "replay").mkdir()
+    replay, floor = run_async(lambda: storage.replay_eps(folder, 200_000, 3 if quick else 7))
+    out |= {"replay_eps": round(replay), "replay_floor_eps": round(floor),
+            "replay_floor_ratio": round(replay / floor, 2)}  # fmt: skip
+    shutil.rmtree(folder)
+    say("measuring sdk_step_roundtrip_p50_ms beside its floors, send_4x4_eps beside its ...")
+    return {**out, **steps.measure(work, quick), **measure(work, quick)}
