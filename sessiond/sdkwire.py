@@ -8,6 +8,7 @@ they always were; these ``TypedDict``s only name what they hold.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NotRequired, TypedDict
@@ -185,8 +186,10 @@ class StepPipe:
     # sdk.step_done's params (ipc/params.py: SdkStepDoneParams), the result any JSON
     def end(self, pipeline: bool, params: Mapping[str, Any]) -> None:
         """A step's ``sdk.step_done``: sent without waiting where ``pipeline``."""
-        token = self.params["token"]
-        if not pipeline or token in orjson.dumps([params["result"], params["result_b64"]]).decode():
+        b64 = params["result_b64"]
+        # the bytes the daemon looks for the token in (the token needs no JSON escape)
+        raw = orjson.dumps(params["result"]) if b64 is None else base64.b64decode(b64)
+        if not pipeline or self.params["token"].encode() in raw:
             self.call("sdk.step_done", params)
             return
         self.settle()
