@@ -409,6 +409,8 @@ class DaemonConfig(_Strict):
             "after-finished",
             "after-observation",
             "after-run-finished",
+            # an SDK step's end written, not yet durable nor answered
+            "step-end-written",
             # the hand-over (migrate --to), at the source: after migration.started;
             # after the target holds its copy arriving; after the commit
             "migrate-after-started",

@@ -65,7 +65,7 @@ from typing import Any
 
 import orjson
 
-from sessiond.sdkwire import ContextAnswer, Fence, StepAnswer, StepPlace
+from sessiond.sdkwire import ContextAnswer, Fence, StepAnswer, StepPipe, StepPlace
 from sessiond.wire import Connection, RemoteError
 
 
@@ -195,30 +195,28 @@ class Run:
     """A run of a session program, talking to the daemon."""
 
     def __init__(self, conn: Connection, token: str, session: str, run_id: str) -> None:
-        self._conn = conn
+        self._pipe = StepPipe(conn, token, session)  # (sdkwire: a step's end in flight)
         self._token = token
         self.session = session
         self.run_id = run_id
         self.turn = int(os.environ.get("SESSIOND_TURN") or 0)
         self.fence = lambda: Fence(session, int(_env("SESSIOND_EPOCH")))  # docs/sdk.md
-        self.stop_requested = False
         # One request at a time on the connection, whatever thread calls; ordinals
         # are given under their own lock, at the call, in call order.
         self._wire = threading.Lock()
         self._count = threading.Lock()
         self._root = _Frame(None)
 
+    @property
+    def stop_requested(self) -> bool:  # an answer said so, or SIGTERM came
+        return self._pipe.stop
+
     def _call(self, method: str, **params: Any) -> Any:
         with self._wire:
-            result = self._conn.call(
-                method, {"token": self._token, "session": self.session, **params}
-            )
-        if isinstance(result, dict) and result.get("stop"):
-            self.stop_requested = True
-        return result
+            return self._pipe.call(method, params)
 
     def _on_sigterm(self, *_: Any) -> None:
-        self.stop_requested = True  # finish the current step, stop before the next
+        self._pipe.stop = True  # finish the current step, stop before the next
 
     def _place(self, key: str | None) -> StepPlace:
         """This step's place: its ordinal, and the step it is taken in (a step taken
@@ -238,11 +236,9 @@ class Run:
         one is judged on its own), it ends ``stopped``: a later run enters it again and
         replays the steps that finished inside it. Otherwise the step failed."""
         if frame.took and (isinstance(exc, StopRun) or hasattr(exc, "_sessiond_failed")):
-            try:
+            with contextlib.suppress(RemoteError):
                 self._call("sdk.step_done", call=call, status="stopped")
                 return
-            except RemoteError:
-                pass
         self._call(
             "sdk.step_done", call=call, status="error", error=repr(exc)[:60_000],
             error_class="validation" if isinstance(exc, StepFailed) else "execution",
@@ -340,10 +336,11 @@ class Run:
             _current_key.reset(token)
         took = int((time.monotonic() - started) * 1000)
         result = base64.b64decode(b64) if b64 is not None else value
-        self._call(
-            "sdk.step_done", call=call, status="ok", result=value, result_b64=b64,
-            duration_ms=took, observation=_observation(name, result, observe),
-        )  # fmt: skip
+        seen = _observation(name, result, observe)
+        params = {"call": call, "status": "ok", "result": value, "result_b64": b64,
+                  "duration_ms": took, "observation": seen}  # fmt: skip
+        with self._wire:  # not waited for where the daemon said it cannot refuse it
+            self._pipe.end(bool(answer.get("pipeline")), params)
         return result
 
     def model_call(
@@ -425,10 +422,13 @@ def connect() -> Iterator[Run]:
     signal.signal(signal.SIGTERM, run._on_sigterm)
     try:
         yield run
+        run._pipe.settle()  # the last step's end written before the program ends
     except StopRun as stop:
         print(f"sessiond: {stop}", file=sys.stderr)
         raise SystemExit(0) from None
     finally:
+        with contextlib.suppress(RemoteError):
+            run._pipe.settle()  # (after an error too: no end left in flight)
         signal.signal(signal.SIGTERM, previous)
         conn.close()
 

@@ -8,8 +8,14 @@ they always were; these ``TypedDict``s only name what they hold.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
+
+import orjson
+
+from sessiond.wire import Connection, RemoteError, result_of
 
 # sdk.step's answer (docs/sdk.md): replayed, run, ask, denied, stop or diverged
 AnswerStatus = Literal["replayed", "run", "ask", "denied", "stop", "diverged"]
@@ -35,6 +41,9 @@ class StepReply(TypedDict):
     # or its bytes in base64
     result: NotRequired[Any]
     result_b64: NotRequired[str]
+    # ``run`` of a tool step whose end the daemon cannot refuse (no ``redact``
+    # pattern, no secret but the run's token): the SDK may send it without waiting
+    pipeline: NotRequired[bool]
 
 
 class StepAnswer(StepReply):
@@ -140,3 +149,64 @@ class Fence(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.session}:{self.epoch}"
+
+
+class StepPipe:
+    """A run's connection, with the end of at most one step in flight (sessiond.sdk).
+
+    A step's ``sdk.step_done`` is sent and not waited for (``end``) where the
+    daemon said it cannot refuse it (the ``run`` answer's ``pipeline``: no
+    ``redact`` pattern, no secret but the run's token, which is not in the
+    result); the next ``sdk.step`` follows it on the connection, naming it in
+    ``after`` (a start behind an end the daemon refused is refused too), and
+    both are answered after one round trip and one fsync. Any other request
+    waits for the end's answer first. Answers come in order; ``stop`` is true
+    once one said the daemon wants the program to stop."""
+
+    def __init__(self, conn: Connection, token: str, session: str) -> None:
+        self.conn = conn
+        self.params = {"token": token, "session": session}
+        self.owed: str | None = None  # the call whose end is sent and not yet answered
+        self.stop = False
+
+    def _result(self) -> Any:
+        result = result_of(self.conn.receive())
+        if isinstance(result, dict) and result.get("stop"):
+            self.stop = True
+        return result
+
+    def settle(self) -> None:
+        """Read the answer to the step's end in flight (its refusal raised)."""
+        if self.owed is not None:
+            self.owed = None
+            self._result()
+
+    # a method's params and its answer: each sdk.* method's own JSON (ipc/params.py)
+    def call(self, method: str, params: Mapping[str, Any]) -> Any:
+        owed = self.owed
+        if owed is None or method != "sdk.step":
+            self.settle()
+            self.conn.send(method, {**self.params, **params})
+            return self._result()
+        self.owed = None
+        self.conn.send(method, {**self.params, **params, "after": owed})
+        try:
+            self._result()
+        except RemoteError:
+            with contextlib.suppress(RemoteError):
+                self.conn.receive()  # the start behind it, refused as well
+            raise
+        return self._result()
+
+    # sdk.step_done's params (ipc/params.py: SdkStepDoneParams), the result any JSON
+    def end(self, pipeline: bool, params: Mapping[str, Any]) -> None:
+        """A step's ``sdk.step_done``: sent without waiting where ``pipeline``."""
+        b64 = params["result_b64"]
+        # the bytes the daemon looks for the token in (the token needs no JSON escape)
+        raw = orjson.dumps(params["result"]) if b64 is None else base64.b64decode(b64)
+        if not pipeline or self.params["token"].encode() in raw:
+            self.call("sdk.step_done", params)
+            return
+        self.settle()
+        self.conn.send("sdk.step_done", {**self.params, **params})
+        self.owed = str(params["call"])

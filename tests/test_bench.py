@@ -73,6 +73,19 @@ def test_the_startup_benchmark_runs() -> None:
     assert figures["recovery_floor_s"] > 0
 
 
+def test_the_concurrent_commit_benchmark_runs() -> None:
+    from sessiond.bench import commits
+
+    work = Path(__import__("tempfile").mkdtemp(prefix="sdb-", dir="/tmp"))  # short socket path
+    try:
+        figures = commits.measure(work, quick=True, seconds=0.2)
+    finally:
+        __import__("shutil").rmtree(work, ignore_errors=True)
+    assert figures["send_4x4_eps"] > 0
+    assert figures["fsync_4_loops_eps"] > 0
+    assert figures["send_4x4_ratio"] > 0
+
+
 def test_the_load_benchmark_runs_without_errors() -> None:
     from sessiond.bench import load
 

@@ -5,9 +5,13 @@ result: ``sdk.step`` (intent, decision and start in one durable write) and
 ``sdk.step_done`` (finish and observation in one durable write).
 ``sdk_replay_step_p50_ms``: the same step reached again by a later run of the
 turn (after an approval): answered from the log, no fsync.
-``sdk_step_floor_p50_ms``: what no step can beat, measured by the same program
-in the same run: two RPC round trips to the daemon (``ping``) and two fsyncs of
-a file on the state dir's file system. Target: a step at most 1.5x the floor.
+``sdk_step_floor_p50_ms``: two RPC round trips to the daemon (``ping``) and two
+fsyncs of a file on the state dir's file system, what a step cost before one
+commit per step (kept to compare with). ``sdk_step_sqlite_p50_ms``: the peer's
+floor, one SQLite ``INSERT`` + ``COMMIT`` in WAL mode with ``synchronous=FULL`` on
+the same disk (what a step costs a library that journals steps in SQLite, DBOS
+say). Both are measured by the same program in the same run, interleaved with
+the steps. Target: a step at most 1.5x the SQLite commit.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import orjson
 from sessiond.bench.daemon import BenchDaemon, _wait_file, call
 
 PROBE = """
-import os, statistics, time
+import os, sqlite3, statistics, time
 import orjson
 from pathlib import Path
 from sessiond.sdk import connect
@@ -33,7 +37,11 @@ with connect() as run:
     first = not Path("first.json").exists()
     conn = Connection(Path(os.environ["SESSIOND_SOCKET"]))
     fd = os.open("floor.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    times, floor = [], []
+    db = sqlite3.connect("floor.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE IF NOT EXISTS steps (id INTEGER PRIMARY KEY, body TEXT)")
+    times, floor, lite = [], [], []
     for i in range(N):
         start = time.perf_counter()
         run.step("probe", lambda: {{"i": i}}, args={{"i": i}}, side_effect="none",
@@ -50,11 +58,20 @@ with connect() as run:
             os.write(fd, b"y" * 200)
             os.fsync(fd)
             floor.append((time.perf_counter() - start) * 1000)
+            # the peer's floor: one step's record committed to SQLite
+            body = orjson.dumps({{"i": i, "name": "probe", "result": {{"i": i}}}}).decode()
+            start = time.perf_counter()
+            db.execute("BEGIN")
+            db.execute("INSERT INTO steps (body) VALUES (?)", (body,))
+            db.execute("COMMIT")
+            lite.append((time.perf_counter() - start) * 1000)
     os.close(fd)
+    db.close()
     conn.close()
     if first:
         Path("first.json.tmp").write_bytes(orjson.dumps(
-            {{"step": statistics.median(times), "floor": statistics.median(floor)}}))
+            {{"step": statistics.median(times), "floor": statistics.median(floor),
+              "sqlite": statistics.median(lite)}}))
         os.rename("first.json.tmp", "first.json")
     else:
         Path("replay.json.tmp").write_bytes(orjson.dumps({{"replay": statistics.median(times)}}))
@@ -92,5 +109,7 @@ def measure(work: Path, quick: bool) -> dict[str, float]:
         "sdk_step_roundtrip_p50_ms": round(first["step"], 3),
         "sdk_step_floor_p50_ms": round(first["floor"], 3),
         "sdk_step_floor_ratio": round(first["step"] / first["floor"], 2),
+        "sdk_step_sqlite_p50_ms": round(first["sqlite"], 3),
+        "sdk_step_sqlite_ratio": round(first["step"] / first["sqlite"], 2),
         "sdk_replay_step_p50_ms": round(replay["replay"], 3),
     }

@@ -186,6 +186,9 @@ class SdkStepParams(TokenParams):
     # the key is an id (a tool call's id in a recorded model response, a run's id):
     # steps that differ only by such keys are distinct
     key_is_id: bool = False
+    # the call whose sdk.step_done was sent just before, not waited for: this step
+    # starts only if that one finished ok
+    after: str | None = Field(default=None, min_length=1, max_length=300)
 
     @field_validator("writes")
     @classmethod

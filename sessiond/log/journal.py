@@ -64,6 +64,10 @@ class Journal:
         # The store the log is in (set by open): what is built from the log on
         # demand (the messages view, compaction) reads it through ``read``.
         self.store: Store | None = None
+        # flush_within: the flush armed for what was written without waiting
+        self._due: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Future[None] | None = None
+        self._closed = False
 
     @property
     def session(self) -> str:
@@ -159,6 +163,19 @@ class Journal:
         await self._sync(Pending([], position))
         self._publish(position.seq)
 
+    def flush_within(self, seconds: float) -> None:
+        """Make what was written so far durable within ``seconds``, waited for by
+        nobody: a durable append meanwhile covers it and costs nothing more (the
+        end of a step, which the next step's start usually covers)."""
+        if self._due is None and not self._closed:
+            self._due = asyncio.get_running_loop().call_later(seconds, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._due = None
+        if not self._closed:  # (a flush of what is durable already waits for nothing)
+            self._flushing = asyncio.ensure_future(self.flush())  # held while it runs
+            self._flushing.add_done_callback(_retrieved)
+
     async def _sync(self, pending: Pending) -> None:
         """Wait until ``pending`` is durable. Each wait that has something to commit
         is logged (debug): the awaited commits on a path (a wake's, say) are counted
@@ -210,7 +227,18 @@ class Journal:
         return self.store.read(self.session, upto=self.state.seq if upto is None else upto)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         await self.log.close()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A background flush's failure fails the log (its next append says so), never
+    a stray "exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _fold(records: Iterable[Record], state: State) -> State:

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sessiond.errors import InvalidInput
+from sessiond.errors import InvalidInput, Refused
 from sessiond.log.event_data import (
     MessageReceived,
     VerificationFinished,
@@ -30,6 +30,20 @@ from sessiond.runs.steps import Steps
 from sessiond.runs.tokens import Tokens
 from sessiond.sdkwire import Ack, ContextAnswer, StepAnswer, StepReply, TranscriptItem, TurnContext
 from sessiond.table.sessions import Session
+
+
+def _finished(s: Session, call: str) -> None:
+    """Refuse a step sent behind the end of ``call`` if that end was not recorded
+    ``ok`` (refused, or never under way): nothing starts after a step that failed."""
+    turn = s.journal.state.turn
+    slot = turn["calls"].get(call) if turn else None
+    step = turn["steps"].get(slot) if turn and slot else None
+    if step is None or step["status"] != "ok":
+        raise Refused(
+            f"this step was sent behind the end of step call {call!r}, which is "
+            f"{step['status'] if step else 'not under way'}, not finished ok: it was not started"
+        )
+
 
 # the ``send`` syscall: a message from one session to another (syscalls.lineage), and
 # what it answers (where the message went)
@@ -128,12 +142,25 @@ class SdkCalls:
         """The start of a durable step (runs.steps): replayed, run, ask, denied, stop
         or diverged."""
         s, grant = self.tokens.session_for(p.token)
-        return await self.steps.begin(s, grant, p, self._answer)
+        if p.after is not None:
+            _finished(s, p.after)
+        answer = await self.steps.begin(s, grant, p, self._answer)
+        spec = s.spec
+        if answer["status"] == "run" and p.kind == "tool" and spec is not None:
+            # Its end can be refused only for what the session masks: with no
+            # pattern and no secret but the token (which the SDK looks for itself),
+            # the program need not wait for the answer (sdkwire.StepPipe).
+            answer["pipeline"] = not spec.redact and s.masked <= {p.token}
+        return answer
 
     async def sdk_step_done(self, p: Any) -> Ack:
-        """The end of a step's work: its result or its error, in one durable write."""
+        """The end of a step's work: its result or its error, in one write. The
+        answer does not wait for the disk: nothing the program does next depends
+        on it, and whatever the daemon tells anyone next (the next step's start,
+        the run's end) is durable only with it (runs.steps: ``done``)."""
         s, grant = self.tokens.session_for(p.token)
-        await self.steps.done(s, grant, p)
+        await self.steps.done(s, grant, p, durable=False)
+        self.ctx.faults.point("step-end-written")  # test only: not durable, not answered
         return {"stop": self._stop(s)}
 
     async def sdk_verify(self, token: str, check: str, ok: bool, output: str) -> Ack:
@@ -180,4 +207,8 @@ class SdkCalls:
                 await self.ctx.table.append(
                     s, MessageReceived(sender=s.name, text=summary, role="agent")
                 )
+        else:
+            # the last step's end is durable before the program is told its run
+            # may end: only the last step of a run waits for the disk
+            await s.journal.flush()
         return {"stop": self._stop(s)}

@@ -17,10 +17,10 @@ args digest, key: its identity, judged by log/places.py). The answer is one of
               --discard``)
 
 ``sdk.step_done`` records the end (``tool.finished`` with the result, and the
-observation; or ``model.responded``) in one durable write. So a step costs two
-fsyncs, and a replayed one none. A result that matches the spec's ``redact``
-patterns is refused before anything is recorded as done: a masked result could
-not be replayed.
+observation; or ``model.responded``) in one write that the next step's start (its
+fsync), the run's end or ``END_WITHIN`` makes durable (docs/design.md section 8):
+a step costs one fsync, a replayed one none. A result matching the ``redact``
+patterns is refused before anything is recorded: a masked one could not be replayed.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ Deliver = Callable[..., Awaitable[Sent]]
 # Results up to this size are kept in the event itself (no artifact: no extra
 # fsync); bigger ones, and bytes, go to the artifact store.
 INLINE_RESULT = 16 * 1024
+
+# Seconds the end of a step waits for a later durable write to cover it: the next
+# step's start comes first, and what a power cut can take stays bounded.
+END_WITHIN = 0.005
 
 # The default risk contract of a step: the safe one (docs/design.md section 8).
 STEP_RISK = RiskContract(side_effect="external-write", idempotency="unsafe", resume="never-rerun")
@@ -362,7 +366,7 @@ class Steps:
                 call=call,
                 tool=tool,
                 hashes={w: hasher(w) for w in writes},
-                git_head=git_head(spec.workspace),
+                git_head=git_head(spec.workspace) if writes else None,  # a probe: only then
             ),
             correlation=call,
         )
@@ -438,7 +442,8 @@ class Steps:
 
     # --- the end of a step -----------------------------------------------------------
 
-    async def done(self, s: Session, grant: RunGrant, p: Any) -> None:
+    async def done(self, s: Session, grant: RunGrant, p: Any, *, durable: bool = True) -> None:
+        """Record a step's end; ``durable=False`` (``sdk.step_done``): not waited for."""
         spec = s.spec
         assert spec is not None
         await self.asking.recorded(s.name, p.call)
@@ -461,7 +466,7 @@ class Steps:
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
                 )
             if p.status == "stopped":
-                await self.ctx.table.append_many(s, stopped(s, grant, p.call, step, turn))
+                await self._end(s, stopped(s, grant, p.call, step, turn), durable)
                 return
             refused = None
             if p.status == "ok":
@@ -476,11 +481,10 @@ class Steps:
                         "(a reference to it, say)"
                     )
             if step["kind"] == "model":
-                await self._done_model(s, p, step, encoded, refused)
+                await self._done_model(s, p, step, encoded, refused, durable=durable)
             else:
-                await self._done_tool(
-                    s, grant, p, step, kind=kind, encoded=encoded, refused=refused
-                )
+                await self._done_tool(s, grant, p, step, kind=kind, encoded=encoded,
+                                      refused=refused, durable=durable)  # fmt: skip
         if refused is not None:
             raise InvalidInput(refused)
 
@@ -494,6 +498,7 @@ class Steps:
         kind: str,
         encoded: bytes,
         refused: str | None,
+        durable: bool,
     ) -> None:
         spec = s.spec
         assert spec is not None
@@ -524,7 +529,7 @@ class Steps:
             error = refused or p.error
             r = s.redactor()
             text = p.observation or f"{tool} failed: {(r.text(error) if r else error)[:500]}"
-        await self.ctx.table.append_many(
+        await self._end(
             s,
             [
                 Draft(
@@ -550,11 +555,18 @@ class Steps:
                     correlation=call,
                 ),
             ],
+            durable,
         )
 
+    async def _end(self, s: Session, drafts: list[Draft], durable: bool) -> None:
+        await self.ctx.table.append_many(s, drafts, durable=durable)
+        if not durable:  # covered by a later write, or flushed within END_WITHIN
+            s.journal.flush_within(END_WITHIN)
+
     async def _done_model(
-        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None
-    ) -> None:
+        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None, *,
+        durable: bool,
+    ) -> None:  # fmt: skip
         spec = s.spec
         assert spec is not None
         ok = p.status == "ok" and refused is None
@@ -564,8 +576,7 @@ class Steps:
             if ok
             else None
         )
-        await self.ctx.table.append(
-            s,
+        responded = Draft(
             ModelResponded(
                 model=step["name"],
                 request_id=step["call"],
@@ -577,8 +588,9 @@ class Steps:
                 text=p.text if ok else "",  # masked as it is appended
                 response=response,
                 error_class=None if ok else ("validation" if refused else "provider"),
-            ),
+            )
         )
+        await self._end(s, [responded], durable)
         state = s.journal.state
         limit = self._budget(s).tokens
         used = state.tokens_in + state.tokens_out

@@ -4,6 +4,7 @@ process (tests/inproc/harness.py wires it in place of the spawner)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 
 from sessiond.runs.spawner_client import Held, Request, SpawnerClient
+from sessiond.wire import Frame, RemoteError, result_of
 
 if TYPE_CHECKING:
     from tests.inproc.harness import Harness
@@ -84,6 +86,9 @@ class FakeRun:
                 return fn(run) or 0
             except StopRun:
                 return 0
+            finally:
+                with contextlib.suppress(RemoteError):
+                    run._pipe.settle()  # no step's end left in flight
 
         return await asyncio.to_thread(main)
 
@@ -98,10 +103,15 @@ class FakeRun:
 
         @contextlib.contextmanager
         def connect() -> Iterator[Run]:
+            run = Run(conn, self.token, self.session, self.run_id)
             try:
-                yield Run(conn, self.token, self.session, self.run_id)
+                yield run
+                run._pipe.settle()  # as sessiond.sdk.connect: no step's end left in flight
             except StopRun:
                 raise SystemExit(0) from None
+            finally:
+                with contextlib.suppress(RemoteError):
+                    run._pipe.settle()
 
         def main() -> int:
             os.chdir(self.cwd)  # the tests/inproc conftest puts the test's back
@@ -131,15 +141,38 @@ class FakeRun:
 
 
 class _ThreadConnection:
-    """``sessiond.wire.Connection`` for the SDK in a thread: each call is sent to the
-    harness's loop and its answer waited for."""
+    """``sessiond.wire.Connection`` for the SDK in a thread: each request is sent to
+    the harness's loop, served after the one before it (as a connection's are), and
+    its answer read in order."""
 
     def __init__(self, run: FakeRun, loop: asyncio.AbstractEventLoop) -> None:
         self.run, self.loop = run, loop
+        self._sent: list[concurrent.futures.Future[Frame]] = []
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
-        coro = self.run.harness.request(method, params, endpoint="program", token=self.run.token)
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(BOUND)
+        self.send(method, params)
+        return result_of(self.receive())
+
+    def send(self, method: str, params: dict[str, Any]) -> int:
+        before = self._sent[-1] if self._sent else None
+
+        async def serve() -> Frame:
+            if before is not None:
+                await asyncio.wait([asyncio.wrap_future(before)])
+            try:
+                result = await self.run.harness.request(
+                    method, params, endpoint="program", token=self.run.token
+                )
+            except RemoteError as exc:
+                return {"ok": False, "error": {"code": exc.code, "message": exc.message,
+                                               "exit": exc.exit_code}}  # fmt: skip
+            return {"ok": True, "result": result}
+
+        self._sent.append(asyncio.run_coroutine_threadsafe(serve(), self.loop))
+        return len(self._sent)
+
+    def receive(self) -> Frame:
+        return self._sent.pop(0).result(BOUND)
 
     def close(self) -> None:
         pass
