@@ -1,7 +1,10 @@
 """``sessionctl``: the command-line client of sessiond.
 
-Lean on purpose: plain dicts and orjson, no import of the daemon's models (it is run
-by scripts and people all day; start-up time matters).
+Lean on purpose: plain dicts and the standard library's json, no import of the
+daemon's models (it is run by scripts and people all day; start-up time matters).
+A command imports what it uses when it runs: only its own command's parser is built
+(OneCommand), its module is imported alone, and orjson, typing, pathlib and datetime
+come only with the commands that use them (tests/test_lean_client.py holds this).
 Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
 session; 5 invalid input; 6 a cluster's database not reachable; 70 internal error.
 """
@@ -12,40 +15,23 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from sessiond import __version__
-from sessiond.ctl import (
-    access,
-    aliases,
-    answers,
-    cluster,
-    gc,
-    logcmd,
-    migrate,
-    models,
-    offline,
-    ops,
-    ps,
-    recover,
-    runout,
-)
-from sessiond.ctl.bundles import export_bundle, import_bundle, summary_to_stderr
-from sessiond.ctl.pages import replay_messages
-from sessiond.ctl.parsing import Parser
-from sessiond.ctl.render import STATE_COLOURS, Out, ago, table, when
-from sessiond.ctl.safeterm import safe_text, terminal_safe
-from sessiond.describe import exited
-from sessiond.listing import suggest
-from sessiond.paths import default_socket
+from sessiond.ctl.parsing import OneCommand, Parser, Retry, command_word
+from sessiond.ctl.render import Out
+from sessiond.paths import socket_path
 from sessiond.wire import Connection, RemoteError
 
-# the reply types, for mypy only: sessionctl starts without building them
+# the reply types and typing, for mypy only: sessionctl starts without them
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+    from sessiond.ctl import answers
     from sessiond.replies import SessionDetail
+
+Command = Callable[[Connection, argparse.Namespace, Out], int]
 
 # --- commands ---------------------------------------------------------------------
 
@@ -57,12 +43,18 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         return 0
     print_detail(d, out)
     if d["state"] == "blocked":  # why, and exactly the answers that change it
+        from sessiond.ctl import recover
+
         for key, value in recover.recover_lines(conn.call("gate", {"name": args.name})):
             print(f"{key.rjust(11)}: {value}")
     return 0
 
 
 def print_detail(d: SessionDetail, out: Out) -> None:
+    from sessiond.ctl import answers
+    from sessiond.ctl.render import STATE_COLOURS, ago, when
+    from sessiond.describe import exited
+
     state = d["state"] + (f" ({d['outcome']})" if d.get("outcome") else "")
     program = d.get("program")
     lines = [
@@ -133,6 +125,8 @@ def print_detail(d: SessionDetail, out: Out) -> None:
 def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     params = {"name": args.name, "upto": args.upto, "view": args.view}
     if args.view == "messages":
+        from sessiond.ctl.pages import replay_messages
+
         return replay_messages(conn, params, out.json, out.emit_json)
     view = conn.call("replay", params)
     if out.json or args.view == "state":
@@ -150,11 +144,15 @@ def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(report)
     else:
+        from sessiond.ctl import recover
+
         print("\n".join(recover.gate_text(report, out.paint)))
     return 0 if report["ok"] else 1
 
 
 def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from pathlib import Path
+
     path = Path(args.spec)
     try:
         text = path.read_text()
@@ -167,7 +165,7 @@ def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"created {d['name']}: {d['state']}{moved}")
 
 
-def _simple(method: str, verb: str) -> Callable[[Connection, argparse.Namespace, Out], int]:
+def _simple(method: str, verb: str) -> Command:
     def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         d = conn.call(method, {"name": args.name})
         return _done(
@@ -214,7 +212,7 @@ def cmd_compact(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"compacted {args.name} ({d['compactions']} compaction(s) so far)")
 
 
-def _answer(answer: answers.Answer) -> Callable[[Connection, argparse.Namespace, Out], int]:
+def _answer(answer: answers.Answer) -> Command:
     def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
         result, text = answer(conn, args)
         return _done(result, out, text)
@@ -222,12 +220,34 @@ def _answer(answer: answers.Answer) -> Callable[[Connection, argparse.Namespace,
     return run
 
 
+def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl import migrate
+
+    return _answer(migrate.migrate)(conn, args, out)
+
+
+def cmd_drain(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl import cluster
+
+    return _answer(cluster.drain)(conn, args, out)
+
+
+def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl import access
+
+    return _answer(access.web_login)(conn, args, out)
+
+
 def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl.bundles import export_bundle, summary_to_stderr
+
     d, text = export_bundle(conn, args.name, args.output)
     return summary_to_stderr(d, text, out.json) if args.output == "-" else _done(d, out, text)
 
 
 def cmd_import(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl.bundles import import_bundle
+
     d = import_bundle(conn, args.bundle, args.name)
     return _done(d, out, f"imported {d['name']}: {d['state']}")
 
@@ -251,6 +271,9 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     if out.json:
         out.emit_json(rows)
         return 0
+    from sessiond.ctl import cluster
+    from sessiond.ctl.render import table
+
     table(cluster.nodes_table(rows), out, colour_col=None)
     return 0
 
@@ -261,11 +284,38 @@ def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
 
 
-def parser() -> Parser:  # noqa: PLR0915 - one statement per option
-    p = Parser(prog="sessionctl", description="Control the sessiond daemon.")
+# The commands each module adds (its add_parsers): `sessionctl X` imports X's module
+# alone (tests/test_lean_client.py checks this against what the modules add).
+MODULE_COMMANDS = {
+    "models": ("models",),
+    "ps": ("ps", "top"),
+    "logcmd": ("log",),
+    "aliases": ("start", "stop", "restart"),
+    "answers": ("approve", "deny", "resolve", "apply"),
+    "ops": ("notify", "cat", "trace"),
+    "runout": ("output", "status"),
+    "gc": ("gc",),
+    "offline": ("check", "schema"),
+}
+
+
+def _socket_path(text: str) -> Path:
+    from pathlib import Path  # only when --socket is given
+
+    return Path(text)
+
+
+def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement per option
+    """Every command's parser; with ``only``, the parser of that one command alone
+    (OneCommand: what it cannot take, it hands back to this one with every command)."""
+    p = (Parser if only is None else OneCommand)(
+        prog="sessionctl", description="Control the sessiond daemon."
+    )
     p.add_argument("--version", action="version", version=f"sessionctl {__version__}")
     p.add_argument(
-        "--socket", type=Path, help="the daemon's socket (else SESSIOND_SOCKET, then the default)"
+        "--socket",
+        type=_socket_path,
+        help="the daemon's socket (else SESSIOND_SOCKET, then the default)",
     )
     p.add_argument("--json", action="store_true", help="stable machine-readable output (JSON)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -273,24 +323,40 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="stable machine-readable output (JSON)")  # fmt: skip
-    common.add_argument("--socket", type=Path, default=argparse.SUPPRESS,
+    common.add_argument("--socket", type=_socket_path, default=argparse.SUPPRESS,
                         help="the daemon's socket (else SESSIOND_SOCKET)")  # fmt: skip
+    # where the options of the commands not built this time go (and nowhere after)
+    unused = Parser(add_help=False, conflict_handler="resolve")
 
     def add(
         name: str, fn: Callable[..., int], help_text: str, *names: str
     ) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return unused
         sp = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         for n in names:
             sp.add_argument(n)
         sp.set_defaults(fn=fn)
         return sp
 
+    def wanted(module: str) -> bool:
+        return only is None or only in MODULE_COMMANDS[module]
+
     add("ping", cmd_ping, "is the daemon there, which version")
     add("nodes", cmd_nodes, "a cluster's nodes: incarnation, state, lease age, sessions")
-    models.add_parser(add)
-    ps.add_parsers(add)
+    if wanted("models"):
+        from sessiond.ctl import models
+
+        models.add_parser(add)
+    if wanted("ps"):
+        from sessiond.ctl import ps
+
+        ps.add_parsers(add)
     add("show", cmd_show, "one session in detail", "name")
-    logcmd.add_parser(add)
+    if wanted("logcmd"):
+        from sessiond.ctl import logcmd
+
+        logcmd.add_parser(add)
     rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
     rp.add_argument("--upto", type=int, metavar="SEQ")
     rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
@@ -306,7 +372,10 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
         "name",
     )
     add("cancel", _simple("cancel", "cancelled"), "terminate the session (and its program)", "name")
-    aliases.add_parsers(add)
+    if wanted("aliases"):
+        from sessiond.ctl import aliases
+
+        aliases.add_parsers(add)
     fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
     fk.add_argument("--as", dest="new", required=True, metavar="NEW")
     fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
@@ -320,7 +389,7 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
     sd.add_argument("--from", dest="sender", default="sessionctl", metavar="SENDER")
     mi = add(
         "migrate",
-        _answer(migrate.migrate),
+        cmd_migrate,
         "switch runner profile, or hand the session to another daemon",
         "name",
     )
@@ -332,7 +401,7 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
         action="store_true",
         help="with --node: its node is down and its workspace is on N now; N takes it over",
     )
-    add("drain", _answer(cluster.drain), "a cluster: move every session off node N", "name")
+    add("drain", cmd_drain, "a cluster: move every session off node N", "name")
     cp = add(
         "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
     )
@@ -347,55 +416,95 @@ def parser() -> Parser:  # noqa: PLR0915 - one statement per option
         "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
     )
     im.add_argument("--as", dest="name", metavar="NAME")
-    answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
+    if wanted("answers"):
+        from sessiond.ctl import answers
+
+        answers.add_parsers(lambda name, answer, *rest: add(name, _answer(answer), *rest))
     add("reload", cmd_reload, "re-read configuration and specs without dropping sessions")
-    ops.add_parsers(add)
-    runout.add_parsers(add, show=cmd_show)  # output, status
-    add(
-        "mcp",
-        lambda _c, args, _o: access.serve_mcp(args),
-        "serve the agent's syscalls over MCP on stdio (for agents)",
-    )
-    gc.add_parser(add)
-    add(
-        "web",
-        _answer(access.web_login),
-        "a login for the web console: prints a URL with a fresh token",
-    )
-    offline.add_parsers(sub, common)
-    co = sub.add_parser(
-        "completion",
-        help="print a shell completion script",
-        description='bash: eval "$(sessionctl completion bash)"; zsh: sessionctl '
-        "completion zsh > ~/.zfunc/_sessionctl",
-    )
-    co.add_argument("shell", choices=["bash", "zsh"])
-    co.set_defaults(fn=None)
+    if wanted("ops"):
+        from sessiond.ctl import ops
+
+        ops.add_parsers(add)
+    if wanted("runout"):
+        from sessiond.ctl import runout
+
+        runout.add_parsers(add, show=cmd_show)  # output, status
+    add("mcp", cmd_mcp, "serve the agent's syscalls over MCP on stdio (for agents)")
+    if wanted("gc"):
+        from sessiond.ctl import gc
+
+        gc.add_parser(add)
+    add("web", cmd_web, "a login for the web console: prints a URL with a fresh token")
+    if wanted("offline"):
+        from sessiond.ctl import offline
+
+        offline.add_parsers(sub, common)
+    if only in (None, "completion"):
+        co = sub.add_parser(
+            "completion",
+            help="print a shell completion script",
+            description='bash: eval "$(sessionctl completion bash)"; zsh: sessionctl '
+            "completion zsh > ~/.zfunc/_sessionctl",
+        )
+        co.add_argument("shell", choices=["bash", "zsh"])
+        co.set_defaults(fn=None)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def cmd_mcp(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    from sessiond.ctl import access
+
+    return access.serve_mcp(args)
+
+
+def command_line(argv: Sequence[str] | None) -> tuple[Parser, argparse.Namespace]:
+    """The parser that parsed the command line, and what it found: that of its
+    command alone when it names one and parses, else every command's (its help,
+    its errors, as always)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:  # no command (--version): no command's parser
+        top = parser(command_word(words, ("--socket",)) or "")
+        return top, top.parse_command_line(words)
+    except Retry:
+        pass
     top = parser()
-    args = top.parse_command_line(argv)
+    return top, top.parse_command_line(words)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    top, args = command_line(argv)
     out = Out(args.json or getattr(args, "output", None) in ("json", "json-lines"))
-    path = args.socket or default_socket()
+    path = args.socket or socket_path()
     try:
         if args.command == "completion":
+            from sessiond.ctl import offline
+
             print(offline.completion(parser(), args.shell), end="")
             return 0
         if getattr(args, "offline", None) is not None:  # check, schema: no daemon
             done: int = args.offline(args, out)
             return done
         if args.command == "mcp":  # a server: it connects per tool call, not here
+            from sessiond.ctl import access
+
             return access.serve_mcp(args)
         if args.command == "log":  # a usage error needs no daemon
+            from sessiond.ctl import logcmd
+
             logcmd.params(args)
         if args.command in ("ps", "top"):
+            from sessiond.ctl import ps
+
             ps.params(args)
         timeout = None if args.command == "log" else 120
-        # inside a run: its token, which the program endpoint asks of every request
-        with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN")) as conn:
+        # inside a run: its token, which the program endpoint asks of every request;
+        # the standard library's json for the frames, but for a log's many events
+        # and for --json, which prints with orjson anyway
+        plain = not out.json and args.command != "log"
+        with Connection(path, timeout, token=os.environ.get("SESSIOND_TOKEN"), plain=plain) as conn:
             if not out.json:  # what a program wrote cannot steer the terminal
+                from sessiond.ctl.safeterm import terminal_safe
+
                 conn.clean = terminal_safe
             try:
                 code: int = args.fn(conn, args, out)
@@ -408,12 +517,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.code == "usage":  # the usage of the command it is about
             top.commands().get(args.command, top).print_usage(sys.stderr)
         if out.json:
+            import orjson
+
             sys.stdout.buffer.write(
                 orjson.dumps(
                     {"error": {"code": exc.code, "message": exc.message, "exit": exc.exit_code}},
                     option=orjson.OPT_APPEND_NEWLINE,
                 )
             )
+        from sessiond.ctl.safeterm import safe_text
+
         # stderr is a person's, --json or not (the exact text is in the JSON above)
         print(f"sessionctl: {safe_text(exc.message)}", file=sys.stderr)
         return exc.exit_code
@@ -424,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _close_names(conn: Connection, message: str) -> str:
     """ "; did you mean 'x'?" from the sessions the caller may list, or ""."""
     import re
+
+    from sessiond.listing import suggest
 
     found = re.search(r"no session '([^']+)'", message)
     if not found:

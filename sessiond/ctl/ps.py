@@ -12,14 +12,14 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sessiond.ctl.answers import say_unconfined
 from sessiond.ctl.render import Out, ago, cut, table, when
 from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing, PsRequest
 from sessiond.wire import Connection, RemoteError
 
-# the reply types, for mypy only: sessionctl starts without building them
+# the reply types and typing, for mypy only: sessionctl starts without them
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sessiond.replies import PsRow
 
