@@ -103,7 +103,8 @@ def plain_encode(message: Mapping[str, object]) -> bytes:
     except UnicodeEncodeError as exc:
         raise RemoteError(
             "invalid_input",
-            f"{text[exc.start : exc.end]!a} is not UTF-8 text; pass text (or a file of text)",
+            f"an argument holds bytes that are not UTF-8 text ({text[exc.start : exc.end]!a}); "
+            "pass UTF-8 text",
             5,
         ) from None
 
