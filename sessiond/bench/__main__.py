@@ -20,6 +20,7 @@ import orjson
 
 from sessiond import __version__
 from sessiond.bench import (
+    client,
     contexts,
     daemon,
     fsinfo,
@@ -48,6 +49,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "startup_10k_s": ("<=", 3.0, "s"),
     "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
+    "sessionctl_ping_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
+    "sessionctl_ps_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
+    "sessionctl_send_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
     "sandbox_wake_overhead_ms": ("<=", 5.0, "ms (wake_to_exec with the sandbox minus without)"),
     "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
@@ -172,6 +176,7 @@ def measure(
     shutil.rmtree(folder)
     if not skip_daemon:
         results.update(daemon.measure(work, quick, say))
+        results.update(client.measure(work, quick, say))
         say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms (the sandbox's floor) ...")
         results.update(sandbox.floor(quick))
         results.update(wakes.measure(work, quick, say))
@@ -226,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         "calls/s with 50 runs, Jain's fairness, a replayed call against a round trip",
     )
     parser.add_argument(
+        "--client-only",
+        action="store_true",
+        help="only one sessionctl ping, ps and send process beside python -c 'import socket, "
+        "json', and the daemon's import (with --baseline: that tree's too)",
+    )
+    parser.add_argument(
         "--sandbox-only",
         action="store_true",
         help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
@@ -250,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         results: Mapping[str, object]
         if args.sandbox_only:
             results = sandbox.measure(work, args.quick, say)
+        elif args.client_only:
+            results = client.measure(work, args.quick, say, args.baseline)
         else:
             results = measure(
                 work,

@@ -318,20 +318,24 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         help="the daemon's socket (else SESSIOND_SOCKET, then the default)",
     )
     p.add_argument("--json", action="store_true", help="stable machine-readable output (JSON)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # (its prog given: argparse would format the top's usage to find the same)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, prog="sessionctl")
     # --json and --socket also work after the command: `sessionctl ps --json`.
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="stable machine-readable output (JSON)")  # fmt: skip
     common.add_argument("--socket", type=_socket_path, default=argparse.SUPPRESS,
                         help="the daemon's socket (else SESSIOND_SOCKET)")  # fmt: skip
-    # where the options of the commands not built this time go (and nowhere after)
+    # where a module's commands not built this time take their options (and nowhere after)
     unused = Parser(add_help=False, conflict_handler="resolve")
+
+    def want(name: str) -> bool:
+        return only is None or name == only
 
     def add(
         name: str, fn: Callable[..., int], help_text: str, *names: str
     ) -> argparse.ArgumentParser:
-        if only is not None and name != only:
+        if not want(name):
             return unused
         sp = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         for n in names:
@@ -357,9 +361,10 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         from sessiond.ctl import logcmd
 
         logcmd.add_parser(add)
-    rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
-    rp.add_argument("--upto", type=int, metavar="SEQ")
-    rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
+    if want("replay"):
+        rp = add("replay", cmd_replay, "rebuild from events and show a view; runs nothing", "name")
+        rp.add_argument("--upto", type=int, metavar="SEQ")
+        rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
     add("gate", cmd_gate, "evaluate the resume checks now, as a dry run (exit 1 if not ok)", "name")
     add("create", cmd_create, "register a session from a spec file (TOML)", "spec")
     add("activate", _simple("activate", "activated"), "wake a session now", "name")
@@ -376,46 +381,59 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         from sessiond.ctl import aliases
 
         aliases.add_parsers(add)
-    fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
-    fk.add_argument("--as", dest="new", required=True, metavar="NEW")
-    fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
-    fk.add_argument("--with-triggers", action="store_true")
-    mg = add(
-        "merge", cmd_merge, "append a child's result to its parent; the child terminates", "child"
-    )
-    mg.add_argument("--into", metavar="PARENT", help="default: the session it was forked from")
-    mg.add_argument("--summary", metavar="TEXT")
-    sd = add("send", cmd_send, "put a message in a session's mailbox", "name", "text")
-    sd.add_argument("--from", dest="sender", default="sessionctl", metavar="SENDER")
-    mi = add(
-        "migrate",
-        cmd_migrate,
-        "switch runner profile, or hand the session to another daemon",
-        "name",
-    )
-    mi.add_argument("--profile", metavar="P")
-    mi.add_argument("--to", metavar="SOCKET")
-    mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
-    mi.add_argument(
-        "--force",
-        action="store_true",
-        help="with --node: its node is down and its workspace is on N now; N takes it over",
-    )
+    if want("fork"):
+        fk = add("fork", cmd_fork, "a new session starting with this one's events", "name")
+        fk.add_argument("--as", dest="new", required=True, metavar="NEW")
+        fk.add_argument("--at", type=int, metavar="SEQ", help="default: the latest event")
+        fk.add_argument("--with-triggers", action="store_true")
+    if want("merge"):
+        mg = add(
+            "merge",
+            cmd_merge,
+            "append a child's result to its parent; the child terminates",
+            "child",
+        )
+        mg.add_argument("--into", metavar="PARENT", help="default: the session it was forked from")
+        mg.add_argument("--summary", metavar="TEXT")
+    if want("send"):
+        sd = add("send", cmd_send, "put a message in a session's mailbox", "name", "text")
+        sd.add_argument("--from", dest="sender", default="sessionctl", metavar="SENDER")
+    if want("migrate"):
+        mi = add(
+            "migrate",
+            cmd_migrate,
+            "switch runner profile, or hand the session to another daemon",
+            "name",
+        )
+        mi.add_argument("--profile", metavar="P")
+        mi.add_argument("--to", metavar="SOCKET")
+        mi.add_argument("--node", metavar="N", help="a cluster: hand it to node N (when it sleeps)")
+        mi.add_argument(
+            "--force",
+            action="store_true",
+            help="with --node: its node is down and its workspace is on N now; N takes it over",
+        )
     add("drain", cmd_drain, "a cluster: move every session off node N", "name")
-    cp = add(
-        "compact", cmd_compact, "replace older context by a summary (the log keeps it all)", "name"
-    )
-    cp.add_argument(
-        "--keep", type=int, default=4, metavar="N", help="newest messages kept (default 4)"
-    )
-    ex = add("export", cmd_export, "save a session as a self-checking bundle", "name")
-    ex.add_argument(
-        "-o", "--output", required=True, metavar="FILE", help="where to write it (- for stdout)"
-    )
-    im = add(
-        "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
-    )
-    im.add_argument("--as", dest="name", metavar="NAME")
+    if want("compact"):
+        cp = add(
+            "compact",
+            cmd_compact,
+            "replace older context by a summary (the log keeps it all)",
+            "name",
+        )
+        cp.add_argument(
+            "--keep", type=int, default=4, metavar="N", help="newest messages kept (default 4)"
+        )
+    if want("export"):
+        ex = add("export", cmd_export, "save a session as a self-checking bundle", "name")
+        ex.add_argument(
+            "-o", "--output", required=True, metavar="FILE", help="where to write it (- for stdout)"
+        )
+    if want("import"):
+        im = add(
+            "import", cmd_import, "load a session from a bundle (it arrives not running)", "bundle"
+        )
+        im.add_argument("--as", dest="name", metavar="NAME")
     if wanted("answers"):
         from sessiond.ctl import answers
 
@@ -439,7 +457,7 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         from sessiond.ctl import offline
 
         offline.add_parsers(sub, common)
-    if only in (None, "completion"):
+    if want("completion"):
         co = sub.add_parser(
             "completion",
             help="print a shell completion script",

@@ -14,8 +14,6 @@ import re
 import sys
 from collections.abc import Sequence
 
-from sessiond.listing import suggest
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is mypy's: sessionctl does not import it
     from typing import Any, NoReturn
@@ -26,9 +24,14 @@ _TIMES = ("--since", "--until")
 _CHOICE = r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$"
 
 
+_COLUMNS: list[int] = []  # once per process: argparse makes a formatter per option
+
+
 def _columns() -> int:
     """shutil.get_terminal_size().columns, without importing shutil (and with it
     bz2, lzma, fnmatch): argparse makes a formatter for every option it adds."""
+    if _COLUMNS:
+        return _COLUMNS[0]
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -44,6 +47,7 @@ def _columns() -> int:
             size = os.terminal_size((80, 24))
         if columns <= 0:
             columns = size.columns or 80
+    _COLUMNS.append(columns)
     return columns
 
 
@@ -62,6 +66,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        from sessiond.listing import suggest  # an error's did-you-mean only
+
         found = re.match(_CHOICE, message)
         if found:
             what, word, listed = found.groups()
@@ -90,6 +96,8 @@ class Parser(argparse.ArgumentParser):
         if extra:
             command = self.commands().get(getattr(args, "command", "") or "", self)
             assert isinstance(command, argparse.ArgumentParser)
+            from sessiond.listing import suggest
+
             first = extra[0]
             hint = suggest(first, command._option_string_actions) if first.startswith("-") else ""
             command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
