@@ -11,36 +11,41 @@ session; 5 invalid input; 6 a cluster's database not reachable; 70 internal erro
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from sessiond import __version__
-from sessiond.ctl.parsing import OneCommand, Parser, Retry, command_word
 from sessiond.ctl.render import Out
 from sessiond.paths import socket_path
 from sessiond.wire import Connection, RemoteError
 
-# the reply types and typing, for mypy only: sessionctl starts without them
+# the reply types and typing, for mypy only: sessionctl starts without them (and
+# without argparse, for a plain command line: see PLAIN)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+    from argparse import Namespace
     from pathlib import Path
     from typing import Any
 
     from sessiond.ctl import answers
-    from sessiond.replies import SessionDetail
+    from sessiond.ctl.parsing import Parser
 
-Command = Callable[[Connection, argparse.Namespace, Out], int]
+    Command = Callable[[Connection, argparse.Namespace, Out], int]
+else:  # what argparse's Namespace is to the commands: their arguments as attributes
+    from types import SimpleNamespace as Namespace
 
 # --- commands ---------------------------------------------------------------------
 
 
-def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_show(conn: Connection, args: Namespace, out: Out) -> int:
     d = conn.call("show", {"name": args.name})
     if out.json:
         out.emit_json(d)
         return 0
+    from sessiond.ctl.detail import print_detail
+
     print_detail(d, out)
     if d["state"] == "blocked":  # why, and exactly the answers that change it
         from sessiond.ctl import recover
@@ -50,79 +55,7 @@ def cmd_show(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def print_detail(d: SessionDetail, out: Out) -> None:
-    from sessiond.ctl import answers
-    from sessiond.ctl.render import STATE_COLOURS, ago, when
-    from sessiond.describe import exited
-
-    state = d["state"] + (f" ({d['outcome']})" if d.get("outcome") else "")
-    program = d.get("program")
-    lines = [
-        ("session", d["name"]),
-        ("state", out.paint(state, STATE_COLOURS.get(d["state"], "0"))),
-        ("reason", d.get("reason") or "-"),
-        ("goal", d.get("goal") or "-"),
-        ("agent", d.get("agent") or "-"),
-        ("priority", str(d.get("priority", 0))),
-        ("program", " ".join(program) if program else "(none)"),
-        ("triggers", "; ".join(d.get("triggers") or []) or "(none)"),
-        ("next wake", when(d.get("next_wake"))),
-        ("runs", str(d.get("runs", 0))),
-        ("pid", str(d["pid"]) if d.get("pid") else "-"),
-        ("boundary", answers.boundary(d)),
-        ("created", ago(d.get("created_at"))),
-        ("last active", ago(d.get("last_active"))),
-        # a cluster's session no live node runs: its log is not read here
-        ("events", "not known here" if d.get("seq") is None else str(d["seq"])),
-    ]
-    gate = d.get("last_gate")
-    if gate:
-        verdict = "ok" if gate.get("ok") else "NOT ok"
-        # a gate passed before the session was blocked since (a run failed): say so
-        before = ", before the block" if gate.get("ok") and d["state"] == "blocked" else ""
-        lines.append(("last gate", f"{verdict} (seq {gate.get('seq')}{before})"))
-    turn = d.get("turn")
-    if turn:
-        steps = ", ".join(f"{n} {status}" for status, n in sorted(turn["steps"].items()))
-        lines.append(
-            ("turn", f"{turn['n']} open: run {turn['runs']}, steps: {steps or 'none yet'}")
-        )
-    for a in d.get("pending_approvals") or []:
-        lines.append(("approval", f"pending: {a['tool']} [call {a['call']}]"))
-    for a in d.get("answered_approvals") or []:
-        lines.append(
-            ("approval", f"{a['status']}: {a['tool']} [call {a['call']}] {answers.who(a)}")
-        )
-    recovery = d.get("last_recovery")
-    if recovery:
-        lines.append(("resolved", f"--{recovery['option']} {answers.who(recovery)}"))
-    for c in d.get("tools_in_flight") or []:
-        lines.append(("in flight", f"{c['tool']} [call {c['call']}]"))
-    if d.get("parent"):
-        at = f" (forked at seq {d['fork_seq']})" if d.get("fork_seq") is not None else ""
-        lines.append(("parent", f"{d['parent']}{at}"))
-    if d.get("children"):
-        lines.append(("children", ", ".join(d["children"])))
-    if d.get("merged"):
-        lines.append(("merged", ", ".join(d["merged"])))
-    used = d.get("budget_used")
-    if used and (used.get("tokens") or used.get("cost_usd")):
-        cost = f", cost ${used['cost_usd']:.4f}" if used.get("cost_usd") else ""
-        lines.append(("used", f"{used['tokens']} tokens{cost}"))
-    last_run = d.get("last_run")
-    if last_run:
-        lines.append(
-            (
-                "last run",
-                f"{last_run['run']} {last_run['status']}{exited(last_run.get('exit_code'))}",
-            )
-        )
-    width = max(len(k) for k, _ in lines)
-    for key, value in lines:
-        print(f"{key.rjust(width)}: {value}")
-
-
-def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_replay(conn: Connection, args: Namespace, out: Out) -> int:
     params = {"name": args.name, "upto": args.upto, "view": args.view}
     if args.view == "messages":
         from sessiond.ctl.pages import replay_messages
@@ -139,7 +72,7 @@ def cmd_replay(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_gate(conn: Connection, args: Namespace, out: Out) -> int:
     report = conn.call("gate", {"name": args.name})
     if out.json:
         out.emit_json(report)
@@ -150,7 +83,7 @@ def cmd_gate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0 if report["ok"] else 1
 
 
-def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_create(conn: Connection, args: Namespace, out: Out) -> int:
     from pathlib import Path
 
     path = Path(args.spec)
@@ -166,7 +99,7 @@ def cmd_create(conn: Connection, args: argparse.Namespace, out: Out) -> int:
 
 
 def _simple(method: str, verb: str) -> Command:
-    def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    def run(conn: Connection, args: Namespace, out: Out) -> int:
         d = conn.call(method, {"name": args.name})
         return _done(
             d,
@@ -185,7 +118,7 @@ def _done(result: Any, out: Out, text: str) -> int:
     return 0
 
 
-def cmd_fork(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_fork(conn: Connection, args: Namespace, out: Out) -> int:
     d = conn.call(
         "fork",
         {"name": args.name, "new": args.new, "at": args.at, "with_triggers": args.with_triggers},
@@ -193,12 +126,12 @@ def cmd_fork(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return _done(d, out, f"forked {args.name} at seq {d['fork_seq']} as {d['name']}: {d['state']}")
 
 
-def cmd_merge(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_merge(conn: Connection, args: Namespace, out: Out) -> int:
     d = conn.call("merge", {"child": args.child, "into": args.into, "summary": args.summary})
     return _done(d, out, f"merged {args.child} into {d['parent']['name']}")
 
 
-def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_send(conn: Connection, args: Namespace, out: Out) -> int:
     d = conn.call("send", {"to": args.name, "text": args.text, "sender": args.sender})
     if d.get("seq") is None and d.get("node"):  # a cluster: its owner delivers it
         return _done(d, out, f"sent to {args.name} on node {d['node']}")
@@ -207,52 +140,52 @@ def cmd_send(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     )
 
 
-def cmd_compact(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_compact(conn: Connection, args: Namespace, out: Out) -> int:
     d = conn.call("compact", {"name": args.name, "keep": args.keep})
     return _done(d, out, f"compacted {args.name} ({d['compactions']} compaction(s) so far)")
 
 
 def _answer(answer: answers.Answer) -> Command:
-    def run(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+    def run(conn: Connection, args: Namespace, out: Out) -> int:
         result, text = answer(conn, args)
         return _done(result, out, text)
 
     return run
 
 
-def cmd_migrate(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_migrate(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl import migrate
 
     return _answer(migrate.migrate)(conn, args, out)
 
 
-def cmd_drain(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_drain(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl import cluster
 
     return _answer(cluster.drain)(conn, args, out)
 
 
-def cmd_web(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_web(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl import access
 
     return _answer(access.web_login)(conn, args, out)
 
 
-def cmd_export(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_export(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl.bundles import export_bundle, summary_to_stderr
 
     d, text = export_bundle(conn, args.name, args.output)
     return summary_to_stderr(d, text, out.json) if args.output == "-" else _done(d, out, text)
 
 
-def cmd_import(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_import(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl.bundles import import_bundle
 
     d = import_bundle(conn, args.bundle, args.name)
     return _done(d, out, f"imported {d['name']}: {d['state']}")
 
 
-def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_reload(conn: Connection, args: Namespace, out: Out) -> int:
     r = conn.call("reload", {})
     if out.json:
         out.emit_json(r)
@@ -266,7 +199,7 @@ def cmd_reload(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 1 if r["errors"] else 0
 
 
-def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_nodes(conn: Connection, args: Namespace, out: Out) -> int:
     rows = conn.call("nodes", {})
     if out.json:
         out.emit_json(rows)
@@ -278,7 +211,7 @@ def cmd_nodes(conn: Connection, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def cmd_ping(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_ping(conn: Connection, args: Namespace, out: Out) -> int:
     r = conn.call("ping", {})
     up = f"up {r['uptime_s']:.0f}s, {r['sessions']} sessions"
     return _done(r, out, f"sessiond {r['version']} (pid {r['pid']}) {up}")
@@ -305,9 +238,23 @@ def _socket_path(text: str) -> Path:
     return Path(text)
 
 
+# the syscalls on one session that answer its state: what they did, and their help
+SIMPLE = {
+    "activate": ("activated", "wake a session now"),
+    "suspend": ("suspended", "stop running on wakes"),
+    "resume": ("resumed", "run on wakes again"),
+    "interrupt": ("interrupted", "stop the running program; the session sleeps"),
+    "cancel": ("cancelled", "terminate the session (and its program)"),
+}
+
+
 def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement per option
     """Every command's parser; with ``only``, the parser of that one command alone
     (OneCommand: what it cannot take, it hands back to this one with every command)."""
+    import argparse
+
+    from sessiond.ctl.parsing import OneCommand, Parser
+
     p = (Parser if only is None else OneCommand)(
         prog="sessionctl", description="Control the sessiond daemon."
     )
@@ -367,16 +314,8 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
     add("gate", cmd_gate, "evaluate the resume checks now, as a dry run (exit 1 if not ok)", "name")
     add("create", cmd_create, "register a session from a spec file (TOML)", "spec")
-    add("activate", _simple("activate", "activated"), "wake a session now", "name")
-    add("suspend", _simple("suspend", "suspended"), "stop running on wakes", "name")
-    add("resume", _simple("resume", "resumed"), "run on wakes again", "name")
-    add(
-        "interrupt",
-        _simple("interrupt", "interrupted"),
-        "stop the running program; the session sleeps",
-        "name",
-    )
-    add("cancel", _simple("cancel", "cancelled"), "terminate the session (and its program)", "name")
+    for name, (verb, help_text) in SIMPLE.items():
+        add(name, _simple(name, verb), help_text, "name")
     if wanted("aliases"):
         from sessiond.ctl import aliases
 
@@ -469,17 +408,69 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
     return p
 
 
-def cmd_mcp(conn: Connection, args: argparse.Namespace, out: Out) -> int:
+def cmd_mcp(conn: Connection, args: Namespace, out: Out) -> int:
     from sessiond.ctl import access
 
     return access.serve_mcp(args)
 
 
-def command_line(argv: Sequence[str] | None) -> tuple[Parser, argparse.Namespace]:
-    """The parser that parsed the command line, and what it found: that of its
-    command alone when it names one and parses, else every command's (its help,
-    its errors, as always)."""
+# Command lines read without argparse: one of these commands, then exactly its
+# positionals, and no option (what scripts, hooks and people type most). argparse's
+# import and the build of even one command's parser cost such a process a third
+# of its own time. What each would hold that is not on the line: its defaults.
+# (tests/e2e/test_lean_client.py checks each against argparse's reading.)
+PLAIN: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
+    "ping": ((), {}),
+    "show": (("name",), {}),
+    "send": (("name", "text"), {"sender": "sessionctl"}),
+    "ps": (
+        (),
+        {
+            "state": [],
+            "agent": [],
+            "label": [],
+            "all": False,
+            "sort": "agent",
+            "full": False,
+            "watch": None,
+        },
+    ),
+    **{name: (("name",), {}) for name in SIMPLE},
+}
+
+
+def plain(words: Sequence[str]) -> Namespace | None:
+    """``words`` read as argparse would, if they are a PLAIN command line; else None."""
+    if not words or words[0] not in PLAIN or any(w.startswith("-") for w in words):
+        return None
+    positionals, defaults = PLAIN[words[0]]
+    if len(words) != 1 + len(positionals):
+        return None
+    command = words[0]
+    fn: Callable[..., int]
+    if command == "ps":
+        from sessiond.ctl import ps
+
+        fn = ps.cmd_ps
+    elif command in SIMPLE:
+        fn = _simple(command, SIMPLE[command][0])
+    else:
+        fn = {"ping": cmd_ping, "show": cmd_show, "send": cmd_send}[command]
+    given = dict(zip(positionals, words[1:], strict=True))
+    fresh = {k: list(v) if isinstance(v, list) else v for k, v in defaults.items()}
+    return Namespace(socket=None, json=False, command=command, **given, **fresh, fn=fn)
+
+
+def command_line(argv: Sequence[str] | None) -> tuple[Parser | None, Namespace]:
+    """The parser that parsed the command line, and what it found: none for a plain
+    one (PLAIN); that of its command alone when it names one and parses; else every
+    command's (its help, its errors, as always)."""
     words = list(sys.argv[1:] if argv is None else argv)
+    fast = plain(words)
+    if fast is not None:
+        return None, fast
+    from sessiond.ctl.parsing import Retry, command_word
+
     try:  # no command (--version): no command's parser
         top = parser(command_word(words, ("--socket",)) or "")
         return top, top.parse_command_line(words)
@@ -533,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
     except RemoteError as exc:
         if exc.code == "usage":  # the usage of the command it is about
+            top = top or parser(args.command)
             top.commands().get(args.command, top).print_usage(sys.stderr)
         if out.json:
             import orjson

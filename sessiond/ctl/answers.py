@@ -9,7 +9,6 @@ processes nothing but ``ping``, and the program endpoint never serves them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ from sessiond.wire import RemoteError
 # the reply types and typing, for mypy only: sessionctl starts without them
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
     from sessiond.replies import Folded, PsRow, SessionDetail

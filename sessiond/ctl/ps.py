@@ -8,7 +8,6 @@ cell is whole, so ``grep`` and ``awk`` see the real reason.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -19,11 +18,14 @@ from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing
 from sessiond.wire import Connection, RemoteError
 
 # the reply types and typing, for mypy only: sessionctl starts without them
+# (argparse too: a plain `sessionctl ps` is read without it, sessiond/ctl/__init__.py)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+
     from sessiond.replies import PsRow
 
-Add = Callable[..., argparse.ArgumentParser]
+    Add = Callable[..., argparse.ArgumentParser]
 
 
 def add_parsers(add: Add) -> None:

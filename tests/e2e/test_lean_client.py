@@ -6,7 +6,9 @@ None of the heavy ones may be among them: no pydantic and no event models, no
 orjson (the standard library's json carries the frames), no typing, dataclasses
 or pathlib where the command has no use for them, and no other command's module.
 What the lean parser of one command parses is what the parser of every command
-would: the same help, the same options, and every error still the full parser's.
+would: the same help, the same options, and every error still the full parser's;
+and a plain command line (PLAIN: ``ping``, ``send NAME TEXT``...), read without
+argparse at all, is read as argparse reads it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 
 import pytest
 
-from sessiond.ctl import MODULE_COMMANDS, parser
+from sessiond.ctl import MODULE_COMMANDS, PLAIN, parser, plain
 from sessiond.ctl.parsing import command_word
 from sessiond.wire import RemoteError, encode, plain_encode
 from tests.e2e.harness import HANG, SESSIONCTL, Daemon, running
@@ -24,12 +26,11 @@ from tests.e2e.harness import HANG, SESSIONCTL, Daemon, running
 # what no sessionctl command named below may import
 HEAVY = ("pydantic", "orjson", "typing", "dataclasses", "inspect", "shutil", "asyncio",
          "structlog", "uvloop", "aiohttp", "apprise", "opentelemetry", "difflib", "datetime",
-         "pathlib")  # fmt: skip
-# what every command imports of sessiond: the client, its parser, its output
+         "pathlib", "argparse", "gettext")  # fmt: skip
+# what every command imports of sessiond: the client and its output
 BASE = {
     "sessiond",
     "sessiond.ctl",
-    "sessiond.ctl.parsing",
     "sessiond.ctl.render",
     "sessiond.ctl.safeterm",
     "sessiond.paths",
@@ -73,7 +74,7 @@ def test_ping_ps_send_show_create_approve_import_only_what_they_use() -> None:
         assert done.returncode == 0, done.stderr
         assert "created docs" in done.stdout
         # the spec file is read as a Path, as always (its source is recorded as it was)
-        _lean(modules, set(), allowed=("pathlib",))
+        _lean(modules, {"sessiond.ctl.parsing"}, allowed=("pathlib", "argparse", "gettext"))
 
         done, modules = _imports(d, "ping")
         assert done.returncode == 0, done.stderr
@@ -90,18 +91,27 @@ def test_ping_ps_send_show_create_approve_import_only_what_they_use() -> None:
         assert done.returncode == 0, done.stderr
         assert "docs" in done.stdout
         # "3 s ago": a relative time needs datetime, and only then
-        _lean(modules, {"sessiond.ctl.ps", "sessiond.ctl.answers", "sessiond.listing"}, allowed=("datetime",))
+        _lean(
+            modules,
+            {"sessiond.ctl.ps", "sessiond.ctl.answers", "sessiond.listing"},
+            allowed=("datetime",),
+        )
 
         done, modules = _imports(d, "show", "docs")
         assert done.returncode == 0, done.stderr
         assert "session: docs" in done.stdout
-        own = {"sessiond.ctl.answers", "sessiond.describe"}
+        own = {"sessiond.ctl.detail", "sessiond.ctl.answers", "sessiond.describe"}
         _lean(modules, own, allowed=("datetime",))
 
         done, modules = _imports(d, "approve", "docs")  # nothing pending: the daemon says so
         assert done.returncode not in (0, 2, 3, 70), done.stderr
         assert "sessionctl: " in done.stderr
-        _lean(modules, {"sessiond.ctl.answers"})
+        _lean(modules, {"sessiond.ctl.answers", "sessiond.ctl.parsing"}, ("argparse", "gettext"))
+
+        # with an option, argparse reads the line (its parser and that command's alone)
+        done, modules = _imports(d, "send", "docs", "hi", "--from", "ann")
+        assert done.returncode == 0, done.stderr
+        _lean(modules, {"sessiond.ctl.parsing"}, allowed=("argparse", "gettext"))
 
         # a name that is no session: the daemon's answer and a did-you-mean (difflib,
         # only now), as before
@@ -146,6 +156,21 @@ def test_the_plain_frame_is_the_orjson_frame() -> None:
     with pytest.raises(RemoteError) as refused:
         plain_encode({"text": "\udcff"})
     assert refused.value.exit_code == 5
+
+
+@pytest.mark.parametrize("command", sorted(PLAIN))
+def test_a_plain_command_line_is_read_as_argparse_reads_it(command: str) -> None:
+    words = [command, *(f"word {n}" for n in range(len(PLAIN[command][0])))]
+    fast = plain(words)
+    assert fast is not None
+    whole = parser().parse_command_line(words)
+    assert {k: v for k, v in vars(fast).items() if k != "fn"} == {
+        k: v for k, v in vars(whole).items() if k != "fn"
+    }
+    assert fast.fn.__qualname__ == whole.fn.__qualname__
+    # anything more (an option, a word too many or too few) is argparse's to read
+    for other in ([*words, "--json"], [*words, "x"], words[:-1] if len(words) > 1 else ["-h"]):
+        assert plain(other) is None
 
 
 def test_one_commands_parser_is_that_command_of_the_whole_parser() -> None:
@@ -196,7 +221,8 @@ def test_a_command_line_parses_the_same_with_its_parser_alone(argv: list[str]) -
     from sessiond.ctl import command_line
 
     lean_parser, lean = command_line(argv)
-    assert lean_parser.commands().keys() == {lean.command}  # parsed by its own alone
+    if lean_parser is not None:  # else a plain one (above)
+        assert lean_parser.commands().keys() == {lean.command}  # parsed by its own alone
     whole = parser().parse_command_line(argv)
     assert {k: v for k, v in vars(lean).items() if k != "fn"} == {
         k: v for k, v in vars(whole).items() if k != "fn"
