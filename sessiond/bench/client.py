@@ -44,7 +44,9 @@ OTHER_CTL = "import sys; from sessiond.ctl import main; sys.exit(main())"
 COMMANDS: dict[str, list[str]] = {
     "ping": ["ping"],
     "ps": ["ps"],
-    "send": ["send", "s00001", "hello from the bench", "--from", "bench"],
+    "send": ["send", "s00001", "hello from the bench"],
+    # with an option: read by argparse (a plain line is not: sessiond/ctl/__init__.py)
+    "send_from": ["send", "s00001", "hello from the bench", "--from", "bench"],
 }
 
 
@@ -112,7 +114,8 @@ def measure(
         if baseline is not None:
             old = {**env, "PYTHONPATH": str(baseline)}
             for name, args in COMMANDS.items():
-                programs[f"baseline_{name}"] = ([sys.executable, "-P", "-c", OTHER_CTL, *args], old)
+                argv = [sys.executable, "-P", "-c", OTHER_CTL, *args]
+                programs[f"baseline_{name}"] = (argv, old)
         rounds = 15 if quick else 41
         say(f"measuring sessionctl ping, ps, send beside the floor ({rounds} rounds) ...")
         figures = interleaved(programs, rounds)
@@ -125,9 +128,11 @@ def measure(
     for name, (wall, cpu) in figures.items():
         if name == "floor":
             continue
-        results[f"sessionctl_{name}_process_ms"] = round(wall, 1)
-        results[f"sessionctl_{name}_ratio"] = round(wall / floor_wall, 2)
-        results[f"sessionctl_{name}_cpu_ratio"] = round(cpu / floor_cpu, 2)
+        command = name.removeprefix("baseline_")
+        key = ("baseline_" if command != name else "") + f"sessionctl_{command}"
+        results[f"{key}_process_ms"] = round(wall, 1)
+        results[f"{key}_ratio"] = round(wall / floor_wall, 2)
+        results[f"{key}_cpu_ratio"] = round(cpu / floor_cpu, 2)
     results.update(daemon_import(quick, say, baseline))
     results["load_average_after"] = _load()
     if baseline is not None:
