@@ -240,7 +240,6 @@ def _socket_path(text: str) -> Path:
 
 # the syscalls on one session that answer its state: what they did, and their help
 SIMPLE = {
-    "activate": ("activated", "wake a session now"),
     "suspend": ("suspended", "stop running on wakes"),
     "resume": ("resumed", "run on wakes again"),
     "interrupt": ("interrupted", "stop the running program; the session sleeps"),
@@ -314,6 +313,7 @@ def parser(only: str | None = None) -> Parser:  # noqa: PLR0915 - one statement 
         rp.add_argument("--view", choices=["state", "messages", "trace", "audit"], default="state")
     add("gate", cmd_gate, "evaluate the resume checks now, as a dry run (exit 1 if not ok)", "name")
     add("create", cmd_create, "register a session from a spec file (TOML)", "spec")
+    add("activate", _simple("activate", "activated"), "wake a session now", "name")
     for name, (verb, help_text) in SIMPLE.items():
         add(name, _simple(name, verb), help_text, "name")
     if wanted("aliases"):
