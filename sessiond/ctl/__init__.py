@@ -2,9 +2,10 @@
 
 Lean on purpose: plain dicts and the standard library's json, no import of the
 daemon's models (it is run by scripts and people all day; start-up time matters).
-A command imports what it uses when it runs: only its own command's parser is built
-(OneCommand), its module is imported alone, and orjson, typing, pathlib and datetime
-come only with the commands that use them (tests/test_lean_client.py holds this).
+A command imports what it uses when it runs: a plain command line is read without
+argparse (PLAIN), any other with its own command's parser alone (OneCommand); its
+module is imported alone, and orjson, typing, pathlib and datetime come only with the
+commands that use them (tests/e2e/test_lean_client.py holds this).
 Exit codes: 0 done; 1 refused; 2 usage error; 3 daemon not reachable; 4 no such
 session; 5 invalid input; 6 a cluster's database not reachable; 70 internal error.
 """
@@ -218,7 +219,7 @@ def cmd_ping(conn: Connection, args: Namespace, out: Out) -> int:
 
 
 # The commands each module adds (its add_parsers): `sessionctl X` imports X's module
-# alone (tests/test_lean_client.py checks this against what the modules add).
+# alone (tests/e2e/test_lean_client.py checks this against what the modules add).
 MODULE_COMMANDS = {
     "models": ("models",),
     "ps": ("ps", "top"),
