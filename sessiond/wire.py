@@ -101,10 +101,14 @@ def plain_encode(message: Mapping[str, object]) -> bytes:
     try:
         return text.encode() + b"\n"
     except UnicodeEncodeError as exc:
+        # the bytes as given (Python holds a byte that is not UTF-8 as U+DC80..U+DCFF)
+        shown = "".join(
+            f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"\\u{ord(c):04x}"
+            for c in text[exc.start : exc.end]
+        )
         raise RemoteError(
             "invalid_input",
-            f"an argument holds bytes that are not UTF-8 text ({text[exc.start : exc.end]!a}); "
-            "pass UTF-8 text",
+            f"an argument holds bytes that are not UTF-8 text ({shown}); pass UTF-8 text",
             5,
         ) from None
 

@@ -139,7 +139,7 @@ def test_an_argument_that_is_not_text_is_refused_clearly() -> None:
         )
         assert done.returncode == 5, done.stderr
         assert "Traceback" not in done.stderr
-        assert "not UTF-8 text" in done.stderr
+        assert "bytes that are not UTF-8 text (\\xe9)" in done.stderr
         assert d.json("show", "docs")["seq"] == before  # nothing was sent
 
 
