@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
-# An event's payload (its data), as the log holds it: typed per type by its model on
-# the log floor (log/event_data.py), which the clients do not import.
-Payload = Mapping[str, Any]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is mypy's: sessionctl does not import it
+    from typing import Any
+
+    # An event's payload (its data), as the log holds it: typed per type by its model
+    # on the log floor (log/event_data.py), which the clients do not import.
+    Payload = Mapping[str, Any]
 
 
 def _tool(d: Payload) -> str:

@@ -15,13 +15,18 @@ A ``--state`` that names ``terminated`` shows them all: it asked for them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, TypedDict, TypeVar
 
-# A row as the daemon makes it (replies.PsRow, or a console row, with more keys) or
-# as another cluster node's answer decoded it: what is filtered comes back as it was.
-R = TypeVar("R", bound=Mapping[str, Any])
+# sessionctl ps imports this module: typing, dataclasses (with inspect) and datetime
+# cost it more than the rest of its run, so the types are mypy's alone and Listing
+# is a plain class.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypedDict, TypeVar
+
+    # A row as the daemon makes it (replies.PsRow, or a console row, with more keys)
+    # or as another cluster node's answer decoded it: what is filtered comes back as
+    # it was.
+    R = TypeVar("R", bound=Mapping[str, Any])
 
 # The states of a session (table/lifecycle.py), then the ones a cluster's ps gives a
 # session no live node answered for (cluster/forward.py, cluster/placement.py).
@@ -35,31 +40,66 @@ DEFAULT_SORT = "agent"  # ps groups sessions by their owning agent (docs/spec.md
 HIDE_TERMINATED_AFTER = 3600.0  # seconds: terminated longer ago than this hides
 
 
-class ListingParams(TypedDict):
-    """A listing in a request's params (``ps``, and what a cluster node asks the others)."""
+if TYPE_CHECKING:
 
-    state: list[str]
-    agent: list[str]
-    label: list[str]
+    class ListingParams(TypedDict):
+        """A listing in a request's params (``ps``, and what a cluster node asks the
+        others)."""
+
+        state: list[str]
+        agent: list[str]
+        label: list[str]
+        all: bool
+        sort: str
+
+    class PsRequest(ListingParams):
+        """A ``ps`` request's params; ``footer``: answer a PsPage (replies.py), not rows."""
+
+        footer: bool
+
+else:  # at run time a TypedDict is the dict it types
+    ListingParams = PsRequest = dict
+
+
+class Listing:
+    """One ``ps`` request's filters and order (every filter must hold); a value:
+    equal to another with the same fields, never changed once made."""
+
+    __slots__ = ("agents", "all", "labels", "sort", "states")
+    states: frozenset[str]
+    agents: frozenset[str]
+    labels: tuple[tuple[str, str], ...]
     all: bool
     sort: str
 
+    def __init__(
+        self,
+        states: frozenset[str] = frozenset(),
+        agents: frozenset[str] = frozenset(),
+        labels: tuple[tuple[str, str], ...] = (),
+        all: bool = False,
+        sort: str = DEFAULT_SORT,
+    ) -> None:
+        for name, value in zip(self.__slots__, (agents, all, labels, sort, states), strict=True):
+            object.__setattr__(self, name, value)
 
-class PsRequest(ListingParams):
-    """A ``ps`` request's params; ``footer``: answer a PsPage (replies.py), not rows."""
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Listing is not changed once made (set {name})")
 
-    footer: bool
+    def _fields(self) -> tuple[object, ...]:
+        return (self.states, self.agents, self.labels, self.all, self.sort)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Listing) and self._fields() == other._fields()
 
-@dataclass(frozen=True)
-class Listing:
-    """One ``ps`` request's filters and order (every filter must hold)."""
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
-    states: frozenset[str] = frozenset()
-    agents: frozenset[str] = frozenset()
-    labels: tuple[tuple[str, str], ...] = ()
-    all: bool = False
-    sort: str = DEFAULT_SORT
+    def __repr__(self) -> str:
+        return (
+            f"Listing(states={self.states!r}, agents={self.agents!r}, "
+            f"labels={self.labels!r}, all={self.all!r}, sort={self.sort!r})"
+        )
 
     @classmethod
     def of(
@@ -159,6 +199,8 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 def _seconds(ts: str | None) -> float | None:
     if not ts:
         return None
+    from datetime import datetime
+
     try:
         return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:

@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pathlib only where a Path is made: sessionctl needs none
+    from pathlib import Path
 
 
-def default_socket(env: dict[str, str] | None = None) -> Path:
+def socket_path(env: dict[str, str] | None = None) -> str:
     """``SESSIOND_SOCKET``, else ``$XDG_RUNTIME_DIR/sessiond/sessiond.sock``, else (root)
     ``/run/sessiond/sessiond.sock``, else ``/tmp/sessiond-$UID/sessiond.sock``."""
     env = dict(os.environ) if env is None else env
     if env.get("SESSIOND_SOCKET"):
-        return Path(env["SESSIOND_SOCKET"])
+        return env["SESSIOND_SOCKET"]
     if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "sessiond" / "sessiond.sock"
+        return os.path.join(env["XDG_RUNTIME_DIR"], "sessiond", "sessiond.sock")
     if os.geteuid() == 0:
-        return Path("/run/sessiond/sessiond.sock")
-    return Path(f"/tmp/sessiond-{os.geteuid()}/sessiond.sock")
+        return "/run/sessiond/sessiond.sock"
+    return f"/tmp/sessiond-{os.geteuid()}/sessiond.sock"
+
+
+def default_socket(env: dict[str, str] | None = None) -> Path:
+    """:func:`socket_path` as a Path."""
+    from pathlib import Path
+
+    return Path(socket_path(env))
 
 
 def default_state_dir(env: dict[str, str] | None = None) -> Path:
     """``/var/lib/sessiond`` for root, else ``$XDG_STATE_HOME/sessiond``
     (``~/.local/state/sessiond``)."""
+    from pathlib import Path
+
     env = dict(os.environ) if env is None else env
     if os.geteuid() == 0:
         return Path("/var/lib/sessiond")

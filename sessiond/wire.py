@@ -1,5 +1,5 @@
-"""The RPC wire format, and a small client. Stdlib and orjson only: sessionctl
-imports this module and must start fast.
+"""The RPC wire format, and a small client. The standard library only at import
+(orjson, pathlib, typing when used): sessionctl imports this module and must start fast.
 
 Frames are JSON objects, one per line (newline-delimited), each at most
 ``max_frame_bytes`` (1 MiB by default) including the newline.
@@ -23,12 +23,17 @@ A connection carries any number of requests, answered in order.
 
 from __future__ import annotations
 
+import json as _json
+import os
 import socket as _socket
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import IO, Any, NotRequired, TypedDict
 
-import orjson
+# typing, pathlib and orjson are for mypy, the daemon and the SDK: a `sessionctl
+# ping` that imported them spent more on that than on the rest of its run.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import IO, Any, NotRequired, TypedDict
 
 PROTOCOL = 1
 DEFAULT_MAX_FRAME = 1 << 20
@@ -42,24 +47,28 @@ ANSWER_LIMIT = 64 << 20
 Params = Mapping[str, object]
 
 
-class ErrorInfo(TypedDict):
-    """A failure answer's ``error`` (docs/rpc.md, "Errors")."""
+if TYPE_CHECKING:
 
-    code: str
-    message: str
-    exit: int
-    last_seq: NotRequired[dict[str, int]]  # fell_behind: per session, where it stopped
+    class ErrorInfo(TypedDict):
+        """A failure answer's ``error`` (docs/rpc.md, "Errors")."""
 
+        code: str
+        message: str
+        exit: int
+        last_seq: NotRequired[dict[str, int]]  # fell_behind: per session, where it stopped
 
-class Frame(TypedDict, total=False):
-    """One answer line: a success, a failure or a stream item (see above)."""
+    class Frame(TypedDict, total=False):
+        """One answer line: a success, a failure or a stream item (see above)."""
 
-    id: int | str | None
-    ok: bool
-    result: Any  # the method's reply: sessiond/replies.py types each
-    error: ErrorInfo
-    stream: Any  # an item of a stream (log --follow: an event)
-    body: int  # bytes that follow the line (export)
+        id: int | str | None
+        ok: bool
+        result: Any  # the method's reply: sessiond/replies.py types each
+        error: ErrorInfo
+        stream: Any  # an item of a stream (log --follow: an event)
+        body: int  # bytes that follow the line (export)
+
+else:  # at run time a frame is the dict it decodes to (a TypedDict builds no other)
+    ErrorInfo = Frame = dict
 
 
 class RemoteError(Exception):
@@ -77,7 +86,31 @@ class RemoteError(Exception):
 
 
 def encode(message: Mapping[str, object]) -> bytes:
+    import orjson  # the daemon's and the SDK's (loaded already there); sessionctl's: plain_encode
+
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+
+
+def plain_encode(message: Mapping[str, object]) -> bytes:
+    """:func:`encode` with the standard library's json: the same frame for what a
+    command line holds (strings, numbers, lists, dicts), without orjson's import
+    (which cost a `sessionctl ping` more than the rest of its run). A string that
+    is not text (a lone surrogate: bytes of an argument that were not UTF-8) is
+    refused here, as orjson refuses it."""
+    text = _json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError as exc:
+        # the bytes as given (Python holds a byte that is not UTF-8 as U+DC80..U+DCFF)
+        shown = "".join(
+            f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"\\u{ord(c):04x}"
+            for c in text[exc.start : exc.end]
+        )
+        raise RemoteError(
+            "invalid_input",
+            f"an argument holds bytes that are not UTF-8 text ({shown}); pass UTF-8 text",
+            5,
+        ) from None
 
 
 def last_word_path(socket: Path) -> Path:
@@ -102,16 +135,18 @@ def leave_last_word(socket: Path, text: str) -> None:
         pass
 
 
-def _last_word(path: Path) -> str:
+def _last_word(path: str | os.PathLike[str]) -> str:
+    from pathlib import Path  # only when the daemon is not there
+
     try:
-        text = last_word_path(path).read_text(errors="replace")[:2000]
+        text = last_word_path(Path(path)).read_text(errors="replace")[:2000]
     except OSError:
         return ""
     text = "".join(c if c.isprintable() else " " for c in text).strip()
     return f". Its last word: {text}" if text else ""
 
 
-def _unreachable(path: Path, exc: OSError) -> RemoteError:
+def _unreachable(path: str | os.PathLike[str], exc: OSError) -> RemoteError:
     return RemoteError(
         "unreachable",
         f"the daemon is not reachable at {path} ({exc.strerror or exc}); start it with "
@@ -125,16 +160,33 @@ class Connection:
     """A blocking connection to the daemon (what sessionctl uses)."""
 
     def __init__(
-        self, path: Path, timeout: float | None = 30.0, *, token: str | None = None
+        self,
+        path: str | os.PathLike[str],
+        timeout: float | None = 30.0,
+        *,
+        token: str | None = None,
+        plain: bool = False,
     ) -> None:
         self.path = path
+        # How frames are written and read: orjson (which also takes what an SDK
+        # caller passes: datetimes, dataclasses), or with ``plain`` the standard
+        # library's json, for a sessionctl command that sends what a command line
+        # holds and must start fast (plain_encode).
+        self._encode: Callable[[Mapping[str, object]], bytes] = encode
+        self._decode: Callable[[bytes], Any]
+        if plain:
+            self._encode, self._decode = plain_encode, _json.loads
+        else:
+            import orjson
+
+            self._decode = orjson.loads
         # A run's token (SESSIOND_TOKEN), sent with every request: on the program
         # endpoint it says which run is calling (the control socket ignores it).
         self.token = token
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         try:
-            self.sock.connect(str(path))
+            self.sock.connect(os.fspath(path))
         except OSError as exc:
             self.sock.close()
             raise _unreachable(path, exc) from exc
@@ -158,7 +210,7 @@ class Connection:
             frame: dict[str, object] = {"id": self._next_id, "method": method, "params": params}
             if self.token:
                 frame["token"] = self.token
-            self.sock.sendall(encode(frame))
+            self.sock.sendall(self._encode(frame))
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The daemon may have answered and closed at once (a peer it refuses):
             # its answer says why, which "not reachable" would not.
@@ -186,7 +238,7 @@ class Connection:
                 raise RemoteError("closed", f"the daemon at {self.path} closed the connection", 3)
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
-        message: Frame = orjson.loads(line)
+        message: Frame = self._decode(line)
         if self.clean is not None:
             cleaned: Frame = self.clean(message)
             return cleaned
@@ -264,6 +316,8 @@ async def send_bundle_async(path: Path, bundle: Path, params: Params, timeout: f
     import asyncio
     import hashlib
 
+    import orjson
+
     def digest() -> tuple[int, str]:
         h = hashlib.sha256()
         with bundle.open("rb") as f:
@@ -293,6 +347,8 @@ async def send_bundle_async(path: Path, bundle: Path, params: Params, timeout: f
 async def call_async(path: Path, method: str, params: Params, timeout: float = 60) -> Any:
     """One request to a daemon from inside an event loop (daemon to daemon)."""
     import asyncio  # here, not at the top: sessionctl imports this module and must start fast
+
+    import orjson
 
     reader, writer = await asyncio.wait_for(
         asyncio.open_unix_connection(str(path), limit=ANSWER_LIMIT), timeout

@@ -20,6 +20,7 @@ import orjson
 
 from sessiond import __version__
 from sessiond.bench import (
+    client,
     commits,
     contexts,
     daemon,
@@ -53,6 +54,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "full_recovery_floor_ratio": ("<=", 2.0, "x (after kill -9 / reading and parsing the files)"),
     "daemon_rss_10k_mb": ("<=", 300.0, "MB"),
     "sessionctl_ps_300_ms": ("<=", 140.0, "ms (supervisorctl status, 300 programs)"),
+    "sessionctl_ping_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
+    "sessionctl_ps_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
+    "sessionctl_send_ratio": ("<=", 1.3, "x python -c 'import socket, json' (wall, medians)"),
     "wake_to_exec_p50_ms": ("<=", 20.0, "ms"),
     "sandbox_wake_overhead_ms": ("<=", 5.0, "ms (wake_to_exec with the sandbox minus without)"),
     "sdk_tool_roundtrip_p50_ms": ("<=", 5.0, "ms"),
@@ -178,19 +182,29 @@ def measure(
     results.update(contexts.measure(folder, quick))
     shutil.rmtree(folder)
     if not skip_daemon:
-        results.update(daemon.measure(work, quick, say))
-        results.update(startup.measure(work, quick, say))
-        say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms (the sandbox's floor) ...")
-        results.update(sandbox.floor(quick))
-        results.update(wakes.measure(work, quick, say))
-        say(
-            "measuring sdk_step_roundtrip_p50_ms beside its floors, sdk_replay_step_p50_ms, "
-            "send_4x4_eps beside fsync_4_loops_eps ..."
-        )
-        results.update({**steps.measure(work, quick), **commits.measure(work, quick)})
-        results.update(gateway.measure(work, quick, say))
-        results.update(loop.measure(work, quick, say, baseline))
-        results.update(memory.measure(work, quick, say))
+        results.update(_with_daemons(work, quick, say, baseline))
+    return results
+
+
+def _with_daemons(
+    work: Path, quick: bool, say: Callable[[str], None], baseline: Path | None
+) -> dict[str, object]:
+    """The figures that start a real daemon (or its clients and programs)."""
+    results: dict[str, object] = {}
+    results.update(daemon.measure(work, quick, say))
+    results.update(startup.measure(work, quick, say))
+    results.update(client.measure(work, quick, say))
+    say("measuring spawn_true_p50_ms, spawn_bwrap_true_p50_ms (the sandbox's floor) ...")
+    results.update(sandbox.floor(quick))
+    results.update(wakes.measure(work, quick, say))
+    say(
+        "measuring sdk_step_roundtrip_p50_ms beside its floors, sdk_replay_step_p50_ms, "
+        "send_4x4_eps beside fsync_4_loops_eps ..."
+    )
+    results.update({**steps.measure(work, quick), **commits.measure(work, quick)})
+    results.update(gateway.measure(work, quick, say))
+    results.update(loop.measure(work, quick, say, baseline))
+    results.update(memory.measure(work, quick, say))
     return results
 
 
@@ -243,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         "group commit beside fsync-each, 4 clients beside 4 fsync loops, replay",
     )
     parser.add_argument(
+        "--client-only",
+        action="store_true",
+        help="only one sessionctl ping, ps and send process beside python -c 'import socket, "
+        "json', and the daemon's import (with --baseline: that tree's too)",
+    )
+    parser.add_argument(
         "--sandbox-only",
         action="store_true",
         help="only wake_to_exec with the sandbox and without, beside bubblewrap's own spawn",
@@ -282,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.commits_only:
             results = commits.alone(work, args.quick, say)
+        elif args.client_only:
+            results = client.measure(work, args.quick, say, args.baseline)
         else:
             results = measure(
                 work,

@@ -9,19 +9,21 @@ processes nothing but ``ping``, and the program endpoint never serves them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from sessiond.wire import Connection, RemoteError
+from sessiond.wire import RemoteError
 
-# the reply types, for mypy only: sessionctl starts without building them
+# the reply types and typing, for mypy only: sessionctl starts without them
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from sessiond.replies import Folded, PsRow, SessionDetail
+    import argparse
+    from typing import Any
 
-Answer = Callable[[Connection, argparse.Namespace], tuple[Any, str]]
+    from sessiond.replies import Folded, PsRow, SessionDetail
+    from sessiond.wire import Connection
+
+    Answer = Callable[[Connection, argparse.Namespace], tuple[Any, str]]
 NOTE = "a free-text note recorded beside who answered (which the daemon takes from the socket)"
 
 
@@ -43,6 +45,8 @@ def resolve(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def apply(conn: Connection, args: argparse.Namespace) -> tuple[Any, str]:
+    from pathlib import Path
+
     path = Path(args.spec)
     try:
         text = path.read_text()

@@ -8,22 +8,24 @@ cell is whole, so ``grep`` and ``awk`` see the real reason.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sessiond.ctl.answers import say_unconfined
 from sessiond.ctl.render import Out, ago, cut, table, when
 from sessiond.listing import DEFAULT_SORT, HIDE_TERMINATED_AFTER, SORTS, Listing, PsRequest
 from sessiond.wire import Connection, RemoteError
 
-# the reply types, for mypy only: sessionctl starts without building them
+# the reply types and typing, for mypy only: sessionctl starts without them
+# (argparse too: a plain `sessionctl ps` is read without it, sessiond/ctl/__init__.py)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+
     from sessiond.replies import PsRow
 
-Add = Callable[..., argparse.ArgumentParser]
+    Add = Callable[..., argparse.ArgumentParser]
 
 
 def add_parsers(add: Add) -> None:

@@ -4,10 +4,11 @@ fixed set of options."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-# the reply types, for mypy only: sessionctl starts without building them
+# the reply types and typing, for mypy only: sessionctl starts without them
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from sessiond.replies import CauseView, GateReport
 
 

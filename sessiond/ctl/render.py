@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from datetime import datetime
-from typing import Any
 
-import orjson
+# What each command needs it imports when it needs it (orjson for --json, datetime
+# for a relative time): `sessionctl ping` imports none of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 STATE_COLOURS = {
     "running": "32",  # green
@@ -33,6 +35,8 @@ class Out:
         return f"\033[{code}m{text}\033[0m" if self.colour and code != "0" else text
 
     def emit_json(self, value: Any) -> None:
+        import orjson
+
         sys.stdout.buffer.write(orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE))
 
 
@@ -40,6 +44,8 @@ def ago(ts: str | None, now: float | None = None) -> str:
     """ "3 min ago", "in 2 h" from an RFC 3339 time."""
     if not ts:
         return "-"
+    from datetime import datetime
+
     try:
         then = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:

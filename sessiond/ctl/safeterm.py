@@ -20,11 +20,14 @@ error line on stderr is a person's even then: it is cleaned with or without it.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is mypy's: sessionctl does not import it
+    from typing import Any
 
 # C0 controls but tab and newline, DEL and the C1 controls; the bidi embeddings,
 # overrides and isolates, and the marks that steer them (LRM, RLM, ALM).
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -34,7 +37,9 @@ def _escape(match: re.Match[str]) -> str:
 
 def safe_text(text: str) -> str:
     """``text`` with every character a terminal would obey shown as its escape."""
-    return _UNSAFE.sub(_escape, text)
+    if text.isascii() and text.isprintable():  # most are: no pattern to compile or run
+        return text
+    return re.sub(_UNSAFE, _escape, text)
 
 
 def terminal_safe(value: Any) -> Any:

@@ -13,11 +13,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import orjson
+from typing import TYPE_CHECKING
 
 from sessiond import __version__
-from sessiond.log.fsck import Report, check
+
+# fsck's checker and the cluster's database are imported by their commands: the
+# daemon's own start imports what serving needs (service.py), and no more
+if TYPE_CHECKING:
+    from sessiond.log.fsck import Report
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fsck(args: argparse.Namespace) -> int:
+    from sessiond.log.fsck import check
+
     if args.fsck_dsn is not None:
         from sessiond.cluster.clusterdb import fsck_db
 
@@ -111,6 +116,8 @@ def _fsck(args: argparse.Namespace) -> int:
 
 def _report(report: Report, as_json: bool) -> int:
     if as_json:
+        import orjson
+
         sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
     else:
         for problem in report.problems:

@@ -26,7 +26,6 @@ import signal
 from pathlib import Path
 
 import structlog
-import watchfiles
 
 from sessiond.config import DaemonConfig
 from sessiond.log.store.durable import write_all
@@ -77,6 +76,8 @@ async def released(until: Path) -> None:
     notification on its folder (inotify), not by polling it."""
     if until.exists():
         return
+    import watchfiles  # a fault held: tests only, not the daemon's start
+
     async for _ in watchfiles.awatch(
         until.parent, watch_filter=None, debounce=0, step=10, recursive=False,
         rust_timeout=_RECHECK_MS, yield_on_timeout=True,

@@ -33,7 +33,6 @@ from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
 from sessiond.daemon.opening import Opening, collected, opening_of
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
-from sessiond.gateway.server import Gateway, queue_of
 from sessiond.gateway.view import QueueView
 from sessiond.ipc.server import Server
 from sessiond.log.store.durable import private_dir, write_durable
@@ -55,6 +54,8 @@ from sessiond.wire import leave_last_word
 if TYPE_CHECKING:
     from sessiond.cluster.forward import Forward
     from sessiond.cluster.node import ClusterNode
+    from sessiond.gateway.sched import Scheduler
+    from sessiond.gateway.server import Gateway
 
 log = structlog.get_logger(__name__)
 
@@ -173,7 +174,13 @@ class Daemon:
 
         # the model's queue (docs/design.md, "The model gateway"), when providers are
         # set: made first, so that `models`, ps and show read it from their start
-        queue = queue_of(config) if config.model.enabled else None
+        # (the gateway, and aiohttp with it, is imported only then: a daemon without
+        # models answers sooner without them)
+        queue: Scheduler | None = None
+        if config.model.enabled:
+            from sessiond.gateway.server import queue_of
+
+            queue = queue_of(config)
         source = (
             QueueView(queue, lambda: self.kernel.ctx.config.model.provider)  # after a reload too
             if queue is not None
@@ -213,7 +220,11 @@ class Daemon:
             metrics.watch(self.table)
             # on a cluster node its table, inbox and actions are the whole cluster's
             self.web = WebServer(config.web, self.kernel, metrics, self.forward, hints)
-        self.gateway = Gateway(self.kernel, queue) if queue is not None else None
+        self.gateway: Gateway | None = None
+        if queue is not None:
+            from sessiond.gateway.server import Gateway
+
+            self.gateway = Gateway(self.kernel, queue)
         self.stopping = asyncio.Event()
         self.notifier = Notifier(env)
         self.traces = Traces(config, self.table)

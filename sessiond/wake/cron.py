@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import zoneinfo
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from apscheduler.triggers.cron import CronTrigger
+# APScheduler is imported by the first cron made, not by the daemon's start: a
+# daemon none of whose sessions has a cron trigger never loads it.
+if TYPE_CHECKING:
+    from apscheduler.triggers.cron import CronTrigger
 
 
 class Cron:
     def __init__(self, schedule: str, timezone: str = "UTC", jitter: float = 0.0) -> None:
         self.schedule = schedule
+        from apscheduler.triggers.cron import CronTrigger
+
         self.tz = zoneinfo.ZoneInfo(timezone)
-        self._trigger = CronTrigger.from_crontab(schedule, timezone=self.tz)
+        self._trigger: CronTrigger = CronTrigger.from_crontab(schedule, timezone=self.tz)
         self.jitter = jitter
 
     def next_after(self, moment: datetime) -> datetime | None:

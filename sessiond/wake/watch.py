@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-import watchfiles
 
 from sessiond.gitrefs import git_folder
 from sessiond.table.sessions import file_hash
@@ -104,6 +103,11 @@ class Watcher:
         if not roots:
             self._watcher = None
             return
+        # watchfiles loads with the first root watched, not at the daemon's start; here,
+        # before the request that armed it is answered, so that the watch begins as
+        # soon after it as when it was imported at the start
+        import watchfiles  # noqa: F401
+
         self._stop_watch = asyncio.Event()
         self._watcher = asyncio.ensure_future(self._watch(roots, self._stop_watch))
 
@@ -121,6 +125,8 @@ class Watcher:
                     await task
 
     async def _watch(self, roots: frozenset[str], stop: asyncio.Event) -> None:
+        import watchfiles  # imported already (restart)
+
         log.info("watch.started", roots=sorted(roots), step_ms=self.poll_step_ms)
         try:
             async for changes in watchfiles.awatch(
