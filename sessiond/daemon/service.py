@@ -10,13 +10,9 @@ SIGHUP or ``sessionctl reload``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import errno
-import fcntl
 import gc
 import os
-import resource
 import signal
 import sys
 import time
@@ -29,16 +25,22 @@ import uvloop
 from sessiond import __version__, logs
 from sessiond.cluster.lease import LEASE_LOST_EXIT, make_store
 from sessiond.config import BadConfig, DaemonConfig, load_config
-from sessiond.daemon.faults import faults, io_hooks, probe_state_dir
+from sessiond.daemon.faults import faults, io_hooks
 from sessiond.daemon.opening import Opening, collected, opening_of
+from sessiond.daemon.statedir import (
+    StartupError,
+    check_writable,
+    mask_key,
+    raise_file_limit,
+    take_lock,
+)
 from sessiond.daemon.systemd import Notifier, activated_socket
 from sessiond.errors import DatabaseUnavailable, Fenced, SessiondError
 from sessiond.gateway.view import QueueView
 from sessiond.ipc.server import Server
-from sessiond.log.store.durable import private_dir, write_durable
+from sessiond.log.store.durable import write_durable
 from sessiond.notify import Notices
 from sessiond.otel import Traces
-from sessiond.redaction import use_key_file
 from sessiond.replies import Reloaded, Synced
 from sessiond.runs.cgroups import BadCgroupConfig, run_prefix, sweep
 from sessiond.runs.leftovers import kill_marked
@@ -63,89 +65,11 @@ log = structlog.get_logger(__name__)
 CLEAN_MARKER = "clean-shutdown"
 
 
-class StartupError(SessiondError):
-    """The daemon cannot start; the message says why and what to do."""
-
-    code = "startup"
-    exit_code = 1
-
-
-def check_writable(config: DaemonConfig) -> None:
-    """Refuse to start on a state dir that cannot be written (read-only, no permission)."""
-    state_dir = config.state_dir
-    try:
-        private_dir(state_dir)
-        probe_state_dir(config, state_dir)
-        probe = state_dir / f".probe-{os.getpid()}"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"ok")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            probe.unlink(missing_ok=True)
-    except OSError as exc:
-        why = {
-            errno.EROFS: "the file system is read-only",
-            errno.EACCES: "permission denied",
-            errno.ENOSPC: "the disk is full",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise StartupError(
-            f"cannot write to the state dir {state_dir}: {why}; give the daemon a writable "
-            "folder with --state-dir or SESSIOND_STATE_DIR"
-        ) from exc
-
-
-def mask_key(config: DaemonConfig) -> None:
-    """The daemon's mask key (sessiond.redaction): masked step keys are found again
-    by it after a restart."""
-    try:
-        use_key_file(config.state_dir / "redact.key")
-    except OSError as exc:
-        raise StartupError(f"cannot use the mask key: {exc}") from exc
-
-
-def take_lock(state_dir: Path) -> int:
-    """Hold ``sessiond.lock`` for the daemon's lifetime; say who holds it if taken."""
-    path = state_dir / "sessiond.lock"
-    try:
-        # O_NOFOLLOW: the lock is truncated and given our pid; through a symlink
-        # planted in its place that would overwrite a file anywhere we may write.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc})"
-        raise StartupError(
-            f"{path} {why}; the state dir must hold real files only: remove it and start again"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StartupError(
-            f"another sessiond (pid {holder}) is using the state dir {state_dir}; one daemon "
-            "per state dir: stop it, or give this one another --state-dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
 def web_metrics() -> Any:
     """The console's metrics (prometheus-client is imported only when it is on)."""
     from sessiond.web.metrics import Metrics
 
     return Metrics()
-
-
-def raise_file_limit() -> None:
-    """Every session keeps its log open: take all the file descriptors we may."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class Daemon:
