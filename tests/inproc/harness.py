@@ -36,7 +36,8 @@ from typing import Any, cast
 import orjson
 
 from sessiond.config import DaemonConfig, load_config
-from sessiond.daemon.service import Daemon, mask_key
+from sessiond.daemon.service import Daemon
+from sessiond.daemon.statedir import mask_key
 from sessiond.ipc.dispatch import Caller, Dispatch
 from sessiond.ipc.frames import Frames
 from sessiond.log.store.base import Record, Store
