@@ -34,6 +34,7 @@ from sessiond.replies import NodeMove, PsRow, Unplaced, WaitingSession
 from sessiond.table.spec import GitTriggerSpec, SessionSpec, parse_spec
 
 if TYPE_CHECKING:
+    from sessiond.cluster.balance import Balancer
     from sessiond.cluster.coordination import Coordination
     from sessiond.cluster.host import Node
     from sessiond.log.store.base import Store
@@ -50,10 +51,17 @@ class Placer:
     moves nothing: ``ps`` and ``show`` are the local ones, and the take-over's
     sweep moves on what was made meanwhile."""
 
-    def __init__(self, coordination: Coordination, store: Store, hand_over: HandOver) -> None:
+    def __init__(
+        self,
+        coordination: Coordination,
+        store: Store,
+        hand_over: HandOver,
+        balancer: Balancer | None = None,
+    ) -> None:
         self.coordination = coordination
         self.store = store
         self.hand_over = hand_over  # LeaseKeeper's: at a stable point, or let go
+        self.balancer = balancer  # where a new session that may run here goes by load
         self.node: Node | None = None
 
     def start(self, node: Node) -> None:
@@ -78,8 +86,9 @@ class Placer:
         return waiting
 
     async def place(self, name: str) -> str | None:
-        """A session just made here that may not run here goes now: the node it
-        went to, or None (it stays, or waits for a node it fits)."""
+        """A session just made here that may not run here goes now, and one that
+        may goes to the least-loaded node it may run on (cluster/balance.py): the
+        node it went to, or None (it stays, or waits for a node it fits)."""
         node = self.node
         if node is None:
             return None  # not in the cluster yet: the take-over's sweep moves it
@@ -87,8 +96,9 @@ class Placer:
             s = node.table.sessions.get(name)
             if s is not None:
                 return await self.hand_over(s, None)
-        if name in node.table.sessions:
-            return None
+        s = node.table.sessions.get(name)
+        if s is not None:
+            return None if self.balancer is None else await self.balancer.place_new(s)
         # the take-over's sweep handed it over first: say where it went
         return await asyncio.to_thread(self.store.owner_of, name)
 

@@ -1,0 +1,185 @@
+"""Placement by load on real nodes (docs/design.md section 10, "Placement by load"):
+new and failed-over sessions go to the least-loaded node, a node that returns
+takes its share back at stable points, and a session waiting ``ready`` goes to
+a node with a free slot. The rules themselves (cluster/balance.py) first."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sessiond.cluster.balance import Load, fair_shares, least_loaded
+from sessiond.log.store.pg.placement import Placement
+from sessiond.replies import NodeRow
+from tests.cluster.conftest import HELLO, TTL, nodes_of
+from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
+
+# Placement by load on (the default), looked at twice a second.
+BALANCED = 'shared_paths = ["/tmp"]\nplacement_interval = "0.5s"\n'
+
+# The steady-state bound: the most sessions on a node against the mean.
+SKEW = 1.25
+
+
+def waiter(name: str) -> str:
+    """A session whose program runs until the file ``<name>.go`` exists in its workspace."""
+    return f"""name = "{name}"
+[run]
+exec = ["sh", "-c", "while [ ! -e {name}.go ]; do sleep 0.05; done; echo done >> {name}.out"]
+cwd = "."
+writes = ["{name}.out"]
+side_effect = "read"
+idempotency = "safe"
+"""
+
+
+def counts(d: Daemon) -> dict[str, int]:
+    """Sessions per node that takes sessions (up, alive), as ``nodes --json`` says."""
+    return {r["name"]: r["sessions"] for r in d.json("nodes") if r["alive"] and r["state"] == "up"}
+
+
+def skew(c: dict[str, int]) -> float:
+    mean = sum(c.values()) / len(c)
+    return max(c.values()) / mean
+
+
+def owner(d: Daemon, name: str) -> str | None:
+    return next((r.get("node") for r in d.json("ps") if r["name"] == name), None)
+
+
+# --- the rules ---------------------------------------------------------------------
+
+
+def row(name: str, sessions: int, *, alive: bool = True, state: str = "up", slots: int = 2) -> Any:
+    r: dict[str, Any] = {"name": name, "alive": alive, "state": state, "labels": {}}
+    return r | {"sessions": sessions, "running": 0, "ready": 0, "max_running": slots}
+
+
+def test_the_fair_share_spreads_the_live_nodes_sessions_by_their_slots() -> None:
+    rows: list[NodeRow] = [
+        row("a", 9, slots=4),
+        row("b", 3, slots=2),
+        row("c", 0, state="draining"),  # leaving: it holds no share
+        row("d", 7, alive=False),  # dead: its sessions are being dealt, not counted yet
+    ]
+    assert fair_shares(rows) == {"a": 8.0, "b": 4.0, "c": 0.0, "d": 0.0}
+
+
+def test_the_least_loaded_node_has_a_free_slot_then_the_fewest_sessions() -> None:
+    full = Load("a", sessions=1, running=2, max_running=2)
+    busy = Load("b", sessions=5, running=1, max_running=2)
+    idle = Load("c", sessions=5, max_running=2)
+    gpu = Load("d", {"gpu": "a100"}, sessions=9, max_running=2)
+    anywhere = Placement()
+    assert least_loaded([full, busy, idle], anywhere) is idle  # same sessions, less busy
+    assert least_loaded([full, busy], anywhere) is busy  # a free slot before fewer sessions
+    assert least_loaded([full, busy, idle, gpu], Placement(needs={"gpu": "a100"})) is gpu
+    assert least_loaded([busy, idle], Placement(pinned="z")) is None
+    same = Load("e", sessions=5, max_running=2)
+    assert least_loaded([idle, same], anywhere, prefer="e") is same  # a tie stays put
+
+
+# --- on real nodes -----------------------------------------------------------------
+
+
+def test_sessions_spread_over_the_nodes_after_a_failover_and_a_return(pg_dsn: str) -> None:
+    with nodes_of(pg_dsn, 3, extra=BALANCED) as (n1, n2, n3):
+        busy = n1.write_spec("busy", waiter("busy"))
+        n1.ctl("create", str(busy), check=True)
+        n1.ctl("activate", "busy", check=True)
+        wait_event(n1, "busy", "run.started")
+        for i in range(12):
+            spec = n1.write_spec(f"s{i:02}", HELLO.replace('"hello"', f'"s{i:02}"'))
+            n1.ctl("create", str(spec), check=True)
+        made = counts(n1)
+        assert sum(made.values()) == 13
+        assert skew(made) <= SKEW, made  # each new session went to the least-loaded node
+
+        # A dead node's sessions spread over the survivors (not all to one).
+        n3.kill9()
+        wait_for(
+            lambda: set(c := counts(n1)) == {"n1", "n2"} and sum(c.values()) == 13,
+            timeout=TTL + 30,
+            what="n3's sessions dealt to the survivors",
+        )
+        survivors = counts(n1)
+        assert skew(survivors) <= SKEW, survivors
+
+        # It comes back and takes its share back, at stable points.
+        n3.start()
+        wait_for(
+            lambda: len(c := counts(n1)) == 3 and skew(c) <= SKEW,
+            timeout=TTL + 30,
+            what="n3 to take its share back",
+        )
+        back = counts(n1)
+        assert back["n3"] >= 3, back
+        rows = {r["name"]: r for r in n2.json("nodes")}
+        assert rows["n3"]["share"] == round(13 / 3, 2)
+        assert {"running", "ready", "max_running"} <= set(rows["n1"])
+        assert "SHARE" in n2.ctl("nodes", check=True).stdout
+
+        # The running session never moved: it finishes where it started.
+        assert owner(n2, "busy") == "n1"
+        (n1.root / "busy.go").touch()
+        finished = wait_event(n1, "busy", "run.finished")
+        assert finished["node"] == "n1"
+        nodes = {r["node"] for r in n1.json("log", "busy")}
+        assert nodes == {"n1"}
+        moved = [
+            line["session"]
+            for d in (n1, n2)
+            for line in list(d.lines)
+            if line.get("event") == "cluster.balanced"
+        ]
+        assert moved
+        assert "busy" not in moved
+
+
+@contextmanager
+def one_slot_each(dsn: str) -> Iterator[list[Daemon]]:
+    """Two nodes of one run slot each (max_running = 1), placement by load on."""
+    made: list[Daemon] = []
+    try:
+        for i in (1, 2):
+            config = f'max_running = 1\n[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\n'
+            made.append(Daemon(short_dir(), config + f'lease_ttl = "{TTL}s"\n{BALANCED}').start())
+        yield made
+    finally:
+        for d in made:
+            d.reap()
+            shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_a_ready_session_goes_to_a_node_with_a_free_slot(pg_dsn: str) -> None:
+    with one_slot_each(pg_dsn) as (n1, n2):
+        for name in ("a", "b", "c"):
+            n1.write_spec(name, waiter(name))
+        n1.ctl("create", str(n1.root / "a.toml"), check=True)
+        n1.ctl("activate", "a", check=True)
+        wait_event(n1, "a", "run.started")
+        made = n1.json("create", str(n1.root / "c.toml"))
+        assert made["handed_to"] == "n2"  # n1's one slot is busy: the free one is n2's
+        n1.ctl("activate", "c", check=True)
+        wait_event(n1, "c", "run.started")
+        wait_for(
+            lambda: all(r["running"] == 1 for r in n1.json("nodes")),
+            what="both nodes to say their slot is busy",
+        )
+
+        # Both slots busy: b is made and queued here, and waits ready.
+        assert "handed_to" not in n1.json("create", str(n1.root / "b.toml"))
+        n1.ctl("activate", "b", check=True)
+        wait_event(n1, "b", "lifecycle.changed", match=lambda r: r["data"]["to"] == "ready")
+        (n1.root / "b.go").touch()  # b's program ends as soon as it runs
+
+        # n2's slot comes free while n1's stays busy: b runs there.
+        (n1.root / "c.go").touch()
+        wait_event(n1, "c", "run.finished")
+        finished = wait_event(n1, "b", "run.finished")
+        assert finished["node"] == "n2"
+        assert owner(n1, "a") == "n1"
+        (n1.root / "a.go").touch()
+        assert wait_event(n1, "a", "run.finished")["node"] == "n1"  # a running one stays
