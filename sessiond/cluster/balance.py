@@ -11,7 +11,7 @@ its load (the ``nodes`` row: ``running``, ``ready``, ``max_running``), and
 - a session waiting ``ready`` here goes to a node it may run on that has a free
   slot (:meth:`Balancer._to_free_slots`), so none waits while a slot is free;
 - a node holding more than its fair share (:func:`fair_shares`: the sessions of
-  the live nodes, spread by their slots) hands the excess to nodes under theirs
+  the live nodes, spread evenly) hands the excess to nodes under theirs
   (:meth:`Balancer._even_out`): so a node that joins or returns takes its share back.
 
 Sessions move only at a stable point (:func:`settled`: no run, no call waiting
@@ -69,9 +69,9 @@ class Load:
 
     def key(self) -> tuple[bool, float, float]:
         """Smaller is less loaded: a node with a free slot before a full one; then
-        the fewest sessions for its slots; then the fewest running and ready."""
-        busy = (self.running + self.ready) / self.slots
-        return (self.free == 0, self.sessions / self.slots, busy)
+        the fewest sessions (the share is even: what the fleet is judged by); then
+        the fewest running and ready for its slots."""
+        return (self.free == 0, self.sessions, (self.running + self.ready) / self.slots)
 
 
 def loads_of(rows: list[NodeRow]) -> dict[str, Load]:
@@ -92,15 +92,12 @@ def loads_of(rows: list[NodeRow]) -> dict[str, Load]:
 
 def fair_shares(rows: list[NodeRow]) -> dict[str, float]:
     """The sessions each node should hold: every session of the live nodes (a
-    draining node's too: they are leaving it), spread over the nodes that take
-    sessions by their slots. 0 for a node that takes none."""
+    draining node's too: they are leaving it), spread evenly over the nodes that
+    take sessions (how busy each is decides where a new one goes, not how many
+    it holds). 0 for a node that takes none."""
     loads = loads_of(rows)
     total = sum(r["sessions"] for r in rows if r["alive"])
-    slots = sum(load.slots for load in loads.values())
-    return {
-        r["name"]: (total * loads[r["name"]].slots / slots if r["name"] in loads else 0.0)
-        for r in rows
-    }
+    return {r["name"]: (total / len(loads) if r["name"] in loads else 0.0) for r in rows}
 
 
 def least_loaded(loads: list[Load], placed: Placement, prefer: str | None = None) -> Load | None:
@@ -156,8 +153,11 @@ class Balancer:
         return running, len(scheduler.queue), scheduler.limit
 
     async def _loop(self) -> None:
+        first = True  # its load said at once: the others place by it from now on
         while True:
-            await asyncio.sleep(self.interval)
+            if not first:
+                await asyncio.sleep(self.interval)
+            first = False
             try:
                 await self.tick()
             except Exception as exc:  # the database is away: the lease keeper decides

@@ -5,16 +5,19 @@ a node with a free slot. The rules themselves (cluster/balance.py) first."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
-from sessiond.cluster.balance import Load, fair_shares, least_loaded
+from sessiond.cluster.balance import Balancer, Load, fair_shares, least_loaded
 from sessiond.log.store.pg.placement import Placement
 from sessiond.replies import NodeRow
 from tests.cluster.conftest import HELLO, TTL, nodes_of
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
+from tests.helpers import arun
 
 # Placement by load on (the default), looked at twice a second.
 BALANCED = 'shared_paths = ["/tmp"]\nplacement_interval = "0.5s"\n'
@@ -57,20 +60,20 @@ def row(name: str, sessions: int, *, alive: bool = True, state: str = "up", slot
     return r | {"sessions": sessions, "running": 0, "ready": 0, "max_running": slots}
 
 
-def test_the_fair_share_spreads_the_live_nodes_sessions_by_their_slots() -> None:
+def test_the_fair_share_spreads_the_live_nodes_sessions_evenly() -> None:
     rows: list[NodeRow] = [
         row("a", 9, slots=4),
-        row("b", 3, slots=2),
-        row("c", 0, state="draining"),  # leaving: it holds no share
+        row("b", 1, slots=2),
+        row("c", 2, state="draining"),  # leaving: it holds no share
         row("d", 7, alive=False),  # dead: its sessions are being dealt, not counted yet
     ]
-    assert fair_shares(rows) == {"a": 8.0, "b": 4.0, "c": 0.0, "d": 0.0}
+    assert fair_shares(rows) == {"a": 6.0, "b": 6.0, "c": 0.0, "d": 0.0}
 
 
 def test_the_least_loaded_node_has_a_free_slot_then_the_fewest_sessions() -> None:
     full = Load("a", sessions=1, running=2, max_running=2)
     busy = Load("b", sessions=5, running=1, max_running=2)
-    idle = Load("c", sessions=5, max_running=2)
+    idle = Load("c", sessions=5, max_running=4)
     gpu = Load("d", {"gpu": "a100"}, sessions=9, max_running=2)
     anywhere = Placement()
     assert least_loaded([full, busy, idle], anywhere) is idle  # same sessions, less busy
@@ -79,6 +82,86 @@ def test_the_least_loaded_node_has_a_free_slot_then_the_fewest_sessions() -> Non
     assert least_loaded([busy, idle], Placement(pinned="z")) is None
     same = Load("e", sessions=5, max_running=2)
     assert least_loaded([idle, same], anywhere, prefer="e") is same  # a tie stays put
+
+
+class Cluster:
+    """Coordination as a balancer sees it, in memory: who owns what (a unit test
+    of the rules; the real nodes follow)."""
+
+    node = "a"
+
+    def __init__(self, owners: dict[str, str], slots: dict[str, int]) -> None:
+        self.owners = owners
+        self.slots = slots
+
+    def publish(self, running: int, ready: int, max_running: int) -> None:
+        self.slots[self.node] = max_running
+
+    def nodes(self) -> list[NodeRow]:
+        return [
+            row(n, sum(1 for o in self.owners.values() if o == n), slots=k)
+            for n, k in sorted(self.slots.items())
+        ]
+
+    def movable(self) -> list[str]:
+        return sorted(n for n, o in self.owners.items() if o == self.node)
+
+    def placement(self, name: str) -> tuple[Placement, str, bool]:
+        return Placement(), self.owners[name], True
+
+
+def session(name: str, state: str = "sleeping", **extra: Any) -> Any:
+    journal = SimpleNamespace(state=SimpleNamespace(turn=extra.get("turn")))
+    return SimpleNamespace(
+        name=name,
+        state=state,
+        run=extra.get("run"),
+        lock=asyncio.Lock(),
+        journal=journal,
+        journal_or_none=journal,
+    )
+
+
+def test_a_node_above_its_share_moves_at_most_the_rate_and_never_a_busy_session() -> None:
+    owners = {f"s{i:02}": "a" for i in range(20)}
+    cluster = Cluster(owners, {"a": 2, "b": 2})
+    table = {name: session(name) for name in owners}
+    table["s00"] = session("s00", "running", run=object())  # a program runs
+    table["s01"] = session("s01", turn={"n": 1})  # a turn left open (a retry to come)
+    table["s02"] = session("s02", "blocked")  # a call waits for an answer
+    scheduler = SimpleNamespace(starting=set(), queue={}, limit=2, order=list)
+    node = SimpleNamespace(
+        table=_Table(table),
+        kernel=SimpleNamespace(ctx=SimpleNamespace(scheduler=scheduler), stopping=False),
+    )
+    moved: list[list[str]] = []
+
+    async def move(s: Any, to: str, queued: bool) -> str:
+        owners[s.name] = to
+        del table[s.name]
+        moved[-1].append(s.name)
+        return to
+
+    balancer = Balancer(cast(Any, cluster), move, interval=1.0, moves=3)
+    balancer.node = cast(Any, node)
+
+    async def ticks() -> None:
+        for _ in range(6):
+            moved.append([])
+            await balancer.tick()
+
+    arun(ticks())
+    assert [len(m) for m in moved] == [3, 3, 3, 1, 0, 0]  # the rate, then its share: 10
+    assert {"s00", "s01", "s02"}.isdisjoint(name for m in moved for name in m)
+    assert [r["sessions"] for r in cluster.nodes()] == [10, 10]
+
+
+class _Table:
+    def __init__(self, sessions: dict[str, Any]) -> None:
+        self.sessions = sessions
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self.sessions.values()))
 
 
 # --- on real nodes -----------------------------------------------------------------
