@@ -56,7 +56,7 @@ class Load:
     sessions: int = 0
     running: int = 0
     ready: int = 0
-    max_running: int = 0  # 0: not said yet (counted as one slot)
+    max_running: int = 1
 
     @property
     def slots(self) -> int:
@@ -75,7 +75,10 @@ class Load:
 
 
 def loads_of(rows: list[NodeRow]) -> dict[str, Load]:
-    """The nodes of ``rows`` that take sessions, by name."""
+    """The nodes of ``rows`` that take sessions, by name: alive, up, and started (it
+    has said its load, which its take-over starts with: one still loading its
+    table would leave what it is given unclaimed meanwhile; each start of a node
+    clears what its last one said)."""
     return {
         r["name"]: Load(
             r["name"],
@@ -86,7 +89,7 @@ def loads_of(rows: list[NodeRow]) -> dict[str, Load]:
             r.get("max_running", 0),
         )
         for r in rows
-        if r["alive"] and r["state"] == "up"
+        if r["alive"] and r["state"] == "up" and r.get("max_running", 0) > 0
     }
 
 

@@ -48,6 +48,14 @@ def skew(c: dict[str, int]) -> float:
     return max(c.values()) / mean
 
 
+def started(d: Daemon, count: int) -> None:
+    """Until ``count`` nodes take part in placement (each has said its load)."""
+    wait_for(
+        lambda: sum(1 for r in d.json("nodes") if r["max_running"] > 0) == count,
+        what=f"{count} nodes to say their load",
+    )
+
+
 def owner(d: Daemon, name: str) -> str | None:
     return next((r.get("node") for r in d.json("ps") if r["name"] == name), None)
 
@@ -173,6 +181,7 @@ def hello(d: Daemon, name: str) -> str:
 
 def test_new_sessions_made_through_one_node_go_to_the_least_loaded(pg_dsn: str) -> None:
     with nodes_of(pg_dsn, 3, extra=BALANCED) as (n1, _, _):
+        started(n1, 3)
         went = [n1.json("create", hello(n1, f"s{i:02}")).get("handed_to") for i in range(9)]
         assert went.count(None) == 3  # a tie stays where it is made
         assert counts(n1) == {"n1": 3, "n2": 3, "n3": 3}
@@ -180,6 +189,7 @@ def test_new_sessions_made_through_one_node_go_to_the_least_loaded(pg_dsn: str) 
 
 def test_sessions_spread_over_the_nodes_after_a_failover_and_a_return(pg_dsn: str) -> None:
     with nodes_of(pg_dsn, 3, extra=BALANCED) as (n1, n2, n3):
+        started(n1, 3)
         busy = n1.write_spec("busy", waiter("busy"))
         n1.ctl("create", str(busy), check=True)
         n1.ctl("activate", "busy", check=True)
@@ -249,6 +259,7 @@ def one_slot_each(dsn: str) -> Iterator[list[Daemon]]:
 
 def test_a_ready_session_goes_to_a_node_with_a_free_slot(pg_dsn: str) -> None:
     with one_slot_each(pg_dsn) as (n1, n2):
+        started(n1, 2)
         for name in ("a", "b", "c"):
             n1.write_spec(name, waiter(name))
         n1.ctl("create", str(n1.root / "a.toml"), check=True)

@@ -57,8 +57,10 @@ async def pg_member(
         keys_of=keys_of,
     )
     await store.connect()  # registers the node (a new incarnation)
+    coord = PgCoordination(store)
+    coord.publish(0, 0, 1)  # it takes part: sessions are dealt to it (as a node's take-over)
     try:
-        yield Member(store, PgCoordination(store))
+        yield Member(store, coord)
     finally:
         await store.aclose()
 
