@@ -340,6 +340,18 @@ class ClusterConfig(_Strict):
     # folders every node mounts at the same path: a session whose workspace lies
     # under one may fail over; any other workspace belongs to its node
     shared_paths: list[Path] = Field(default_factory=list)
+    # placement by load (cluster/balance.py): how often a node says its load and
+    # compares it with the others', and how many sessions it hands over per
+    # interval to even it out (0: none, and a new session stays where it is made)
+    placement_interval: Duration = 2.0
+    moves_per_interval: int = Field(default=10, ge=0, le=10_000)
+
+    @field_validator("placement_interval")
+    @classmethod
+    def _sane_interval(cls, value: float) -> float:
+        if not 0.1 <= value <= 600:
+            raise ValueError("placement_interval must be between 0.1s and 10m (e.g. '2s')")
+        return value
 
     @field_validator("shared_paths")
     @classmethod

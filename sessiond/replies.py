@@ -92,6 +92,12 @@ class NodeRow(TypedDict):
     labels: dict[str, str]
     sessions: int
     self: bool  # the node that answered
+    # its load as it last said it (cluster/balance.py): programs running, sessions
+    # waiting ready for a slot, its slots; and the sessions it should hold
+    running: int
+    ready: int
+    max_running: int
+    share: float
 
 
 class Unplaced(TypedDict):

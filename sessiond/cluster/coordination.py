@@ -40,7 +40,14 @@ class Coordination(ABC):
     def nodes(self) -> list[NodeRow]:
         """Every node, as ``sessionctl nodes`` lists it: name, incarnation, state
         (up, draining, stopped, lapsed), alive, its lease's age and time left,
-        labels, how many sessions it owns, and whether it is this node."""
+        labels, how many sessions it owns, whether it is this node, its load as it
+        last said it (running, ready, max_running) and its fair share of the
+        sessions (cluster/balance.py's ``fair_shares``)."""
+
+    @abstractmethod
+    def publish(self, running: int, ready: int, max_running: int) -> None:
+        """Say this node's load (cluster/balance.py): its programs running, its
+        sessions waiting ready for a slot, its slots. ``nodes`` lists it."""
 
     @abstractmethod
     def node_row(self, name: str) -> tuple[bool, str, dict[str, str]] | None:
@@ -55,8 +62,11 @@ class Coordination(ABC):
 
     @abstractmethod
     def orphans(self, limit: int = 100) -> list[str]:
-        """Sessions this node should take: nobody's, those of nodes whose lease
-        lapsed (that may run here), and those handed to it."""
+        """Sessions this node should take: those handed to it, and those it is
+        dealt. Nobody's sessions and those of nodes whose lease lapsed (up to
+        ``limit`` at a time) are dealt first to the live nodes they may run on, each
+        to the least loaded (cluster/balance.py's ``least_loaded``), so that a dead
+        node's sessions spread over the survivors instead of going to one."""
 
     @abstractmethod
     def hand_over(self, name: str, to: str | None) -> str | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from sessiond.cluster.balance import Balancer
 from sessiond.cluster.channels import Channels
 from sessiond.cluster.coordination import Coordination
 from sessiond.cluster.host import Node
@@ -115,6 +116,8 @@ def make_store(
         channels=pg_channels(store, prepared=cluster.prepared),
         socket=config.socket,
         database=where(cluster.dsn),
+        placement_interval=cluster.placement_interval,
+        moves_per_interval=cluster.moves_per_interval,
     )
     return store, keeper
 
@@ -130,9 +133,11 @@ def _check_node(name: str) -> None:
         )
 
 
-def _at_stable_point(s: Session) -> None:
-    """Refuse to hand ``s`` over while a run is on or about to start."""
-    if s.run is not None or s.state in ("running", "ready"):
+def _at_stable_point(s: Session, queued: bool = False) -> None:
+    """Refuse to hand ``s`` over while a run is on or about to start; with
+    ``queued``, one waiting ``ready`` for a slot may go (placement by load: it holds
+    nothing yet, and the next node's gate decides again)."""
+    if s.run is not None or s.state == "running" or (s.state == "ready" and not queued):
         raise Refused(
             f"session {s.name!r} is {s.state}: it is handed over at a stable point; "
             "interrupt it, or try again when it sleeps"
@@ -156,6 +161,8 @@ class LeaseKeeper:
         channels: Channels,
         socket: Path | None = None,
         database: str = "",
+        placement_interval: float = 2.0,
+        moves_per_interval: int = 0,
     ) -> None:
         self.store = store
         self.coordination = coordination  # what the nodes agree on beside the store
@@ -167,9 +174,19 @@ class LeaseKeeper:
         self._takeover: asyncio.Task[None] | None = None
         self._fence: Callable[[float], None] | None = None
         self._node: Node | None = None
+        # placement by load (cluster/balance.py): started with the take-over
+        self.balancer = Balancer(
+            coordination,
+            lambda s, to, queued: self._hand_over(s, to, queued=queued),
+            interval=placement_interval,
+            moves=moves_per_interval,
+        )
         # the kernel's placement seam: it acts once take_over has started it
         self.placer = Placer(
-            coordination, store, lambda s, to: self._hand_over(s, to, release=True)
+            coordination,
+            store,
+            lambda s, to: self._hand_over(s, to, release=True),
+            self.balancer,
         )
         self._closing = threading.Event()  # a clean stop lets go of the lease itself
         self._watchdog: threading.Thread | None = None
@@ -234,6 +251,7 @@ class LeaseKeeper:
         self._node = node
         self.placer.start(node)
         self._takeover = asyncio.ensure_future(self._take_over(node))
+        self.balancer.start(node)
 
     async def nodes(self) -> list[NodeRow]:
         """``sessionctl nodes``: the cluster's nodes (docs/design.md section 10)."""
@@ -273,15 +291,18 @@ class LeaseKeeper:
             )
         return {"session": name, "node": moved}
 
-    async def _hand_over(self, s: Session, to: str | None, *, release: bool = False) -> str | None:
+    async def _hand_over(
+        self, s: Session, to: str | None, *, release: bool = False, queued: bool = False
+    ) -> str | None:
         """Give ``s`` away at a stable point: not while a run is on; its triggers
         disarmed and its log closed here first, then the owner changed (the epoch
         with it) to a node it may run on (placement.py). None: nobody took it, and
         it stays here; or, with ``release`` (it may not run here), it is let go
-        for the node it fits to claim when that one is up."""
+        for the node it fits to claim when that one is up. With ``queued``, a
+        session waiting ``ready`` for a slot may go too."""
         assert self._node is not None
         node = self._node
-        _at_stable_point(s)
+        _at_stable_point(s, queued)
         target = await asyncio.to_thread(self.coordination.target_for, s.name, to)
         if target is None and not release:
             return None  # no node it may run on is up: it stays as it is
@@ -293,7 +314,10 @@ class LeaseKeeper:
             # Again under the lock: a wake that held or queued for it before us may
             # have started a run meanwhile, and its program must not run on here
             # while the next owner runs the same turn.
-            _at_stable_point(s)
+            _at_stable_point(s, queued)
+            if s.name in node.kernel.ctx.scheduler.starting:
+                raise Refused(f"session {s.name!r} is starting: it is handed over when it sleeps")
+            node.kernel.ctx.scheduler.queue.pop(s.name, None)  # not started here any more
             node.triggers.disarm(s.name)
             node.table.sessions.pop(s.name, None)
             if s.journal_or_none is not None:
@@ -411,6 +435,7 @@ class LeaseKeeper:
     async def close(self) -> None:
         """At a clean stop: let go of the lease, so others may take over at once."""
         self._closing.set()
+        self.balancer.stop()
         for task in (self._task, self._takeover):
             if task is not None:
                 task.cancel()

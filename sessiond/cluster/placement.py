@@ -34,6 +34,7 @@ from sessiond.replies import NodeMove, PsRow, Unplaced, WaitingSession
 from sessiond.table.spec import GitTriggerSpec, SessionSpec, parse_spec
 
 if TYPE_CHECKING:
+    from sessiond.cluster.balance import Balancer
     from sessiond.cluster.coordination import Coordination
     from sessiond.cluster.host import Node
     from sessiond.log.store.base import Store
@@ -50,11 +51,24 @@ class Placer:
     moves nothing: ``ps`` and ``show`` are the local ones, and the take-over's
     sweep moves on what was made meanwhile."""
 
-    def __init__(self, coordination: Coordination, store: Store, hand_over: HandOver) -> None:
+    def __init__(
+        self,
+        coordination: Coordination,
+        store: Store,
+        hand_over: HandOver,
+        balancer: Balancer | None = None,
+    ) -> None:
         self.coordination = coordination
         self.store = store
         self.hand_over = hand_over  # LeaseKeeper's: at a stable point, or let go
+        self.balancer = balancer  # where a new session that may run here goes by load
         self.node: Node | None = None
+        # Sessions a create is placing now: the sweep leaves them to it; and the
+        # sweep's hand-overs under way, which a create that came second waits for.
+        # Else the create could read the owner between the sweep's taking the
+        # session out of the table and its hand-over's statement: this node.
+        self._placing: set[str] = set()
+        self._moving: dict[str, asyncio.Future[str | None]] = {}
 
     def start(self, node: Node) -> None:
         self.node = node
@@ -78,18 +92,32 @@ class Placer:
         return waiting
 
     async def place(self, name: str) -> str | None:
-        """A session just made here that may not run here goes now: the node it
-        went to, or None (it stays, or waits for a node it fits)."""
+        """A session just made here that may not run here goes now, and one that
+        may goes to the least-loaded node it may run on (cluster/balance.py): the
+        node it went to, or None (it stays, or waits for a node it fits)."""
         node = self.node
         if node is None:
             return None  # not in the cluster yet: the take-over's sweep moves it
+        self._placing.add(name)
+        try:
+            return await self._place(node, name)
+        finally:
+            self._placing.discard(name)
+
+    async def _place(self, node: Node, name: str) -> str | None:
         if name in await asyncio.to_thread(self.coordination.misplaced):
             s = node.table.sessions.get(name)
             if s is not None:
-                return await self.hand_over(s, None)
-        if name in node.table.sessions:
-            return None
+                moved = await self.hand_over(s, None)
+                sweeping = self._moving.get(name)
+                return moved if sweeping is None else await asyncio.shield(sweeping)
+        s = node.table.sessions.get(name)
+        if s is not None:
+            return None if self.balancer is None else await self.balancer.place_new(s)
         # the take-over's sweep handed it over first: say where it went
+        sweeping = self._moving.get(name)
+        if sweeping is not None:
+            return await asyncio.shield(sweeping)
         return await asyncio.to_thread(self.store.owner_of, name)
 
     async def sweep(self) -> None:
@@ -99,7 +127,15 @@ class Placer:
             s = self.node.table.sessions.get(name)
             if s is None or s.run is not None or s.state in ("running", "ready"):
                 continue  # not loaded here, or at its next stable point
-            await self.hand_over(s, None)
+            if name in self._placing:
+                continue  # its create is placing it
+            moving = self._moving[name] = asyncio.get_running_loop().create_future()
+            try:
+                moving.set_result(await self.hand_over(s, None))
+            finally:
+                if not moving.done():  # refused (it started meanwhile): it stays
+                    moving.set_result(None)
+                del self._moving[name]
 
     async def refusal(self, name: str, to: str) -> str | None:
         """Why ``name`` may not go to node ``to`` (None: it may, as far as placement goes)."""

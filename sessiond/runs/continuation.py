@@ -254,7 +254,9 @@ class Continuation:
                 continue
             async with s.lock:
                 self.ctx.scheduler.queue.pop(s.name, None)
-                if s.state == "ready" and s.run is None:
+                # (not one a cluster node handed over meanwhile, to a node with a free slot)
+                here = self.ctx.table.sessions.get(s.name) is s
+                if s.state == "ready" and s.run is None and here:
                     await self.proceed(s, None)
 
     def _run_spec(self, s: Session) -> SessionSpec | None:

@@ -15,7 +15,10 @@ TTL = 2.0
 
 # Every node of a test runs on this one machine, and the tests' workspaces lie in
 # its /tmp: declared shared, so that their sessions may fail over (placement).
-SHARED = 'shared_paths = ["/tmp"]\n'
+# And nothing moves for load: a session stays on the node it was made on, so that
+# a test knows which node runs what (tests/cluster/test_balance.py turns it on;
+# a dead node's sessions are still dealt out by load).
+SHARED = 'shared_paths = ["/tmp"]\nmoves_per_interval = 0\n'
 
 HELLO = """name = "hello"
 [run]

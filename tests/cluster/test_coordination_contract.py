@@ -57,8 +57,10 @@ async def pg_member(
         keys_of=keys_of,
     )
     await store.connect()  # registers the node (a new incarnation)
+    coord = PgCoordination(store)
+    coord.publish(0, 0, 1)  # it takes part: sessions are dealt to it (as a node's take-over)
     try:
-        yield Member(store, PgCoordination(store))
+        yield Member(store, coord)
     finally:
         await store.aclose()
 
@@ -209,5 +211,36 @@ def test_a_dead_nodes_sessions_are_offered_where_they_fit_and_a_workspace_can_be
             assert b.coord.waiting()[0]["name"] == "w"
             assert b.coord.rehome("w", "b")
             assert b.coord.orphans() == ["w", "x"]
+
+    arun(go())
+
+
+def test_a_dead_nodes_sessions_are_dealt_to_the_least_loaded_and_each_node_says_its_load(
+    backend: Backend,
+) -> None:
+    where, member = backend
+
+    async def go() -> None:
+        async with member(where, "a") as a, member(where, "b") as b, member(where, "c") as c:
+            for i in range(6):
+                await made(a, f"s{i}")
+            await made(c, "mine")
+            b.coord.publish(1, 2, 4)
+            listed = {n["name"]: n for n in b.coord.nodes()}
+            assert (listed["b"]["running"], listed["b"]["ready"]) == (1, 2)
+            assert listed["b"]["max_running"] == 4
+            assert listed["a"]["share"] == listed["b"]["share"] == round(7 / 3, 2)
+            lapse(where, "a")
+            # dealt by sessions, each tie to the less busy: b (none yet) first, then
+            # c (one already), then every tie to c, whose programs are less busy
+            taken = b.coord.orphans()
+            assert taken == ["s0", "s2", "s4"]
+            assert sorted(taken + c.coord.orphans()) == sorted(
+                ["mine", *(f"s{i}" for i in range(6))]
+            )
+            listed = {n["name"]: n for n in c.coord.nodes()}
+            assert (listed["b"]["sessions"], listed["c"]["sessions"]) == (3, 4)
+            assert listed["a"]["share"] == 0.0  # its lease lapsed: no share
+            assert listed["b"]["share"] == 3.5
 
     arun(go())

@@ -31,7 +31,7 @@ def placed(pg_dsn: str, shared: Path) -> Iterator[list[Daemon]]:
         for i in (1, 2, 3):
             config = (
                 f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
-                f'shared_paths = ["{shared}"]\nlabels = {LABELS[i]}\n'
+                f'shared_paths = ["{shared}"]\nlabels = {LABELS[i]}\nmoves_per_interval = 0\n'
             )
             nodes.append(Daemon(short_dir(), config).start())
         yield nodes

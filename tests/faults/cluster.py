@@ -160,7 +160,11 @@ class ClusterCampaign(Campaign):
         return [n.proc.pid for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
     def _mine(self, row: dict[str, Any]) -> bool:
-        return row.get("node") in (None, self._name(self.daemon))
+        # A row no node answers for (waiting, unknown, unowned: a session between
+        # two nodes, handed over for load or being taken over) is nobody's run now,
+        # and has no boundary to judge: its owner's own row is judged once it has it.
+        placeholder = row.get("state") in ("waiting", "unknown", "unowned")
+        return row.get("node") in (None, self._name(self.daemon)) and not placeholder
 
     # --- set-up and one round -------------------------------------------------------
 

@@ -10,6 +10,7 @@ it left.
 
 from __future__ import annotations
 
+from sessiond.cluster.balance import fair_shares, least_loaded, loads_of
 from sessiond.cluster.coordination import Coordination
 from sessiond.cluster.placement import waiting_reason
 from sessiond.log.store.pg.pgstore import PgStore
@@ -31,6 +32,37 @@ RETURNING s.name
 """
 
 
+# The sessions to deal out: nobody's, or their node's lease lapsed, and some live
+# node that takes sessions may run them (the others wait, and would only fill
+# the batch).
+UNOWNED = f"""
+SELECT s.name, s.pinned, s.needs, s.workspace, s.workspace_node
+FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner
+WHERE (s.owner IS NULL OR n.lease_until <= now())
+  AND EXISTS (SELECT 1 FROM nodes AS t WHERE t.lease_until > now() AND t.state = 'up'
+              AND {fits("t.name", "t.labels")})
+ORDER BY s.name LIMIT %(n)s
+"""
+
+# Each dealt to its node, in one statement that checks again what the choice
+# assumed (still nobody's, the node live, up and fitting): of two nodes dealing at
+# once, one moves each session. SKIP LOCKED: rows another node is dealing or
+# claiming right now are passed over, never waited for (no deadlock between two
+# batches).
+DEAL = f"""
+WITH d AS (SELECT * FROM unnest(%(names)s::text[], %(nodes)s::text[]) AS d(name, node)),
+mine AS (SELECT s.name FROM sessions AS s JOIN d ON d.name = s.name
+         ORDER BY s.name FOR UPDATE OF s SKIP LOCKED)
+UPDATE sessions AS s SET owner = t.name, epoch = s.epoch + 1
+FROM d, nodes AS t
+WHERE s.name IN (SELECT name FROM mine) AND d.name = s.name AND t.name = d.node
+  AND t.lease_until > now() AND t.state = 'up' AND {fits("t.name", "t.labels")}
+  AND (s.owner IS NULL OR NOT EXISTS (SELECT 1 FROM nodes AS o
+                                      WHERE o.name = s.owner AND o.lease_until > now()))
+RETURNING s.name, t.name
+"""
+
+
 class PgCoordination(Coordination):
     """Coordination through the store's database, for the store's node."""
 
@@ -47,11 +79,12 @@ class PgCoordination(Coordination):
             "SELECT n.name, n.incarnation, n.state, n.lease_until > now(), "
             "extract(epoch FROM now() - n.renewed_at)::float8, "
             "extract(epoch FROM n.lease_until - now())::float8, n.started_at, n.labels, "
-            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name) "
+            "(SELECT count(*) FROM sessions AS s WHERE s.owner = n.name), "
+            "n.running, n.ready, n.max_running "
             "FROM nodes AS n ORDER BY n.name",
             {},
         )
-        return [
+        listed: list[NodeRow] = [
             {
                 "name": name,
                 "incarnation": int(inc),
@@ -63,9 +96,25 @@ class PgCoordination(Coordination):
                 "labels": labels,
                 "sessions": int(count),
                 "self": name == self.node,
+                "running": int(running),
+                "ready": int(ready),
+                "max_running": int(slots),
+                "share": 0.0,
             }
-            for name, inc, state, alive, age, left, started, labels, count in rows
+            for name, inc, state, alive, age, left, started, labels, count, *load in rows
+            for running, ready, slots in [load]
         ]
+        shares = fair_shares(listed)
+        for r in listed:
+            r["share"] = round(shares[r["name"]], 2)
+        return listed
+
+    def publish(self, running: int, ready: int, max_running: int) -> None:
+        self._query(
+            "UPDATE nodes SET running = %(r)s, ready = %(q)s, max_running = %(m)s "
+            "WHERE name = %(name)s AND incarnation = %(inc)s RETURNING name",
+            {**self.lease.params(), "r": running, "q": ready, "m": max_running},
+        )
 
     def node_row(self, name: str) -> tuple[bool, str, dict[str, str]] | None:
         rows = self._query(
@@ -88,16 +137,32 @@ class PgCoordination(Coordination):
     # --- ownership -----------------------------------------------------------------
 
     def orphans(self, limit: int = 100) -> list[str]:
-        """``SKIP LOCKED`` passes over rows another node is claiming right now; the
-        claim itself (the store's, log/store/pg/nodes.py) decides who gets one."""
+        """Deals, then lists this node's: every one (the caller passes over those it
+        runs already), so that one handed here is found however many it holds.
+        The claim itself (the store's, log/store/pg/nodes.py) decides who gets one."""
+        self.deal(limit)
         rows = self._query(
-            "SELECT s.name FROM sessions AS s LEFT JOIN nodes AS n ON n.name = s.owner "
-            "WHERE s.owner = %(me)s OR ((s.owner IS NULL OR n.lease_until <= now()) "
-            f"AND {fits('%(me)s', '%(labels)s::jsonb')}) "
-            "ORDER BY s.name LIMIT %(n)s FOR UPDATE OF s SKIP LOCKED",
-            {"me": self.node, "n": limit, "labels": self.lease.labels},
+            "SELECT name FROM sessions WHERE owner = %(me)s ORDER BY name", {"me": self.node}
         )
         return [r[0] for r in rows]
+
+    def deal(self, limit: int) -> dict[str, str]:
+        """Up to ``limit`` sessions nobody runs, each given to the least-loaded live
+        node it may run on (counting those dealt before it): session -> node."""
+        unowned = self._query(UNOWNED, {"n": limit})
+        if not unowned:
+            return {}
+        loads = list(loads_of(self.nodes()).values())
+        names: list[str] = []
+        nodes: list[str] = []
+        for name, pinned, needs, workspace, home in unowned:
+            best = least_loaded(loads, from_row(pinned, needs, workspace, home))
+            if best is not None:
+                names.append(name)
+                nodes.append(best.name)
+                best.sessions += 1
+        dealt = self._query(DEAL, {"names": names, "nodes": nodes})
+        return {str(name): str(node) for name, node in dealt}
 
     def hand_over(self, name: str, to: str | None) -> str | None:
         rows = self._query(

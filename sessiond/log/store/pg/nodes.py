@@ -29,7 +29,7 @@ VALUES (%(name)s, 1, now() + make_interval(secs => %(ttl)s), %(labels)s::jsonb)
 ON CONFLICT (name) DO UPDATE
     SET incarnation = n.incarnation + 1, started_at = now(), renewed_at = now(),
         lease_until = now() + make_interval(secs => %(ttl)s), state = 'up',
-        labels = excluded.labels
+        labels = excluded.labels, running = 0, ready = 0, max_running = 0
 RETURNING incarnation
 """
 

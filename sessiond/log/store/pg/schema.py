@@ -173,6 +173,15 @@ STEPS: list[str] = [
     END
     $$;
     """,
+    # 7: each node's load, as it says it every placement interval (cluster/balance.py):
+    # its programs running, its sessions waiting `ready` for a slot, and its slots
+    # (max_running), so that placement and `sessionctl nodes` compare the nodes
+    """
+    ALTER TABLE nodes
+        ADD COLUMN running     integer NOT NULL DEFAULT 0,
+        ADD COLUMN ready       integer NOT NULL DEFAULT 0,
+        ADD COLUMN max_running integer NOT NULL DEFAULT 0;
+    """,
 ]
 
 VERSION = len(STEPS)
