@@ -414,9 +414,10 @@ class Dispatch:
             params = request.get("params", {})
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
-            params = self._admit(caller, method, request, params)
-            # a start-up still opening sessions: the ones this request names first
+            # a start-up still opening sessions: the ones this request names first,
+            # before a program's grant checks read them (a fork's source, a merge's child)
             await opened_for(self.kernel.table, method, params)
+            params = self._admit(caller, method, request, params)
             # after the peer checks, here: a program's only as its spec grants
             if self.forward is not None and not method.startswith("sdk."):
                 routed, result = await self.forward.route(method, params, caller.who())

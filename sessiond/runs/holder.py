@@ -20,7 +20,8 @@ stopped or frozen process is killed by SIGKILL without running another
 instruction. The program is started with ``PR_SET_PDEATHSIG`` = SIGKILL, so the
 kernel kills it in the same moment, also while it is stopped; a sandboxed run's
 bubblewrap does the same for its whole PID namespace (``--die-with-parent``).
-The children of an unsandboxed program are not killed with it: they reparent
+The children of an unsandboxed program are not killed with it, nor the program
+if it clears its parent-death signal (any process may): they reparent
 to the spawner, which kills them once it runs again, past its own deadline
 (milliseconds after a thaw).
 ``CLOCK_BOOTTIME`` counts the time a machine spends suspended (``CLOCK_MONOTONIC``

@@ -223,6 +223,13 @@ def test_state_dir_and_socket_are_owner_only() -> None:
         assert os.stat(d.socket).st_mode & 0o777 == 0o600
         assert os.stat(d.state_dir).st_mode & 0o777 == 0o700
         assert os.stat(d.state_dir / "sessions" / "notes" / "events.jsonl").st_mode & 0o777 == 0o600
+        # the table index: every session's row, appended as they change, then
+        # rewritten whole at the stop
+        index = d.state_dir / "table.index"
+        wait_for(index.exists, what="the table index's first batch")
+        assert os.stat(index).st_mode & 0o777 == 0o600
+        d.stop()
+        assert os.stat(index).st_mode & 0o777 == 0o600
 
 
 def test_a_peer_with_another_uid_is_refused_by_the_credential_check() -> None:

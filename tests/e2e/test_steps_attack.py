@@ -239,6 +239,10 @@ with connect() as run:
     big = run._call("sdk.step", ordinal=4, **{**step, "name": "pay"})["call"]
     raw("done-bigint", b'{"id":1,"method":"sdk.step_done","params":{"token":"' + tok.encode()
         + b'","call":"' + big.encode() + b'","result":' + str(2**80).encode() + b"}}")
+    # a start behind an end (after) that is not a call, or not one finished ok
+    for label, after in (("int", 5), ("empty", ""), ("long", "c" * 301), ("dict", {"a": 1}),
+                         ("bogus", "r9.9")):
+        attempt("after-" + label, "sdk.step", ordinal=5, after=after, **step)
     # still a working run: the next step is taken and finished normally
     again = run._call("sdk.step", ordinal=3, **{**step, "name": "pay"})
     attempt("after", "sdk.step_done", call=again["call"], status="ok", result="fine")
@@ -298,6 +302,14 @@ def test_bad_step_params_get_clear_refusals_and_the_daemon_stays_up(d: Daemon) -
     assert out["send-nobody"][0] == "refused"
     assert out["send-huge-ordinal"][0] == "refused"
     assert out["after"][0] == "ok"
+    for label in ("int", "empty", "long", "dict"):
+        assert out["after-" + label][:2] == ["refused", "invalid_input"], out["after-" + label]
+        assert "after" in out["after-" + label][2], out["after-" + label]
+    # an end never recorded: refused as such, not as bad input
+    assert out["after-bogus"][:2] == ["refused", "refused"], out["after-bogus"]
+    assert "not finished ok" in out["after-bogus"][2], out["after-bogus"]
+    intents = d.json("log", "agent", "--type", "tool.intent")
+    assert 5 not in [r["data"]["ordinal"] for r in intents]  # none of them started
     # a number past 64 bits comes in as JSON's float (the SDK itself refuses it)
     assert '"ok":true' in out["done-bigint"]
     finished = [r["data"] for r in d.json("log", "agent", "--type", "tool.finished")]

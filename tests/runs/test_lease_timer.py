@@ -160,3 +160,62 @@ def test_a_renewed_deadline_keeps_the_program_running_and_a_lapsed_one_ends_it(
     assert survived  # past its first deadline, renewed
     assert os.WIFSIGNALED(status)
     assert os.WTERMSIG(status) == signal.SIGKILL  # the holder's timer, then the spawner
+
+
+# A hostile unsandboxed program: it clears the parent-death signal its holder
+# asked for (any process may), then writes as WRITER does.
+ESCAPER = """import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG: none
+with open(sys.argv[1], "a", buffering=1) as f:
+    f.write(f"pid {os.getpid()}\\n")
+    while True:
+        f.write(f"{time.monotonic()!r}\\n")
+        time.sleep(0.005)
+"""
+
+
+def test_an_unsandboxed_program_that_drops_its_death_signal_ends_with_the_spawner(
+    tmp_path: Path,
+) -> None:
+    """Outside the sandbox a program may clear its own parent-death signal: the
+    holder's kernel timer then kills the holder alone. It outlives the freeze
+    (its children would too; README, "Fencing"), but not the thaw for long: the
+    spawner, past its deadline, kills everything under it and exits."""
+    (tmp_path / "escaper.py").write_text(ESCAPER)
+    ledger = tmp_path / "ledger"
+
+    async def main() -> tuple[list[int], int]:
+        spawner = SpawnerClient()
+        spawner.start()
+        assert spawner.pid is not None
+        spawner.fence(time.monotonic() + 5)
+        out_r, out_w = os.pipe()
+        try:
+            held = await spawner.spawn(
+                ["python3", "escaper.py", str(ledger)],
+                cwd=str(tmp_path),
+                env={"PATH": os.environ["PATH"]},
+                stdout=out_w,
+                stderr=out_w,
+            )
+        finally:
+            os.close(out_w)
+        spawner.go(held)
+        wait_for(lambda: len(lines(ledger)) >= 3, what="the program writing")
+        program = int(lines(ledger)[0].split()[1])
+        pids = freeze(spawner.pid)
+        assert program in pids
+        wait_for(lambda: frozen(pids), what="the whole tree stopped")
+        wait_for(lambda: not alive(held.pid), what="the holder killed at the deadline")
+        assert state(program) == "T"  # no death signal: stopped, alive
+        thaw(pids)  # the program first
+        wait_for(lambda: spawner.proc is not None and spawner.proc.poll() is not None,
+                 what="the spawner's end: past its deadline, it kills all and exits")  # fmt: skip
+        left = [p for p in pids if alive(p)]
+        os.close(out_r)
+        await spawner.close()
+        return left, program
+
+    left, program = asyncio.run(main())
+    assert left == []
+    assert not alive(program)
