@@ -85,7 +85,7 @@ typecheck: $(STAMP)
 # a plain `pytest tests/x.py` is one process too (no -n in addopts).
 TEST_WORKERS ?= 4
 unit: $(STAMP) agents
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
 # them; never committed). Skipped with a note where Node.js/npm are missing: the
