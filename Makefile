@@ -75,8 +75,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The whole suite in parallel pytest-xdist workers. Most of its time is spent
+# waiting on real daemons, PostgreSQL and the campaigns, not on the CPU, so there
+# are more workers than the machine's 2 cores (bench/README.md has the figures).
+# A test file stays on one worker (--dist loadfile): its tests keep their order and
+# its module fixtures (the browser) start once. Each worker has its own PostgreSQL
+# (tests/pgserver.py); every other resource a test takes is its own (tmp folders,
+# free ports, cgroup folders named by uuid). TEST_WORKERS=0 runs it in one process;
+# a plain `pytest tests/x.py` is one process too (no -n in addopts).
+TEST_WORKERS ?= 4
 unit: $(STAMP) agents
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The agent CLIs the end-to-end tests run for real (tests/agents/package.json pins
 # them; never committed). Skipped with a note where Node.js/npm are missing: the

@@ -37,11 +37,16 @@ def test_a_file_change_wakes_a_watching_session_with_the_paths() -> None:
         (d.root / "data" / "tmp.csv").write_text("ignored\n")
         (d.root / "data" / "a.csv").write_text("1,2\n")
         (d.root / "data" / "b.csv").write_text("3,4\n")
-        wait_event(d, "w", "run.finished")
-        (cause,) = wakes(d.root)
-        paths = cause["wakes"][0]["details"]["paths"]
-        assert paths == ["data/a.csv", "data/b.csv"]  # one wake for the burst; tmp excluded
-        assert cause["wakes"][0]["trigger"] == "watch"
+
+        # The burst is one wake when both writes fall in one debounce window (200 ms),
+        # which a busy machine does not promise: the paths may come in more wakes
+        # (the wake storm test below bounds how many).
+        def seen() -> list[str]:
+            return [p for c in wakes(d.root) for w in c["wakes"] for p in w["details"]["paths"]]
+
+        wait_for(lambda: {"data/a.csv", "data/b.csv"} <= set(seen()), what="both paths")
+        assert set(seen()) == {"data/a.csv", "data/b.csv"}  # tmp excluded
+        assert all(w["trigger"] == "watch" for c in wakes(d.root) for w in c["wakes"])
         assert d.json("show", "w")["next_wake"] == "on change of data/*.csv"
 
 

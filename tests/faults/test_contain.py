@@ -67,7 +67,8 @@ def test_a_marked_process_left_after_a_stop_or_outside_the_daemon_is_counted_and
 ) -> None:
     tally = Tally()
     c = contain.Containment(ledger, tally)
-    argv = ["sh", "-c", "sleep 600; :", c.mark]
+    # one process carrying the mark: a shell's `sleep` child outlived the shell's kill
+    argv = [sys.executable, "-c", "import time; time.sleep(600)", c.mark]
     procs.append(subprocess.Popen(argv))
     wait_for(lambda: procs[0].pid in contain.running(c.mark), what="the exec")
     c.orphans(daemon_pid=os.getpid() + 10**6, timeout=0.2)  # not its ancestor
