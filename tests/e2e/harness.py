@@ -24,6 +24,16 @@ from tests.patience import Patience
 BIN = Path(sys.executable).parent
 SESSIOND = str(BIN / "sessiond")
 SESSIONCTL = str(BIN / "sessionctl")
+# Put before a command line that a test ends with Ctrl-C (SIGINT): the command
+# runs with SIGINT's default action, as at a terminal. A suite started in the
+# background (a shell's `cmd &`) ignores SIGINT, every child inherits that, and
+# Python then never raises KeyboardInterrupt, so the Ctrl-C would do nothing.
+AT_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
 # A wall-clock bound in these tests only catches a hang: it never decides an
 # outcome a busy machine could change. A test's own bound is a floor raised to
 # this (two suites at once on two cores have made 30 s waits run out on good code).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.e2e.harness import SESSIONCTL, Daemon, running, wait_event, wait_for
+from tests.e2e.harness import AT_A_TERMINAL, SESSIONCTL, Daemon, running, wait_event, wait_for
 
 # Prints its run's lines; the second part waits for a file the test makes (the
 # program polls for it: the test itself waits on events and output, never on time).
@@ -112,7 +112,7 @@ def test_follow_reads_a_run_as_it_prints_and_goes_on_to_the_next() -> None:
     with running() as d:
         ws = _create(d)
         follow = subprocess.Popen(
-            [SESSIONCTL, "output", "job", "-f"],
+            [*AT_A_TERMINAL, SESSIONCTL, "output", "job", "-f"],
             env=d.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
