@@ -51,21 +51,7 @@ class Node:
 
     def start(self) -> None:
         self._ready.clear()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "sessiond"),
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.root / "state"),
-                "--socket",
-                str(self.socket),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        self.proc = node_process(self.config, self.root, self.socket)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         if not self._ready.wait(120) or self.proc.poll() is not None:
             raise RuntimeError(f"node {self.name} did not start")
@@ -103,7 +89,9 @@ class Node:
                 self.kill9()
 
 
-def _until(check: Any, timeout: float, what: str) -> Any:
+def until(check: Any, timeout: float, what: str, step: float = 0.002) -> Any:
+    """Poll ``check`` until it is true (its value), or fail after ``timeout``: a
+    benchmark polling real nodes (fleet.py too), not a test."""
     deadline = time.monotonic() + timeout
     while True:
         got = check()
@@ -111,7 +99,28 @@ def _until(check: Any, timeout: float, what: str) -> Any:
             return got
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.002)
+        time.sleep(step)
+
+
+def node_process(config: Path, root: Path, socket: Path) -> subprocess.Popen[bytes]:
+    """A real ``sessiond`` node on ``config``, its log on a pipe (stderr), with none
+    of this process's ``SESSIOND_*`` settings (fleet_nodes.py starts its nodes so too)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
+    return subprocess.Popen(
+        [
+            str(BIN / "sessiond"),
+            "--config",
+            str(config),
+            "--state-dir",
+            str(root / "state"),
+            "--socket",
+            str(socket),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 def _stamp(path: Path) -> float:
@@ -122,7 +131,7 @@ def _stamp(path: Path) -> float:
             return None
         return float(text) if text else None
 
-    return float(_until(read, 30, f"{path} to be written"))
+    return float(until(read, 30, f"{path} to be written"))
 
 
 def wake(nodes: list[Node], work: Path, samples: int) -> dict[str, list[float]]:
@@ -140,7 +149,7 @@ def wake(nodes: list[Node], work: Path, samples: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"cross": [], "local": []}
     for i in range(2 * samples):
         via = sender if i % 2 == 0 else owner
-        _until(
+        until(
             lambda: call(owner.socket, "show", {"name": "w"})["state"] == "sleeping",
             30,
             "the session to sleep",
@@ -161,7 +170,7 @@ def failover(nodes: list[Node], rounds: int) -> list[float]:
         marks = {n.name: len(n.lines) for n in nodes}
         owner.kill9()
         killed = time.monotonic()
-        new = _until(
+        new = until(
             lambda old=owner, marks=marks: next(
                 (
                     n

@@ -47,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sessiond.bench.cluster_nodes import until
 from sessiond.bench.daemon import call
 from sessiond.bench.fleet_nodes import (
     CRON,
@@ -79,14 +80,7 @@ def quantile(seconds: list[float], of: int, q: float) -> float | None:
 
 
 def _until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # a tool polling a fleet, not a test
+    return until(check, timeout, what, step=0.05)  # a fleet answers slower than a node
 
 
 def listing(nodes: list[FleetNode], expected: set[str]) -> Figures:

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from sessiond.bench.daemon import BIN, call
+from sessiond.bench.cluster_nodes import node_process
+from sessiond.bench.daemon import call
 from sessiond.codec import decode_line
 from sessiond.wire import RemoteError
 
@@ -98,22 +99,7 @@ class FleetNode:
 
     def launch(self) -> None:
         self.supervised = True
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "sessiond"),
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.root / "state"),
-                "--socket",
-                str(self.socket),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        self.proc = node_process(self.config, self.root, self.socket)
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
         self._reader.start()
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sessiond.bench.cluster_nodes import Node, _stamp, _until, pct
+from sessiond.bench.cluster_nodes import Node, _stamp, pct, until
 from sessiond.bench.daemon import BenchDaemon, call
 from sessiond.localpg import LocalPostgres, bindir
 from sessiond.wire import Params
@@ -46,7 +46,7 @@ def _spec(work: Path) -> str:
 
 def _sample(via: Path, owner: Path, method: str, params: Params, work: Path) -> float:
     """ms from the request through ``via`` to the probe's first instruction."""
-    _until(lambda: call(owner, "show", {"name": "w"})["state"] == "sleeping", 30, "sleeping")
+    until(lambda: call(owner, "show", {"name": "w"})["state"] == "sleeping", 30, "sleeping")
     ts = work / "ts"
     ts.unlink(missing_ok=True)
     sent = time.time()
