@@ -183,8 +183,13 @@ def test_new_sessions_made_through_one_node_go_to_the_least_loaded(pg_dsn: str) 
     with nodes_of(pg_dsn, 3, extra=BALANCED) as (n1, _, _):
         started(n1, 3)
         went = [n1.json("create", hello(n1, f"s{i:02}")).get("handed_to") for i in range(9)]
-        assert went.count(None) == 3  # a tie stays where it is made
-        assert counts(n1) == {"n1": 3, "n2": 3, "n3": 3}
+        # each create goes where the sessions are fewest (a tie stays where it is
+        # made): 6 of 9 elsewhere. A count read while a hand-over is still under
+        # way may keep one more here; the balancer then evens it out.
+        assert went.count(None) in (3, 4), went
+        assert set(went) == {None, "n2", "n3"}, went
+        even = {"n1": 3, "n2": 3, "n3": 3}
+        wait_for(lambda: counts(n1) == even, timeout=120, what=f"{even}: {counts(n1)}")
 
 
 def test_sessions_spread_over_the_nodes_after_a_failover_and_a_return(pg_dsn: str) -> None:

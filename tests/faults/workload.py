@@ -223,6 +223,11 @@ allow = ["read", "write", "note"]
 type = "every"
 interval = "1s"
 """,
+        # before hostile, which sends to it and compacts it from its first run (made
+        # after, a loaded machine let that run come first and find no h-compact)
+        "h-compact": 'name = "h-compact"\n[compact]\nexec = '
+        + json.dumps(["/usr/bin/python3", "-I", "-c", SELF_COMPACT, str(control), str(ledger)])
+        + "\n",
         "hostile": f"""name = "hostile"
 [run]
 kind = "sdk"
@@ -250,9 +255,6 @@ type = "every"
 interval = "1s"
 """,
         "mailbox": 'name = "mailbox"\n',
-        "h-compact": 'name = "h-compact"\n[compact]\nexec = '
-        + json.dumps(["/usr/bin/python3", "-I", "-c", SELF_COMPACT, str(control), str(ledger)])
-        + "\n",
     }
     for name, (contract, trigger) in COMMANDS.items():
         idempotency, resume, side_effect = contract.split("/")
