@@ -217,8 +217,14 @@ class Daemon:
         assert self.proc is not None
         if not self._ready.wait(READY_TIMEOUT):
             raise AssertionError(f"sessiond did not get ready in {READY_TIMEOUT}s: {self.lines}")
-        if self.proc.poll() is not None:
-            raise AssertionError(f"sessiond exited with {self.proc.returncode}: {self.lines}")
+        said_ready = any(line.get("event") == "daemon.ready" for line in self.lines)
+        if not said_ready:
+            # woken by the end of its stderr: the daemon is exiting, but may not have
+            # exited yet (poll() would still say None), so wait for its exit code
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(READY_TIMEOUT)
+        if not said_ready or self.proc.poll() is not None:
+            raise AssertionError(f"sessiond exited with {self.proc.poll()}: {self.lines}")
 
     def ctl(
         self, *args: str, check: bool = False, timeout: float = 60
