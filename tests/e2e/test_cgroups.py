@@ -237,9 +237,12 @@ def test_a_restart_removes_the_run_cgroups_a_dead_daemon_left(layout: str, mark:
             wait_gone(mark)
             assert run_groups(folders, d) != []  # nobody removed it: the daemon died
             d.start()
-            assert run_groups(folders, d) == []
-            assert [
-                e["data"]["status"] for e in d.json("log", "job", "--type", "run.finished")
+            # r1's group is gone. The restart may already have resumed the cut-off
+            # session (its resume rule reruns it after the gate): r2 runs in a group
+            # of its own, made by this daemon, which is not a leftover.
+            assert [g for g in run_groups(folders, d) if not g.name.endswith(".r2")] == []
+            assert [e["data"]["status"] for e in d.json("log", "job", "--type", "run.finished")][
+                :1
             ] == ["lost"]
             d.stop()
         finally:
