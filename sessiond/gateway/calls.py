@@ -43,6 +43,7 @@ from sessiond.log.event_data import BudgetExhausted
 from sessiond.log.records import TurnRecord
 from sessiond.modelconfig import ModelConfig, ProviderConfig
 from sessiond.replies import JsonObject
+from sessiond.runs import wrapping
 from sessiond.runs.agents import AGENT_KINDS
 from sessiond.runs.modelenv import provider_keys
 from sessiond.runs.steps import digest_of
@@ -77,6 +78,7 @@ class Call:
     stream: bool
     # what the call gives back once its upstream answer is in (its budget hold)
     settled: list[Callable[[], None]] = field(default_factory=list)
+    place: str = ""  # its step's key in the turn (gw.<n>), once taken
 
 
 def token_of(request: web.Request) -> str | None:
@@ -203,6 +205,8 @@ class Calls:
         if spec.run is not None and spec.run.kind in AGENT_KINDS:
             n = resumed_place(steps, c.grant.gateway_places, digest, n)
         c.grant.gateway_places.add(n)
+        c.place = f"gw.{n}"
+        wrapping.called(c.grant, c.place)  # inside an SDK model step: it wraps this call
         flying = self._flying.get((c.s.name, turn["n"] if turn else None, n))
         if flying is not None:
             # an earlier run's call at this place is still in flight (its program went
@@ -301,6 +305,7 @@ class Calls:
                 "of a turn makes the same calls in the same order",
             )
         response = recorded["response"]
+        wrapping.answered(c.grant, c.place, response)
         if not c.stream:
             return _json(response)
         out = _sse_response()
@@ -442,6 +447,7 @@ class Calls:
             text=text_of(c.api, response), duration_ms=int((time.monotonic() - started) * 1000),
         )  # fmt: skip
         await self._asked(c, call)
+        wrapping.answered(c.grant, c.place, response)
         try:
             await self.kernel.sdk.steps.done(c.s, c.grant, done)
         except (InvalidInput, Refused) as exc:

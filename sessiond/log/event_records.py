@@ -219,6 +219,7 @@ class ModelRespondedData(TypedDict):
     text: str
     response: ArtifactJson | None
     error_class: NotRequired[str | None]
+    wrapped: NotRequired[list[str]]  # the gateway's steps an SDK model step wrapped
 
 
 class ToolIntentData(TypedDict):

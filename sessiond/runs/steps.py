@@ -54,6 +54,7 @@ from sessiond.log.store.base import Draft
 from sessiond.log.store.disk import on_disk
 from sessiond.redaction import matches
 from sessiond.replies import Sent
+from sessiond.runs import wrapping
 from sessiond.runs.asking import Asking
 from sessiond.runs.context import RunContext
 from sessiond.runs.places import divergence, parent_slot, stopped
@@ -389,6 +390,7 @@ class Steps:
             self.asking.start(s.name, call_id, record)
         else:
             await self._request(s, p, call_id, digest, turn=turn["n"], parent=parent)
+            wrapping.opened(grant, call_id)  # the SDK's: its fn may call the gateway
         return {"status": "run", "call": call_id, "rule": "a model call"}
 
     async def _early(
@@ -481,7 +483,8 @@ class Steps:
                         "(a reference to it, say)"
                     )
             if step["kind"] == "model":
-                await self._done_model(s, p, step, encoded, refused, durable=durable)
+                wraps = wrapping.wrapped(grant, p.call, p.result)
+                await self._done_model(s, p, step, encoded, refused, wraps, durable=durable)
             else:
                 await self._done_tool(s, grant, p, step, kind=kind, encoded=encoded,
                                       refused=refused, durable=durable)  # fmt: skip
@@ -564,11 +567,9 @@ class Steps:
             s.journal.flush_within(END_WITHIN)
 
     async def _done_model(
-        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None, *,
-        durable: bool,
+        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None,
+        wraps: tuple[str, ...], *, durable: bool,
     ) -> None:  # fmt: skip
-        spec = s.spec
-        assert spec is not None
         ok = p.status == "ok" and refused is None
         artifacts = self.ctx.store.artifacts(s.name)
         response = (
@@ -581,13 +582,10 @@ class Steps:
                 model=step["name"],
                 request_id=step["call"],
                 status="ok" if ok else "error",
-                tokens_in=p.tokens_in,
-                tokens_out=p.tokens_out,
-                cost_usd=p.cost_usd if ok else None,
                 duration_ms=p.duration_ms,
-                text=p.text if ok else "",  # masked as it is appended
                 response=response,
                 error_class=None if ok else ("validation" if refused else "provider"),
+                **wrapping.spend(p, ok, wraps),  # what it wrapped the gateway's steps count
             )
         )
         await self._end(s, [responded], durable)

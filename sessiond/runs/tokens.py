@@ -33,6 +33,12 @@ class RunGrant:
     calls_model: int = 0
     # the places its model calls through the gateway took: the n of step keys gw.<n>
     gateway_places: set[int] = field(default_factory=set)
+    # its SDK model steps under way -> the gateway steps (gw.<n>) called while each was
+    # (its fn called the model through the gateway: runs.steps records the spend once)
+    model_frames: dict[str, list[str]] = field(default_factory=dict)
+    # the gateway's responses to this run, by the provider's response id -> gw.<n>: an
+    # SDK model step whose result is one of them wrapped it (made before its step)
+    gateway_ids: dict[str, str] = field(default_factory=dict)
     before: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     frames: set[str] = field(default_factory=set)  # calls that took nested steps
     exit_intent: str | None = None  # sleep | complete
