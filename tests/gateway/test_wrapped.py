@@ -52,8 +52,12 @@ def start(d: Daemon, name: str, plan: dict[str, Any]) -> Path:
 
 
 def completed(d: Daemon, name: str) -> None:
-    wait_event(d, name, "lifecycle.changed", match=lambda r: r["data"]["to"] == "terminated",
-               timeout=90)  # fmt: skip
+    """The session ends its work: terminated (a double count suspends it on its budget)."""
+    ended = wait_event(
+        d, name, "lifecycle.changed", match=lambda r: r["data"]["to"] in ("terminated", "suspended"),
+        timeout=90,
+    )  # fmt: skip
+    assert ended["data"]["to"] == "terminated", ended["data"]
 
 
 def spent_once(d: Daemon, name: str) -> list[dict[str, Any]]:
