@@ -484,7 +484,7 @@ class Steps:
                     )
             if step["kind"] == "model":
                 wraps = wrapping.wrapped(grant, p.call, p.result)
-                await self._done_model(s, p, step, encoded, refused, wraps, durable=durable)
+                await self._done_model(s, p, step, encoded, refused, wraps=wraps, durable=durable)
             else:
                 await self._done_tool(s, grant, p, step, kind=kind, encoded=encoded,
                                       refused=refused, durable=durable)  # fmt: skip
@@ -567,8 +567,8 @@ class Steps:
             s.journal.flush_within(END_WITHIN)
 
     async def _done_model(
-        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None,
-        wraps: tuple[str, ...], *, durable: bool,
+        self, s: Session, p: Any, step: StepRecord, encoded: bytes, refused: str | None, *,
+        wraps: tuple[str, ...], durable: bool,
     ) -> None:  # fmt: skip
         ok = p.status == "ok" and refused is None
         artifacts = self.ctx.store.artifacts(s.name)

@@ -24,6 +24,10 @@ from typing import Any
 
 from sessiond.runs.tokens import RunGrant
 
+# The gateway's latest responses to a run known by id (an agent CLI's run makes
+# thousands of calls and wraps none)
+KEEP_IDS = 256
+
 
 def opened(grant: RunGrant, call: str) -> None:
     """An SDK model step of the run answered ``run``: its ``fn`` is under way."""
@@ -45,7 +49,11 @@ def answered(grant: RunGrant, key: str, response: Any) -> None:
     upstream or from the log): known by its provider response id."""
     rid = response.get("id") if isinstance(response, dict) else None
     if isinstance(rid, str) and rid:
-        grant.gateway_ids[rid] = key
+        ids = grant.gateway_ids
+        ids.pop(rid, None)  # (the newest last)
+        ids[rid] = key
+        if len(ids) > KEEP_IDS:  # a response is handed to a step soon after, if ever
+            del ids[next(iter(ids))]
 
 
 def wrapped(grant: RunGrant, call: str, result: Any) -> tuple[str, ...]:

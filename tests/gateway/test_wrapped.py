@@ -53,10 +53,10 @@ def start(d: Daemon, name: str, plan: dict[str, Any]) -> Path:
 
 def completed(d: Daemon, name: str) -> None:
     """The session ends its work: terminated (a double count suspends it on its budget)."""
+    ends = ("terminated", "suspended")
     ended = wait_event(
-        d, name, "lifecycle.changed", match=lambda r: r["data"]["to"] in ("terminated", "suspended"),
-        timeout=90,
-    )  # fmt: skip
+        d, name, "lifecycle.changed", match=lambda r: r["data"]["to"] in ends, timeout=90
+    )
     assert ended["data"]["to"] == "terminated", ended["data"]
 
 
