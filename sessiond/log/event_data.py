@@ -11,18 +11,9 @@ Each payload class names its event type in ``EVENT_TYPE`` so that code appends
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    JsonValue,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 SHA256_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -381,18 +372,7 @@ class ModelResponded(EventData):
     text: str = ""  # what the messages view shows
     response: ArtifactRef | None = None
     error_class: ErrorClass | None = None
-    # An SDK model step whose ``fn`` called the model through the gateway: the gateway's
-    # steps it wrapped (their keys, ``gw.<n>``), which record the call's tokens, cost and
-    # text; this record then counts none of its own, so the call is spent once. Left
-    # out of the line when empty: a reply that wrapped nothing is written as before.
-    wrapped: tuple[str, ...] = ()
-
-    @model_serializer(mode="wrap")
-    def _without_empty_wrapped(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        if not out.get("wrapped"):
-            out.pop("wrapped", None)
-        return out
+    wrapped: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)  # runs/wrapping.py
 
 
 # --- a tool call: intent -> policy -> (approval) -> started -> finished -> observation ---

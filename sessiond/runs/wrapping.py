@@ -20,7 +20,7 @@ and the step records the wrap again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from sessiond.runs.tokens import RunGrant
 
@@ -66,7 +66,17 @@ def wrapped(grant: RunGrant, call: str, result: Any) -> tuple[str, ...]:
     return tuple(sorted(keys, key=_order))
 
 
-def spend(p: Any, ok: bool, wraps: tuple[str, ...]) -> dict[str, Any]:
+class Own(TypedDict, total=False):
+    """What a model step's ``model.responded`` counts of its own."""
+
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float | None
+    text: str
+    wrapped: tuple[str, ...]
+
+
+def spend(p: Any, ok: bool, wraps: tuple[str, ...]) -> Own:
     """A model step's own tokens, cost and text for ``model.responded``: none where it
     wrapped the gateway's steps (``wraps``), which record them; the text is masked as
     it is appended."""
