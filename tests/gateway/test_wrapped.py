@@ -131,7 +131,7 @@ def test_kill_9_of_the_daemon_mid_step_then_the_turn_goes_on() -> None:
         cwd = start(d, "dcut", plan)
         wait_event(d, "dcut", "model.responded")  # the gateway's record of the first call
         d.kill9()
-        (cwd / "go.now").touch()  # a held program that outlived its daemon goes on
+        (cwd / "go.now").touch()  # (a held program left by its daemon ends at its socket)
         d.start()
         completed(d, "dcut")
         assert up.count == 2
