@@ -103,6 +103,18 @@ def test_a_wrapped_gateway_call_is_sent_once_and_spent_once() -> None:
             assert all(s["cost_usd"] is None for s in sdk)
 
 
+def test_async_model_calls_at_once_are_spent_once() -> None:
+    """``asyncio.gather`` of two wrapped calls: each step is under way while both
+    gateway calls are made, so each wraps both; the gateway's records count."""
+    with gateway(replies()) as (d, up):
+        start(d, "gather", {"api": "messages", "async": True, "texts": ["one", "two"]})
+        completed(d, "gather")
+        assert up.count == 2
+        sdk = sdk_steps(spent_once(d, "gather"))
+        assert len(sdk) == 2
+        assert all(s["wrapped"] and s["tokens_in"] == 0 for s in sdk)
+
+
 def test_kill_9_between_the_gateways_record_and_the_steps_end() -> None:
     """The program dies once its call is recorded by the gateway and before its
     step's end. The next run of the turn asks the step again: the gateway answers

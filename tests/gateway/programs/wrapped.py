@@ -14,6 +14,7 @@ step returned it is a JSON line in ``results.jsonl``; then the run completes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -24,7 +25,7 @@ from typing import Any
 import anthropic
 import openai
 
-from sessiond.sdk import connect
+from sessiond.sdk import connect, connect_async
 
 plan = json.loads(pathlib.Path("plan.json").read_text())
 first = not pathlib.Path("crashed.once").exists()
@@ -57,6 +58,27 @@ def cut(send: Any) -> Any:
     os.kill(os.getpid(), signal.SIGKILL)
     return response
 
+
+async def at_once() -> None:
+    """``"async": true``: the calls at once (``asyncio.gather``) with the async clients."""
+    async with connect_async() as run:
+        client = anthropic.AsyncAnthropic(max_retries=0)
+
+        def send(text: str) -> Any:
+            req: dict[str, Any] = {"model": "claude-test", "max_tokens": 20,
+                                   "messages": [{"role": "user", "content": text}]}  # fmt: skip
+            return run.model_call("claude-test", req, lambda: client.messages.create(**req))
+
+        got = await asyncio.gather(*(send(text) for text in plan["texts"]))
+        with open("results.jsonl", "a") as out:
+            for one in got:
+                out.write(json.dumps({"id": one.get("id"), "usage": one.get("usage")}) + "\n")
+        await run.complete("done")
+
+
+if plan.get("async"):
+    asyncio.run(at_once())
+    raise SystemExit(0)
 
 with connect() as run:
     for i, text in enumerate(plan["texts"]):
