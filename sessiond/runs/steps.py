@@ -468,6 +468,7 @@ class Steps:
                     f"{step and step['status']}); sdk.step_done answers an sdk.step 'run'"
                 )
             if p.status == "stopped":
+                wrapping.wrapped(grant, p.call, None)  # (a model step's frame is over)
                 await self._end(s, stopped(s, grant, p.call, step, turn), durable)
                 return
             refused = None
