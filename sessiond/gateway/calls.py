@@ -206,7 +206,6 @@ class Calls:
             n = resumed_place(steps, c.grant.gateway_places, digest, n)
         c.grant.gateway_places.add(n)
         c.place = f"gw.{n}"
-        wrapping.called(c.grant, c.place)  # inside an SDK model step: it wraps this call
         flying = self._flying.get((c.s.name, turn["n"] if turn else None, n))
         if flying is not None:
             # an earlier run's call at this place is still in flight (its program went
@@ -252,6 +251,8 @@ class Calls:
         except (InvalidInput, Refused) as exc:
             raise Refuse(400, str(exc)) from None
         status = answer["status"]
+        if status in ("replayed", "run"):  # a step of the turn: an SDK model step under way
+            wrapping.called(c.grant, c.place)  # (its fn made this call) wraps it
         if status == "replayed":
             return await self._replay(request, c, answer.get("result"))
         if status != "run":
