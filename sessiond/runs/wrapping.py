@@ -36,9 +36,10 @@ def opened(grant: RunGrant, call: str) -> None:
 
 def called(grant: RunGrant, key: str) -> None:
     """A call of the run became the gateway's step ``key`` (``gw.<n>``: sent, or
-    answered from the log): every SDK model step under way wraps it. (Steps run at once each wrap the calls made meanwhile;
-    a concurrent one that also calls a model some other way counts none of its own
-    then: the gateway's record counts the calls it saw.)"""
+    answered from the log): every SDK model step under way wraps it. (Steps run at
+    once each wrap the calls made meanwhile; a concurrent one that also calls a model
+    some other way counts none of its own then: the gateway's record counts the calls
+    it saw.)"""
     for keys in grant.model_frames.values():
         if key not in keys:
             keys.append(key)
