@@ -228,8 +228,8 @@ class Server:
     def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
         if self.endpoint == "program":
             return Caller("program", peer.uid)
-        # judged at each request (Caller.refused), pinned to the process that
-        # connected: see sessiond.ipc.runpeer
+        # examined once, then asked at each request whether the process that
+        # connected is still there (Caller.refused): see sessiond.ipc.runpeer
         examiner = Examiner(writer.get_extra_info("socket"), peer.pid, peer.uid,
                             self.peers.run_uids)  # fmt: skip
         return Caller("control", peer.uid, examiner=examiner, pid=peer.pid)
