@@ -238,7 +238,7 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller
     ) -> None:
         frames = Frames(reader, self.config.max_frame_bytes)
-        idle = Idle(self.config.read_timeout)
+        idle = Idle(lambda: self.config.read_timeout)  # a reload's applies at once
         try:
             while True:
                 line = await idle.read(frames)
@@ -270,13 +270,13 @@ class Idle:
     connection, moved on only when it fires: ``asyncio.wait_for`` around each
     read cost a task, a timer and two loop iterations per request."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: Callable[[], float]) -> None:
         self.loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
-        self.timeout = timeout
+        self.timeout = timeout  # read when the timer fires: a reload may change it
         self.since: float | None = None  # loop time the wait for a request began
         self.expired = False
-        self.timer = self.loop.call_later(timeout, self._check)
+        self.timer = self.loop.call_later(timeout(), self._check)
 
     async def read(self, frames: Frames) -> bytes | None:
         """The next frame; None once the client went away or was idle too long
@@ -294,15 +294,15 @@ class Idle:
             self.since = None
 
     def _check(self) -> None:
-        since = self.since
+        since, timeout = self.since, self.timeout()
         now = self.loop.time()
         # (a timer may fire a tick early: within 5 ms of the deadline counts as at it)
-        if since is not None and now - since >= self.timeout - 0.005 and self.task is not None:
+        if since is not None and now - since >= timeout - 0.005 and self.task is not None:
             self.expired = True
             self.task.cancel()
             return
         # not waiting (a request is being answered), or not long enough yet
-        self.timer = self.loop.call_at((now if since is None else since) + self.timeout,
+        self.timer = self.loop.call_at((now if since is None else since) + timeout,
                                        self._check)  # fmt: skip
 
     def close(self) -> None:
