@@ -88,7 +88,8 @@ class Caller:
     ``endpoint``: the control socket (people) or the program endpoint (runs).
     ``refusal``: on the control socket, why this peer may only ping (it is a
     process of a run, or could not be examined: sessiond.ipc.runpeer);
-    ``examiner`` says it anew at each request (:meth:`refused`)."""
+    ``examiner`` says it at each request (:meth:`refused`): examined in full
+    once, then whether the process that connected is still there."""
 
     endpoint: Literal["control", "program"]
     uid: int

@@ -2,9 +2,11 @@
 
 No process of a run is an operator: on the control socket a peer that belongs
 to a run of *any* local sessiond, at any depth, gets only ``ping``, and so does
-a peer that cannot be proven an operator. How it is told, at each request (not
-once per connection: a process can connect, be examined, then hand its socket
-on or exit):
+a peer that cannot be proven an operator. The process that connected is
+examined in full at the connection's first request that needs it (below), and
+at every later request only asked whether it is still that same live process
+(see :class:`Examiner` for why that is as safe as a full examination each time).
+How it is told:
 
 - **The uid of a run.** ``[run] user`` and the dynamic uids runs are given
   (sessiond.ipc.peers): no process of them is an operator.
@@ -44,6 +46,7 @@ import contextlib
 import functools
 import os
 import re
+import select
 import signal
 import socket
 import sys
@@ -202,20 +205,39 @@ def _gone(exc: BaseException) -> str:
 
 
 class Examiner:
-    """The peer of one control connection, judged anew at each request.
+    """The peer of one control connection: examined in full once, then, at each
+    request, asked only whether the process that connected still lives.
 
     Pinned to the process that connected: its pidfd (``SO_PEERPIDFD``) where the
     kernel gives one, and its start time as read at accept. A request that comes
-    when that process is gone (exited, or its pid now another's) is refused, so
-    a request written by a process that then exits, or handed on with the
-    socket, never acts on the word of a process no longer there."""
+    when that process is gone (exited, a zombie not yet reaped, or its pid now
+    another's) is refused, and so is every later one: a request written by a
+    process that then exits, or handed on with the socket, never acts on the word
+    of a process no longer there.
+
+    Why one full examination a connection is enough: what it reads can change
+    while the process lives only by the process's own doing or a privileged
+    one's, never by a run's. SO_PEERCRED's pid and uid are fixed at connect; the
+    ancestry of a live process gains no spawner (an orphan reparents to a
+    subreaper above it, or PID 1: see ``_CLEAN``); its environment, namespaces
+    and uid change only if it execs, unshares or setuids itself, and its cgroup
+    only if root moves it. A process proven an operator's that then does any of
+    that does it with an operator's rights it already had, as it could hand its
+    socket on: the connection speaks for the process that connected, for as long
+    as it lives. A run's process, or one that could not be examined, is refused
+    for the connection's life, whatever it does next. The pidfd is what makes the
+    per-request question cheap and exact: it names the process, not its pid, so
+    a reused pid cannot pass for it."""
 
     def __init__(self, sock: socket.socket, pid: int, uid: int, run_uids: Container[int]) -> None:
         self.pid, self.uid, self.run_uids = pid, uid, run_uids
         self.pidfd = -1
         self.started: bytes | None = None
         self.refused: str | None = None
+        self.judged = False  # examined in full and found an operator's
         self.said = False  # the refusal was logged
+        # readable once the pidfd's process has exited (a zombie included)
+        self._exit: select.poll | None = None
         if pid <= 0:
             self.refused = ONLY_PING.format(
                 why="its process cannot be examined (it is in another pid namespace)"
@@ -232,6 +254,8 @@ class Examiner:
         try:
             if self.pidfd >= 0:
                 signal.pidfd_send_signal(self.pidfd, 0)  # the pid is still the peer's
+                self._exit = select.poll()
+                self._exit.register(self.pidfd, select.POLLIN)
         except OSError as exc:
             self.refused = ONLY_PING.format(why=_gone(exc))
 
@@ -239,7 +263,8 @@ class Examiner:
         """None if the peer is an operator now; else the refusal (kept: once
         refused, the connection stays refused)."""
         if self.refused is None:
-            why = self._examine()
+            why = self._alive() if self.judged else self._examine()
+            self.judged = why is None
             self.refused = None if why is None else ONLY_PING.format(why=why)
         return self.refused
 
@@ -256,8 +281,30 @@ class Examiner:
             return _gone(exc)
         return why
 
+    def _alive(self) -> str | None:
+        """None if the process examined is still there and running; else why not.
+        One poll of its pidfd; without one, one read of its /proc stat."""
+        try:
+            if self._exit is not None:
+                if self._exit.poll(0):
+                    # reaped (gone) or a zombie (exited): the pidfd tells which
+                    signal.pidfd_send_signal(self.pidfd, 0)
+                    raise ProcessLookupError("it has exited")
+                return None
+            state, _, started = _stat(self.pid)
+            if state in (b"Z", b"X"):
+                raise ProcessLookupError("it has exited")
+            if started != self.started:
+                raise ProcessLookupError("the pid is another process's now")
+        except (OSError, ValueError, IndexError) as exc:
+            return _gone(exc)
+        return None
+
     def close(self) -> None:
         if self.pidfd >= 0:
+            if self._exit is not None:
+                self._exit.unregister(self.pidfd)
+                self._exit = None
             os.close(self.pidfd)
             self.pidfd = -1
 

@@ -228,8 +228,8 @@ class Server:
     def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
         if self.endpoint == "program":
             return Caller("program", peer.uid)
-        # judged at each request (Caller.refused), pinned to the process that
-        # connected: see sessiond.ipc.runpeer
+        # examined once, then asked at each request whether the process that
+        # connected is still there (Caller.refused): see sessiond.ipc.runpeer
         examiner = Examiner(writer.get_extra_info("socket"), peer.pid, peer.uid,
                             self.peers.run_uids)  # fmt: skip
         return Caller("control", peer.uid, examiner=examiner, pid=peer.pid)
@@ -238,26 +238,72 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller
     ) -> None:
         frames = Frames(reader, self.config.max_frame_bytes)
-        while True:
-            try:
-                line = await asyncio.wait_for(frames.next(), self.config.read_timeout)
-            except TimeoutError:
-                return  # idle or half-open: close
-            if line is None:
-                return  # the client went away (a half-sent frame is dropped)
-            if line is TOO_LARGE:
-                limit = self.config.max_frame_bytes
-                await reply(
-                    writer,
-                    error(
-                        None,
-                        "frame_too_large",
-                        f"a request is at most {limit} bytes; it was skipped and the "
-                        "connection goes on",
-                        2,
-                    ),
-                )
-                continue
-            if not line.strip():
-                continue
-            await self.dispatch.handle(line, frames, writer, caller)
+        idle = Idle(lambda: self.config.read_timeout)  # a reload's applies at once
+        try:
+            while True:
+                line = await idle.read(frames)
+                if line is None:
+                    return  # idle or half-open, or the client went away
+                if line is TOO_LARGE:
+                    limit = self.config.max_frame_bytes
+                    await reply(
+                        writer,
+                        error(
+                            None,
+                            "frame_too_large",
+                            f"a request is at most {limit} bytes; it was skipped and the "
+                            "connection goes on",
+                            2,
+                        ),
+                    )
+                    continue
+                if not line.strip():
+                    continue
+                await self.dispatch.handle(line, frames, writer, caller)
+        finally:
+            idle.close()
+
+
+class Idle:
+    """Ends a connection whose client sent no whole request for ``timeout``
+    seconds while the server waited for one (idle or half-open). One timer a
+    connection, moved on only when it fires: ``asyncio.wait_for`` around each
+    read cost a task, a timer and two loop iterations per request."""
+
+    def __init__(self, timeout: Callable[[], float]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.timeout = timeout  # read when the timer fires: a reload may change it
+        self.since: float | None = None  # loop time the wait for a request began
+        self.expired = False
+        self.timer = self.loop.call_later(timeout(), self._check)
+
+    async def read(self, frames: Frames) -> bytes | None:
+        """The next frame; None once the client went away or was idle too long
+        (a half-sent frame is dropped)."""
+        self.since = self.loop.time()
+        try:
+            return await frames.next()
+        except asyncio.CancelledError:
+            if not self.expired:
+                raise
+            if self.task is not None:
+                self.task.uncancel()
+            return None
+        finally:
+            self.since = None
+
+    def _check(self) -> None:
+        since, timeout = self.since, self.timeout()
+        now = self.loop.time()
+        # (a timer may fire a tick early: within 5 ms of the deadline counts as at it)
+        if since is not None and now - since >= timeout - 0.005 and self.task is not None:
+            self.expired = True
+            self.task.cancel()
+            return
+        # not waiting (a request is being answered), or not long enough yet
+        self.timer = self.loop.call_at((now if since is None else since) + timeout,
+                                       self._check)  # fmt: skip
+
+    def close(self) -> None:
+        self.timer.cancel()

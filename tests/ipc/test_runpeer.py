@@ -10,7 +10,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Container
 
+import pytest
+
+from sessiond.ipc import runpeer
 from sessiond.ipc.runpeer import ONLY_PING, Examiner, examine, examine_process
 from sessiond.sandboxconfig import RunUids
 
@@ -128,3 +132,59 @@ def test_a_child_of_the_daemon_is_no_operator() -> None:
             a.close()
             b.close()
             child.communicate(b"\n", timeout=30)
+
+
+def test_a_peer_is_examined_in_full_once_then_only_asked_whether_it_lives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The /proc walk is paid once a connection (it was half of a send's daemon
+    CPU when paid at each request); the later requests ask the pidfd."""
+    walks: list[int] = []
+    walk = runpeer._why_run
+
+    def counted(pid: int, uid: int, run_uids: Container[int]) -> tuple[str | None, bytes]:
+        walks.append(pid)
+        return walk(pid, uid, run_uids)
+
+    monkeypatch.setattr(runpeer, "_why_run", counted)
+    a, b = socket.socketpair()
+    examiner = Examiner(a, os.getpid(), os.getuid(), frozenset())
+    try:
+        assert [examiner.refusal() for _ in range(3)] == [None, None, None]
+        assert walks == [os.getpid()]
+    finally:
+        examiner.close()
+        a.close()
+        b.close()
+
+
+def test_without_a_pidfd_the_later_requests_read_the_start_time() -> None:
+    """A kernel without SO_PEERPIDFD (before 6.5): each request after the first
+    reads the process's stat, and an exited process (a zombie here: this test
+    is its parent and has not reaped it) is refused, for good."""
+    code = "import sys; sys.stdin.readline()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    assert child.stdin is not None
+    a, b = socket.socketpair()
+    examiner = Examiner(a, child.pid, os.getuid(), frozenset())
+    try:
+        examiner.close()  # as if the kernel had given no pidfd
+        # judged an operator's (the walk would call this test's child the
+        # daemon's: that is test_a_child_of_the_daemon_is_no_operator)
+        examiner.judged = True
+        assert examiner.refusal() is None
+        child.stdin.write(b"\n")
+        child.stdin.close()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        refusal = examiner.refusal() or ""
+        assert refusal.startswith(
+            "this connection may only ping: its process cannot be examined (it has exited)"
+        ), refusal
+        child.wait()
+        assert examiner.refusal() == refusal
+    finally:
+        if not child.stdin.closed:
+            child.stdin.close()  # it ends on its stdin's end
+        child.wait()
+        a.close()
+        b.close()
