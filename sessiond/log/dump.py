@@ -65,13 +65,9 @@ class _Compiler:
     """Source of one dumper a model class, with the helpers it calls."""
 
     def __init__(self) -> None:
+        # the globals of the compiled source: helpers and classes by the names it uses
         self.names: dict[str, Any] = {"_Slow": _Slow, "_json": _json, "_float": _float}
         self.models: dict[type[BaseModel], str] = {}
-
-    def helper(self, fn: Any) -> str:
-        name = f"_h{len(self.names)}"
-        self.names[name] = fn
-        return name
 
     def expr(self, tp: Any, v: str) -> str | None:
         """An expression that converts the value named ``v`` of type ``tp`` (None: as it is)."""

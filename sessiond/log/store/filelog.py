@@ -335,10 +335,11 @@ class FileEventLog(EventLog):
         if inflight is not None and target <= self._inflight_target:
             return inflight
         batch = self._next
-        if batch is None:
+        if batch is None or self._flusher is None:
             loop = asyncio.get_running_loop()
-            batch = self._next = _Batch(loop=loop)
-            if self._flusher is None:
+            if batch is None:
+                batch = self._next = _Batch(loop=loop)
+            if self._flusher is None:  # (a batch left by a flusher cancelled between two)
                 self._flusher = loop.create_task(self._flush_loop())
         return batch
 
@@ -347,15 +348,15 @@ class FileEventLog(EventLog):
         appends written while it ran wait for the next one. Runs while anyone waits."""
         loop = asyncio.get_running_loop()
         try:
-            while self._next is not None:
+            while True:
                 # Let every task that is ready run one step first: writers just
                 # acknowledged by the previous fsync write their next events now
                 # and join this fsync instead of the one after (no timer, no delay
-                # beyond the work already queued).
+                # beyond the work already queued). Nobody joined: done.
                 await asyncio.sleep(0)
                 batch, self._next = self._next, None
-                if batch is None:  # pragma: no cover - only this task takes it
-                    continue
+                if batch is None:
+                    return
                 target = self._pos.offset
                 self._inflight, self._inflight_target = batch, target
                 try:
