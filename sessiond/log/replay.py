@@ -303,8 +303,9 @@ def _model_responded(s: State, r: EventRecord, d: ModelRespondedData) -> None:
 
 
 def _intent(s: State, r: EventRecord, d: ToolIntentData) -> None:
-    s.calls[d["call"]] = {
-        "call": d["call"],
+    call = d["call"]
+    s.calls[call] = {
+        "call": call,
         "tool": d["tool"],
         "args": d["args"],
         "risk": d["risk"],
@@ -314,7 +315,8 @@ def _intent(s: State, r: EventRecord, d: ToolIntentData) -> None:
     }
     s.tool_calls += 1
     s.tool_calls_this_run += 1
-    turns.tool_intent(s, d)
+    if s.turn is not None:  # (a call outside a turn is no step: no call, per event)
+        turns.tool_intent(s, d)
 
 
 def _decided(s: State, r: EventRecord, d: PolicyDecidedData) -> None:
@@ -404,7 +406,7 @@ def _call(s: State, d: ToolStartedData | ToolFinishedData) -> CallRecord:
 
 
 def _tool_started(s: State, r: EventRecord, d: ToolStartedData) -> None:
-    call = _call(s, d)
+    call = s.calls.get(d["call"]) or _call(s, d)
     call["stage"] = "started"
     call["started"] = d
     call["started_seq"] = r["seq"]
@@ -413,7 +415,7 @@ def _tool_started(s: State, r: EventRecord, d: ToolStartedData) -> None:
 
 
 def _tool_finished(s: State, r: EventRecord, d: ToolFinishedData) -> None:
-    call = _call(s, d)
+    call = s.calls.get(d["call"]) or _call(s, d)
     call["stage"] = "finished"
     call["finished"] = d
     call["finished_seq"] = r["seq"]
@@ -435,8 +437,12 @@ def _observed(s: State, r: EventRecord, d: ObservationProjectedData) -> None:
     if s.approvals:
         s.approvals.pop(call, None)
     s.last_observation = {"seq": seq, "call": call, "tool": tool, "text": text}
-    _keep(s, {"seq": seq, "role": "tool", "kind": "observation", "text": text, "tool": tool,
-              "call": call})  # fmt: skip
+    # _keep, inline: the handler of one event in five of a busy session
+    transcript = s.transcript
+    transcript.append({"seq": seq, "role": "tool", "kind": "observation", "text": text,
+                       "tool": tool, "call": call})  # fmt: skip
+    if len(transcript) > TRANSCRIPT_KEEP:
+        del transcript[0]
 
 
 # --- context, verification, budget, bindings, repairs ------------------------------------

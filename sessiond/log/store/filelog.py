@@ -131,7 +131,13 @@ class FileEventLog(EventLog):
         self._repair: Repair | None = None
         self._failed: str | None = None
         self._synced = 0
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Group commit: every append waits on the commit of its batch, one future a
+        # batch (not one an append): the batch of the fsync under way (and the offset
+        # it covers), and the batch of the next one, which every append written
+        # meanwhile joins.
+        self._inflight: _Batch | None = None
+        self._inflight_target = 0
+        self._next: _Batch | None = None
         self._closing = False
         self._flusher: asyncio.Task[None] | None = None
         self._verified = START  # lines up to here checked out (recovery, then verify())
@@ -296,11 +302,24 @@ class FileEventLog(EventLog):
     async def append(
         self, data: EventData, *, causation: str | None = None, correlation: str | None = None
     ) -> Record:
-        pending = self.write_many((Draft(data, causation, correlation),))
-        waiter = self._waiter(pending.position.offset)
-        if waiter is not None:
-            await waiter
-        return pending.records[0]
+        # write_many for one event, inline: no draft, list or Pending per append
+        # (the path of many writers sharing a log's group commit).
+        if not self._recovered or self._closing or self._failed is not None:
+            return (await self.append_many((Draft(data, causation, correlation),)))[0]
+        pos = self._pos
+        record, buf = self._builder.build_one(pos.seq, data, causation, correlation)
+        try:
+            self.hooks.write(self._fd, buf)
+        except OSError as exc:
+            self._undo_partial_write(exc)
+        end = pos.offset + len(buf)
+        self._pos = LogPosition(record["seq"], end, record["id"])
+        if self.durability == "os":
+            if self._sync_timer is None:
+                self._arm_sync()
+        elif self._synced < end:
+            await self._request_sync(end)
+        return record
 
     def _waiter(self, target: int) -> asyncio.Future[None] | None:
         """A future done once the log is durable up to byte ``target`` (None: already is)."""
@@ -312,25 +331,34 @@ class FileEventLog(EventLog):
         """A future done once the log is durable up to byte ``target`` (group commit)."""
         if self._failed is not None:
             raise LogFailed(f"{self.path}: {self._failed}")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((target, done))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush_loop())
-        return done
+        inflight = self._inflight
+        if inflight is not None and target <= self._inflight_target:
+            return inflight
+        batch = self._next
+        if batch is None or self._flusher is None:
+            loop = asyncio.get_running_loop()
+            if batch is None:
+                batch = self._next = _Batch(loop=loop)
+            if self._flusher is None:  # (a batch left by a flusher cancelled between two)
+                self._flusher = loop.create_task(self._flush_loop())
+        return batch
 
     async def _flush_loop(self) -> None:
         """Group commit: one fsync covers every append written before it started;
         appends written while it ran wait for the next one. Runs while anyone waits."""
         loop = asyncio.get_running_loop()
         try:
-            while self._waiters:
+            while True:
                 # Let every task that is ready run one step first: writers just
                 # acknowledged by the previous fsync write their next events now
                 # and join this fsync instead of the one after (no timer, no delay
-                # beyond the work already queued).
+                # beyond the work already queued). Nobody joined: done.
                 await asyncio.sleep(0)
+                batch, self._next = self._next, None
+                if batch is None:
+                    return
                 target = self._pos.offset
+                self._inflight, self._inflight_target = batch, target
                 try:
                     if self.fsync_threads is None:
                         await loop.run_in_executor(None, self.hooks.fsync, self._fd)
@@ -348,24 +376,18 @@ class FileEventLog(EventLog):
                     # the waiters: not durable. Nobody is left waiting.
                     self._failed = f"fsync failed: {exc!r}"
                     error = LogFailed(f"{self.path}: {self._failed}")
-                    for _, waiter in self._waiters:
-                        if not waiter.done():
-                            waiter.set_exception(error)
-                    self._waiters.clear()
+                    for waiting in (batch, self._next):
+                        if waiting is not None:
+                            waiting.settle(error)
+                    self._inflight = self._next = None
                     if not isinstance(exc, Exception):
                         raise
                     return
                 self._synced = max(self._synced, target)
+                self._inflight = None
                 if self.hooks.synced is not None:
                     self.hooks.synced(self.session, self._synced)
-                waiting = []
-                for entry in self._waiters:
-                    if entry[0] <= target:
-                        if not entry[1].done():
-                            entry[1].set_result(None)
-                    else:
-                        waiting.append(entry)
-                self._waiters = waiting
+                batch.settle(None)
         finally:
             self._flusher = None
 
@@ -385,6 +407,26 @@ class FileEventLog(EventLog):
             await asyncio.wait([self._flusher])
         os.close(self._fd)
         self._fd = -1
+
+
+class _Batch(asyncio.Future[None]):
+    """The appends one fsync commits, waiting together on one future.
+
+    Each waiter is a task of its own; a task cancelled while it waits must not
+    cancel the commit for the others (as it would cancel a future of its own), so
+    the batch refuses to be cancelled: the task is cancelled once the commit is
+    settled (asyncio cancels a task whose awaited future refused at its next
+    step)."""
+
+    def cancel(self, msg: object = None) -> bool:  # noqa: ARG002 - asyncio passes it
+        return False
+
+    def settle(self, error: BaseException | None) -> None:
+        if error is None:
+            self.set_result(None)
+        else:
+            self.set_exception(error)
+            self.exception()  # retrieved: the waiters (if any are left) get it
 
 
 def _quiet(done: asyncio.Future[None]) -> None:

@@ -15,6 +15,8 @@ from zlib import crc32
 import orjson
 
 from sessiond.codec import Clock, EventIds, NodeStamp, Timestamper, decode_line, frame
+from sessiond.log.dump import dump_data
+from sessiond.log.event_data import EventData
 from sessiond.log.events import CURRENT_VERSION
 from sessiond.log.store.base import Draft, LogPosition, Record
 
@@ -41,29 +43,40 @@ class RecordBuilder:
         # they always were.
         self.stamp: NodeStamp | None = None
 
+    def build_one(
+        self,
+        after_seq: int,
+        data: EventData,
+        causation: str | None = None,
+        correlation: str | None = None,
+    ) -> tuple[Record, bytes]:
+        """One event's record and line: most appends are one event, and this path
+        builds no list of drafts, records or lines for it."""
+        now = self._clock()
+        etype = data.EVENT_TYPE
+        record: Record = {
+            "v": VERSIONS[etype],
+            "session": self._session,
+            "seq": after_seq + 1,
+            "id": self._ids.next(now),
+            "ts": self._ts.format(now),
+            "type": etype,
+            "causation": causation,
+            "correlation": correlation,
+            "data": dump_data(data),
+        }
+        if stamp := self.stamp:
+            record["node"] = stamp["node"]
+            record["epoch"] = stamp["epoch"]
+        return record, frame(orjson.dumps(record))
+
     def build(self, after_seq: int, drafts: Sequence[Draft]) -> tuple[list[Record], bytes]:
+        if len(drafts) == 1:
+            record, line = self.build_one(after_seq, *drafts[0])
+            return [record], line
         now = self._clock()
         stamp = self.stamp
         ts = self._ts.format(now)
-        if len(drafts) == 1:
-            # Most appends are one event: no list of lines to build and join.
-            data, causation, correlation = drafts[0]
-            etype = data.EVENT_TYPE
-            record: Record = {
-                "v": VERSIONS[etype],
-                "session": self._session,
-                "seq": after_seq + 1,
-                "id": self._ids.next(now),
-                "ts": ts,
-                "type": etype,
-                "causation": causation,
-                "correlation": correlation,
-                "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
-            }
-            if stamp:
-                record["node"] = stamp["node"]
-                record["epoch"] = stamp["epoch"]
-            return [record], frame(orjson.dumps(record))
         records: list[Record] = []
         lines: list[bytes] = []
         seq = after_seq
@@ -82,7 +95,7 @@ class RecordBuilder:
                 "type": etype,
                 "causation": causation,
                 "correlation": correlation,
-                "data": data.__pydantic_serializer__.to_python(data, mode="json", by_alias=True),
+                "data": dump_data(data),
             }
             if stamp:
                 record["node"] = stamp["node"]
