@@ -22,7 +22,7 @@ from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore
 from sessiond.runs.faults import Faults
 from sessiond.table.index import INDEX_NAME, Entry, IndexKeeper, entry_for, plan, read_index
-from sessiond.table.sessions import Session, Table
+from sessiond.table.sessions import OPEN_BATCH, Session, Table
 from sessiond.wake.triggers import Triggers
 
 log = structlog.get_logger(__name__)
@@ -124,7 +124,7 @@ class Opening:
         durable (a notify target reads each log up to its end before it listens)."""
         try:
             await faults.hold("open-rest", "")
-            await self.table.open_pending()
+            await self.table.open_pending(young_frozen)
         finally:
             collected()
         self.store.sync_on_recover = True
@@ -176,6 +176,17 @@ def opening_of(
     if not isinstance(store, FileStore) or lease is not None:
         return None
     return Opening(table, store, triggers, lambda s: resume(s, cut_off=False))
+
+
+def young_frozen(opened: int) -> None:
+    """During the background load (the collector is off), every few hundred
+    sessions: collect what was made since the last call, then freeze it. One
+    collection of everything at the end walked every loaded object once more, cold
+    in the cache (0.4 s for 10,000 sessions), and held the loop meanwhile; a slice
+    at a time walks each object once, while it is still in the cache. The first
+    call walks everything (what start-up made before), as the end's would."""
+    gc.collect(0 if opened > OPEN_BATCH else 2)
+    gc.freeze()
 
 
 def collected() -> None:

@@ -24,9 +24,15 @@ SNAPSHOT_FORMAT = "sessiond-snapshot"
 class FileSnapshots(SnapshotStore):
     """``state-<seq>.json``: a framed header line and a framed state line."""
 
-    def __init__(self, folder: Path, keep: int = 2) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path | str, keep: int = 2) -> None:
+        # Kept as a string: finding the newest snapshot is part of every session's
+        # opening, and paths as objects cost more there than the reads.
+        self._at = str(folder)
         self.keep = keep
+
+    @property
+    def folder(self) -> Path:
+        return Path(self._at)
 
     @staticmethod
     def encode(snapshot: Snapshot) -> bytes:
@@ -70,7 +76,7 @@ class FileSnapshots(SnapshotStore):
 
     def seqs(self) -> list[int]:
         try:
-            names = os.listdir(real_dir(self.folder))
+            names = os.listdir(real_dir(self._at))
         except FileNotFoundError:
             return []
         found = []
@@ -81,7 +87,7 @@ class FileSnapshots(SnapshotStore):
 
     def load(self, seq: int) -> Snapshot | None:
         try:
-            raw = read_regular(self.folder / f"state-{seq}.json")
+            raw = read_regular(f"{self._at}/state-{seq}.json")
         except (OSError, StorageError):
             return None
         parts = raw.split(b"\n")
