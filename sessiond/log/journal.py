@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import structlog
@@ -18,7 +19,7 @@ import structlog
 from sessiond.errors import LogCorrupt
 from sessiond.log.event_data import EventData
 from sessiond.log.masking import mask_drafts
-from sessiond.log.pace import batches, collector_paused, encode_paced
+from sessiond.log.pace import OffLoop, batches, collector_paused, encode_paced
 from sessiond.log.replay import apply, replay
 from sessiond.log.state import REDUCER_VERSION, State
 from sessiond.log.store.base import (
@@ -247,6 +248,12 @@ async def _fold(records: Iterable[Record], state: State) -> State:
     The state lives as long as its session: once folded from many events it is
     put out of the cyclic collector's way (``gc.freeze``), as the daemon does with
     the table it loads at start-up, so that no later collection walks it."""
+    if not isinstance(records, OffLoop):  # (a database's: read off the loop, in batches)
+        rest = iter(records)
+        first = next(rest, None)  # (a file log's recovery reads, checks and cuts its tail)
+        if first is None:
+            return state  # nothing after the snapshot: most sessions at a start-up
+        records = itertools.chain((first,), rest)
     before = state.seq
     with collector_paused():
         async for batch in batches(records):
