@@ -78,6 +78,8 @@ class Opening:
         self.keeper.lines = lines
         self.incomplete = len(planned["first"]) > 0  # rewritten whole once all are open
         self.table.pending = {name: e["row"] for name, e in planned["rest"].items()}
+        # each listed log ends at its entry's seq (checked above): its snapshot there
+        self.store.snapshot_hints = {name: e["seq"] for name, e in planned["rest"].items()}
         self.table.loading = True
         log.info(
             "index.read",

@@ -16,6 +16,7 @@ from sessiond.config import DaemonConfig
 from sessiond.errors import LogLocked
 from sessiond.log.event_data import MessageReceived
 from sessiond.log.journal import Journal
+from sessiond.log.replay import replay
 from sessiond.log.state import State
 from sessiond.log.store.durable import read_regular
 from sessiond.log.store.files import FileStore
@@ -132,3 +133,40 @@ def test_a_request_during_the_load_waits_for_its_session(tmp_path: Path) -> None
             await s.journal.close()
 
     arun(go())
+
+
+def test_a_snapshot_hint_is_read_first_and_the_log_still_wins(tmp_path: Path) -> None:
+    """The index's seq for a session (``FileStore.snapshot_hints``) names the
+    snapshot its opening reads, without listing the folder; a hint with no
+    snapshot there falls back to the newest one listed; whatever the snapshot,
+    the state is the log's."""
+    store = sessions(tmp_path, 1)  # a snapshot at seq 3, the log at 4
+
+    async def opened(hint: int | None) -> tuple[int | None, State]:
+        if hint is not None:
+            store.snapshot_hints["s0"] = hint
+        journal = await Journal.open(store, "s0")
+        await journal.close()
+        assert "s0" not in store.snapshot_hints  # used once
+        return journal.from_snapshot, journal.state
+
+    async def go() -> None:
+        assert await opened(None) == (3, truth_at(store))
+        # a second snapshot, at the log's end (4): the hint's
+        journal = await Journal.open(store, "s0")
+        journal.snapshot_every = 1
+        await journal.append(MessageReceived(sender="x", text="five"))  # snapshot at 5
+        await journal.close()
+        assert store.snapshots("s0").seqs() == [3, 5]
+        assert await opened(5) == (5, truth_at(store))
+        assert await opened(3) == (3, truth_at(store))  # an older one: as good a start
+        assert await opened(4) == (5, truth_at(store))  # none there: the newest listed
+
+    arun(go())
+
+
+def truth_at(store: FileStore) -> State:
+    """The state the whole log folds to."""
+    state = State(session="s0")
+    replay(list(store.read("s0")), state)
+    return state

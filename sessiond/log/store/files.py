@@ -92,6 +92,9 @@ class FileStore(Store):
         self.artifact_hashes = HashCache()
         # Set False by the daemon when its previous run stopped cleanly.
         self.sync_on_recover = True
+        # The seq each session's log ends at, where something proved it (the table
+        # index at start-up): its next opening reads the snapshot there first.
+        self.snapshot_hints: dict[str, int] = {}
         self._fsync_threads: ThreadPoolExecutor | None = None
 
     def fsync_threads(self) -> ThreadPoolExecutor:
@@ -298,7 +301,9 @@ class FileStore(Store):
 
     def snapshots(self, name: str) -> FileSnapshots:
         return FileSnapshots(
-            f"{self.sessions_dir}/{check_name(name)}/snapshots", keep=self.snapshots_keep
+            f"{self.sessions_dir}/{check_name(name)}/snapshots",
+            keep=self.snapshots_keep,
+            hint=self.snapshot_hints.pop(name, None) if self.snapshot_hints else None,
         )
 
     def _folder(self, name: str) -> str:
