@@ -185,7 +185,7 @@ def young_frozen(opened: int) -> None:
     sessions: freeze what was made since, out of the cyclic collector's way. One
     collection of everything at the end walked every loaded object once more, cold
     in the cache (0.4 s for 10,000 sessions), and held the loop meanwhile. Opening a
-    session makes no cyclic garbage (tests/table/test_open_cost.py keeps that
+    session makes no cyclic garbage (tests/table/test_open_path.py keeps that
     true), so what is frozen here is not collected first, but for the first call:
     it collects what start-up made before the load. (What a request served during
     the load leaves in a cycle stays, once: bounded by the load, never growing.)"""
