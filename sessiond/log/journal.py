@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 
@@ -249,6 +250,12 @@ async def _fold(records: Iterable[Record], state: State) -> State:
     The state lives as long as its session: once folded from many events it is
     put out of the cyclic collector's way (``gc.freeze``), as the daemon does with
     the table it loads at start-up, so that no later collection walks it."""
+    if not isinstance(records, OffLoop):  # (a database's: read off the loop, in batches)
+        rest = iter(records)
+        first = next(rest, None)  # (a file log's recovery reads, checks and cuts its tail)
+        if first is None:
+            return state  # nothing after the snapshot: most sessions at a start-up
+        records = itertools.chain((first,), rest)
     before = state.seq
     with collector_paused():
         if isinstance(records, OffLoop):

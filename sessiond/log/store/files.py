@@ -92,6 +92,9 @@ class FileStore(Store):
         self.artifact_hashes = HashCache()
         # Set False by the daemon when its previous run stopped cleanly.
         self.sync_on_recover = True
+        # The seq each session's log ends at, where something proved it (the table
+        # index at start-up): its next opening reads the snapshot there first.
+        self.snapshot_hints: dict[str, int] = {}
         self._fsync_threads: ThreadPoolExecutor | None = None
 
     def fsync_threads(self) -> ThreadPoolExecutor:
@@ -228,11 +231,11 @@ class FileStore(Store):
         fsync_dir(self.sessions_dir)
 
     async def open_log(self, name: str, *, durability: Durability = "fsync") -> FileEventLog:
-        folder = self._dir(name)
-        if folder.is_symlink():
+        folder = f"{self.sessions_dir}/{check_name(name)}"  # (a string: see _folder)
+        if os.path.islink(folder):
             raise StorageError(f"{folder} is a symbolic link; the state dir must hold real folders")
         return FileEventLog(
-            self.log_path(name),
+            Path(f"{folder}/{LOG_NAME}"),
             name,
             durability,
             self.clock,
@@ -297,10 +300,23 @@ class FileStore(Store):
         return FileArtifacts(self._dir(name) / "artifacts", self.artifact_hashes)
 
     def snapshots(self, name: str) -> FileSnapshots:
-        return FileSnapshots(self._dir(name) / "snapshots", keep=self.snapshots_keep)
+        return FileSnapshots(
+            f"{self.sessions_dir}/{check_name(name)}/snapshots",
+            keep=self.snapshots_keep,
+            hint=self.snapshot_hints.pop(name, None) if self.snapshot_hints else None,
+        )
+
+    def _folder(self, name: str) -> str:
+        """``_real_dir`` as a plain string: start-up reads every session's files, and
+        building paths as objects cost more than the reads."""
+        path = f"{self.sessions_dir}/{check_name(name)}"
+        try:
+            return real_dir(path)
+        except FileNotFoundError:
+            raise NoSuchSession(f"no session {name!r} in {self.sessions_dir}") from None
 
     def read_spec(self, name: str) -> str | None:
-        path = self._real_dir(name) / SPEC_NAME
+        path = f"{self._folder(name)}/{SPEC_NAME}"
         try:
             return read_regular(path, limit=SPEC_LIMIT).decode()
         except FileNotFoundError:

@@ -24,9 +24,19 @@ SNAPSHOT_FORMAT = "sessiond-snapshot"
 class FileSnapshots(SnapshotStore):
     """``state-<seq>.json``: a framed header line and a framed state line."""
 
-    def __init__(self, folder: Path, keep: int = 2) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path | str, keep: int = 2, hint: int | None = None) -> None:
+        # Kept as a string: finding the newest snapshot is part of every session's
+        # opening, and paths as objects cost more there than the reads.
+        self._at = str(folder)
         self.keep = keep
+        # The seq the log is known to end at (the table index's, at start-up): the
+        # snapshot there, if any, is the newest one that can match the log, and is
+        # read without listing the folder (see latest).
+        self.hint = hint
+
+    @property
+    def folder(self) -> Path:
+        return Path(self._at)
 
     @staticmethod
     def encode(snapshot: Snapshot) -> bytes:
@@ -70,7 +80,7 @@ class FileSnapshots(SnapshotStore):
 
     def seqs(self) -> list[int]:
         try:
-            names = os.listdir(real_dir(self.folder))
+            names = os.listdir(real_dir(self._at))
         except FileNotFoundError:
             return []
         found = []
@@ -81,7 +91,7 @@ class FileSnapshots(SnapshotStore):
 
     def load(self, seq: int) -> Snapshot | None:
         try:
-            raw = read_regular(self.folder / f"state-{seq}.json")
+            raw = read_regular(f"{self._at}/state-{seq}.json")
         except (OSError, StorageError):
             return None
         parts = raw.split(b"\n")
@@ -101,6 +111,19 @@ class FileSnapshots(SnapshotStore):
             return None
 
     def latest(self, reducer: int) -> Snapshot | None:
+        hint, self.hint = self.hint, None
+        if hint is not None:
+            # No snapshot beyond the log's end can match it, so the one at its end is
+            # the newest worth having; and any that matches (the opening checks it
+            # against the log) is as good a start as a newer one: the log is the
+            # truth. Listing the folder was a quarter of a start-up's opening.
+            try:
+                real_dir(self._at)  # (a symlink planted in its place: refused, as below)
+            except FileNotFoundError:
+                return None
+            snap = self.load(hint)
+            if snap is not None and snap.reducer == reducer:
+                return snap
         for seq in reversed(self.seqs()):
             snap = self.load(seq)
             if snap is not None and snap.reducer == reducer:
