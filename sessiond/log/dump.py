@@ -130,20 +130,35 @@ class _Compiler:
         name = f"_m{len(self.models)}"
         self.models[cls] = name
         self.names[f"{name}_cls"] = cls
-        items = []
-        for field, info in cls.model_fields.items():
+        fields = []  # (key, expression, name of its exclude_if test or None)
+        for i, (field, info) in enumerate(cls.model_fields.items()):
             if any(_serializes(m) for m in info.metadata) or info.exclude:
                 raise _Unsupported
             key = info.serialization_alias or info.alias or field
             value = f"d[{field!r}]"
-            items.append(f"{key!r}: {self.expr(info.annotation, value) or value}")
-        body = ", ".join(items)
+            test = None
+            if getattr(info, "exclude_if", None) is not None:
+                test = f"{name}_x{i}"
+                self.names[test] = info.exclude_if
+            fields.append((key, self.expr(info.annotation, value) or value, test, value))
+        if all(test is None for _, _, test, _ in fields):
+            # one dict display, the fastest way to build it
+            body = ", ".join(f"{key!r}: {expr}" for key, expr, _, _ in fields)
+            build = f"    return {{{body}}}\n"
+        else:
+            # one statement a field, in the fields' order: a field with
+            # ``exclude_if`` is put in only when its test passes, as pydantic does
+            build = "    o = {}\n"
+            for key, expr, test, value in fields:
+                put = f"o[{key!r}] = {expr}"
+                build += f"    if not {test}({value}):\n        {put}\n" if test else f"    {put}\n"
+            build += "    return o\n"
         source = (
             f"def {name}(m):\n"
             f"    if type(m) is not {name}_cls:\n"
             f"        raise _Slow\n"
             f"    d = m.__dict__\n"
-            f"    return {{{body}}}\n"
+            f"{build}"
         )
         # the source is built above from the class's own field names and types
         exec(source, self.names)
