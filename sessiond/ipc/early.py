@@ -111,6 +111,10 @@ class Early:
         self.sessions: int = index["sessions"]
         self.rows: list[PsRow] | None = index["rows"]  # None: not all vouched for
         self.answered = 0  # requests answered here (the daemon logs it once it can)
+        # ps answers as encoded, by listing: valid while the same terminated rows
+        # hide (the only thing that changes with time; see _ps_result)
+        self._terminated = [r for r in self.rows or [] if r.get("state") == "terminated"]
+        self._answers: dict[tuple[Listing, bool], tuple[tuple[bool, ...], bytes]] = {}
         self._conns: dict[int, _Conn] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -299,7 +303,8 @@ class Early:
             asked = _ps_params(params)
             assert c.examiner is not None  # (held at accept otherwise)
             if asked is not None and c.examiner.refusal() is None:
-                return encode({"id": request_id, "ok": True, "result": self._ps(*asked)})
+                head = encode({"id": request_id, "ok": True})[:-2]  # as encode() frames it
+                return head + b',"result":' + self.ps_result(*asked) + b"}\n"
         self._hold(c, request_id)
         return None
 
@@ -314,14 +319,25 @@ class Early:
             "state_dir": str(self.config.state_dir),
         }
 
-    def _ps(self, listing: Listing, footer: bool) -> Any:
-        # as sessiond.syscalls.kernel's ps_listed, on the rows the index vouches for
+    def ps_result(self, listing: Listing, footer: bool) -> bytes:
+        """A ps answer's result, encoded: as sessiond.syscalls.kernel's ps_listed
+        makes it, on the rows the index vouches for. The rows do not change here;
+        what a listing keeps changes only with which terminated rows hide now, so
+        an answer is made once and sent again while those stay the same."""
         assert self.rows is not None
         now = (time.time_ns() + int(self.config.clock_offset * 1e9)) / 1e9
+        hides = tuple(listing.hides(r, now) for r in self._terminated)
+        known = self._answers.get((listing, footer))
+        if known is not None and known[0] == hides:
+            return known[1]
         kept, hidden = listing.apply(self.rows, now)
-        if not footer:
-            return kept
-        return {"rows": kept, "hidden": hidden, "known": [r["name"] for r in self.rows]}
+        result: Any = kept
+        if footer:
+            result = {"rows": kept, "hidden": hidden, "known": [r["name"] for r in self.rows]}
+        body = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS)
+        if len(self._answers) < 16:  # the usual listings; any other is made each time
+            self._answers[(listing, footer)] = (hides, body)
+        return body
 
 
 def _known(selector: selectors.BaseSelector, c: _Conn) -> bool:
@@ -420,6 +436,10 @@ def open_server(config: EarlyConfig, lock: int) -> Early:
     """Read the index, bind the socket, serve. OSError or SessiondError: nothing
     was started (the full start reports what is wrong)."""
     index = _rows(config.state_dir, config.sandbox)
-    early = Early(config, lock, _listen(config.socket), index)
+    listening = _listen(config.socket)
+    early = Early(config, lock, listening, index)
+    if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
+        for footer in (False, True):  # the imports compete for the GIL with the thread
+            early.ps_result(Listing(), footer)
     early.start()
     return early
