@@ -208,6 +208,10 @@ class Early:
                         self._read(c)
                 except OSError:
                     self._drop(c)
+                except Exception:  # a bug here: the full server answers this one
+                    self._hold(c, c.request_id)
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._selector.unregister(c.sock)
 
     def _accept(self) -> None:
         while True:
