@@ -114,7 +114,8 @@ class Early:
         # ps answers as encoded, by listing: valid while the same terminated rows
         # hide (the only thing that changes with time; see _ps_result)
         self._terminated = [r for r in self.rows or [] if r.get("state") == "terminated"]
-        self._answers: dict[tuple[Listing, bool], tuple[tuple[bool, ...], bytes]] = {}
+        self._answers: dict[Listing, tuple[tuple[bool, ...], bytes, int]] = {}
+        self._known_names: bytes | None = None
         self._conns: dict[int, _Conn] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -331,17 +332,23 @@ class Early:
         assert self.rows is not None
         now = (time.time_ns() + int(self.config.clock_offset * 1e9)) / 1e9
         hides = tuple(listing.hides(r, now) for r in self._terminated)
-        known = self._answers.get((listing, footer))
-        if known is not None and known[0] == hides:
+        known = self._answers.get(listing)
+        if known is None or known[0] != hides:
+            kept, hidden = listing.apply(self.rows, now)
+            rows = orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS)
+            known = (hides, rows, hidden)
+            if len(self._answers) < 16:  # the usual listings; any other is made each time
+                self._answers[listing] = known
+        if not footer:
             return known[1]
-        kept, hidden = listing.apply(self.rows, now)
-        result: Any = kept
-        if footer:
-            result = {"rows": kept, "hidden": hidden, "known": [r["name"] for r in self.rows]}
-        body = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS)
-        if len(self._answers) < 16:  # the usual listings; any other is made each time
-            self._answers[(listing, footer)] = (hides, body)
-        return body
+        # {"rows": …, "hidden": …, "known": …} as orjson writes that dict
+        return b'{"rows":%b,"hidden":%d,"known":%b}' % (known[1], known[2], self._names())
+
+    def _names(self) -> bytes:
+        if self._known_names is None:
+            assert self.rows is not None
+            self._known_names = orjson.dumps([r["name"] for r in self.rows])
+        return self._known_names
 
 
 def _known(selector: selectors.BaseSelector, c: _Conn) -> bool:
@@ -443,7 +450,6 @@ def open_server(config: EarlyConfig, lock: int) -> Early:
     listening = _listen(config.socket)
     early = Early(config, lock, listening, index)
     if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
-        for footer in (False, True):  # the imports compete for the GIL with the thread
-            early.ps_result(Listing(), footer)
+        early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
     early.start()
     return early
