@@ -31,9 +31,8 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 import orjson
 
@@ -61,8 +60,7 @@ _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
 _PS_KEYS = frozenset({*_PS_LISTS, "all", "sort", "footer"})
 
 
-@dataclass(frozen=True)
-class EarlyConfig:
+class EarlyConfig(NamedTuple):
     """What serving early needs of the configuration, read as load_config reads it."""
 
     state_dir: Path
@@ -76,25 +74,27 @@ class Index(TypedDict):
     rows: list[PsRow] | None  # ps's rows, by name; None: the index does not vouch for all
 
 
-@dataclass
+# (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)
 class Held:
     """A connection the full server takes over: the bytes it sent that were not
     answered yet (its next request first), and answers not yet sent to it."""
 
-    sock: socket.socket
-    unread: bytes = b""
-    unsent: bytes = b""
-    request_id: Any = None  # of the request it waits on, if any (told why at a failed start)
+    __slots__ = ("sock", "unread", "unsent")
+
+    def __init__(self, sock: socket.socket, unread: bytes, unsent: bytes) -> None:
+        self.sock, self.unread, self.unsent = sock, unread, unsent
 
 
-@dataclass
 class _Conn:
-    sock: socket.socket
-    examiner: Examiner | None  # None: a peer only the full server may judge
-    buf: bytearray = field(default_factory=bytearray)
-    out: bytearray = field(default_factory=bytearray)
-    held: bool = False
-    request_id: Any = None
+    __slots__ = ("buf", "examiner", "held", "out", "request_id", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.examiner: Examiner | None = None  # None: a peer only the full server may judge
+        self.buf = bytearray()
+        self.out = bytearray()
+        self.held = False
+        self.request_id: Any = None  # of the request it is held on
 
 
 class Early:
@@ -187,7 +187,7 @@ class Early:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(c.sock)
         c.sock.setblocking(True)
-        return Held(c.sock, bytes(c.buf), bytes(c.out), c.request_id)
+        return Held(c.sock, bytes(c.buf), bytes(c.out))
 
     # --- the thread -----------------------------------------------------------------
 
@@ -223,7 +223,7 @@ class Early:
             except OSError:  # out of descriptors: the backlog keeps it for the full server
                 return
             sock.setblocking(False)
-            c = _Conn(sock, None)
+            c = _Conn(sock)
             with contextlib.suppress(OSError, ValueError):
                 pid, uid, _gid = _CREDS.unpack(
                     sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
