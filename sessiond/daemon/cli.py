@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from sessiond.daemon.early import open_early
 
-    sys.setswitchinterval(0.001)  # the early server's answers wait on these imports' GIL
+    sys.setswitchinterval(0.001)  # the daemon's (service.SWITCH_INTERVAL), kept after it
     early = open_early(args.config, os.environ, args.state_dir, args.socket)
     from sessiond.daemon.service import run
 

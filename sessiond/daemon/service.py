@@ -65,6 +65,7 @@ log = structlog.get_logger(__name__)
 
 
 CLEAN_MARKER = "clean-shutdown"
+SWITCH_INTERVAL = 0.001  # seconds (see run)
 
 
 def web_metrics() -> Any:
@@ -537,8 +538,10 @@ def run(
         return 1
     raise_file_limit()
     # A worker thread (an export's compression, a snapshot's write) holds the GIL
-    # at most this long while the loop waits for it (the default is 5 ms).
-    sys.setswitchinterval(0.001)
+    # at most this long while the loop waits for it (the default is 5 ms). (The
+    # early server sets it back to this when the full server takes over.)
+    if early is None:
+        sys.setswitchinterval(SWITCH_INTERVAL)
     failed = "the daemon stopped before it served"
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

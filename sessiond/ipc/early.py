@@ -29,6 +29,7 @@ import selectors
 import socket
 import stat
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 # The uids runs get when no [run] key says otherwise (sessiond.sandboxconfig's
 # DEFAULT_DYNAMIC_UIDS; the daemon checks the validated configuration agrees).
 DYNAMIC_UIDS = range(458752, 524288)
+SWITCH_INTERVAL = 0.0001  # seconds: see Early.start
 LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server reads it
 _CREDS = struct.Struct("3i")
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
@@ -122,10 +124,17 @@ class Early:
         self._stopping = False
         self._thread = threading.Thread(target=self._serve, name="sessiond-early", daemon=True)
         self._done = False
+        self._interval = 0.005  # the switch interval to set back (start saves it)
 
     # --- the daemon's side ----------------------------------------------------------
 
     def start(self) -> None:
+        # Each system call of an answer (accept, recv, the run examiner's /proc
+        # reads, send) gives the GIL up, and taking it back waits for the main
+        # thread's imports to drop it: at most this long. Only while this thread
+        # waits for it: an idle early server costs the imports nothing.
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.listening.setblocking(False)
         self._wake_r.setblocking(False)
         self._selector.register(self.listening, selectors.EVENT_READ)
@@ -172,6 +181,7 @@ class Early:
             os.close(self.lock)
 
     def _stop(self) -> None:
+        sys.setswitchinterval(self._interval)  # as it was before the early server
         self._stopping = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
