@@ -189,7 +189,11 @@ class Server:
         any connection's."""
 
         async def serve() -> None:
-            reader, writer = await asyncio.open_unix_connection(sock=held.sock)
+            try:
+                reader, writer = await asyncio.open_unix_connection(sock=held.sock)
+            except OSError:  # gone meanwhile: nothing to answer
+                held.sock.close()
+                return
             await self._serve(reader, writer, held)
 
         task = asyncio.ensure_future(serve())
