@@ -402,7 +402,12 @@ def _failure(request_id: Any, why: str) -> Frame:
     return {
         "id": request_id,
         "ok": False,
-        "error": {"code": "unavailable", "message": f"sessiond did not start: {why}", "exit": 1},
+        # as no daemon on the socket (docs/rpc.md, "Errors"): nothing was done
+        "error": {
+            "code": "unreachable",
+            "message": f"sessiond did not start: {why}; nothing was done",
+            "exit": 3,
+        },
     }
 
 
