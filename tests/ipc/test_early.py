@@ -3,6 +3,7 @@ byte, and only for params the full server takes the same way."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 
 from sessiond.errors import InvalidInput
 from sessiond.ipc.dispatch import listing_of
-from sessiond.ipc.early import Early, EarlyConfig, _ps_params
+from sessiond.ipc.early import Early, EarlyConfig, _ps_params, open_server
 from sessiond.ipc.params import PsParams, parse
 from sessiond.listing import Listing
 
@@ -100,3 +101,43 @@ def test_ps_params_are_taken_only_as_the_full_server_takes_them(params: Any) -> 
     if mine is not None:  # what the early server answers, the full server answers alike
         assert mine == theirs
     assert (mine is None) == (theirs is None)
+
+
+def serving(tmp_path: Path) -> tuple[Early, socket.socket]:
+    """An early server on a real socket (no sessions), and a client that pinged
+    it and then asked for a show in the same write: the show is held."""
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    e = open_server(config, lock)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(config.socket))
+    client.sendall(
+        b'{"id":1,"method":"ping","params":{}}\n{"id":2,"method":"show","params":{"name":"a"}}\n'
+    )
+    pinged = orjson.loads(client.makefile("rb").readline())
+    assert (pinged["id"], pinged["ok"], pinged["result"]["sessions"]) == (1, True, 0)
+    return e, client
+
+
+def test_a_failed_start_tells_a_waiting_client_why(tmp_path: Path) -> None:
+    e, client = serving(tmp_path)
+    with client:
+        e.close("the state dir is read-only")
+        told = orjson.loads(client.makefile("rb").readline())
+    assert told["id"] == 2
+    assert told["error"]["code"] == "unreachable"
+    assert "the state dir is read-only" in told["error"]["message"]
+    assert not (tmp_path / "sock" / "s.sock").exists()  # the socket went with it
+
+
+def test_the_full_server_gets_the_held_request_unread(tmp_path: Path) -> None:
+    e, client = serving(tmp_path)
+    listening, held = e.hand_over()
+    with client, listening:
+        assert len(held) == 1
+        assert held[0].unread == b'{"id":2,"method":"show","params":{"name":"a"}}\n'
+        assert held[0].unsent == b""
+        held[0].sock.close()
+        os.close(e.lock)
