@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 # DEFAULT_DYNAMIC_UIDS; the daemon checks the validated configuration agrees).
 DYNAMIC_UIDS = range(458752, 524288)
 SWITCH_INTERVAL = 0.0001  # seconds: see Early.start
+SEND_BUFFER = 1 << 23  # bytes asked for (the kernel caps it at net.core.wmem_max)
 LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server reads it
 _CREDS = struct.Struct("3i")
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
@@ -233,6 +234,10 @@ class Early:
             except OSError:  # out of descriptors: the backlog keeps it for the full server
                 return
             sock.setblocking(False)
+            # room for a whole ps answer (several MB at 10,000 rows): each send
+            # the kernel takes in part is one more wait for the GIL (the imports')
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
             c = _Conn(sock)
             with contextlib.suppress(OSError, ValueError):
                 pid, uid, _gid = _CREDS.unpack(
