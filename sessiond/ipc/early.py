@@ -150,6 +150,8 @@ class Early:
         self._conns.clear()
         self._selector.close()
         self._done = True
+        # the rows and answers are the full server's to make from here on
+        self.rows, self._terminated, self._answers, self._known_names = None, [], {}, None
         self.listening.setblocking(True)
         return self.listening, held
 
