@@ -453,8 +453,9 @@ class DaemonConfig(_Strict):
     # "before-spawn" (the gate said ok, the program is not started yet) or
     # "after-spawn" (the program runs, the daemon does not supervise it yet);
     # "open-rest" (a start-up from the table index serves, the sessions without
-    # work in flight are not opened yet).
-    fault_hold: Literal["before-spawn", "after-spawn", "open-rest"] | None = None
+    # work in flight are not opened yet); "serve" (the early server alone serves,
+    # the full server has not taken the socket over yet).
+    fault_hold: Literal["before-spawn", "after-spawn", "open-rest", "serve"] | None = None
     fault_hold_until: Path | None = None
     watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)

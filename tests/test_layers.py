@@ -289,7 +289,7 @@ def test_the_checker_sees_a_circle() -> None:
 
 # What is left of daemon/ once the cluster is a floor: start-up, shutdown, signals,
 # systemd, its command line and its test-only faults. Wiring only.
-DAEMON_MODULES = {"__init__", "cli", "faults", "opening", "service", "statedir", "systemd"}
+DAEMON_MODULES = {"__init__", "cli", "early", "faults", "opening", "service", "statedir", "systemd"}
 # What the store keeps in PostgreSQL: events, snapshots, artifacts, the schema,
 # and the lease and epochs that fence every append. Coordination went up.
 COORDINATION = {"mail", "requests"}

@@ -185,8 +185,8 @@ def measure(
     repeats: int | None = None,
     baseline: Path | None = None,
 ) -> dict[str, float]:
-    """The figures; with ``baseline`` (another source tree), its daemon's start
-    after a clean stop too, in each round (``baseline_*``)."""
+    """The figures; with ``baseline`` (another source tree), its daemon's starts
+    after a clean stop and after a kill -9 too, in each round (``baseline_*``)."""
     count = count or (2_000 if quick else 10_000)
     repeats = repeats or (3 if quick else 5)
     root = work / "startup"
@@ -223,7 +223,7 @@ def measure(
 
 def _round(d: BenchDaemon, count: int, baseline: Path | None) -> dict[str, float]:
     """One round, side by side: a clean start, a start after kill -9, the floors
-    (and the baseline's clean start)."""
+    (and the baseline's, both)."""
     out: dict[str, float] = {}
     s = Start(d, count)
     out["startup_ping_clean_s"], out["startup_ps_clean_s"] = s.ping_at, s.ps_at
@@ -237,6 +237,10 @@ def _round(d: BenchDaemon, count: int, baseline: Path | None) -> dict[str, float
         s = Start(d, count, baseline)
         out["baseline_ping_clean_s"], out["baseline_ps_clean_s"] = s.ping_at, s.ps_at
         out["baseline_ready_clean_s"] = s.wait_ready()
+        _kill9(d)
+        s = Start(d, count, baseline)
+        out["baseline_ping_kill9_s"], out["baseline_ps_kill9_s"] = s.ping_at, s.ps_at
+        out["baseline_ready_kill9_s"] = s.wait_ready()
         d.stop()
     out["python_pass_s"] = _timed([sys.executable, "-c", "pass"])[0]
     # what a start pays before it can read anything (issue 27's lean import path)

@@ -89,9 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sessiond.cluster.clusterdb import migrate
 
         return migrate(args.dsn, as_json=args.json)
+    # ping and ps answered from the table index at once, on a thread, while this
+    # one imports the daemon and loads the table (sessiond.daemon.early)
+    import os
+
+    from sessiond.daemon.early import open_early
+
+    sys.setswitchinterval(0.001)  # the daemon's (service.SWITCH_INTERVAL), kept after it
+    early = open_early(args.config, os.environ, args.state_dir, args.socket)
     from sessiond.daemon.service import run
 
-    return run(args.config, args.state_dir, args.socket)
+    return run(args.config, args.state_dir, args.socket, early=early)
 
 
 def _fsck(args: argparse.Namespace) -> int:

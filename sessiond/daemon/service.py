@@ -25,6 +25,7 @@ import uvloop
 from sessiond import __version__, logs
 from sessiond.cluster.lease import LEASE_LOST_EXIT, make_store
 from sessiond.config import BadConfig, DaemonConfig, load_config
+from sessiond.daemon.early import agrees
 from sessiond.daemon.faults import faults, io_hooks
 from sessiond.daemon.opening import Opening, collected, opening_of
 from sessiond.daemon.statedir import (
@@ -58,11 +59,13 @@ if TYPE_CHECKING:
     from sessiond.cluster.node import ClusterNode
     from sessiond.gateway.sched import Scheduler
     from sessiond.gateway.server import Gateway
+    from sessiond.ipc.early import Early
 
 log = structlog.get_logger(__name__)
 
 
 CLEAN_MARKER = "clean-shutdown"
+SWITCH_INTERVAL = 0.001  # seconds (see run)
 
 
 def web_metrics() -> Any:
@@ -73,9 +76,13 @@ def web_metrics() -> Any:
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig, env: dict[str, str]) -> None:
+    def __init__(
+        self, config: DaemonConfig, env: dict[str, str], early: Early | None = None
+    ) -> None:
         self.config = config
         self.env = env
+        # the early server (sessiond.daemon.early): its socket, once serving here
+        self.early = early
         offset_ns = int(config.clock_offset * 1e9)
         hooks = io_hooks(config)
         # the web console and its /metrics (docs/design.md section 11): only when configured
@@ -227,7 +234,8 @@ class Daemon:
             # from now on: take over what dead nodes leave, deliver messages, carry
             # requests (nothing awaits in between: no request comes before)
             self.cluster.start(self, self.forward, self.server.dispatch)
-        await self.server.start(activated_socket(self.env))
+        await self.faults.hold("serve", "")  # tests: the early server alone answers
+        await self.server.start(activated_socket(self.env), early=self.early)
         await self.program_server.start()
         self.kernel.handover.resume()  # tell the targets, ask the sources (both serve now)
         for sig, handler in (
@@ -489,8 +497,8 @@ class Daemon:
         log.info("daemon.stopped")
 
 
-async def serve(config: DaemonConfig, env: dict[str, str]) -> None:
-    daemon = Daemon(config, env)
+async def serve(config: DaemonConfig, env: dict[str, str], early: Early | None = None) -> None:
+    daemon = Daemon(config, env, early)
     await daemon.start()
     await daemon.stopping.wait()
     await daemon.stop()
@@ -498,27 +506,46 @@ async def serve(config: DaemonConfig, env: dict[str, str]) -> None:
         raise daemon.failure
 
 
-def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -> int:
+def run(
+    config_path: Path | None,
+    state_dir: Path | None,
+    socket: Path | None,
+    *,
+    early: Early | None = None,
+) -> int:
+    """``early``: the early server the command started (it holds the state dir's
+    lock and serves the socket until the full server takes it over)."""
     env = dict(os.environ)
     try:
         config = load_config(config_path, env=env, state_dir=state_dir, socket=socket)
     except BadConfig as exc:
+        if early is not None:
+            early.close(str(exc))
         print(f"sessiond: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_format, config.log_level)
+    if early is not None and not agrees(early, config):  # a bug: start as without it
+        log.error("early.disagrees", socket=str(early.config.socket))
+        early.close(None)
+        early = None
     try:
         check_writable(config)
-        lock = take_lock(config.state_dir)
+        lock = early.lock if early is not None else take_lock(config.state_dir)
     except StartupError as exc:
+        if early is not None:
+            early.close(str(exc))
         print(f"sessiond: {exc}", file=sys.stderr)
         return 1
     raise_file_limit()
     # A worker thread (an export's compression, a snapshot's write) holds the GIL
-    # at most this long while the loop waits for it (the default is 5 ms).
-    sys.setswitchinterval(0.001)
+    # at most this long while the loop waits for it (the default is 5 ms). (The
+    # early server sets it back to this when the full server takes over.)
+    if early is None:
+        sys.setswitchinterval(SWITCH_INTERVAL)
+    failed = "the daemon stopped before it served"
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(config, env))
+            runner.run(serve(config, env, early))
     except Fenced as exc:  # the lease lapsed while stopping: as a lost lease ends
         print(f"sessiond: {exc}", file=sys.stderr)
         return LEASE_LOST_EXIT
@@ -528,8 +555,11 @@ def run(config_path: Path | None, state_dir: Path | None, socket: Path | None) -
         leave_last_word(config.socket, f"at {stamp} the node could not start: {exc}")
         return LEASE_LOST_EXIT
     except SessiondError as exc:
+        failed = str(exc)
         print(f"sessiond: {exc}", file=sys.stderr)
         return 1
     finally:
+        if early is not None:  # not taken over (a failed start): its clients are told
+            early.close(failed, keep_lock=True)
         os.close(lock)
     return 0

@@ -11,11 +11,14 @@ import os
 import resource
 from pathlib import Path
 
-from sessiond.config import DaemonConfig
-from sessiond.daemon.faults import probe_state_dir
 from sessiond.errors import SessiondError
 from sessiond.log.store.durable import private_dir
-from sessiond.redaction import use_key_file
+
+# The early server takes the lock before the configuration is validated
+# (sessiond.daemon.early): what the other checks need is imported by them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sessiond.config import DaemonConfig
 
 
 class StartupError(SessiondError):
@@ -27,6 +30,8 @@ class StartupError(SessiondError):
 
 def check_writable(config: DaemonConfig) -> None:
     """Refuse to start on a state dir that cannot be written (read-only, no permission)."""
+    from sessiond.daemon.faults import probe_state_dir
+
     state_dir = config.state_dir
     try:
         private_dir(state_dir)
@@ -54,6 +59,8 @@ def check_writable(config: DaemonConfig) -> None:
 def mask_key(config: DaemonConfig) -> None:
     """The daemon's mask key (sessiond.redaction): masked step keys are found again
     by it after a restart."""
+    from sessiond.redaction import use_key_file
+
     try:
         use_key_file(config.state_dir / "redact.key")
     except OSError as exc:

@@ -17,7 +17,7 @@ import socket
 import stat
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -33,6 +33,9 @@ from sessiond.sandboxconfig import dynamic_uids_on, run_uids
 from sessiond.syscalls.kernel import Kernel
 from sessiond.syscalls.seams import Follows, Router
 from sessiond.wire import last_word_path
+
+if TYPE_CHECKING:
+    from sessiond.ipc.early import Early, Held
 
 log = structlog.get_logger(__name__)
 
@@ -78,11 +81,28 @@ class Server:
 
     # --- the socket -----------------------------------------------------------------
 
-    async def start(self, activated: socket.socket | None = None) -> None:
+    async def start(
+        self, activated: socket.socket | None = None, *, early: Early | None = None
+    ) -> None:
+        """``early``: the early server that serves the control socket now
+        (sessiond.daemon.early): its listening socket and its connections are
+        taken over as they are, so no connect fails in between."""
         if self.endpoint == "control":
             self.dispatch.bundles.prepare()
             # why an earlier run of it ended: stale from now on (wire.py)
             last_word_path(self.path).unlink(missing_ok=True)
+        if early is not None and self.endpoint == "control":
+            listening, held = await asyncio.to_thread(early.hand_over)
+            self._server = await asyncio.start_unix_server(
+                self._serve, sock=listening, backlog=min(self.config.max_connections, 4096)
+            )
+            for connection in held:
+                self._adopt(connection)
+            log.info(
+                "server.listening", socket=str(self.path), endpoint=self.endpoint,
+                early_answered=early.answered, early_held=len(held),
+            )  # fmt: skip
+            return
         if activated is not None:
             # Socket activation: systemd made the socket (and its mode); we serve it.
             self.activated = True
@@ -163,12 +183,34 @@ class Server:
 
     # --- connections ----------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _adopt(self, held: Held) -> None:
+        """A connection the early server took in: served from where it stopped
+        (what it answered first, then its next request), its peer checked here as
+        any connection's."""
+
+        async def serve() -> None:
+            try:
+                reader, writer = await asyncio.open_unix_connection(sock=held.sock)
+            except OSError:  # gone meanwhile: nothing to answer
+                held.sock.close()
+                return
+            await self._serve(reader, writer, held)
+
+        task = asyncio.ensure_future(serve())
+        self._connections.add(task)  # (until _serve counts it: a stop cancels it too)
+        task.add_done_callback(self._connections.discard)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: Held | None = None
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         peer: Peer | None = None
         try:
+            if held is not None and held.unsent:  # answers the early server gave first
+                writer.write(held.unsent)
+                await writer.drain()
             if len(self._connections) > self.config.max_connections:
                 await reply(writer, error(None, "busy", "too many connections; retry later", 1))
                 return
@@ -192,7 +234,7 @@ class Server:
                 return
             caller = self._caller(peer, writer)
             try:
-                await self._requests(reader, writer, caller)
+                await self._requests(reader, writer, caller, held.unread if held else b"")
             finally:
                 if caller.examiner is not None:
                     caller.examiner.close()
@@ -235,9 +277,14 @@ class Server:
         return Caller("control", peer.uid, examiner=examiner, pid=peer.pid)
 
     async def _requests(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        caller: Caller,
+        unread: bytes = b"",
     ) -> None:
         frames = Frames(reader, self.config.max_frame_bytes)
+        frames.buf += unread  # what the early server read and left for us
         idle = Idle(lambda: self.config.read_timeout)  # a reload's applies at once
         try:
             while True:

@@ -24,54 +24,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypedDict
 
 import orjson
 import structlog
 
-from sessiond.errors import SessiondError, StorageError
 from sessiond.log.state import State
 from sessiond.log.store.base import Record
-from sessiond.log.store.durable import read_regular, write_all, write_durable
-from sessiond.log.store.files import LOG_NAME, SPEC_NAME
-from sessiond.names import check_name
+from sessiond.log.store.durable import write_all, write_durable
 from sessiond.replies import PsRow
+from sessiond.table import indexfile
+from sessiond.table.indexfile import (  # the read half, on its own for the early server
+    HEADER,
+    INDEX_NAME,
+    LOG_NAME,
+    SPEC_NAME,
+    Entry,
+    Plan,
+    Stamp,
+    plan,
+    stamp,
+)
 from sessiond.table.sessions import Session, summary
+
+__all__ = ["FLUSH_EVERY", "HEADER", "INDEX_NAME", "LOG_NAME", "SPEC_NAME", "Entry", "IndexKeeper",
+           "Plan", "Stamp", "busy", "entry_for", "plan", "read_index", "stamp"]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
-INDEX_NAME = "table.index"
-VERSION = 1
-HEADER = orjson.dumps({"sessiond-index": VERSION}) + b"\n"
 FLUSH_EVERY = 1.0  # seconds: how long a change waits before its line is appended
-LIMIT = 1 << 30  # bytes: an index bigger than this is not one the daemon wrote
-
-Stamp = list[int]  # [inode, size, mtime_ns] of a regular file
-
-
-class Entry(TypedDict):
-    name: str
-    seq: int
-    log: Stamp
-    spec: Stamp | None
-    busy: bool  # work in flight: the session is opened (and recovered) first
-    wake_at: float | None  # the next timed wake (seconds since the epoch), if armed
-    row: PsRow
-
-
-def stamp(path: str) -> Stamp | None:
-    """The identity of the regular file at ``path`` (a symlink is none: its
-    session is opened from its log, which refuses it with the reason)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def busy(state: State) -> bool:
@@ -135,110 +117,10 @@ def _make(
     }
 
 
-def _entry(raw: Any) -> Entry | None:
-    """``raw`` as an entry, or None when it is not one (the line is skipped)."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        return None
-    try:
-        check_name(raw["name"])
-    except SessiondError:  # a name the daemon never wrote
-        return None
-    row, log_stamp, spec_stamp = raw.get("row"), raw.get("log"), raw.get("spec")
-    if not isinstance(row, dict) or row.get("name") != raw["name"]:
-        return None
-    if not _is_stamp(log_stamp) or not (spec_stamp is None or _is_stamp(spec_stamp)):
-        return None
-    if not isinstance(raw.get("seq"), int) or not isinstance(raw.get("busy"), bool):
-        return None
-    wake_at = raw.get("wake_at")
-    if wake_at is not None and not isinstance(wake_at, int | float):
-        return None
-    return raw  # type: ignore[return-value]  # checked field by field above
-
-
-def _is_stamp(value: Any) -> bool:
-    # unrolled: this runs twice for each of thousands of entries before the first answer
-    return (
-        type(value) is list
-        and len(value) == 3
-        and type(value[0]) is int
-        and type(value[1]) is int
-        and type(value[2]) is int
-    )
-
-
 def read_index(path: Path) -> tuple[dict[str, Entry], int]:
-    """The entries of the index at ``path`` (empty when there is none or it is not
-    ours), and how many lines it holds."""
-    try:
-        raw = read_regular(path, limit=LIMIT)
-    except FileNotFoundError:
-        return {}, 0
-    except (OSError, StorageError) as exc:
-        log.warning("index.unreadable", path=str(path), why=str(exc))
-        return {}, 0
-    lines = raw.split(b"\n")
-    if not lines or lines[0] + b"\n" != HEADER:
-        if raw:
-            log.warning("index.ignored", path=str(path), why="not a version 1 index")
-        return {}, 0
-    entries: dict[str, Entry] = {}
-    skipped = count = 0
-    for line in lines[1:]:
-        if not line:
-            continue
-        count += 1
-        try:
-            entry = _entry(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            entry = None
-        if entry is None:
-            skipped += 1
-            continue
-        entries[entry["name"]] = entry
-    if skipped:
-        log.warning("index.lines_skipped", path=str(path), lines=skipped)
-    return entries, count
-
-
-class Plan(TypedDict):
-    """What a start-up opens first (``first``: stale, missing, or busy), and the
-    rest, listed from the index until opened (in the order they are opened: the
-    soonest timed wake first)."""
-
-    first: list[str]
-    rest: dict[str, Entry]
-
-
-def plan(sessions_dir: Path, entries: dict[str, Entry]) -> Plan:
-    """Check every session folder against its entry: the log wins."""
-    try:
-        names = os.listdir(sessions_dir)
-    except FileNotFoundError:
-        names = []
-    base = str(sessions_dir)
-    first: list[str] = []
-    fresh: list[Entry] = []
-    for name in sorted(names):
-        if name[0] == ".":
-            continue
-        log_path = f"{base}/{name}/{LOG_NAME}"
-        log_stamp = stamp(log_path)
-        if log_stamp is None and not os.path.lexists(log_path):
-            continue  # not a session (the store lists the same: a log or a symlink)
-        entry = entries.get(name)
-        if (
-            entry is None
-            or entry["busy"]
-            or log_stamp is None
-            or entry["log"] != log_stamp
-            or entry["spec"] != stamp(f"{base}/{name}/{SPEC_NAME}")
-        ):
-            first.append(name)
-        else:
-            fresh.append(entry)
-    fresh.sort(key=lambda e: (e["wake_at"] is None, e["wake_at"] or 0.0, e["name"]))
-    return {"first": first, "rest": {e["name"]: e for e in fresh}}
+    """The entries of the index at ``path`` (sessiond.table.indexfile), its
+    warnings in the daemon's log."""
+    return indexfile.read_index(path, lambda event, fields: log.warning(event, **fields))
 
 
 class IndexKeeper:

@@ -1,0 +1,477 @@
+"""The early server: ``ping`` and ``ps`` answered from the table index while the
+daemon is still importing and loading (sessiond.daemon.early starts it; the
+full server takes it over, sessiond.ipc.server).
+
+What it answers, and to whom (anything else is held for the full server):
+
+- only peers whose uid the full server always admits (the daemon's own, root);
+- ``ping``, with no params;
+- ``ps`` with its params exactly as the full server takes them, when the index
+  vouches for every session (else the full server answers it, once the sessions
+  the index did not vouch for are recovered), and only to a peer the run
+  examiner finds to be an operator (sessiond.ipc.runpeer): a run's program, or a
+  process that cannot be examined, is held, and the full server gives it its
+  answer (only ``ping``), never more.
+
+A held connection stops being read: its request and whatever follows it stay
+where they are, and the full server adopts the connection, checks its peer as it
+checks any, and serves it from there. If the daemon does not start, each held
+connection is told why and the socket is removed.
+
+Standard library and orjson only: it serves before the rest is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, TypedDict, cast
+
+import orjson
+
+from sessiond import __version__
+from sessiond.errors import SessiondError
+from sessiond.ipc.fence import check_folder
+from sessiond.ipc.runpeer import Examiner
+from sessiond.listing import DEFAULT_SORT, Listing
+from sessiond.table.indexfile import INDEX_NAME, plan, read_index
+from sessiond.wire import Frame, encode, last_word_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sessiond.replies import Ping, PsRow
+
+# The uids runs get when no [run] key says otherwise (sessiond.sandboxconfig's
+# DEFAULT_DYNAMIC_UIDS; the daemon checks the validated configuration agrees).
+DYNAMIC_UIDS = range(458752, 524288)
+SWITCH_INTERVAL = 0.0001  # seconds: see Early.start
+SEND_BUFFER = 1 << 23  # bytes asked for (the kernel caps it at net.core.wmem_max)
+LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server reads it
+_CREDS = struct.Struct("3i")
+# ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
+_PS_LISTS = {"state": 200, "agent": 200, "label": 400}
+_PS_KEYS = frozenset({*_PS_LISTS, "all", "sort", "footer"})
+
+
+class EarlyConfig(NamedTuple):
+    """What serving early needs of the configuration, read as load_config reads it."""
+
+    state_dir: Path
+    socket: Path
+    sandbox: bool  # [run] sandbox = "on" (ps says each row's boundary)
+    clock_offset: float
+
+
+class Index(TypedDict):
+    sessions: int  # every session, vouched for or not
+    rows: list[PsRow] | None  # ps's rows, by name; None: the index does not vouch for all
+
+
+# (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)
+class Held:
+    """A connection the full server takes over: the bytes it sent that were not
+    answered yet (its next request first), and answers not yet sent to it."""
+
+    __slots__ = ("sock", "unread", "unsent")
+
+    def __init__(self, sock: socket.socket, unread: bytes, unsent: bytes) -> None:
+        self.sock, self.unread, self.unsent = sock, unread, unsent
+
+
+class _Conn:
+    __slots__ = ("buf", "examiner", "held", "out", "request_id", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.examiner: Examiner | None = None  # None: a peer only the full server may judge
+        self.buf = bytearray()
+        self.out = bytearray()
+        self.held = False
+        self.request_id: Any = None  # of the request it is held on
+
+
+class Early:
+    """The early server of one start: serving on its thread from :meth:`start`
+    until :meth:`hand_over` (the full server's) or :meth:`close` (no start)."""
+
+    def __init__(
+        self, config: EarlyConfig, lock: int, listening: socket.socket, index: Index
+    ) -> None:
+        self.config = config
+        self.lock = lock  # the state dir's lock (statedir.take_lock): the daemon's from here
+        self.listening = listening
+        self.started = time.time()
+        self.sessions: int = index["sessions"]
+        self.rows: list[PsRow] | None = index["rows"]  # None: not all vouched for
+        self.answered = 0  # requests answered here (the daemon logs it once it can)
+        # ps answers as encoded, by listing: valid while the same terminated rows
+        # hide (the only thing that changes with time; see _ps_result)
+        self._terminated = [r for r in self.rows or [] if r.get("state") == "terminated"]
+        self._answers: dict[Listing, tuple[tuple[bool, ...], bytes, int]] = {}
+        self._known_names: bytes | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="sessiond-early", daemon=True)
+        self._done = False
+        self._interval = 0.005  # the switch interval to set back (start saves it)
+
+    # --- the daemon's side ----------------------------------------------------------
+
+    def start(self) -> None:
+        # Each system call of an answer (accept, recv, the run examiner's /proc
+        # reads, send) gives the GIL up, and taking it back waits for the main
+        # thread's imports to drop it: at most this long. Only while this thread
+        # waits for it: an idle early server costs the imports nothing.
+        self._interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        self.listening.setblocking(False)
+        self._wake_r.setblocking(False)
+        self._selector.register(self.listening, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread.start()
+
+    def hand_over(self) -> tuple[socket.socket, list[Held]]:
+        """Stop serving; give the listening socket and every open connection to
+        the full server (blocking: run it off the event loop)."""
+        self._stop()
+        held = [self._held(c) for c in self._conns.values()]
+        self._conns.clear()
+        self._selector.close()
+        self._done = True
+        # the rows and answers are the full server's to make from here on
+        self.rows, self._terminated, self._answers, self._known_names = None, [], {}, None
+        self.listening.setblocking(True)
+        return self.listening, held
+
+    def close(self, why: str | None, *, keep_lock: bool = False) -> None:
+        """No start: each connection waiting for an answer is told ``why`` (or
+        to retry), the socket goes, and the lock with it (``keep_lock``: the
+        daemon's already, it closes it)."""
+        if self._done:
+            return
+        self._stop()
+        self._done = True
+        said = why or "the daemon did not finish starting; retry"
+        for c in self._conns.values():
+            if c.examiner is not None:
+                c.examiner.close()
+            with contextlib.suppress(OSError):
+                c.sock.setblocking(True)
+                c.sock.settimeout(1.0)  # a client that does not read is not waited for
+                if c.out:
+                    c.sock.sendall(bytes(c.out))
+                if c.held:
+                    c.sock.sendall(encode(_failure(c.request_id, said)))
+            c.sock.close()
+        self._conns.clear()
+        self._selector.close()
+        self.listening.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.config.socket)
+        if not keep_lock:
+            os.close(self.lock)
+
+    def _stop(self) -> None:
+        sys.setswitchinterval(self._interval)  # as it was before the early server
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        self._thread.join()
+        self._wake_r.close()
+        self._wake_w.close()
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(self.listening)
+
+    def _held(self, c: _Conn) -> Held:
+        if c.examiner is not None:  # the full server pins and examines the peer anew
+            c.examiner.close()
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(c.sock)
+        c.sock.setblocking(True)
+        return Held(c.sock, bytes(c.buf), bytes(c.out))
+
+    # --- the thread -----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            for key, events in self._selector.select():
+                if key.fileobj is self._wake_r:
+                    return
+                if key.fileobj is self.listening:
+                    self._accept()
+                    continue
+                c = self._conns.get(key.fd)
+                if c is None:
+                    continue
+                try:
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(c)
+                    if events & selectors.EVENT_READ:
+                        self._read(c)
+                except OSError:
+                    self._drop(c)
+                except Exception:  # a bug here: the full server answers this one
+                    self._hold(c, c.request_id)
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._selector.unregister(c.sock)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors: the backlog keeps it for the full server
+                return
+            sock.setblocking(False)
+            # room for a whole ps answer (several MB at 10,000 rows): each send
+            # the kernel takes in part is one more wait for the GIL (the imports')
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            c = _Conn(sock)
+            with contextlib.suppress(OSError, ValueError):
+                pid, uid, _gid = _CREDS.unpack(
+                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDS.size)
+                )
+                if uid in (os.getuid(), 0):  # whom the full server always lets in
+                    c.examiner = Examiner(sock, pid, uid, DYNAMIC_UIDS)
+            self._conns[sock.fileno()] = c
+            if c.examiner is None:
+                c.held = True  # the full server checks it, and says what it may do
+            else:
+                self._selector.register(sock, selectors.EVENT_READ)
+
+    def _read(self, c: _Conn) -> None:
+        try:
+            data = c.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._drop(c)  # gone (a half-sent request is dropped, as the full server does)
+            return
+        c.buf += data
+        while not c.held:
+            end = c.buf.find(b"\n")
+            if end < 0:
+                if len(c.buf) > LINE_LIMIT:
+                    self._hold(c, None)
+                break
+            answer = self._answer(c, bytes(c.buf[: end + 1]))
+            if answer is None:
+                break  # held: the request stays first in what the full server reads
+            del c.buf[: end + 1]
+            c.out += answer
+            self.answered += 1
+        self._flush(c)
+
+    def _flush(self, c: _Conn) -> None:
+        if c.out:
+            try:
+                sent = c.sock.send(c.out)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            del c.out[:sent]
+        want = (0 if c.held else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
+        registered = _known(self._selector, c)
+        if want and registered:
+            self._selector.modify(c.sock, want)
+        elif want:
+            self._selector.register(c.sock, want)
+        elif registered:
+            self._selector.unregister(c.sock)
+
+    def _hold(self, c: _Conn, request_id: Any) -> None:
+        c.held = True
+        c.request_id = request_id
+
+    def _drop(self, c: _Conn) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(c.sock)
+        self._conns.pop(c.sock.fileno(), None)
+        if c.examiner is not None:
+            c.examiner.close()
+        c.sock.close()
+
+    def _answer(self, c: _Conn, line: bytes) -> bytes | None:
+        """The answer to one request line, or None (the connection is held)."""
+        if not line.strip():
+            return b""
+        try:
+            request = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            request = None
+        if not isinstance(request, dict):
+            self._hold(c, None)
+            return None
+        request_id = request.get("id")
+        if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+            request_id = None
+        method, params = request.get("method"), request.get("params", {})
+        if method == "ping" and params == {}:
+            return encode({"id": request_id, "ok": True, "result": self._ping()})
+        if method == "ps" and self.rows is not None and isinstance(params, dict):
+            asked = _ps_params(params)
+            assert c.examiner is not None  # (held at accept otherwise)
+            if asked is not None and c.examiner.refusal() is None:
+                head = encode({"id": request_id, "ok": True})[:-2]  # as encode() frames it
+                return head + b',"result":' + self.ps_result(*asked) + b"}\n"
+        self._hold(c, request_id)
+        return None
+
+    def _ping(self) -> Ping:
+        # as sessiond.syscalls.inspection answers it
+        return {
+            "version": __version__,
+            "protocol": 1,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started, 3),
+            "sessions": self.sessions,
+            "state_dir": str(self.config.state_dir),
+        }
+
+    def ps_result(self, listing: Listing, footer: bool) -> bytes:
+        """A ps answer's result, encoded: as sessiond.syscalls.kernel's ps_listed
+        makes it, on the rows the index vouches for. The rows do not change here;
+        what a listing keeps changes only with which terminated rows hide now, so
+        an answer is made once and sent again while those stay the same."""
+        assert self.rows is not None
+        now = (time.time_ns() + int(self.config.clock_offset * 1e9)) / 1e9
+        hides = tuple(listing.hides(r, now) for r in self._terminated)
+        known = self._answers.get(listing)
+        if known is None or known[0] != hides:
+            kept, hidden = listing.apply(self.rows, now)
+            rows = orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS)
+            known = (hides, rows, hidden)
+            if len(self._answers) < 16:  # the usual listings; any other is made each time
+                self._answers[listing] = known
+        if not footer:
+            return known[1]
+        # {"rows": …, "hidden": …, "known": …} as orjson writes that dict
+        return b'{"rows":%b,"hidden":%d,"known":%b}' % (known[1], known[2], self._names())
+
+    def _names(self) -> bytes:
+        if self._known_names is None:
+            assert self.rows is not None
+            self._known_names = orjson.dumps([r["name"] for r in self.rows])
+        return self._known_names
+
+
+def _known(selector: selectors.BaseSelector, c: _Conn) -> bool:
+    try:
+        selector.get_key(c.sock)
+    except KeyError:
+        return False
+    return True
+
+
+def _ps_params(params: Mapping[str, object]) -> tuple[Listing, bool] | None:
+    """A ps request's params as the full server's model takes them (strict), or
+    None: anything it would refuse or read otherwise is the full server's to answer."""
+    if not params.keys() <= _PS_KEYS:
+        return None
+    lists: dict[str, list[str]] = {}
+    for key, longest in _PS_LISTS.items():
+        value = params.get(key, [])
+        if type(value) is not list or len(value) > 64:
+            return None
+        if not all(type(v) is str and len(v) <= longest for v in value):
+            return None
+        lists[key] = value
+    every, footer, sort = (
+        params.get("all", False),
+        params.get("footer", False),
+        params.get("sort", DEFAULT_SORT),
+    )
+    if type(every) is not bool or type(footer) is not bool:
+        return None
+    if type(sort) is not str or len(sort) > 32:
+        return None
+    try:
+        listing = Listing.of(lists["state"], lists["agent"], lists["label"], every, sort)
+    except ValueError:
+        return None
+    return listing, footer
+
+
+def _failure(request_id: Any, why: str) -> Frame:
+    return {
+        "id": request_id,
+        "ok": False,
+        # as no daemon on the socket (docs/rpc.md, "Errors"): nothing was done
+        "error": {
+            "code": "unreachable",
+            "message": f"sessiond did not start: {why}; nothing was done",
+            "exit": 3,
+        },
+    }
+
+
+def _rows(state_dir: Path, sandbox: bool) -> Index:
+    """The index read and checked against the logs: every session's ps row, when
+    the index vouches for all (sessiond.table.indexfile)."""
+    entries, _ = read_index(state_dir / INDEX_NAME)
+    planned = plan(state_dir / "sessions", entries)
+    sessions = len(planned["first"]) + len(planned["rest"])
+    if planned["first"]:
+        return {"sessions": sessions, "rows": None}
+    boundary = "sandbox" if sandbox else "off"
+    rows = [cast("PsRow", {**e["row"], "boundary": boundary}) for e in planned["rest"].values()]
+    rows.sort(key=lambda r: str(r["name"]))
+    return {"sessions": sessions, "rows": rows}
+
+
+def _listen(path: Path) -> socket.socket:
+    """Bind the control socket as the full server does (sessiond.ipc.server):
+    an owner-only folder, a stale socket replaced, mode 0600. OSError or
+    SessiondError: left to the full server, which reports it."""
+    check_folder(path.parent)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SessiondError(f"{path} is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            os.unlink(path)  # left by a crash: nobody listens
+        else:
+            raise SessiondError(f"another daemon is listening on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.listen(4096)  # the full server sets its own backlog when it takes over
+    except OSError:
+        sock.close()
+        raise
+    last_word_path(path).unlink(missing_ok=True)
+    return sock
+
+
+def open_server(config: EarlyConfig, lock: int) -> Early:
+    """Read the index, bind the socket, serve. OSError or SessiondError: nothing
+    was started (the full start reports what is wrong)."""
+    index = _rows(config.state_dir, config.sandbox)
+    listening = _listen(config.socket)
+    early = Early(config, lock, listening, index)
+    if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
+        early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
+    early.start()
+    return early

@@ -1,0 +1,143 @@
+"""The early server's ps (sessiond.ipc.early): the full server's answer, byte for
+byte, and only for params the full server takes the same way."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sessiond.errors import InvalidInput
+from sessiond.ipc.dispatch import listing_of
+from sessiond.ipc.early import Early, EarlyConfig, _ps_params, open_server
+from sessiond.ipc.params import PsParams, parse
+from sessiond.listing import Listing
+
+
+def stamp(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+
+
+ROWS: list[dict[str, Any]] = [
+    {"name": "b", "state": "sleeping", "agent": "x", "last_active": stamp(10), "labels": {}},
+    {"name": "a", "state": "terminated", "agent": "y", "last_active": stamp(7200)},
+    {"name": "c", "state": "terminated", "agent": "x", "last_active": stamp(60)},
+    {"name": "d", "state": "created", "agent": None, "last_active": None, "labels": {"t": "1"}},
+]
+
+
+@pytest.fixture
+def early() -> Iterator[Early]:
+    listening, other = socket.socketpair()
+    config = EarlyConfig(Path("/nonexistent"), Path("/nonexistent.sock"), True, 0.0)
+    rows = sorted(({**r, "boundary": "sandbox"} for r in ROWS), key=lambda r: r["name"])
+    e = Early(config, -1, listening, {"sessions": len(rows), "rows": rows})  # type: ignore[typeddict-item]
+    try:
+        yield e
+    finally:  # never started: what start() would have served on
+        for closing in (listening, other, e._wake_r, e._wake_w, e._selector):
+            closing.close()
+
+
+def full(rows: list[Any], listing: Listing, footer: bool) -> bytes:
+    """What sessiond.syscalls.kernel's ps_listed answers, encoded."""
+    kept, hidden = listing.apply(rows, time.time())
+    if not footer:
+        return orjson.dumps(kept)
+    return orjson.dumps({"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]})
+
+
+LISTINGS = [
+    Listing(),
+    Listing.of(all=True, sort="name"),
+    Listing.of(["terminated"]),
+    Listing.of(agents=["x"], sort="state"),
+    Listing.of(labels=["t=1"], sort="last-active"),
+]
+
+
+@pytest.mark.parametrize("listing", LISTINGS)
+@pytest.mark.parametrize("footer", [False, True])
+def test_ps_is_the_full_servers_answer(early: Early, listing: Listing, footer: bool) -> None:
+    assert early.rows is not None
+    for _ in range(2):  # made, then sent again as made
+        assert early.ps_result(listing, footer) == full(early.rows, listing, footer)
+
+
+PARAMS: list[Any] = [
+    {},
+    {"all": True, "sort": "name", "footer": True},
+    {"state": ["sleeping,blocked"], "agent": ["x"], "label": ["t=1"]},
+    {"state": ["nosuch"]},
+    {"sort": "nosuch"},
+    {"all": 1},
+    {"all": "true"},
+    {"footer": None},
+    {"state": "sleeping"},
+    {"state": [1]},
+    {"state": ["x" * 201]},
+    {"label": ["t"]},
+    {"state": ["sleeping"] * 65},
+    {"sort": "n" * 33},
+    {"extra": 1},
+    {"token": "t"},
+]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+def test_ps_params_are_taken_only_as_the_full_server_takes_them(params: Any) -> None:
+    mine = _ps_params(params)
+    try:
+        parsed = parse(PsParams, params)
+        theirs: tuple[Listing, bool] | None = (listing_of(parsed), parsed.footer)
+    except InvalidInput:
+        theirs = None
+    if mine is not None:  # what the early server answers, the full server answers alike
+        assert mine == theirs
+    assert (mine is None) == (theirs is None)
+
+
+def serving(tmp_path: Path) -> tuple[Early, socket.socket]:
+    """An early server on a real socket (no sessions), and a client that pinged
+    it and then asked for a show in the same write: the show is held."""
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    e = open_server(config, lock)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(config.socket))
+    client.sendall(
+        b'{"id":1,"method":"ping","params":{}}\n{"id":2,"method":"show","params":{"name":"a"}}\n'
+    )
+    pinged = orjson.loads(client.makefile("rb").readline())
+    assert (pinged["id"], pinged["ok"], pinged["result"]["sessions"]) == (1, True, 0)
+    return e, client
+
+
+def test_a_failed_start_tells_a_waiting_client_why(tmp_path: Path) -> None:
+    e, client = serving(tmp_path)
+    with client:
+        e.close("the state dir is read-only")
+        told = orjson.loads(client.makefile("rb").readline())
+    assert told["id"] == 2
+    assert told["error"]["code"] == "unreachable"
+    assert "the state dir is read-only" in told["error"]["message"]
+    assert not (tmp_path / "sock" / "s.sock").exists()  # the socket went with it
+
+
+def test_the_full_server_gets_the_held_request_unread(tmp_path: Path) -> None:
+    e, client = serving(tmp_path)
+    listening, held = e.hand_over()
+    with client, listening:
+        assert len(held) == 1
+        assert held[0].unread == b'{"id":2,"method":"show","params":{"name":"a"}}\n'
+        assert held[0].unsent == b""
+        held[0].sock.close()
+        os.close(e.lock)

@@ -1,0 +1,112 @@
+"""The early server's reading of the configuration (sessiond.daemon.early) is the
+validated one's wherever it is used, and it is not used where it could differ."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sessiond.config import load_config
+from sessiond.daemon.early import agrees, early_config
+from sessiond.ipc.early import DYNAMIC_UIDS
+from sessiond.log.store import files
+from sessiond.sandboxconfig import DEFAULT_DYNAMIC_UIDS, parse_uid_range
+from sessiond.table import indexfile
+
+CASES = [
+    ("", {}, None, None),
+    ('state_dir = "st"\nsocket = "run/s.sock"\n', {}, None, None),
+    ('state_dir = "/abs/st"\n[run]\nsandbox = "off"\n', {}, None, None),
+    ("clock_offset = 86400\n", {"SESSIOND_STATE_DIR": "rel/env-st"}, None, None),
+    ("clock_offset = 1.5\n", {"SESSIOND_SOCKET": "/x/env.sock"}, None, None),
+    ('state_dir = "st"\n', {"SESSIOND_STATE_DIR": "/e"}, Path("flag-st"), Path("f.sock")),
+    ('[access]\nusers = []\n[cluster]\nnode = "n1"\n', {}, None, None),
+]
+
+
+class FakeEarly:
+    def __init__(self, config: object) -> None:
+        self.config = config
+
+
+@pytest.mark.parametrize(("text", "env", "state_dir", "sock"), CASES)
+def test_the_early_reading_agrees_with_the_validated_configuration(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    env: dict[str, str],
+    state_dir: Path | None,
+    sock: Path | None,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative flags: from the daemon's working folder
+    conf = tmp_path / "conf" / "sessiond.toml"
+    conf.parent.mkdir()
+    conf.write_text(text)
+    full = load_config(conf, env=env, state_dir=state_dir, socket=sock)
+    mine = early_config(conf, env, state_dir, sock)
+    assert mine is not None
+    assert (mine.state_dir, mine.socket) == (full.state_dir, full.socket)
+    assert mine.sandbox == (full.run.sandbox == "on")
+    assert mine.clock_offset == full.clock_offset
+    assert agrees(FakeEarly(mine), full)  # type: ignore[arg-type]  # what agrees reads
+    # and with the file named by SESSIOND_CONFIG instead of --config
+    by_env = early_config(None, {**env, "SESSIOND_CONFIG": str(conf)}, state_dir, sock)
+    assert by_env == mine
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[access]\nusers = ["root"]\n',
+        '[access]\ngroups = ["root"]\n',
+        '[run]\nuser = "root"\n',
+        '[run]\ndynamic_uids = "600000-600100"\n',
+        '[cluster]\ndsn = "postgresql://x/y"\n',
+        'state_dir = "unterminated\n',
+        "state_dir = 3\n",
+        'clock_offset = "1"\n',
+        '[run]\nsandbox = "maybe"\n',
+        "access = 1\n",
+    ],
+)
+def test_the_early_server_stays_closed_where_its_reading_could_differ(
+    tmp_path: Path, text: str
+) -> None:
+    conf = tmp_path / "sessiond.toml"
+    conf.write_text(text)
+    assert early_config(conf, {}, None, None) is None
+
+
+def test_a_configuration_that_differs_is_caught_before_going_on(tmp_path: Path) -> None:
+    conf = tmp_path / "sessiond.toml"
+    conf.write_text('state_dir = "a"\n')
+    mine = early_config(conf, {}, None, None)
+    assert mine is not None
+    other = load_config(conf, env={}, state_dir=tmp_path / "b")
+    assert not agrees(FakeEarly(mine), other)  # type: ignore[arg-type]
+
+
+def test_the_constants_the_early_path_copies_agree_with_their_sources() -> None:
+    assert parse_uid_range(DEFAULT_DYNAMIC_UIDS) == DYNAMIC_UIDS
+    assert (indexfile.LOG_NAME, indexfile.SPEC_NAME) == (files.LOG_NAME, files.SPEC_NAME)
+
+
+def test_the_early_path_imports_no_pydantic_and_no_structlog() -> None:
+    """What runs before the early server answers: the command, its reading of
+    the configuration, the index and the server (sessiond.daemon.cli imports
+    the daemon itself only after)."""
+    code = (
+        "import sys, sessiond.daemon.cli, sessiond.daemon.early\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'pydantic_core', 'structlog', 'uvloop', 'asyncio'))\n"
+        "print(heavy)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
