@@ -131,27 +131,19 @@ class _Compiler:
         self.models[cls] = name
         self.names[f"{name}_cls"] = cls
         items = []
-        dropped = ""  # a field with ``exclude_if`` is left out when its test says so
         for field, info in cls.model_fields.items():
             if any(_serializes(m) for m in info.metadata) or info.exclude:
                 raise _Unsupported
             key = info.serialization_alias or info.alias or field
             value = f"d[{field!r}]"
             items.append(f"{key!r}: {self.expr(info.annotation, value) or value}")
-            exclude_if = getattr(info, "exclude_if", None)
-            if exclude_if is not None:
-                test = f"{name}_x{len(self.names)}"
-                self.names[test] = exclude_if
-                dropped += f"    if {test}({value}):\n        del r[{key!r}]\n"
         body = ", ".join(items)
         source = (
             f"def {name}(m):\n"
             f"    if type(m) is not {name}_cls:\n"
             f"        raise _Slow\n"
             f"    d = m.__dict__\n"
-            f"    r = {{{body}}}\n"
-            f"{dropped}"
-            f"    return r\n"
+            f"    return {{{body}}}\n"
         )
         # the source is built above from the class's own field names and types
         exec(source, self.names)
