@@ -84,6 +84,9 @@ def test_the_concurrent_commit_benchmark_runs() -> None:
     assert figures["send_4x4_eps"] > 0
     assert figures["fsync_4_loops_eps"] > 0
     assert figures["send_4x4_ratio"] > 0
+    # the thread form, beside the process form, in the same rounds
+    assert figures["send_4x4_threads_eps"] > 0
+    assert figures["fsync_4_loops_threads_eps"] > 0
 
 
 def test_the_load_benchmark_runs_without_errors() -> None:

@@ -185,7 +185,11 @@ class Journal:
         from these lines, not guessed."""
         types, self._unsynced = self._unsynced, []
         if types:
-            log.debug("log.commit", session=self.session, seq=pending.position.seq, types=types)
+            # Through bind(): what the proxy's own attribute lookup does, without its
+            # failed lookup first (about 1 µs a commit even when debug is filtered).
+            log.bind().debug(
+                "log.commit", session=self.session, seq=pending.position.seq, types=types
+            )
         await self.log.sync(pending)
 
     def _publish(self, durable_seq: int) -> None:

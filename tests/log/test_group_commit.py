@@ -145,3 +145,25 @@ def test_a_failed_fsync_fails_the_running_batch_and_the_next(state_dir: Path) ->
         await log.close()
 
     arun(go())
+
+
+def test_the_group_commit_runs_no_task_of_its_own(state_dir: Path) -> None:
+    """The flush is driven by loop callbacks and the fsync thread's wake-up: while
+    four appends wait on their fsync, the only tasks are the four writers (each
+    task a group commit ran cost the loop its own iterations per commit)."""
+    gate = Gate()
+
+    async def go() -> None:
+        log = await (await _open(state_dir, gate)).open_log("s")
+        list(log.recover())
+        tasks = [asyncio.ensure_future(log.append(_event(i))) for i in range(4)]
+        await gate.wait_entered()  # one fsync for all four, under way
+        assert asyncio.all_tasks() == {asyncio.current_task(), *tasks}
+        gate.release.release()
+        done = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert [r["seq"] for r in done] == [1, 2, 3, 4]
+        assert gate.calls == 1
+        assert log.synced_offset == log.position.offset
+        await log.close()
+
+    arun(go())
