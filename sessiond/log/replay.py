@@ -9,8 +9,9 @@ validated with :func:`sessiond.log.events.decode` before they reach a log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Literal, cast
+from collections.abc import Iterable
+from itertools import islice
+from typing import Literal, cast
 
 from sessiond.log import turns
 from sessiond.log.event_records import (
@@ -48,9 +49,9 @@ from sessiond.log.event_records import (
     WakeRequestedData,
 )
 from sessiond.log.events import CURRENT_VERSION, upcast
+from sessiond.log.fold import STEP, Handler, call_of, replay_rows
 from sessiond.log.records import (
     ApprovalRecord,
-    CallRecord,
     HandoverRecord,
     SummaryRecord,
     WakeRecord,
@@ -59,9 +60,9 @@ from sessiond.log.spend import run_number, spent
 from sessiond.log.state import MAILBOX_KEEP, RUN_DAYS_KEEP, TRANSCRIPT_KEEP, State
 from sessiond.sdkwire import TranscriptItem
 
-# A handler takes the payload as the TypedDict of its event type (log/event_records.py):
-# the table below holds them all, so their third parameter is spelt for each one.
-Handler = Callable[[State, EventRecord, Any], None]
+# A handler (log.fold.Handler) takes the payload as the TypedDict of its event type
+# (log/event_records.py): the table below holds them all, so their third parameter
+# is spelt for each one.
 
 
 def _ref(state: State, ref: ArtifactJson | None) -> None:
@@ -383,30 +384,13 @@ def _who(approval: ApprovalRecord, d: ApprovalGrantedData | ApprovalDeniedData) 
         approval["channel"] = d["channel"]
 
 
-def _call(s: State, d: ToolStartedData | ToolFinishedData) -> CallRecord:
-    """The call an event belongs to; a call whose intent predates the log (a log cut
-    by fork or import mid-call) is recorded from what this event says."""
-    call = s.calls.get(d["call"])
-    if call is None:
-        call = s.calls[d["call"]] = {
-            "call": d["call"],
-            "tool": d["tool"],
-            "args": {},
-            "risk": None,
-            "writes": [],
-            "stage": "intent",
-            "seq": None,
-        }
-    return call
-
-
 # The handlers below run for most events of a busy session, so a call keeps the
 # data of its started and finished events as they are (records are never
 # mutated) instead of copying their fields.
 
 
 def _tool_started(s: State, r: EventRecord, d: ToolStartedData) -> None:
-    call = s.calls.get(d["call"]) or _call(s, d)
+    call = s.calls.get(d["call"]) or call_of(s, d)
     call["stage"] = "started"
     call["started"] = d
     call["started_seq"] = r["seq"]
@@ -415,7 +399,7 @@ def _tool_started(s: State, r: EventRecord, d: ToolStartedData) -> None:
 
 
 def _tool_finished(s: State, r: EventRecord, d: ToolFinishedData) -> None:
-    call = s.calls.get(d["call"]) or _call(s, d)
+    call = s.calls.get(d["call"]) or call_of(s, d)
     call["stage"] = "finished"
     call["finished"] = d
     call["finished_seq"] = r["seq"]
@@ -574,21 +558,16 @@ def apply(state: State, record: EventRecord) -> State:
 
 
 def replay(records: Iterable[EventRecord], state: State) -> State:
-    """Fold ``records`` into ``state``; the hot loop of start-up and ``sessionctl replay``."""
-    handlers = HANDLERS
-    current = _VERSIONS
-    record: EventRecord | None = None
-    for record in records:
-        etype = record["type"]
-        if record["v"] == current.get(etype):
-            handlers[etype](state, record, record["data"])
-        else:
-            new = upcast(record)
-            handlers[etype](state, new, new["data"])
-    if record is not None:
-        state.seq = record["seq"]
-        state.last_id = record["id"]
-        state.last_ts = record["ts"]
+    """Fold ``records`` into ``state``; the hot loop of start-up and ``sessionctl replay``.
+
+    The state after it is exactly the one ``apply`` leaves record by record
+    (tests/log/test_fold_equivalence.py).
+    """
+    if isinstance(records, list):
+        return replay_rows(records, state, HANDLERS)
+    it = iter(records)
+    while rows := list(islice(it, STEP)):
+        replay_rows(rows, state, HANDLERS)
     return state
 
 
