@@ -57,6 +57,10 @@ DYNAMIC_UIDS = range(458752, 524288)
 SWITCH_INTERVAL = 0.0001  # seconds: see Early.start
 SEND_BUFFER = 1 << 23  # bytes asked for (the kernel caps it at net.core.wmem_max)
 LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server reads it
+# Answers waiting for a client that does not read them, past which it is not read
+# on (as the full server waits for each answer to drain, at asyncio's high-water
+# mark): a pipelined ping is ~20 bytes asked for ~150 answered, a ps several MB.
+OUT_HIGH = 1 << 16
 _CREDS = struct.Struct("3i")
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
 _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
@@ -98,6 +102,11 @@ class _Conn:
         self.out = bytearray()
         self.held = False
         self.request_id: Any = None  # of the request it is held on
+
+    @property
+    def paused(self) -> bool:
+        """Not read on until the client takes the answers it has (OUT_HIGH)."""
+        return not self.held and len(self.out) >= OUT_HIGH
 
 
 class Early:
@@ -262,7 +271,13 @@ class Early:
             self._drop(c)  # gone (a half-sent request is dropped, as the full server does)
             return
         c.buf += data
-        while not c.held:
+        self._flush(c)
+
+    def _answer_lines(self, c: _Conn) -> bool:
+        """Answer the whole requests read, until one is held or the answers not
+        yet sent reach OUT_HIGH; whether any was answered."""
+        answered = False
+        while not c.held and not c.paused:
             end = c.buf.find(b"\n")
             if end < 0:
                 if len(c.buf) > LINE_LIMIT:
@@ -274,16 +289,24 @@ class Early:
             del c.buf[: end + 1]
             c.out += answer
             self.answered += 1
-        self._flush(c)
+            answered = True
+        return answered
 
     def _flush(self, c: _Conn) -> None:
-        if c.out:
-            try:
-                sent = c.sock.send(c.out)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            del c.out[:sent]
-        want = (0 if c.held else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
+        while True:
+            if c.out:
+                try:
+                    sent = c.sock.send(c.out)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                del c.out[:sent]
+            # the requests already read, as far as the client takes their answers
+            if not self._answer_lines(c) or c.paused:
+                break
+        # read on only while the client takes its answers: one that sends without
+        # reading is not answered into this process's memory without end
+        reading = not c.held and not c.paused
+        want = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if c.out else 0)
         registered = _known(self._selector, c)
         if want and registered:
             self._selector.modify(c.sock, want)
