@@ -202,3 +202,35 @@ def received(sock: socket.socket, size: int) -> bytes:
         assert chunk, "the client's requests ended early"
         got += chunk
     return bytes(got)
+
+
+def test_a_client_that_reads_gets_every_answer_past_the_high_water_mark(
+    tmp_path: Path,
+) -> None:
+    """Paused while its answers wait, a connection is read on as the client takes
+    them: every pipelined ping is answered, in order, then the show is held."""
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    e = open_server(config, lock)
+    pings = 5_000  # ~750 KB of answers: past the high-water mark many times
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(config.socket))
+    requests = b"".join(b'{"id":%d,"method":"ping","params":{}}\n' % n for n in range(pings))
+    show = b'{"id":"s","method":"show","params":{"name":"a"}}\n'
+    sender = threading.Thread(target=lambda: _send_all(client, requests + show))
+    sender.start()
+    with client, client.makefile("rb") as answers:
+        ids = [orjson.loads(answers.readline())["id"] for _ in range(pings)]
+        sender.join()
+        listening, held = e.hand_over()
+    with listening:
+        assert ids == list(range(pings))
+        assert e.answered == pings
+        assert (len(held), held[0].unsent) == (1, b"")
+        # the show, held where the early server read it (or still in the socket)
+        unread = held[0].unread
+        assert unread + received(held[0].sock, len(show) - len(unread)) == show
+        held[0].sock.close()
+        os.close(e.lock)
