@@ -489,12 +489,19 @@ def _listen(path: Path) -> socket.socket:
 
 
 def open_server(config: EarlyConfig, lock: int) -> Early:
-    """Read the index, bind the socket, serve. OSError or SessiondError: nothing
-    was started (the full start reports what is wrong)."""
+    """Read the index, bind the socket, serve. Any error: nothing was started, the
+    socket is not left bound (the full start reports what is wrong)."""
     index = _rows(config.state_dir, config.sandbox)
     listening = _listen(config.socket)
-    early = Early(config, lock, listening, index)
-    if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
-        early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
+    try:
+        early = Early(config, lock, listening, index)
+        if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
+            early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
+    except BaseException:
+        # not served: nobody listens on the socket (the full server binds it anew)
+        listening.close()
+        with contextlib.suppress(OSError):
+            os.unlink(config.socket)
+        raise
     early.start()
     return early
