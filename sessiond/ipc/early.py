@@ -15,8 +15,9 @@ What it answers, and to whom (anything else is held for the full server):
 
 A held connection stops being read: its request and whatever follows it stay
 where they are, and the full server adopts the connection, checks its peer as it
-checks any, and serves it from there. If the daemon does not start, each held
-connection is told why and the socket is removed.
+checks any (with the examiner pinned here at accept), and serves it from there.
+If the daemon does not start, each held connection is told why and the socket
+is removed.
 
 Standard library and orjson only: it serves before the rest is imported.
 """
@@ -84,12 +85,20 @@ class Index(TypedDict):
 # (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)
 class Held:
     """A connection the full server takes over: the bytes it sent that were not
-    answered yet (its next request first), and answers not yet sent to it."""
+    answered yet (its next request first), answers not yet sent to it, and its
+    peer's examiner (None: none was made), pinned to the process that connected
+    when it was accepted: pinned anew at the hand-over, seconds later, a process
+    that connected, asked and exited could have its pid taken by another (where
+    the kernel gives no pidfd for a process gone, the pin is its pid and start
+    time), and the request it left would be judged by that one."""
 
-    __slots__ = ("sock", "unread", "unsent")
+    __slots__ = ("examiner", "sock", "unread", "unsent")
 
-    def __init__(self, sock: socket.socket, unread: bytes, unsent: bytes) -> None:
+    def __init__(
+        self, sock: socket.socket, unread: bytes, unsent: bytes, examiner: Examiner | None = None
+    ) -> None:
         self.sock, self.unread, self.unsent = sock, unread, unsent
+        self.examiner = examiner
 
 
 class _Conn:
@@ -204,12 +213,12 @@ class Early:
             self._selector.unregister(self.listening)
 
     def _held(self, c: _Conn) -> Held:
-        if c.examiner is not None:  # the full server pins and examines the peer anew
-            c.examiner.close()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(c.sock)
         c.sock.setblocking(True)
-        return Held(c.sock, bytes(c.buf), bytes(c.out))
+        # the examiner goes with it: the full server judges the same process, pinned
+        # at accept (its verdict so far, a refusal included, stays the connection's)
+        return Held(c.sock, bytes(c.buf), bytes(c.out), c.examiner)
 
     # --- the thread -----------------------------------------------------------------
 
