@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from sessiond.daemon.statedir import StartupError, take_lock
-from sessiond.errors import SessiondError
 from sessiond.ipc.early import DYNAMIC_UIDS, Early, EarlyConfig, open_server
 from sessiond.paths import default_socket, default_state_dir
 
@@ -128,6 +127,8 @@ def open_early(
         return None
     try:
         return open_server(config, lock)
-    except (OSError, SessiondError):
+    except Exception:  # whatever it is, the full start goes on without it
+        # (an index it could not list, say: the full start reads the same files and
+        # says what is wrong with them; the early server only ever saves time)
         os.close(lock)
         return None

@@ -15,8 +15,9 @@ What it answers, and to whom (anything else is held for the full server):
 
 A held connection stops being read: its request and whatever follows it stay
 where they are, and the full server adopts the connection, checks its peer as it
-checks any, and serves it from there. If the daemon does not start, each held
-connection is told why and the socket is removed.
+checks any (with the examiner pinned here at accept), and serves it from there.
+If the daemon does not start, each held connection is told why and the socket
+is removed.
 
 Standard library and orjson only: it serves before the rest is imported.
 """
@@ -57,6 +58,10 @@ DYNAMIC_UIDS = range(458752, 524288)
 SWITCH_INTERVAL = 0.0001  # seconds: see Early.start
 SEND_BUFFER = 1 << 23  # bytes asked for (the kernel caps it at net.core.wmem_max)
 LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server reads it
+# Answers waiting for a client that does not read them, past which it is not read
+# on (as the full server waits for each answer to drain, at asyncio's high-water
+# mark): a pipelined ping is ~20 bytes asked for ~150 answered, a ps several MB.
+OUT_HIGH = 1 << 16
 _CREDS = struct.Struct("3i")
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
 _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
@@ -80,12 +85,20 @@ class Index(TypedDict):
 # (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)
 class Held:
     """A connection the full server takes over: the bytes it sent that were not
-    answered yet (its next request first), and answers not yet sent to it."""
+    answered yet (its next request first), answers not yet sent to it, and its
+    peer's examiner (None: none was made), pinned to the process that connected
+    when it was accepted: pinned anew at the hand-over, seconds later, a process
+    that connected, asked and exited could have its pid taken by another (where
+    the kernel gives no pidfd for a process gone, the pin is its pid and start
+    time), and the request it left would be judged by that one."""
 
-    __slots__ = ("sock", "unread", "unsent")
+    __slots__ = ("examiner", "sock", "unread", "unsent")
 
-    def __init__(self, sock: socket.socket, unread: bytes, unsent: bytes) -> None:
+    def __init__(
+        self, sock: socket.socket, unread: bytes, unsent: bytes, examiner: Examiner | None = None
+    ) -> None:
         self.sock, self.unread, self.unsent = sock, unread, unsent
+        self.examiner = examiner
 
 
 class _Conn:
@@ -98,6 +111,11 @@ class _Conn:
         self.out = bytearray()
         self.held = False
         self.request_id: Any = None  # of the request it is held on
+
+    @property
+    def paused(self) -> bool:
+        """Not read on until the client takes the answers it has (OUT_HIGH)."""
+        return not self.held and len(self.out) >= OUT_HIGH
 
 
 class Early:
@@ -195,12 +213,12 @@ class Early:
             self._selector.unregister(self.listening)
 
     def _held(self, c: _Conn) -> Held:
-        if c.examiner is not None:  # the full server pins and examines the peer anew
-            c.examiner.close()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(c.sock)
         c.sock.setblocking(True)
-        return Held(c.sock, bytes(c.buf), bytes(c.out))
+        # the examiner goes with it: the full server judges the same process, pinned
+        # at accept (its verdict so far, a refusal included, stays the connection's)
+        return Held(c.sock, bytes(c.buf), bytes(c.out), c.examiner)
 
     # --- the thread -----------------------------------------------------------------
 
@@ -262,7 +280,13 @@ class Early:
             self._drop(c)  # gone (a half-sent request is dropped, as the full server does)
             return
         c.buf += data
-        while not c.held:
+        self._flush(c)
+
+    def _answer_lines(self, c: _Conn) -> bool:
+        """Answer the whole requests read, until one is held or the answers not
+        yet sent reach OUT_HIGH; whether any was answered."""
+        answered = False
+        while not c.held and not c.paused:
             end = c.buf.find(b"\n")
             if end < 0:
                 if len(c.buf) > LINE_LIMIT:
@@ -274,16 +298,24 @@ class Early:
             del c.buf[: end + 1]
             c.out += answer
             self.answered += 1
-        self._flush(c)
+            answered = True
+        return answered
 
     def _flush(self, c: _Conn) -> None:
-        if c.out:
-            try:
-                sent = c.sock.send(c.out)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            del c.out[:sent]
-        want = (0 if c.held else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
+        while True:
+            if c.out:
+                try:
+                    sent = c.sock.send(c.out)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                del c.out[:sent]
+            # the requests already read, as far as the client takes their answers
+            if not self._answer_lines(c) or c.paused:
+                break
+        # read on only while the client takes its answers: one that sends without
+        # reading is not answered into this process's memory without end
+        reading = not c.held and not c.paused
+        want = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if c.out else 0)
         registered = _known(self._selector, c)
         if want and registered:
             self._selector.modify(c.sock, want)
@@ -466,12 +498,19 @@ def _listen(path: Path) -> socket.socket:
 
 
 def open_server(config: EarlyConfig, lock: int) -> Early:
-    """Read the index, bind the socket, serve. OSError or SessiondError: nothing
-    was started (the full start reports what is wrong)."""
+    """Read the index, bind the socket, serve. Any error: nothing was started, the
+    socket is not left bound (the full start reports what is wrong)."""
     index = _rows(config.state_dir, config.sandbox)
     listening = _listen(config.socket)
-    early = Early(config, lock, listening, index)
-    if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
-        early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
+    try:
+        early = Early(config, lock, listening, index)
+        if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
+            early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
+    except BaseException:
+        # not served: nobody listens on the socket (the full server binds it anew)
+        listening.close()
+        with contextlib.suppress(OSError):
+            os.unlink(config.socket)
+        raise
     early.start()
     return early

@@ -190,11 +190,15 @@ class Server:
 
         async def serve() -> None:
             try:
-                reader, writer = await asyncio.open_unix_connection(sock=held.sock)
-            except OSError:  # gone meanwhile: nothing to answer
-                held.sock.close()
-                return
-            await self._serve(reader, writer, held)
+                try:
+                    reader, writer = await asyncio.open_unix_connection(sock=held.sock)
+                except OSError:  # gone meanwhile: nothing to answer
+                    held.sock.close()
+                    return
+                await self._serve(reader, writer, held)
+            finally:
+                if held.examiner is not None:  # (refused before a caller took it)
+                    held.examiner.close()
 
         task = asyncio.ensure_future(serve())
         self._connections.add(task)  # (until _serve counts it: a stop cancels it too)
@@ -232,7 +236,7 @@ class Server:
                     ),
                 )
                 return
-            caller = self._caller(peer, writer)
+            caller = self._caller(peer, writer, held.examiner if held is not None else None)
             try:
                 await self._requests(reader, writer, caller, held.unread if held else b"")
             finally:
@@ -267,13 +271,17 @@ class Server:
             "an eighth of max_connections); close idle ones and retry"
         )
 
-    def _caller(self, peer: Peer, writer: asyncio.StreamWriter) -> Caller:
+    def _caller(
+        self, peer: Peer, writer: asyncio.StreamWriter, pinned: Examiner | None = None
+    ) -> Caller:
         if self.endpoint == "program":
             return Caller("program", peer.uid)
         # examined once, then asked at each request whether the process that
-        # connected is still there (Caller.refused): see sessiond.ipc.runpeer
-        examiner = Examiner(writer.get_extra_info("socket"), peer.pid, peer.uid,
-                            self.peers.run_uids)  # fmt: skip
+        # connected is still there (Caller.refused): see sessiond.ipc.runpeer.
+        # ``pinned``: the early server's, pinned when it accepted the connection
+        # (sessiond.ipc.early.Held says why it is not pinned again here)
+        examiner = pinned or Examiner(writer.get_extra_info("socket"), peer.pid, peer.uid,
+                                      self.peers.run_uids)  # fmt: skip
         return Caller("control", peer.uid, examiner=examiner, pid=peer.pid)
 
     async def _requests(

@@ -33,9 +33,13 @@ class RunGrant:
     calls_model: int = 0
     # the places its model calls through the gateway took: the n of step keys gw.<n>
     gateway_places: set[int] = field(default_factory=set)
-    # its SDK model steps under way -> the gateway steps (gw.<n>) called while each was
-    # (its fn called the model through the gateway: runs.steps records the spend once)
-    model_frames: dict[str, list[str]] = field(default_factory=dict)
+    # its SDK model steps under way -> where in gateway_called each began: it wraps
+    # the gateway steps called from there on (its fn called the model through the
+    # gateway: runs.steps records the spend once)
+    model_frames: dict[str, int] = field(default_factory=dict)
+    # the gateway steps (gw.<n>) called while an SDK model step was under way, in
+    # order: one list for all of them (runs.wrapping says why)
+    gateway_called: list[str] = field(default_factory=list)
     # the gateway's responses to this run, by the provider's response id -> gw.<n>: an
     # SDK model step whose result is one of them wrapped it (made before its step)
     gateway_ids: dict[str, str] = field(default_factory=dict)

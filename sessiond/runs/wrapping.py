@@ -31,7 +31,7 @@ KEEP_IDS = 256
 
 def opened(grant: RunGrant, call: str) -> None:
     """An SDK model step of the run answered ``run``: its ``fn`` is under way."""
-    grant.model_frames[call] = []
+    grant.model_frames[call] = len(grant.gateway_called)
 
 
 def called(grant: RunGrant, key: str) -> None:
@@ -39,10 +39,15 @@ def called(grant: RunGrant, key: str) -> None:
     answered from the log): every SDK model step under way wraps it. (Steps run at
     once each wrap the calls made meanwhile; a concurrent one that also calls a model
     some other way counts none of its own then: the gateway's record counts the calls
-    it saw.)"""
-    for keys in grant.model_frames.values():
-        if key not in keys:
-            keys.append(key)
+    it saw.)
+
+    Noted once, whatever the number of steps under way: each step reads the calls
+    made since it began when it ends. (A list of its own for each step cost every
+    call a pass over every open step and its list: a program that opened thousands
+    of steps and then called the gateway thousands of times held the daemon's loop
+    for seconds a call, and its memory grew with the product.)"""
+    if grant.model_frames:  # nobody under way: nobody wraps it
+        grant.gateway_called.append(key)
 
 
 def answered(grant: RunGrant, key: str, response: Any) -> None:
@@ -59,7 +64,11 @@ def answered(grant: RunGrant, key: str, response: Any) -> None:
 
 def wrapped(grant: RunGrant, call: str, result: Any) -> tuple[str, ...]:
     """The gateway steps the SDK model step ``call`` wrapped, as it ends."""
-    keys = grant.model_frames.pop(call, [])
+    began = grant.model_frames.pop(call, None)
+    calls = grant.gateway_called
+    keys = [] if began is None else list(dict.fromkeys(calls[began:]))
+    if not grant.model_frames:
+        calls.clear()  # no step under way reads it any more
     rid = result.get("id") if isinstance(result, dict) else None
     mine = grant.gateway_ids.get(rid) if isinstance(rid, str) else None
     if mine is not None and mine not in keys:

@@ -40,6 +40,15 @@ Stamp = list[int]  # [inode, size, mtime_ns] of a regular file
 Warn = Callable[[str, Mapping[str, object]], None]
 
 
+# The JSON types of a ps row's fields that may be null (sessiond.replies.PsRow, as
+# sessiond.table.sessions.summary makes it): text, or a number (pid). ps sorts,
+# filters and prints rows by these before anything else could check them (the
+# early server, before the daemon has imported its models): an entry whose row
+# holds anything else is not one the daemon wrote, and is skipped like a torn line.
+_TEXT = (str, type(None))
+_NUMBER = (int, type(None))
+
+
 class Entry(TypedDict):
     name: str
     seq: int
@@ -71,7 +80,7 @@ def _entry(raw: Any) -> Entry | None:
     except SessiondError:  # a name the daemon never wrote
         return None
     row, log_stamp, spec_stamp = raw.get("row"), raw.get("log"), raw.get("spec")
-    if not isinstance(row, dict) or row.get("name") != raw["name"]:
+    if not isinstance(row, dict) or row.get("name") != raw["name"] or not _is_row(row):
         return None
     if not _is_stamp(log_stamp) or not (spec_stamp is None or _is_stamp(spec_stamp)):
         return None
@@ -81,6 +90,28 @@ def _entry(raw: Any) -> Entry | None:
     if wake_at is not None and not isinstance(wake_at, int | float):
         return None
     return raw  # type: ignore[return-value]  # checked field by field above
+
+
+def _is_row(row: Mapping[str, object]) -> bool:
+    """Whether every field of ``row`` is there with a type a ps row's has (exact
+    types: JSON has no subclasses, and a bool is no priority). Unrolled, as
+    _is_stamp: this runs for each of thousands of entries before the first answer."""
+    get = row.get
+    labels = get("labels")
+    return (
+        type(get("state")) is str
+        and type(get("agent")) is str
+        and type(get("priority")) is int
+        and type(get("runs")) is int
+        and type(get("reason", 0)) in _TEXT
+        and type(get("last_active", 0)) in _TEXT
+        and type(get("next_wake", 0)) in _TEXT
+        and type(get("parent", 0)) in _TEXT
+        and type(get("outcome", 0)) in _TEXT
+        and type(get("pid", "")) in _NUMBER
+        and type(labels) is dict
+        and all(type(v) is str for v in labels.values())
+    )
 
 
 def _is_stamp(value: Any) -> bool:

@@ -3,8 +3,10 @@ byte, and only for params the full server takes the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,5 +141,96 @@ def test_the_full_server_gets_the_held_request_unread(tmp_path: Path) -> None:
         assert len(held) == 1
         assert held[0].unread == b'{"id":2,"method":"show","params":{"name":"a"}}\n'
         assert held[0].unsent == b""
+        held[0].sock.close()
+        os.close(e.lock)
+
+
+def test_a_client_that_does_not_read_is_not_answered_without_end(tmp_path: Path) -> None:
+    """A client that pipelines requests and reads none of the answers (a ping is
+    ~20 bytes asked, ~150 answered; a ps of 10,000 rows several MB) is not read
+    on once its unsent answers pass the full server's high-water mark: the early
+    server's memory stays bounded, and the rest of its requests wait, unread, for
+    the full server, which answers them as fast as the client takes them."""
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    e = open_server(config, lock)
+    pings = 20_000  # ~3 MB of answers, several times what the kernel buffers
+    request = b'{"id":1,"method":"ping","params":{}}\n'
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(config.socket))
+    sender = threading.Thread(target=lambda: _send_all(client, request * pings))
+    sender.start()
+
+    def stopped_reading() -> bool:
+        # every ping answered (what an unbounded server does), or the connection
+        # no longer read (what a bounded one does)
+        conns = list(e._conns.values())
+        return e.answered == pings or any(getattr(c, "paused", False) for c in conns)
+
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing
+    while not stopped_reading():
+        assert time.monotonic() < deadline, "the early server neither answered nor paused"
+        time.sleep(0)  # (yield the GIL to the server's thread)
+    listening, held = e.hand_over()
+    with client, listening:
+        assert len(held) == 1
+        # a ping answer's bytes past the high-water mark, at most
+        assert len(held[0].unsent) < (1 << 16) + 256
+        assert e.answered < pings
+        left = pings * len(request) - len(held[0].unread) - e.answered * len(request)
+        rest = held[0].unread + received(held[0].sock, left)
+        assert rest == request * (pings - e.answered)
+        sender.join()  # nothing lost: every request it sent is the full server's to answer
+        held[0].sock.close()
+        os.close(e.lock)
+
+
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # (the test closes it once done)
+        sock.sendall(data)
+
+
+def received(sock: socket.socket, size: int) -> bytes:
+    """``size`` bytes the client sent that the server did not read yet."""
+    sock.setblocking(True)
+    sock.settimeout(120)  # a guard against a hang (bytes lost), not a timing
+    got = bytearray()
+    while len(got) < size:
+        chunk = sock.recv(size - len(got))
+        assert chunk, "the client's requests ended early"
+        got += chunk
+    return bytes(got)
+
+
+def test_a_client_that_reads_gets_every_answer_past_the_high_water_mark(
+    tmp_path: Path,
+) -> None:
+    """Paused while its answers wait, a connection is read on as the client takes
+    them: every pipelined ping is answered, in order, then the show is held."""
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    e = open_server(config, lock)
+    pings = 5_000  # ~750 KB of answers: past the high-water mark many times
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(config.socket))
+    requests = b"".join(b'{"id":%d,"method":"ping","params":{}}\n' % n for n in range(pings))
+    show = b'{"id":"s","method":"show","params":{"name":"a"}}\n'
+    sender = threading.Thread(target=lambda: _send_all(client, requests + show))
+    sender.start()
+    with client, client.makefile("rb") as answers:
+        ids = [orjson.loads(answers.readline())["id"] for _ in range(pings)]
+        sender.join()
+        listening, held = e.hand_over()
+    with listening:
+        assert ids == list(range(pings))
+        assert e.answered == pings
+        assert (len(held), held[0].unsent) == (1, b"")
+        # the show, held where the early server read it (or still in the socket)
+        unread = held[0].unread
+        assert unread + received(held[0].sock, len(show) - len(unread)) == show
         held[0].sock.close()
         os.close(e.lock)

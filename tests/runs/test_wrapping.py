@@ -4,6 +4,7 @@ is written: a reply that wrapped nothing is written as before (the line has no
 
 from __future__ import annotations
 
+import tracemalloc
 from types import SimpleNamespace
 
 from sessiond.log.event_data import ModelResponded, dump_data
@@ -59,3 +60,34 @@ def test_a_reply_that_wrapped_nothing_is_written_as_before() -> None:
     ]  # fmt: skip
     wrapped = dump_data(ModelResponded(model="m", request_id="r1.m1", wrapped=("gw.1",)))
     assert wrapped["wrapped"] == ["gw.1"]
+
+
+def test_many_steps_under_way_cost_a_gateway_call_nothing_more() -> None:
+    """A program may open many SDK model steps and leave them under way, then call
+    the gateway many times: each call is noted once, not once for every step under
+    way (that held the daemon's loop for a pass over every step's list at each call,
+    and kept steps x calls keys in its memory)."""
+    grant = RunGrant("s", "r1")
+    steps, calls = 1000, 300
+    for n in range(steps):
+        wrapping.opened(grant, f"r1.m{n}")
+    keys = [f"gw.{n}" for n in range(calls)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for key in keys:
+            wrapping.called(grant, key)
+        grew = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grew < 64 * 1024  # a few KB: one note a call (steps x calls was MBs)
+    # and every step still wraps the calls made while it was under way
+    assert wrapping.wrapped(grant, "r1.m0", None) == tuple(keys)
+    wrapping.opened(grant, "r1.late")
+    wrapping.called(grant, "gw.900")
+    assert wrapping.wrapped(grant, "r1.late", None) == ("gw.900",)
+    assert wrapping.wrapped(grant, "r1.m1", None) == (*keys, "gw.900")
+    for n in range(2, steps):
+        wrapping.wrapped(grant, f"r1.m{n}", None)
+    assert grant.model_frames == {}
+    assert grant.gateway_called == []  # nothing kept once no step is under way
