@@ -251,7 +251,12 @@ class Early:
                 sock, _ = self.listening.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of descriptors: the backlog keeps it for the full server
+            except OSError:
+                # Out of descriptors: the listener would be ready again at once and
+                # the thread would spin (asyncio pauses its accepts a second here).
+                # Stop accepting: the backlog keeps the rest for the full server.
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(self.listening)
                 return
             sock.setblocking(False)
             # room for a whole ps answer (several MB at 10,000 rows): each send

@@ -4,7 +4,9 @@ byte, and only for params the full server takes the same way."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import selectors
 import socket
 import threading
 import time
@@ -234,3 +236,28 @@ def test_a_client_that_reads_gets_every_answer_past_the_high_water_mark(
         assert unread + received(held[0].sock, len(show) - len(unread)) == show
         held[0].sock.close()
         os.close(e.lock)
+
+
+class _OutOfDescriptors(socket.socket):
+    """A listening socket whose accept fails as a process out of descriptors does."""
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_out_of_descriptors_it_stops_accepting_rather_than_spin(tmp_path: Path) -> None:
+    """A full descriptor table leaves the listener ready for ever: the early
+    thread would take every wake-up on it and spin (holding the GIL the daemon's
+    imports need). It stops accepting instead; the backlog keeps the connection
+    for the full server, which takes the listening socket over."""
+    listening = _OutOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    config = EarlyConfig(tmp_path, tmp_path / "s.sock", True, 0.0)
+    e = Early(config, -1, listening, {"sessions": 0, "rows": []})
+    try:
+        e._selector.register(listening, selectors.EVENT_READ)
+        e._accept()
+        with pytest.raises(KeyError):
+            e._selector.get_key(listening)  # no longer watched
+    finally:
+        for closing in (listening, e._wake_r, e._wake_w, e._selector):
+            closing.close()
