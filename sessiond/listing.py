@@ -138,6 +138,8 @@ class Listing:
             return False
         if self.agents and (row.get("agent") or "") not in self.agents:
             return False
+        if not self.labels:  # (the usual ps: no generator for each of 10,000 rows)
+            return True
         labels = row.get("labels") or {}
         return all(labels.get(k) == v for k, v in self.labels)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sessiond.config import load_config
+from sessiond.daemon import cli
 from sessiond.daemon.early import agrees, early_config
 from sessiond.ipc.early import DYNAMIC_UIDS
 from sessiond.log.store import files
@@ -110,3 +111,65 @@ def test_the_early_path_imports_no_pydantic_and_no_structlog() -> None:
         env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
     )  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+# modules the early path once imported and needs not: the command line's parser
+# (the plain daemon's argv is read without it)
+NOT_EARLY = ("argparse", "gettext")
+
+
+def test_the_early_path_imports_no_argument_parser() -> None:
+    """The command as the daemon's start runs it (the plain argv): up to the
+    early server, nothing of NOT_EARLY (sessiond.daemon.cli reads the argv)."""
+    code = (
+        "import sys\n"
+        "from sessiond.daemon import cli\n"
+        "assert cli._plain(['--config', 'c.toml', '--socket', 's']) is not None\n"
+        "import sessiond.daemon.early\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {NOT_EARLY!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
+
+
+ARGVS = [
+    [],
+    ["--config", "c.toml"],
+    ["--config", "c.toml", "--state-dir", "st", "--socket", "run/s.sock"],
+    ["--socket", "/abs/s.sock", "--config", "/abs/c.toml"],
+    ["--state-dir", "fsck"],
+    ["--config", "a b.toml"],
+]
+
+
+@pytest.mark.parametrize("argv", ARGVS)
+def test_the_plain_argv_is_read_as_argparse_reads_it(argv: list[str]) -> None:
+    flags = cli._plain(argv)
+    assert flags is not None
+    args = cli._parser().parse_args(argv)
+    assert args.command is None
+    for dest in ("config", "state_dir", "socket"):
+        expected = getattr(args, dest)
+        assert (Path(flags[dest]) if dest in flags else None) == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fsck", "--state-dir", "st"],
+        ["db", "migrate", "--dsn", "postgresql://x/y"],
+        ["--config=c.toml"],
+        ["--conf", "c.toml"],  # argparse's abbreviation: its own to read
+        ["--config", "a", "--config", "b"],
+        ["--config", "-x"],
+        ["--config", ""],
+        ["--config"],
+        ["--version"],
+        ["--help", "x"],
+    ],
+)
+def test_any_other_argv_goes_through_argparse(argv: list[str]) -> None:
+    assert cli._plain(argv) is None

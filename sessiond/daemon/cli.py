@@ -9,21 +9,46 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sessiond import __version__
 
 # fsck's checker and the cluster's database are imported by their commands: the
-# daemon's own start imports what serving needs (service.py), and no more
+# daemon's own start imports what serving needs (service.py), and no more; and
+# the plain daemon's argv is read without argparse or pathlib (see _plain), which
+# the early server's start would otherwise wait for
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from pathlib import Path
+
     from sessiond.log.fsck import Report
+
+# the flags of the plain daemon's command line, as _parser names them
+_DAEMON_FLAGS = {"--config": "config", "--state-dir": "state_dir", "--socket": "socket"}
+
+
+def _plain(argv: Sequence[str]) -> dict[str, str] | None:
+    """``sessiond [--config FILE] [--state-dir DIR] [--socket PATH]``, each flag
+    at most once, spelt out, its value apart and not one argparse could read as
+    an option: the values, by dest. Anything else (None) goes through argparse,
+    which reads these the same (tests/test_early_config.py checks both agree)."""
+    if len(argv) % 2:
+        return None
+    found: dict[str, str] = {}
+    for i in range(0, len(argv), 2):
+        dest, value = _DAEMON_FLAGS.get(argv[i]), argv[i + 1]
+        if dest is None or dest in found or not value or value[0] == "-":
+            return None
+        found[dest] = value
+    return found
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+    from pathlib import Path
+
     parser = argparse.ArgumentParser(
         prog="sessiond",
         description="Schedules AI-agent sessions the way an operating system schedules processes.",
@@ -81,14 +106,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "fsck":
-        return _fsck(args)
-    if args.command == "db":
-        from sessiond.cluster.clusterdb import migrate
+    flags = _plain(sys.argv[1:] if argv is None else argv)
+    if flags is None:
+        args = _parser().parse_args(argv)
+        if args.command == "fsck":
+            return _fsck(args)
+        if args.command == "db":
+            from sessiond.cluster.clusterdb import migrate
 
-        return migrate(args.dsn, as_json=args.json)
+            return migrate(args.dsn, as_json=args.json)
+        config, state_dir, sock = args.config, args.state_dir, args.socket
+    else:
+        from pathlib import Path
+
+        config, state_dir, sock = (
+            Path(flags[k]) if k in flags else None for k in ("config", "state_dir", "socket")
+        )
     # ping and ps answered from the table index at once, on a thread, while this
     # one imports the daemon and loads the table (sessiond.daemon.early)
     import os
@@ -96,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sessiond.daemon.early import open_early
 
     sys.setswitchinterval(0.001)  # the daemon's (service.SWITCH_INTERVAL), kept after it
-    early = open_early(args.config, os.environ, args.state_dir, args.socket)
+    early = open_early(config, os.environ, state_dir, sock)
     from sessiond.daemon.service import run
 
-    return run(args.config, args.state_dir, args.socket, early=early)
+    return run(config, state_dir, sock, early=early)
 
 
 def _fsck(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict, cast
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -464,7 +464,14 @@ def _rows(state_dir: Path, sandbox: bool) -> Index:
     if planned["first"]:
         return {"sessions": sessions, "rows": None}
     boundary = "sandbox" if sandbox else "off"
-    rows = [cast("PsRow", {**e["row"], "boundary": boundary}) for e in planned["rest"].values()]
+    rows: list[PsRow] = []
+    for e in planned["rest"].values():
+        # in place: each row was just parsed and is the early server's alone (a
+        # copy of 10,000 rows costs the first answer ~5 ms); the same keys in the
+        # same order as {**row, "boundary": boundary}
+        row = e["row"]
+        row["boundary"] = boundary
+        rows.append(row)
     rows.sort(key=lambda r: str(r["name"]))
     return {"sessions": sessions, "rows": rows}
 
