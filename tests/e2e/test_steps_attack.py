@@ -389,6 +389,9 @@ def test_a_program_cannot_approve_its_own_call_by_any_road(d: Daemon) -> None:
     d.ctl("activate", "agent", check=True)
     blocked = wait_event(d, "agent", "lifecycle.changed", match=to("blocked"))
     assert "approval pending for edit_file" in blocked["data"]["reason"]
+    # The session is blocked once the approval is asked for; the program tries its
+    # roads after that and writes what it got before its run ends.
+    wait_event(d, "agent", "run.finished")
     tried = orjson.loads((d.root / "tried.json").read_bytes())
     for label in (
         "endpoint-approve",

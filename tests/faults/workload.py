@@ -84,6 +84,9 @@ def ledger(line):
     os.close(fd)
 
 
+ran = []  # the keys of the steps this run executed (not replayed)
+
+
 def work(contract, path):
     def fn():
         key = run.key()  # SESSION.tTURN.SLOT: the same in every run of the turn
@@ -92,6 +95,7 @@ def work(contract, path):
             with open(path, "a") as f:
                 f.write(key + "\\n")
         ledger(f"end {key}")
+        ran.append(key)
         return key
     return fn
 
@@ -102,6 +106,14 @@ with connect() as run:
     ctx = run.context()
     done = sum(1 for m in ctx["messages"]
                if m["kind"] == "observation" and m.get("tool") == "write")
+    # A step's end is pipelined: run.step returns once the end is sent, and the
+    # daemon makes it durable with its next durable write. So a finish is
+    # acknowledged (durable: never to be lost) only once a later answer that
+    # waited for the disk has come back: the start of a step this run executes
+    # (intent, decision and start in one durable write, after the end in the
+    # same log) or the run's end (sdk.end flushes). A replayed step's finish was
+    # acknowledged, or not, by the run that executed it.
+    taken = None  # the key of a step whose end is sent, not yet known durable
     for step in range(done + 1, done + 3):
         for name, idempotency, resume, effect, path in STEPS:
             contract = f"{idempotency}/{resume}/{effect}"
@@ -111,10 +123,15 @@ with connect() as run:
                                writes=[path] if path else [])
             except Denied:
                 continue
-            if key is not None:  # None: a person accepted a cut-off step (no result)
-                ledger(f"ack {key}")  # the daemon acknowledged the finish
+            if key is None or not ran or ran[-1] != key:
+                continue  # accepted with no result, or replayed: nothing new written
+            if taken is not None:
+                ledger(f"ack {taken}")  # the daemon acknowledged the finish
+            taken = key
     run.send("mailbox", f"agent reached step {step}")
     run.sleep()
+    if taken is not None:
+        ledger(f"ack {taken}")
 '''
 
 HOSTILE = '''\
