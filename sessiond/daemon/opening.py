@@ -85,6 +85,7 @@ class Opening:
                 log.warning(event, **fields)
             self._marked = True  # its rows carry the early server's boundary
         else:
+            read = None
             entries, lines = read_index(self.keeper.path)
             planned = plan(self.sessions_dir, entries)
         self.keeper.kept = {name: entries[name] for name in planned["rest"]}
@@ -99,6 +100,7 @@ class Opening:
             entries=len(entries),
             listed=len(planned["rest"]),
             opened_first=len(planned["first"]),
+            early=read is not None,  # read and checked by the early server
         )
         return planned["first"]
 
