@@ -53,7 +53,8 @@ def test_event_ids_drawn_at_the_first_one_are_whole_and_rise_within_a_millisecon
         ids, other = EventIds(), EventIds()
         made = [ids.next(now) for _ in range(100)]
         assert all(len(i) == 32 for i in made)
-        assert made == sorted(made) and len(set(made)) == 100
+        assert made == sorted(made)
+        assert len(set(made)) == 100
         assert other.next(now)[12:22] != made[0][12:22]  # another writer's prefix
 
 
