@@ -103,19 +103,25 @@ class EventIds:
     __slots__ = ("_count", "_head", "_ms", "_prefix")
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(5).hex()
-        self._count = int.from_bytes(os.urandom(4), "big")
-        self._ms = -1
+        # Drawn at the first id, not here: a start-up makes a writer for each of
+        # thousands of sessions, most of which append nothing for a while (two
+        # system calls each, a few per cent of opening one).
+        self._prefix = ""
+        self._count = 0
+        self._ms: int | None = None  # (None: no id made yet)
         self._head = ""
 
     def next(self, now_ns: int) -> str:
-        self._count = count = (self._count + 1) & 0xFFFFFFFFFF
         # Appends come many per millisecond under load: the millisecond and the
         # writer's prefix are formatted once per millisecond, not per event.
         ms = now_ns // 1_000_000
         if ms != self._ms:
+            if self._ms is None:
+                self._prefix = os.urandom(5).hex()
+                self._count = int.from_bytes(os.urandom(4), "big")
             self._ms = ms
             self._head = f"{ms & 0xFFFFFFFFFFFF:012x}{self._prefix}"
+        self._count = count = (self._count + 1) & 0xFFFFFFFFFF
         return f"{self._head}{count:010x}"
 
 

@@ -46,6 +46,18 @@ def test_event_ids_are_unique_and_sort_by_time() -> None:
     assert len(new_event_id(now)) == 32
 
 
+def test_event_ids_drawn_at_the_first_one_are_whole_and_rise_within_a_millisecond() -> None:
+    # the writer's random part is drawn at its first id (not when it is made): the
+    # first id of any clock, even the epoch's first millisecond, is a whole one
+    for now in (0, time.time_ns()):
+        ids, other = EventIds(), EventIds()
+        made = [ids.next(now) for _ in range(100)]
+        assert all(len(i) == 32 for i in made)
+        assert made == sorted(made)
+        assert len(set(made)) == 100
+        assert other.next(now)[12:22] != made[0][12:22]  # another writer's prefix
+
+
 @given(st.integers(0, 4_102_444_800 * 10**9))
 def test_timestamps_are_rfc3339_utc_with_microseconds(now_ns: int) -> None:
     text = Timestamper().format(now_ns)

@@ -22,6 +22,7 @@ from sessiond.log.store.base import Store
 from sessiond.log.store.files import FileStore
 from sessiond.runs.faults import Faults
 from sessiond.table.index import INDEX_NAME, Entry, IndexKeeper, entry_for, plan, read_index
+from sessiond.table.indexfile import Read
 from sessiond.table.sessions import OPEN_BATCH, Session, Table
 from sessiond.wake.triggers import Triggers
 
@@ -45,6 +46,7 @@ class Opening:
         self._watch_restart: asyncio.Handle | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._wakes: set[asyncio.Future[None]] = set()
+        self._marked = False  # the index's rows hold the early server's ``boundary``
         self.keeper = IndexKeeper(
             store.root / INDEX_NAME,
             self.sessions_dir,
@@ -68,12 +70,24 @@ class Opening:
             return None
         return min(armed.next_fires.values()).timestamp()
 
-    def plan(self) -> list[str]:
+    def plan(self, read: Read | None = None) -> list[str]:
         """Read the index and check it against the logs: the sessions the index
         vouches for are listed in the table as pending; return the others, the
-        ones to open (and recover) before serving."""
-        entries, lines = read_index(self.keeper.path)
-        planned = plan(self.sessions_dir, entries)
+        ones to open (and recover) before serving. ``read``: the early server's
+        read and check of the same files (sessiond.table.indexfile.Read), used
+        instead of reading them again."""
+        if read is not None and (read.path, read.sessions_dir) == (
+            self.keeper.path,
+            self.sessions_dir,
+        ):
+            entries, lines, planned = read.entries, read.lines, read.planned
+            for event, fields in read.warnings:
+                log.warning(event, **fields)
+            self._marked = True  # its rows carry the early server's boundary
+        else:
+            read = None
+            entries, lines = read_index(self.keeper.path)
+            planned = plan(self.sessions_dir, entries)
         self.keeper.kept = {name: entries[name] for name in planned["rest"]}
         self.keeper.lines = lines
         self.incomplete = len(planned["first"]) > 0  # rewritten whole once all are open
@@ -86,6 +100,7 @@ class Opening:
             entries=len(entries),
             listed=len(planned["rest"]),
             opened_first=len(planned["first"]),
+            early=read is not None,  # read and checked by the early server
         )
         return planned["first"]
 
@@ -93,6 +108,10 @@ class Opening:
         """Serving now: keep the index from here on, and open the rest (``rest``:
         the daemon's, which calls :meth:`open_rest` and then needs every session),
         until the daemon stops (``stopping``: the load ends there, not later)."""
+        if self._marked:  # the early server is done with them (the full server serves):
+            for entry in self.keeper.kept.values():  # they go back to the index as read
+                entry["row"].pop("boundary", None)
+            self._marked = False
         self.keeper.start()
         self._loader = asyncio.ensure_future(rest)
         self._halter = asyncio.ensure_future(self._halt_on(stopping))

@@ -208,7 +208,9 @@ class Daemon:
             if self.lease is not None:
                 await self.lease.start()
             # from the index: only what it cannot vouch for now, the rest after serving
-            await self.table.load(opening.plan() if opening is not None else None)
+            # (read once, by the early server where it served: sessiond.table.indexfile.Read)
+            read = self.early.take_read() if self.early is not None else None
+            await self.table.load(opening.plan(read) if opening is not None else None)
         finally:
             if opening is None:
                 collected()

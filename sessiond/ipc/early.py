@@ -43,7 +43,7 @@ from sessiond.errors import SessiondError
 from sessiond.ipc.fence import check_folder
 from sessiond.ipc.runpeer import Examiner
 from sessiond.listing import DEFAULT_SORT, Listing
-from sessiond.table.indexfile import INDEX_NAME, plan, read_index
+from sessiond.table.indexfile import INDEX_NAME, Read, read_checked
 from sessiond.wire import Frame, encode, last_word_path
 
 TYPE_CHECKING = False
@@ -80,6 +80,7 @@ class EarlyConfig(NamedTuple):
 class Index(TypedDict):
     sessions: int  # every session, vouched for or not
     rows: list[PsRow] | None  # ps's rows, by name; None: the index does not vouch for all
+    read: Read  # the read and its check, for the full start (Early.take_read)
 
 
 # (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)
@@ -131,6 +132,7 @@ class Early:
         self.started = time.time()
         self.sessions: int = index["sessions"]
         self.rows: list[PsRow] | None = index["rows"]  # None: not all vouched for
+        self._index_read: Read | None = index["read"]
         self.answered = 0  # requests answered here (the daemon logs it once it can)
         # ps answers as encoded, by listing: valid while the same terminated rows
         # hide (the only thing that changes with time; see _ps_result)
@@ -159,6 +161,13 @@ class Early:
         self._selector.register(self.listening, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._thread.start()
+
+    def take_read(self) -> Read | None:
+        """The index as read and checked here, once (the full start's, which
+        then does not read it again); its rows may hold a ``boundary`` key this
+        server added, until the full server takes over (the daemon drops it)."""
+        read, self._index_read = self._index_read, None
+        return read
 
     def hand_over(self) -> tuple[socket.socket, list[Held]]:
         """Stop serving; give the listening socket and every open connection to
@@ -458,11 +467,11 @@ def _failure(request_id: Any, why: str) -> Frame:
 def _rows(state_dir: Path, sandbox: bool) -> Index:
     """The index read and checked against the logs: every session's ps row, when
     the index vouches for all (sessiond.table.indexfile)."""
-    entries, _ = read_index(state_dir / INDEX_NAME)
-    planned = plan(state_dir / "sessions", entries)
+    read = read_checked(state_dir / INDEX_NAME, state_dir / "sessions")
+    planned = read.planned
     sessions = len(planned["first"]) + len(planned["rest"])
     if planned["first"]:
-        return {"sessions": sessions, "rows": None}
+        return {"sessions": sessions, "rows": None, "read": read}
     boundary = "sandbox" if sandbox else "off"
     rows: list[PsRow] = []
     for e in planned["rest"].values():
@@ -473,7 +482,7 @@ def _rows(state_dir: Path, sandbox: bool) -> Index:
         row["boundary"] = boundary
         rows.append(row)
     rows.sort(key=lambda r: str(r["name"]))
-    return {"sessions": sessions, "rows": rows}
+    return {"sessions": sessions, "rows": rows, "read": read}
 
 
 def _listen(path: Path) -> socket.socket:

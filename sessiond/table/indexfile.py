@@ -13,7 +13,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -201,3 +201,25 @@ def plan(sessions_dir: Path, entries: dict[str, Entry]) -> Plan:
             fresh.append(entry)
     fresh.sort(key=lambda e: (e["wake_at"] is None, e["wake_at"] or 0.0, e["name"]))
     return {"first": first, "rest": {e["name"]: e for e in fresh}}
+
+
+class Read(NamedTuple):
+    """The index read and checked against the logs by the early server, handed to
+    the full start so that it does not read and check it a second time (0.16 s at
+    10,000 sessions). Still true then: the state dir's lock was taken before the
+    read, and only its holder writes a log or a spec (a create cut off by a crash
+    left a ``.new-`` folder, which the plan skips as it skips any dot name)."""
+
+    path: Path  # the index read
+    sessions_dir: Path  # the folders checked against it
+    entries: dict[str, Entry]
+    lines: int  # entry lines in the file
+    planned: Plan
+    warnings: list[tuple[str, Mapping[str, object]]]  # for the daemon's log, once it has one
+
+
+def read_checked(path: Path, sessions_dir: Path) -> Read:
+    """Read the index at ``path`` and check it against ``sessions_dir``."""
+    warnings: list[tuple[str, Mapping[str, object]]] = []
+    entries, lines = read_index(path, lambda event, fields: warnings.append((event, fields)))
+    return Read(path, sessions_dir, entries, lines, plan(sessions_dir, entries), warnings)

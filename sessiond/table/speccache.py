@@ -51,6 +51,9 @@ PLAIN: dict[str, type | tuple[type, ...]] = {
     "redact": list,
 }
 NESTED = tuple(name for name in SessionSpec.model_fields if name not in PLAIN)
+# A spec's fields, once (pydantic's ``model_fields`` costs a deprecation check at
+# each read, a few per cent of opening a session at a start-up).
+FIELDS = SessionSpec.model_fields.keys()
 SHARED_LIMIT = 4096  # distinct nested parts kept (a start-up from templates has a few)
 
 # the models of a nested part (by its JSON), shared by every session that holds it
@@ -93,7 +96,7 @@ def from_cache(body: bytes) -> SessionSpec:
     """The spec a matching cache holds (see the module's docstring). ValueError,
     TypeError or KeyError if the JSON is not a spec's."""
     data = orjson.loads(body)
-    if not isinstance(data, dict) or data.keys() != SessionSpec.model_fields.keys():
+    if not isinstance(data, dict) or data.keys() != FIELDS:
         raise ValueError("not a whole spec")
     key = orjson.dumps([data[field] for field in NESTED])
     nested = _shared.get(key)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.e2e.harness import Daemon, short_dir, wait_for
@@ -163,3 +164,44 @@ def test_a_timed_wake_fires_before_the_load_reaches_its_session(held: Daemon) ->
     )
     assert still_loading(d, since)
     release(d)
+
+
+def test_the_early_servers_index_read_is_the_full_starts(held: Daemon) -> None:
+    # The full start takes the index as the early server read and checked it (no
+    # second read): a log past its entry is still recovered first, and what the
+    # early server added to the rows for its answers never reaches the index.
+    d = held
+    create(d, "a")
+    create(d, "b")
+    d.stop()
+    old_index = index(d).read_bytes()
+    d.start()
+    d.ctl("suspend", "b", check=True)  # b's log moves past its entry in old_index
+    d.kill9()
+    index(d).write_bytes(old_index)
+    read = restart_held(d)
+    assert read["early"] is True  # read once, by the early server
+    assert (read["listed"], read["opened_first"]) == (1, 1)  # b: recovered first
+    assert {r["name"]: r["state"] for r in d.json("ps", "--all")} == {
+        "a": "created",
+        "b": "suspended",
+    }
+    d.stop()  # a is still not opened: its entry goes back as it was read
+    by_name = entries_of(d)
+    old = {e["name"]: e for e in map(orjson.loads, old_index.splitlines()[1:])}
+    assert by_name["a"] == old["a"]
+    assert by_name["b"]["row"]["state"] == "suspended"
+    # every entry vouched for: the early server answered ps from the rows it read
+    read = restart_held(d)
+    assert (read["early"], read["listed"], read["opened_first"]) == (True, 2, 0)
+    served = d.json("ps", "--all")
+    assert {r["boundary"] for r in served} == {"sandbox"}
+    before = entries_of(d)
+    d.stop()  # neither opened: both entries go back as they were read
+    assert entries_of(d) == before
+    assert all("boundary" not in e["row"] for e in before.values())
+
+
+def entries_of(d: Daemon) -> dict[str, Any]:
+    """The index's entries by name (a later line wins, as the reader takes them)."""
+    return {e["name"]: e for e in map(orjson.loads, index(d).read_bytes().splitlines()[1:])}

@@ -8,7 +8,9 @@ from pathlib import Path
 import orjson
 
 from sessiond.replies import PsRow
+from sessiond.table import indexfile
 from sessiond.table.index import HEADER, Entry, IndexKeeper, plan, read_index, stamp
+from sessiond.table.indexfile import read_checked
 
 
 def row(name: str, state: str = "sleeping") -> PsRow:
@@ -138,3 +140,25 @@ def test_the_keeper_appends_changes_and_rewrites_whole(tmp_path: Path) -> None:
     entries, lines = read_index(path)
     assert (sorted(entries), lines) == (["a", "b", "pending"], 3)
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_the_early_servers_read_is_a_fresh_read_and_check(tmp_path: Path) -> None:
+    # read_checked is what the early server hands the full start, which then reads
+    # nothing again: it must say what reading and planning say, warnings included
+    sessions = tmp_path / "sessions"
+    fresh = session(sessions, "fresh")
+    stale = session(sessions, "stale")
+    session(sessions, "unlisted")
+    with open(sessions / "stale" / "events.jsonl", "ab") as f:
+        f.write(b"one more\n")  # its log moved past its entry: opened (recovered) first
+    path = tmp_path / "table.index"
+    write(path, orjson.dumps(fresh), orjson.dumps(stale), b'{"name": "torn"')
+    read = read_checked(path, sessions)
+    warned: list[tuple[str, object]] = []
+    entries, lines = indexfile.read_index(path, lambda e, f: warned.append((e, f)))
+    assert (read.path, read.sessions_dir) == (path, sessions)
+    assert (read.entries, read.lines) == (entries, lines) == (read.entries, 3)
+    assert read.planned == plan(sessions, entries)
+    assert read.planned["first"] == ["stale", "unlisted"]
+    assert list(read.planned["rest"]) == ["fresh"]
+    assert read.warnings == warned == [("index.lines_skipped", {"path": str(path), "lines": 1})]
