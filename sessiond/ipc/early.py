@@ -80,7 +80,7 @@ class EarlyConfig(NamedTuple):
 class Index(TypedDict):
     sessions: int  # every session, vouched for or not
     rows: list[PsRow] | None  # ps's rows, by name; None: the index does not vouch for all
-    read: Read  # the read and its check, for the full start (Early.take_read)
+    read: Read | None  # the read and its check, for the full start (Early.take_read)
 
 
 # (plain classes, not dataclasses: each dataclass costs this path ~1 ms at import)

@@ -41,7 +41,7 @@ def early() -> Iterator[Early]:
     listening, other = socket.socketpair()
     config = EarlyConfig(Path("/nonexistent"), Path("/nonexistent.sock"), True, 0.0)
     rows = sorted(({**r, "boundary": "sandbox"} for r in ROWS), key=lambda r: r["name"])
-    e = Early(config, -1, listening, {"sessions": len(rows), "rows": rows})  # type: ignore[typeddict-item]
+    e = Early(config, -1, listening, {"sessions": len(rows), "rows": rows, "read": None})  # type: ignore[typeddict-item]
     try:
         yield e
     finally:  # never started: what start() would have served on
@@ -252,7 +252,7 @@ def test_out_of_descriptors_it_stops_accepting_rather_than_spin(tmp_path: Path) 
     for the full server, which takes the listening socket over."""
     listening = _OutOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
     config = EarlyConfig(tmp_path, tmp_path / "s.sock", True, 0.0)
-    e = Early(config, -1, listening, {"sessions": 0, "rows": []})
+    e = Early(config, -1, listening, {"sessions": 0, "rows": [], "read": None})
     try:
         e._selector.register(listening, selectors.EVENT_READ)
         e._accept()
