@@ -62,7 +62,7 @@ LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server re
 # on (as the full server waits for each answer to drain, at asyncio's high-water
 # mark): a pipelined ping is ~20 bytes asked for ~150 answered, a ps several MB.
 OUT_HIGH = 1 << 16
-_CREDS = struct.Struct("3i")
+_CREDS = struct.Struct("3i")  # as ipc/peers.py reads it; that module imports the config (pydantic)
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
 _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
 _PS_KEYS = frozenset({*_PS_LISTS, "all", "sort", "footer"})

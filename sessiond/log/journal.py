@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 
 import structlog
 
@@ -259,7 +258,7 @@ async def _fold(records: Iterable[Record], state: State) -> State:
         first = next(rest, None)  # (a file log's recovery reads, checks and cuts its tail)
         if first is None:
             return state  # nothing after the snapshot: most sessions at a start-up
-        records = itertools.chain((first,), rest)
+        records = chain((first,), rest)
     before = state.seq
     with collector_paused():
         if isinstance(records, OffLoop):
