@@ -2,10 +2,18 @@
 
 ``Daemon.start`` opens first the sessions the index cannot vouch for (no entry,
 a log or spec that moved past its entry, work in flight), recovers them, starts
-the socket, then opens the rest in the background, soonest timed wake first
-(sessiond.table.index says how entries are checked; sessiond.ipc.opening what a
-request waits for meanwhile). This module wires the index to the table and the
-triggers: where an entry comes from, and what the daemon keeps of it.
+the socket, then opens what the recovery needs open: the sessions whose spec has
+triggers (the watcher, git and ``[bind]`` arm from an open session; an index
+entry written before it said so counts as having some) and those a notify
+target has not looked at to their log's end. Then the start-up is done
+(``daemon.ready``): every session's state is proven, by its recovery or by its
+entry (a log exactly as its entry describes it: nothing appended since, no torn
+tail), and every wake is armed (a timed wake of a session not opened yet from
+its entry's ``wake_at``). The rest are opened after, in the background, soonest
+timed wake first, or when a request needs one (sessiond.table.index says how
+entries are checked; sessiond.ipc.opening what a request waits for meanwhile).
+This module wires the index to the table and the triggers: where an entry comes
+from, and what the daemon keeps of it.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ class Opening:
         self._timers: list[asyncio.TimerHandle] = []
         self._wakes: set[asyncio.Future[None]] = set()
         self._marked = False  # the index's rows hold the early server's ``boundary``
+        self.to_arm: list[str] = []  # listed, opened before the start-up is done
+        self.upgrade = False  # entries without ``triggers``: the index is rewritten
         self.keeper = IndexKeeper(
             store.root / INDEX_NAME,
             self.sessions_dir,
@@ -88,26 +98,43 @@ class Opening:
             read = None
             entries, lines = read_index(self.keeper.path)
             planned = plan(self.sessions_dir, entries)
-        self.keeper.kept = {name: entries[name] for name in planned["rest"]}
+        rest = planned["rest"]
+        self.keeper.kept = {name: entries[name] for name in rest}
         self.keeper.lines = lines
-        self.incomplete = len(planned["first"]) > 0  # rewritten whole once all are open
-        self.table.pending = {name: e["row"] for name, e in planned["rest"].items()}
+        self.incomplete = len(planned["first"]) > 0  # rewritten whole at ready
+        self.table.pending = {name: e["row"] for name, e in rest.items()}
         # each listed log ends at its entry's seq (checked above): its snapshot there
-        self.store.snapshot_hints = {name: e["seq"] for name, e in planned["rest"].items()}
+        self.store.snapshot_hints = {name: e["seq"] for name, e in rest.items()}
+        # and was durable before this start: no fsync of its own when opened
+        self.store.durable_logs = set(rest)
+        # armed from the open session (a terminated one is not armed at all)
+        self.to_arm = [
+            name
+            for name, e in rest.items()
+            if e.get("triggers", True) and e["row"]["state"] != "terminated"
+        ]
+        self.upgrade = any("triggers" not in e for e in rest.values())
         self.table.loading = True
         log.info(
             "index.read",
             entries=len(entries),
-            listed=len(planned["rest"]),
+            listed=len(rest),
             opened_first=len(planned["first"]),
+            to_arm=len(self.to_arm),  # opened before ready: their specs have triggers
             early=read is not None,  # read and checked by the early server
         )
         return planned["first"]
 
+    def pending_ends(self) -> dict[str, int]:
+        """Each session not opened yet, and the seq its log ends at (its entry's)."""
+        kept = self.keeper.kept
+        return {name: kept[name]["seq"] for name in self.table.pending if name in kept}
+
     def begin(self, rest: Coroutine[Any, Any, None], stopping: asyncio.Event) -> None:
-        """Serving now: keep the index from here on, and open the rest (``rest``:
-        the daemon's, which calls :meth:`open_rest` and then needs every session),
-        until the daemon stops (``stopping``: the load ends there, not later)."""
+        """Serving now: keep the index from here on, and finish the start-up
+        (``rest``: the daemon's, which calls :meth:`open_to_recover`, is ready, then
+        calls :meth:`open_rest`), until the daemon stops (``stopping``: the load
+        ends there, not later)."""
         if self._marked:  # the early server is done with them (the full server serves):
             for entry in self.keeper.kept.values():  # they go back to the index as read
                 entry["row"].pop("boundary", None)
@@ -140,23 +167,34 @@ class Opening:
             self._wakes.add(task := asyncio.ensure_future(self.table.ensure(name)))
             task.add_done_callback(self._wakes.discard)
 
-    async def open_rest(self, faults: Faults) -> None:
-        """Open every session still pending, then make what was appended meanwhile
-        durable (a notify target reads each log up to its end before it listens)."""
-        try:
-            await faults.hold("open-rest", "")
-            await self.table.open_pending(young_frozen)
-        finally:
-            collected()
+    async def open_to_recover(self, faults: Faults, behind: Callable[[], list[str]]) -> None:
+        """Open what the start-up needs open (the sessions to arm, and ``behind()``:
+        those a notify target has not looked at to their end), then make what was
+        appended meanwhile durable (a notify target reads each log up to its end
+        before it listens), and write the index whole if it lacked entries."""
+        await faults.hold("open-rest", "")
+        await self.table.open_pending(young_frozen, self.to_arm)
+        await self.table.open_pending(young_frozen, behind())
+        # from here on, a log opened (an import's) is synced first again; the ones
+        # listed were durable before the start (FileStore.durable_logs)
         self.store.sync_on_recover = True
         for s in list(self.table):
             if s.journal_or_none is not None:
                 await s.journal.flush()
-        if self.incomplete:
-            try:
+        if self.incomplete or self.upgrade:  # before ready: a kill -9 after it finds
+            try:  # every session vouched for that can be
                 await self.keeper.rewrite()
             except OSError as exc:  # a cache: the next start opens those sessions first
                 log.warning("index.unwritten", path=str(self.keeper.path), why=str(exc))
+
+    async def open_rest(self, faults: Faults) -> None:
+        """After the start-up: open every session still pending, in the background
+        (a request that needs one opens it first, one that needs all waits)."""
+        try:
+            await faults.hold("open-late", "")
+            await self.table.open_pending(young_frozen)
+        finally:
+            collected()
 
     def opened(self, s: Session) -> None:
         """A session opened after the socket started: armed and resumed as the ones

@@ -254,13 +254,19 @@ class Daemon:
         opening.begin(self._open_rest(opening), self.stopping)
 
     async def _open_rest(self, opening: Opening) -> None:
-        """The start-up's rest, from the index: a failure ends it as it ended before."""
+        """The start-up's rest, from the index, then the background load: a failure
+        ends it as it ended before."""
         try:
-            await opening.open_rest(self.faults)
-            self.notices.start()  # every log read since each cursor, then it listens
+            await opening.open_to_recover(
+                self.faults, lambda: self.notices.behind(opening.pending_ends())
+            )
+            # every log read since each cursor (a session not opened yet: up to its
+            # entry's end, which no target is behind), then it listens
+            self.notices.start(opening.pending_ends())
             await self._sync_specs_logged()
-            await self._start_web()  # its pages list every session
+            await self._start_web()  # a page that needs every session waits for them
             self._ready()
+            await opening.open_rest(self.faults)
         except Exception as exc:
             log.exception("daemon.start_failed")
             self.failure = exc
@@ -272,12 +278,15 @@ class Daemon:
                 log.error("spec.refused", error=error)
 
     def _ready(self) -> None:
-        self.table.loading = False
-        self.table.ready.set()
-        states: dict[str, int] = {}
-        for s in self.table:
-            states[s.state] = states.get(s.state, 0) + 1
-        log.info("daemon.ready", version=__version__, sessions=len(self.table), **states)
+        self.table.set_ready()
+        states = self._states()
+        log.info(
+            "daemon.ready",
+            version=__version__,
+            sessions=sum(states.values()),
+            unopened=len(self.table.pending),  # proven by the index, opened after
+            **states,
+        )
         self.notifier.ready(self.status_line())
         self._heartbeat = asyncio.ensure_future(self._beat())
         self.kernel.retention.start()  # a gc every [retention] interval, if set
@@ -346,13 +355,20 @@ class Daemon:
         elif s.state == "suspended" and state.reason.startswith("budget: runs_per_day"):
             self.kernel.runs.renew_at_midnight(s)
 
-    def status_line(self) -> str:
-        """One line for systemd's STATUS=: sessions by state."""
+    def _states(self) -> dict[str, int]:
+        """Sessions by state: the open ones', and the rows of those not opened yet."""
         states: dict[str, int] = {}
         for s in self.table:
             states[s.state] = states.get(s.state, 0) + 1
+        for row in self.table.pending.values():
+            states[row["state"]] = states.get(row["state"], 0) + 1
+        return states
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: sessions by state."""
+        states = self._states()
         parts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-        return f"{len(self.table)} sessions" + (f": {parts}" if parts else "")
+        return f"{sum(states.values())} sessions" + (f": {parts}" if parts else "")
 
     async def _beat(self) -> None:
         """WATCHDOG=1 at half of WatchdogSec (and a fresh STATUS= with it)."""
@@ -377,6 +393,7 @@ class Daemon:
             except BadSpec as exc:
                 result["errors"].append(str(exc))
                 continue
+            await self.table.ensure(spec.name)  # one not opened yet: its spec is compared
             existing = self.table.sessions.get(spec.name)
             if existing is None:
                 try:

@@ -122,6 +122,8 @@ class LogStream:
         query = self.kernel.inspection.query(p.since, p.types, p.grep)
         if p.name is not None:
             self.kernel.table.get(p.name)  # an unknown session fails before anything is sent
+        else:  # every session's: the ones not opened yet too
+            await self.kernel.table.ensure_all()
         buffer = Buffer(self.kernel.config.follow_buffer, p.name)
         # Per session, the seq up to which every event was sent or did not match.
         dealt: dict[str, int] = {}

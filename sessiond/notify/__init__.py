@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
@@ -48,11 +49,39 @@ class Notices:
         self._checkpoints: asyncio.Task[None] | None = None
         self.links = LinkKey(config.state_dir)
 
-    def start(self) -> None:
+    def behind(self, pending: Mapping[str, int]) -> list[str]:
+        """Of the sessions not opened yet (``pending``: each one's seq, its log's end,
+        as the table index proved it), those some target has not looked at up to
+        that end: opened before :meth:`start`, whose read-back reads them as any
+        open session's (with a vouched one's log unchanged since its entry, the
+        others have nothing due)."""
+        self._targets()
+        looking = [t.cursor for t in self.targets if not t.cursor.new]
+        return [
+            name
+            for name, seq in pending.items()
+            if any(c.positions.get(name, -1) < seq for c in looking)
+        ]
+
+    def start(self, pending: Mapping[str, int] | None = None) -> None:
         """Open the cursors, read back what is due since them, then follow the
-        appends. Call it after the table is loaded and before anything appends."""
-        if not self.config.notify:
+        appends. Call it after the table is loaded and before anything appends.
+        ``pending``: the sessions not opened yet and their logs' ends (none is
+        behind: :meth:`behind`), whose places the cursors keep."""
+        if not self._targets():
             return
+        self._unlisten = self.table.listen(self._on_record)
+        for target in self.targets:
+            self._catch_up(target, pending or {})
+            target.start()
+        self._checkpoints = asyncio.ensure_future(self._checkpoint_loop())
+
+    def _targets(self) -> bool:
+        """The targets and their cursors, read once; False when there are none."""
+        if not self.config.notify:
+            return False
+        if self.targets:
+            return True
         ids = [target_id(t) for t in self.config.notify]
         if len(set(ids)) != len(ids):
             raise BadConfig(
@@ -76,13 +105,9 @@ class Notices:
             cursor = Cursor(folder / f"{tid}.cursor")
             cursor.load()
             self.targets.append(Target(entry, cursor, apprise, self.config.state_dir))
-        self._unlisten = self.table.listen(self._on_record)
-        for target in self.targets:
-            self._catch_up(target)
-            target.start()
-        self._checkpoints = asyncio.ensure_future(self._checkpoint_loop())
+        return True
 
-    def _catch_up(self, target: Target) -> None:
+    def _catch_up(self, target: Target, pending: Mapping[str, int]) -> None:
         """Queue what the target has not had of each log, then write its cursor whole.
 
         Synchronous on purpose: nothing is appended meanwhile, so no live record
@@ -91,28 +116,32 @@ class Notices:
         since = target.cursor.since or ""
         kept = target.cursor.positions
         positions: dict[str, int] = {}
+        ends: list[tuple[str, int]] = []  # each readable log's end
         for s in self.table:
             if s.journal_or_none is None:  # a log that cannot be read: its place is kept
                 if s.name in kept:
                     positions[s.name] = kept[s.name]
                 continue
-            end = s.journal.state.seq
-            start = end if target.cursor.new else kept.get(s.name)
+            ends.append((s.name, s.journal.state.seq))
+        # not opened yet: its log ends where the table index proved it does
+        ends += [(n, end) for n, end in pending.items() if n not in self.table.sessions]
+        for name, end in ends:
+            start = end if target.cursor.new else kept.get(name)
             if start is None or start < end:
                 try:
-                    for record in self.store.read(s.name, since=(start or 0) + 1, upto=end):
+                    for record in self.store.read(name, since=(start or 0) + 1, upto=end):
                         if start is None and record["ts"] < since:
                             continue  # before the target existed
-                        notice = self._notice(target, s.name, record, public_url)
+                        notice = self._notice(target, name, record, public_url)
                         if notice is not None:
                             target.put(notice)
                 except SessiondError as exc:  # read again at the next start
-                    log.error("notify.unreadable", target=target.id, session=s.name, error=str(exc))
+                    log.error("notify.unreadable", target=target.id, session=name, error=str(exc))
                     if start is not None:
-                        positions[s.name] = start
+                        positions[name] = start
                     continue
-            positions[s.name] = end
-            self._seen[s.name] = max(self._seen.get(s.name, 0), end)
+            positions[name] = end
+            self._seen[name] = max(self._seen.get(name, 0), end)
         for name, first in target.first_pending().items():
             positions[name] = first - 1
         # sessions gone from the table (retention) leave the cursor with them

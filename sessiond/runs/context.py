@@ -101,6 +101,8 @@ class RunContext:
         and any other command for it: wrap it with ``runs.sandbox.confine`` and spawn
         it through the spawner); None when the operator turned the sandbox off.
         SandboxUnavailable (an OSError): the process must not start."""
+        # every other workspace is hidden: a session not opened yet has one too
+        await self.table.ensure_all()
         others = [
             o.spec.workspace
             for o in self.table

@@ -78,7 +78,8 @@ class Sends:
                 return answer(s, {"status": "stop", "reason": s.run.stop_requested})
             # A message to no session is refused before the step is recorded: as a
             # failed unsafe step it would block a later run of the turn for a person,
-            # though nothing was sent.
+            # though nothing was sent. (A session not opened yet is opened now.)
+            await self.ctx.table.ensure(p.to)
             if p.to not in self.ctx.table.sessions and (
                 self.elsewhere is None or not await self.elsewhere(p.to)
             ):

@@ -44,6 +44,7 @@ async def rows(table: Table, node: str | None) -> list[ConsoleRow]:
     """Every session's row (paced: 10,000 sessions leave the loop free between slices)."""
     out = []
     pacer = Pacer()
+    await table.ensure_all()  # a row's approvals are in its log
     for s in sorted(table, key=lambda s: s.name):
         if pacer.due():
             await pacer.pause()
@@ -65,6 +66,8 @@ async def approvals(sessions: Iterable[Session], node: str | None = None) -> lis
     """Every pending approval across sessions, oldest first: the inbox (paced)."""
     items: list[ConsoleApproval] = []
     pacer = Pacer()
+    if isinstance(sessions, Table):  # every session's: theirs are in their logs
+        await sessions.ensure_all()
     for s in list(sessions):
         if pacer.due():
             await pacer.pause()

@@ -80,6 +80,7 @@ class Control:
     async def _create_here(self, spec: SessionSpec) -> Session:
         """A new session from a parsed spec, made on this node."""
         self.check_spec(spec)
+        await self.ctx.table.ensure(spec.name)  # a session not opened yet exists too
         if spec.name in self.ctx.table.sessions:
             raise AlreadyExists(
                 f"session {spec.name!r} exists already (a session's log keeps its name, "

@@ -62,6 +62,7 @@ class Lineage:
                 f"cannot fork session {name!r}: it is arriving (a hand-over from another "
                 "daemon not finished yet); fork it once it is settled"
             )
+        await self.ctx.table.ensure(new)  # a session not opened yet exists too
         if new in self.ctx.table.sessions:
             raise AlreadyExists(f"session {new!r} exists already; pick another name")
         async with parent.lock:
@@ -135,6 +136,8 @@ class Lineage:
     ) -> Merged:
         child = self.ctx.table.get(child_name)
         target = into or child.journal.state.parent
+        if target is not None:  # the parent it does not name: opened now if not yet
+            await self.ctx.table.ensure(target)
         if target is None:
             raise InvalidInput(
                 f"session {child_name!r} has no parent; say which session to merge it into "
@@ -233,6 +236,7 @@ class Lineage:
     ) -> Sent:
         """``send``: to a session here, or (on a cluster node) left for the node
         that runs it (sessiond.cluster.mailbox delivers it there)."""
+        await self.ctx.table.ensure(to)  # a session not opened yet: opened now
         if self.mail is not None and to not in self.ctx.table.sessions:
             posted = await self.mail.post(to, text, sender)
             if posted is not None:

@@ -57,6 +57,7 @@ class Models:
         sessions: list[SessionSpent] = []
         agents: dict[str, AgentSpent] = {}
         pacer = Pacer()
+        await self.ctx.table.ensure_all()  # each session's spend is in its log
         for s in sorted(self.ctx.table, key=lambda s: s.name):
             if pacer.due():
                 await pacer.pause()

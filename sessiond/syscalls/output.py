@@ -51,7 +51,8 @@ class RunOutput:
         try:
             return self.ctx.table.get(name)
         except NoSuchSession as exc:
-            near = difflib.get_close_matches(name, [s.name for s in self.ctx.table], 1)
+            names = [*self.ctx.table.sessions, *self.ctx.table.pending]  # open or not yet
+            near = difflib.get_close_matches(name, names, 1)
             if not near:
                 raise
             raise NoSuchSession(f"{exc}; did you mean {near[0]!r}?") from None

@@ -72,6 +72,7 @@ class Retention:
         plans: list[Plan] = []
         errors: list[str] = []
         read_before = self._events_read
+        await self.ctx.table.ensure_all()  # after a start-up: every session's log, open
         async with self._one:
             for gone in self._read.keys() - {s.name for s in self.ctx.table}:
                 self._kept_refs -= _size(self._read.pop(gone)[0])

@@ -114,6 +114,7 @@ def _make(
         "busy": is_busy,
         "wake_at": None,
         "row": row,
+        "triggers": session.spec is not None and session.spec.has_triggers,
     }
 
 

@@ -13,7 +13,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import orjson
 
@@ -57,6 +57,10 @@ class Entry(TypedDict):
     busy: bool  # work in flight: the session is opened (and recovered) first
     wake_at: float | None  # the next timed wake (seconds since the epoch), if armed
     row: PsRow
+    # Whether its spec has triggers (watch, git, [bind], cron, every: armed from the
+    # open session): such a session is opened before the start-up is done. An index
+    # written before this field has none: read as true.
+    triggers: NotRequired[bool]
 
 
 def stamp(path: str) -> Stamp | None:
@@ -88,6 +92,8 @@ def _entry(raw: Any) -> Entry | None:
         return None
     wake_at = raw.get("wake_at")
     if wake_at is not None and not isinstance(wake_at, int | float):
+        return None
+    if not isinstance(raw.get("triggers", True), bool):
         return None
     return raw  # type: ignore[return-value]  # checked field by field above
 

@@ -138,18 +138,23 @@ class Table:
         # in the table, not only from its first run (a message may bring one).
         self.secret_values: Callable[[SessionSpec], frozenset[str]] | None = None
         # A start-up that serves before every session is open (the daemon, from the
-        # table index: sessiond.table.index) sets ``loading`` until all are. Meanwhile
+        # table index: sessiond.table.index) sets ``loading`` until all are (also
+        # after ``ready``: the recovery is done before the load is). Meanwhile
         # ``pending`` holds the ps rows of the sessions not opened yet; a request
-        # naming one opens it first (``ensure``); ``opened`` is told of each one
-        # opened so (the daemon arms its triggers and resumes what waits).
+        # naming one opens it first (``ensure``), one that reads every session waits
+        # for all (``ensure_all``); ``opened`` is told of each one opened so (the
+        # daemon arms its triggers and resumes what waits).
         self.loading = False
         self.pending: dict[str, PsRow] = {}
         self.opened: Callable[[Session], None] | None = None
         self._opening: dict[str, asyncio.Future[None]] = {}
         # set once the sessions with work in flight are open and recovered (ps and a
-        # request naming a session wait for it), and once the whole start-up is done
+        # request naming a session wait for it), once the whole start-up is done
+        # (every session's state proven, every wake armed: ``daemon.ready``), and
+        # once every session is open (``loaded``: nothing pending)
         self.recovered = asyncio.Event()
         self.ready = asyncio.Event()
+        self.loaded = asyncio.Event()
 
     def __iter__(self) -> Iterator[Session]:
         return iter(self.sessions.values())
@@ -296,22 +301,55 @@ class Table:
         # in the table and off the pending list at once: ps never misses it
         self.pending.pop(name, None)
         self.adopt(session)
+        if not self.pending:
+            self.all_open()
         if self.opened is not None:
             self.opened(session)
 
-    async def open_pending(self, each: Callable[[int], None] | None = None) -> None:
-        """Open every listed session, in the order listed (the background load), in
-        this task: a task and a turn of the loop for each of 10,000 sessions cost
-        more than opening most of them. The loop gets a turn between slices of
-        0.5 ms; a request naming a session opened here meanwhile waits for it as
-        for any other opening. ``each(n)`` is told after every ``OPEN_BATCH``
-        sessions opened, ``n`` in all so far (the daemon moves them out of the
-        cyclic collector's way)."""
+    def all_open(self) -> None:
+        """Nothing is pending any more: every session is in the table (the load is
+        over once the start-up is done too: ``loading`` stays until both are)."""
+        self.loaded.set()
+        if self.ready.is_set():
+            self.loading = False
+
+    def set_ready(self) -> None:
+        """The start-up is done (``daemon.ready``): sessions may still be pending."""
+        self.ready.set()
+        if not self.pending:
+            self.all_open()
+
+    async def ensure_all(self) -> None:
+        """Return once every session is open: what reads every session's state (gc,
+        the console's rows, a sandbox's view of the other workspaces, …) waits for
+        the background load, as it would have before serving."""
+        if self.pending:
+            await self.loaded.wait()
+
+    async def open_pending(
+        self, each: Callable[[int], None] | None = None, names: list[str] | None = None
+    ) -> None:
+        """Open every listed session (or those of ``names`` still listed), in the
+        order listed (the background load), in this task: a task and a turn of the
+        loop for each of 10,000 sessions cost more than opening most of them. The
+        loop gets a turn between slices of 0.5 ms; a request naming a session opened
+        here meanwhile waits for it as for any other opening. ``each(n)`` is told
+        after every ``OPEN_BATCH`` sessions opened, ``n`` in all so far (the daemon
+        moves them out of the cyclic collector's way)."""
         loop = asyncio.get_running_loop()
         pacer = Pacer()
         opened = 0
+        todo = iter(names) if names is not None else None
         while self.pending:
-            name = next(iter(self.pending))
+            if todo is None:
+                name = next(iter(self.pending))
+            else:
+                named = next(todo, None)
+                if named is None:
+                    return
+                if named not in self.pending:
+                    continue
+                name = named
             other = self._opening.get(name)
             if other is not None:  # a request is opening it: wait for that one
                 await asyncio.shield(other)

@@ -48,6 +48,7 @@ class TableCollector(Collector):
         states = dict.fromkeys(STATES, 0)
         pending = 0
         pacer = Pacer()
+        await self.table.ensure_all()  # the approvals waiting are in the logs
         for s in list(self.table):
             if pacer.due():
                 await pacer.pause()

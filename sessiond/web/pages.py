@@ -82,6 +82,7 @@ class Pages:
             except (SessiondError, OSError, TimeoutError):  # a node down: the page renders
                 return None
         count = 0
+        await self.kernel.table.ensure_all()  # the approvals waiting are in the logs
         for s in list(self.kernel.table):
             if s.journal_or_none is not None and s.journal.state.approvals:
                 count += len(s.journal.state.pending_approvals())

@@ -41,6 +41,7 @@ async def table_page(
     names: list[str] = []
     waiting = 0  # the approvals tab's count, from the same walk
     pacer = Pacer()
+    await table.ensure_all()  # a row's approvals are in its log
     for s in list(table):  # a copy: sessions may be created while this yields
         if pacer.due():
             await pacer.pause()

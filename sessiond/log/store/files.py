@@ -95,6 +95,10 @@ class FileStore(Store):
         # The seq each session's log ends at, where something proved it (the table
         # index at start-up): its next opening reads the snapshot there first.
         self.snapshot_hints: dict[str, int] = {}
+        # Logs made durable before this start (the table index vouched for them; the
+        # start's sync of the file system, or the clean stop, covered them): opened
+        # later without an fsync of their own, whatever sync_on_recover says by then.
+        self.durable_logs: set[str] = set()
         self._fsync_threads: ThreadPoolExecutor | None = None
 
     def fsync_threads(self) -> ThreadPoolExecutor:
@@ -240,7 +244,7 @@ class FileStore(Store):
             durability,
             self.clock,
             self.hooks,
-            self.sync_on_recover,
+            self.sync_on_recover and name not in self.durable_logs,
             self.fsync_threads(),
             self.sync_interval,
         )
