@@ -113,7 +113,10 @@ class Opening:
             for name, e in rest.items()
             if e.get("triggers", True) and e["row"]["state"] != "terminated"
         ]
-        self.upgrade = any("triggers" not in e for e in rest.values())
+        self.table.pending_workspaces = {
+            name: e["workspace"] for name, e in rest.items() if "workspace" in e
+        }
+        self.upgrade = any("triggers" not in e or "workspace" not in e for e in rest.values())
         self.table.loading = True
         log.info(
             "index.read",

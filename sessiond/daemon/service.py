@@ -267,6 +267,7 @@ class Daemon:
             await self._start_web()  # a page that needs every session waits for them
             self._ready()
             await opening.open_rest(self.faults)
+            log.info("daemon.loaded", sessions=len(self.table))  # every session open
         except Exception as exc:
             log.exception("daemon.start_failed")
             self.failure = exc

@@ -101,12 +101,20 @@ class RunContext:
         and any other command for it: wrap it with ``runs.sandbox.confine`` and spawn
         it through the spawner); None when the operator turned the sandbox off.
         SandboxUnavailable (an OSError): the process must not start."""
-        # every other workspace is hidden: a session not opened yet has one too
-        await self.table.ensure_all()
+        # every other workspace is hidden: a session not opened yet has one too, as
+        # its index entry says (an entry of an older daemon says none: opened now)
+        table = self.table
+        for name in [n for n in table.pending if n not in table.pending_workspaces]:
+            await table.ensure(name)
         others = [
             o.spec.workspace
-            for o in self.table
+            for o in table
             if o is not s and o.spec is not None and o.spec.run is not None
+        ]
+        others += [
+            Path(w)
+            for name, w in table.pending_workspaces.items()
+            if w is not None and name in table.pending
         ]
         plan = await self.boundary.plan(
             self.config, spec, s.name, others=others, wake_file=wake_file

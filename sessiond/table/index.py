@@ -115,7 +115,13 @@ def _make(
         "wake_at": None,
         "row": row,
         "triggers": session.spec is not None and session.spec.has_triggers,
+        "workspace": _workspace(session),
     }
+
+
+def _workspace(session: Session) -> str | None:
+    spec = session.spec
+    return str(spec.workspace) if spec is not None and spec.run is not None else None
 
 
 def read_index(path: Path) -> tuple[dict[str, Entry], int]:

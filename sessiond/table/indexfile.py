@@ -61,6 +61,9 @@ class Entry(TypedDict):
     # open session): such a session is opened before the start-up is done. An index
     # written before this field has none: read as true.
     triggers: NotRequired[bool]
+    # Its program's workspace (run.cwd; None: no program): what a run of another
+    # session hides (sessiond.runs.context). Absent in an older index: opened first.
+    workspace: NotRequired[str | None]
 
 
 def stamp(path: str) -> Stamp | None:
@@ -94,6 +97,8 @@ def _entry(raw: Any) -> Entry | None:
     if wake_at is not None and not isinstance(wake_at, int | float):
         return None
     if not isinstance(raw.get("triggers", True), bool):
+        return None
+    if not isinstance(raw.get("workspace"), str | None):
         return None
     return raw  # type: ignore[return-value]  # checked field by field above
 

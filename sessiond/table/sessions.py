@@ -146,6 +146,9 @@ class Table:
         # daemon arms its triggers and resumes what waits).
         self.loading = False
         self.pending: dict[str, PsRow] = {}
+        # the program's workspace of a pending session, where its entry says (None:
+        # it has no program); what a run of another session hides
+        self.pending_workspaces: dict[str, str | None] = {}
         self.opened: Callable[[Session], None] | None = None
         self._opening: dict[str, asyncio.Future[None]] = {}
         # set once the sessions with work in flight are open and recovered (ps and a

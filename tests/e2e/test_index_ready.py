@@ -1,0 +1,179 @@
+"""Recovery is done before every session is open (docs/design.md, "Start-up").
+
+After a start from the table index, ``daemon.ready`` (READY=1) comes once every
+session's state is proven (recovered from its log, or vouched for by its index
+entry) and every wake is armed: the sessions whose spec has triggers are opened
+first, the others after, in the background. The test-only hold
+``fault_hold = "open-late"`` stops that background load right after
+``daemon.ready``, until a file exists: everything here is asked while sessions
+are still not opened after the start-up is done, and must be answered exactly as
+if they were. Nothing waits on time: on the daemon's own log lines, and on the
+logs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.harness import SESSIONCTL, Daemon, short_dir, wait_event
+
+PLAIN = 'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n'
+WATCH = PLAIN + '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n'
+BOUND = PLAIN + '[bind]\nfiles = ["rates.csv"]\n'
+
+
+@pytest.fixture
+def late() -> Iterator[Daemon]:
+    root = short_dir()
+    go = root / "go"
+    go.touch()  # the first start loads at once
+    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n')
+    try:
+        yield d.start()
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create(d: Daemon, name: str, text: str = PLAIN) -> None:
+    d.ctl("create", str(d.write_spec(name, text.format(name=name))), check=True)
+
+
+def restart_late(d: Daemon) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start again with the load after the start-up held; return its ``index.read``
+    and ``daemon.ready`` lines."""
+    (d.root / "go").unlink(missing_ok=True)
+    since = len(d.lines)
+    d.start(wait=False)
+    ready = d.wait_line("daemon.ready", since=since)
+    return d.wait_line("index.read", since=since), ready
+
+
+def still_pending(d: Daemon, since: int) -> bool:
+    """The background load has not ended (its index rewrite or its collection)."""
+    return not any(line.get("event") == "daemon.loaded" for line in d.lines[since:])
+
+
+def release(d: Daemon) -> None:
+    since = len(d.lines)
+    (d.root / "go").touch()
+    d.wait_line("daemon.loaded", since=since)
+
+
+def test_ready_comes_with_sessions_unopened_and_serves_them_exactly(late: Daemon) -> None:
+    # Behaviour change: before, daemon.ready waited for every session to be opened.
+    d = late
+    for name in ("a", "b"):
+        create(d, name)
+    create(d, "w", WATCH)
+    d.ctl("suspend", "b", check=True)
+    rows = d.json("ps", "--all")
+    d.stop()
+    since = len(d.lines)
+    read, ready = restart_late(d)
+    assert (read["listed"], read["opened_first"], read["to_arm"]) == (3, 0, 1)
+    assert ready["unopened"] == 2  # a and b: proven by their entries, opened later
+    assert ready["sessions"] == 3
+    assert ready["suspended"] == 1
+    assert d.json("ps", "--all") == rows  # listed exactly, from their entries
+    # a create of a name not opened yet is refused as for an open session
+    refused = d.ctl("create", str(d.write_spec("a", PLAIN.format(name="a"))))
+    assert refused.returncode != 0
+    assert "exists already" in refused.stderr
+    # a send to one is delivered (it is opened for it)
+    d.ctl("send", "a", "after ready", check=True)
+    sent = d.json("log", "a", "--type", "message.received")
+    assert [r["data"]["text"] for r in sent] == ["after ready"]
+    assert still_pending(d, since)  # b was never opened: all of it after ready
+    release(d)
+    after = {r["name"]: r for r in d.json("ps", "--all")}
+    assert after["b"] == {r["name"]: r for r in rows}["b"]
+
+
+def test_a_watch_and_a_dependency_are_armed_at_ready(late: Daemon) -> None:
+    # Their sessions are opened before ready (their specs have triggers); the others
+    # are not, and the watcher fires meanwhile.
+    d = late
+    (d.root / "data").mkdir()
+    (d.root / "rates.csv").write_text("rate,1\n")
+    create(d, "w", WATCH)
+    create(d, "payroll", BOUND)
+    create(d, "idle")
+    d.stop()
+    since = len(d.lines)
+    read, ready = restart_late(d)
+    assert (read["to_arm"], ready["unopened"]) == (2, 1)
+    (d.root / "data" / "a.csv").write_text("1,2\n")
+    (d.root / "rates.csv").write_text("rate,2\n")
+    woke = wait_event(d, "w", "run.finished")
+    assert woke["data"]["status"] == "ok"
+    bound = wait_event(d, "payroll", "run.finished")
+    assert bound["data"]["status"] == "ok"
+    assert still_pending(d, since)  # idle is still not open
+    release(d)
+
+
+def test_a_kill_9_right_after_ready_loses_nothing(late: Daemon) -> None:
+    d = late
+    for name in ("a", "b", "c"):
+        create(d, name)
+    d.stop()
+    restart_late(d)
+    d.ctl("send", "b", "before the crash", check=True)
+    create(d, "fresh")
+    rows = d.json("ps", "--all")
+    d.kill9()  # b and fresh opened, a and c never were
+    (d.root / "go").touch()
+    since = len(d.lines)
+    d.start()
+    read = d.wait_line("index.read", since=since)
+    assert read["listed"] + read["opened_first"] == 4
+    assert d.json("ps", "--all") == rows
+    sent = d.json("log", "b", "--type", "message.received")
+    assert [r["data"]["text"] for r in sent] == ["before the crash"]
+    # and the logs alone say the same: a start without the index
+    d.stop()
+    (d.state_dir / "table.index").unlink()
+    d.start()
+    assert d.json("ps", "--all") == rows
+
+
+def test_gc_after_ready_reads_every_session(late: Daemon) -> None:
+    # A gc reads each session: one asked while sessions are not opened waits for
+    # them (each has two snapshots, one past the rule's one to keep).
+    d = late
+    names = ("a", "b", "c")
+    for name in names:
+        create(d, name)
+    d.stop()  # a snapshot of each
+    d.config.write_text(d.config.read_text() + "[retention]\nsnapshots = 1\n")
+    d.start()
+    for name in names:
+        d.ctl("send", name, "moved", check=True)
+    d.stop()  # a second one
+    since = len(d.lines)
+    restart_late(d)
+    gc = subprocess.Popen(
+        [SESSIONCTL, "--json", "gc", "--dry-run"],
+        env=d.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert still_pending(d, since)
+        release(d)
+        out, err = gc.communicate(timeout=120)
+    finally:
+        if gc.poll() is None:
+            gc.kill()
+            gc.wait()
+    assert gc.returncode == 0, err
+    report = orjson.loads(out)
+    assert report["snapshots"] == len(names)
+    assert sorted(s["name"] for s in report["sessions"]) == list(names)
