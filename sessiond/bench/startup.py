@@ -18,8 +18,9 @@ table index written). Then, in turns, several times each, side by side:
   checksum and JSON).
 
 For each start: the first ``ping`` answered, the first ``ps`` answered (every row,
-from exec), and the full recovery (the daemon's ``daemon.ready`` line: every session
-open). Figures are medians; the page cache is warm for all of them. The
+from exec), and the full recovery (the daemon's ``daemon.ready`` line: every
+session's state proven, every wake armed; a baseline older than that waits for every
+session to be open). Figures are medians; the page cache is warm for all of them. The
 daemon's bytecode (this tree's, and the baseline's) is compiled first, as an
 installed package's is: with PYTHONDONTWRITEBYTECODE set (or a read-only tree)
 every start would compile each module it imports again, which no installed

@@ -122,6 +122,9 @@ class WebServer:
         why = self.auth.host_refusal(request)
         if why is not None:
             return self._refuse(request, "permission_denied", why, 403)
+        name = request.match_info.get("name")
+        if name is not None:  # a session not opened yet (after a start-up): opened now
+            await self.kernel.table.ensure(name)
         if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
         if "link" in request.query and request.path.startswith("/approvals/"):

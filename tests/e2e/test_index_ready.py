@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from tests.e2e.harness import SESSIONCTL, Daemon, short_dir, wait_event
+from tests.e2e.receivers import receiving
 
 PLAIN = 'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n'
 WATCH = PLAIN + '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n'
@@ -177,3 +178,46 @@ def test_gc_after_ready_reads_every_session(late: Daemon) -> None:
     report = orjson.loads(out)
     assert report["snapshots"] == len(names)
     assert sorted(s["name"] for s in report["sessions"]) == list(names)
+
+
+def test_a_notice_not_delivered_before_the_stop_goes_at_ready() -> None:
+    # A session the index vouches for whose event a notify target has not taken:
+    # its log is read back before ready (the session is opened for it), not after.
+    with receiving(status=503) as receiver:
+        root = short_dir()
+        go = root / "go"
+        go.touch()
+        d = Daemon(
+            root,
+            f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n'
+            f'[[notify]]\nname = "hook"\nurl = "json://{receiver.url}/hook"\n'
+            'events = ["lifecycle.changed"]\nretry_min = "50ms"\nretry_max = "200ms"\n',
+        )
+        try:
+            d.start()
+            create(d, "a")
+            create(d, "idle")
+            d.ctl("suspend", "a", check=True)
+            [changed] = d.json("log", "a", "--type", "lifecycle.changed")
+            receiver.wait(lambda reqs: len(reqs) >= 1)  # tried, refused
+            d.stop()  # undelivered: it goes at the next start
+            with receiver.changed:
+                receiver.status = 200
+            since = len(d.lines)
+            read, ready = restart_late(d)
+            assert read["listed"] == 2
+            assert ready["unopened"] == 1  # idle; a was opened for its notice
+            [notice] = receiver.wait(with_id(f"a:{changed['seq']}"))
+            assert notice["event"] == "lifecycle.changed"
+            assert still_pending(d, since)
+            release(d)
+        finally:
+            if d.proc is not None and d.proc.poll() is None:
+                d.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def with_id(notice_id: str) -> Any:
+    return lambda reqs: [
+        n for r in reqs if r.status < 300 and (n := orjson.loads(r.body))["notice_id"] == notice_id
+    ]
