@@ -221,3 +221,52 @@ def with_id(notice_id: str) -> Any:
     return lambda reqs: [
         n for r in reqs if r.status < 300 and (n := orjson.loads(r.body))["notice_id"] == notice_id
     ]
+
+
+def test_an_index_without_the_new_fields_opens_its_sessions_before_ready(late: Daemon) -> None:
+    # An index an older daemon wrote says nothing of triggers or workspaces: its
+    # sessions may have triggers, so each is opened before ready, and the index is
+    # written again with the fields (the next start needs open none of them).
+    d = late
+    create(d, "a")
+    create(d, "b")
+    d.stop()
+    path = d.state_dir / "table.index"
+    header, *lines = path.read_bytes().splitlines()
+    old = [orjson.loads(line) for line in lines]
+    for entry in old:
+        del entry["triggers"], entry["workspace"]
+    path.write_bytes(b"\n".join([header, *map(orjson.dumps, old)]) + b"\n")
+    read, ready = restart_late(d)
+    assert (read["listed"], read["to_arm"], ready["unopened"]) == (2, 2, 0)
+    rewritten = [orjson.loads(line) for line in path.read_bytes().splitlines()[1:]]
+    assert {e["name"]: e["triggers"] for e in rewritten} == {"a": False, "b": False}
+    d.stop()
+    read, ready = restart_late(d)
+    assert (read["listed"], read["to_arm"], ready["unopened"]) == (2, 0, 2)
+
+
+def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(root, f'specs = "specs"\nfault_hold = "open-late"\nfault_hold_until = "{go}"\n')
+    try:
+        (root / "specs").mkdir()
+        spec = root / "specs" / "a.toml"
+        spec.write_text(PLAIN.format(name="a"))
+        d.start()  # the spec folder's a is created
+        create(d, "idle")
+        d.stop()
+        spec.write_text(PLAIN.format(name="a") + '[labels]\nteam = "x"\n')
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 1  # idle; a was opened to compare its spec
+        rows = {r["name"]: r for r in d.json("ps", "--all")}
+        assert rows["a"]["labels"] == {"team": "x"}
+        assert still_pending(d, since)
+        release(d)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
