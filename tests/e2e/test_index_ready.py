@@ -13,6 +13,7 @@ logs."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -166,11 +167,16 @@ def test_gc_after_ready_reads_every_session(late: Daemon) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    rows = socket.socket(socket.AF_UNIX)  # the console's rows: every session's
     try:
+        rows.connect(str(d.socket))
+        rows.sendall(b'{"id": 1, "method": "web.rows", "params": {}}\n')
         assert still_pending(d, since)
         release(d)
         out, err = gc.communicate(timeout=120)
+        answer = orjson.loads(rows.makefile("rb").readline())
     finally:
+        rows.close()
         if gc.poll() is None:
             gc.kill()
             gc.wait()
@@ -178,6 +184,8 @@ def test_gc_after_ready_reads_every_session(late: Daemon) -> None:
     report = orjson.loads(out)
     assert report["snapshots"] == len(names)
     assert sorted(s["name"] for s in report["sessions"]) == list(names)
+    assert [r["name"] for r in answer["result"]] == list(names)
+    assert [r["state"] for r in answer["result"]] == ["created"] * len(names)
 
 
 def test_a_notice_not_delivered_before_the_stop_goes_at_ready() -> None:
