@@ -12,10 +12,13 @@ logs."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -278,3 +281,40 @@ def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_run_after_ready_cannot_see_an_unopened_sessions_workspace(late: Daemon) -> None:
+    # A run's sandbox hides every other session's workspace: one not opened yet as
+    # its index entry records it (without opening it). Outside /tmp: a run has a
+    # private one.
+    d = late
+    base = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))
+    try:
+        other, reader = base / "other", base / "reader"
+        other.mkdir()
+        reader.mkdir()
+        secret = other / "secret.txt"
+        secret.write_text("the other session's secret")
+        for path in (base, other, secret, reader):  # readable by all: only the
+            os.chmod(path, 0o755)  # boundary stands between it and the run
+        create(d, "other", f'name = "other"\n[run]\nexec = ["true"]\ncwd = "{other}"\n')
+        program = ["sh", "-c", f"cat {secret} > seen.txt 2>&1; echo done >> seen.txt"]
+        create(
+            d,
+            "reader",
+            f'name = "reader"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+            f'cwd = "{reader}"\nretries = 0\n',
+        )
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        d.ctl("activate", "reader", check=True)
+        wait_event(d, "reader", "run.finished")
+        seen = (reader / "seen.txt").read_text()
+        assert seen.endswith("done\n")  # it ran
+        assert "the other session's secret" not in seen
+        assert still_pending(d, since)  # other was never opened
+        release(d)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
