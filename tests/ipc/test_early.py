@@ -275,7 +275,7 @@ def test_the_index_is_read_with_the_cyclic_collector_off_then_it_is_as_it_was(
     import sessiond.ipc.early as early_module
 
     seen: list[bool] = []
-    read_checked = early_module.read_checked
+    from sessiond.table.indexfile import read_checked
 
     def watched(*args: Any) -> Any:
         seen.append(gc.isenabled())
