@@ -50,11 +50,14 @@ def early() -> Iterator[Early]:
 
 
 def full(rows: list[Any], listing: Listing, footer: bool) -> bytes:
-    """What sessiond.syscalls.kernel's ps_listed answers, encoded."""
+    """What sessiond.syscalls.kernel's ps_listed answers, encoded as the full
+    server encodes it (sessiond.wire, sessiond.ipc.frames: non-str keys allowed)."""
     kept, hidden = listing.apply(rows, time.time())
+    option = orjson.OPT_NON_STR_KEYS
     if not footer:
-        return orjson.dumps(kept)
-    return orjson.dumps({"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]})
+        return orjson.dumps(kept, option=option)
+    page = {"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]}
+    return orjson.dumps(page, option=option)
 
 
 LISTINGS = [
