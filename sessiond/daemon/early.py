@@ -54,10 +54,11 @@ def early_config(
             if plain is None:
                 import tomllib  # (see _plain_toml)
 
-                plain = tomllib.loads(text)
+                data = tomllib.loads(text)
+            else:
+                data.update(plain)
         except (OSError, ValueError):  # reported by the full reading, before serving
             return None
-        data = plain
         base = path.parent.resolve()
         for key in ("state_dir", "socket"):
             if isinstance(data.get(key), str):
@@ -102,7 +103,7 @@ _CONTROL = frozenset(map(chr, (*range(0x09), *range(0x0B, 0x20), 0x7F)))
 _DIGITS = frozenset("0123456789")
 
 
-def _plain_toml(text: str) -> dict[str, Any] | None:
+def _plain_toml(text: str) -> dict[str, object] | None:
     """``text`` as tomllib reads it where the file is plain: blank lines, comment
     lines, ``[name]`` headers and ``name = value`` lines whose value is a string
     with no escape and no quote in it, ``true``, ``false`` or a decimal integer.
@@ -112,7 +113,7 @@ def _plain_toml(text: str) -> dict[str, Any] | None:
     (tests/test_early_config.py checks both readings agree)."""
     if not _CONTROL.isdisjoint(text):
         return None
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     table = data
     for raw in text.split("\n"):
         line = raw.strip(" \t")
