@@ -17,13 +17,15 @@ table index written). Then, in turns, several times each, side by side:
   lines, checksums and JSON), and its log from the snapshot's offset (each line's
   checksum and JSON).
 
-For each start: the first ``ping`` answered, the first ``ps`` answered (every row,
-from exec), and the full recovery (the daemon's ``daemon.ready`` line: every session
-open). Figures are medians; the page cache is warm for all of them. The
-daemon's bytecode (this tree's, and the baseline's) is compiled first, as an
-installed package's is: with PYTHONDONTWRITEBYTECODE set (or a read-only tree)
-every start would compile each module it imports again, which no installed
-daemon does, and which holds the GIL the early server needs for its answers.
+For each start: the first ``ping`` answered, the first ``ps`` answered (from exec to
+the answer's last byte; its rows, all of them, are decoded and counted after the
+clock stops: decoding 10,000 rows is the client's own work, 15-30 ms), and the full
+recovery (the daemon's ``daemon.ready`` line: every session open). Figures are
+medians; the page cache is warm for all of them. The daemon's bytecode (this tree's,
+and the baseline's) is compiled first, as an installed package's is: with
+PYTHONDONTWRITEBYTECODE set (or a read-only tree) every start would compile each
+module it imports again, which no installed daemon does, and which holds the GIL the
+early server needs for its answers.
 """
 
 from __future__ import annotations
