@@ -118,7 +118,9 @@ def test_the_early_path_imports_no_pydantic_and_no_structlog() -> None:
 
 # modules the early path once imported and needs not: the command line's parser
 # (the plain daemon's argv is read without it)
-NOT_EARLY = ("argparse", "gettext")
+# typing, and tomllib for a plain configuration: their imports cost the first
+# answer more than what they give it (sessiond.daemon.early, sessiond.ipc.early)
+NOT_EARLY = ("argparse", "gettext", "typing", "tomllib")
 
 
 def test_the_early_path_imports_no_argument_parser() -> None:
@@ -236,3 +238,26 @@ def test_the_early_path_imports_no_toml_parser_for_a_plain_configuration(tmp_pat
         env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
     )  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [("sessiond/ipc/early.py", "EarlyConfig"), ("sessiond/table/indexfile.py", "Read")],
+)
+def test_the_tuples_made_without_typing_have_the_typed_fields(module: str, name: str) -> None:
+    """mypy reads the NamedTuple; the early path runs a namedtuple (no typing):
+    the same fields, in the same order."""
+    import ast
+    import importlib
+
+    tree = ast.parse((Path(__file__).parents[1] / module).read_text())
+    typed = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and node.name == name
+        and any(isinstance(b, ast.Name) and b.id == "NamedTuple" for b in node.bases)
+    )
+    fields = [s.target.id for s in typed.body if isinstance(s, ast.AnnAssign)]  # type: ignore[union-attr]
+    made = getattr(importlib.import_module(module[:-3].replace("/", ".")), name)
+    assert list(made._fields) == fields

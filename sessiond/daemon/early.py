@@ -28,14 +28,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from sessiond.daemon.statedir import StartupError, take_lock
 from sessiond.ipc.early import DYNAMIC_UIDS, Early, EarlyConfig, open_server
 from sessiond.paths import default_socket, default_state_dir
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (typing is not imported at run time: its import costs the first answer)
+    from typing import Any
+
     from sessiond.config import DaemonConfig
 
 

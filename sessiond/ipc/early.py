@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -47,11 +46,16 @@ from sessiond.listing import DEFAULT_SORT, Listing
 from sessiond.table.indexfile import INDEX_NAME, Read, read_checked
 from sessiond.wire import Frame, encode, last_word_path
 
+# typing is imported for mypy alone: at run time it costs the first answer ~2 ms,
+# and a TypedDict is the dict it types (EarlyConfig: below)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Any, NamedTuple, TypedDict
 
     from sessiond.replies import Ping, PsRow
+else:
+    TypedDict = dict
 
 # The uids runs get when no [run] key says otherwise (sessiond.sandboxconfig's
 # DEFAULT_DYNAMIC_UIDS; the daemon checks the validated configuration agrees).
@@ -69,13 +73,20 @@ _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
 _PS_KEYS = frozenset({*_PS_LISTS, "all", "sort", "footer"})
 
 
-class EarlyConfig(NamedTuple):
-    """What serving early needs of the configuration, read as load_config reads it."""
+if TYPE_CHECKING:
 
-    state_dir: Path
-    socket: Path
-    sandbox: bool  # [run] sandbox = "on" (ps says each row's boundary)
-    clock_offset: float
+    class EarlyConfig(NamedTuple):
+        """What serving early needs of the configuration, read as load_config reads it."""
+
+        state_dir: Path
+        socket: Path
+        sandbox: bool  # [run] sandbox = "on" (ps says each row's boundary)
+        clock_offset: float
+
+else:  # the same fields, without typing (tests/test_early_config.py checks they agree)
+    from collections import namedtuple
+
+    EarlyConfig = namedtuple("EarlyConfig", "state_dir socket sandbox clock_offset")
 
 
 class Index(TypedDict):
