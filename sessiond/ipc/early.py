@@ -538,12 +538,19 @@ def open_server(config: EarlyConfig, lock: int) -> Early:
     socket is not left bound (the full start reports what is wrong)."""
     # The read makes several containers per session, all kept (the full start
     # takes them over), and no cyclic garbage: the cyclic collector would walk them
-    # again and again as they are made, for nothing (10-30 ms of the first answer
+    # again and again as they are made, for nothing (20-30 ms of the first answer
     # at 10,000 sessions; the daemon's load turns it off for the same reason).
     collecting = gc.isenabled()
     gc.disable()
     try:
         index = _rows(config.state_dir, config.sandbox)
+        if collecting:
+            # and once it is back on, its first collection would walk them all
+            # once more (7 ms, just before the first answer): what is alive now
+            # lives as long as the daemon, or goes by its count (nothing here is
+            # cyclic), so it is frozen out of the collector's way now, as the
+            # daemon freezes what it loads once loaded (sessiond.daemon.opening)
+            gc.freeze()
         listening = _listen(config.socket)
         try:
             early = Early(config, lock, listening, index)
