@@ -8,7 +8,10 @@ the thing that was wrong and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (typing is not imported at run time: the early server's path)
+    from typing import ClassVar
 
 
 class SessiondError(Exception):

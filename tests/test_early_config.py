@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessiond.config import load_config
-from sessiond.daemon import cli
+from sessiond.daemon import cli, early
 from sessiond.daemon.early import agrees, early_config
 from sessiond.ipc.early import DYNAMIC_UIDS
 from sessiond.log.store import files
@@ -115,7 +118,9 @@ def test_the_early_path_imports_no_pydantic_and_no_structlog() -> None:
 
 # modules the early path once imported and needs not: the command line's parser
 # (the plain daemon's argv is read without it)
-NOT_EARLY = ("argparse", "gettext")
+# typing, and tomllib for a plain configuration: their imports cost the first
+# answer more than what they give it (sessiond.daemon.early, sessiond.ipc.early)
+NOT_EARLY = ("argparse", "gettext", "typing", "tomllib")
 
 
 def test_the_early_path_imports_no_argument_parser() -> None:
@@ -173,3 +178,86 @@ def test_the_plain_argv_is_read_as_argparse_reads_it(argv: list[str]) -> None:
 )
 def test_any_other_argv_goes_through_argparse(argv: list[str]) -> None:
     assert cli._plain(argv) is None
+
+
+# Lines of a configuration: plain ones (read without tomllib) and ones only
+# tomllib reads or refuses, mixed, so that both readings meet on every shape.
+_NAMES = st.sampled_from(["state_dir", "socket", "run", "access", "sandbox", "a-b", "1", "x_2"])
+_VALUES = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8).map(
+        lambda s: '"' + s + '"'
+    ),
+    st.sampled_from(["true", "false", "0", "-0", "7", "-12", "007", "+1", "1_000", "1.5", "-",
+                     "''", "'x'", '"""x"""', '"a" # c', '"a\\tb"', "[1]", "{a = 1}", "True",
+                     '"a"b"', "", "2026-12-06"]),
+)  # fmt: skip
+_LINES = st.one_of(
+    st.builds(lambda k, s, v: f"{k}{s}={s}{v}", _NAMES, st.sampled_from(["", " ", " \t"]), _VALUES),
+    st.builds(lambda k: f"[{k}]", _NAMES),
+    st.sampled_from(["", "  ", "# a comment", "  # é\t", "[[run]]", "[ run ]", "[a.b]",
+                     "a.b = 1", '"q" = 1', "[run] # x", "=1", "[]", "x = 1\r", "\ufeffx = 1",
+                     "\x01", "k =", "[run"]),
+)  # fmt: skip
+
+
+@given(st.lists(_LINES, max_size=8))
+def test_a_plain_configuration_is_read_as_tomllib_reads_it(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    plain = early._plain_toml(text)
+    if plain is None:
+        return  # tomllib's to read (or refuse): the same reading as before
+    assert plain == tomllib.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        'log_format = "json"\nlog_level = "info"\n',  # the benchmark daemon's
+        '# the node\nstate_dir = "/var/lib/sessiond"\n\n[run]\nsandbox = "off"\n',
+        "clock_offset = 86400\n[access]\n",
+    ],
+)
+def test_a_plain_configuration_is_read_without_tomllib(text: str) -> None:
+    assert early._plain_toml(text) == tomllib.loads(text)
+
+
+def test_the_early_path_imports_no_toml_parser_for_a_plain_configuration(tmp_path: Path) -> None:
+    conf = tmp_path / "sessiond.toml"
+    conf.write_text('log_format = "json"\nstate_dir = "st"\n[run]\nsandbox = "off"\n')
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from sessiond.daemon.early import early_config\n"
+        f"mine = early_config(Path({str(conf)!r}), {{}}, None, None)\n"
+        "assert mine is not None and not mine.sandbox, mine\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tomllib')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [("sessiond/ipc/early.py", "EarlyConfig"), ("sessiond/table/indexfile.py", "Read")],
+)
+def test_the_tuples_made_without_typing_have_the_typed_fields(module: str, name: str) -> None:
+    """mypy reads the NamedTuple; the early path runs a namedtuple (no typing):
+    the same fields, in the same order."""
+    import ast
+    import importlib
+
+    tree = ast.parse((Path(__file__).parents[1] / module).read_text())
+    typed = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and node.name == name
+        and any(isinstance(b, ast.Name) and b.id == "NamedTuple" for b in node.bases)
+    )
+    fields = [s.target.id for s in typed.body if isinstance(s, ast.AnnAssign)]  # type: ignore[union-attr]
+    made = getattr(importlib.import_module(module[:-3].replace("/", ".")), name)
+    assert list(made._fields) == fields

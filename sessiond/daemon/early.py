@@ -26,17 +26,17 @@ daemon left is what the early server reads, and what any reader reads).
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from sessiond.daemon.statedir import StartupError, take_lock
 from sessiond.ipc.early import DYNAMIC_UIDS, Early, EarlyConfig, open_server
 from sessiond.paths import default_socket, default_state_dir
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (typing is not imported at run time: its import costs the first answer)
+    from typing import Any
+
     from sessiond.config import DaemonConfig
 
 
@@ -50,7 +50,14 @@ def early_config(
     path = path or (Path(env["SESSIOND_CONFIG"]) if env.get("SESSIOND_CONFIG") else None)
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            text = path.read_text()
+            plain = _plain_toml(text)
+            if plain is None:
+                import tomllib  # (see _plain_toml)
+
+                data = tomllib.loads(text)
+            else:
+                data.update(plain)
         except (OSError, ValueError):  # reported by the full reading, before serving
             return None
         base = path.parent.resolve()
@@ -88,6 +95,55 @@ def early_config(
         sandbox == "on",
         float(offset),
     )
+
+
+# a TOML bare key or table name; and what TOML forbids anywhere in a file but a tab
+# and the newlines (a carriage return included: such a file is tomllib's to read)
+_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_CONTROL = frozenset(map(chr, (*range(0x09), *range(0x0B, 0x20), 0x7F)))
+_DIGITS = frozenset("0123456789")
+
+
+def _plain_toml(text: str) -> dict[str, object] | None:
+    """``text`` as tomllib reads it where the file is plain: blank lines, comment
+    lines, ``[name]`` headers and ``name = value`` lines whose value is a string
+    with no escape and no quote in it, ``true``, ``false`` or a decimal integer.
+    None for anything else, and for anything tomllib would refuse (a name given
+    twice): tomllib reads it then. Importing tomllib (its parser, its regular
+    expressions, string) costs the first answer more than reading such a file
+    (tests/test_early_config.py checks both readings agree)."""
+    if not _CONTROL.isdisjoint(text):
+        return None
+    data: dict[str, object] = {}
+    table = data
+    for raw in text.split("\n"):
+        line = raw.strip(" \t")
+        if not line or line[0] == "#":
+            continue
+        if line[0] == "[":
+            name = line[1:-1]
+            if line[-1] != "]" or not name or not _BARE.issuperset(name) or name in data:
+                return None
+            table = data[name] = {}
+            continue
+        key, eq, value = line.partition("=")
+        key, value = key.rstrip(" \t"), value.lstrip(" \t")
+        if not eq or not key or not _BARE.issuperset(key) or key in table:
+            return None
+        if len(value) >= 2 and value[0] == value[-1] == '"' and '"' not in value[1:-1]:
+            if "\\" in value:
+                return None
+            table[key] = value[1:-1]
+        elif value in ("true", "false"):
+            table[key] = value == "true"
+        elif value and _DIGITS.issuperset(value.removeprefix("-")) and value != "-":
+            digits = value.removeprefix("-")
+            if digits[0] == "0" and digits != "0":
+                return None  # a leading zero: not TOML
+            table[key] = int(value)
+        else:
+            return None
+    return data
 
 
 def agrees(early: Early, config: DaemonConfig) -> bool:

@@ -25,6 +25,7 @@ Standard library and orjson only: it serves before the rest is imported.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import selectors
 import socket
@@ -34,7 +35,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
 
 import orjson
 
@@ -46,11 +46,16 @@ from sessiond.listing import DEFAULT_SORT, Listing
 from sessiond.table.indexfile import INDEX_NAME, Read, read_checked
 from sessiond.wire import Frame, encode, last_word_path
 
+# typing is imported for mypy alone: at run time it costs the first answer ~2 ms,
+# and a TypedDict is the dict it types (EarlyConfig: below)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Any, NamedTuple, TypedDict
 
     from sessiond.replies import Ping, PsRow
+else:
+    TypedDict = dict
 
 # The uids runs get when no [run] key says otherwise (sessiond.sandboxconfig's
 # DEFAULT_DYNAMIC_UIDS; the daemon checks the validated configuration agrees).
@@ -68,13 +73,20 @@ _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
 _PS_KEYS = frozenset({*_PS_LISTS, "all", "sort", "footer"})
 
 
-class EarlyConfig(NamedTuple):
-    """What serving early needs of the configuration, read as load_config reads it."""
+if TYPE_CHECKING:
 
-    state_dir: Path
-    socket: Path
-    sandbox: bool  # [run] sandbox = "on" (ps says each row's boundary)
-    clock_offset: float
+    class EarlyConfig(NamedTuple):
+        """What serving early needs of the configuration, read as load_config reads it."""
+
+        state_dir: Path
+        socket: Path
+        sandbox: bool  # [run] sandbox = "on" (ps says each row's boundary)
+        clock_offset: float
+
+else:  # the same fields, without typing (tests/test_early_config.py checks they agree)
+    from collections import namedtuple
+
+    EarlyConfig = namedtuple("EarlyConfig", "state_dir socket sandbox clock_offset")
 
 
 class Index(TypedDict):
@@ -398,7 +410,10 @@ class Early:
         known = self._answers.get(listing)
         if known is None or known[0] != hides:
             kept, hidden = listing.apply(self.rows, now)
-            rows = orjson.dumps(kept, option=orjson.OPT_NON_STR_KEYS)
+            # every key is a str (each row was decoded from JSON; boundary is ours),
+            # so these are the bytes the full server's OPT_NON_STR_KEYS writes: that
+            # option's path costs 3-4x (15 ms for 10,000 rows, before the first answer)
+            rows = orjson.dumps(kept)
             known = (hides, rows, hidden)
             if len(self._answers) < 16:  # the usual listings; any other is made each time
                 self._answers[listing] = known
@@ -521,17 +536,34 @@ def _listen(path: Path) -> socket.socket:
 def open_server(config: EarlyConfig, lock: int) -> Early:
     """Read the index, bind the socket, serve. Any error: nothing was started, the
     socket is not left bound (the full start reports what is wrong)."""
-    index = _rows(config.state_dir, config.sandbox)
-    listening = _listen(config.socket)
+    # The read makes several containers per session, all kept (the full start
+    # takes them over), and no cyclic garbage: the cyclic collector would walk them
+    # again and again as they are made, for nothing (20-30 ms of the first answer
+    # at 10,000 sessions; the daemon's load turns it off for the same reason).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        early = Early(config, lock, listening, index)
-        if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made before
-            early.ps_result(Listing(), footer=True)  # the imports compete for the GIL
-    except BaseException:
-        # not served: nobody listens on the socket (the full server binds it anew)
-        listening.close()
-        with contextlib.suppress(OSError):
-            os.unlink(config.socket)
-        raise
+        index = _rows(config.state_dir, config.sandbox)
+        if collecting:
+            # and once it is back on, its first collection would walk them all
+            # once more (7 ms, just before the first answer): what is alive now
+            # lives as long as the daemon, or goes by its count (nothing here is
+            # cyclic), so it is frozen out of the collector's way now, as the
+            # daemon freezes what it loads once loaded (sessiond.daemon.opening)
+            gc.freeze()
+        listening = _listen(config.socket)
+        try:
+            early = Early(config, lock, listening, index)
+            if early.rows is not None:  # the answers of `ps` and `sessionctl ps`, made
+                early.ps_result(Listing(), footer=True)  # before the imports want the GIL
+        except BaseException:
+            # not served: nobody listens on the socket (the full server binds it anew)
+            listening.close()
+            with contextlib.suppress(OSError):
+                os.unlink(config.socket)
+            raise
+    finally:
+        if collecting:
+            gc.enable()
     early.start()
     return early

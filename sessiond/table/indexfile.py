@@ -13,7 +13,6 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import orjson
 
@@ -21,9 +20,15 @@ from sessiond.errors import SessiondError, StorageError
 from sessiond.log.store.durable import read_regular
 from sessiond.names import check_name
 
+# typing is imported for mypy alone: at run time it costs the early server's
+# first answer ~2 ms, and a TypedDict is the dict it types (Read: below)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, NamedTuple, NotRequired, TypedDict
+
     from sessiond.replies import PsRow
+else:
+    TypedDict = dict
 
 INDEX_NAME = "table.index"
 VERSION = 1
@@ -214,19 +219,26 @@ def plan(sessions_dir: Path, entries: dict[str, Entry]) -> Plan:
     return {"first": first, "rest": {e["name"]: e for e in fresh}}
 
 
-class Read(NamedTuple):
-    """The index read and checked against the logs by the early server, handed to
-    the full start so that it does not read and check it a second time (0.16 s at
-    10,000 sessions). Still true then: the state dir's lock was taken before the
-    read, and only its holder writes a log or a spec (a create cut off by a crash
-    left a ``.new-`` folder, which the plan skips as it skips any dot name)."""
+if TYPE_CHECKING:
 
-    path: Path  # the index read
-    sessions_dir: Path  # the folders checked against it
-    entries: dict[str, Entry]
-    lines: int  # entry lines in the file
-    planned: Plan
-    warnings: list[tuple[str, Mapping[str, object]]]  # for the daemon's log, once it has one
+    class Read(NamedTuple):
+        """The index read and checked against the logs by the early server, handed to
+        the full start so that it does not read and check it a second time (0.16 s at
+        10,000 sessions). Still true then: the state dir's lock was taken before the
+        read, and only its holder writes a log or a spec (a create cut off by a crash
+        left a ``.new-`` folder, which the plan skips as it skips any dot name)."""
+
+        path: Path  # the index read
+        sessions_dir: Path  # the folders checked against it
+        entries: dict[str, Entry]
+        lines: int  # entry lines in the file
+        planned: Plan
+        warnings: list[tuple[str, Mapping[str, object]]]  # for the daemon's log, once it has one
+
+else:  # the same fields, without typing (tests/test_early_config.py checks they agree)
+    from collections import namedtuple
+
+    Read = namedtuple("Read", "path sessions_dir entries lines planned warnings")
 
 
 def read_checked(path: Path, sessions_dir: Path) -> Read:

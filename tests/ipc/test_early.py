@@ -50,11 +50,14 @@ def early() -> Iterator[Early]:
 
 
 def full(rows: list[Any], listing: Listing, footer: bool) -> bytes:
-    """What sessiond.syscalls.kernel's ps_listed answers, encoded."""
+    """What sessiond.syscalls.kernel's ps_listed answers, encoded as the full
+    server encodes it (sessiond.wire, sessiond.ipc.frames: non-str keys allowed)."""
     kept, hidden = listing.apply(rows, time.time())
+    option = orjson.OPT_NON_STR_KEYS
     if not footer:
-        return orjson.dumps(kept)
-    return orjson.dumps({"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]})
+        return orjson.dumps(kept, option=option)
+    page = {"rows": kept, "hidden": hidden, "known": [r["name"] for r in rows]}
+    return orjson.dumps(page, option=option)
 
 
 LISTINGS = [
@@ -261,3 +264,47 @@ def test_out_of_descriptors_it_stops_accepting_rather_than_spin(tmp_path: Path) 
     finally:
         for closing in (listening, e._wake_r, e._wake_w, e._selector):
             closing.close()
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_index_is_read_with_the_cyclic_collector_off_then_it_is_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collecting: bool, fails: bool
+) -> None:
+    """The read keeps every container it makes: the collector only walks them, so
+    it is off meanwhile; after, on or off as before (an error included)."""
+    import gc
+
+    import sessiond.ipc.early as early_module
+
+    seen: list[bool] = []
+    from sessiond.table.indexfile import read_checked
+
+    def watched(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        if fails:
+            raise OSError(errno.EIO, "the index could not be read")
+        return read_checked(*args)
+
+    monkeypatch.setattr(early_module, "read_checked", watched)
+    state = tmp_path / "state"
+    (state / "sessions").mkdir(parents=True)
+    config = EarlyConfig(state, tmp_path / "sock" / "s.sock", True, 0.0)
+    lock = os.open(state / "sessiond.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        if fails:
+            with pytest.raises(OSError, match="could not be read"):
+                open_server(config, lock)
+        else:
+            e = open_server(config, lock)
+            e.close(None)
+        assert seen == [False]
+        assert gc.isenabled() == collecting
+        if collecting and not fails:  # what the read made, out of the collector's way
+            assert gc.get_freeze_count() > 0
+    finally:
+        (gc.enable if was else gc.disable)()
+        if fails:
+            os.close(lock)

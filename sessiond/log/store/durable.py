@@ -12,7 +12,6 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import TypeVar
 
 from sessiond.errors import StorageError
 
@@ -43,7 +42,11 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-P = TypeVar("P", str, Path)
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # (typing is not imported at run time: the early server's path)
+    from typing import TypeVar
+
+    P = TypeVar("P", str, Path)
 
 
 def real_dir(path: P) -> P:
