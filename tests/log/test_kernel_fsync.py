@@ -20,8 +20,7 @@ import pytest
 
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import MessageReceived
-from sessiond.log.store import kernelfsync
-from sessiond.log.store.files import FileStore
+from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
 from tests.helpers import arun
 
@@ -181,11 +180,19 @@ def test_a_forked_child_does_not_use_its_parents_context(state_dir: Path) -> Non
     arun(go())
 
 
-def test_threads_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SESSIOND_FSYNC_THREADS", "1")
+def test_timed_fsyncs_still_run_in_the_kernel(state_dir: Path) -> None:
+    """The daemon's metrics time each fsync without taking it back to a thread."""
+    seconds: list[float] = []
 
     async def go() -> None:
-        assert for_loop(asyncio.get_running_loop()) is None
+        log = await FileStore(state_dir, hooks=IOHooks(fsync_seconds=seconds.append)).create("s")
+        await log.append(_event(1))
+        await log.append(_event(2))
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        assert ring.completed == 2
+        await log.close()
 
     arun(go())
-    assert kernelfsync.MAX_INFLIGHT >= 4
+    assert len(seconds) == 2
+    assert all(s > 0 for s in seconds)
