@@ -20,7 +20,8 @@ import pytest
 
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import MessageReceived
-from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.log.store import kernelfsync
+from sessiond.log.store.files import FileStore
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
 from tests.helpers import arun
 
@@ -180,19 +181,11 @@ def test_a_forked_child_does_not_use_its_parents_context(state_dir: Path) -> Non
     arun(go())
 
 
-def test_timed_fsyncs_still_run_in_the_kernel(state_dir: Path) -> None:
-    """The daemon's metrics time each fsync without taking it back to a thread."""
-    seconds: list[float] = []
+def test_threads_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSIOND_FSYNC_THREADS", "1")
 
     async def go() -> None:
-        log = await FileStore(state_dir, hooks=IOHooks(fsync_seconds=seconds.append)).create("s")
-        await log.append(_event(1))
-        await log.append(_event(2))
-        ring = for_loop(asyncio.get_running_loop())
-        assert ring is not None
-        assert ring.completed == 2
-        await log.close()
+        assert for_loop(asyncio.get_running_loop()) is None
 
     arun(go())
-    assert len(seconds) == 2
-    assert all(s > 0 for s in seconds)
+    assert kernelfsync.MAX_INFLIGHT >= 4

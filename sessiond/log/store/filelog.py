@@ -22,7 +22,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -60,10 +59,6 @@ class IOHooks:
     # Told (session, offset) each time a log is durable up to offset, before any
     # append up to there is acknowledged (the power-cut simulation of the tests).
     synced: Callable[[str, int], None] | None = None
-    # Told the seconds each group commit's fsync took, from its start to the loop
-    # hearing it is done, wherever it ran (the kernel or a thread): the daemon's
-    # metrics. (Not a wrapper of ``fsync``: that would keep the fsync in a thread.)
-    fsync_seconds: Callable[[float], None] | None = None
 
 
 def _fsync_job(
@@ -82,18 +77,6 @@ def _fsync_job(
         outcome = exc
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
         loop.call_soon_threadsafe(flushed, outcome)
-
-
-def _timed(
-    flushed: Callable[[BaseException | None], None], observe: Callable[[float], None]
-) -> Callable[[BaseException | None], None]:
-    started = time.perf_counter()
-
-    def done(outcome: BaseException | None) -> None:
-        observe(time.perf_counter() - started)
-        flushed(outcome)
-
-    return done
 
 
 def _kernel_fsync(loop: asyncio.AbstractEventLoop) -> KernelFsync | None:
@@ -377,9 +360,7 @@ class FileEventLog(EventLog):
         target = self._pos.offset
         self._inflight, self._inflight_target = batch, target
         loop = self._loop
-        flushed: Callable[[BaseException | None], None] = self._flushed
-        if self.hooks.fsync_seconds is not None:
-            flushed = _timed(flushed, self.hooks.fsync_seconds)
+        flushed = self._flushed
         try:
             if self.hooks.fsync is os.fsync:
                 # the kernel runs it and wakes the loop: no thread, no GIL to pass

@@ -167,14 +167,20 @@ _by_loop: weakref.WeakKeyDictionary[AbstractEventLoop, KernelFsync | None] = (
 
 def for_loop(loop: AbstractEventLoop) -> KernelFsync | None:
     """The loop's kernel fsyncs, made on first use; None where they cannot be had
-    (then fsyncs run in threads)."""
+    (then fsyncs run in threads). ``SESSIOND_FSYNC_THREADS=1`` says threads always
+    (to compare the two)."""
     try:
         return _by_loop[loop]
     except KeyError:
         pass
     ring: KernelFsync | None = None
     numbers = _SYSCALLS.get(os.uname().machine)
-    if sys.platform == "linux" and sys.byteorder == "little" and numbers is not None:
+    if (
+        sys.platform == "linux"
+        and sys.byteorder == "little"
+        and numbers is not None
+        and os.environ.get("SESSIOND_FSYNC_THREADS") != "1"
+    ):
         try:
             ring = KernelFsync(loop, numbers)
         except (OSError, AttributeError, NotImplementedError, RuntimeError):
