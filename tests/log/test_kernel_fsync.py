@@ -41,8 +41,7 @@ class Held:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reap = KernelFsync._reap
         self.signalled: list[KernelFsync] = []
-        # (a function: the class binds it to the ring, as it binds _reap)
-        monkeypatch.setattr(KernelFsync, "_reap", lambda ring: self.signalled.append(ring))  # noqa: PLW0108
+        monkeypatch.setattr(KernelFsync, "_reap", self.signalled.append)
 
     async def wait_signalled(self) -> KernelFsync:
         while not self.signalled:  # the kernel's signal, on the loop's next polls
