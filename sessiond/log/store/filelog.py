@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import LogCorrupt, LogFailed, LogLocked, NoSuchSession, StorageFull
@@ -45,9 +44,6 @@ from sessiond.log.store.base import (
 from sessiond.log.store.durable import planted_error, write_all
 from sessiond.log.store.integrity import LogIdentity, check_log, identity_of
 from sessiond.log.store.lines import RecordBuilder, ScanEnd, classify_tail, scan
-
-if TYPE_CHECKING:
-    from sessiond.log.store.kernelfsync import KernelFsync
 
 
 @dataclass(frozen=True)
@@ -77,14 +73,6 @@ def _fsync_job(
         outcome = exc
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
         loop.call_soon_threadsafe(flushed, outcome)
-
-
-def _kernel_fsync(loop: asyncio.AbstractEventLoop) -> KernelFsync | None:
-    # imported at the first fsync, not with the log: ctypes is not needed to serve
-    # the first requests (the start-up path's imports are counted)
-    from sessiond.log.store.kernelfsync import for_loop
-
-    return for_loop(loop)
 
 
 READ_STEP = 256 << 10  # bytes a read of recover() takes at most
@@ -362,12 +350,6 @@ class FileEventLog(EventLog):
         loop = self._loop
         flushed = self._flushed
         try:
-            if self.hooks.fsync is os.fsync:
-                # the kernel runs it and wakes the loop: no thread, no GIL to pass
-                # (kernelfsync.py); where it cannot, a thread as below
-                kernel = _kernel_fsync(loop)
-                if kernel is not None and kernel.submit(self._fd, flushed):
-                    return
             if self.fsync_threads is None:
                 loop.run_in_executor(
                     None, _fsync_job, self.hooks.fsync, self._fd, loop, flushed
