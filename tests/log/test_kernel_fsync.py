@@ -24,9 +24,21 @@ from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
 from tests.helpers import arun
 
-pytestmark = pytest.mark.skipif(
-    os.uname().machine != "x86_64", reason="the kernel's fsync is used on x86-64 only"
-)
+
+def _io_uring_off() -> bool:
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return False  # (a kernel before the switch: io_uring is on)
+
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.uname().machine != "x86_64", reason="the kernel's fsync is used on x86-64 only"
+    ),
+    pytest.mark.skipif(_io_uring_off(), reason="io_uring is turned off on this machine"),
+]
 
 
 def _event(i: int) -> MessageReceived:

@@ -10,7 +10,7 @@ any core, so the fsync's CPU does not run in series with the loop), and posts
 the result in the completion ring, signalled on an eventfd the loop watches.
 The fsync is the same ``vfs_fsync`` as ``os.fsync``'s, and its result (0 or a
 negative errno) is reported as ``os.fsync``'s ``OSError`` would be
-(bench/README.md, "4 clients to 4 sessions: the fsync on io_uring").
+(bench/README.md, "the fsync on io_uring").
 
 (Linux AIO's ``IOCB_CMD_FSYNC`` was measured first and dropped: the kernel runs
 it on a worker of the submitting core, in series with the loop.)
