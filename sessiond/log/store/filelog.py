@@ -382,7 +382,7 @@ class FileEventLog(EventLog):
             flushed = _timed(flushed, self.hooks.fsync_seconds)
         try:
             if self.hooks.fsync is os.fsync:
-                # the kernel runs it and wakes the loop: no thread, no GIL to pass
+                # the kernel runs it (io_uring) and wakes the loop: no Python thread, no GIL
                 # (kernelfsync.py); where it cannot, a thread as below
                 kernel = _kernel_fsync(loop)
                 if kernel is not None and kernel.submit(self._fd, flushed):
