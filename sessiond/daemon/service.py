@@ -88,7 +88,7 @@ class Daemon:
         # the web console and its /metrics (docs/design.md section 11): only when configured
         self.metrics = metrics = web_metrics() if config.web.listen is not None else None
         if metrics is not None:
-            hooks = dataclasses.replace(hooks, fsync=metrics.timed_fsync(hooks.fsync))
+            hooks = dataclasses.replace(hooks, fsync_seconds=metrics.fsync.observe)
         # plain files, or a cluster node's database and its lease ([cluster] dsn)
         self.store, self.lease = make_store(config, lambda: time.time_ns() + offset_ns, hooks)
         self.cluster: ClusterNode | None = None

@@ -159,16 +159,6 @@ class Metrics:
         elif kind == "lifecycle.changed" and record["data"].get("to") == "terminated":
             self._woken.pop(name, None)
 
-    def timed_fsync(self, fsync: Callable[[int], None]) -> Callable[[int], None]:
-        def timed(fd: int) -> None:
-            started = time.perf_counter()
-            try:
-                fsync(fd)
-            finally:
-                self.fsync.observe(time.perf_counter() - started)
-
-        return timed
-
     async def render(self) -> bytes:
         if self.table_counts is not None:
             await self.table_counts.count()

@@ -22,10 +22,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sessiond.codec import Clock, decode_line
 from sessiond.errors import LogCorrupt, LogFailed, LogLocked, NoSuchSession, StorageFull
@@ -45,6 +47,9 @@ from sessiond.log.store.durable import planted_error, write_all
 from sessiond.log.store.integrity import LogIdentity, check_log, identity_of
 from sessiond.log.store.lines import RecordBuilder, ScanEnd, classify_tail, scan
 
+if TYPE_CHECKING:
+    from sessiond.log.store.kernelfsync import KernelFsync
+
 
 @dataclass(frozen=True)
 class IOHooks:
@@ -55,6 +60,10 @@ class IOHooks:
     # Told (session, offset) each time a log is durable up to offset, before any
     # append up to there is acknowledged (the power-cut simulation of the tests).
     synced: Callable[[str, int], None] | None = None
+    # Told the seconds each group commit's fsync took, from its start to the loop
+    # hearing it is done, wherever it ran (the kernel or a thread): the daemon's
+    # metrics. (Not a wrapper of ``fsync``: that would keep the fsync in a thread.)
+    fsync_seconds: Callable[[float], None] | None = None
 
 
 def _fsync_job(
@@ -73,6 +82,26 @@ def _fsync_job(
         outcome = exc
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
         loop.call_soon_threadsafe(flushed, outcome)
+
+
+def _timed(
+    flushed: Callable[[BaseException | None], None], observe: Callable[[float], None]
+) -> Callable[[BaseException | None], None]:
+    started = time.perf_counter()
+
+    def done(outcome: BaseException | None) -> None:
+        observe(time.perf_counter() - started)
+        flushed(outcome)
+
+    return done
+
+
+def _kernel_fsync(loop: asyncio.AbstractEventLoop) -> KernelFsync | None:
+    # imported at the first fsync, not with the log: ctypes is not needed to serve
+    # the first requests (the start-up path's imports are counted)
+    from sessiond.log.store.kernelfsync import for_loop
+
+    return for_loop(loop)
 
 
 READ_STEP = 256 << 10  # bytes a read of recover() takes at most
@@ -348,8 +377,16 @@ class FileEventLog(EventLog):
         target = self._pos.offset
         self._inflight, self._inflight_target = batch, target
         loop = self._loop
-        flushed = self._flushed
+        flushed: Callable[[BaseException | None], None] = self._flushed
+        if self.hooks.fsync_seconds is not None:
+            flushed = _timed(flushed, self.hooks.fsync_seconds)
         try:
+            if self.hooks.fsync is os.fsync:
+                # the kernel runs it (io_uring) and wakes the loop: no Python thread, no GIL
+                # (kernelfsync.py); where it cannot, a thread as below
+                kernel = _kernel_fsync(loop)
+                if kernel is not None and kernel.submit(self._fd, flushed):
+                    return
             if self.fsync_threads is None:
                 loop.run_in_executor(
                     None, _fsync_job, self.hooks.fsync, self._fd, loop, flushed

@@ -1,0 +1,180 @@
+"""Group-commit fsyncs run by the kernel for the event loop (io_uring, ``IORING_OP_FSYNC``).
+
+A log's fsync must not block the loop, so it ran in a Python thread: the loop
+woke the thread, the thread took the GIL to start, dropped it around ``fsync``,
+took it again to wake the loop (``call_soon_threadsafe``), and the loop took it
+back. Here the loop writes the fsync into an io_uring's submission ring and
+enters it (one system call); the kernel runs it on one of its io-wq workers
+(threads of this process that never take the GIL, placed by the scheduler on
+any core, so the fsync's CPU does not run in series with the loop), and posts
+the result in the completion ring, signalled on an eventfd the loop watches.
+The fsync is the same ``vfs_fsync`` as ``os.fsync``'s, and its result (0 or a
+negative errno) is reported as ``os.fsync``'s ``OSError`` would be
+(bench/README.md, "the fsync on io_uring").
+
+(Linux AIO's ``IOCB_CMD_FSYNC`` was measured first and dropped: the kernel runs
+it on a worker of the submitting core, in series with the loop.)
+
+Used only where it is certain to work: Linux on x86-64 (whose stores and loads
+the kernel sees in program order: the rings are shared memory read without
+barriers here), an io_uring the kernel grants (``kernel.io_uring_disabled``, a
+container's seccomp), the process that made it (a forked child does not use
+its parent's), at most ``MAX_INFLIGHT`` fsyncs at once. Anything else makes
+``submit`` say no and the caller runs the fsync in a thread as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import struct
+import sys
+import weakref
+from asyncio import AbstractEventLoop
+from collections.abc import Callable
+
+_SETUP, _ENTER, _REGISTER = 425, 426, 427  # x86-64's io_uring_setup, _enter, _register
+_OP_FSYNC = 3
+_REGISTER_EVENTFD = 4
+_FEAT_SINGLE_MMAP = 1
+_OFF_SQES = 0x10000000
+# One fsync a log at a time; as many logs at once as the fsync threads would run.
+MAX_INFLIGHT = 64
+_U32 = struct.Struct("I")
+_SQE = struct.Struct("BBHiQQIIQQQQ")  # struct io_uring_sqe, 64 bytes: opcode ... user_data
+_CQE = struct.Struct("QiI")  # struct io_uring_cqe: user_data, res, flags
+
+Done = Callable[[BaseException | None], None]
+
+
+class KernelFsync:
+    """One io_uring and its eventfd, read by one loop. ``submit(fd, done)``
+    starts an fsync of ``fd``; ``done(None)`` or ``done(error)`` runs in the loop
+    once the kernel finished it."""
+
+    def __init__(self, loop: AbstractEventLoop) -> None:
+        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        params = ctypes.create_string_buffer(120)  # struct io_uring_params
+        fd = self._syscall(_SETUP, MAX_INFLIGHT, params)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "io_uring_setup refused")
+        self._rfd, self._efd = fd, -1
+        self._pid = os.getpid()
+        self._loop: weakref.ref[AbstractEventLoop] | None = None
+        try:
+            sq_entries, cq_entries, _, _, _, features = struct.unpack_from("6I", params, 0)
+            sq = struct.unpack_from("8I", params, 40)  # struct io_sqring_offsets
+            cq = struct.unpack_from("8I", params, 80)  # struct io_cqring_offsets
+            if not features & _FEAT_SINGLE_MMAP:
+                raise OSError(0, "io_uring without a single mapping of its rings")
+            size = max(sq[6] + sq_entries * 4, cq[5] + cq_entries * 16)
+            rw = mmap.PROT_READ | mmap.PROT_WRITE
+            self._ring = mmap.mmap(fd, size, mmap.MAP_SHARED, rw, offset=0)
+            self._sqes = mmap.mmap(fd, sq_entries * 64, mmap.MAP_SHARED, rw, offset=_OFF_SQES)
+            self._sq_tail, self._sq_array = sq[1], sq[6]
+            self._smask = _U32.unpack_from(self._ring, sq[2])[0]
+            self._cq_head, self._cq_tail, self._cqes = cq[0], cq[1], cq[5]
+            self._cmask = _U32.unpack_from(self._ring, cq[2])[0]
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            efd = ctypes.c_int(self._efd)
+            if self._syscall(_REGISTER, fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1) != 0:
+                raise OSError(ctypes.get_errno(), "io_uring refused the eventfd")
+            loop.add_reader(self._efd, self._reap)
+        except BaseException:
+            self.close()
+            raise
+        # weakly: the loop's finalizer closes this (a strong one would keep both alive)
+        self._loop = weakref.ref(loop)
+        self._jobs: dict[int, Done] = {}  # the fsyncs in flight, by their user_data
+        self._next_key = 0
+        self.completed = 0  # fsyncs the kernel ran for this loop (tests, benchmarks)
+
+    def submit(self, fd: int, done: Done) -> bool:
+        """Start an fsync of ``fd``; False if it was not started (run it another way)."""
+        if self._efd < 0 or len(self._jobs) >= MAX_INFLIGHT or os.getpid() != self._pid:
+            return False
+        self._next_key += 1
+        key = self._next_key
+        ring = self._ring
+        tail = _U32.unpack_from(ring, self._sq_tail)[0]
+        index = tail & self._smask
+        _SQE.pack_into(self._sqes, index * 64, _OP_FSYNC, 0, 0, fd, 0, 0, 0, 0, key, 0, 0, 0)
+        _U32.pack_into(ring, self._sq_array + index * 4, index)
+        _U32.pack_into(ring, self._sq_tail, (tail + 1) & 0xFFFFFFFF)
+        if self._syscall(_ENTER, self._rfd, 1, 0, 0, None, 0) != 1:
+            _U32.pack_into(ring, self._sq_tail, tail)  # not taken: withdrawn
+            return False
+        self._jobs[key] = done
+        return True
+
+    def _reap(self) -> None:
+        """The eventfd is readable: settle every fsync the kernel has finished."""
+        try:  # noqa: SIM105 - (suppress() is a context manager a wake-up: slower)
+            os.eventfd_read(self._efd)
+        except BlockingIOError:
+            pass
+        ring = self._ring
+        head = _U32.unpack_from(ring, self._cq_head)[0]
+        while head != _U32.unpack_from(ring, self._cq_tail)[0]:
+            key, res, _ = _CQE.unpack_from(ring, self._cqes + (head & self._cmask) * 16)
+            head = (head + 1) & 0xFFFFFFFF
+            _U32.pack_into(ring, self._cq_head, head)  # the entry is ours: its slot is free
+            self.finish(key, res)
+
+    def finish(self, key: int, res: int) -> None:
+        """Fsync ``key`` ended with ``res`` (0, or minus an errno): tell its caller."""
+        done = self._jobs.pop(key, None)
+        if done is None:
+            return
+        self.completed += 1
+        outcome = None if res == 0 else OSError(-res, os.strerror(-res))
+        try:
+            done(outcome)
+        except Exception as exc:  # one caller's bug must not strand the others
+            loop = self._loop() if self._loop is not None else None
+            if loop is not None:
+                loop.call_exception_handler(
+                    {"message": "an fsync's completion callback failed", "exception": exc}
+                )
+
+    def close(self) -> None:
+        """Forget the ring (the kernel finishes what is in flight first)."""
+        if self._efd >= 0:
+            loop = self._loop() if self._loop is not None else None
+            if loop is not None and not loop.is_closed():
+                loop.remove_reader(self._efd)
+            os.close(self._efd)
+            self._efd = -1
+        if self._rfd >= 0:
+            for mapped in ("_sqes", "_ring"):
+                m = self.__dict__.pop(mapped, None)
+                if m is not None:
+                    m.close()
+            os.close(self._rfd)
+            self._rfd = -1
+
+
+_by_loop: weakref.WeakKeyDictionary[AbstractEventLoop, KernelFsync | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def for_loop(loop: AbstractEventLoop) -> KernelFsync | None:
+    """The loop's kernel fsyncs, made on first use; None where they cannot be had
+    (then fsyncs run in threads)."""
+    try:
+        return _by_loop[loop]
+    except KeyError:
+        pass
+    ring: KernelFsync | None = None
+    if sys.platform == "linux" and os.uname().machine == "x86_64":
+        try:
+            ring = KernelFsync(loop)
+        except (OSError, AttributeError, NotImplementedError, RuntimeError, ValueError):
+            ring = None  # no io_uring here (turned off, a sandbox's seccomp)
+    _by_loop[loop] = ring
+    if ring is not None:
+        weakref.finalize(loop, ring.close)
+    return ring

@@ -1,0 +1,225 @@
+"""The group commit's fsyncs run by the kernel (sessiond.log.store.kernelfsync).
+
+A log with the plain ``os.fsync`` hands its fsync to the kernel (io_uring) and
+is told on an eventfd the loop watches. An append is acknowledged only once the
+loop has read the kernel's word that its fsync is done; a failure the kernel
+reports fails the log as a failed ``os.fsync`` does; four logs' fsyncs are in
+flight at once; and where the kernel refuses (another process, a bad fd), the
+fsync runs in a thread as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from sessiond.errors import LogFailed
+from sessiond.log.event_data import MessageReceived
+from sessiond.log.store.files import FileStore, IOHooks
+from sessiond.log.store.kernelfsync import KernelFsync, for_loop
+from tests.helpers import arun
+
+
+def _io_uring_off() -> bool:
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return False  # (a kernel before the switch: io_uring is on)
+
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.uname().machine != "x86_64", reason="the kernel's fsync is used on x86-64 only"
+    ),
+    pytest.mark.skipif(_io_uring_off(), reason="io_uring is turned off on this machine"),
+]
+
+
+def _event(i: int) -> MessageReceived:
+    return MessageReceived(sender="w", text=str(i))
+
+
+class Held:
+    """The loop's reads of the eventfd, held back: the kernel finishes the fsync
+    and signals, and the loop does not hear it until the test lets it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reap = KernelFsync._reap
+        self.signalled: list[KernelFsync] = []
+        # (a function: the class binds it to the ring, as it binds _reap)
+        monkeypatch.setattr(KernelFsync, "_reap", lambda ring: self.signalled.append(ring))  # noqa: PLW0108
+
+    async def wait_signalled(self) -> KernelFsync:
+        while not self.signalled:  # the kernel's signal, on the loop's next polls
+            await asyncio.sleep(0)
+        return self.signalled[0]
+
+    def let_through(self) -> None:
+        ring = self.signalled.pop()
+        self.signalled.clear()
+        self.reap(ring)
+
+
+def test_the_kernel_runs_the_fsync_of_an_append(state_dir: Path) -> None:
+    async def go() -> None:
+        log = await FileStore(state_dir).create("s")
+        records = await asyncio.gather(*(log.append(_event(i)) for i in range(3)))
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        assert ring.completed >= 1  # one fsync (or two) for the three, by the kernel
+        assert [r["seq"] for r in records] == [1, 2, 3]
+        assert log._synced == os.path.getsize(log.path)  # durable to its end
+        await log.close()
+
+    arun(go())
+
+
+def test_an_append_is_answered_only_after_the_kernel_said_its_fsync_is_done(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = Held(monkeypatch)
+
+    async def go() -> None:
+        log = await FileStore(state_dir).create("s")
+        append = asyncio.ensure_future(log.append(_event(1)))
+        ring = await held.wait_signalled()  # the fsync is done in the kernel ...
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not append.done()  # ... but the loop has not read it: no answer yet
+        assert len(ring._jobs) == 1
+        held.let_through()
+        record = await append
+        assert record["seq"] == 1
+        assert ring.completed == 1
+        assert not ring._jobs
+        await log.close()
+
+    arun(go())
+
+
+def test_a_failure_the_kernel_reports_fails_the_log(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = Held(monkeypatch)
+
+    async def go() -> None:
+        log = await FileStore(state_dir).create("s")
+        append = asyncio.ensure_future(log.append(_event(1)))
+        ring = await held.wait_signalled()
+        (key,) = ring._jobs
+        ring.finish(key, -errno.EIO)  # what io_getevents gives for a failed fsync
+        with pytest.raises(LogFailed, match=r"fsync failed.*Input/output error"):
+            await append
+        with pytest.raises(LogFailed, match="takes no appends"):
+            await log.append(_event(2))  # fsyncgate: no append after a failed fsync
+        held.let_through()  # (the real completion: nobody waits for it any more)
+        await log.close()
+
+    arun(go())
+
+
+def test_four_logs_fsyncs_are_in_flight_at_once(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = Held(monkeypatch)
+
+    async def go() -> None:
+        store = FileStore(state_dir)
+        logs = [await store.create(f"s{i}") for i in range(4)]
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        appends = [asyncio.ensure_future(log.append(_event(1))) for log in logs]
+        while len(ring._jobs) < 4:  # each submitted without waiting for another's
+            await asyncio.sleep(0)
+        assert not held.signalled or len(ring._jobs) == 4  # none settled meanwhile
+        while ring._jobs:
+            await held.wait_signalled()
+            held.let_through()
+        assert [r["seq"] for r in await asyncio.gather(*appends)] == [1, 1, 1, 1]
+        for log in logs:
+            await log.close()
+
+    arun(go())
+
+
+def test_the_kernels_error_reaches_the_caller() -> None:
+    """What the kernel answers for an fsync it could not do is the caller's
+    ``OSError``, as ``os.fsync`` would raise it."""
+    outcomes: list[BaseException | None] = []
+
+    async def go() -> None:
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        assert ring.submit(-1, outcomes.append)  # a bad fd: the kernel's answer says so
+        while not outcomes:
+            await asyncio.sleep(0)
+        assert not ring._jobs
+
+    arun(go())
+    (outcome,) = outcomes
+    assert isinstance(outcome, OSError)
+    assert outcome.errno == errno.EBADF
+
+
+def test_a_refused_submission_runs_the_fsync_in_a_thread(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def go() -> None:
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        monkeypatch.setattr(KernelFsync, "submit", lambda *_: False)
+        log = await FileStore(state_dir).create("s")
+        record = await log.append(_event(1))  # committed by a thread instead
+        assert record["seq"] == 1
+        assert ring.completed == 0
+        assert log._synced == os.path.getsize(log.path)
+        await log.close()
+
+    arun(go())
+
+
+def _submit_in_child(ring: KernelFsync, fd: int, out: multiprocessing.Queue[bool]) -> None:
+    out.put(ring.submit(fd, lambda outcome: None))
+
+
+def test_a_forked_child_does_not_use_its_parents_context(state_dir: Path) -> None:
+    async def go() -> None:
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        fd = os.open(state_dir / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+        ctx = multiprocessing.get_context("fork")
+        out: multiprocessing.Queue[bool] = ctx.Queue()
+        child = ctx.Process(target=_submit_in_child, args=(ring, fd, out))
+        child.start()
+        submitted = out.get(timeout=60)
+        child.join()
+        os.close(fd)
+        assert submitted is False
+        assert child.exitcode == 0
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    arun(go())
+
+
+def test_timed_fsyncs_still_run_in_the_kernel(state_dir: Path) -> None:
+    """The daemon's metrics time each fsync without taking it back to a thread."""
+    seconds: list[float] = []
+
+    async def go() -> None:
+        log = await FileStore(state_dir, hooks=IOHooks(fsync_seconds=seconds.append)).create("s")
+        await log.append(_event(1))
+        await log.append(_event(2))
+        ring = for_loop(asyncio.get_running_loop())
+        assert ring is not None
+        assert ring.completed == 2
+        await log.close()
+
+    arun(go())
+    assert len(seconds) == 2
+    assert all(s > 0 for s in seconds)
