@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from contextlib import contextmanager
 
+import pluggy
 import pytest
 
-from tests.e2e.harness import Daemon, short_dir
+from tests.e2e.harness import STARTED, Daemon, short_dir
 from tests.patience import SLOW
 
 # Two leases. A node a test lets lapse (it kills, pauses or cuts it off, then waits
@@ -109,10 +110,46 @@ def owned(d: Daemon) -> list[str]:
 
 
 def taken_over(nodes: list[Daemon], session: str) -> Daemon | None:
+    """The node of ``nodes`` that took ``session`` over, if one did; an error once
+    all of them have ended (a wait for it would wait for nothing)."""
+    ended = [d.proc.poll() for d in nodes if d.proc is not None and d.proc.poll() is not None]
     for d in nodes:
         if any(
             line.get("event") == "cluster.taken_over" and line.get("session") == session
             for line in list(d.lines)
         ):
             return d
+    if nodes and len(ended) == len(nodes):
+        raise AssertionError(f"every node that could take {session} over has ended: {ended}")
     return None
+
+
+# What a failed cluster test's report shows of each node it started: whether a
+# lease lapsed under one (and why) is the first question such a failure asks.
+LEASE_EVENTS = frozenset(
+    {"cluster.joined", "cluster.renew_failed", "cluster.lease_lost", "cluster.taken_over"}
+)
+
+
+@pytest.fixture(autouse=True)
+def _started_afresh() -> None:
+    STARTED.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    outcome = yield
+    result = outcome.get_result()
+    if result.when != "call" or not result.failed:
+        return
+    said = []
+    for d in STARTED:  # (their folders may be gone: what they said is kept)
+        lines = [line for line in list(d.lines) if line.get("event") in LEASE_EVENTS]
+        name = next((line["node"] for line in lines if "node" in line), d.root)
+        code = d.proc.poll() if d.proc is not None else None
+        said.append(f"{name} (exit {code}):")
+        said += [f"  {line}" for line in lines]
+    if said:
+        result.sections.append(("the nodes' lease events", "\n".join(said)))

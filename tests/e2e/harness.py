@@ -43,6 +43,9 @@ AT_A_TERMINAL = [
 HANG = float(os.environ.get("SESSIOND_TEST_HANG", "180"))
 READY_TIMEOUT = HANG  # an exit wakes the waiter at once (_read_log)
 LIVE: set[Daemon] = set()  # started and not yet reaped: see conftest.py
+# every daemon started since a conftest last cleared it (tests/cluster/conftest.py
+# shows a failed test's nodes' lease events from it, after they were reaped)
+STARTED: list[Daemon] = []
 
 
 def short_dir() -> Path:
@@ -163,6 +166,8 @@ class Daemon:
             start_new_session=True,
         )
         LIVE.add(self)
+        if self not in STARTED:
+            STARTED.append(self)
         self._reader = threading.Thread(
             target=self._read_log, args=(self.proc, self._ready), daemon=True
         )
