@@ -148,6 +148,14 @@ class FleetNode:
         assert self.proc is not None
         return rss_kib(self.proc.pid), sum(rss_kib(c) for c in children(self.proc.pid))
 
+    def revive(self) -> None:
+        """Start it again if it ended by itself while supervised (the sampler's)."""
+        with self.supervising:
+            proc = self.proc
+            if self.supervised and proc is not None and proc.poll() is not None:
+                self.ended.append(proc.returncode)
+                self.launch()
+
     def kill9(self) -> None:
         with self.supervising:
             self.supervised = False
@@ -269,11 +277,7 @@ class Sampler:
             for node in self.nodes:
                 rss = sum(node.rss())
                 self.max_rss[node.name] = max(self.max_rss.get(node.name, 0), rss)
-                with node.supervising:
-                    proc = node.proc
-                    if node.supervised and proc is not None and proc.poll() is not None:
-                        node.ended.append(proc.returncode)
-                        node.launch()
+                node.revive()
 
     def stop(self) -> None:
         self._stop.set()
