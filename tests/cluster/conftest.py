@@ -14,12 +14,13 @@ from tests.e2e.harness import STARTED, Daemon, short_dir
 from tests.patience import SLOW
 
 # Two leases. A node a test lets lapse (it kills, pauses or cuts it off, then waits
-# for another node to take over, or checks its programs stop by the deadline), or
-# whose renewals it waits for, has a short one: 2 s on a quiet machine, scaled by
-# SLOW (3x under CI=true or load, tests/patience.py), so that a renewal a busy
-# machine delays does not lapse it before the test's own fault. Every other node
+# for another node to take over, or checks its programs stop by the deadline) has
+# a short one: 2 s on a quiet machine, scaled by SLOW (3x under CI=true or load,
+# tests/patience.py), so that a renewal a busy machine delays does not lapse it
+# before the test's own fault. Every other node
 # has a long one: a late renewal never ends a node a test relies on (with two
-# suites at once on 2 cores, 2 s leases lapsed on nodes that were to take over).
+# suites at once on 2 cores, 2 s leases lapsed on nodes that were to take over),
+# though a drain reaches it only at its next renewal (a third of 30 s at most).
 # A test names its short-lease nodes (``short``, or the ``short_lease`` mark for
 # the ``three`` fixture); a clean stop lets go of a lease at once, whatever its
 # length.

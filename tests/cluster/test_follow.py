@@ -72,7 +72,7 @@ def _text(record: dict[str, Any], text: str) -> bool:
     return bool(record["type"] == "message.received" and record["data"]["text"] == text)
 
 
-@pytest.mark.short_lease("n1", "n2")  # n1 drains (it learns so when it renews); n2 dies
+@pytest.mark.short_lease("n2")
 def test_follow_on_a_node_of_a_session_another_runs_goes_on_across_its_failover(
     three: list[Daemon], pg_dsn: str
 ) -> None:

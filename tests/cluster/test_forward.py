@@ -171,7 +171,6 @@ def test_a_programs_send_reaches_a_session_on_another_node(three: list[Daemon]) 
     assert [s["data"]["status"] for s in steps] == ["ok"]
 
 
-@pytest.mark.short_lease("n2", "n3")  # it waits for their renewals
 def test_a_request_for_a_session_whose_node_is_down_fails_clearly(
     three: list[Daemon], pg_dsn: str
 ) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.cluster.conftest import HELLO, owned, taken_over
 from tests.e2e.harness import Daemon, wait_event, wait_for
 
@@ -40,7 +38,6 @@ def test_migrate_node_hands_a_sleeping_session_over_and_it_runs_there(
     assert "hello" in owned(n2)  # kept where it was
 
 
-@pytest.mark.short_lease("n1")  # a node learns it drains when it renews
 def test_drain_moves_every_session_off_a_node(three: list[Daemon]) -> None:
     n1, n2, n3 = three
     for name in ("a1", "a2", "a3"):

@@ -97,7 +97,7 @@ def test_sessions_that_belong_to_a_node_wait_for_it_and_a_shared_one_fails_over(
     assert not runs_on(n1, "shared")  # the one that moved stays where it went
 
 
-@pytest.mark.short_lease("n2", "n3")  # n2 drains (it learns so when it renews); n3 dies
+@pytest.mark.short_lease("n3")
 def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
     placed: list[Daemon], shared: Path
 ) -> None:
