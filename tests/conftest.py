@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.patience import SLOW
+
 # The hostile tests' shared checks (serving, refused, ...) assert: rewritten like a
 # test module's, their failures show the values. Registered here, at the root,
 # because tests outside tests/faults import them too (before that conftest loads).
@@ -55,8 +57,17 @@ def _starts_daemons(path: Path) -> bool:
     return path.suffix == ".py" and any(name in path.read_text() for name in PROCESS_IMPORTS)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every test's hang bound (pytest-timeout: pyproject's `timeout`, or the test's
+    # own mark) grows with the machine's load, as the tests' other allowances do
+    # (tests/patience.py, SLOW): two suites at once on 2 cores made good tests
+    # run past a bound set for one.
+    default = float(config.getini("timeout") or 0)
     for item in items:
+        mark = item.get_closest_marker("timeout")
+        bound = float(mark.args[0]) if mark is not None and mark.args else default
+        if bound > 0 and SLOW != 1:
+            item.add_marker(pytest.mark.timeout(bound * SLOW), append=False)
         parts = item.path.relative_to(TESTS).parts
         params = getattr(item, "callspec", None)
         if (

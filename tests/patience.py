@@ -26,8 +26,37 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+
+def slow_factor(
+    environ: Mapping[str, str] = os.environ,
+    load: Callable[[], tuple[float, float, float]] = os.getloadavg,
+    cpus: int | None = os.cpu_count(),
+) -> float:
+    """How much slower than a quiet machine the tests should allow for: the one
+    factor every test's timing allowance is multiplied by (the cluster tests'
+    leases that are let lapse, their "within so many seconds" checks).
+
+    ``SESSIOND_TEST_SLOW`` says it (at least 1); otherwise 3 under ``CI=true``
+    (a CI runner is shared and may run two suites at once) or when the machine
+    already has more runnable processes than CPUs (the 1-minute load average
+    above the CPU count), else 1. Only allowances scale with it: what a test
+    checks does not change, and an answer that comes early ends a wait early."""
+    said = environ.get("SESSIOND_TEST_SLOW")
+    if said:
+        try:
+            return max(1.0, float(said))
+        except ValueError:
+            raise ValueError(f"SESSIOND_TEST_SLOW={said!r}: give a number, e.g. 3") from None
+    if environ.get("CI") == "true" or load()[0] > (cpus or 1):
+        return 3.0
+    return 1.0
+
+
+# Read once a test process: the allowances of one run do not change under it.
+SLOW = slow_factor()
 
 
 def alive(pid: int) -> bool:

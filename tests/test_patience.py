@@ -18,7 +18,7 @@ import pytest
 from sessiond.codec import encode_line
 from tests import patience as patience_module
 from tests.faults.checks import cut_off_calls, first_verdict
-from tests.patience import Patience, alive
+from tests.patience import SLOW, Patience, alive, slow_factor
 
 
 class Machine:
@@ -143,3 +143,34 @@ def test_a_dead_daemon_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> Non
     child.wait()
     assert not alive(child.pid)
     assert alive(os.getpid())
+
+
+def test_the_allowances_grow_under_ci_and_under_load_and_as_said() -> None:
+    """SESSIOND_TEST_SLOW says the factor; without it, CI or a load above the
+    CPU count makes it 3; a quiet machine keeps 1."""
+
+    def quiet() -> tuple[float, float, float]:
+        return (0.5, 0.5, 0.5)
+
+    def busy() -> tuple[float, float, float]:
+        return (17.0, 9.0, 5.0)
+
+    assert slow_factor({}, quiet, 2) == 1.0
+    assert slow_factor({}, busy, 2) == 3.0
+    assert slow_factor({"CI": "true"}, quiet, 2) == 3.0
+    assert slow_factor({"SESSIOND_TEST_SLOW": "5"}, quiet, 2) == 5.0
+    assert slow_factor({"SESSIOND_TEST_SLOW": "1", "CI": "true"}, busy, 2) == 1.0
+    assert slow_factor({"SESSIOND_TEST_SLOW": "0.1"}, busy, 2) == 1.0  # never tighter
+    with pytest.raises(ValueError, match="SESSIOND_TEST_SLOW='fast': give a number"):
+        slow_factor({"SESSIOND_TEST_SLOW": "fast"}, quiet, 2)
+
+
+def test_a_tests_hang_bound_grows_with_the_factor(request: pytest.FixtureRequest) -> None:
+    """tests/conftest.py raises pyproject's pytest-timeout bound by SLOW."""
+    mark = request.node.get_closest_marker("timeout")
+    bound = float(request.config.getini("timeout"))
+    if SLOW == 1:
+        assert mark is None or float(mark.args[0]) == bound
+    else:
+        assert mark is not None
+        assert float(mark.args[0]) == bound * SLOW

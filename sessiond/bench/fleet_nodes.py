@@ -96,6 +96,11 @@ class FleetNode:
         # (75) is a figure, not a crash of the bench. Not after kill9.
         self.supervised = False
         self.ended: list[int] = []
+        # Held by the sampler between seeing the node ended and starting it again,
+        # and by kill9/stop while they stop supervising it: without it a sampler
+        # that saw ``supervised`` just before a kill9 counted the kill as an end
+        # by itself (-9) and started the killed node again (seen under load).
+        self.supervising = threading.Lock()
 
     def launch(self) -> None:
         self.supervised = True
@@ -143,15 +148,25 @@ class FleetNode:
         assert self.proc is not None
         return rss_kib(self.proc.pid), sum(rss_kib(c) for c in children(self.proc.pid))
 
+    def revive(self) -> None:
+        """Start it again if it ended by itself while supervised (the sampler's)."""
+        with self.supervising:
+            proc = self.proc
+            if self.supervised and proc is not None and proc.poll() is not None:
+                self.ended.append(proc.returncode)
+                self.launch()
+
     def kill9(self) -> None:
-        self.supervised = False
+        with self.supervising:
+            self.supervised = False
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(60)
         self._reaped()
 
     def stop(self) -> None:
-        self.supervised = False
+        with self.supervising:
+            self.supervised = False
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -262,10 +277,7 @@ class Sampler:
             for node in self.nodes:
                 rss = sum(node.rss())
                 self.max_rss[node.name] = max(self.max_rss.get(node.name, 0), rss)
-                proc = node.proc
-                if node.supervised and proc is not None and proc.poll() is not None:
-                    node.ended.append(proc.returncode)
-                    node.launch()
+                node.revive()
 
     def stop(self) -> None:
         self._stop.set()

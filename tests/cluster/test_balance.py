@@ -15,7 +15,7 @@ from typing import Any, cast
 from sessiond.cluster.balance import Balancer, Load, fair_shares, least_loaded
 from sessiond.log.store.pg.placement import Placement
 from sessiond.replies import NodeRow
-from tests.cluster.conftest import HELLO, TTL, nodes_of
+from tests.cluster.conftest import HELLO, TTL, lease, nodes_of
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 from tests.helpers import arun
 
@@ -193,7 +193,7 @@ def test_new_sessions_made_through_one_node_go_to_the_least_loaded(pg_dsn: str) 
 
 
 def test_sessions_spread_over_the_nodes_after_a_failover_and_a_return(pg_dsn: str) -> None:
-    with nodes_of(pg_dsn, 3, extra=BALANCED) as (n1, n2, n3):
+    with nodes_of(pg_dsn, 3, extra=BALANCED, short=("n3",)) as (n1, n2, n3):
         started(n1, 3)
         busy = n1.write_spec("busy", waiter("busy"))
         n1.ctl("create", str(busy), check=True)
@@ -254,7 +254,7 @@ def one_slot_each(dsn: str) -> Iterator[list[Daemon]]:
     try:
         for i in (1, 2):
             config = f'max_running = 1\n[cluster]\ndsn = "{dsn}"\nnode = "n{i}"\n'
-            made.append(Daemon(short_dir(), config + f'lease_ttl = "{TTL}s"\n{BALANCED}').start())
+            made.append(Daemon(short_dir(), config + lease(False) + BALANCED).start())
         yield made
     finally:
         for d in made:

@@ -16,7 +16,7 @@ from sessiond.log.event_data import LifecycleChanged, MessageReceived, WakeReque
 from sessiond.log.store.base import Draft
 from sessiond.log.store.pg.once import AlreadyFired
 from sessiond.log.store.pg.pgstore import PgStore
-from tests.cluster.conftest import SHARED, TTL, owned, taken_over
+from tests.cluster.conftest import SHARED, TTL, lease, owned, taken_over
 from tests.cluster.test_fencing import lapse
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 from tests.helpers import arun
@@ -46,7 +46,7 @@ def test_a_missed_cron_fire_runs_once_for_the_cluster_when_all_three_restart(
     for i, d in enumerate(three, 1):  # 40 days later, every node at once
         d.config.write_text(
             'log_format = "json"\nclock_offset = 3456000\n'
-            f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
+            f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\n{lease(False)}{SHARED}'
         )
         d.start(wait=False)
     for d in three:
@@ -154,7 +154,7 @@ def test_an_owner_killed_right_after_a_fire_and_a_new_owner_behind_it_fire_once(
         ):
             config = (
                 f"clock_offset = {offset}\n{extra}[cluster]\n"
-                f'dsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
+                f'dsn = "{pg_dsn}"\nnode = "n{i}"\n{lease(i == 1)}{SHARED}'
             )
             nodes.append(Daemon(short_dir(), config).start())
         n1, n2, n3 = nodes

@@ -17,7 +17,9 @@ from sessiond.cluster.lease import LEASE_LOST_EXIT
 from sessiond.errors import DatabaseUnavailable
 from sessiond.localpg import LocalPostgres
 from sessiond.log.store.pg.reach import is_gone, where
+from tests.cluster.conftest import TTL, lease
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
+from tests.patience import SLOW
 
 JOB = """name = "job"
 [run]
@@ -110,13 +112,13 @@ def test_a_node_that_ended_for_its_database_says_so_while_it_is_down(
     """The database stops under a node with a short lease: it ends (75), and until
     it is back `sessionctl` names the database, not only "not reachable"; once the
     node answers again, the note is gone."""
-    daemon = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n1"\nlease_ttl = "2s"\n')
+    daemon = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n1"\n{lease(True)}')
     try:
         daemon.start()
         assert daemon.proc is not None
         postgres.stop()
         try:
-            assert daemon.proc.wait(30) == LEASE_LOST_EXIT
+            assert daemon.proc.wait(TTL + 30 * SLOW) == LEASE_LOST_EXIT
             done = daemon.ctl("ps")
             assert done.returncode == 3
             assert "Its last word: at " in done.stderr

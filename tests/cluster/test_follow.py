@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import pytest
 
 from tests.cluster.conftest import HELLO, TTL, taken_over
 from tests.e2e.harness import SESSIONCTL, Daemon, wait_event, wait_for
@@ -71,6 +72,7 @@ def _text(record: dict[str, Any], text: str) -> bool:
     return bool(record["type"] == "message.received" and record["data"]["text"] == text)
 
 
+@pytest.mark.short_lease("n2")
 def test_follow_on_a_node_of_a_session_another_runs_goes_on_across_its_failover(
     three: list[Daemon], pg_dsn: str
 ) -> None:

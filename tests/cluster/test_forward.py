@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from sessiond.cluster.lease import LEASE_LOST_EXIT
 from tests.cluster.conftest import HELLO, SHARED, node_name, nodes_of, taken_over
@@ -170,6 +171,9 @@ def test_a_programs_send_reaches_a_session_on_another_node(three: list[Daemon]) 
     assert [s["data"]["status"] for s in steps] == ["ok"]
 
 
+# n2 and n3 drain and the test waits for their renewals, and the refused request
+# waits on them too: with the long lease it took 75 s instead of 11
+@pytest.mark.short_lease("n2", "n3")
 def test_a_request_for_a_session_whose_node_is_down_fails_clearly(
     three: list[Daemon], pg_dsn: str
 ) -> None:
@@ -245,6 +249,7 @@ def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+@pytest.mark.short_lease("n2")
 def test_an_approve_left_for_a_paused_owner_is_carried_out_once_by_its_new_owner(
     three: list[Daemon],
 ) -> None:

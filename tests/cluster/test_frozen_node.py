@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sessiond.cluster.lease import LEASE_LOST_EXIT
 from tests.cluster.conftest import TTL, taken_over
 from tests.e2e.harness import Daemon, wait_event, wait_for
@@ -46,6 +48,7 @@ def entries(ledger: Path) -> list[tuple[int, str, str, str, float]]:
     return out
 
 
+@pytest.mark.short_lease("n1")
 def test_a_frozen_nodes_program_writes_nothing_after_its_session_is_taken_over(
     three: list[Daemon],
 ) -> None:

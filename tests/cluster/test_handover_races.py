@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from sessiond.localpg import LocalPostgres
-from tests.cluster.conftest import SHARED, TTL
+from tests.cluster.conftest import SHARED, TTL, lease
 from tests.e2e.harness import SESSIONCTL, Daemon, short_dir, wait_event, wait_for
 
 # No message trigger: a send's message is committed on its own, under the
@@ -60,7 +60,9 @@ def _logged(
     nodes: list[Daemon] = []
     try:
         for i in (1, 2, 3):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{ttl}s"\n{SHARED}'
+            # n1's own lease is the one the tests watch pass; the others keep theirs
+            ttl_line = f'lease_ttl = "{ttl}s"\n' if i == 1 else lease(False)
+            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\n{ttl_line}{SHARED}'
             nodes.append(Daemon(short_dir(), config).start())
         yield nodes, postgres.folder / "server.log"
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import HELLO, TTL, node_name, taken_over
+from tests.cluster.conftest import HELLO, TTL, lease, node_name, short_leased, taken_over
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 
 LABELS = {1: "{}", 2: '{ zone = "eu" }', 3: '{ zone = "eu", gpu = "a100" }'}
@@ -25,12 +25,13 @@ def shared() -> Iterator[Path]:
 
 
 @pytest.fixture
-def placed(pg_dsn: str, shared: Path) -> Iterator[list[Daemon]]:
+def placed(pg_dsn: str, shared: Path, request: pytest.FixtureRequest) -> Iterator[list[Daemon]]:
+    short = short_leased(request)
     nodes: list[Daemon] = []
     try:
         for i in (1, 2, 3):
             config = (
-                f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n'
+                f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\n{lease(f"n{i}" in short)}'
                 f'shared_paths = ["{shared}"]\nlabels = {LABELS[i]}\nmoves_per_interval = 0\n'
             )
             nodes.append(Daemon(short_dir(), config).start())
@@ -59,6 +60,7 @@ def runs_on(d: Daemon, name: str) -> bool:
     return r is not None and r["state"] != "waiting" and r.get("node") == node_name(d)
 
 
+@pytest.mark.short_lease("n1")
 def test_sessions_that_belong_to_a_node_wait_for_it_and_a_shared_one_fails_over(
     placed: list[Daemon], shared: Path
 ) -> None:
@@ -95,6 +97,7 @@ def test_sessions_that_belong_to_a_node_wait_for_it_and_a_shared_one_fails_over(
     assert not runs_on(n1, "shared")  # the one that moved stays where it went
 
 
+@pytest.mark.short_lease("n3")
 def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
     placed: list[Daemon], shared: Path
 ) -> None:
@@ -148,6 +151,7 @@ def test_labels_and_pins_are_kept_by_create_migrate_drain_and_failover(
     wait_for(lambda: runs_on(n3, "train") and runs_on(n3, "train2"), timeout=30, what="n3")
 
 
+@pytest.mark.short_lease("n1")
 def test_an_operator_rehomes_a_session_whose_node_is_gone_and_only_then(
     placed: list[Daemon], shared: Path
 ) -> None:

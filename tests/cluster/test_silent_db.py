@@ -17,10 +17,11 @@ import pytest
 
 from sessiond.cluster.lease import LEASE_LOST_EXIT
 from sessiond.localpg import LocalPostgres
-from tests.cluster.conftest import SHARED, TTL, taken_over
+from tests.cluster.conftest import SHARED, TTL, lease, taken_over
 from tests.cluster.proxy import FrozenProxy
 from tests.cluster.test_failover import LEDGER, LEDGER_PROGRAM
 from tests.e2e.harness import SESSIONCTL, Daemon, short_dir, wait_event, wait_for
+from tests.patience import SLOW
 
 
 @pytest.fixture
@@ -29,11 +30,9 @@ def proxied(postgres: LocalPostgres, pg_dsn: str) -> Iterator[tuple[Daemon, Daem
     n1 = Daemon(
         short_dir(),
         f'[cluster]\ndsn = "{proxy.dsn(pg_dsn, postgres.sock)}"\nnode = "n1"\n'
-        f'lease_ttl = "{TTL}s"\n{SHARED}',
+        f"{lease(True)}{SHARED}",
     )
-    n2 = Daemon(
-        short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n2"\nlease_ttl = "{TTL}s"\n{SHARED}'
-    )
+    n2 = Daemon(short_dir(), f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n2"\n{lease(False)}{SHARED}')
     try:
         n1.start()
         n2.start()
@@ -65,7 +64,7 @@ def test_a_node_whose_database_goes_silent_ends_by_its_deadline_and_its_session_
     # It ends on its own, as a lost lease does, within its lease (and some slack
     # for a loaded machine): not hung on a query the database never answers.
     try:
-        code = n1.proc.wait(TTL + 15)
+        code = n1.proc.wait(TTL + 15 * SLOW)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(
             f"node n1 still runs {time.monotonic() - frozen:.1f}s after its database went "
@@ -103,7 +102,7 @@ def test_a_node_reading_a_log_when_its_database_goes_silent_still_ends_by_its_de
     )
     assert n1.proc is not None
     try:
-        code = n1.proc.wait(TTL + 15)
+        code = n1.proc.wait(TTL + 15 * SLOW)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(
             f"node n1 still runs {time.monotonic() - frozen:.1f}s after its database went "

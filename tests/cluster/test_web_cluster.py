@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.cluster.conftest import HELLO, SHARED, TTL
+from tests.cluster.conftest import HELLO, SHARED, lease
 from tests.e2e.harness import Daemon, short_dir, wait_event
 from tests.e2e.webclient import WEB, Client, logged_in
 
@@ -46,7 +46,7 @@ def two(pg_dsn: str) -> Iterator[list[Daemon]]:
     nodes: list[Daemon] = []
     try:
         for i, web in ((1, WEB), (2, "")):
-            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\nlease_ttl = "{TTL}s"\n{SHARED}'
+            config = f'[cluster]\ndsn = "{pg_dsn}"\nnode = "n{i}"\n{lease(False)}{SHARED}'
             nodes.append(Daemon(short_dir(), config + web).start())
         yield nodes
     finally:

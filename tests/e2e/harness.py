@@ -36,10 +36,16 @@ AT_A_TERMINAL = [
 ]
 # A wall-clock bound in these tests only catches a hang: it never decides an
 # outcome a busy machine could change. A test's own bound is a floor raised to
-# this (two suites at once on two cores have made 30 s waits run out on good code).
+# this (two suites at once on two cores have made 30 s waits run out on good code),
+# the waits that count only the daemon's runnable seconds (tests/patience.py)
+# included: the daemon may wait, not runnable, on what is starved instead (its
+# run's program, PostgreSQL, a scripted upstream in the test's own process).
 HANG = float(os.environ.get("SESSIOND_TEST_HANG", "180"))
 READY_TIMEOUT = HANG  # an exit wakes the waiter at once (_read_log)
 LIVE: set[Daemon] = set()  # started and not yet reaped: see conftest.py
+# every daemon started since a conftest last cleared it (tests/cluster/conftest.py
+# shows a failed test's nodes' lease events from it, after they were reaped)
+STARTED: list[Daemon] = []
 
 
 def short_dir() -> Path:
@@ -160,6 +166,8 @@ class Daemon:
             start_new_session=True,
         )
         LIVE.add(self)
+        if self not in STARTED:
+            STARTED.append(self)
         self._reader = threading.Thread(
             target=self._read_log, args=(self.proc, self._ready), daemon=True
         )
@@ -193,10 +201,10 @@ class Daemon:
     ) -> dict[str, Any]:
         """Wait for the daemon's own log line ``event`` (and ``match(line)``), from
         line ``since`` on: woken by each line read, never polled. ``timeout``
-        counts only the seconds the daemon could run (tests/patience.py): a busy
-        machine is no failure."""
+        (raised to HANG) counts only the seconds the daemon could run
+        (tests/patience.py): a busy machine is no failure."""
         assert self.proc is not None
-        patience = Patience(self.proc.pid, quiet=timeout)
+        patience = Patience(self.proc.pid, quiet=max(timeout, HANG))
 
         def found() -> dict[str, Any] | None:
             for line in self.lines[since:]:
@@ -249,7 +257,7 @@ class Daemon:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout)
+        code = self.proc.wait(max(timeout, HANG))  # a stop under load may take long
         if self._reader is not None:
             self._reader.join(5)
         if self.proc.stderr is not None and not (self._reader and self._reader.is_alive()):
@@ -316,7 +324,7 @@ def wait_event(
 ) -> dict[str, Any]:
     """Follow a session's log with the real `sessionctl log --follow` until an event
     of type ``etype`` (and ``match(record)``) appears; return it. ``timeout``
-    counts only the seconds the daemon could run (tests/patience.py)."""
+    (raised to HANG) counts only the seconds the daemon could run (tests/patience.py)."""
     proc = subprocess.Popen(
         [SESSIONCTL, "--json", "log", session, "--follow", "--since", str(since), "--type", etype],
         env=daemon.env,
@@ -336,7 +344,7 @@ def wait_event(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert daemon.proc is not None
-    patience = Patience([daemon.proc.pid, proc.pid], quiet=timeout)
+    patience = Patience([daemon.proc.pid, proc.pid], quiet=max(timeout, HANG))
     while reader.is_alive() and (left := patience.left()) > 0:
         reader.join(min(left, 1.0))  # then look at the clock again
     proc.kill()
@@ -345,7 +353,9 @@ def wait_event(
         if pipe is not None:
             pipe.close()
     if not found:
-        raise AssertionError(f"no {etype} event in {session} within {timeout}s of the daemon's")
+        raise AssertionError(
+            f"no {etype} event in {session} within {max(timeout, HANG)}s of the daemon's"
+        )
     return found[0]
 
 

@@ -52,9 +52,12 @@ from tests.faults.fenced import NAME as FENCED
 from tests.faults.fenced import FencedLedger
 from tests.faults.tally import Tally
 from tests.freeze import freeze, frozen, programs_of, state, thaw
-from tests.patience import Patience
+from tests.patience import SLOW, Patience
 
-TTL = 2.0
+# Any node may be the round's victim: each has the short lease, scaled like the
+# cluster tests' (tests/cluster/conftest.py) so that a loaded machine's late
+# renewal does not end a node the round did not pick.
+TTL = 2.0 * SLOW
 STALE = ("epoch-decreased", "epoch-ahead")  # pgfsck's kinds for a write past its fence
 # sessions owned by no node, or by one whose lease lapsed: not yet taken over
 UNOWNED = (
