@@ -79,6 +79,9 @@ class Stop(Exception):
 
 
 class Campaign:
+    # whether a node may answer a send without a seq, left for the owner (a cluster)
+    posts_for_owners = False
+
     def __init__(
         self,
         root: Path,
@@ -116,7 +119,10 @@ class Campaign:
         self.tally = Tally(durability=durability, sandbox=sandbox)
         self.contain = contain.Containment(self.ledger, self.tally)  # the hostile programs
         # (session, seq, text, monotonic time of the answer) of each answered send
-        self.acked: list[tuple[str, int, str, float]] = []
+        self.acked: list[tuple[str, int | None, str, float]] = []
+        # sends a cluster node answered without a seq (left for the mailbox's owner):
+        # (session, text, round), each to be delivered (ClusterCampaign._check_posted)
+        self.posted: list[tuple[str, str, int]] = []
         self.created: list[str] = []  # forks the daemon acknowledged
         self.sent = 0
         self.lock = threading.Lock()
@@ -348,10 +354,21 @@ class Campaign:
     def _check_acknowledged(self, killed_at: float) -> None:
         t = self.tally
         t.acked_sends = len(self.acked)
-        by_seq = {r["seq"]: r for r in checks.records(self._log("mailbox"), b"message.received")}
+        received = checks.records(self._log("mailbox"), b"message.received")
+        by_seq = {r["seq"]: r for r in received}
+        # A cluster node that no longer holds the mailbox (moved by load, taken
+        # over) leaves the send in the database for its owner and answers without
+        # a seq (sessiond.cluster.mailbox): acknowledged all the same, it must reach
+        # the owner's log, by its text (each text is sent once), once the owner
+        # delivers it: judged after the take-over (ClusterCampaign.round).
+        by_text = {r["data"].get("text"): r for r in received}
         lost = []
         for session, seq, text, when in self.acked:
-            record = by_seq.get(seq)
+            record = by_seq.get(seq) if seq is not None else by_text.get(text)
+            if record is None and seq is None and self.posts_for_owners:
+                if (session, text) not in [(p[0], p[1]) for p in self.posted]:
+                    self.posted.append((session, text, t.rounds))
+                continue
             if record is None or record["data"].get("text") != text:
                 lost.append((when, f"round {t.rounds}: {session} seq {seq} ({text})"))
         if self.durability == "os":

@@ -107,6 +107,8 @@ class ClusterTally(Tally):
 
 
 class ClusterCampaign(Campaign):
+    posts_for_owners = True
+
     def __init__(self, root: Path, rng: random.Random, dsn: str, *, nodes: int = 3) -> None:
         super().__init__(root, rng, power_cut=False)
         self.dsn = dsn
@@ -232,6 +234,7 @@ class ClusterCampaign(Campaign):
         self._settle(None)
         if owned and any(self._owner(name) != self._name(victim) for name in owned):
             self.cluster_tally.failovers += 1
+        self._check_posted()
         for i, node in enumerate(self.nodes):
             self.daemon = node
             self._check_after_restart(cut_off if i == 0 else {}, seqs)
@@ -241,6 +244,29 @@ class ClusterCampaign(Campaign):
         for node in self.nodes:
             self.daemon = node
             self._answer_and_resolve()
+
+    def _check_posted(self) -> None:
+        """The sends a node answered without a seq (left in the database for the
+        mailbox's owner: sessiond.cluster.mailbox) are in the owner's log once it
+        delivered them; each one missing when the nodes have settled is lost."""
+        if not self.posted:
+            return
+        patience = Patience(self._live(), quiet=TTL + 60)
+        while True:
+            received = checks.records(self._log("mailbox"), b"message.received")
+            by_text = {r["data"].get("text"): r["seq"] for r in received}
+            if all(text in by_text for _, text, _ in self.posted) or not patience.waiting():
+                break
+            patience.pause(0.1)
+        for session, text, n in self.posted:
+            if text not in by_text:
+                self.tally.lost.append(f"round {n}: {session} {text}, posted for its owner")
+        # delivered: judged by seq from now on, as the others
+        self.acked = [
+            (s, by_text.get(text), text, w) if seq is None else (s, seq, text, w)
+            for s, seq, text, w in self.acked
+        ]
+        self.posted = []
 
     # --- a whole node paused --------------------------------------------------------
 
