@@ -77,6 +77,8 @@ class ClusterTally(Tally):
     late_writes: list[str] = field(default_factory=list)
     # pauses that caught no program writing to the ledger: they tested nothing
     idle_pauses: list[str] = field(default_factory=list)
+    # acknowledged sends a node left for the mailbox's owner (answered without a seq)
+    posted: int = 0
 
     def rows(self) -> list[tuple[str, str, str, bool]]:
         return [
@@ -100,6 +102,7 @@ class ClusterTally(Tally):
             f"refused {self.refused} attempts under a stale epoch"
         )
         text = text.replace(f"\n{moved}", f"\n{moved}\n{frozen}", 1)
+        text += f"\nsends left for the mailbox's owner (judged in its log): {self.posted}"
         extra = [f"  stale epoch: {item}" for item in self.stale[:10]]
         extra += [f"  written after take-over: {item}" for item in self.late_writes[:10]]
         extra += [f"  paused with no program writing: {item}" for item in self.idle_pauses[:10]]
@@ -258,6 +261,7 @@ class ClusterCampaign(Campaign):
             if all(text in by_text for _, text, _ in self.posted) or not patience.waiting():
                 break
             patience.pause(0.1)
+        self.cluster_tally.posted += len(self.posted)
         for session, text, n in self.posted:
             if text not in by_text:
                 self.tally.lost.append(f"round {n}: {session} {text}, posted for its owner")
