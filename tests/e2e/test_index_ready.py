@@ -318,3 +318,55 @@ def test_a_run_after_ready_cannot_see_an_unopened_sessions_workspace(late: Daemo
         release(d)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _opened_files(d: Daemon, name: str) -> list[str]:
+    """The daemon's open files in session ``name``'s folder (an opened session
+    holds its log open; one not opened yet holds nothing there)."""
+    assert d.proc is not None
+    folder = f"{d.state_dir}/sessions/{name}/"
+    fds = Path(f"/proc/{d.proc.pid}/fd")
+    held = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(folder):
+            held.append(target)
+    return held
+
+
+def test_a_web_request_not_logged_in_opens_no_session() -> None:
+    # Attack: before any login, a request naming a session not opened yet made the
+    # daemon open it (and resume it: arm its triggers, take its due wakes) for a
+    # caller it then refused with 401. Nothing is done for a request refused.
+    from tests.e2e.webclient import WEB, Client, logged_in, login
+
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n{WEB}')
+    try:
+        d.start()
+        create(d, "idle")
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 1
+        base, _ = login(d)
+        assert _opened_files(d, "idle") == []
+        for path in ("/api/s/idle/events", "/api/s/idle/messages"):
+            assert Client(base).get(path).status == 401
+        assert _opened_files(d, "idle") == []  # not opened for the refused requests
+        # a logged-in request for it opens it and is answered from its log
+        answer = logged_in(d).get("/api/s/idle/events")
+        assert answer.status == 200, answer
+        assert b"session.created" in answer.body
+        assert _opened_files(d, "idle") != []
+        assert still_pending(d, since)  # the background load did not open it
+        release(d)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
