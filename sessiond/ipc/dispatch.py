@@ -415,6 +415,7 @@ class Dispatch:
             params = request.get("params", {})
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
+            _only_ping(caller, method)  # before anything is opened for it
             # a start-up still opening sessions: the ones this request names first,
             # before a program's grant checks read them (a fork's source, a merge's child)
             await opened_for(self.kernel.table, method, params)
@@ -453,3 +454,13 @@ class Dispatch:
             raise
         except Exception as exc:
             await reply(writer, failed(request_id, exc))
+
+
+def _only_ping(caller: Caller, method: str) -> None:
+    """Refuse a control peer that may only ping, before the request is looked at
+    further: nothing is done for it (a session not opened yet after a start-up is
+    not opened for it; ``_admit`` refuses it again, as before)."""
+    if caller.endpoint == "control" and method != "ping":
+        why = caller.refused()
+        if why is not None:
+            raise NotGranted(why)

@@ -370,3 +370,46 @@ def test_a_web_request_not_logged_in_opens_no_session() -> None:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_refused_peer_opens_no_session() -> None:
+    # Attack: a session's run that reaches the control socket (no sandbox) may only
+    # ping; a request of its naming a session not opened yet still made the daemon
+    # open it (and resume it) before the refusal.
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(
+        root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n[run]\nsandbox = "off"\n'
+    )
+    try:
+        d.start()
+        create(d, "idle")
+        asking = (
+            "import socket, sys\n"
+            "c = socket.socket(socket.AF_UNIX)\n"
+            f"c.connect({str(d.socket)!r})\n"
+            'c.sendall(b\'{"id": 1, "method": "show", "params": {"name": "idle"}}\\n\')\n'
+            "open('answer.json', 'wb').write(c.makefile('rb').readline())\n"
+        )
+        program = ["python3", "-c", asking]
+        text = (
+            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+            f'cwd = "{root}"\nretries = 0\n'
+        )
+        d.ctl("create", str(d.write_spec("asker", text)), check=True)
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        d.ctl("activate", "asker", check=True)
+        wait_event(d, "asker", "run.finished")
+        answer = orjson.loads((root / "answer.json").read_bytes())
+        assert answer["ok"] is False  # refused: a run may only ping
+        assert _opened_files(d, "idle") == []  # and nothing was done for it
+        assert still_pending(d, since)
+        release(d)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
