@@ -413,3 +413,50 @@ def test_a_refused_peer_opens_no_session() -> None:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_program_request_with_a_wrong_token_opens_no_session(late: Daemon) -> None:
+    # Attack: a sandboxed run sends its program endpoint requests naming another
+    # session not opened yet, with a token that is no run's: refused, and the daemon
+    # opened that session first for it.
+    d = late
+    create(d, "idle")
+    asking = (
+        "import os, socket\n"
+        "out = open('answers.jsonl', 'wb')\n"
+        "for line in (\n"
+        '    b\'{"id": 1, "method": "show", "token": "x", "params": {"name": "idle"}}\',\n'
+        '    b\'{"id": 2, "method": "sdk.send", "params": {"token": "x", "to": "idle",\'\n'
+        '    b\' "text": "hi", "ordinal": 1}}\',\n'
+        "):\n"
+        "    c = socket.socket(socket.AF_UNIX)\n"
+        "    c.connect(os.environ['SESSIOND_SOCKET'])\n"
+        "    c.sendall(line + b'\\n')\n"
+        "    out.write(c.makefile('rb').readline())\n"
+        "    c.close()\n"
+        "out.close()\n"
+    )
+    program = ["python3", "-c", asking]
+    workspace = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))  # (a run's /tmp is its own)
+    try:
+        os.chmod(workspace, 0o755)
+        text = (
+            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+            f'cwd = "{workspace}"\nretries = 0\n'
+        )
+        d.ctl("create", str(d.write_spec("asker", text)), check=True)
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        d.ctl("activate", "asker", check=True)
+        finished = wait_event(d, "asker", "run.finished")
+        assert finished["data"]["status"] == "ok", finished
+        lines = (workspace / "answers.jsonl").read_bytes().splitlines()
+        answers = [orjson.loads(line) for line in lines]
+        assert [a["ok"] for a in answers] == [False, False], answers  # no run's token
+        assert _opened_files(d, "idle") == []  # and nothing was done for them
+        assert still_pending(d, since)
+        release(d)
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
