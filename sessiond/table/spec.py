@@ -458,12 +458,17 @@ def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
         raise BadSpec(f"{source}: a spec is at most {MAX_SPEC_BYTES} bytes")
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer of too many digits
         raise BadSpec(f"{source}: not valid TOML: {exc}") from exc
     if (where := _nul_at(data, "")) is not None:
         raise BadSpec(
             f"{source}: {where or 'a key'}: contains a NUL character, which no path, "
             "command or name may hold; remove it"
+        )
+    if (where := _huge_at(data, "")) is not None:
+        raise BadSpec(
+            f"{source}: {where or 'a key'}: a number beyond 64 bits, which no event can "
+            "record; write a smaller one"
         )
     try:
         resolved, workspaces = _resolve(data, base)
@@ -486,6 +491,22 @@ def _nul_at(value: object, where: str) -> str | None:
         items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
     for inner_where, inner in items:
         if (found := _nul_at(inner, inner_where)) is not None:
+            return found
+    return None
+
+
+def _huge_at(value: object, where: str) -> str | None:
+    """Where in the parsed spec an integer beyond 64 bits is (TOML's own bound: the
+    spec's values are recorded in its events, whose encoding holds no larger)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return where if not -(2**63) <= value < 2**64 else None
+    items: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        items = [(f"{where}.{key}".lstrip("."), inner) for key, inner in value.items()]
+    elif isinstance(value, list):
+        items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
+    for inner_where, inner in items:
+        if (found := _huge_at(inner, inner_where)) is not None:
             return found
     return None
 
