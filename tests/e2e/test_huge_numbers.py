@@ -4,9 +4,14 @@ never a traceback (the daemon's start) nor an "internal error" (a create)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shutil
 import subprocess
+import tarfile
+from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.e2e.harness import SESSIOND, Daemon, short_dir
@@ -86,6 +91,52 @@ def test_a_spec_with_an_integer_beyond_64_bits_creates_nothing() -> None:
         assert "budget.tokens: a number beyond 64 bits" in done.stderr, done.stderr
         assert d.json("ps", "--all") == []  # nothing half made
         assert not (d.state_dir / "sessions" / "a").exists()
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _with_spec(bundle: Path, out: Path, spec: bytes) -> None:
+    """``bundle`` with its spec replaced, its manifest's hash made to match: what
+    anyone who writes a bundle can write (a bundle is checked, not signed)."""
+    members: dict[str, bytes] = {}
+    with tarfile.open(bundle, "r:gz") as tar:
+        for info in tar.getmembers():
+            f = tar.extractfile(info)
+            if f is not None:
+                members[info.name] = f.read()
+    manifest = orjson.loads(members["manifest.json"])
+    manifest["spec"] = {"sha256": hashlib.sha256(spec).hexdigest(), "size": len(spec)}
+    members["manifest.json"] = orjson.dumps(manifest)
+    members["spec.toml"] = spec
+    with tarfile.open(out, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_an_import_with_a_spec_it_refuses_leaves_no_session() -> None:
+    # Attack: a bundle whose spec is refused (here an integer beyond 64 bits) was
+    # refused only after its session was made: the import answered an error, and a
+    # session ps did not list held the name ("exists already") until the next start.
+    root = short_dir()
+    d = Daemon(root)
+    try:
+        d.start()
+        d.ctl("create", str(d.write_spec("a", 'name = "a"\n[run]\nexec = ["true"]\n')), check=True)
+        bundle, crafted = root / "a.bundle", root / "crafted.bundle"
+        d.ctl("export", "a", "-o", str(bundle), check=True)
+        spec = b'name = "a"\n[run]\nexec = ["true"]\n[budget]\ntokens = 1' + b"0" * 30 + b"\n"
+        _with_spec(bundle, crafted, spec)
+        done = d.ctl("import", str(crafted), "--as", "b")
+        assert done.returncode != 0
+        assert "a number beyond 64 bits" in done.stderr, done.stderr
+        assert [r["name"] for r in d.json("ps", "--all")] == ["a"]
+        assert not (d.state_dir / "sessions" / "b").exists()
+        # the name is free: the bundle as exported imports under it
+        d.ctl("import", str(bundle), "--as", "b", check=True)
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
