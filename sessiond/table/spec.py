@@ -39,6 +39,7 @@ from sessiond.sandboxconfig import SandboxKeys
 from sessiond.table.agent_spec import ClaudeCodeSpec, CodexSpec, check_agent_tables, driver_argv
 from sessiond.table.budget_spec import BudgetSpec
 from sessiond.table.compact_spec import CompactSpec
+from sessiond.table.specints import huge_at
 
 MAX_SPEC_BYTES = 1 << 20
 TomlTable = dict[str, Any]  # a table of spec.toml as parsed, any TOML in it: the models check it
@@ -465,7 +466,7 @@ def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
             f"{source}: {where or 'a key'}: contains a NUL character, which no path, "
             "command or name may hold; remove it"
         )
-    if (where := _huge_at(data, "")) is not None:
+    if (where := huge_at(data, "")) is not None:
         raise BadSpec(
             f"{source}: {where or 'a key'}: a number beyond 64 bits, which no event can "
             "record; write a smaller one"
@@ -491,22 +492,6 @@ def _nul_at(value: object, where: str) -> str | None:
         items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
     for inner_where, inner in items:
         if (found := _nul_at(inner, inner_where)) is not None:
-            return found
-    return None
-
-
-def _huge_at(value: object, where: str) -> str | None:
-    """Where in the parsed spec an integer beyond 64 bits is (TOML's own bound: the
-    spec's values are recorded in its events, whose encoding holds no larger)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return where if not -(2**63) <= value < 2**64 else None
-    items: list[tuple[str, object]] = []
-    if isinstance(value, dict):
-        items = [(f"{where}.{key}".lstrip("."), inner) for key, inner in value.items()]
-    elif isinstance(value, list):
-        items = [(f"{where}[{i}]", inner) for i, inner in enumerate(value)]
-    for inner_where, inner in items:
-        if (found := _huge_at(inner, inner_where)) is not None:
             return found
     return None
 
