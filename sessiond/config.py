@@ -483,8 +483,9 @@ class DaemonConfig(_Strict):
     @field_validator("clock_offset", mode="before")
     @classmethod
     def _finite_offset(cls, value: object) -> object:
+        # (the bound first: an integer too large for a float overflows isfinite)
         if isinstance(value, int | float) and not (
-            math.isfinite(value) and abs(value) <= MAX_DURATION
+            abs(value) <= MAX_DURATION and math.isfinite(value)
         ):
             raise ValueError(
                 f"{value!r} is not a clock offset: write a number of seconds within "
@@ -533,7 +534,7 @@ def load_config(
             data = tomllib.loads(path.read_text())
         except OSError as exc:
             raise BadConfig(f"cannot read configuration {path}: {exc.strerror}") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, too many digits
             raise BadConfig(f"{path}: not valid TOML: {exc}") from exc
         if "source" in data:
             raise BadConfig(f"{path}: source: unknown key")

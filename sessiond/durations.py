@@ -22,7 +22,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or text like '10m', '200ms', '1h30m'")
     if isinstance(value, int | float):
-        if not math.isfinite(value):
+        # (an int is finite, and one too large for a float overflows isfinite)
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(
                 f"{value!r} is not a duration: write a finite number of seconds or text "
                 "like '10m', '200ms', '1h30m'"

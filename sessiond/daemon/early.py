@@ -89,11 +89,15 @@ def early_config(
     offset = data.get("clock_offset", 0.0)
     if sandbox not in ("on", "off") or type(offset) not in (int, float):
         return None
+    try:
+        offset = float(offset)
+    except OverflowError:  # an integer no float holds: the full reading says what is wrong
+        return None
     return EarlyConfig(
         Path(os.path.abspath(where["state_dir"])),
         Path(os.path.abspath(where["socket"])),
         sandbox == "on",
-        float(offset),
+        offset,
     )
 
 

@@ -347,6 +347,29 @@ class Dispatch:
         # a cluster node's: requests for sessions other nodes own go there
         self.forward = router
 
+    def _refused_first(
+        self, caller: Caller, method: str, request: JsonObject, params: JsonObject
+    ) -> None:
+        """Refuse a caller who may not ask anything, before its request is looked at
+        further: nothing is done for it (a session not opened yet after a start-up is
+        not opened for it). A control peer that may only ping; on the program
+        endpoint, a token that is no live run's (``_admit`` and the sdk calls check
+        the rest, as before)."""
+        if method == "ping":
+            return
+        if caller.endpoint == "control":
+            why = caller.refused()
+            if why is not None:
+                raise NotGranted(why)
+        elif method.startswith("sdk."):
+            token, session = params.get("token"), params.get("session")
+            if not isinstance(token, str):
+                self.guard.caller(token)  # (refuses it: no token)
+            else:
+                self.kernel.check_token(token, session if isinstance(session, str) else None)
+        else:
+            self.guard.caller(request.get("token"))
+
     def _admit(self, caller: Caller, method: str, request: JsonObject, params: Any) -> Any:
         """The params to serve ``method`` with for ``caller``, or a refusal."""
         if method == "ping":
@@ -415,6 +438,7 @@ class Dispatch:
             params = request.get("params", {})
             if not isinstance(params, dict):
                 raise BadRequest("params must be a JSON object")
+            self._refused_first(caller, method, request, params)  # nothing opened for it
             # a start-up still opening sessions: the ones this request names first,
             # before a program's grant checks read them (a fork's source, a merge's child)
             await opened_for(self.kernel.table, method, params)

@@ -429,9 +429,9 @@ def _masks(spec_text: str | None, source: str) -> Redactor | None:
     """What a bundle's own spec masks: what its events and artifacts must not hold."""
     if not spec_text:
         return None
-    try:
+    try:  # a spec refused (BadSpec) is refused here, before the session is made
         spec = parse_spec(spec_text, base=Path("/"), source=source)
-    except (InvalidInput, ValueError):
+    except ValueError:
         return None  # refused as it is read next, as it always was
     return redactor(spec.redact)
 

@@ -39,6 +39,7 @@ from sessiond.sandboxconfig import SandboxKeys
 from sessiond.table.agent_spec import ClaudeCodeSpec, CodexSpec, check_agent_tables, driver_argv
 from sessiond.table.budget_spec import BudgetSpec
 from sessiond.table.compact_spec import CompactSpec
+from sessiond.table.specints import huge_at
 
 MAX_SPEC_BYTES = 1 << 20
 TomlTable = dict[str, Any]  # a table of spec.toml as parsed, any TOML in it: the models check it
@@ -458,12 +459,17 @@ def parse_spec(text: str, *, base: Path, source: str = "spec") -> SessionSpec:
         raise BadSpec(f"{source}: a spec is at most {MAX_SPEC_BYTES} bytes")
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer of too many digits
         raise BadSpec(f"{source}: not valid TOML: {exc}") from exc
     if (where := _nul_at(data, "")) is not None:
         raise BadSpec(
             f"{source}: {where or 'a key'}: contains a NUL character, which no path, "
             "command or name may hold; remove it"
+        )
+    if (where := huge_at(data, "")) is not None:
+        raise BadSpec(
+            f"{source}: {where or 'a key'}: a number beyond 64 bits, which no event can "
+            "record; write a smaller one"
         )
     try:
         resolved, workspaces = _resolve(data, base)

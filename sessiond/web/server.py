@@ -122,9 +122,6 @@ class WebServer:
         why = self.auth.host_refusal(request)
         if why is not None:
             return self._refuse(request, "permission_denied", why, 403)
-        name = request.match_info.get("name")
-        if name is not None:  # a session not opened yet (after a start-up): opened now
-            await self.kernel.table.ensure(name)
         if request.path in OPEN_PATHS or (request.path == "/metrics" and self.config.local_only):
             return await handler(request)
         if "link" in request.query and request.path.startswith("/approvals/"):
@@ -146,6 +143,10 @@ class WebServer:
 
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            # a session not opened yet (after a start-up): opened now, for a request
+            # that passed its checks (nothing is done for one refused)
+            if (name := request.match_info.get("name")) is not None:
+                await self.kernel.table.ensure(name)
             return await handler(request)
         except SessiondError as exc:
             return self._refuse(request, exc.code, str(exc), status_of(exc))

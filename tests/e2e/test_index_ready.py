@@ -318,3 +318,145 @@ def test_a_run_after_ready_cannot_see_an_unopened_sessions_workspace(late: Daemo
         release(d)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _opened_files(d: Daemon, name: str) -> list[str]:
+    """The daemon's open files in session ``name``'s folder (an opened session
+    holds its log open; one not opened yet holds nothing there)."""
+    assert d.proc is not None
+    folder = f"{d.state_dir}/sessions/{name}/"
+    fds = Path(f"/proc/{d.proc.pid}/fd")
+    held = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(folder):
+            held.append(target)
+    return held
+
+
+def test_a_web_request_not_logged_in_opens_no_session() -> None:
+    # Attack: before any login, a request naming a session not opened yet made the
+    # daemon open it (and resume it: arm its triggers, take its due wakes) for a
+    # caller it then refused with 401. Nothing is done for a request refused.
+    from tests.e2e.webclient import WEB, Client, logged_in, login
+
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n{WEB}')
+    try:
+        d.start()
+        create(d, "idle")
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 1
+        base, _ = login(d)
+        assert _opened_files(d, "idle") == []
+        for path in ("/api/s/idle/events", "/api/s/idle/messages"):
+            assert Client(base).get(path).status == 401
+        assert _opened_files(d, "idle") == []  # not opened for the refused requests
+        # a logged-in request for it opens it and is answered from its log
+        answer = logged_in(d).get("/api/s/idle/events")
+        assert answer.status == 200, answer
+        assert b"session.created" in answer.body
+        assert _opened_files(d, "idle") != []
+        assert still_pending(d, since)  # the background load did not open it
+        release(d)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_refused_peer_opens_no_session() -> None:
+    # Attack: a session's run that reaches the control socket (no sandbox) may only
+    # ping; a request of its naming a session not opened yet still made the daemon
+    # open it (and resume it) before the refusal.
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(
+        root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n[run]\nsandbox = "off"\n'
+    )
+    try:
+        d.start()
+        create(d, "idle")
+        asking = (
+            "import socket, sys\n"
+            "c = socket.socket(socket.AF_UNIX)\n"
+            f"c.connect({str(d.socket)!r})\n"
+            'c.sendall(b\'{"id": 1, "method": "show", "params": {"name": "idle"}}\\n\')\n'
+            "open('answer.json', 'wb').write(c.makefile('rb').readline())\n"
+        )
+        program = ["python3", "-c", asking]
+        text = (
+            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+            f'cwd = "{root}"\nretries = 0\n'
+        )
+        d.ctl("create", str(d.write_spec("asker", text)), check=True)
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        d.ctl("activate", "asker", check=True)
+        wait_event(d, "asker", "run.finished")
+        answer = orjson.loads((root / "answer.json").read_bytes())
+        assert answer["ok"] is False  # refused: a run may only ping
+        assert _opened_files(d, "idle") == []  # and nothing was done for it
+        assert still_pending(d, since)
+        release(d)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_program_request_with_a_wrong_token_opens_no_session(late: Daemon) -> None:
+    # Attack: a sandboxed run sends its program endpoint requests naming another
+    # session not opened yet, with a token that is no run's: refused, and the daemon
+    # opened that session first for it.
+    d = late
+    create(d, "idle")
+    asking = (
+        "import os, socket\n"
+        "out = open('answers.jsonl', 'wb')\n"
+        "for line in (\n"
+        '    b\'{"id": 1, "method": "show", "token": "x", "params": {"name": "idle"}}\',\n'
+        '    b\'{"id": 2, "method": "sdk.send", "params": {"token": "x", "to": "idle",\'\n'
+        '    b\' "text": "hi", "ordinal": 1}}\',\n'
+        "):\n"
+        "    c = socket.socket(socket.AF_UNIX)\n"
+        "    c.connect(os.environ['SESSIOND_SOCKET'])\n"
+        "    c.sendall(line + b'\\n')\n"
+        "    out.write(c.makefile('rb').readline())\n"
+        "    c.close()\n"
+        "out.close()\n"
+    )
+    program = ["python3", "-c", asking]
+    workspace = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))  # (a run's /tmp is its own)
+    try:
+        os.chmod(workspace, 0o755)
+        text = (
+            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+            f'cwd = "{workspace}"\nretries = 0\n'
+        )
+        d.ctl("create", str(d.write_spec("asker", text)), check=True)
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        d.ctl("activate", "asker", check=True)
+        finished = wait_event(d, "asker", "run.finished")
+        assert finished["data"]["status"] == "ok", finished
+        lines = (workspace / "answers.jsonl").read_bytes().splitlines()
+        answers = [orjson.loads(line) for line in lines]
+        assert [a["ok"] for a in answers] == [False, False], answers  # no run's token
+        assert _opened_files(d, "idle") == []  # and nothing was done for them
+        assert still_pending(d, since)
+        release(d)
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
