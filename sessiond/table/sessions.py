@@ -295,6 +295,8 @@ class Table:
         except LogLocked as exc:
             log.info("session.elsewhere", session=name, why=str(exc))
             self.pending.pop(name, None)
+            if not self.pending:  # the last one: what waits for every session goes on
+                self.all_open()
             return
         except Exception as exc:  # a bug: the session is listed, refused with the reason
             log.exception("session.unopened", session=name)

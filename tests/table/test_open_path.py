@@ -170,3 +170,29 @@ def truth_at(store: FileStore) -> State:
     state = State(session="s0")
     replay(list(store.read("s0")), state)
     return state
+
+
+def test_a_last_pending_session_another_writer_holds_ends_the_load(tmp_path: Path) -> None:
+    """A session another writer holds (a cluster's other node) leaves the pending
+    list unopened; if it was the last one, what waits for every session
+    (``ensure_all``: gc, the console's rows) goes on rather than waiting forever."""
+    store = sessions(tmp_path, 2)
+    names = store.names()
+
+    async def go() -> None:
+        other = await table(tmp_path, FileStore(tmp_path)).open_session(names[-1])
+        t = table(tmp_path, store)
+        t.pending = {name: row(name) for name in names}
+        t.set_ready()
+        await t.ensure(names[0])
+        assert not t.loaded.is_set()
+        await t.ensure(names[-1])  # held by the other: left unopened, off the list
+        assert not t.pending
+        await asyncio.wait_for(t.ensure_all(), timeout=60)
+        assert t.loaded.is_set()
+        assert not t.loading
+        for s in t:
+            await s.journal.close()
+        await other.journal.close()
+
+    arun(go())
