@@ -180,7 +180,10 @@ def _twin(st: StepRecord, asked: Asked) -> bool:
     """Whether ``st`` is ``asked`` but for its key, at the same place: the same tool
     and args, in the same group (a keyed step's) or at its ordinal (an unkeyed's)."""
     return (
-        st["status"] not in GONE
+        # the ordinal first: it turns nearly every step of a long turn away at once
+        # (judge asks this of every step of the turn, for each new step)
+        st["ordinal"] == asked.ordinal
+        and st["status"] not in GONE
         and st.get("slot") != "command"
         and st["kind"] == "tool"
         and (st["name"], st["digest"], st["ordinal"]) == (asked.name, asked.digest, asked.ordinal)
