@@ -128,7 +128,7 @@ def test_every_comparison_runs_and_renders_one_table(tmp_path: Path) -> None:
     if with_supervisor:
         expected = ["ps_2", "ps_3", "stop_2", *expected]
     assert keys == expected
-    assert all(row.ours > 0 and row.theirs > 0 and row.seconds >= 0 for row in rows)
+    assert all(row.ours > 0 and row.theirs > 0 and row.seconds >= 0 for row in rows), rows
     by_key = {row.key: row for row in rows}
     if with_supervisor:
         assert by_key["ps_3"].target is None  # the ps target is stated at 300 units

@@ -137,7 +137,9 @@ def _commit_delays(repo: Path, ts: Path, samples: int, settle: Callable[[], None
         ts.unlink(missing_ok=True)
         (repo / "src" / "a.py").write_text(f"{time.time_ns()}\n")
         _git(repo, "commit", "-q", "-am", f"c{i}")
-        start = time.time()
+        # from the moment the commit landed (its ref renamed into place), not from
+        # git's exit: on a loaded host the wake can come before `git` has exited
+        start = (repo / ".git" / "refs" / "heads" / "main").stat().st_mtime_ns / 1e9
         delays.append((_stamp(ts) - start) * 1000)
         settle()
     return delays

@@ -181,11 +181,12 @@ def test_a_run_of_a_root_daemon_has_a_dynamic_uid_kept_across_runs_and_restarts(
         )
         armed = '[[trigger]]\ntype = "message"\n'
         start(d, "uid", spec("uid", ws, [sys.executable, "-c", prog]) + armed)
-        wait_event(d, "uid", "run.finished")
+        first_end = wait_event(d, "uid", "run.finished")
         d.stop()
         d.start()
         d.ctl("send", "uid", "again", check=True)
-        wait_for(lambda: len((ws / "uids").read_text().splitlines()) == 2, what="a second run")
+        # the second run's end: its `git` file is written after its line in `uids`
+        wait_event(d, "uid", "run.finished", since=first_end["seq"] + 1)
         first, second = (ws / "uids").read_text().splitlines()
         assert first == second
         uid, gid, groups = first.split(" ", 2)
