@@ -12,6 +12,7 @@ logs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -32,18 +33,26 @@ WATCH = PLAIN + '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n'
 BOUND = PLAIN + '[bind]\nfiles = ["rates.csv"]\n'
 
 
-@pytest.fixture
-def late() -> Iterator[Daemon]:
+@contextlib.contextmanager
+def late_daemon(extra: str = "") -> Iterator[Daemon]:
+    """A daemon (not started) whose load after the start-up is held until
+    ``release``; ``extra``: more of its configuration. Stopped and removed after."""
     root = short_dir()
     go = root / "go"
     go.touch()  # the first start loads at once
-    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n')
+    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n{extra}')
     try:
-        yield d.start()
+        yield d
     finally:
         if d.proc is not None and d.proc.poll() is None:
             d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def late() -> Iterator[Daemon]:
+    with late_daemon() as d:
+        yield d.start()
 
 
 def create(d: Daemon, name: str, text: str = PLAIN) -> None:
@@ -194,38 +203,30 @@ def test_gc_after_ready_reads_every_session(late: Daemon) -> None:
 def test_a_notice_not_delivered_before_the_stop_goes_at_ready() -> None:
     # A session the index vouches for whose event a notify target has not taken:
     # its log is read back before ready (the session is opened for it), not after.
-    with receiving(status=503) as receiver:
-        root = short_dir()
-        go = root / "go"
-        go.touch()
-        d = Daemon(
-            root,
-            f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n'
+    with (
+        receiving(status=503) as receiver,
+        late_daemon(
             f'[[notify]]\nname = "hook"\nurl = "json://{receiver.url}/hook"\n'
-            'events = ["lifecycle.changed"]\nretry_min = "50ms"\nretry_max = "200ms"\n',
-        )
-        try:
-            d.start()
-            create(d, "a")
-            create(d, "idle")
-            d.ctl("suspend", "a", check=True)
-            [changed] = d.json("log", "a", "--type", "lifecycle.changed")
-            receiver.wait(lambda reqs: len(reqs) >= 1)  # tried, refused
-            d.stop()  # undelivered: it goes at the next start
-            with receiver.changed:
-                receiver.status = 200
-            since = len(d.lines)
-            read, ready = restart_late(d)
-            assert read["listed"] == 2
-            assert ready["unopened"] == 1  # idle; a was opened for its notice
-            [notice] = receiver.wait(with_id(f"a:{changed['seq']}"))
-            assert notice["event"] == "lifecycle.changed"
-            assert still_pending(d, since)
-            release(d)
-        finally:
-            if d.proc is not None and d.proc.poll() is None:
-                d.stop()
-            shutil.rmtree(root, ignore_errors=True)
+            'events = ["lifecycle.changed"]\nretry_min = "50ms"\nretry_max = "200ms"\n'
+        ) as d,
+    ):
+        d.start()
+        create(d, "a")
+        create(d, "idle")
+        d.ctl("suspend", "a", check=True)
+        [changed] = d.json("log", "a", "--type", "lifecycle.changed")
+        receiver.wait(lambda reqs: len(reqs) >= 1)  # tried, refused
+        d.stop()  # undelivered: it goes at the next start
+        with receiver.changed:
+            receiver.status = 200
+        since = len(d.lines)
+        read, ready = restart_late(d)
+        assert read["listed"] == 2
+        assert ready["unopened"] == 1  # idle; a was opened for its notice
+        [notice] = receiver.wait(with_id(f"a:{changed['seq']}"))
+        assert notice["event"] == "lifecycle.changed"
+        assert still_pending(d, since)
+        release(d)
 
 
 def with_id(notice_id: str) -> Any:
@@ -258,11 +259,8 @@ def test_an_index_without_the_new_fields_opens_its_sessions_before_ready(late: D
 
 
 def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
-    root = short_dir()
-    go = root / "go"
-    go.touch()
-    d = Daemon(root, f'specs = "specs"\nfault_hold = "open-late"\nfault_hold_until = "{go}"\n')
-    try:
+    with late_daemon('specs = "specs"\n') as d:
+        root = d.root
         (root / "specs").mkdir()
         spec = root / "specs" / "a.toml"
         spec.write_text(PLAIN.format(name="a"))
@@ -277,10 +275,6 @@ def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
         assert rows["a"]["labels"] == {"team": "x"}
         assert still_pending(d, since)
         release(d)
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_run_after_ready_cannot_see_an_unopened_sessions_workspace(late: Daemon) -> None:
@@ -343,11 +337,7 @@ def test_a_web_request_not_logged_in_opens_no_session() -> None:
     # caller it then refused with 401. Nothing is done for a request refused.
     from tests.e2e.webclient import WEB, Client, logged_in, login
 
-    root = short_dir()
-    go = root / "go"
-    go.touch()
-    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n{WEB}')
-    try:
+    with late_daemon(WEB) as d:
         d.start()
         create(d, "idle")
         d.stop()
@@ -366,23 +356,14 @@ def test_a_web_request_not_logged_in_opens_no_session() -> None:
         assert _opened_files(d, "idle") != []
         assert still_pending(d, since)  # the background load did not open it
         release(d)
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_refused_peer_opens_no_session() -> None:
     # Attack: a session's run that reaches the control socket (no sandbox) may only
     # ping; a request of its naming a session not opened yet still made the daemon
     # open it (and resume it) before the refusal.
-    root = short_dir()
-    go = root / "go"
-    go.touch()
-    d = Daemon(
-        root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n[run]\nsandbox = "off"\n'
-    )
-    try:
+    with late_daemon('[run]\nsandbox = "off"\n') as d:
+        root = d.root
         d.start()
         create(d, "idle")
         asking = (
@@ -409,10 +390,6 @@ def test_a_refused_peer_opens_no_session() -> None:
         assert _opened_files(d, "idle") == []  # and nothing was done for it
         assert still_pending(d, since)
         release(d)
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_program_request_with_a_wrong_token_opens_no_session(late: Daemon) -> None:
