@@ -455,11 +455,13 @@ class DaemonConfig(_Strict):
     # "open-rest" (a start-up from the table index serves, the sessions without
     # work in flight are not opened yet, the start-up is not done); "open-late"
     # (the start-up is done, ``daemon.ready``, the sessions it did not need are not
-    # opened yet); "serve" (the early server alone serves, the full server has not
+    # opened yet); "open-midway" (the same load after half of those sessions are
+    # opened); "serve" (the early server alone serves, the full server has not
     # taken the socket over yet).
-    fault_hold: Literal["before-spawn", "after-spawn", "open-rest", "open-late", "serve"] | None = (
-        None
-    )
+    fault_hold: (
+        Literal["before-spawn", "after-spawn", "open-rest", "open-late", "open-midway", "serve"]
+        | None
+    ) = None
     fault_hold_until: Path | None = None
     watch_step_ms: int = Field(default=15, ge=5, le=10_000)
     max_running: int = Field(default=0, ge=0)
