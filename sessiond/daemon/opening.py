@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import gc
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeGuard
 
 import structlog
 
@@ -115,6 +115,9 @@ class Opening:
         ]
         self.table.pending_workspaces = {
             name: e["workspace"] for name, e in rest.items() if "workspace" in e
+        }
+        self.table.pending_spend = {
+            name: spend for name, e in rest.items() if _is_spend(spend := e.get("spend"))
         }
         self.upgrade = any("triggers" not in e or "workspace" not in e for e in rest.values())
         self.table.loading = True
@@ -232,6 +235,18 @@ class Opening:
 
 
 Resume = Callable[[Session], None]
+
+
+def _is_spend(value: object) -> TypeGuard[dict[str, list[float]]]:
+    """Whether an entry's ``spend`` is one (by day: [tokens, cost]); else its
+    session is opened before its agent's budget counts it (fail closed)."""
+    return type(value) is dict and all(
+        type(day) is str
+        and type(used) is list
+        and len(used) == 2
+        and all(type(x) in (int, float) and x >= 0 for x in used)
+        for day, used in value.items()
+    )
 
 
 def opening_of(

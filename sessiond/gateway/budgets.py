@@ -289,6 +289,11 @@ class Budgets:
                 self.today(),
             )
 
+    def agent_limited(self, agent: str) -> bool:
+        """Whether ``agent`` has a daily budget (its sessions' spend is read then)."""
+        limits = self.agents.get(agent)
+        return limits is not None and bool(limits.tokens_per_day or limits.cost_usd_per_day)
+
     def agent_day(self, agent: str, day: str | None = None) -> Spend:
         """What all the agent's sessions spent on ``day`` (today)."""
         day = day or self.today()
@@ -301,12 +306,28 @@ class Budgets:
 
 
 class TableLedger:
-    """Spend from the process table's folds (``State.model_spend``)."""
+    """Spend from the process table's folds (``State.model_spend``), and for a
+    session not opened yet after a start-up, from its index entry (``unopened``:
+    the pending sessions' rows, and their spend by day where their entries say;
+    the caller opens first any of an agent's that has none: Table.ensure_spent)."""
 
-    def __init__(self, sessions: Callable[[], Iterable[Any]], get: Callable[[str], Any]) -> None:
+    def __init__(
+        self,
+        sessions: Callable[[], Iterable[Any]],
+        get: Callable[[str], Any],
+        unopened: Callable[[], tuple[Mapping[str, Any], Mapping[str, dict[str, list[float]]]]]
+        | None = None,
+    ) -> None:
         self._sessions, self._get = sessions, get
+        self._unopened = unopened or (lambda: ({}, {}))
 
     def session(self, name: str) -> SessionSpend:
+        """A session's spend; one not opened yet: its days only, from its entry
+        (what an agent's daily budget reads; a call's own session is open)."""
+        rows, spend = self._unopened()
+        if name in rows:
+            days = spend.get(name, {})
+            return SessionSpend(days={d: Spend(int(v[0]), float(v[1])) for d, v in days.items()})
         try:
             s = self._get(name)
         except Exception:
@@ -321,6 +342,9 @@ class TableLedger:
         for s in self._sessions():
             if s.spec is not None and s.spec.agent == agent:
                 yield s.name
+        rows, spend = self._unopened()
+        # a pending row's agent is its spec's (its entry has a spend only with a spec)
+        yield from (n for n, row in rows.items() if row["agent"] == agent and n in spend)
 
 
 class _Charged(TypedDict):

@@ -220,8 +220,10 @@ class Calls:
         if recorded is None or recorded["status"] != "ok":  # a replayed call costs nothing
             # what the calls in flight may still spend counts: sent at once, calls
             # pass a budget no further than sent one after another; an agent's
-            # spend is every session's (after a start-up, the unopened ones too)
-            await self.kernel.ctx.table.ensure_all()
+            # spend is every session's of it (after a start-up, the unopened ones'
+            # from their index entries; one whose entry cannot say is opened first)
+            if spec.agent and self.budgets.agent_limited(spec.agent):
+                await self.kernel.ctx.table.ensure_spent(spec.agent)
             admitted = await self.budgets.admit(
                 c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
                 spec.budget, len(c.raw) // 4, most_of(c),

@@ -51,7 +51,7 @@ class Gateway:
         self.scheduler = scheduler
         table = kernel.ctx.table
         self.budgets = Budgets(
-            TableLedger(lambda: table, table.get),
+            TableLedger(lambda: table, table.get, lambda: (table.pending, table.pending_spend)),
             lambda: {n: a.budget for n, a in kernel.ctx.config.agents.items()},  # reloads
         )
         self.calls = Calls(kernel, self.scheduler, self.budgets)

@@ -100,6 +100,9 @@ def entry_for(
         row["state"], row["reason"] = journal.state.state, journal.state.reason
     entry = _make(session, position.seq, log_stamp, base, is_busy=busy(journal.state), row=row)
     entry["wake_at"] = wake_at
+    if session.spec is not None:  # (no spec: no agent's budget counts it)
+        days = journal.state.model_spend.get("days", {})
+        entry["spend"] = {day: list(used) for day, used in days.items()}
     return entry
 
 

@@ -69,6 +69,10 @@ class Entry(TypedDict):
     # Its program's workspace (run.cwd; None: no program): what a run of another
     # session hides (sessiond.runs.context). Absent in an older index: opened first.
     workspace: NotRequired[str | None]
+    # What its model replies cost by UTC day ("YYYY-MM-DD": [tokens, cost]): what
+    # its agent's daily budget counts (sessiond.gateway.budgets). Written only for
+    # a session with a spec; absent (an older index, no spec): opened to count it.
+    spend: NotRequired[dict[str, list[float]]]
 
 
 def stamp(path: str) -> Stamp | None:

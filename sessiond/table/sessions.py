@@ -149,6 +149,9 @@ class Table:
         # the program's workspace of a pending session, where its entry says (None:
         # it has no program); what a run of another session hides
         self.pending_workspaces: dict[str, str | None] = {}
+        # what a pending session's model replies cost by day, where its entry says
+        # (sessiond.table.index): its agent's daily budget counts it unopened
+        self.pending_spend: dict[str, dict[str, list[float]]] = {}
         self.opened: Callable[[Session], None] | None = None
         self._opening: dict[str, asyncio.Future[None]] = {}
         # set once the sessions with work in flight are open and recovered (ps and a
@@ -330,6 +333,18 @@ class Table:
         the background load, as it would have before serving."""
         if self.pending:
             await self.loaded.wait()
+
+    async def ensure_spent(self, agent: str) -> None:
+        """Return once the spend of every session of ``agent`` can be read: the open
+        ones' from their logs, a pending one's from its index entry; a pending one
+        whose entry says none (an older index, no spec) is opened now. An agent's
+        daily budget counts them all without waiting for the others' load."""
+        for name in [
+            n
+            for n, row in self.pending.items()
+            if row["agent"] == agent and n not in self.pending_spend
+        ]:
+            await self.ensure(name)
 
     async def open_pending(
         self, each: Callable[[int], None] | None = None, names: list[str] | None = None
