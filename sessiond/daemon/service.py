@@ -394,7 +394,11 @@ class Daemon:
             except BadSpec as exc:
                 result["errors"].append(str(exc))
                 continue
-            await self.table.ensure(spec.name)  # one not opened yet: its spec is compared
+            text = spec_to_toml(spec)
+            if spec.name in self.table.pending and self._stored_spec(spec.name) == text:
+                result["unchanged"] += 1  # compared with its stored spec: left unopened
+                continue
+            await self.table.ensure(spec.name)  # one not opened yet: opened to change it
             existing = self.table.sessions.get(spec.name)
             if existing is None:
                 try:
@@ -404,7 +408,6 @@ class Daemon:
                     continue
                 result["created"].append(spec.name)
                 continue
-            text = spec_to_toml(spec)
             if existing.spec_text == text:
                 result["unchanged"] += 1
                 continue
@@ -420,6 +423,14 @@ class Daemon:
             result["updated"].append(spec.name)
             log.info("spec.updated", session=spec.name, source=str(path))
         return result
+
+    def _stored_spec(self, name: str) -> str | None:
+        """The spec a session not opened yet keeps (what opening it would read as
+        its ``spec_text``); None when it cannot be read (it is opened, and says why)."""
+        try:
+            return self.store.read_spec(name)
+        except SessiondError:
+            return None
 
     async def reload(self) -> Reloaded:
         """SIGHUP / `sessionctl reload`: re-read configuration and specs."""

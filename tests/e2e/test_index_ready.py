@@ -277,6 +277,33 @@ def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
         release(d)
 
 
+def test_a_spec_folders_unchanged_sessions_are_left_unopened() -> None:
+    # Behaviour change: before, every session a spec file names was opened before
+    # ready to compare its spec; its stored spec is compared now, unopened.
+    with late_daemon('specs = "specs"\n') as d:
+        root = d.root
+        (root / "specs").mkdir()
+        for name in ("a", "b"):
+            (root / "specs" / f"{name}.toml").write_text(PLAIN.format(name=name))
+        d.start()  # the spec folder's a and b are created
+        rows = d.json("ps", "--all")
+        d.stop()
+        since = len(d.lines)
+        _, ready = restart_late(d)
+        assert ready["unopened"] == 2
+        assert _opened_files(d, "a") == _opened_files(d, "b") == []
+        assert d.json("ps", "--all") == rows
+        # a reload with one changed: that one is opened and changed, the other not
+        (root / "specs" / "a.toml").write_text(PLAIN.format(name="a") + '[labels]\nteam = "x"\n')
+        reloaded = d.json("reload")
+        assert reloaded["updated"] == ["a"], reloaded
+        assert reloaded["unchanged"] == 1, reloaded
+        assert {r["name"]: r for r in d.json("ps", "--all")}["a"]["labels"] == {"team": "x"}
+        assert _opened_files(d, "b") == []
+        assert still_pending(d, since)
+        release(d)
+
+
 def test_a_run_after_ready_cannot_see_an_unopened_sessions_workspace(late: Daemon) -> None:
     # A run's sandbox hides every other session's workspace: one not opened yet as
     # its index entry records it (without opening it). Outside /tmp: a run has a
