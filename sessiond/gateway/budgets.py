@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypedDict
 import structlog
 
 from sessiond.log.state import ModelSpend, SpendKey
+from sessiond.replies import PsRow
 
 log = structlog.get_logger(__name__)
 
@@ -315,7 +316,7 @@ class TableLedger:
         self,
         sessions: Callable[[], Iterable[Any]],
         get: Callable[[str], Any],
-        unopened: Callable[[], tuple[Mapping[str, Any], Mapping[str, dict[str, list[float]]]]]
+        unopened: Callable[[], tuple[Mapping[str, PsRow], Mapping[str, dict[str, list[float]]]]]
         | None = None,
     ) -> None:
         self._sessions, self._get = sessions, get
