@@ -160,3 +160,23 @@ def test_agent_budgets_are_daemon_config_and_cost_budgets_are_recorded() -> None
     assert config.agents["reviewer"].budget.tokens_per_day == 5
     event = BudgetExhausted(budget="cost_usd_per_day", limit=0.5, used=0.52)
     assert event.limit == 0.5
+
+
+def test_an_unopened_session_counts_in_its_agents_day_from_its_entry() -> None:
+    # After a start-up: the pending rows, and the spend by day their entries record
+    # (one without: not counted here; the gateway opens it first, Table.ensure_spent)
+    row = {"agent": "x"}
+    rows = {"idle": row, "unknown": row, "theirs": {"agent": "y"}}
+    open_ones: dict[str, Any] = {}  # no session open (the caller, "s", has spent nothing)
+    spend = {"idle": {DAY: [100, 0.25], "2026-12-05": [7, 9.0]}, "theirs": {DAY: [5, 5.0]}}
+    ledger = TableLedger(lambda: [], open_ones.__getitem__, lambda: (cast(Any, rows), spend))
+    assert list(ledger.agent_sessions("x")) == ["idle"]
+    b = Budgets(ledger, {"x": AgentBudget(cost_usd_per_day=0.3)}, today=lambda: DAY)
+    assert b.agent_day("x").tokens == 100
+    refusal = b.check("s", run=1, turn=None, agent="x", spec_budget=BudgetSpec(), est_tokens=1,
+                      est_cost_usd=0.1)  # fmt: skip
+    assert refusal is not None
+    assert (
+        refusal.reason
+        == "budget: agent_cost_usd_per_day: $0.25 of $0.3 used (agent x, all its sessions)"
+    )
