@@ -42,6 +42,7 @@ import orjson
 from sessiond import __version__
 from sessiond.errors import SessiondError
 from sessiond.ipc.fence import check_folder
+from sessiond.ipc.outbox import Outbox
 from sessiond.ipc.runpeer import Examiner
 from sessiond.listing import DEFAULT_SORT, Listing
 from sessiond.table.indexfile import INDEX_NAME, Read, read_checked
@@ -68,11 +69,6 @@ LINE_LIMIT = 1 << 16  # a longer request than ping's or ps's: the full server re
 # on (as the full server waits for each answer to drain, at asyncio's high-water
 # mark): a pipelined ping is ~20 bytes asked for ~150 answered, a ps several MB.
 OUT_HIGH = 1 << 16
-# Buffers given to one sendmsg (Linux's IOV_MAX is 1024): answers wait as the
-# pieces they were made of (a ps answer's rows are the very bytes made once for
-# its listing), never copied into one buffer: a copy of several MB costs the
-# first answer a few ms, most of it faulting in the fresh pages it is copied to.
-SEND_PIECES = 512
 _CREDS = struct.Struct("3i")  # as ipc/peers.py reads it; that module imports the config (pydantic)
 # ps params as the full server's model takes them (sessiond.ipc.params.PsParams)
 _PS_LISTS = {"state": 200, "agent": 200, "label": 400}
@@ -122,42 +118,20 @@ class Held:
 
 
 class _Conn:
-    __slots__ = ("buf", "examiner", "held", "out", "out_size", "request_id", "sock")
+    __slots__ = ("buf", "examiner", "held", "out", "request_id", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.examiner: Examiner | None = None  # None: a peer only the full server may judge
         self.buf = bytearray()
-        self.out: list[bytes | memoryview] = []  # answers not yet sent, in pieces (SEND_PIECES)
-        self.out_size = 0  # their bytes
+        self.out = Outbox()  # answers not yet sent
         self.held = False
         self.request_id: Any = None  # of the request it is held on
 
     @property
     def paused(self) -> bool:
         """Not read on until the client takes the answers it has (OUT_HIGH)."""
-        return not self.held and self.out_size >= OUT_HIGH
-
-    def queue(self, pieces: list[bytes]) -> None:
-        pieces = [p for p in pieces if p]  # (an empty one would be "sent" forever)
-        self.out += pieces
-        self.out_size += sum(map(len, pieces))
-
-    def sent(self, count: int) -> None:
-        """Drop the first ``count`` bytes of what waits (a piece sent in part is
-        kept as a view of its rest: no copy)."""
-        self.out_size -= count
-        out = self.out
-        done = 0
-        while count and count >= len(out[done]):
-            count -= len(out[done])
-            done += 1
-        del out[:done]
-        if count:
-            out[0] = memoryview(out[0])[count:]
-
-    def unsent(self) -> bytes:
-        return b"".join(self.out)
+        return not self.held and self.out.size >= OUT_HIGH
 
 
 class Early:
@@ -239,7 +213,7 @@ class Early:
                 c.sock.setblocking(True)
                 c.sock.settimeout(1.0)  # a client that does not read is not waited for
                 if c.out:
-                    c.sock.sendall(c.unsent())
+                    c.sock.sendall(c.out.unsent())
                 if c.held:
                     c.sock.sendall(encode(_failure(c.request_id, said)))
             c.sock.close()
@@ -268,7 +242,7 @@ class Early:
         c.sock.setblocking(True)
         # the examiner goes with it: the full server judges the same process, pinned
         # at accept (its verdict so far, a refusal included, stays the connection's)
-        return Held(c.sock, bytes(c.buf), c.unsent(), c.examiner)
+        return Held(c.sock, bytes(c.buf), c.out.unsent(), c.examiner)
 
     # --- the thread -----------------------------------------------------------------
 
@@ -351,7 +325,7 @@ class Early:
             if answer is None:
                 break  # held: the request stays first in what the full server reads
             del c.buf[: end + 1]
-            c.queue(answer)
+            c.out.queue(answer)  # as made: the rows of a ps are not copied (ipc.outbox)
             self.answered += 1
             answered = True
         return answered
@@ -359,11 +333,8 @@ class Early:
     def _flush(self, c: _Conn) -> None:
         while True:
             if c.out:
-                try:
-                    sent = c.sock.sendmsg(c.out[:SEND_PIECES])
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                c.sent(sent)
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    c.out.send(c.sock)
             # the requests already read, as far as the client takes their answers
             if not self._answer_lines(c) or c.paused:
                 break

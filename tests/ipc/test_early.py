@@ -354,16 +354,16 @@ def test_a_ps_answer_waits_as_the_rows_made_once_not_a_copy(early: Early) -> Non
         assert pieces is not None
         rows = early._answers[Listing()][1]
         assert any(p is rows for p in pieces)
-        c.queue(pieces)
+        c.out.queue(pieces)
         answer = b"".join(pieces)
         assert orjson.loads(answer) == {"id": 7, "ok": True, "result": orjson.loads(rows)}
-        assert c.out_size == len(answer)
+        assert c.out.size == len(answer)
         for count in (1, len(pieces[0]) - 1, 1, len(rows) // 2):  # in part, across pieces
-            c.sent(count)
+            c.out.sent(count)
             answer = answer[count:]
-            assert (c.unsent(), c.out_size) == (answer, len(answer))
-        c.sent(len(answer))
-        assert (c.out, c.out_size) == ([], 0)
+            assert (c.out.unsent(), c.out.size) == (answer, len(answer))
+        c.out.sent(len(answer))
+        assert (c.out.pieces, c.out.size, bool(c.out)) == ([], 0, False)
 
 
 class _Admitted:
