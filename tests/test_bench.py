@@ -75,6 +75,10 @@ def test_the_startup_benchmark_runs() -> None:
     # (20 sessions: under a millisecond, which the figures' rounding may make 0)
     assert figures["index_read_gc_off_s"] >= 0
     assert figures["startup_first_answer_ratio_gc_off"] > 0
+    # beside the ratio of medians, the median of each round's own ratio to the
+    # bound measured around its starts (the rounds' ratios are not figures)
+    assert figures["startup_first_answer_ratio_paired"] > 0
+    assert not [name for name in figures if name.endswith("_ratio_paired") and "_ps_" in name]
 
 
 def test_the_concurrent_commit_benchmark_runs() -> None:

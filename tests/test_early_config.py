@@ -3,6 +3,7 @@ validated one's wherever it is used, and it is not used where it could differ.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -261,3 +262,46 @@ def test_the_tuples_made_without_typing_have_the_typed_fields(module: str, name:
     fields = [s.target.id for s in typed.body if isinstance(s, ast.AnnAssign)]  # type: ignore[union-attr]
     made = getattr(importlib.import_module(module[:-3].replace("/", ".")), name)
     assert list(made._fields) == fields
+
+
+GC_PROBE = """
+import gc, json, sys
+from sessiond.daemon import cli
+import sessiond.daemon.early as early
+import sessiond.daemon.service as service
+seen = {}
+def open_early(*args):
+    seen["open_early"] = gc.isenabled()
+    return None
+def run(*args, **kwargs):
+    seen["run"] = gc.isenabled()
+    seen["frozen"] = gc.get_freeze_count()
+    return 0
+def fsck(args):
+    seen["fsck"] = gc.isenabled()
+    return 0
+early.open_early, service.run, cli._fsck = open_early, run, fsck
+cli.main(sys.argv[1:])
+seen["after"] = gc.isenabled()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("fsck", [False, True])
+def test_the_early_path_runs_with_the_cyclic_collector_off(tmp_path: Path, fsck: bool) -> None:
+    """Up to the early server, the daemon's command only imports and reads: the
+    collector is off (it would only walk what is made, all kept); then what is
+    alive is frozen and it is back on before the daemon's own imports. fsck, a
+    command of its own, runs with it on."""
+    argv = ["fsck", "--state-dir", str(tmp_path)] if fsck else ["--state-dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, *argv], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+    )  # fmt: skip
+    seen = json.loads(done.stdout)
+    if fsck:
+        assert seen == {"fsck": True, "after": True}
+    else:
+        assert seen["open_early"] is False
+        assert (seen["run"], seen["after"]) == (True, True)
+        assert seen["frozen"] > 0

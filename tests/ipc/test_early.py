@@ -308,3 +308,66 @@ def test_the_index_is_read_with_the_cyclic_collector_off_then_it_is_as_it_was(
         (gc.enable if was else gc.disable)()
         if fails:
             os.close(lock)
+
+
+# None terminated: the usual table, whose listings without filters skip the
+# per-row checks (Early._ps_pieces); the answers must stay the full server's
+LIVE: list[dict[str, Any]] = [
+    {"name": f"s{n:03d}", "state": ("sleeping", "running", "blocked")[n % 3],
+     "agent": f"a{(7 * n) % 5}", "last_active": stamp(n), "priority": n % 4, "labels": {}}
+    for n in range(60)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sort", ["agent", "name", "state", "last-active", "priority"])
+@pytest.mark.parametrize("every", [False, True])
+@pytest.mark.parametrize("footer", [False, True])
+def test_ps_without_filters_is_the_full_servers_answer(
+    sort: str, every: bool, footer: bool
+) -> None:
+    listening, other = socket.socketpair()
+    config = EarlyConfig(Path("/nonexistent"), Path("/nonexistent.sock"), True, 0.0)
+    rows = sorted(({**r, "boundary": "sandbox"} for r in LIVE), key=lambda r: r["name"])
+    e = Early(config, -1, listening, {"sessions": len(rows), "rows": rows, "read": None})  # type: ignore[typeddict-item]
+    try:
+        listing = Listing.of(all=every, sort=sort)
+        for _ in range(2):  # made, then sent again as made
+            assert e.ps_result(listing, footer) == full(rows, listing, footer)
+    finally:
+        for closing in (listening, other, e._wake_r, e._wake_w, e._selector):
+            closing.close()
+
+
+def test_a_ps_answer_waits_as_the_rows_made_once_not_a_copy(early: Early) -> None:
+    """A ps answer of 10,000 rows is several MB: it waits to be sent as the very
+    bytes made for its listing (each copy of it cost the first answer ~1-2 ms,
+    most of it faulting in fresh pages), and what a send takes in part is kept as
+    a view of the rest."""
+    from sessiond.ipc.early import _Conn
+
+    a, b = socket.socketpair()
+    with a, b:
+        c = _Conn(a)
+        c.examiner = _Admitted()  # type: ignore[assignment]
+        request = b'{"id":7,"method":"ps","params":{}}\n'
+        pieces = early._answer(c, request)
+        assert pieces is not None
+        rows = early._answers[Listing()][1]
+        assert any(p is rows for p in pieces)
+        c.out.queue(pieces)
+        answer = b"".join(pieces)
+        assert orjson.loads(answer) == {"id": 7, "ok": True, "result": orjson.loads(rows)}
+        assert c.out.size == len(answer)
+        for count in (1, len(pieces[0]) - 1, 1, len(rows) // 2):  # in part, across pieces
+            c.out.sent(count)
+            answer = answer[count:]
+            assert (c.out.unsent(), c.out.size) == (answer, len(answer))
+        c.out.sent(len(answer))
+        assert (c.out.pieces, c.out.size, bool(c.out)) == ([], 0, False)
+
+
+class _Admitted:
+    """An examiner that finds the peer an operator (the real one reads /proc)."""
+
+    def refusal(self) -> None:
+        return None
