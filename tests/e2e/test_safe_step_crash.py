@@ -15,6 +15,7 @@ run again.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
 from tests.e2e.test_step_end_crash import power_cut
 from tests.faults.checks import records
@@ -30,12 +32,16 @@ ROOT = Path(__file__).parents[2]
 
 SAFE = 'side_effect="read", idempotency="safe", resume="replay-from-event"'
 
-PROGRAM = """from sessiond.sdk import connect
+PROGRAM = """import json, os
+
+from sessiond.sdk import connect
 
 
 def look():
     with open("looked.txt", "a") as f:
         f.write("looked\\n")
+    with open("runs.txt", "a") as f:  # what a program that outlived its daemon holds
+        f.write(json.dumps([os.environ["SESSIOND_SOCKET"], os.environ["SESSIOND_TOKEN"]]) + "\\n")
     return "seen"
 
 
@@ -102,6 +108,15 @@ def test_a_power_cut_right_after_run_is_answered(safe: bool) -> None:
             assert {g["data"]["outcome"] for g in gates} == {"ok"}, gates
             changes = d.json("log", "agent", "--type", "lifecycle.changed")
             assert "blocked" not in [c["data"]["to"] for c in changes]
+            # the lost start's call id is never given to another step (a run's id is
+            # on record before its program runs), and the first run's program, had
+            # it outlived its daemon, could not end anything: its token died with it
+            assert [r["data"]["call"] for r in records(log, b"tool.started")] == ["r2.1"]
+            socket, token = json.loads((root / "runs.txt").read_text().splitlines()[0])
+            with Connection(Path(socket)) as conn, pytest.raises(RemoteError) as refused:
+                conn.call("sdk.step_done", {"token": token, "call": "r1.1", "result": "forged"})
+            assert refused.value.code == "token_refused", refused.value
+            assert tools(log, b"tool.finished") == ["look"]
         else:
             # durable before its answer: the power cut kept it, and the gate judges it
             assert tools(log, b"tool.started") == ["look"]

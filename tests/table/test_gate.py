@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,6 +19,7 @@ from sessiond.log.event_data import (
     ToolIntent,
     ToolStarted,
 )
+from sessiond.log.event_records import RiskJson
 from sessiond.log.replay import replay_all
 from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
@@ -274,7 +275,8 @@ def test_a_start_may_be_lost_only_where_the_gate_would_rerun_it(writes: tuple[st
             continue
         admitted.append((side_effect, idempotency, resume))
         # the gate's table reruns it, with its paths changed or not (it has none)
-        assert rerun_refusal(risk.model_dump(), {}, lambda _p: "changed", "cut off") is None
+        recorded = cast(RiskJson, risk.model_dump())
+        assert rerun_refusal(recorded, {}, lambda _p: "changed", "cut off") is None
     if writes:
         assert admitted == []  # paths to check: the start is the check's record
     else:
