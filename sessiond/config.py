@@ -423,6 +423,8 @@ class DaemonConfig(_Strict):
             "after-run-finished",
             # an SDK step's end written, not yet durable nor answered
             "step-end-written",
+            # an SDK step answered ``run``, before anything more is done
+            "step-run-answered",
             # the hand-over (migrate --to), at the source: after migration.started;
             # after the target holds its copy arriving; after the commit
             "migrate-after-started",

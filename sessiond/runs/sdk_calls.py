@@ -151,6 +151,10 @@ class SdkCalls:
             # pattern and no secret but the token (which the SDK looks for itself),
             # the program need not wait for the answer (sdkwire.StepPipe).
             answer["pipeline"] = not spec.redact and s.masked <= {p.token}
+        if answer["status"] == "run" and self.ctx.faults.armed("step-run-answered"):
+            # test only: die once the answer is sent (it is written before the loop
+            # runs the next callback), before a deferred flush could run
+            asyncio.get_running_loop().call_soon(self.ctx.faults.point, "step-run-answered")
         return answer
 
     async def sdk_step_done(self, p: Any) -> Ack:

@@ -8,7 +8,7 @@ args digest, key: its identity, judged by log/places.py). The answer is one of
 ``replayed``  the turn recorded this step finished ``ok``: here is its result;
               the work is not done again (no fsync, nothing appended)
 ``run``       do the work now, then ``sdk.step_done`` (intent, policy decision
-              and start were recorded in one durable write)
+              and start in one write, durable first unless a rerun is harmless)
 ``ask``       a person must approve; the run stops here (``ApprovalPending``)
 ``denied``    the policy or a person said no, in every run of the turn
 ``stop``      the daemon wants the program to stop at this stable point
@@ -17,10 +17,10 @@ args digest, key: its identity, judged by log/places.py). The answer is one of
               --discard``)
 
 ``sdk.step_done`` records the end (``tool.finished`` with the result, and the
-observation; or ``model.responded``) in one write that the next step's start (its
-fsync), the run's end or ``END_WITHIN`` makes durable (docs/design.md section 8):
-a step costs one fsync, a replayed one none. A result matching the ``redact``
-patterns is refused before anything is recorded: a masked one could not be replayed.
+observation; or ``model.responded``) in one write that the next durable start, the
+run's end or ``END_WITHIN`` makes durable (docs/design.md section 8): a step costs
+one fsync, a replayed one none, one whose rerun is harmless (gate.rerun_harmless)
+none of its own. A result matching ``redact`` is refused before anything is recorded.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from sessiond.runs.places import divergence, parent_slot, stopped
 from sessiond.runs.tokens import RunGrant
 from sessiond.runs.workspace import git_head, read_in, text_diff, workspace_hasher
 from sessiond.sdkwire import AnswerStatus, StepAnswer, StepReply
+from sessiond.table.gate import rerun_harmless
 from sessiond.table.policy_rules import decide
 from sessiond.table.sessions import Session
 from sessiond.table.spec import under_profile
@@ -336,8 +337,8 @@ class Steps:
                 s.run.stop_requested = f"approval pending for {stored(s, p.name)} [{call_id}]"
         else:
             drafts.append(self._started_draft(s, grant, call_id, p.name, list(p.writes)))
-        # intent, decision and start (or the question) in one durable write
-        await self.ctx.table.append_many(s, drafts)
+        # intent, decision, start (or question): one write, durable first unless harmless
+        await self._write(s, drafts, not (status == "run" and rerun_harmless(contract, p.writes)))
         return {"status": status, "call": call_id, "rule": verdict.rule}
 
     async def _next_call(self, s: Session, grant: RunGrant) -> str | None:
@@ -469,7 +470,7 @@ class Steps:
                 )
             if p.status == "stopped":
                 wrapping.wrapped(grant, p.call, None)  # (a model step's frame is over)
-                await self._end(s, stopped(s, grant, p.call, step, turn), durable)
+                await self._write(s, stopped(s, grant, p.call, step, turn), durable)
                 return
             refused = None
             if p.status == "ok":
@@ -533,7 +534,7 @@ class Steps:
             error = refused or p.error
             r = s.redactor()
             text = p.observation or f"{tool} failed: {(r.text(error) if r else error)[:500]}"
-        await self._end(
+        await self._write(
             s,
             [
                 Draft(
@@ -562,9 +563,9 @@ class Steps:
             durable,
         )
 
-    async def _end(self, s: Session, drafts: list[Draft], durable: bool) -> None:
+    async def _write(self, s: Session, drafts: list[Draft], durable: bool) -> None:
         await self.ctx.table.append_many(s, drafts, durable=durable)
-        if not durable:  # covered by a later write, or flushed within END_WITHIN
+        if not durable:  # covered by a later durable write, or flushed within END_WITHIN
             s.journal.flush_within(END_WITHIN)
 
     async def _done_model(
@@ -589,7 +590,7 @@ class Steps:
                 **wrapping.spend(p, ok, wraps),  # what it wrapped the gateway's steps count
             )
         )
-        await self._end(s, [responded], durable)
+        await self._write(s, [responded], durable)
         state = s.journal.state
         limit = self._budget(s).tokens
         used = state.tokens_in + state.tokens_out

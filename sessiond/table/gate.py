@@ -39,9 +39,10 @@ compaction summaries). Older evidence is history: ``sessiond fsck`` checks it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sessiond.log.event_data import RiskContract
 from sessiond.log.event_records import DivergenceJson, RiskJson, StepRefJson
 from sessiond.log.records import CallRecord
 from sessiond.log.state import State
@@ -274,6 +275,27 @@ def rerun_refusal(
     if changed:
         return f"{what}, and it changed " + ", ".join(changed)
     return None
+
+
+def rerun_harmless(contract: RiskContract, writes: Sequence[str]) -> bool:
+    """Whether a step of this contract, cut off with no record that it started,
+    ends as it would with one: its start may be lost in a crash (runs/steps.py
+    writes it without waiting for the disk, and answers ``run`` at once).
+
+    Had its start been durable, the table above (``tool.started``) would close it
+    as interrupted and run it again: ``rerun_refusal`` finds nothing to refuse in
+    a ``safe`` step whose resume rule reruns and which writes no path. With the
+    start lost the step looks never started and the program runs it again too:
+    the outcome is the same, only the record of an attempt that declared it
+    touches nothing (``side_effect`` none or read) is gone. Stricter than
+    ``rerun_refusal``: a ``conditional`` step, or one that writes paths (their
+    before-hashes are what a rerun is checked against), keeps its start durable."""
+    return (
+        contract.idempotency == "safe"
+        and contract.side_effect in ("none", "read")
+        and contract.resume in ("replay-from-event", "rerun-after-check")
+        and not writes
+    )
 
 
 def _failed_steps(state: State, hash_file: HashFile) -> list[Cause]:

@@ -110,10 +110,13 @@ with connect() as run:
     # daemon makes it durable with its next durable write. So a finish is
     # acknowledged (durable: never to be lost) only once a later answer that
     # waited for the disk has come back: the start of a step this run executes
-    # (intent, decision and start in one durable write, after the end in the
-    # same log) or the run's end (sdk.end flushes). A replayed step's finish was
-    # acknowledged, or not, by the run that executed it.
-    taken = None  # the key of a step whose end is sent, not yet known durable
+    # whose start is durable before its answer (intent, decision and start in
+    # one durable write, after the end in the same log) or the run's end
+    # (sdk.end flushes). A read-only safe step's start (``read``) is answered
+    # before it is durable (docs/design.md section 8): it acknowledges nothing.
+    # A replayed step's finish was acknowledged, or not, by the run that
+    # executed it.
+    taken = []  # the keys of steps whose end is sent, not yet known durable
     for step in range(done + 1, done + 3):
         for name, idempotency, resume, effect, path in STEPS:
             contract = f"{idempotency}/{resume}/{effect}"
@@ -125,13 +128,15 @@ with connect() as run:
                 continue
             if key is None or not ran or ran[-1] != key:
                 continue  # accepted with no result, or replayed: nothing new written
-            if taken is not None:
-                ledger(f"ack {taken}")  # the daemon acknowledged the finish
-            taken = key
+            if name != "read":  # its start waited for the disk
+                for earlier in taken:
+                    ledger(f"ack {earlier}")  # the daemon acknowledged the finish
+                taken = []
+            taken.append(key)
     run.send("mailbox", f"agent reached step {step}")
     run.sleep()
-    if taken is not None:
-        ledger(f"ack {taken}")
+    for earlier in taken:
+        ledger(f"ack {earlier}")
 '''
 
 HOSTILE = '''\

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,6 +19,7 @@ from sessiond.log.event_data import (
     ToolIntent,
     ToolStarted,
 )
+from sessiond.log.event_records import RiskJson
 from sessiond.log.replay import replay_all
 from sessiond.log.store.base import Draft, Record
 from sessiond.log.store.memory import MemoryStore
@@ -29,6 +30,8 @@ from sessiond.table.gate import (
     KEEP_APPROVED,
     REBUILD_OBSERVATION,
     evaluate,
+    rerun_harmless,
+    rerun_refusal,
 )
 from sessiond.table.policy_rules import decide
 from sessiond.table.spec import parse_spec
@@ -252,3 +255,33 @@ def test_an_artifact_that_lost_its_hash_blocks_naming_it_and_what_was_found() ->
         "ok": True,
         "detail": "1 needed artifact(s) have their hash",
     }
+
+
+SIDE_EFFECTS = ("none", "read", "workspace-write", "external-write")
+IDEMPOTENCIES = ("safe", "conditional", "unsafe")
+RESUMES = ("replay-from-event", "rerun-after-check", "require-user-confirmation", "never-rerun")
+
+
+@pytest.mark.parametrize("writes", [(), ("out.txt",)], ids=["no-writes", "writes"])
+def test_a_start_may_be_lost_only_where_the_gate_would_rerun_it(writes: tuple[str, ...]) -> None:
+    """runs/steps.py writes the start of a step ``rerun_harmless`` admits without
+    waiting for the disk: losing it must end as the gate's ``tool.started`` row
+    would (run again), whatever the workspace, and only read-only safe steps
+    qualify."""
+    admitted = []
+    for side_effect, idempotency, resume in itertools.product(SIDE_EFFECTS, IDEMPOTENCIES, RESUMES):
+        risk = RiskContract(side_effect=side_effect, idempotency=idempotency, resume=resume)
+        if not rerun_harmless(risk, writes):
+            continue
+        admitted.append((side_effect, idempotency, resume))
+        # the gate's table reruns it, with its paths changed or not (it has none)
+        recorded = cast(RiskJson, risk.model_dump())
+        assert rerun_refusal(recorded, {}, lambda _p: "changed", "cut off") is None
+    if writes:
+        assert admitted == []  # paths to check: the start is the check's record
+    else:
+        assert sorted(admitted) == [
+            (effect, "safe", resume)
+            for effect in ("none", "read")
+            for resume in ("replay-from-event", "rerun-after-check")
+        ]
