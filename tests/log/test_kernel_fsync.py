@@ -223,3 +223,31 @@ def test_timed_fsyncs_still_run_in_the_kernel(state_dir: Path) -> None:
     arun(go())
     assert len(seconds) == 2
     assert all(s > 0 for s in seconds)
+
+
+def test_a_submit_makes_no_getpid_call(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forked-child check reads a pid kept by an at-fork hook: ``os.getpid()``
+    is a system call, and a submit is made once a `send` (the child's refusal:
+    test_a_forked_child_does_not_use_its_parents_context)."""
+    calls: list[int] = []
+    real = os.getpid
+
+    def counted() -> int:
+        calls.append(1)
+        return real()
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        ring = for_loop(loop)
+        assert ring is not None
+        fd = os.open(state_dir / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+        done: asyncio.Future[BaseException | None] = loop.create_future()
+        monkeypatch.setattr(os, "getpid", counted)
+        assert ring.submit(fd, done.set_result)
+        monkeypatch.undo()
+        assert await done is None
+        os.close(fd)
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    arun(go())
+    assert calls == []

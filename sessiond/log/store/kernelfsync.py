@@ -47,6 +47,18 @@ _CQE = struct.Struct("QiI")  # struct io_uring_cqe: user_data, res, flags
 
 Done = Callable[[BaseException | None], None]
 
+# This process's pid, kept up to date in a forked child: ``os.getpid()`` is a
+# system call (glibc caches it no more), once a ``submit``, i.e. once a `send`.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid  # noqa: PLW0603 - the one pid of this process, set again in a child
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class KernelFsync:
     """One io_uring and its eventfd, read by one loop. ``submit(fd, done)``
@@ -61,7 +73,7 @@ class KernelFsync:
         if fd < 0:
             raise OSError(ctypes.get_errno(), "io_uring_setup refused")
         self._rfd, self._efd = fd, -1
-        self._pid = os.getpid()
+        self._pid = _pid
         self._loop: weakref.ref[AbstractEventLoop] | None = None
         try:
             sq_entries, cq_entries, _, _, _, features = struct.unpack_from("6I", params, 0)
@@ -93,7 +105,7 @@ class KernelFsync:
 
     def submit(self, fd: int, done: Done) -> bool:
         """Start an fsync of ``fd``; False if it was not started (run it another way)."""
-        if self._efd < 0 or len(self._jobs) >= MAX_INFLIGHT or os.getpid() != self._pid:
+        if self._efd < 0 or len(self._jobs) >= MAX_INFLIGHT or _pid != self._pid:
             return False
         self._next_key += 1
         key = self._next_key
