@@ -370,12 +370,18 @@ class Dispatch:
         else:
             self.guard.caller(request.get("token"))
 
-    def _admit(self, caller: Caller, method: str, request: JsonObject, params: Any) -> Any:
-        """The params to serve ``method`` with for ``caller``, or a refusal."""
+    def _admit(
+        self, caller: Caller, method: str, request: JsonObject, params: Any, again: bool = True
+    ) -> Any:
+        """The params to serve ``method`` with for ``caller``, or a refusal.
+        ``again``: a control peer is asked again whether it may act (it was, by
+        ``_refused_first``, but the request waited since for its sessions to
+        open); not when nothing was awaited in between (each ask is a system
+        call, a poll of the peer's pidfd, on every request's path)."""
         if method == "ping":
             return params
         if caller.endpoint == "control":
-            why = caller.refused()
+            why = caller.refused() if again else None
             if why is not None:
                 raise NotGranted(why)
             return params
@@ -441,8 +447,8 @@ class Dispatch:
             self._refused_first(caller, method, request, params)  # nothing opened for it
             # a start-up still opening sessions: the ones this request names first,
             # before a program's grant checks read them (a fork's source, a merge's child)
-            await opened_for(self.kernel.table, method, params)
-            params = self._admit(caller, method, request, params)
+            waited = await opened_for(self.kernel.table, method, params)
+            params = self._admit(caller, method, request, params, again=waited)
             # after the peer checks, here: a program's only as its spec grants
             if self.forward is not None and not method.startswith("sdk."):
                 routed, result = await self.forward.route(method, params, caller.who())

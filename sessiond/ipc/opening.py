@@ -29,15 +29,17 @@ WHOLE = frozenset({"merge", "create", "import", "reload", "gc", "web.rows", "web
 
 
 # params: the request's, unparsed (any method's; only its naming keys are read)
-async def opened_for(table: Table, method: str, params: Mapping[str, Any]) -> None:
+async def opened_for(table: Table, method: str, params: Mapping[str, Any]) -> bool:
     """Return once ``method`` with ``params`` may be served (at once when the
     table is loaded). ``params`` is the request's, not parsed yet (open: any
-    method's; only its naming keys are read, and a non-string is none)."""
+    method's; only its naming keys are read, and a non-string is none).
+    True if it may have waited (the caller asks its peer again), False if it
+    returned at once."""
     if not table.loading or method == "ping":
-        return
+        return False
     if method == "ps":
         await table.recovered.wait()
-        return
+        return True
     names = [v for key in NAMING if isinstance(v := params.get(key), str)]
     if not names or method in WHOLE:
         await table.ready.wait()
@@ -45,3 +47,4 @@ async def opened_for(table: Table, method: str, params: Mapping[str, Any]) -> No
         await table.recovered.wait()
     for name in names:
         await table.ensure(name)
+    return True

@@ -18,6 +18,7 @@ import pytest
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import LifecycleChanged, MessageReceived
 from sessiond.log.store.base import Draft, Pending
+from sessiond.log.store.filelog import FileEventLog
 from sessiond.log.store.files import FileStore, IOHooks
 from tests.helpers import arun
 
@@ -167,3 +168,36 @@ def test_the_group_commit_runs_no_task_of_its_own(state_dir: Path) -> None:
         await log.close()
 
     arun(go())
+
+
+def test_a_log_asks_for_its_loop_once_and_again_in_a_new_one(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In Python 3.11 ``asyncio.get_running_loop()`` is a getpid system call: a log
+    asks once, at its first commit, and keeps the loop while it runs; a log used
+    in another loop later asks again there."""
+    asked: list[int] = []
+    real = asyncio.get_running_loop
+
+    def counted() -> asyncio.AbstractEventLoop:
+        asked.append(1)
+        return real()
+
+    async def first() -> FileEventLog:
+        log = await FileStore(state_dir).create("s")
+        monkeypatch.setattr(asyncio, "get_running_loop", counted)
+        for i in range(3):
+            await log.append(_event(i))
+        monkeypatch.undo()
+        return log
+
+    log = arun(first())
+    assert asked == [1]
+
+    async def second() -> None:
+        record = await log.append(_event(3))
+        assert record["seq"] == 4
+        assert log.synced_offset == log.position.offset
+        await log.close()
+
+    arun(second())

@@ -14,12 +14,14 @@ import asyncio
 import errno
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import MessageReceived
+from sessiond.log.store import kernelfsync
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
 from tests.helpers import arun
@@ -223,3 +225,104 @@ def test_timed_fsyncs_still_run_in_the_kernel(state_dir: Path) -> None:
     arun(go())
     assert len(seconds) == 2
     assert all(s > 0 for s in seconds)
+
+
+def test_a_submit_makes_no_getpid_call(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forked-child check reads a pid kept by an at-fork hook: ``os.getpid()``
+    is a system call, and a submit is made once a `send` (the child's refusal:
+    test_a_forked_child_does_not_use_its_parents_context)."""
+    calls: list[int] = []
+    real = os.getpid
+
+    def counted() -> int:
+        calls.append(1)
+        return real()
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        ring = for_loop(loop)
+        assert ring is not None
+        fd = os.open(state_dir / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+        done: asyncio.Future[BaseException | None] = loop.create_future()
+        monkeypatch.setattr(os, "getpid", counted)
+        assert ring.submit(fd, done.set_result)
+        monkeypatch.undo()
+        assert await done is None
+        os.close(fd)
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    arun(go())
+    assert calls == []
+
+
+def _kept_aside(ring: KernelFsync) -> bool:
+    """The kernel holds completions on its overflow list (IORING_SQ_CQ_OVERFLOW)."""
+    return bool(kernelfsync._U32.unpack_from(ring._ring, ring._sq_flags)[0] & 2)
+
+
+async def _overflowed_ring(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[KernelFsync, list[asyncio.Future[BaseException | None]], int]:
+    """A ring of 4 completion slots, 6 fsyncs submitted while the loop does not
+    read its eventfd: 4 completions in the ring, 2 on the kernel's overflow list."""
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(kernelfsync, "MAX_INFLIGHT", 2)  # 2 submission slots, 4 completion
+    ring = KernelFsync(loop)
+    monkeypatch.setattr(kernelfsync, "MAX_INFLIGHT", 64)
+    loop.remove_reader(ring._efd)
+    fd = os.open(state_dir / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    waits: list[asyncio.Future[BaseException | None]] = []
+    for _ in range(6):
+        os.write(fd, b"x\n")
+        waits.append(loop.create_future())
+        assert ring.submit(fd, waits[-1].set_result)
+    for _ in range(30_000):  # the kernel's workers finish them (a condition, not a delay)
+        if _kept_aside(ring):
+            break
+        time.sleep(0.001)
+    assert _kept_aside(ring)
+    return ring, waits, fd
+
+
+def test_completions_the_kernel_kept_aside_are_taken(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completions beyond the ring's room wait on the kernel's overflow list and
+    bring no eventfd signal of their own: the reap that empties the ring moves
+    them in and settles them (they stayed in flight for good before)."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        ring, waits, fd = await _overflowed_ring(state_dir, monkeypatch)
+        try:
+            loop.add_reader(ring._efd, ring._reap)  # the eventfd says: 4 in the ring
+            done = await asyncio.wait_for(asyncio.gather(*waits), 30)
+            assert done == [None] * 6
+            assert ring.overflowed >= 1
+            assert not _kept_aside(ring)
+        finally:
+            os.close(fd)
+            ring.close()
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    arun(go())
+
+
+def test_completions_kept_aside_are_found_without_a_signal(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While fsyncs are in flight the loop looks for completions kept aside on
+    its own (``_watched``), should no eventfd signal ever come for them."""
+
+    async def go() -> None:
+        ring, waits, fd = await _overflowed_ring(state_dir, monkeypatch)
+        try:  # the eventfd is never read: only the watch finds them
+            done = await asyncio.wait_for(asyncio.gather(*waits), 30)
+            assert done == [None] * 6
+            assert ring.completed == 6
+        finally:
+            os.close(fd)
+            ring.close()
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    arun(go())

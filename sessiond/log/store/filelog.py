@@ -357,7 +357,11 @@ class FileEventLog(EventLog):
             return inflight
         batch = self._next
         if batch is None:
-            loop = self._loop = asyncio.get_running_loop()
+            loop = self._loop
+            if loop is None or not loop.is_running():
+                # the loop of the first batch, asked again only if it stopped: in
+                # Python 3.11 ``get_running_loop()`` is a getpid system call
+                loop = self._loop = asyncio.get_running_loop()
             batch = self._next = _Batch(loop=loop)
             if not self._flushing:
                 # The flush starts from a loop callback queued behind everything
