@@ -290,11 +290,6 @@ class Budgets:
                 self.today(),
             )
 
-    def agent_limited(self, agent: str) -> bool:
-        """Whether ``agent`` has a daily budget (its sessions' spend is read then)."""
-        limits = self.agents.get(agent)
-        return limits is not None and bool(limits.tokens_per_day or limits.cost_usd_per_day)
-
     def agent_day(self, agent: str, day: str | None = None) -> Spend:
         """What all the agent's sessions spent on ``day`` (today)."""
         day = day or self.today()

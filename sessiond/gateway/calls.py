@@ -221,8 +221,9 @@ class Calls:
             # what the calls in flight may still spend counts: sent at once, calls
             # pass a budget no further than sent one after another; an agent's
             # spend is every session's of it (after a start-up, the unopened ones'
-            # from their index entries; one whose entry cannot say is opened first)
-            if spec.agent and self.budgets.agent_limited(spec.agent):
+            # from their index entries; one whose entry cannot say is opened first,
+            # a budget or not: one a reload gives while this call waits counts it)
+            if spec.agent:
                 await self.kernel.ctx.table.ensure_spent(spec.agent)
             admitted = await self.budgets.admit(
                 c.s.name, c.grant.run, turn["n"] if turn else None, spec.agent or None,
