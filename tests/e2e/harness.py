@@ -296,6 +296,24 @@ def running(config: str = "", env: dict[str, str] | None = None) -> Iterator[Dae
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextmanager
+def held_daemon(point: str, extra: str = "") -> Iterator[Daemon]:
+    """A daemon (not started) whose starts wait at the test-only hold ``point``
+    while ``root/go`` is missing (it exists for the first start, which goes
+    straight through); ``extra``: more of its configuration. Stopped and removed
+    after."""
+    root = short_dir()
+    go = root / "go"
+    go.touch()
+    d = Daemon(root, f'fault_hold = "{point}"\nfault_hold_until = "{go}"\n{extra}')
+    try:
+        yield d
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
     """Wait for an outcome the test cannot subscribe to (a child's exit seen via ctl).
 

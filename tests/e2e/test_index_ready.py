@@ -12,7 +12,6 @@ logs."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -25,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.harness import SESSIONCTL, Daemon, short_dir, wait_event
+from tests.e2e.harness import SESSIONCTL, Daemon, held_daemon, wait_event
 from tests.e2e.receivers import receiving
 
 PLAIN = 'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n'
@@ -33,25 +32,9 @@ WATCH = PLAIN + '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n'
 BOUND = PLAIN + '[bind]\nfiles = ["rates.csv"]\n'
 
 
-@contextlib.contextmanager
-def late_daemon(extra: str = "") -> Iterator[Daemon]:
-    """A daemon (not started) whose load after the start-up is held until
-    ``release``; ``extra``: more of its configuration. Stopped and removed after."""
-    root = short_dir()
-    go = root / "go"
-    go.touch()  # the first start loads at once
-    d = Daemon(root, f'fault_hold = "open-late"\nfault_hold_until = "{go}"\n{extra}')
-    try:
-        yield d
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture
 def late() -> Iterator[Daemon]:
-    with late_daemon() as d:
+    with held_daemon("open-late") as d:
         yield d.start()
 
 
@@ -205,9 +188,10 @@ def test_a_notice_not_delivered_before_the_stop_goes_at_ready() -> None:
     # its log is read back before ready (the session is opened for it), not after.
     with (
         receiving(status=503) as receiver,
-        late_daemon(
+        held_daemon(
+            "open-late",
             f'[[notify]]\nname = "hook"\nurl = "json://{receiver.url}/hook"\n'
-            'events = ["lifecycle.changed"]\nretry_min = "50ms"\nretry_max = "200ms"\n'
+            'events = ["lifecycle.changed"]\nretry_min = "50ms"\nretry_max = "200ms"\n',
         ) as d,
     ):
         d.start()
@@ -259,7 +243,7 @@ def test_an_index_without_the_new_fields_opens_its_sessions_before_ready(late: D
 
 
 def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
-    with late_daemon('specs = "specs"\n') as d:
+    with held_daemon("open-late", 'specs = "specs"\n') as d:
         root = d.root
         (root / "specs").mkdir()
         spec = root / "specs" / "a.toml"
@@ -280,7 +264,7 @@ def test_a_spec_file_changed_while_stopped_is_applied_before_ready() -> None:
 def test_a_spec_folders_unchanged_sessions_are_left_unopened() -> None:
     # Behaviour change: before, every session a spec file names was opened before
     # ready to compare its spec; its stored spec is compared now, unopened.
-    with late_daemon('specs = "specs"\n') as d:
+    with held_daemon("open-late", 'specs = "specs"\n') as d:
         root = d.root
         (root / "specs").mkdir()
         for name in ("a", "b"):
@@ -364,7 +348,7 @@ def test_a_web_request_not_logged_in_opens_no_session() -> None:
     # caller it then refused with 401. Nothing is done for a request refused.
     from tests.e2e.webclient import WEB, Client, logged_in, login
 
-    with late_daemon(WEB) as d:
+    with held_daemon("open-late", WEB) as d:
         d.start()
         create(d, "idle")
         d.stop()
@@ -389,7 +373,7 @@ def test_a_refused_peer_opens_no_session() -> None:
     # Attack: a session's run that reaches the control socket (no sandbox) may only
     # ping; a request of its naming a session not opened yet still made the daemon
     # open it (and resume it) before the refusal.
-    with late_daemon('[run]\nsandbox = "off"\n') as d:
+    with held_daemon("open-late", '[run]\nsandbox = "off"\n') as d:
         root = d.root
         d.start()
         create(d, "idle")

@@ -11,13 +11,12 @@ lines and on its open files."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Daemon, short_dir
+from tests.e2e.harness import Daemon, held_daemon
 
 PLAIN = 'name = "{name}"\n[run]\nexec = ["true"]\ncwd = "."\n'
 COUNT = 24  # enough for three groups of each kind below
@@ -26,16 +25,8 @@ COUNT = 24  # enough for three groups of each kind below
 @pytest.fixture
 def midway() -> Iterator[Daemon]:
     """A daemon whose load after the start-up stops halfway until ``go`` exists."""
-    root = short_dir()
-    go = root / "go"
-    go.touch()  # the first start loads at once
-    d = Daemon(root, f'fault_hold = "open-midway"\nfault_hold_until = "{go}"\n')
-    try:
+    with held_daemon("open-midway") as d:
         yield d.start()
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def opened(d: Daemon, name: str) -> bool:

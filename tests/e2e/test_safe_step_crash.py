@@ -28,7 +28,7 @@ import pytest
 from sessiond.runs.leftovers import marked
 from sessiond.wire import Connection, RemoteError
 from tests.e2e.harness import Daemon, short_dir, wait_event, wait_for
-from tests.e2e.test_step_end_crash import power_cut
+from tests.e2e.test_step_end_crash import SPEC, power_cut
 from tests.faults import faultfs
 from tests.faults.checks import holders, records
 
@@ -52,17 +52,6 @@ with open("runs.txt", "a") as f:  # what a program that outlived its daemon hold
 with connect() as run:
     run.step("look", look{contract})
     run.complete()
-"""
-
-SPEC = """name = "agent"
-[run]
-kind = "sdk"
-exec = ["{python}", "{program}"]
-cwd = "."
-env = {{ PYTHONPATH = "{root}" }}
-retries = 0
-[policy]
-allow = ["look"]
 """
 
 
@@ -97,7 +86,7 @@ def tools(log: Path, etype: bytes) -> list[str]:
 def start_agent(d: Daemon, root: Path, program: str) -> None:
     path = root / "program.py"
     path.write_text(program)
-    spec = SPEC.format(python=sys.executable, program=path, root=ROOT)
+    spec = SPEC.format(python=sys.executable, program=path, root=ROOT, tool="look")
     d.ctl("create", str(d.write_spec("agent", spec)), check=True)
     d.ctl("activate", "agent", check=True)
 

@@ -48,7 +48,7 @@ cwd = "."
 env = {{ PYTHONPATH = "{root}" }}
 retries = 0
 [policy]
-allow = ["pay"]
+allow = ["{tool}"]
 """
 
 
@@ -70,7 +70,7 @@ def test_a_step_end_never_made_durable_is_a_step_started_and_not_finished() -> N
         d.start()
         program = root / "program.py"
         program.write_text(PROGRAM)
-        spec = SPEC.format(python=sys.executable, program=program, root=ROOT)
+        spec = SPEC.format(python=sys.executable, program=program, root=ROOT, tool="pay")
         d.ctl("create", str(d.write_spec("agent", spec)), check=True)
         d.ctl("activate", "agent", check=True)
         assert d.proc is not None

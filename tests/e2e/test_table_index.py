@@ -8,7 +8,6 @@ time: on the daemon's own log lines, and on the logs."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.harness import Daemon, short_dir, wait_for
+from tests.e2e.harness import Daemon, held_daemon, wait_for
 
 PLAIN = 'name = "{name}"\n[run]\nexec = ["true"]\n'
 CRON = PLAIN + '[[trigger]]\ntype = "cron"\nschedule = "0 3 * * *"\n'
@@ -28,16 +27,8 @@ LONG = (
 
 @pytest.fixture
 def held() -> Iterator[Daemon]:
-    root = short_dir()
-    go = root / "go"
-    go.touch()  # the first start loads at once
-    d = Daemon(root, f'fault_hold = "open-rest"\nfault_hold_until = "{go}"\n')
-    try:
+    with held_daemon("open-rest") as d:
         yield d.start()
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def create(d: Daemon, name: str, text: str = PLAIN) -> None:

@@ -80,6 +80,21 @@ def test_a_call_past_the_days_tokens_is_refused_and_the_session_suspended() -> N
         assert up.count == 2
 
 
+def call_past_the_agents_budget(d: Daemon) -> None:
+    """A new session of the agent makes two calls: the first fits, the second
+    would pass the day's budget only with what ``first`` spent."""
+    cwd = start(d, "second", "", 2, agent="scribe")
+    suspended = wait_event(
+        d, "second", "lifecycle.changed", match=lambda r: r["data"]["to"] == "suspended"
+    )
+    assert suspended["data"]["reason"].startswith(
+        "budget: agent_cost_usd_per_day: $0.00054 of $0.0004 used (agent scribe"
+    )
+    got = results(cwd)
+    assert got[0]["text"] == "r1"
+    assert got[1]["error"] == 429
+
+
 def test_an_agents_daily_cost_counts_all_its_sessions() -> None:
     config = "\n[agents.scribe.budget]\ncost_usd_per_day = 0.0004\n"
     replies = [Reply.of(text(f"r{i}"), input_tokens=40, output_tokens=10) for i in range(4)]
@@ -87,16 +102,7 @@ def test_an_agents_daily_cost_counts_all_its_sessions() -> None:
         # 40 in and 10 out at $3 and $15 a million: $0.00027 a call
         start(d, "first", "", 1, agent="scribe")
         wait_event(d, "first", "run.finished")
-        cwd = start(d, "second", "", 2, agent="scribe")
-        suspended = wait_event(
-            d, "second", "lifecycle.changed", match=lambda r: r["data"]["to"] == "suspended"
-        )
-        assert suspended["data"]["reason"].startswith(
-            "budget: agent_cost_usd_per_day: $0.00054 of $0.0004 used (agent scribe"
-        )
-        got = results(cwd)
-        assert got[0]["text"] == "r1"
-        assert got[1]["error"] == 429
+        call_past_the_agents_budget(d)
         assert up.count == 2
         agents = {a["agent"]: a for a in d.json("models")["agents"]}
         assert agents["scribe"]["sessions"] == 2

@@ -19,8 +19,8 @@ import orjson
 from sessiond.gateway.scripted import Reply, text
 from tests.e2e.harness import Daemon, wait_event
 from tests.e2e.test_load_crash import opened
-from tests.gateway.rig import CLIENT, gateway, results
-from tests.gateway.test_budget_e2e import SPEC, start
+from tests.gateway.rig import CLIENT, gateway
+from tests.gateway.test_budget_e2e import SPEC, call_past_the_agents_budget, start
 
 AGENT = "\n[agents.scribe.budget]\ncost_usd_per_day = 0.0004\n"
 
@@ -47,21 +47,6 @@ def held_gateway() -> Iterator[tuple[Daemon, Path]]:
             yield d, go
     finally:
         shutil.rmtree(hold, ignore_errors=True)
-
-
-def call_past_the_agents_budget(d: Daemon) -> None:
-    """A new session of the agent makes two calls: the first fits, the second
-    would pass the day's budget only with what ``first`` (not opened) spent."""
-    cwd = start(d, "second", "", 2, agent="scribe")
-    suspended = wait_event(
-        d, "second", "lifecycle.changed", match=lambda r: r["data"]["to"] == "suspended"
-    )
-    assert suspended["data"]["reason"].startswith(
-        "budget: agent_cost_usd_per_day: $0.00054 of $0.0004 used (agent scribe"
-    )
-    got = results(cwd)
-    assert got[0]["text"] == "r1"
-    assert got[1]["error"] == 429
 
 
 def loading(d: Daemon, since: int) -> bool:
