@@ -22,6 +22,7 @@ import pytest
 from sessiond.errors import LogFailed
 from sessiond.log.event_data import MessageReceived
 from sessiond.log.store import kernelfsync
+from sessiond.log.store.filelog import FileEventLog
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
 from tests.helpers import arun
@@ -326,3 +327,107 @@ def test_completions_kept_aside_are_found_without_a_signal(
 
     state_dir.mkdir(parents=True, exist_ok=True)
     arun(go())
+
+
+class _Said:
+    """What the kernel fsyncs tell the daemon's log, kept (the warning is said once)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lines: list[tuple[str, str, dict[str, object]]] = []
+        monkeypatch.setattr(kernelfsync, "log", self, raising=False)
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append(("warning", event, fields))
+
+    def error(self, event: str, **fields: object) -> None:
+        self.lines.append(("error", event, fields))
+
+
+def _posted(ring: KernelFsync) -> bool:
+    """A completion is in the ring that the loop has not read."""
+    head, tail = (
+        kernelfsync._U32.unpack_from(ring._ring, at)[0] for at in (ring._cq_head, ring._cq_tail)
+    )
+    return bool(head != tail)
+
+
+async def _unanswered(state_dir: Path, held: Held) -> tuple[FileEventLog, KernelFsync, int]:
+    """One append whose fsync the kernel took and whose completion the loop never
+    hears (held), with a bound the test makes small: the ring is retired."""
+    ring = for_loop(asyncio.get_running_loop())
+    assert ring is not None
+    ring.stall_seconds = 0.01  # (a parameter: the test waits on conditions below)
+    log = await FileStore(state_dir).create("s")
+    append = asyncio.ensure_future(log.append(_event(1)))
+    while not ring._jobs:  # submitted to the kernel ...
+        await asyncio.sleep(0)
+    (key,) = ring._jobs
+    while not _posted(ring):  # ... which finished it; the loop does not hear it (held)
+        await asyncio.sleep(0)
+    await asyncio.wait([append], timeout=30)  # (it waited for good before)
+    waited_for_good = not append.done()
+    if waited_for_good:  # let it end, so that the test fails rather than hangs
+        held.let_through()
+    record = await append
+    assert not waited_for_good
+    assert record["seq"] == 1
+    assert ring.retired
+    assert log._synced == os.path.getsize(log.path)  # the thread's fsync covered it
+    assert ring.completed == 0  # not the kernel's word
+    assert not ring._jobs
+    return log, ring, key
+
+
+def test_an_fsync_the_kernel_never_answers_is_run_again_in_a_thread(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync the kernel took and never answered: within the bound it is run
+    again by a thread (the append is acknowledged on that thread's word), the
+    ring takes no more fsyncs (the log's next ones run in threads) and the
+    daemon's log says so once."""
+    held = Held(monkeypatch)
+    said = _Said(monkeypatch)
+
+    async def go() -> None:
+        log, ring, _ = await _unanswered(state_dir, held)
+        fd = os.open(state_dir / "other", os.O_WRONLY | os.O_CREAT, 0o600)
+        assert ring.submit(fd, lambda outcome: None) is False  # retired
+        os.close(fd)
+        records = await asyncio.gather(*(log.append(_event(i)) for i in range(2, 5)))
+        assert [r["seq"] for r in records] == [2, 3, 4]  # committed by threads
+        assert log._synced == os.path.getsize(log.path)
+        assert ring.completed == 0
+        await log.close()
+
+    arun(go())
+    ((level, event, fields),) = said.lines
+    assert (level, event) == ("warning", "fsync.kernel_unanswered")
+    assert fields["unanswered"] == 1
+    assert fields["sq_head"] == fields["cq_tail"]  # (here the kernel did post it: held)
+
+
+def test_the_late_answer_of_an_fsync_run_again_is_ignored(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's completion of an fsync already settled by its thread, when it
+    comes at last, settles nothing again and leaves the log as it was; a late
+    failure is said loudly (its appends were answered on the thread's word)."""
+    held = Held(monkeypatch)
+    said = _Said(monkeypatch)
+
+    async def go() -> None:
+        log, ring, key = await _unanswered(state_dir, held)
+        held.let_through()  # the kernel's completion, read at last
+        assert ring.completed == 0
+        assert log._failed is None
+        record = await log.append(_event(2))
+        assert record["seq"] == 2
+        ring.finish(key, -errno.EIO)  # had it said EIO: nothing to settle, said
+        assert log._failed is None
+        await log.close()
+
+    arun(go())
+    assert [(level, event) for level, event, _ in said.lines] == [
+        ("warning", "fsync.kernel_unanswered"),
+        ("error", "fsync.kernel_late_failure"),
+    ]

@@ -21,18 +21,34 @@ barriers here), an io_uring the kernel grants (``kernel.io_uring_disabled``, a
 container's seccomp), the process that made it (a forked child does not use
 its parent's), at most ``MAX_INFLIGHT`` fsyncs at once. Anything else makes
 ``submit`` say no and the caller runs the fsync in a thread as before.
+
+An fsync the kernel took and never answered must not stall the loop: a bench
+daemon under four clients was found with four fsyncs taken (``SqHead`` four
+past ``CqTail`` in its fdinfo) and no completion ever posted, its sessions'
+appends waiting for good and its shutdown with them (bench/README.md, "an
+fsync the kernel never answered"). So every fsync in flight is bounded: one
+the kernel has not answered within ``STALL_SECONDS`` is run again by
+``os.fsync`` in a thread (same fd, so it covers everything the first would
+have) and settled by that thread's result; the late completion, if it ever
+comes, is ignored; and the ring takes no more fsyncs (``submit`` says no, the
+loop's logs use threads) and says so once in the daemon's log.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import functools
 import mmap
 import os
 import struct
 import sys
+import time
 import weakref
-from asyncio import AbstractEventLoop, TimerHandle
+from asyncio import AbstractEventLoop, Future, TimerHandle
 from collections.abc import Callable
+
+import structlog
 
 _SETUP, _ENTER, _REGISTER = 425, 426, 427  # x86-64's io_uring_setup, _enter, _register
 _OP_FSYNC = 3
@@ -50,6 +66,12 @@ _U32 = struct.Struct("I")
 _SQE = struct.Struct("BBHiQQIIQQQQ")  # struct io_uring_sqe, 64 bytes: opcode ... user_data
 _CQE = struct.Struct("QiI")  # struct io_uring_cqe: user_data, res, flags
 
+# The longest the kernel may take to answer an fsync before it is taken as lost
+# and run again in a thread (seconds). Generous: an fsync on a busy disk takes
+# milliseconds to a second or two; a false alarm costs one extra fsync and the
+# io_uring's saving for the rest of the loop's life, never durability.
+STALL_SECONDS = 5.0
+
 Done = Callable[[BaseException | None], None]
 
 # This process's pid, kept up to date in a forked child: ``os.getpid()`` is a
@@ -63,6 +85,9 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+log = structlog.get_logger(__name__)
 
 
 class KernelFsync:
@@ -80,6 +105,9 @@ class KernelFsync:
         self._rfd, self._efd = fd, -1
         self._watch: TimerHandle | None = None
         self._pid = _pid
+        self._bound: TimerHandle | None = None
+        self.retired = False  # an fsync went unanswered: no more fsyncs here
+        self.stall_seconds = STALL_SECONDS  # (tests set it small)
         self._loop: weakref.ref[AbstractEventLoop] | None = None
         try:
             sq_entries, cq_entries, _, _, _, features = struct.unpack_from("6I", params, 0)
@@ -92,6 +120,7 @@ class KernelFsync:
             self._ring = mmap.mmap(fd, size, mmap.MAP_SHARED, rw, offset=0)
             self._sqes = mmap.mmap(fd, sq_entries * 64, mmap.MAP_SHARED, rw, offset=_OFF_SQES)
             self._sq_tail, self._sq_array, self._sq_flags = sq[1], sq[6], sq[4]
+            self._sq_head = sq[0]  # (read once, for the warning of an unanswered fsync)
             self._smask = _U32.unpack_from(self._ring, sq[2])[0]
             self._cq_head, self._cq_tail, self._cqes = cq[0], cq[1], cq[5]
             self._cmask = _U32.unpack_from(self._ring, cq[2])[0]
@@ -106,13 +135,14 @@ class KernelFsync:
         # weakly: the loop's finalizer closes this (a strong one would keep both alive)
         self._loop = weakref.ref(loop)
         self._jobs: dict[int, Done] = {}  # the fsyncs in flight, by their user_data
+        self._sent: dict[int, tuple[int, float]] = {}  # their fd, and when they went
         self._next_key = 0
         self.completed = 0  # fsyncs the kernel ran for this loop (tests, benchmarks)
         self.overflowed = 0  # times completions were found kept aside (tests)
 
     def submit(self, fd: int, done: Done) -> bool:
         """Start an fsync of ``fd``; False if it was not started (run it another way)."""
-        if self._efd < 0 or len(self._jobs) >= MAX_INFLIGHT or _pid != self._pid:
+        if self._efd < 0 or self.retired or len(self._jobs) >= MAX_INFLIGHT or _pid != self._pid:
             return False
         self._next_key += 1
         key = self._next_key
@@ -126,10 +156,13 @@ class KernelFsync:
             _U32.pack_into(ring, self._sq_tail, tail)  # not taken: withdrawn
             return False
         self._jobs[key] = done
+        self._sent[key] = (fd, time.monotonic())
         if self._watch is None and self._loop is not None:
             loop = self._loop()
             if loop is not None:
                 self._watch = loop.call_later(WATCH_EVERY, self._watched)
+        if self._bound is None:
+            self._arm(self.stall_seconds)
         return True
 
     def _watched(self) -> None:
@@ -142,6 +175,57 @@ class KernelFsync:
             self._reap()
         if self._jobs and self._loop is not None and (loop := self._loop()) is not None:
             self._watch = loop.call_later(WATCH_EVERY, self._watched)
+
+    def _arm(self, delay: float) -> None:
+        loop = self._loop() if self._loop is not None else None
+        if loop is not None and not loop.is_closed():
+            self._bound = loop.call_later(delay, self._check)
+
+    def _check(self) -> None:
+        """The bound of the fsyncs in flight (one timer a ``stall_seconds`` at most,
+        only while some are): the oldest unanswered past it retires the ring."""
+        self._bound = None
+        if self._efd < 0 or not self._sent:
+            return
+        waited = time.monotonic() - min(sent for _, sent in self._sent.values())
+        if waited < self.stall_seconds:
+            self._arm(self.stall_seconds - waited)
+        else:
+            self._retire(waited)
+
+    def _retire(self, waited: float) -> None:
+        """An fsync went unanswered for ``waited`` seconds: take what the kernel
+        kept aside, run every fsync still unanswered again in a thread, and take
+        no more fsyncs on this ring."""
+        self.retired = True
+        ring = self._ring
+        sq_head, cq_tail = (_U32.unpack_from(ring, at)[0] for at in (self._sq_head, self._cq_tail))
+        # Completions the kernel could not post in the ring wait on its overflow
+        # list and bring no eventfd signal: an enter with GETEVENTS (not waiting)
+        # moves them in, and they settle with the kernel's own result.
+        self._syscall(_ENTER, self._rfd, 0, 0, _ENTER_GETEVENTS, None, 0)
+        self._reap()
+        log.warning(
+            "fsync.kernel_unanswered",
+            waited=round(waited, 3),
+            unanswered=len(self._sent),
+            sq_head=sq_head,
+            cq_tail=cq_tail,
+            then="fsyncs of this loop in threads",
+        )
+        loop = self._loop() if self._loop is not None else None
+        for key, (fd, _) in list(self._sent.items()):
+            del self._sent[key]
+            done = self._jobs.pop(key)  # its late completion, if any, finds nobody
+            if loop is None or loop.is_closed():
+                self._settle(done, RuntimeError("the loop closed before its fsync was done"))
+                continue
+            try:
+                again = loop.run_in_executor(None, os.fsync, fd)
+            except RuntimeError as exc:  # the executor is shut down: not durable
+                self._settle(done, exc)
+                continue
+            again.add_done_callback(functools.partial(self._settled_again, done))
 
     def _reap(self) -> None:
         """The eventfd is readable: settle every fsync the kernel has finished.
@@ -177,9 +261,23 @@ class KernelFsync:
         """Fsync ``key`` ended with ``res`` (0, or minus an errno): tell its caller."""
         done = self._jobs.pop(key, None)
         if done is None:
+            if res < 0 and res != -errno.ECANCELED and self.retired:
+                # run again in a thread and answered by it; this one's failure can
+                # no longer be reported to its appends: it is said, loudly
+                log.error("fsync.kernel_late_failure", error=os.strerror(-res))
             return
+        self._sent.pop(key, None)
         self.completed += 1
-        outcome = None if res == 0 else OSError(-res, os.strerror(-res))
+        self._settle(done, None if res == 0 else OSError(-res, os.strerror(-res)))
+
+    def _settled_again(self, done: Done, again: Future[None]) -> None:
+        """The fsync run again in a thread is done: its result is the job's."""
+        if again.cancelled():
+            self._settle(done, RuntimeError("the fsync run again in a thread was cancelled"))
+        else:
+            self._settle(done, again.exception())
+
+    def _settle(self, done: Done, outcome: BaseException | None) -> None:
         try:
             done(outcome)
         except Exception as exc:  # one caller's bug must not strand the others
@@ -194,6 +292,9 @@ class KernelFsync:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+        if self._bound is not None:
+            self._bound.cancel()
+            self._bound = None
         if self._efd >= 0:
             loop = self._loop() if self._loop is not None else None
             if loop is not None and not loop.is_closed():
