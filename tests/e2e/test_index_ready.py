@@ -384,23 +384,30 @@ def test_a_refused_peer_opens_no_session() -> None:
             'c.sendall(b\'{"id": 1, "method": "show", "params": {"name": "idle"}}\\n\')\n'
             "open('answer.json', 'wb').write(c.makefile('rb').readline())\n"
         )
-        program = ["python3", "-c", asking]
-        text = (
-            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
-            f'cwd = "{root}"\nretries = 0\n'
-        )
-        d.ctl("create", str(d.write_spec("asker", text)), check=True)
-        d.stop()
-        since = len(d.lines)
-        _, ready = restart_late(d)
-        assert ready["unopened"] == 2
-        d.ctl("activate", "asker", check=True)
-        wait_event(d, "asker", "run.finished")
+        since, _ = asker_after_a_restart(d, asking, root)
         answer = orjson.loads((root / "answer.json").read_bytes())
         assert answer["ok"] is False  # refused: a run may only ping
         assert _opened_files(d, "idle") == []  # and nothing was done for it
         assert still_pending(d, since)
         release(d)
+
+
+def asker_after_a_restart(d: Daemon, asking: str, cwd: Path) -> tuple[int, dict[str, Any]]:
+    """``asker`` (python3 -c ``asking`` in ``cwd``) made, the daemon restarted with it
+    and ``idle`` unopened, then activated: the daemon's line count before the
+    restart, and the run's end."""
+    program = ["python3", "-c", asking]
+    text = (
+        f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
+        f'cwd = "{cwd}"\nretries = 0\n'
+    )
+    d.ctl("create", str(d.write_spec("asker", text)), check=True)
+    d.stop()
+    since = len(d.lines)
+    _, ready = restart_late(d)
+    assert ready["unopened"] == 2
+    d.ctl("activate", "asker", check=True)
+    return since, wait_event(d, "asker", "run.finished")
 
 
 def test_a_program_request_with_a_wrong_token_opens_no_session(late: Daemon) -> None:
@@ -424,21 +431,10 @@ def test_a_program_request_with_a_wrong_token_opens_no_session(late: Daemon) -> 
         "    c.close()\n"
         "out.close()\n"
     )
-    program = ["python3", "-c", asking]
     workspace = Path(tempfile.mkdtemp(prefix="sd-", dir="/var/tmp"))  # (a run's /tmp is its own)
     try:
         os.chmod(workspace, 0o755)
-        text = (
-            f'name = "asker"\n[run]\nexec = {orjson.dumps(program).decode()}\n'
-            f'cwd = "{workspace}"\nretries = 0\n'
-        )
-        d.ctl("create", str(d.write_spec("asker", text)), check=True)
-        d.stop()
-        since = len(d.lines)
-        _, ready = restart_late(d)
-        assert ready["unopened"] == 2
-        d.ctl("activate", "asker", check=True)
-        finished = wait_event(d, "asker", "run.finished")
+        since, finished = asker_after_a_restart(d, asking, workspace)
         assert finished["data"]["status"] == "ok", finished
         lines = (workspace / "answers.jsonl").read_bytes().splitlines()
         answers = [orjson.loads(line) for line in lines]

@@ -14,8 +14,8 @@ import asyncio
 import errno
 import multiprocessing
 import os
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +25,7 @@ from sessiond.log.store import kernelfsync
 from sessiond.log.store.filelog import FileEventLog
 from sessiond.log.store.files import FileStore, IOHooks
 from sessiond.log.store.kernelfsync import KernelFsync, for_loop
+from tests.e2e.harness import wait_for
 from tests.helpers import arun
 
 
@@ -63,6 +64,14 @@ class Held:
             await asyncio.sleep(0)
         return self.signalled[0]
 
+    async def one_append(
+        self, state_dir: Path
+    ) -> tuple[FileEventLog, asyncio.Future[Any], KernelFsync]:
+        """A new log, one append to it, and the ring once the kernel signalled its fsync."""
+        log = await FileStore(state_dir).create("s")
+        append = asyncio.ensure_future(log.append(_event(1)))
+        return log, append, await self.wait_signalled()
+
     def let_through(self) -> None:
         ring = self.signalled.pop()
         self.signalled.clear()
@@ -89,9 +98,7 @@ def test_an_append_is_answered_only_after_the_kernel_said_its_fsync_is_done(
     held = Held(monkeypatch)
 
     async def go() -> None:
-        log = await FileStore(state_dir).create("s")
-        append = asyncio.ensure_future(log.append(_event(1)))
-        ring = await held.wait_signalled()  # the fsync is done in the kernel ...
+        log, append, ring = await held.one_append(state_dir)  # done in the kernel ...
         for _ in range(3):
             await asyncio.sleep(0)
         assert not append.done()  # ... but the loop has not read it: no answer yet
@@ -112,9 +119,7 @@ def test_a_failure_the_kernel_reports_fails_the_log(
     held = Held(monkeypatch)
 
     async def go() -> None:
-        log = await FileStore(state_dir).create("s")
-        append = asyncio.ensure_future(log.append(_event(1)))
-        ring = await held.wait_signalled()
+        log, append, ring = await held.one_append(state_dir)
         (key,) = ring._jobs
         ring.finish(key, -errno.EIO)  # what io_getevents gives for a failed fsync
         with pytest.raises(LogFailed, match=r"fsync failed.*Input/output error"):
@@ -277,11 +282,8 @@ async def _overflowed_ring(
         os.write(fd, b"x\n")
         waits.append(loop.create_future())
         assert ring.submit(fd, waits[-1].set_result)
-    for _ in range(30_000):  # the kernel's workers finish them (a condition, not a delay)
-        if _kept_aside(ring):
-            break
-        time.sleep(0.001)
-    assert _kept_aside(ring)
+    # the kernel's workers finish them: the last two find the ring full
+    wait_for(lambda: _kept_aside(ring), what="completions kept aside")
     return ring, waits, fd
 
 

@@ -105,7 +105,6 @@ class KernelFsync:
         self._rfd, self._efd = fd, -1
         self._watch: TimerHandle | None = None
         self._pid = _pid
-        self._bound: TimerHandle | None = None
         self.retired = False  # an fsync went unanswered: no more fsyncs here
         self.stall_seconds = STALL_SECONDS  # (tests set it small)
         self._loop: weakref.ref[AbstractEventLoop] | None = None
@@ -134,8 +133,8 @@ class KernelFsync:
             raise
         # weakly: the loop's finalizer closes this (a strong one would keep both alive)
         self._loop = weakref.ref(loop)
-        self._jobs: dict[int, Done] = {}  # the fsyncs in flight, by their user_data
-        self._sent: dict[int, tuple[int, float]] = {}  # their fd, and when they went
+        # the fsyncs in flight, by their user_data: who waits, the fd, when it went
+        self._jobs: dict[int, tuple[Done, int, float]] = {}
         self._next_key = 0
         self.completed = 0  # fsyncs the kernel ran for this loop (tests, benchmarks)
         self.overflowed = 0  # times completions were found kept aside (tests)
@@ -155,43 +154,29 @@ class KernelFsync:
         if self._syscall(_ENTER, self._rfd, 1, 0, 0, None, 0) != 1:
             _U32.pack_into(ring, self._sq_tail, tail)  # not taken: withdrawn
             return False
-        self._jobs[key] = done
-        self._sent[key] = (fd, time.monotonic())
+        self._jobs[key] = (done, fd, time.monotonic())
         if self._watch is None and self._loop is not None:
             loop = self._loop()
             if loop is not None:
                 self._watch = loop.call_later(WATCH_EVERY, self._watched)
-        if self._bound is None:
-            self._arm(self.stall_seconds)
         return True
 
     def _watched(self) -> None:
-        """While fsyncs are in flight: completions the kernel kept aside (their
-        eventfd signal may never come) are taken now, not never."""
+        """While fsyncs are in flight, every ``WATCH_EVERY``: completions the kernel
+        kept aside (their eventfd signal may never come) are taken now, not never;
+        and the oldest fsync still unanswered past ``stall_seconds`` retires the ring."""
         self._watch = None
         if self._efd < 0 or not self._jobs:
             return
         if _U32.unpack_from(self._ring, self._sq_flags)[0] & _SQ_CQ_OVERFLOW:
             self._reap()
-        if self._jobs and self._loop is not None and (loop := self._loop()) is not None:
-            self._watch = loop.call_later(WATCH_EVERY, self._watched)
-
-    def _arm(self, delay: float) -> None:
-        loop = self._loop() if self._loop is not None else None
-        if loop is not None and not loop.is_closed():
-            self._bound = loop.call_later(delay, self._check)
-
-    def _check(self) -> None:
-        """The bound of the fsyncs in flight (one timer a ``stall_seconds`` at most,
-        only while some are): the oldest unanswered past it retires the ring."""
-        self._bound = None
-        if self._efd < 0 or not self._sent:
+        if not self._jobs:
             return
-        waited = time.monotonic() - min(sent for _, sent in self._sent.values())
-        if waited < self.stall_seconds:
-            self._arm(self.stall_seconds - waited)
-        else:
+        waited = time.monotonic() - min(sent for _, _, sent in self._jobs.values())
+        if waited >= self.stall_seconds:
             self._retire(waited)
+        elif self._loop is not None and (loop := self._loop()) is not None:
+            self._watch = loop.call_later(WATCH_EVERY, self._watched)
 
     def _retire(self, waited: float) -> None:
         """An fsync went unanswered for ``waited`` seconds: take what the kernel
@@ -200,23 +185,19 @@ class KernelFsync:
         self.retired = True
         ring = self._ring
         sq_head, cq_tail = (_U32.unpack_from(ring, at)[0] for at in (self._sq_head, self._cq_tail))
-        # Completions the kernel could not post in the ring wait on its overflow
-        # list and bring no eventfd signal: an enter with GETEVENTS (not waiting)
-        # moves them in, and they settle with the kernel's own result.
-        self._syscall(_ENTER, self._rfd, 0, 0, _ENTER_GETEVENTS, None, 0)
+        # what the kernel kept aside settles with its own result (see _reap)
         self._reap()
         log.warning(
             "fsync.kernel_unanswered",
             waited=round(waited, 3),
-            unanswered=len(self._sent),
+            unanswered=len(self._jobs),
             sq_head=sq_head,
             cq_tail=cq_tail,
             then="fsyncs of this loop in threads",
         )
         loop = self._loop() if self._loop is not None else None
-        for key, (fd, _) in list(self._sent.items()):
-            del self._sent[key]
-            done = self._jobs.pop(key)  # its late completion, if any, finds nobody
+        for key, (done, fd, _) in list(self._jobs.items()):
+            del self._jobs[key]  # its late completion, if any, finds nobody
             if loop is None or loop.is_closed():
                 self._settle(done, RuntimeError("the loop closed before its fsync was done"))
                 continue
@@ -259,16 +240,15 @@ class KernelFsync:
 
     def finish(self, key: int, res: int) -> None:
         """Fsync ``key`` ended with ``res`` (0, or minus an errno): tell its caller."""
-        done = self._jobs.pop(key, None)
-        if done is None:
+        job = self._jobs.pop(key, None)
+        if job is None:
             if res < 0 and res != -errno.ECANCELED and self.retired:
                 # run again in a thread and answered by it; this one's failure can
                 # no longer be reported to its appends: it is said, loudly
                 log.error("fsync.kernel_late_failure", error=os.strerror(-res))
             return
-        self._sent.pop(key, None)
         self.completed += 1
-        self._settle(done, None if res == 0 else OSError(-res, os.strerror(-res)))
+        self._settle(job[0], None if res == 0 else OSError(-res, os.strerror(-res)))
 
     def _settled_again(self, done: Done, again: Future[None]) -> None:
         """The fsync run again in a thread is done: its result is the job's."""
@@ -292,9 +272,6 @@ class KernelFsync:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        if self._bound is not None:
-            self._bound.cancel()
-            self._bound = None
         if self._efd >= 0:
             loop = self._loop() if self._loop is not None else None
             if loop is not None and not loop.is_closed():
