@@ -131,10 +131,13 @@ class Start:
         proc = self.d.proc
         assert proc is not None
         assert proc.stderr is not None
-        for raw in proc.stderr:
-            if b'"daemon.ready"' in raw and not self._ready.is_set():
-                self.ready_at = time.perf_counter() - self.t0
-                self._ready.set()
+        try:
+            for raw in proc.stderr:
+                if b'"daemon.ready"' in raw and not self._ready.is_set():
+                    self.ready_at = time.perf_counter() - self.t0
+                    self._ready.set()
+        except (ValueError, OSError):
+            pass  # _kill9 closed the stream under this read: the daemon is gone
         self._ready.set()
 
     def _first_answers(self) -> tuple[float, float]:
