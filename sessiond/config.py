@@ -459,9 +459,18 @@ class DaemonConfig(_Strict):
     # (the start-up is done, ``daemon.ready``, the sessions it did not need are not
     # opened yet); "open-midway" (the same load after half of those sessions are
     # opened); "serve" (the early server alone serves, the full server has not
-    # taken the socket over yet).
+    # taken the socket over yet); "watch-arm" (a file watcher is about to be built:
+    # the request that armed it is answered, its inotify watches are not in place).
     fault_hold: (
-        Literal["before-spawn", "after-spawn", "open-rest", "open-late", "open-midway", "serve"]
+        Literal[
+            "before-spawn",
+            "after-spawn",
+            "open-rest",
+            "open-late",
+            "open-midway",
+            "serve",
+            "watch-arm",
+        ]
         | None
     ) = None
     fault_hold_until: Path | None = None

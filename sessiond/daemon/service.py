@@ -101,7 +101,8 @@ class Daemon:
         self.notices = Notices(config, self.table, self.store)
 
         def triggers(kernel: Kernel) -> Triggers:
-            return Triggers(kernel, wall_clock(config.clock_offset), config.watch_step_ms)
+            clock = wall_clock(config.clock_offset)
+            return Triggers(kernel, clock, config.watch_step_ms, self.faults.hold)
 
         # the model's queue (docs/design.md, "The model gateway"), when providers are
         # set: made first, so that `models`, ps and show read it from their start

@@ -17,7 +17,7 @@ sessiond.wake.host) for the wake itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sessiond.table.sessions import Session
 from sessiond.table.spec import (
@@ -34,13 +34,19 @@ from sessiond.wake.watch import Watcher
 
 
 class Triggers:
-    def __init__(self, host: WakeHost, clock: Callable[[], float], poll_step_ms: int) -> None:
+    def __init__(
+        self,
+        host: WakeHost,
+        clock: Callable[[], float],
+        poll_step_ms: int,
+        hold: Callable[[str, str], Awaitable[None]] | None = None,  # tests (watch.py)
+    ) -> None:
         self.host = host
         self.armed: dict[str, Armed] = {}
         self.started = False
         self.timers = Timers(host, clock, self.armed)
         self.git = GitTriggers(host)
-        self.watcher = Watcher(host, poll_step_ms, self.armed, self.git.check)
+        self.watcher = Watcher(host, poll_step_ms, self.armed, self.git.check, hold)
 
     # --- arming ---------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -56,12 +57,22 @@ def _watched(spec: SessionSpec, rel: str) -> bool:
     return rel in spec.bind.files or _watch_matches(spec, rel)
 
 
+@dataclass
+class _Watch:
+    """One watchfiles watcher: its roots, and the event that ends it."""
+
+    roots: frozenset[str]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
 class Watcher:
     """The one watcher task, the routing of its changes, the debounce of each
     session's changes and the reconciliation scans.
 
     ``armed`` is the coordinator's table of armed sessions; the watched roots
-    follow it (``restart`` after it changed).
+    follow it (``restart`` after it changed). ``hold`` is the tests' hold point
+    before a watcher is built (``watch-arm``).
     """
 
     def __init__(
@@ -70,14 +81,18 @@ class Watcher:
         poll_step_ms: int,
         armed: dict[str, Armed],
         check_git: Callable[[Armed], None],
+        hold: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self.host = host
         self.poll_step_ms = poll_step_ms
         self.armed = armed
         self.check_git = check_git
-        self._watcher: asyncio.Task[None] | None = None
-        self._stop_watch: asyncio.Event | None = None
-        self._roots: frozenset[str] = frozenset()
+        self.hold = hold
+        # The watcher that reports changes now, and the one being built to replace it
+        # (its roots changed). The old one is ended only once the new one watches, so
+        # that a root in both is never unwatched for a moment.
+        self._live: _Watch | None = None
+        self._next: _Watch | None = None
         self._reconciler: asyncio.Task[None] | None = None
 
     # --- the watcher task -------------------------------------------------------------
@@ -95,47 +110,99 @@ class Watcher:
     def restart(self) -> None:
         """Watch the roots the armed sessions need now (a no-op if they are the same)."""
         roots = self._roots_now()
-        if roots == self._roots and self._watcher is not None:
+        newest = self._next or self._live
+        if newest is not None and newest.roots == roots:
             return
-        if self._stop_watch is not None:
-            self._stop_watch.set()
-        self._roots = roots
+        if self._next is not None:  # superseded before it watched: nothing rests on it
+            self._end(self._next)
+            self._next = None
         if not roots:
-            self._watcher = None
+            if self._live is not None:
+                self._end(self._live)
+                self._live = None
             return
         # watchfiles loads with the first root watched, not at the daemon's start; here,
         # before the request that armed it is answered, so that the watch begins as
         # soon after it as when it was imported at the start
         import watchfiles  # noqa: F401
 
-        self._stop_watch = asyncio.Event()
-        self._watcher = asyncio.ensure_future(self._watch(roots, self._stop_watch))
+        self._next = _Watch(roots)
+        self._next.task = asyncio.ensure_future(self._watch(self._next))
+
+    @staticmethod
+    def _end(w: _Watch) -> None:
+        w.stop.set()
+        if w.task is not None:
+            w.task.cancel()
 
     def start_reconciler(self) -> None:
         if self._reconciler is None:
             self._reconciler = asyncio.ensure_future(self._reconcile_loop())
 
     async def close(self) -> None:
-        if self._stop_watch is not None:
-            self._stop_watch.set()
-        for task in (self._watcher, self._reconciler):
+        watches = [w for w in (self._live, self._next) if w is not None]
+        self._live = self._next = None
+        for w in watches:
+            w.stop.set()
+        tasks = [w.task for w in watches] + [self._reconciler]
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _watch(self, roots: frozenset[str], stop: asyncio.Event) -> None:
+    async def _watch(self, w: _Watch) -> None:
         import watchfiles  # imported already (restart)
 
-        log.info("watch.started", roots=sorted(roots), step_ms=self.poll_step_ms)
+        if self.hold is not None:
+            await self.hold("watch-arm", "")
+        changes = watchfiles.awatch(
+            *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
+            stop_event=w.stop, ignore_permission_denied=True,
+        )  # fmt: skip
+        # awatch builds its inotify watches synchronously when first iterated, before
+        # its first wait: a callback queued now runs once they are in place.
+        asyncio.get_running_loop().call_soon(self._watching, w)
+        log.info("watch.started", roots=sorted(w.roots), step_ms=self.poll_step_ms)
         try:
-            async for changes in watchfiles.awatch(
-                *roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
-                stop_event=stop, ignore_permission_denied=True,
-            ):  # fmt: skip
-                self.route({path for _, path in changes})
+            async for batch in changes:
+                self.route({path for _, path in batch})
         except Exception:
             log.exception("watch.failed")
+
+    def _watching(self, w: _Watch) -> None:
+        """``w`` watches its roots now: it replaces the live watcher, and what changed
+        in a root new to it before it watched is found by a scan."""
+        if w is not self._next:
+            return  # superseded (ended by restart) or closed
+        before = self._live.roots if self._live is not None else frozenset()
+        if self._live is not None:
+            self._end(self._live)
+        self._live, self._next = w, None
+        fresh = w.roots - before
+        for armed in list(self.armed.values()):
+            spec = armed.session.spec
+            assert spec is not None
+            # Armed before this watch began: a change made between its arming (the
+            # request answered) and now was reported by no watcher.
+            if any(str(g) in fresh for g in _git_dirs(spec)):
+                self.check_git(armed)
+            if _watches_files(spec) and str(spec.workspace) in fresh:
+                self.host.spawn(self._catch_up(armed))
+
+    async def _catch_up(self, armed: Armed) -> None:
+        spec = armed.session.spec
+        assert spec is not None
+        try:
+            now = await asyncio.to_thread(self._scan, spec)
+        except OSError:  # a workspace gone: this session's scan, not the loop
+            log.exception("watch.scan_failed", session=armed.session.name)
+            return
+        if self.armed.get(armed.session.name) is not armed:
+            return  # re-armed meanwhile: its new baseline is newer than `now`
+        if missed := self._differences(armed, now):
+            log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
+            self._collect(armed, missed)
 
     # --- routing and debounce ---------------------------------------------------------
 
@@ -150,15 +217,30 @@ class Watcher:
                 self.check_git(armed)
             hits = {p[len(workspace) :] for p in paths if p.startswith(workspace)}
             hits = {h for h in hits if not h.startswith(".git/") and h != ".git"}
-            wanted = {h for h in hits if _watched(spec, h)}
+            wanted = {h for h in hits if _watched(spec, h) and self._changed(armed, h)}
             if wanted:
-                for rel in wanted:  # seen by the watcher: the reconciliation need not report it
-                    try:
-                        st = (spec.workspace / rel).stat()
-                        armed.scan[rel] = (st.st_mtime_ns, st.st_size)
-                    except OSError:
-                        armed.scan.pop(rel, None)
                 self._collect(armed, wanted)
+
+    @staticmethod
+    def _changed(armed: Armed, rel: str) -> bool:
+        """Did the content of a file the watcher reported change since the last look?
+        Not if its modification time and size are the same: only its attributes
+        changed (inotify reports those as a change too), e.g. the ACL the first run
+        of a session grants its uid on the workspace, which would wake it again.
+        The look is the last scan's, or the watcher's: the reconciliation then need
+        not report it."""
+        spec = armed.session.spec
+        assert spec is not None
+        try:
+            st = (spec.workspace / rel).stat()
+        except OSError:  # gone (or unreadable): a change
+            armed.scan.pop(rel, None)
+            return True
+        now = (st.st_mtime_ns, st.st_size)
+        if armed.scan.get(rel) == now:
+            return False
+        armed.scan[rel] = now
+        return True
 
     def _collect(self, armed: Armed, paths: set[str]) -> None:
         armed.pending_paths |= paths
@@ -225,22 +307,33 @@ class Watcher:
         if _watches_files(spec):
             armed.scan = self._scan(spec)
 
+    def _differences(self, armed: Armed, now: dict[str, tuple[int, int]]) -> set[str]:
+        """Watched paths that differ from the last scan and are not waiting to wake it;
+        ``now`` becomes the last scan."""
+        spec = armed.session.spec
+        assert spec is not None
+        missed = {p for p, v in now.items() if armed.scan.get(p) != v}
+        missed |= set(armed.scan) - set(now)
+        armed.scan = now
+        return {p for p in missed if _watched(spec, p)} - armed.pending_paths
+
     async def _reconcile_loop(self) -> None:
         while True:
             await asyncio.sleep(RECONCILE)
             for armed in list(self.armed.values()):
                 spec = armed.session.spec
-                if spec is None or (not armed.scan and not spec.bind.files):
+                # every session that watches files: one whose first scan found nothing
+                # too (its files may all be new)
+                if spec is None or not _watches_files(spec):
                     continue
                 try:
                     now = await asyncio.to_thread(self._scan, spec)
                 except OSError:  # a workspace gone: this session's scan, not the loop
                     log.exception("watch.scan_failed", session=armed.session.name)
                     continue
-                missed = {p for p, v in now.items() if armed.scan.get(p) != v}
-                missed |= set(armed.scan) - set(now)
-                armed.scan = now
-                missed = {p for p in missed if _watched(spec, p)} - armed.pending_paths
+                if self.armed.get(armed.session.name) is not armed:
+                    continue  # re-armed meanwhile: its new baseline is newer than `now`
+                missed = self._differences(armed, now)
                 if missed:
                     log.warning(
                         "watch.reconciled", session=armed.session.name, missed=sorted(missed)

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.e2e.harness import Daemon, running, short_dir, wait_event, wait_for
+from tests.e2e.harness import Daemon, held_daemon, running, short_dir, wait_event, wait_for
 
 RECORD = 'cat \\"$SESSIOND_WAKE_FILE\\" >> wakes.jsonl; echo >> wakes.jsonl'
 
@@ -48,6 +48,60 @@ def test_a_file_change_wakes_a_watching_session_with_the_paths() -> None:
         assert set(seen()) == {"data/a.csv", "data/b.csv"}  # tmp excluded
         assert all(w["trigger"] == "watch" for c in wakes(d.root) for w in c["wakes"])
         assert d.json("show", "w")["next_wake"] == "on change of data/*.csv"
+
+
+def test_a_change_made_before_the_watch_is_in_place_still_wakes_the_session() -> None:
+    """``create`` is answered before the watcher's inotify watches are in place (they
+    are built on the loop's next turn): a file written at once, in between, must wake
+    the session all the same. Held here at ``watch-arm`` so that the write surely
+    falls in between; then a second session in another folder replaces the watcher
+    (new roots), and the first one's folder is watched throughout."""
+    with held_daemon("watch-arm") as d:
+        d.start()
+        (d.root / "data").mkdir()
+        spec = (
+            f'name = "w"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "."\n'
+            '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n'
+        )
+        (d.root / "go").unlink()
+        since = len(d.lines)
+        d.ctl("create", str(d.write_spec("w", spec)), check=True)
+        d.wait_line("fault.held", match=lambda line: line["point"] == "watch-arm", since=since)
+        (d.root / "data" / "a.csv").write_text("1,2\n")  # no watch yet
+        (d.root / "go").touch()
+        caught = d.wait_line("watch.caught_up", since=since)
+        assert caught["paths"] == ["data/a.csv"]
+        first = wait_event(d, "w", "run.finished")
+        assert [w["details"]["paths"] for c in wakes(d.root) for w in c["wakes"]] == [
+            ["data/a.csv"]
+        ]
+
+        # another workspace: a new watcher over both folders, held before it watches;
+        # the old one still reports the first folder's changes meanwhile
+        other = short_dir()
+        (other / "data").mkdir()
+        (d.root / "go").unlink()
+        since = len(d.lines)
+        spec2 = (
+            'name = "v"\n[run]\nexec = ["true"]\n'
+            f'cwd = "{other}"\n[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n'
+        )
+        d.ctl("create", str(d.write_spec("v", spec2)), check=True)
+        d.wait_line("fault.held", match=lambda line: line["point"] == "watch-arm", since=since)
+        (d.root / "data" / "a.csv").chmod(0o600)  # its attributes alone: no change
+        (d.root / "data" / "b.csv").write_text("3,4\n")
+        try:
+            wait_event(d, "w", "run.finished", since=first["seq"] + 1)
+            assert [w["details"]["paths"] for c in wakes(d.root) for w in c["wakes"]] == [
+                ["data/a.csv"],
+                ["data/b.csv"],
+            ]
+            (d.root / "go").touch()
+            d.wait_line(
+                "watch.started", match=lambda line: str(other) in line["roots"], since=since
+            )
+        finally:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def test_a_bound_file_wakes_its_session_when_its_content_changes() -> None:

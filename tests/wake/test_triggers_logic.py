@@ -125,3 +125,74 @@ def test_a_file_deleted_during_a_scan_is_not_there_and_the_scan_goes_on(
     found = Watcher._scan(s.spec)
     assert "data/keep" in found
     assert "data/gone" not in found
+
+
+class WakeSignal(FakeKernel):
+    """Sets ``woken`` at each wake, for a test to wait on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.woken = asyncio.Event()
+
+    def wake(self, s: Session, trigger: str, details: dict[str, Any], paths: Any = None) -> Any:
+        self.woken.set()
+        return super().wake(s, trigger, details, paths)
+
+
+def test_the_reconciliation_finds_a_file_in_a_folder_that_was_empty_at_arming(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A session armed on an empty folder has an empty first scan; the reconciliation
+    must look at it all the same (it used to skip it, so a change the watcher did not
+    report, e.g. made before the watch was in place, never woke the session)."""
+    from sessiond.wake import watch
+
+    monkeypatch.setattr(watch, "RECONCILE", 0.0)
+
+    async def go() -> WakeSignal:
+        kernel = WakeSignal()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        (tmp_path / "data").mkdir()
+        s = armed_session(tmp_path, '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n')
+        armed = Armed(s)
+        triggers.armed["w"] = armed
+        triggers.watcher.baseline_scan(armed)
+        assert armed.scan == {}
+        (tmp_path / "data" / "a.csv").write_text("1\n")
+        triggers.watcher.start_reconciler()
+        try:
+            await asyncio.wait_for(kernel.woken.wait(), 60)
+        finally:
+            await triggers.watcher.close()
+        return kernel
+
+    kernel = asyncio.run(go())
+    assert kernel.wakes == [("w", "watch", {"paths": ["data/a.csv"]})]
+
+
+def test_a_change_of_a_watched_files_attributes_alone_wakes_nothing(tmp_path: Path) -> None:
+    """inotify reports a changed mode or ACL as a change; the first run of a session
+    grants its uid an ACL on the workspace, which woke it a second time."""
+
+    async def go() -> WakeSignal:
+        kernel = WakeSignal()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        (tmp_path / "data").mkdir()
+        target = tmp_path / "data" / "a.csv"
+        target.write_text("1\n")
+        s = armed_session(tmp_path, '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n')
+        armed = Armed(s)
+        triggers.armed["w"] = armed
+        triggers.watcher.baseline_scan(armed)
+        target.chmod(0o600)
+        triggers.route({str(target)})
+        assert (armed.pending_paths, armed.flush) == (set(), None)  # nothing to wake for
+        target.write_text("1,2\n")
+        triggers.route({str(target)})
+        assert armed.pending_paths == {"data/a.csv"}
+        await asyncio.wait_for(kernel.woken.wait(), 60)
+        await triggers.watcher.close()
+        return kernel
+
+    kernel = asyncio.run(go())
+    assert kernel.wakes == [("w", "watch", {"paths": ["data/a.csv"]})]
