@@ -175,11 +175,15 @@ class Watcher:
         in a root new to it before it watched is found by a scan."""
         if w is not self._next:
             return  # superseded (ended by restart) or closed
+        if w.task is not None and w.task.done():
+            self._next = None  # it failed to start (logged): the live one goes on
+            return
         before = self._live.roots if self._live is not None else frozenset()
         if self._live is not None:
             self._end(self._live)
         self._live, self._next = w, None
         fresh = w.roots - before
+        behind = []
         for armed in list(self.armed.values()):
             spec = armed.session.spec
             assert spec is not None
@@ -188,21 +192,30 @@ class Watcher:
             if any(str(g) in fresh for g in _git_dirs(spec)):
                 self.check_git(armed)
             if _watches_files(spec) and str(spec.workspace) in fresh:
-                self.host.spawn(self._catch_up(armed))
+                behind.append(armed)
+        if behind:
+            self.host.spawn(self._catch_up(behind))
 
-    async def _catch_up(self, armed: Armed) -> None:
-        spec = armed.session.spec
-        assert spec is not None
-        try:
-            now = await asyncio.to_thread(self._scan, spec)
-        except OSError:  # a workspace gone: this session's scan, not the loop
-            log.exception("watch.scan_failed", session=armed.session.name)
-            return
-        if self.armed.get(armed.session.name) is not armed:
-            return  # re-armed meanwhile: its new baseline is newer than `now`
-        if missed := self._differences(armed, now):
-            log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
-            self._collect(armed, missed)
+    async def _catch_up(self, behind: list[Armed]) -> None:
+        """One thread scans them all (a start-up arms every session at once)."""
+
+        def scan_all() -> list[tuple[Armed, dict[str, tuple[int, int]] | None]]:
+            found: list[tuple[Armed, dict[str, tuple[int, int]] | None]] = []
+            for armed in behind:
+                assert armed.session.spec is not None
+                try:
+                    found.append((armed, self._scan(armed.session.spec)))
+                except OSError:  # a workspace gone: this session's scan, not the others'
+                    log.exception("watch.scan_failed", session=armed.session.name)
+                    found.append((armed, None))
+            return found
+
+        for armed, now in await asyncio.to_thread(scan_all):
+            if now is None or self.armed.get(armed.session.name) is not armed:
+                continue  # re-armed meanwhile: its new baseline is newer than `now`
+            if missed := self._differences(armed, now):
+                log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
+                self._collect(armed, missed)
 
     # --- routing and debounce ---------------------------------------------------------
 
