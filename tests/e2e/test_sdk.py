@@ -34,7 +34,9 @@ def test_a_run_token_works_only_for_its_own_run_and_session() -> None:
         spy = d.root / "spy.py"
         spy.write_text(
             "import os, time, pathlib\n"
-            "pathlib.Path('token').write_text(os.environ['SESSIOND_TOKEN'])\n"
+            # whole or not there: the test reads it once it exists
+            "pathlib.Path('token.new').write_text(os.environ['SESSIOND_TOKEN'])\n"
+            "os.replace('token.new', 'token')\n"
             "time.sleep(float(os.environ.get('HOLD', '0')))\n"
         )
         for name, hold in (("a", "30"), ("b", "0")):
