@@ -15,24 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
 from sessiond.gitrefs import git_folder
 from sessiond.table.sessions import file_hash
 from sessiond.table.spec import GitTriggerSpec, SessionSpec, WatchTriggerSpec
-from sessiond.wake.armed import Armed
+from sessiond.wake.armed import Armed, Look
 from sessiond.wake.globs import match
 from sessiond.wake.host import WakeHost
 
 log = structlog.get_logger(__name__)
 
 RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
+DEBOUNCE_MS = 1_600  # watchfiles' longest grouping of changes before it reports them
+
+T = TypeVar("T")
 
 
 def _watches_files(spec: SessionSpec) -> bool:
@@ -57,7 +63,56 @@ def _watched(spec: SessionSpec, rel: str) -> bool:
     return rel in spec.bind.files or _watch_matches(spec, rel)
 
 
-@dataclass
+def _look(st: os.stat_result) -> Look:
+    """What a change is measured against: a file's modification time, size and inode
+    (a new version renamed over it is a new inode, even when its tool kept the time
+    and the size; a mode or ACL changes none of them). A folder's inode alone: its
+    time moves with each entry added or removed, which is reported for the entry."""
+    if stat.S_ISDIR(st.st_mode):
+        return (0, 0, st.st_ino)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _candidates(base: Path, pattern: str) -> Iterator[tuple[str, os.stat_result]]:
+    """What ``pattern`` may cover under ``base`` (workspace-relative, with its stat):
+    from its literal leading folders down, as deep as the pattern reaches (anywhere
+    under a folder named alone or past a ``**``). The caller matches each one with
+    the routing's own glob dialect: pathlib's differs (its ``src/**`` is folders
+    only, and a folder named alone is not gone into)."""
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    fixed: list[str] = []
+    for part in parts:
+        if "*" in part or "?" in part:
+            break
+        fixed.append(part)
+    rest = parts[len(fixed) :]
+    depth = None if not rest or any("**" in p for p in rest) else len(rest)
+    top = os.path.join(base, *fixed)
+    try:
+        st = os.stat(top)
+    except OSError:
+        return
+    if fixed:
+        yield "/".join(fixed), st
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    for root, dirs, files in os.walk(top):
+        below = os.path.relpath(root, top)
+        level = 0 if below == "." else below.count("/") + 1
+        if root == str(base):
+            dirs[:] = [d for d in dirs if d != ".git"]  # the git trigger's, not watched
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)  # one look: one deleted meanwhile is just not there
+            except OSError:
+                continue
+            yield os.path.relpath(path, base), st
+        if depth is not None and level + 1 >= depth:
+            dirs[:] = []  # the pattern reaches no deeper
+
+
+@dataclass(eq=False)
 class _Watch:
     """One watchfiles watcher: its roots, and the event that ends it."""
 
@@ -93,6 +148,9 @@ class Watcher:
         # that a root in both is never unwatched for a moment.
         self._live: _Watch | None = None
         self._next: _Watch | None = None
+        # replaced watchers, each ended once it has reported what it saw last
+        self._retiring: dict[_Watch, asyncio.TimerHandle] = {}
+        self._scanning: list[int] = []  # when each scan in a thread began (monotonic ns)
         self._reconciler: asyncio.Task[None] | None = None
 
     # --- the watcher task -------------------------------------------------------------
@@ -141,7 +199,11 @@ class Watcher:
 
     async def close(self) -> None:
         watches = [w for w in (self._live, self._next) if w is not None]
+        for w, timer in self._retiring.items():
+            timer.cancel()
+            watches.append(w)
         self._live = self._next = None
+        self._retiring = {}
         for w in watches:
             w.stop.set()
         tasks = [w.task for w in watches] + [self._reconciler]
@@ -157,7 +219,7 @@ class Watcher:
         if self.hold is not None:
             await self.hold("watch-arm", "")
         changes = watchfiles.awatch(
-            *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
+            *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=DEBOUNCE_MS,
             stop_event=w.stop, ignore_permission_denied=True,
         )  # fmt: skip
         # awatch builds its inotify watches synchronously when first iterated, before
@@ -180,7 +242,7 @@ class Watcher:
             return
         before = self._live.roots if self._live is not None else frozenset()
         if self._live is not None:
-            self._end(self._live)
+            self._retire(self._live)
         self._live, self._next = w, None
         fresh = w.roots - before
         behind = []
@@ -196,11 +258,34 @@ class Watcher:
         if behind:
             self.host.spawn(self._catch_up(behind))
 
+    def _retire(self, w: _Watch) -> None:
+        """End ``w`` once it has reported what it saw before its successor watched: a
+        change waits in its polling step, for up to two steps and the debounce, and
+        ending it drops what it holds. Both report meanwhile: the second report of a
+        change is no change (``_changed``)."""
+        linger = (3 * self.poll_step_ms + DEBOUNCE_MS) / 1000
+
+        def end() -> None:
+            if self._retiring.pop(w, None) is not None:
+                self._end(w)
+
+        self._retiring[w] = asyncio.get_running_loop().call_later(linger, end)
+
+    async def _in_thread(self, scan: Callable[[], T]) -> tuple[int, T]:
+        """``scan`` in a thread, and when it began: a look the watcher takes at a path
+        after that is newer than what the scan found for it (``_differences``)."""
+        began = time.monotonic_ns()
+        self._scanning.append(began)
+        try:
+            return began, await asyncio.to_thread(scan)
+        finally:
+            self._scanning.remove(began)
+
     async def _catch_up(self, behind: list[Armed]) -> None:
         """One thread scans them all (a start-up arms every session at once)."""
 
-        def scan_all() -> list[tuple[Armed, dict[str, tuple[int, int]] | None]]:
-            found: list[tuple[Armed, dict[str, tuple[int, int]] | None]] = []
+        def scan_all() -> list[tuple[Armed, dict[str, Look] | None]]:
+            found: list[tuple[Armed, dict[str, Look] | None]] = []
             for armed in behind:
                 assert armed.session.spec is not None
                 try:
@@ -210,10 +295,11 @@ class Watcher:
                     found.append((armed, None))
             return found
 
-        for armed, now in await asyncio.to_thread(scan_all):
+        began, found = await self._in_thread(scan_all)
+        for armed, now in found:
             if now is None or self.armed.get(armed.session.name) is not armed:
                 continue  # re-armed meanwhile: its new baseline is newer than `now`
-            if missed := self._differences(armed, now):
+            if missed := self._differences(armed, now, began):
                 log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
                 self._collect(armed, missed)
 
@@ -236,20 +322,22 @@ class Watcher:
 
     @staticmethod
     def _changed(armed: Armed, rel: str) -> bool:
-        """Did the content of a file the watcher reported change since the last look?
-        Not if its modification time and size are the same: only its attributes
-        changed (inotify reports those as a change too), e.g. the ACL the first run
-        of a session grants its uid on the workspace, which would wake it again.
-        The look is the last scan's, or the watcher's: the reconciliation then need
-        not report it."""
+        """Did the content of a path the watcher reported change since the last look?
+        Not if its modification time, size and inode are the same (``_look``): only
+        its attributes changed (inotify reports those as a change too), e.g. the ACL
+        the first run of a session grants its uid on the workspace, which would wake
+        it again; nor if it is gone and was not there at the last look (a file made
+        and removed in between, or a deletion a replaced watcher reports too). The
+        look is the last scan's, or the watcher's: the reconciliation then need not
+        report it."""
         spec = armed.session.spec
         assert spec is not None
+        armed.looked[rel] = time.monotonic_ns()
         try:
-            st = (spec.workspace / rel).stat()
-        except OSError:  # gone (or unreadable): a change
-            armed.scan.pop(rel, None)
-            return True
-        now = (st.st_mtime_ns, st.st_size)
+            st = os.stat(spec.workspace / rel)
+        except OSError:  # gone (or unreadable)
+            return armed.scan.pop(rel, None) is not None
+        now = _look(st)
         if armed.scan.get(rel) == now:
             return False
         armed.scan[rel] = now
@@ -296,21 +384,17 @@ class Watcher:
     # --- reconciliation ---------------------------------------------------------------
 
     @staticmethod
-    def _scan(spec: SessionSpec) -> dict[str, tuple[int, int]]:
-        found: dict[str, tuple[int, int]] = {}
-        base = spec.workspace
+    def _scan(spec: SessionSpec) -> dict[str, Look]:
+        """A look at every path the session watches (what ``route`` would take)."""
+        found: dict[str, Look] = {}
         patterns = list(spec.bind.files)
         for trig in spec.trigger:
             if isinstance(trig, WatchTriggerSpec):
                 patterns += trig.paths
         for pattern in patterns:
-            for path in base.glob(pattern):
-                try:
-                    st = path.stat()  # one look: a file deleted meanwhile is just not there
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    found[str(path.relative_to(base))] = (st.st_mtime_ns, st.st_size)
+            for rel, st in _candidates(spec.workspace, pattern):
+                if rel not in found and _watched(spec, rel):
+                    found[rel] = _look(st)
         return found
 
     def baseline_scan(self, armed: Armed) -> None:
@@ -320,11 +404,35 @@ class Watcher:
         if _watches_files(spec):
             armed.scan = self._scan(spec)
 
-    def _differences(self, armed: Armed, now: dict[str, tuple[int, int]]) -> set[str]:
-        """Watched paths that differ from the last scan and are not waiting to wake it;
-        ``now`` becomes the last scan."""
+    def carry_over(self, old: Armed, new: Armed) -> None:
+        """A re-arming (the end of a run, with an ``every`` trigger; a spec changed)
+        takes a new baseline: what changed since the old arming's last look (which
+        the watcher may not have reported yet) and what waits in its debounce window
+        still wake the session, for the paths both armings watch."""
+        before, spec = old.spec, new.spec
+        if before is None or spec is None or before.workspace != spec.workspace:
+            return
+        changed = {p for p, v in new.scan.items() if old.scan.get(p) != v}
+        changed |= set(old.scan) - set(new.scan)
+        changed = {p for p in changed if _watched(before, p)} | old.pending_paths
+        if carried := {p for p in changed if _watched(spec, p)}:
+            self._collect(new, carried)
+
+    def _differences(
+        self, armed: Armed, now: dict[str, Look], began: int | None = None
+    ) -> set[str]:
+        """Watched paths that differ from the last look and are not waiting to wake it;
+        ``now``, a scan that ``began`` then, becomes the last look, except for the
+        paths the watcher looked at since: its look is newer (the change it saw is
+        not missed, and the scan's is no baseline)."""
         spec = armed.session.spec
         assert spec is not None
+        if began is not None:
+            newer = {p for p, t in armed.looked.items() if t > began}
+            now = {p: v for p, v in now.items() if p not in newer}
+            now |= {p: armed.scan[p] for p in newer if p in armed.scan}
+            oldest = min([began, *self._scanning])  # what a scan still running needs
+            armed.looked = {p: t for p, t in armed.looked.items() if t > oldest}
         missed = {p for p, v in now.items() if armed.scan.get(p) != v}
         missed |= set(armed.scan) - set(now)
         armed.scan = now
@@ -340,13 +448,13 @@ class Watcher:
                 if spec is None or not _watches_files(spec):
                     continue
                 try:
-                    now = await asyncio.to_thread(self._scan, spec)
+                    began, now = await self._in_thread(functools.partial(self._scan, spec))
                 except OSError:  # a workspace gone: this session's scan, not the loop
                     log.exception("watch.scan_failed", session=armed.session.name)
                     continue
                 if self.armed.get(armed.session.name) is not armed:
                     continue  # re-armed meanwhile: its new baseline is newer than `now`
-                missed = self._differences(armed, now)
+                missed = self._differences(armed, now, began)
                 if missed:
                     log.warning(
                         "watch.reconciled", session=armed.session.name, missed=sorted(missed)
