@@ -73,12 +73,21 @@ def _look(st: os.stat_result) -> Look:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _candidates(base: Path, pattern: str) -> Iterator[tuple[str, os.stat_result]]:
-    """What ``pattern`` may cover under ``base`` (workspace-relative, with its stat):
-    from its literal leading folders down, as deep as the pattern reaches (anywhere
-    under a folder named alone or past a ``**``). The caller matches each one with
-    the routing's own glob dialect: pathlib's differs (its ``src/**`` is folders
-    only, and a folder named alone is not gone into)."""
+def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return entry.stat()  # one look: one deleted meanwhile is just not there
+    except OSError:
+        return None
+
+
+def _candidates(
+    base: Path, pattern: str, want: Callable[[str], bool]
+) -> Iterator[tuple[str, os.stat_result]]:
+    """The paths under ``base`` (workspace-relative, with their stat) that ``pattern``
+    may cover and ``want`` takes: from the pattern's literal leading folders down,
+    as deep as it reaches (anywhere under a folder named alone or past a ``**``).
+    ``want`` is the routing's own glob dialect; pathlib's differs (its ``src/**``
+    is folders only, and a folder named alone is not gone into)."""
     parts = [p for p in pattern.split("/") if p not in ("", ".")]
     fixed: list[str] = []
     for part in parts:
@@ -87,29 +96,32 @@ def _candidates(base: Path, pattern: str) -> Iterator[tuple[str, os.stat_result]
         fixed.append(part)
     rest = parts[len(fixed) :]
     depth = None if not rest or any("**" in p for p in rest) else len(rest)
-    top = os.path.join(base, *fixed)
+    top_rel = "/".join(fixed)
+    top = os.path.join(base, top_rel)
     try:
         st = os.stat(top)
     except OSError:
         return
-    if fixed:
-        yield "/".join(fixed), st
+    if fixed and want(top_rel):
+        yield top_rel, st
     if not stat.S_ISDIR(st.st_mode):
         return
-    for root, dirs, files in os.walk(top):
-        below = os.path.relpath(root, top)
-        level = 0 if below == "." else below.count("/") + 1
-        if root == str(base):
-            dirs[:] = [d for d in dirs if d != ".git"]  # the git trigger's, not watched
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            try:
-                st = os.stat(path)  # one look: one deleted meanwhile is just not there
-            except OSError:
-                continue
-            yield os.path.relpath(path, base), st
-        if depth is not None and level + 1 >= depth:
-            dirs[:] = []  # the pattern reaches no deeper
+    folders = [(top, top_rel, 1)]
+    while folders:
+        folder, rel, level = folders.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:  # unreadable, or gone meanwhile: what it holds is not there
+            continue
+        for entry in entries:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if path == ".git":
+                continue  # the git trigger's, never watched (route)
+            if want(path) and (st := _stat(entry)) is not None:
+                yield path, st
+            if (depth is None or level < depth) and entry.is_dir(follow_symlinks=False):
+                folders.append((entry.path, path, level + 1))
 
 
 @dataclass(eq=False)
@@ -392,9 +404,8 @@ class Watcher:
             if isinstance(trig, WatchTriggerSpec):
                 patterns += trig.paths
         for pattern in patterns:
-            for rel, st in _candidates(spec.workspace, pattern):
-                if rel not in found and _watched(spec, rel):
-                    found[rel] = _look(st)
+            for rel, st in _candidates(spec.workspace, pattern, functools.partial(_watched, spec)):
+                found.setdefault(rel, _look(st))
         return found
 
     def baseline_scan(self, armed: Armed) -> None:

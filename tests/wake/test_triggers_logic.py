@@ -113,15 +113,21 @@ def test_a_file_deleted_during_a_scan_is_not_there_and_the_scan_goes_on(
     victim.write_text("y")
     s = armed_session(tmp_path, '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n')
     assert s.spec is not None
-    real_walk = os.walk
+    real_scandir = os.scandir
 
-    def walk_then_deleted(top: Any, *args: Any, **kwargs: Any) -> Any:
-        for root, dirs, files in real_walk(top, *args, **kwargs):
-            if victim.name in files:
+    class ListedThenDeleted:
+        def __init__(self, folder: Any) -> None:
+            self.entries = list(real_scandir(folder))
+
+        def __enter__(self) -> Any:
+            if any(e.path == str(victim) for e in self.entries):
                 victim.unlink()  # listed, then deleted before it is looked at
-            yield root, dirs, files
+            return iter(self.entries)
 
-    monkeypatch.setattr(os, "walk", walk_then_deleted)
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(os, "scandir", ListedThenDeleted)
     found = Watcher._scan(s.spec)
     assert "data/keep" in found
     assert "data/gone" not in found
