@@ -118,8 +118,8 @@ def _candidates(
             path = f"{rel}/{entry.name}" if rel else entry.name
             if path == ".git":
                 continue  # the git trigger's, never watched (route)
-            if want(path) and (st := _stat(entry)) is not None:
-                yield path, st
+            if want(path) and (look := _stat(entry)) is not None:
+                yield path, look
             if (depth is None or level < depth) and entry.is_dir(follow_symlinks=False):
                 folders.append((entry.path, path, level + 1))
 
