@@ -162,6 +162,7 @@ class Watcher:
         self._next: _Watch | None = None
         # replaced watchers, each ended once it has reported what it saw last
         self._retiring: dict[_Watch, asyncio.TimerHandle] = {}
+        self._deferred = False  # a restart waits for the retiring watcher's end
         self._scanning: list[int] = []  # when each scan in a thread began (monotonic ns)
         self._reconciler: asyncio.Task[None] | None = None
 
@@ -179,6 +180,13 @@ class Watcher:
 
     def restart(self) -> None:
         """Watch the roots the armed sessions need now (a no-op if they are the same)."""
+        if self._retiring:
+            # One replaced a moment ago still reports what it saw last: the next one
+            # is built when it ends (and scans the folders new to it), so that a burst
+            # of armings holds three watchers (their inotify instances and watches,
+            # their threads) at most, not one for each arming.
+            self._deferred = True
+            return
         roots = self._roots_now()
         newest = self._next or self._live
         if newest is not None and newest.roots == roots:
@@ -215,7 +223,7 @@ class Watcher:
             timer.cancel()
             watches.append(w)
         self._live = self._next = None
-        self._retiring = {}
+        self._retiring, self._deferred = {}, False
         for w in watches:
             w.stop.set()
         tasks = [w.task for w in watches] + [self._reconciler]
@@ -280,6 +288,9 @@ class Watcher:
         def end() -> None:
             if self._retiring.pop(w, None) is not None:
                 self._end(w)
+                if self._deferred:
+                    self._deferred = False
+                    self.restart()
 
         self._retiring[w] = asyncio.get_running_loop().call_later(linger, end)
 

@@ -277,3 +277,52 @@ def test_what_the_replaced_watcher_saw_last_still_wakes_its_session(tmp_path: Pa
 
     kernel = asyncio.run(go())
     assert kernel.wakes == [("a", "watch", {"paths": ["data/x.csv"]})]
+
+
+def inotify_instances() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if "inotify" in _link(f"/proc/self/fd/{fd}"))
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def test_a_burst_of_armings_in_new_folders_holds_three_watchers_at_most(tmp_path: Path) -> None:
+    """A replaced watcher lingers to report what it saw last; a watcher built at each
+    arming of a burst (a script creating sessions) held one more inotify instance,
+    its watches and its thread each time, up to the user's limit of instances. The
+    last folder is watched all the same once the burst is over."""
+
+    async def go() -> tuple[int, Kernel]:
+        kernel = Kernel()
+        triggers = Triggers(kernel, lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        watcher = triggers.watcher
+        before, most = inotify_instances(), 0
+        for i in range(12):
+            folder = tmp_path / f"w{i}"
+            (folder / "data").mkdir(parents=True)
+            spec = parse_spec(
+                f'name = "s{i}"\n[run]\nexec = ["true"]\ncwd = "."\n'
+                '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\n',
+                base=folder,
+            )
+            triggers.armed[f"s{i}"] = Armed(Session(f"s{i}", Sleeping(), spec))  # type: ignore[arg-type]
+            watcher.restart()
+            await until(lambda: watcher._next is None, "the watcher's start")
+            most = max(most, inotify_instances() - before)
+        last = str(tmp_path / "w11")
+        await until(lambda: watcher._live is not None and last in watcher._live.roots, "w11")
+        (tmp_path / "w11" / "data" / "x.csv").write_text("1\n")
+        try:
+            await asyncio.wait_for(kernel.woken.wait(), 30)
+        finally:
+            await triggers.close()
+        return most, kernel
+
+    most, kernel = asyncio.run(go())
+    assert most <= 3
+    assert kernel.wakes == [("s11", "watch", {"paths": ["data/x.csv"]})]
