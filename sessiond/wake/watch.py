@@ -126,11 +126,15 @@ def _candidates(
 
 @dataclass(eq=False)
 class _Watch:
-    """One watchfiles watcher: its roots, and the event that ends it."""
+    """One watchfiles watcher: its roots, and the event that ends it. ``lenient``:
+    it passes over the folders it may not watch (watchfiles then passes over every
+    error, the user's limit of inotify watches met too, silently)."""
 
     roots: frozenset[str]
+    lenient: bool = False
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    error: Exception | None = None  # why it could not start
 
 
 class Watcher:
@@ -204,7 +208,10 @@ class Watcher:
         # soon after it as when it was imported at the start
         import watchfiles  # noqa: F401
 
-        self._next = _Watch(roots)
+        self._build(roots, lenient=False)
+
+    def _build(self, roots: frozenset[str], *, lenient: bool) -> None:
+        self._next = _Watch(roots, lenient)
         self._next.task = asyncio.ensure_future(self._watch(self._next))
 
     @staticmethod
@@ -240,7 +247,7 @@ class Watcher:
             await self.hold("watch-arm", "")
         changes = watchfiles.awatch(
             *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=DEBOUNCE_MS,
-            stop_event=w.stop, ignore_permission_denied=True,
+            stop_event=w.stop, ignore_permission_denied=w.lenient,
         )  # fmt: skip
         # awatch builds its inotify watches synchronously when first iterated, before
         # its first wait: a callback queued now runs once they are in place.
@@ -249,8 +256,11 @@ class Watcher:
         try:
             async for batch in changes:
                 self.route({path for _, path in batch})
-        except Exception:
-            log.exception("watch.failed")
+        except Exception as exc:
+            if w is self._next:
+                w.error = exc  # it could not start: _watching decides what next
+            else:
+                log.exception("watch.failed")
 
     def _watching(self, w: _Watch) -> None:
         """``w`` watches its roots now: it replaces the live watcher, and what changed
@@ -258,7 +268,8 @@ class Watcher:
         if w is not self._next:
             return  # superseded (ended by restart) or closed
         if w.task is not None and w.task.done():
-            self._next = None  # it failed to start (logged): the live one goes on
+            self._next = None
+            self._failed(w)
             return
         before = self._live.roots if self._live is not None else frozenset()
         if self._live is not None:
@@ -277,6 +288,29 @@ class Watcher:
                 behind.append(armed)
         if behind:
             self.host.spawn(self._catch_up(behind))
+
+    def _failed(self, w: _Watch) -> None:
+        """``w`` could not start. Beside the live watcher (and one retiring), the
+        inotify watches of the roots they share are held twice, which the user's
+        limit may not allow: they end, and it is built again alone (every root is
+        new to it then, and scanned). Else, or alone, it is built again passing over
+        what it cannot watch (a folder it may not read). Else the live one goes on."""
+        denied = isinstance(w.error, PermissionError)
+        (log.info if denied and not w.lenient else log.warning)(
+            "watch.failed", roots=sorted(w.roots), lenient=w.lenient, error=str(w.error)
+        )
+        crowded = self._live is not None or bool(self._retiring)
+        if isinstance(w.error, OSError) and not denied and crowded:
+            for old, timer in [*self._retiring.items(), (self._live, None)]:
+                if old is not None:
+                    self._end(old)
+                if timer is not None:
+                    timer.cancel()
+            self._live, self._retiring, self._deferred = None, {}, False
+            if roots := self._roots_now():  # (a restart may have waited for the retiring)
+                self._build(roots, lenient=w.lenient)
+        elif not w.lenient:
+            self._build(w.roots, lenient=True)
 
     def _retire(self, w: _Watch) -> None:
         """End ``w`` once it has reported what it saw before its successor watched: a
