@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sessiond.table.sessions import Session
+from sessiond.table.spec import SessionSpec
+
+# What a change of a watched path is measured against: modification time, size and
+# inode (sessiond.wake.watch, _look).
+Look = tuple[int, int, int]
 
 
 @dataclass
@@ -18,13 +23,17 @@ class Armed:
     """A session's live triggers."""
 
     session: Session
+    spec: SessionSpec | None = None  # the spec it was armed with (a re-arming compares)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     next_fires: dict[str, datetime] = field(default_factory=dict)  # trigger key -> next fire
     pending_paths: set[str] = field(default_factory=set)
     flush: asyncio.TimerHandle | None = None
     # repo:ref -> last commit seen; shared by every arming of the session (see arm)
     git_seen: dict[str, str] = field(default_factory=dict)
-    scan: dict[str, tuple[int, int]] = field(default_factory=dict)  # reconciliation baseline
+    scan: dict[str, Look] = field(default_factory=dict)  # the last look at each watched path
+    # path -> when the watcher last looked at it (monotonic ns): newer than a scan
+    # that began before, whose finding for it is then stale (watch.py, _differences)
+    looked: dict[str, int] = field(default_factory=dict)
 
     def cancel(self) -> None:
         """Stop its timers and a pending debounce flush (disarming)."""

@@ -59,13 +59,14 @@ class Triggers:
 
     def arm(self, s: Session) -> None:
         """(Re)arm a session's triggers from its spec; disarm if it has none left."""
+        old = self.armed.get(s.name)
         self.disarm(s.name, restart=False)
         spec = s.spec
         if spec is None or not spec.has_triggers or s.journal_or_none is None:
             return
         if s.state in ("terminated", "arriving"):  # arriving: armed when its hand-over ends
             return
-        armed = Armed(s, git_seen=self.git.seen(s.name))
+        armed = Armed(s, spec, git_seen=self.git.seen(s.name))
         self.armed[s.name] = armed
         crons: set[tuple[str, str, float]] = set()
         for index, trig in enumerate(spec.trigger):
@@ -83,6 +84,8 @@ class Triggers:
         if armed.git_seen:  # commits made since the last scan (a restart) wake it now
             self.git.check(armed)
         self.watcher.baseline_scan(armed)
+        if old is not None:
+            self.watcher.carry_over(old, armed)
 
     def disarm(self, name: str, *, restart: bool = True) -> None:
         armed = self.armed.pop(name, None)

@@ -15,24 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
 from sessiond.gitrefs import git_folder
 from sessiond.table.sessions import file_hash
 from sessiond.table.spec import GitTriggerSpec, SessionSpec, WatchTriggerSpec
-from sessiond.wake.armed import Armed
+from sessiond.wake.armed import Armed, Look
 from sessiond.wake.globs import match
 from sessiond.wake.host import WakeHost
 
 log = structlog.get_logger(__name__)
 
 RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
+DEBOUNCE_MS = 1_600  # watchfiles' longest grouping of changes before it reports them
+
+T = TypeVar("T")
 
 
 def _watches_files(spec: SessionSpec) -> bool:
@@ -57,13 +63,78 @@ def _watched(spec: SessionSpec, rel: str) -> bool:
     return rel in spec.bind.files or _watch_matches(spec, rel)
 
 
-@dataclass
+def _look(st: os.stat_result) -> Look:
+    """What a change is measured against: a file's modification time, size and inode
+    (a new version renamed over it is a new inode, even when its tool kept the time
+    and the size; a mode or ACL changes none of them). A folder's inode alone: its
+    time moves with each entry added or removed, which is reported for the entry."""
+    if stat.S_ISDIR(st.st_mode):
+        return (0, 0, st.st_ino)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return entry.stat()  # one look: one deleted meanwhile is just not there
+    except OSError:
+        return None
+
+
+def _candidates(
+    base: Path, pattern: str, want: Callable[[str], bool]
+) -> Iterator[tuple[str, os.stat_result]]:
+    """The paths under ``base`` (workspace-relative, with their stat) that ``pattern``
+    may cover and ``want`` takes: from the pattern's literal leading folders down,
+    as deep as it reaches (anywhere under a folder named alone or past a ``**``).
+    ``want`` is the routing's own glob dialect; pathlib's differs (its ``src/**``
+    is folders only, and a folder named alone is not gone into)."""
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    fixed: list[str] = []
+    for part in parts:
+        if "*" in part or "?" in part:
+            break
+        fixed.append(part)
+    rest = parts[len(fixed) :]
+    depth = None if not rest or any("**" in p for p in rest) else len(rest)
+    top_rel = "/".join(fixed)
+    top = os.path.join(base, top_rel)
+    try:
+        st = os.stat(top)
+    except OSError:
+        return
+    if fixed and want(top_rel):
+        yield top_rel, st
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    folders = [(top, top_rel, 1)]
+    while folders:
+        folder, rel, level = folders.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:  # unreadable, or gone meanwhile: what it holds is not there
+            continue
+        for entry in entries:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if path == ".git":
+                continue  # the git trigger's, never watched (route)
+            if want(path) and (look := _stat(entry)) is not None:
+                yield path, look
+            if (depth is None or level < depth) and entry.is_dir(follow_symlinks=False):
+                folders.append((entry.path, path, level + 1))
+
+
+@dataclass(eq=False)
 class _Watch:
-    """One watchfiles watcher: its roots, and the event that ends it."""
+    """One watchfiles watcher: its roots, and the event that ends it. ``lenient``:
+    it passes over the folders it may not watch (watchfiles then passes over every
+    error, the user's limit of inotify watches met too, silently)."""
 
     roots: frozenset[str]
+    lenient: bool = False
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    error: Exception | None = None  # why it could not start
 
 
 class Watcher:
@@ -93,6 +164,10 @@ class Watcher:
         # that a root in both is never unwatched for a moment.
         self._live: _Watch | None = None
         self._next: _Watch | None = None
+        # replaced watchers, each ended once it has reported what it saw last
+        self._retiring: dict[_Watch, asyncio.TimerHandle] = {}
+        self._deferred = False  # a restart waits for the retiring watcher's end
+        self._scanning: list[int] = []  # when each scan in a thread began (monotonic ns)
         self._reconciler: asyncio.Task[None] | None = None
 
     # --- the watcher task -------------------------------------------------------------
@@ -109,6 +184,13 @@ class Watcher:
 
     def restart(self) -> None:
         """Watch the roots the armed sessions need now (a no-op if they are the same)."""
+        if self._retiring:
+            # One replaced a moment ago still reports what it saw last: the next one
+            # is built when it ends (and scans the folders new to it), so that a burst
+            # of armings holds three watchers (their inotify instances and watches,
+            # their threads) at most, not one for each arming.
+            self._deferred = True
+            return
         roots = self._roots_now()
         newest = self._next or self._live
         if newest is not None and newest.roots == roots:
@@ -126,7 +208,10 @@ class Watcher:
         # soon after it as when it was imported at the start
         import watchfiles  # noqa: F401
 
-        self._next = _Watch(roots)
+        self._build(roots, lenient=False)
+
+    def _build(self, roots: frozenset[str], *, lenient: bool) -> None:
+        self._next = _Watch(roots, lenient)
         self._next.task = asyncio.ensure_future(self._watch(self._next))
 
     @staticmethod
@@ -141,7 +226,11 @@ class Watcher:
 
     async def close(self) -> None:
         watches = [w for w in (self._live, self._next) if w is not None]
+        for w, timer in self._retiring.items():
+            timer.cancel()
+            watches.append(w)
         self._live = self._next = None
+        self._retiring, self._deferred = {}, False
         for w in watches:
             w.stop.set()
         tasks = [w.task for w in watches] + [self._reconciler]
@@ -157,8 +246,8 @@ class Watcher:
         if self.hold is not None:
             await self.hold("watch-arm", "")
         changes = watchfiles.awatch(
-            *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=1_600,
-            stop_event=w.stop, ignore_permission_denied=True,
+            *w.roots, watch_filter=None, step=self.poll_step_ms, debounce=DEBOUNCE_MS,
+            stop_event=w.stop, ignore_permission_denied=w.lenient,
         )  # fmt: skip
         # awatch builds its inotify watches synchronously when first iterated, before
         # its first wait: a callback queued now runs once they are in place.
@@ -167,8 +256,11 @@ class Watcher:
         try:
             async for batch in changes:
                 self.route({path for _, path in batch})
-        except Exception:
-            log.exception("watch.failed")
+        except Exception as exc:
+            if w is self._next:
+                w.error = exc  # it could not start: _watching decides what next
+            else:
+                log.exception("watch.failed")
 
     def _watching(self, w: _Watch) -> None:
         """``w`` watches its roots now: it replaces the live watcher, and what changed
@@ -176,11 +268,12 @@ class Watcher:
         if w is not self._next:
             return  # superseded (ended by restart) or closed
         if w.task is not None and w.task.done():
-            self._next = None  # it failed to start (logged): the live one goes on
+            self._next = None
+            self._failed(w)
             return
         before = self._live.roots if self._live is not None else frozenset()
         if self._live is not None:
-            self._end(self._live)
+            self._retire(self._live)
         self._live, self._next = w, None
         fresh = w.roots - before
         behind = []
@@ -196,11 +289,60 @@ class Watcher:
         if behind:
             self.host.spawn(self._catch_up(behind))
 
+    def _failed(self, w: _Watch) -> None:
+        """``w`` could not start. Beside the live watcher (and one retiring), the
+        inotify watches of the roots they share are held twice, which the user's
+        limit may not allow: they end, and it is built again alone (every root is
+        new to it then, and scanned). Else, or alone, it is built again passing over
+        what it cannot watch (a folder it may not read). Else the live one goes on."""
+        denied = isinstance(w.error, PermissionError)
+        (log.info if denied and not w.lenient else log.warning)(
+            "watch.failed", roots=sorted(w.roots), lenient=w.lenient, error=str(w.error)
+        )
+        crowded = self._live is not None or bool(self._retiring)
+        if isinstance(w.error, OSError) and not denied and crowded:
+            for old, timer in [*self._retiring.items(), (self._live, None)]:
+                if old is not None:
+                    self._end(old)
+                if timer is not None:
+                    timer.cancel()
+            self._live, self._retiring, self._deferred = None, {}, False
+            if roots := self._roots_now():  # (a restart may have waited for the retiring)
+                self._build(roots, lenient=w.lenient)
+        elif not w.lenient:
+            self._build(w.roots, lenient=True)
+
+    def _retire(self, w: _Watch) -> None:
+        """End ``w`` once it has reported what it saw before its successor watched: a
+        change waits in its polling step, for up to two steps and the debounce, and
+        ending it drops what it holds. Both report meanwhile: the second report of a
+        change is no change (``_changed``)."""
+        linger = (3 * self.poll_step_ms + DEBOUNCE_MS) / 1000
+
+        def end() -> None:
+            if self._retiring.pop(w, None) is not None:
+                self._end(w)
+                if self._deferred:
+                    self._deferred = False
+                    self.restart()
+
+        self._retiring[w] = asyncio.get_running_loop().call_later(linger, end)
+
+    async def _in_thread(self, scan: Callable[[], T]) -> tuple[int, T]:
+        """``scan`` in a thread, and when it began: a look the watcher takes at a path
+        after that is newer than what the scan found for it (``_differences``)."""
+        began = time.monotonic_ns()
+        self._scanning.append(began)
+        try:
+            return began, await asyncio.to_thread(scan)
+        finally:
+            self._scanning.remove(began)
+
     async def _catch_up(self, behind: list[Armed]) -> None:
         """One thread scans them all (a start-up arms every session at once)."""
 
-        def scan_all() -> list[tuple[Armed, dict[str, tuple[int, int]] | None]]:
-            found: list[tuple[Armed, dict[str, tuple[int, int]] | None]] = []
+        def scan_all() -> list[tuple[Armed, dict[str, Look] | None]]:
+            found: list[tuple[Armed, dict[str, Look] | None]] = []
             for armed in behind:
                 assert armed.session.spec is not None
                 try:
@@ -210,10 +352,11 @@ class Watcher:
                     found.append((armed, None))
             return found
 
-        for armed, now in await asyncio.to_thread(scan_all):
+        began, found = await self._in_thread(scan_all)
+        for armed, now in found:
             if now is None or self.armed.get(armed.session.name) is not armed:
                 continue  # re-armed meanwhile: its new baseline is newer than `now`
-            if missed := self._differences(armed, now):
+            if missed := self._differences(armed, now, began):
                 log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
                 self._collect(armed, missed)
 
@@ -236,20 +379,22 @@ class Watcher:
 
     @staticmethod
     def _changed(armed: Armed, rel: str) -> bool:
-        """Did the content of a file the watcher reported change since the last look?
-        Not if its modification time and size are the same: only its attributes
-        changed (inotify reports those as a change too), e.g. the ACL the first run
-        of a session grants its uid on the workspace, which would wake it again.
-        The look is the last scan's, or the watcher's: the reconciliation then need
-        not report it."""
+        """Did the content of a path the watcher reported change since the last look?
+        Not if its modification time, size and inode are the same (``_look``): only
+        its attributes changed (inotify reports those as a change too), e.g. the ACL
+        the first run of a session grants its uid on the workspace, which would wake
+        it again; nor if it is gone and was not there at the last look (a file made
+        and removed in between, or a deletion a replaced watcher reports too). The
+        look is the last scan's, or the watcher's: the reconciliation then need not
+        report it."""
         spec = armed.session.spec
         assert spec is not None
+        armed.looked[rel] = time.monotonic_ns()
         try:
-            st = (spec.workspace / rel).stat()
-        except OSError:  # gone (or unreadable): a change
-            armed.scan.pop(rel, None)
-            return True
-        now = (st.st_mtime_ns, st.st_size)
+            st = os.stat(spec.workspace / rel)
+        except OSError:  # gone (or unreadable)
+            return armed.scan.pop(rel, None) is not None
+        now = _look(st)
         if armed.scan.get(rel) == now:
             return False
         armed.scan[rel] = now
@@ -296,21 +441,16 @@ class Watcher:
     # --- reconciliation ---------------------------------------------------------------
 
     @staticmethod
-    def _scan(spec: SessionSpec) -> dict[str, tuple[int, int]]:
-        found: dict[str, tuple[int, int]] = {}
-        base = spec.workspace
+    def _scan(spec: SessionSpec) -> dict[str, Look]:
+        """A look at every path the session watches (what ``route`` would take)."""
+        found: dict[str, Look] = {}
         patterns = list(spec.bind.files)
         for trig in spec.trigger:
             if isinstance(trig, WatchTriggerSpec):
                 patterns += trig.paths
         for pattern in patterns:
-            for path in base.glob(pattern):
-                try:
-                    st = path.stat()  # one look: a file deleted meanwhile is just not there
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    found[str(path.relative_to(base))] = (st.st_mtime_ns, st.st_size)
+            for rel, st in _candidates(spec.workspace, pattern, functools.partial(_watched, spec)):
+                found.setdefault(rel, _look(st))
         return found
 
     def baseline_scan(self, armed: Armed) -> None:
@@ -320,11 +460,35 @@ class Watcher:
         if _watches_files(spec):
             armed.scan = self._scan(spec)
 
-    def _differences(self, armed: Armed, now: dict[str, tuple[int, int]]) -> set[str]:
-        """Watched paths that differ from the last scan and are not waiting to wake it;
-        ``now`` becomes the last scan."""
+    def carry_over(self, old: Armed, new: Armed) -> None:
+        """A re-arming (the end of a run, with an ``every`` trigger; a spec changed)
+        takes a new baseline: what changed since the old arming's last look (which
+        the watcher may not have reported yet) and what waits in its debounce window
+        still wake the session, for the paths both armings watch."""
+        before, spec = old.spec, new.spec
+        if before is None or spec is None or before.workspace != spec.workspace:
+            return
+        changed = {p for p, v in new.scan.items() if old.scan.get(p) != v}
+        changed |= set(old.scan) - set(new.scan)
+        changed = {p for p in changed if _watched(before, p)} | old.pending_paths
+        if carried := {p for p in changed if _watched(spec, p)}:
+            self._collect(new, carried)
+
+    def _differences(
+        self, armed: Armed, now: dict[str, Look], began: int | None = None
+    ) -> set[str]:
+        """Watched paths that differ from the last look and are not waiting to wake it;
+        ``now``, a scan that ``began`` then, becomes the last look, except for the
+        paths the watcher looked at since: its look is newer (the change it saw is
+        not missed, and the scan's is no baseline)."""
         spec = armed.session.spec
         assert spec is not None
+        if began is not None:
+            newer = {p for p, t in armed.looked.items() if t > began}
+            now = {p: v for p, v in now.items() if p not in newer}
+            now |= {p: armed.scan[p] for p in newer if p in armed.scan}
+            oldest = min([began, *self._scanning])  # what a scan still running needs
+            armed.looked = {p: t for p, t in armed.looked.items() if t > oldest}
         missed = {p for p, v in now.items() if armed.scan.get(p) != v}
         missed |= set(armed.scan) - set(now)
         armed.scan = now
@@ -340,13 +504,13 @@ class Watcher:
                 if spec is None or not _watches_files(spec):
                     continue
                 try:
-                    now = await asyncio.to_thread(self._scan, spec)
+                    began, now = await self._in_thread(functools.partial(self._scan, spec))
                 except OSError:  # a workspace gone: this session's scan, not the loop
                     log.exception("watch.scan_failed", session=armed.session.name)
                     continue
                 if self.armed.get(armed.session.name) is not armed:
                     continue  # re-armed meanwhile: its new baseline is newer than `now`
-                missed = self._differences(armed, now)
+                missed = self._differences(armed, now, began)
                 if missed:
                     log.warning(
                         "watch.reconciled", session=armed.session.name, missed=sorted(missed)

@@ -104,6 +104,38 @@ def test_a_change_made_before_the_watch_is_in_place_still_wakes_the_session() ->
             shutil.rmtree(other, ignore_errors=True)
 
 
+def test_a_session_watching_a_folder_glob_is_caught_up_and_not_woken_by_a_chmod() -> None:
+    """``src/**`` (the documented default) covers every file under src: the scans
+    must see them as the routing does. pathlib's glob took it for folders only, so
+    a file written before the watch was in place was never caught up, and a mode
+    change (as the ACL of a session's first run) on a file there woke the session."""
+    with held_daemon("watch-arm") as d:
+        d.start()
+        (d.root / "src" / "pkg").mkdir(parents=True)
+        (d.root / "src" / "pkg" / "m.py").write_text("m = 1\n")
+        spec = (
+            f'name = "w"\n[run]\nexec = ["sh", "-c", "{RECORD}"]\ncwd = "."\n'
+            '[[trigger]]\ntype = "watch"\npaths = ["src/**"]\n'
+        )
+        (d.root / "go").unlink()
+        since = len(d.lines)
+        d.ctl("create", str(d.write_spec("w", spec)), check=True)
+        d.wait_line("fault.held", match=lambda line: line["point"] == "watch-arm", since=since)
+        (d.root / "src" / "pkg" / "new.py").write_text("n = 1\n")  # no watch yet
+        (d.root / "go").touch()
+        caught = d.wait_line("watch.caught_up", since=since)
+        assert caught["paths"] == ["src/pkg/new.py"]
+        first = wait_event(d, "w", "run.finished")
+        for path in (d.root / "src" / "pkg", d.root / "src" / "pkg" / "m.py"):
+            path.chmod(0o700)  # attributes alone: no change
+        (d.root / "src" / "b.py").write_text("b = 1\n")
+        wait_event(d, "w", "run.finished", since=first["seq"] + 1)
+        assert [w["details"]["paths"] for c in wakes(d.root) for w in c["wakes"]] == [
+            ["src/pkg/new.py"],
+            ["src/b.py"],
+        ]
+
+
 def test_a_bound_file_wakes_its_session_when_its_content_changes() -> None:
     with running() as d:
         (d.root / "rates.csv").write_text("rate,1\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,14 @@ def test_a_burst_of_changes_becomes_one_wake_with_every_path(tmp_path: Path) -> 
         )
         triggers.armed["w"] = Armed(s)
         base = str(tmp_path)
+        (tmp_path / "data").mkdir()
+        (tmp_path / "other").mkdir()
         for batch in (["data/a", "data/tmp1"], ["data/b", "other/c"], ["data/a"]):
+            for p in batch:  # a path reported is one that changed (a look tells)
+                (tmp_path / p).write_text(f"{batch}\n")
             triggers.route({f"{base}/{p}" for p in batch})
         await asyncio.sleep(0.2)
+        (tmp_path / "data" / "late").write_text("late\n")
         triggers.route({f"{base}/data/late"})
         await asyncio.sleep(0.2)
         return kernel
@@ -107,21 +113,21 @@ def test_a_file_deleted_during_a_scan_is_not_there_and_the_scan_goes_on(
     victim.write_text("y")
     s = armed_session(tmp_path, '[[trigger]]\ntype = "watch"\npaths = ["data/*"]\n')
     assert s.spec is not None
-    real_is_file = Path.is_file
+    real_scandir = os.scandir
 
-    def is_file(self: Path) -> bool:  # the victim was there when looked at
-        return self == victim or real_is_file(self)
+    class ListedThenDeleted:
+        def __init__(self, folder: Any) -> None:
+            self.entries = list(real_scandir(folder))
 
-    real_glob = Path.glob
-
-    def glob_then_deleted(self: Path, pattern: str) -> Any:
-        for path in real_glob(self, pattern):
-            if path == victim:
+        def __enter__(self) -> Any:
+            if any(e.path == str(victim) for e in self.entries):
                 victim.unlink()  # listed, then deleted before it is looked at
-            yield path
+            return iter(self.entries)
 
-    monkeypatch.setattr(Path, "is_file", is_file)
-    monkeypatch.setattr(Path, "glob", glob_then_deleted)
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(os, "scandir", ListedThenDeleted)
     found = Watcher._scan(s.spec)
     assert "data/keep" in found
     assert "data/gone" not in found
