@@ -3,11 +3,18 @@
 One watchfiles watcher over every armed workspace (and every git trigger's
 ``.git`` folder) routes each change to the sessions that watch it; each session
 debounces its own changes into one wake listing every changed path. A bound
-file wakes its session only when its content hash changed. A reconciliation
-scan catches what the kernel did not report (inotify overflow) and logs it.
+file wakes its session only when its content hash changed. A reported path
+counts only if its look moved (sessiond.wake.looks: an attribute alone is no
+change).
+
+No change is lost to a watcher not in place yet: a new one (its roots changed)
+scans the folders new to it once its inotify watches exist, and the one it
+replaces reports until then (and a moment after, what it held). A
+reconciliation scan every 30 s catches what the kernel did not report (inotify
+overflow, another machine's writes on a shared folder) and logs it.
 
 Separate from the timers and the git trigger because it owns the file system
-side: the watcher task, the routing of paths, the debounce and the scans. A
+side: the watcher tasks, the routing of paths, the debounce and the scans. A
 change under a ``.git`` folder is handed to the git trigger (``check_git``).
 """
 
@@ -17,21 +24,18 @@ import asyncio
 import contextlib
 import functools
 import os
-import stat
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
 import structlog
 
-from sessiond.gitrefs import git_folder
 from sessiond.table.sessions import file_hash
-from sessiond.table.spec import GitTriggerSpec, SessionSpec, WatchTriggerSpec
+from sessiond.table.spec import WatchTriggerSpec
 from sessiond.wake.armed import Armed, Look
-from sessiond.wake.globs import match
 from sessiond.wake.host import WakeHost
+from sessiond.wake.looks import git_dirs, look, scan, watch_matches, watched, watches_files
 
 log = structlog.get_logger(__name__)
 
@@ -39,89 +43,6 @@ RECONCILE = 30.0  # seconds between reconciliation scans of watched paths
 DEBOUNCE_MS = 1_600  # watchfiles' longest grouping of changes before it reports them
 
 T = TypeVar("T")
-
-
-def _watches_files(spec: SessionSpec) -> bool:
-    """Has it bound files or a watch trigger (its workspace is watched and scanned)?"""
-    return bool(spec.bind.files) or any(isinstance(t, WatchTriggerSpec) for t in spec.trigger)
-
-
-def _git_dirs(spec: SessionSpec) -> list[Path]:
-    """The ``.git`` folders of its git triggers."""
-    return [git_folder(Path(t.repo)) for t in spec.trigger if isinstance(t, GitTriggerSpec)]
-
-
-def _watch_matches(spec: SessionSpec, rel: str) -> bool:
-    """Does one of its watch triggers take this workspace-relative path?"""
-    return any(
-        isinstance(t, WatchTriggerSpec) and match(rel, t.paths) and not match(rel, t.exclude)
-        for t in spec.trigger
-    )
-
-
-def _watched(spec: SessionSpec, rel: str) -> bool:
-    return rel in spec.bind.files or _watch_matches(spec, rel)
-
-
-def _look(st: os.stat_result) -> Look:
-    """What a change is measured against: a file's modification time, size and inode
-    (a new version renamed over it is a new inode, even when its tool kept the time
-    and the size; a mode or ACL changes none of them). A folder's inode alone: its
-    time moves with each entry added or removed, which is reported for the entry."""
-    if stat.S_ISDIR(st.st_mode):
-        return (0, 0, st.st_ino)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _stat(entry: os.DirEntry[str]) -> os.stat_result | None:
-    try:
-        return entry.stat()  # one look: one deleted meanwhile is just not there
-    except OSError:
-        return None
-
-
-def _candidates(
-    base: Path, pattern: str, want: Callable[[str], bool]
-) -> Iterator[tuple[str, os.stat_result]]:
-    """The paths under ``base`` (workspace-relative, with their stat) that ``pattern``
-    may cover and ``want`` takes: from the pattern's literal leading folders down,
-    as deep as it reaches (anywhere under a folder named alone or past a ``**``).
-    ``want`` is the routing's own glob dialect; pathlib's differs (its ``src/**``
-    is folders only, and a folder named alone is not gone into)."""
-    parts = [p for p in pattern.split("/") if p not in ("", ".")]
-    fixed: list[str] = []
-    for part in parts:
-        if "*" in part or "?" in part:
-            break
-        fixed.append(part)
-    rest = parts[len(fixed) :]
-    depth = None if not rest or any("**" in p for p in rest) else len(rest)
-    top_rel = "/".join(fixed)
-    top = os.path.join(base, top_rel)
-    try:
-        st = os.stat(top)
-    except OSError:
-        return
-    if fixed and want(top_rel):
-        yield top_rel, st
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    folders = [(top, top_rel, 1)]
-    while folders:
-        folder, rel, level = folders.pop()
-        try:
-            with os.scandir(folder) as it:
-                entries = list(it)
-        except OSError:  # unreadable, or gone meanwhile: what it holds is not there
-            continue
-        for entry in entries:
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            if path == ".git":
-                continue  # the git trigger's, never watched (route)
-            if want(path) and (look := _stat(entry)) is not None:
-                yield path, look
-            if (depth is None or level < depth) and entry.is_dir(follow_symlinks=False):
-                folders.append((entry.path, path, level + 1))
 
 
 @dataclass(eq=False)
@@ -177,9 +98,9 @@ class Watcher:
         for armed in self.armed.values():
             spec = armed.session.spec
             assert spec is not None
-            if _watches_files(spec):
+            if watches_files(spec):
                 roots.add(str(spec.workspace))
-            roots.update(str(g) for g in _git_dirs(spec))
+            roots.update(str(g) for g in git_dirs(spec))
         return frozenset(r for r in roots if os.path.isdir(r))
 
     def restart(self) -> None:
@@ -282,9 +203,9 @@ class Watcher:
             assert spec is not None
             # Armed before this watch began: a change made between its arming (the
             # request answered) and now was reported by no watcher.
-            if any(str(g) in fresh for g in _git_dirs(spec)):
+            if any(str(g) in fresh for g in git_dirs(spec)):
                 self.check_git(armed)
-            if _watches_files(spec) and str(spec.workspace) in fresh:
+            if watches_files(spec) and str(spec.workspace) in fresh:
                 behind.append(armed)
         if behind:
             self.host.spawn(self._catch_up(behind))
@@ -368,12 +289,12 @@ class Watcher:
             spec = armed.session.spec
             assert spec is not None
             workspace = str(spec.workspace).rstrip("/") + "/"
-            git_dirs = [str(g) + "/" for g in _git_dirs(spec)]
-            if any(p.startswith(g) or p + "/" == g for p in paths for g in git_dirs):
+            gits = [str(g) + "/" for g in git_dirs(spec)]
+            if any(p.startswith(g) or p + "/" == g for p in paths for g in gits):
                 self.check_git(armed)
             hits = {p[len(workspace) :] for p in paths if p.startswith(workspace)}
             hits = {h for h in hits if not h.startswith(".git/") and h != ".git"}
-            wanted = {h for h in hits if _watched(spec, h) and self._changed(armed, h)}
+            wanted = {h for h in hits if watched(spec, h) and self._changed(armed, h)}
             if wanted:
                 self._collect(armed, wanted)
 
@@ -394,7 +315,7 @@ class Watcher:
             st = os.stat(spec.workspace / rel)
         except OSError:  # gone (or unreadable)
             return armed.scan.pop(rel, None) is not None
-        now = _look(st)
+        now = look(st)
         if armed.scan.get(rel) == now:
             return False
         armed.scan[rel] = now
@@ -426,7 +347,7 @@ class Watcher:
             for p in paths
             if p in spec.bind.files and file_hash(spec.workspace / p) != bound.get(p)
         )
-        watched = sorted(p for p in paths if _watch_matches(spec, p))
+        watched = sorted(p for p in paths if watch_matches(spec, p))
         if watched:
             self.host.spawn(
                 self.host.wake(
@@ -440,24 +361,14 @@ class Watcher:
 
     # --- reconciliation ---------------------------------------------------------------
 
-    @staticmethod
-    def _scan(spec: SessionSpec) -> dict[str, Look]:
-        """A look at every path the session watches (what ``route`` would take)."""
-        found: dict[str, Look] = {}
-        patterns = list(spec.bind.files)
-        for trig in spec.trigger:
-            if isinstance(trig, WatchTriggerSpec):
-                patterns += trig.paths
-        for pattern in patterns:
-            for rel, st in _candidates(spec.workspace, pattern, functools.partial(_watched, spec)):
-                found.setdefault(rel, _look(st))
-        return found
+    # tests replace it (a scan that a change overtakes)
+    _scan = staticmethod(scan)
 
     def baseline_scan(self, armed: Armed) -> None:
         """What is there when the session is armed: later scans report differences."""
         spec = armed.session.spec
         assert spec is not None
-        if _watches_files(spec):
+        if watches_files(spec):
             armed.scan = self._scan(spec)
 
     def carry_over(self, old: Armed, new: Armed) -> None:
@@ -470,8 +381,8 @@ class Watcher:
             return
         changed = {p for p, v in new.scan.items() if old.scan.get(p) != v}
         changed |= set(old.scan) - set(new.scan)
-        changed = {p for p in changed if _watched(before, p)} | old.pending_paths
-        if carried := {p for p in changed if _watched(spec, p)}:
+        changed = {p for p in changed if watched(before, p)} | old.pending_paths
+        if carried := {p for p in changed if watched(spec, p)}:
             self._collect(new, carried)
 
     def _differences(
@@ -492,7 +403,7 @@ class Watcher:
         missed = {p for p, v in now.items() if armed.scan.get(p) != v}
         missed |= set(armed.scan) - set(now)
         armed.scan = now
-        return {p for p in missed if _watched(spec, p)} - armed.pending_paths
+        return {p for p in missed if watched(spec, p)} - armed.pending_paths
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -501,7 +412,7 @@ class Watcher:
                 spec = armed.session.spec
                 # every session that watches files: one whose first scan found nothing
                 # too (its files may all be new)
-                if spec is None or not _watches_files(spec):
+                if spec is None or not watches_files(spec):
                     continue
                 try:
                     began, now = await self._in_thread(functools.partial(self._scan, spec))
