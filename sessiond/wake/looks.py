@@ -87,9 +87,12 @@ def candidates(
         yield top_rel, st
     if not stat.S_ISDIR(st.st_mode):
         return
-    folders = [(top, top_rel, 1)]
+    # A symlinked folder is gone into, as the watcher goes into it (a change in its
+    # target is reported under the link's path), except one back to a folder above
+    # (the watcher passes over such a loop too).
+    folders = [(top, top_rel, 1, frozenset({(st.st_dev, st.st_ino)}))]
     while folders:
-        folder, rel, level = folders.pop()
+        folder, rel, level, above = folders.pop()
         try:
             with os.scandir(folder) as it:
                 entries = list(it)
@@ -101,8 +104,14 @@ def candidates(
                 continue  # the git trigger's, never watched (route)
             if want(path) and (look := _stat(entry)) is not None:
                 yield path, look
-            if (depth is None or level < depth) and entry.is_dir(follow_symlinks=False):
-                folders.append((entry.path, path, level + 1))
+            if depth is not None and level >= depth:
+                continue
+            if entry.is_dir(follow_symlinks=False) or entry.is_symlink():
+                inner = _stat(entry)  # (cached by the entry when it was looked at above)
+                if inner is None or not stat.S_ISDIR(inner.st_mode):
+                    continue
+                if (inode := (inner.st_dev, inner.st_ino)) not in above:
+                    folders.append((entry.path, path, level + 1, above | {inode}))
 
 
 def scan(spec: SessionSpec) -> dict[str, Look]:

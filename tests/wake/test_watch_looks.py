@@ -119,6 +119,43 @@ def test_a_file_the_watcher_reported_under_a_folder_glob_is_not_reported_again(
     assert asyncio.run(go()) == set()
 
 
+def test_a_file_under_a_symlinked_folder_is_scanned_as_the_watcher_reports_it(
+    tmp_path: Path,
+) -> None:
+    """The watcher follows a symlinked folder in a watched tree (watchfiles reports
+    a file written in its target under the link's path); the scans did not go into
+    it, so the next reconciliation took the file the watcher had reported for
+    deleted and woke the session again (and a change there made before the watch
+    was in place was never caught up). A symlink back to a folder above is no
+    endless walk."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "old.py").write_text("old = 1\n")
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "link").symlink_to(elsewhere)
+    (ws / "src" / "loop").symlink_to(ws / "src")
+
+    async def go() -> tuple[dict[str, Any], set[str]]:
+        triggers = Triggers(Kernel(), clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        armed = Armed(armed_session(ws, DOUBLE_STAR))
+        triggers.armed["w"] = armed
+        triggers.watcher.baseline_scan(armed)
+        baseline = dict(armed.scan)
+        (elsewhere / "new.py").write_text("new = 1\n")
+        triggers.route({str(ws / "src" / "link" / "new.py")})  # as watchfiles reports it
+        assert armed.pending_paths == {"src/link/new.py"}
+        armed.pending_paths.clear()  # (woken)
+        assert armed.session.spec is not None
+        again = triggers.watcher._differences(armed, Watcher._scan(armed.session.spec))
+        await triggers.watcher.close()
+        return baseline, again
+
+    baseline, again = asyncio.run(go())
+    assert "src/link/old.py" in baseline
+    assert again == set()
+
+
 def test_a_scan_older_than_the_watchers_look_neither_wakes_again_nor_stays_the_baseline(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
