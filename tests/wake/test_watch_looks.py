@@ -136,24 +136,28 @@ def test_a_file_under_a_symlinked_folder_is_scanned_as_the_watcher_reports_it(
     (ws / "src" / "link").symlink_to(elsewhere)
     (ws / "src" / "loop").symlink_to(ws / "src")
 
-    async def go() -> tuple[dict[str, Any], set[str]]:
-        triggers = Triggers(Kernel(), clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
-        armed = Armed(armed_session(ws, DOUBLE_STAR))
+    async def go() -> tuple[Kernel, dict[str, Any], set[str]]:
+        kernel = Kernel()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        armed = Armed(Session("w", Sleeping(), armed_session(ws, DOUBLE_STAR).spec))  # type: ignore[arg-type]
         triggers.armed["w"] = armed
         triggers.watcher.baseline_scan(armed)
         baseline = dict(armed.scan)
+        triggers.watcher.restart()  # a real watcher
+        await until(lambda: triggers.watcher._live is not None, "the watcher")
         (elsewhere / "new.py").write_text("new = 1\n")
-        triggers.route({str(ws / "src" / "link" / "new.py")})  # as watchfiles reports it
-        assert armed.pending_paths == {"src/link/new.py"}
-        armed.pending_paths.clear()  # (woken)
-        assert armed.session.spec is not None
-        again = triggers.watcher._differences(armed, Watcher._scan(armed.session.spec))
-        await triggers.watcher.close()
-        return baseline, again
+        try:
+            await asyncio.wait_for(kernel.woken.wait(), 30)
+            assert armed.session.spec is not None
+            again = triggers.watcher._differences(armed, Watcher._scan(armed.session.spec))
+        finally:
+            await triggers.close()
+        return kernel, baseline, again
 
-    baseline, again = asyncio.run(go())
+    kernel, baseline, again = asyncio.run(go())
+    assert kernel.wakes == [("w", "watch", {"paths": ["src/link/new.py"]})]
+    assert again == set()  # the next reconciliation: nothing missed
     assert "src/link/old.py" in baseline
-    assert again == set()
 
 
 def test_a_scan_older_than_the_watchers_look_neither_wakes_again_nor_stays_the_baseline(
