@@ -34,6 +34,9 @@ class Armed:
     # path -> when the watcher last looked at it (monotonic ns): newer than a scan
     # that began before, whose finding for it is then stale (watch.py, _differences)
     looked: dict[str, int] = field(default_factory=dict)
+    # whose baseline ``scan`` and ``looked`` continue: this arming's, or the one before
+    # when a re-arming kept its looks (a scan in a thread for either applies to it)
+    lineage: object = field(default_factory=object)
 
     def cancel(self) -> None:
         """Stop its timers and a pending debounce flush (disarming)."""

@@ -83,9 +83,10 @@ class Triggers:
                 self.git.arm(armed, trig)
         if armed.git_seen:  # commits made since the last scan (a restart) wake it now
             self.git.check(armed)
-        self.watcher.baseline_scan(armed)
-        if old is not None:
-            self.watcher.carry_over(old, armed)
+        if old is None or not self.watcher.keep_looks(old, armed):
+            self.watcher.baseline_scan(armed)
+            if old is not None:
+                self.watcher.carry_over(old, armed)
 
     def disarm(self, name: str, *, restart: bool = True) -> None:
         armed = self.armed.pop(name, None)

@@ -32,7 +32,7 @@ from typing import TypeVar
 import structlog
 
 from sessiond.table.sessions import file_hash
-from sessiond.table.spec import WatchTriggerSpec
+from sessiond.table.spec import SessionSpec, WatchTriggerSpec
 from sessiond.wake.armed import Armed, Look
 from sessiond.wake.host import WakeHost
 from sessiond.wake.looks import git_dirs, look, scan, watch_matches, watched, watches_files
@@ -56,6 +56,12 @@ class _Watch:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     error: Exception | None = None  # why it could not start
+
+
+def _watch_set(spec: SessionSpec) -> tuple[object, ...]:
+    """What decides which paths a session watches (its looks hold for the same set)."""
+    watches = [(t.paths, t.exclude) for t in spec.trigger if isinstance(t, WatchTriggerSpec)]
+    return (spec.workspace, spec.bind.files, watches)
 
 
 class Watcher:
@@ -274,12 +280,19 @@ class Watcher:
             return found
 
         began, found = await self._in_thread(scan_all)
-        for armed, now in found:
-            if now is None or self.armed.get(armed.session.name) is not armed:
+        for scanned, now in found:
+            if now is None or (armed := self._current(scanned)) is None:
                 continue  # re-armed meanwhile: its new baseline is newer than `now`
             if missed := self._differences(armed, now, began):
                 log.info("watch.caught_up", session=armed.session.name, paths=sorted(missed))
                 self._collect(armed, missed)
+
+    def _current(self, scanned: Armed) -> Armed | None:
+        """The arming a scan taken for ``scanned`` applies to: itself, or a re-arming
+        that kept its looks (``keep_looks``); none when a new baseline was taken
+        since (newer than the scan)."""
+        armed = self.armed.get(scanned.session.name)
+        return armed if armed is not None and armed.lineage is scanned.lineage else None
 
     # --- routing and debounce ---------------------------------------------------------
 
@@ -371,9 +384,24 @@ class Watcher:
         if watches_files(spec):
             armed.scan = self._scan(spec)
 
+    def keep_looks(self, old: Armed, new: Armed) -> bool:
+        """A re-arming that watches the same paths (the end of each run of a session
+        with an ``every`` trigger) keeps the old arming's looks instead of a new
+        baseline: no scan on the event loop (a ``src/**`` over a big tree takes a
+        while, at each run's end), and the watcher reports what it has not reported
+        yet against them; what waits in the debounce window still wakes the session.
+        False when the paths differ: a new baseline, and ``carry_over``."""
+        before, spec = old.spec, new.spec
+        if before is None or spec is None or _watch_set(before) != _watch_set(spec):
+            return False
+        new.scan, new.looked, new.lineage = old.scan, old.looked, old.lineage
+        if old.pending_paths:
+            self._collect(new, set(old.pending_paths))
+        return True
+
     def carry_over(self, old: Armed, new: Armed) -> None:
-        """A re-arming (the end of a run, with an ``every`` trigger; a spec changed)
-        takes a new baseline: what changed since the old arming's last look (which
+        """A re-arming that watches other paths (its spec changed) takes a new
+        baseline: what changed since the old arming's last look (which
         the watcher may not have reported yet) and what waits in its debounce window
         still wake the session, for the paths both armings watch."""
         before, spec = old.spec, new.spec
@@ -419,11 +447,11 @@ class Watcher:
                 except OSError:  # a workspace gone: this session's scan, not the loop
                     log.exception("watch.scan_failed", session=armed.session.name)
                     continue
-                if self.armed.get(armed.session.name) is not armed:
+                if (current := self._current(armed)) is None:
                     continue  # re-armed meanwhile: its new baseline is newer than `now`
-                missed = self._differences(armed, now, began)
+                missed = self._differences(current, now, began)
                 if missed:
                     log.warning(
                         "watch.reconciled", session=armed.session.name, missed=sorted(missed)
                     )
-                    self._collect(armed, missed)
+                    self._collect(current, missed)

@@ -367,3 +367,75 @@ def test_a_burst_of_armings_in_new_folders_holds_three_watchers_at_most(tmp_path
     most, kernel = asyncio.run(go())
     assert most <= 3
     assert kernel.wakes == [("s11", "watch", {"paths": ["data/x.csv"]})]
+
+
+CSV = '[[trigger]]\ntype = "watch"\npaths = ["data/*.csv"]\ndebounce = "50ms"\n'
+
+
+def test_a_rearming_that_watches_the_same_paths_scans_nothing_on_the_event_loop(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A session with an ``every`` trigger is re-armed at the end of each run: each
+    re-arming scanned its workspace on the event loop for a new baseline (for
+    ``src/**`` over a tree of 20 000 files, 0.4 s during which the daemon answered
+    nothing). The same paths watched: the looks of the arming before hold."""
+    real_scan = Watcher._scan
+    on_the_loop: list[str] = []
+
+    def counted(spec: Any) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            on_the_loop.append(spec.name)
+        return real_scan(spec)
+
+    monkeypatch.setattr(Watcher, "_scan", staticmethod(counted))
+    (tmp_path / "data").mkdir()
+
+    async def go() -> None:
+        triggers = Triggers(Kernel(), clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        s = Session("w", Sleeping(), armed_session(tmp_path, CSV).spec)  # type: ignore[arg-type]
+        triggers.arm(s)
+        triggers.arm(s)  # its run ended
+        triggers.arm(s)
+        await triggers.close()
+
+    asyncio.run(go())
+    assert on_the_loop == ["w"]  # the first arming's baseline alone
+
+
+def test_a_catch_up_scan_for_the_arming_before_wakes_the_one_that_kept_its_looks(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A re-arming that keeps the looks of the one before takes no baseline of its
+    own: a new watcher's catch-up scan taken for the arming before (a change made
+    before the watch was in place) must still count for it."""
+    real_scan = Watcher._scan
+    scanned, go_on = threading.Event(), threading.Event()
+
+    def slow_in_a_thread(spec: Any) -> Any:
+        found = real_scan(spec)
+        if threading.current_thread() is not threading.main_thread():
+            scanned.set()
+            go_on.wait(60)
+        return found
+
+    monkeypatch.setattr(Watcher, "_scan", staticmethod(slow_in_a_thread))
+    (tmp_path / "data").mkdir()
+
+    async def go() -> Kernel:
+        kernel = Kernel()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        s = Session("w", Sleeping(), armed_session(tmp_path, CSV).spec)  # type: ignore[arg-type]
+        triggers.arm(s)
+        (tmp_path / "data" / "b.csv").write_text("2\n")  # before the watch was in place
+        catching_up = asyncio.ensure_future(triggers.watcher._catch_up([triggers.armed["w"]]))
+        await asyncio.to_thread(scanned.wait, 60)
+        triggers.arm(s)  # its run ended
+        go_on.set()
+        await catching_up
+        assert triggers.armed["w"].pending_paths == {"data/b.csv"}
+        await asyncio.wait_for(kernel.woken.wait(), 60)
+        await triggers.close()
+        return kernel
+
+    kernel = asyncio.run(go())
+    assert kernel.wakes == [("w", "watch", {"paths": ["data/b.csv"]})]
