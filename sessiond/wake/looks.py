@@ -83,13 +83,17 @@ def candidates(
         st = os.stat(top)
     except OSError:
         return
+    real = os.path.realpath(base)
+    if not inside(real, top):
+        return
     if fixed and want(top_rel):
         yield top_rel, st
     if not stat.S_ISDIR(st.st_mode):
         return
     # A symlinked folder is gone into, as the watcher goes into it (a change in its
     # target is reported under the link's path), except one back to a folder above
-    # (the watcher passes over such a loop too).
+    # (the watcher passes over such a loop too), and one out of the workspace: a
+    # link a run made must not show it what lies outside (``inside``).
     folders = [(top, top_rel, 1, frozenset({(st.st_dev, st.st_ino)}))]
     while folders:
         folder, rel, level, above = folders.pop()
@@ -102,6 +106,8 @@ def candidates(
             path = f"{rel}/{entry.name}" if rel else entry.name
             if path == ".git":
                 continue  # the git trigger's, never watched (route)
+            if entry.is_symlink() and not inside(real, entry.path):
+                continue
             if want(path) and (look := _stat(entry)) is not None:
                 yield path, look
             if depth is not None and level >= depth:
@@ -112,6 +118,15 @@ def candidates(
                     continue
                 if (inode := (inner.st_dev, inner.st_ino)) not in above:
                     folders.append((entry.path, path, level + 1, above | {inode}))
+
+
+def inside(workspace: str, path: str) -> bool:
+    """Is ``path``, every link on its way followed, in the ``workspace`` (a real
+    path)? A run may link anything into its workspace, and the daemon, which sees
+    more than the run may (another uid, the sandbox's view), must not report a
+    change out there to it: names and times of another session's files, say."""
+    real = os.path.realpath(path)
+    return real == workspace or real.startswith(workspace.rstrip("/") + "/")
 
 
 def scan(spec: SessionSpec) -> dict[str, Look]:

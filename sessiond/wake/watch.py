@@ -35,7 +35,15 @@ from sessiond.table.sessions import file_hash
 from sessiond.table.spec import SessionSpec, WatchTriggerSpec
 from sessiond.wake.armed import Armed, Look
 from sessiond.wake.host import WakeHost
-from sessiond.wake.looks import git_dirs, look, scan, watch_matches, watched, watches_files
+from sessiond.wake.looks import (
+    git_dirs,
+    inside,
+    look,
+    scan,
+    watch_matches,
+    watched,
+    watches_files,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -307,7 +315,11 @@ class Watcher:
                 self.check_git(armed)
             hits = {p[len(workspace) :] for p in paths if p.startswith(workspace)}
             hits = {h for h in hits if not h.startswith(".git/") and h != ".git"}
-            wanted = {h for h in hits if watched(spec, h) and self._changed(armed, h)}
+            wanted = {h for h in hits if watched(spec, h)}
+            if wanted:  # the watcher follows links: not out of the workspace, though
+                real = os.path.realpath(spec.workspace)
+                wanted = {h for h in wanted if inside(real, workspace + h)}
+            wanted = {h for h in wanted if self._changed(armed, h)}
             if wanted:
                 self._collect(armed, wanted)
 

@@ -122,16 +122,17 @@ def test_a_file_the_watcher_reported_under_a_folder_glob_is_not_reported_again(
 def test_a_file_under_a_symlinked_folder_is_scanned_as_the_watcher_reports_it(
     tmp_path: Path,
 ) -> None:
-    """The watcher follows a symlinked folder in a watched tree (watchfiles reports
-    a file written in its target under the link's path); the scans did not go into
-    it, so the next reconciliation took the file the watcher had reported for
+    """The watcher follows a symlinked folder in a watched tree (watchfiles may
+    report a file written in its target under the link's path); the scans did not go
+    into it, so the next reconciliation took the file the watcher had reported for
     deleted and woke the session again (and a change there made before the watch
     was in place was never caught up). A symlink back to a folder above is no
-    endless walk."""
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "old.py").write_text("old = 1\n")
+    endless walk. (The report is fed by hand: for a target in the workspace, which
+    of its two paths inotify's one watch reports is watchfiles' choice.)"""
     ws = tmp_path / "ws"
+    elsewhere = ws / "elsewhere"  # in the workspace, out of the watched folder
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "old.py").write_text("old = 1\n")
     (ws / "src").mkdir(parents=True)
     (ws / "src" / "link").symlink_to(elsewhere)
     (ws / "src" / "loop").symlink_to(ws / "src")
@@ -143,21 +144,58 @@ def test_a_file_under_a_symlinked_folder_is_scanned_as_the_watcher_reports_it(
         triggers.armed["w"] = armed
         triggers.watcher.baseline_scan(armed)
         baseline = dict(armed.scan)
-        triggers.watcher.restart()  # a real watcher
-        await until(lambda: triggers.watcher._live is not None, "the watcher")
         (elsewhere / "new.py").write_text("new = 1\n")
-        try:
-            await asyncio.wait_for(kernel.woken.wait(), 30)
-            assert armed.session.spec is not None
-            again = triggers.watcher._differences(armed, Watcher._scan(armed.session.spec))
-        finally:
-            await triggers.close()
+        triggers.route({str(ws / "src" / "link" / "new.py")})  # as the watcher reports it
+        await asyncio.wait_for(kernel.woken.wait(), 30)
+        assert armed.session.spec is not None
+        again = triggers.watcher._differences(armed, Watcher._scan(armed.session.spec))
+        await triggers.watcher.close()
         return kernel, baseline, again
 
     kernel, baseline, again = asyncio.run(go())
     assert kernel.wakes == [("w", "watch", {"paths": ["src/link/new.py"]})]
     assert again == set()  # the next reconciliation: nothing missed
     assert "src/link/old.py" in baseline
+
+
+def test_a_link_out_of_the_workspace_shows_its_session_nothing_out_there(
+    tmp_path: Path,
+) -> None:
+    """A run may link anything into its workspace: a folder of the daemon's state, or
+    another session's. The watcher follows the link (a change out there is reported
+    under the link's path) and so did the scans: the session was woken with the
+    names of the files changed out there, which its run may not see (the daemon
+    sees more: another uid, the sandbox's view). Neither counts them now; a change
+    in the workspace itself still wakes it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("s = 1\n")
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "out").symlink_to(outside)
+    (ws / "src" / "peek.py").symlink_to(outside / "secret.py")
+
+    async def go() -> tuple[Kernel, dict[str, Any]]:
+        kernel = Kernel()
+        triggers = Triggers(kernel, clock=lambda: 0.0, poll_step_ms=15)  # type: ignore[arg-type]
+        armed = Armed(Session("w", Sleeping(), armed_session(ws, DOUBLE_STAR).spec))  # type: ignore[arg-type]
+        triggers.armed["w"] = armed
+        triggers.watcher.baseline_scan(armed)
+        baseline = dict(armed.scan)
+        triggers.watcher.restart()  # a real watcher
+        await until(lambda: triggers.watcher._live is not None, "the watcher")
+        (outside / "new.py").write_text("new = 1\n")
+        (outside / "secret.py").write_text("s = 2\n")
+        (ws / "src" / "mine.py").write_text("m = 1\n")  # reported after those
+        try:
+            await asyncio.wait_for(kernel.woken.wait(), 30)
+        finally:
+            await triggers.close()
+        return kernel, baseline
+
+    kernel, baseline = asyncio.run(go())
+    assert baseline == {}  # nothing out there, through either link
+    assert kernel.wakes == [("w", "watch", {"paths": ["src/mine.py"]})]
 
 
 def test_a_scan_older_than_the_watchers_look_neither_wakes_again_nor_stays_the_baseline(
