@@ -102,6 +102,8 @@ class Watcher:
         # replaced watchers, each ended once it has reported what it saw last
         self._retiring: dict[_Watch, asyncio.TimerHandle] = {}
         self._deferred = False  # a restart waits for the retiring watcher's end
+        # ended watchers whose inotify watches a rebuild waits to be given back (_failed)
+        self._releasing: asyncio.Task[None] | None = None
         self._scanning: list[int] = []  # when each scan in a thread began (monotonic ns)
         self._reconciler: asyncio.Task[None] | None = None
 
@@ -119,7 +121,7 @@ class Watcher:
 
     def restart(self) -> None:
         """Watch the roots the armed sessions need now (a no-op if they are the same)."""
-        if self._retiring:
+        if self._retiring or self._releasing is not None:
             # One replaced a moment ago still reports what it saw last: the next one
             # is built when it ends (and scans the folders new to it), so that a burst
             # of armings holds three watchers (their inotify instances and watches,
@@ -166,6 +168,9 @@ class Watcher:
             watches.append(w)
         self._live = self._next = None
         self._retiring, self._deferred = {}, False
+        if self._releasing is not None:
+            self._releasing.cancel()
+            self._releasing = None
         for w in watches:
             w.stop.set()
         tasks = [w.task for w in watches] + [self._reconciler]
@@ -236,16 +241,25 @@ class Watcher:
         )
         crowded = self._live is not None or bool(self._retiring)
         if isinstance(w.error, OSError) and not denied and crowded:
-            for old, timer in [*self._retiring.items(), (self._live, None)]:
-                if old is not None:
-                    self._end(old)
-                if timer is not None:
-                    timer.cancel()
-            self._live, self._retiring, self._deferred = None, {}, False
-            if roots := self._roots_now():  # (a restart may have waited for the retiring)
-                self._build(roots, lenient=w.lenient)
+            olds = [*self._retiring, *([self._live] if self._live is not None else [])]
+            for old in olds:
+                self._end(old)
+            for timer in self._retiring.values():
+                timer.cancel()
+            self._live, self._retiring = None, {}
+            self._releasing = asyncio.ensure_future(self._rebuild_alone(olds, w.lenient))
         elif not w.lenient:
             self._build(w.roots, lenient=True)
+
+    async def _rebuild_alone(self, olds: list[_Watch], lenient: bool) -> None:
+        """Build again once the ended watchers gave their inotify watches back: each
+        task ends after its watchfiles thread saw the stop and closed its instance
+        (built before that, the new one met the limit again, and alone was then built
+        passing over it: part of its folders unwatched). Restarts meanwhile wait."""
+        await asyncio.gather(*(o.task for o in olds if o.task is not None), return_exceptions=True)
+        self._releasing, self._deferred = None, False
+        if roots := self._roots_now():
+            self._build(roots, lenient=lenient)
 
     def _retire(self, w: _Watch) -> None:
         """End ``w`` once it has reported what it saw before its successor watched: a
