@@ -57,7 +57,7 @@ from sessiond.runs.workspace import git_head, read_in, workspace_hasher
 from sessiond.table import lifecycle
 from sessiond.table.policy_rules import PolicyVerdict, decide
 from sessiond.table.recovery import POLICY_DENIES
-from sessiond.table.sessions import LiveRun, Session, file_hash
+from sessiond.table.sessions import LiveRun, Session
 from sessiond.table.spec import SessionSpec, under_profile
 
 log = structlog.get_logger(__name__)
@@ -223,7 +223,10 @@ class Starter:
         workspace = spec.workspace
         # The gate let changed bound files through only as the cause of this wake:
         # the run consumes their new content, so it becomes the recorded one.
-        bound_now = {p: file_hash(workspace / p) for p in spec.bind.files}
+        # read as the daemon (root, often): never through a link the run made out of
+        # its workspace (a key's hash, say, in its log)
+        bound_hash = workspace_hasher(spec)
+        bound_now = {p: bound_hash(p) for p in spec.bind.files}
         if any(state.bound.get(p) != h for p, h in bound_now.items()):
             await self.ctx.table.append(s, BindingObserved(hashes=bound_now))
         before: dict[str, bytes | None] = {}

@@ -19,10 +19,11 @@ from sessiond.runs.context import RunContext
 from sessiond.runs.continuation import covered
 from sessiond.runs.floor import Runs
 from sessiond.runs.sandbox import spec_refusal
+from sessiond.runs.workspace import workspace_hasher
 from sessiond.syscalls.seams import Placement
 from sessiond.syscalls.views import detail
 from sessiond.table import lifecycle
-from sessiond.table.sessions import Session, file_hash
+from sessiond.table.sessions import Session
 from sessiond.table.spec import BadSpec, SessionSpec, parse_spec, spec_to_toml
 
 log = structlog.get_logger(__name__)
@@ -49,7 +50,8 @@ class Control:
         spec = s.spec
         if spec is None or not spec.bind.files:
             return
-        hashes = {f: file_hash(spec.workspace / f) for f in spec.bind.files}
+        hasher = workspace_hasher(spec)  # not through a link out of the workspace
+        hashes = {f: hasher(f) for f in spec.bind.files}
         await self.ctx.table.append(s, BindingObserved(hashes=hashes))
 
     async def create(self, spec: str, base: str, source: str = "spec") -> SessionDetail:

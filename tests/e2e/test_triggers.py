@@ -4,6 +4,7 @@ clock (tests/inproc/test_triggers.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -151,6 +152,39 @@ def test_a_bound_file_wakes_its_session_when_its_content_changes() -> None:
         (cause,) = wakes(d.root)
         wake = cause["wakes"][0]
         assert (wake["trigger"], wake["details"]["paths"]) == ("dependency", ["rates.csv"])
+
+
+def test_a_bound_file_linked_out_of_the_workspace_is_never_hashed_through_the_link() -> None:
+    """The daemon (root, often) hashes bound files into the session's log: at create
+    and at each run's start. A run may replace one by a link to a file it may not
+    read; a hash of that file in its log would let it test guesses of a short secret
+    offline. Read through no link out of the workspace: such a file has no hash."""
+    outside = short_dir()
+    key = outside / "key"
+    key.write_text("4711\n")
+    try:
+        with running() as d:
+            (d.root / "rates.csv").symlink_to(key)
+            spec = (
+                'name = "payroll"\n[run]\nexec = ["true"]\ncwd = "."\n'
+                '[bind]\nfiles = ["rates.csv"]\n'
+            )
+            d.ctl("create", str(d.write_spec("payroll", spec)), check=True)
+            at_create = wait_event(d, "payroll", "binding.observed")
+            assert at_create["data"]["hashes"] == {"rates.csv": None}
+
+            (d.root / "rates.csv").unlink()
+            (d.root / "rates.csv").write_text("rate,1\n")  # its own file: hashed
+            first = wait_event(d, "payroll", "run.finished")  # the change woke it
+            (d.root / "rates.csv").unlink()
+            (d.root / "rates.csv").symlink_to(key)  # and out again, while it sleeps
+            d.ctl("activate", "payroll", check=True)
+            # the gate judges the bound file (changed: not the cause of this wake)
+            second = wait_event(d, "payroll", "gate.evaluated", since=first["seq"] + 1)
+            log = (d.state_dir / "sessions" / "payroll" / "events.jsonl").read_text()
+            assert hashlib.sha256(key.read_bytes()).hexdigest() not in log, second
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
 
 
 def _git(repo: Path, *args: str) -> str:
