@@ -16,7 +16,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = """
+# Both scripts, once their watcher watches: a file written, its wake (20 s at most)
+# printed last.
+THEN = """
+    written.write_text("1\\n")
+    try:
+        await asyncio.wait_for(kernel.woken.wait(), 20)
+    except TimeoutError:
+        print("no wake")
+    await triggers.watcher.close()
+    print(kernel.wakes)
+
+
+asyncio.run(go())
+"""
+
+SCRIPT = (
+    """
 import asyncio, sys
 from pathlib import Path
 
@@ -50,17 +66,10 @@ async def go():
     triggers.armed["b"] = armed("b")
     triggers.watcher.restart()
     await until(lambda: triggers.watcher._next is None, "the second watcher's start")
-    (base / "b" / "data" / "x.csv").write_text("1\\n")
-    try:
-        await asyncio.wait_for(kernel.woken.wait(), 20)
-    except TimeoutError:
-        print("no wake")
-    await triggers.watcher.close()
-    print(kernel.wakes)
-
-
-asyncio.run(go())
+    written = base / "b" / "data" / "x.csv"
 """
+    + THEN
+)
 
 
 def test_a_watcher_the_inotify_limit_refuses_beside_the_live_one_is_built_alone(
@@ -86,7 +95,8 @@ def test_a_watcher_the_inotify_limit_refuses_beside_the_live_one_is_built_alone(
     assert done.stdout.strip().splitlines()[-1] == "[('b', 'watch', {'paths': ['data/x.csv']})]"
 
 
-DENIED = """
+DENIED = (
+    """
 import asyncio, sys
 from pathlib import Path
 
@@ -107,17 +117,10 @@ async def go():
     triggers.armed["a"] = Armed(Session("a", Sleeping(), parse_spec(text, base=base)))
     triggers.watcher.restart()
     await until(lambda: triggers.watcher._next is None, "the watcher's start")
-    (base / "data" / "x.csv").write_text("1\\n")
-    try:
-        await asyncio.wait_for(kernel.woken.wait(), 20)
-    except TimeoutError:
-        print("no wake")
-    await triggers.watcher.close()
-    print(kernel.wakes)
-
-
-asyncio.run(go())
+    written = base / "data" / "x.csv"
 """
+    + THEN
+)
 
 
 def test_a_folder_the_daemon_may_not_read_is_passed_over_and_the_rest_watched(
